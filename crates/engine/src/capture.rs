@@ -1,0 +1,419 @@
+//! Capture: freeze a ready-to-invoke sandboxed process and write its image.
+//!
+//! Order matters: stop the thread, read everything that is visible from the
+//! outside (registers, /proc, memory), *then* inject syscalls into the target
+//! to read what only the process itself can report (signal handlers, tid
+//! address, brk, cwd). Injection maps a scratch region and clobbers registers,
+//! which is harmless because the process is killed after capture.
+
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+use tracing::{debug, info};
+
+use crate::image::{
+    AltStack, Creds, FdKind, FdRecord, FileRef, ImageError, MmState, PageIndex, ProcessImage, Rseq, SandboxRecord,
+    SigAction, SnapshotWriter, ThreadState, Vma, VmaKind,
+};
+use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
+use crate::procfs::{self, MapEntry};
+use crate::regs;
+use crate::sys::mem::ProcMem;
+use crate::sys::ptrace::{self, Tracee};
+use crate::sys::PAGE_SIZE;
+
+#[derive(Debug, Error)]
+pub enum CaptureError {
+    #[error("cannot capture pid {pid}: {reason}")]
+    Refused { pid: i32, reason: String },
+    #[error("capture of pid {pid}: {what}")]
+    Io { pid: i32, what: String, #[source] source: io::Error },
+    #[error("capture of pid {pid}: injecting syscalls")]
+    Inject { pid: i32, #[source] source: InjectError },
+    #[error(transparent)]
+    Image(#[from] ImageError),
+}
+
+/// Figures from one capture.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CaptureStats {
+    pub vmas: usize,
+    pub pages_stored: u64,
+    pub pages_zero_skipped: u64,
+    pub bytes_written: u64,
+    pub capture_ms: f64,
+}
+
+const PM_PRESENT: u64 = 1 << 63;
+const PM_SWAPPED: u64 = 1 << 62;
+const PM_FILE: u64 = 1 << 61;
+/// Upper bound of a single /proc/PID/mem read while dumping.
+const DUMP_CHUNK_PAGES: u64 = 256;
+
+/// Capture the process `pid` (PID 1 of its sandbox, stopped in the runtime's
+/// control-channel read) into `out`.
+pub fn capture(pid: i32, sandbox: SandboxRecord, out: &Path) -> Result<(PathBuf, CaptureStats), CaptureError> {
+    let t0 = Instant::now();
+    let ioe = |what: &str| {
+        let what = what.to_string();
+        move |source| CaptureError::Io { pid, what, source }
+    };
+    let refuse = |reason: String| CaptureError::Refused { pid, reason };
+
+    let tracee = Tracee::seize_and_stop(pid).map_err(ioe("ptrace seize/interrupt"))?;
+    let status = procfs::status(pid).map_err(ioe("reading status"))?;
+    if status.threads != 1 {
+        return Err(refuse(format!(
+            "it has {} threads; format version 1 captures single-threaded processes only",
+            status.threads
+        )));
+    }
+    if status.sig_pending != 0 || status.shared_pending != 0 {
+        return Err(refuse(format!(
+            "signals are pending (thread {:#x}, process {:#x})",
+            status.sig_pending, status.shared_pending
+        )));
+    }
+    let ns_tid = *status.nspid.last().unwrap_or(&pid);
+
+    // Thread state visible through ptrace.
+    let mut r = tracee.get_regs().map_err(ioe("reading registers"))?;
+    regs::rewind_interrupted_syscall(&mut r);
+    let xstate = tracee.get_xstate().map_err(ioe("reading xstate"))?;
+    let sigmask = tracee.get_sigmask().map_err(ioe("reading signal mask"))?;
+    let rseq = tracee.get_rseq().map_err(ioe("reading rseq configuration"))?;
+    let robust_list = ptrace::robust_list(pid).map_err(ioe("reading robust list"))?;
+
+    // Process state visible through /proc.
+    let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
+    let fields = procfs::stat(pid).map_err(ioe("reading stat"))?;
+    let auxv = procfs::auxv(pid).map_err(ioe("reading auxv"))?;
+    let exe = procfs::exe(pid).map_err(ioe("reading exe link"))?;
+    let personality = procfs::personality(pid).map_err(ioe("reading personality"))?;
+    let fds = capture_fds(pid)?;
+
+    let (vmas, files) = classify_vmas(pid, &maps)?;
+    let mem = ProcMem::open(pid, false).map_err(ioe("opening /proc/PID/mem"))?;
+    let mut writer = SnapshotWriter::create(out)?;
+    let (pages, mut stats) = match dump_pages(pid, &mem, &vmas, &mut writer) {
+        Ok(x) => x,
+        Err(e) => {
+            writer.abandon();
+            return Err(e);
+        }
+    };
+
+    // State only the process can report: inject syscalls.
+    let injected = match injected_state(&tracee, &mem, &maps) {
+        Ok(x) => x,
+        Err(e) => {
+            writer.abandon();
+            return Err(CaptureError::Inject { pid, source: e });
+        }
+    };
+    // After this point the process is never resumed.
+    let _ = nix::sys::signal::kill(tracee.pid, nix::sys::signal::Signal::SIGKILL);
+
+    let image = ProcessImage {
+        created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+        kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+        sandbox,
+        threads: vec![ThreadState {
+            tid: ns_tid,
+            regs: regs::to_array(&r),
+            xstate,
+            sigmask,
+            rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
+                ptr: rseq.rseq_abi_pointer,
+                len: rseq.rseq_abi_size,
+                sig: rseq.signature,
+            }),
+            robust_list,
+            tid_address: injected.tid_address,
+            altstack: injected.altstack,
+        }],
+        mm: MmState { fields, brk: injected.brk, auxv, exe },
+        sigactions: injected.sigactions,
+        rlimits: injected.rlimits,
+        creds: Creds { uid: status.uid, gid: status.gid, groups: status.groups.clone() },
+        cwd: injected.cwd,
+        umask: status.umask,
+        personality,
+        files,
+        vmas,
+        fds,
+        pages,
+    };
+    stats.vmas = image.vmas.len();
+    let dir = writer.finish(&image)?;
+    stats.capture_ms = t0.elapsed().as_secs_f64() * 1e3;
+    info!(pid, dir = %dir.display(), pages = stats.pages_stored, ms = stats.capture_ms, "captured");
+    Ok((dir, stats))
+}
+
+fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
+    let refuse = |reason: String| CaptureError::Refused { pid, reason };
+    let list = procfs::fds(pid).map_err(|source| CaptureError::Io { pid, what: "listing descriptors".into(), source })?;
+    let mut out = Vec::new();
+    for (fd, target, pos, flags) in list {
+        let kind = match (fd, target.as_str()) {
+            (0, "/dev/null") => FdKind::Null,
+            (1 | 2, t) if t.starts_with("pipe:") => FdKind::Log,
+            (3, t) if t.starts_with("socket:") => FdKind::Control,
+            (_, t) if t.starts_with("socket:") => {
+                let ino: u64 = t.trim_start_matches("socket:[").trim_end_matches(']').parse().unwrap_or(0);
+                let what = procfs::describe_socket(pid, ino).unwrap_or_else(|| format!("socket {t}"));
+                return Err(refuse(format!(
+                    "descriptor {fd} is an open {what}; network connections cannot be carried across a snapshot \
+                     (open them in the handler, not at import time)"
+                )));
+            }
+            (_, t) if t.starts_with('/') && !t.ends_with(" (deleted)") => {
+                let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
+                    .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {fd}"), source })?;
+                let ft = meta.file_type();
+                use std::os::unix::fs::FileTypeExt;
+                if !(ft.is_file() || ft.is_char_device() || ft.is_dir()) {
+                    return Err(refuse(format!("descriptor {fd} ({t}) is neither a regular file nor a device")));
+                }
+                let acc = flags as i32 & libc::O_ACCMODE;
+                if ft.is_file() && acc != libc::O_RDONLY {
+                    return Err(refuse(format!("descriptor {fd} ({t}) is open for writing")));
+                }
+                FdKind::Path { path: t.to_string(), flags: flags as i32, pos }
+            }
+            (_, t) => {
+                return Err(refuse(format!("descriptor {fd} is of a kind the engine cannot recreate yet: {t}")));
+            }
+        };
+        out.push(FdRecord { fd, kind });
+    }
+    Ok(out)
+}
+
+fn prot_of(m: &MapEntry) -> i32 {
+    (if m.read { libc::PROT_READ } else { 0 })
+        | (if m.write { libc::PROT_WRITE } else { 0 })
+        | (if m.exec { libc::PROT_EXEC } else { 0 })
+}
+
+fn classify_vmas(pid: i32, maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<FileRef>), CaptureError> {
+    let refuse = |reason: String| CaptureError::Refused { pid, reason };
+    let mut vmas = Vec::new();
+    let mut files: Vec<FileRef> = Vec::new();
+    for m in maps {
+        let kind = match m.name.as_str() {
+            "[vsyscall]" | "[uprobes]" => continue,
+            "[vdso]" | "[vvar]" | "[vvar_vclock]" => VmaKind::Special { name: m.name.clone() },
+            name if m.is_file() => {
+                if name.ends_with(" (deleted)") {
+                    return Err(refuse(format!("it maps a deleted file: {name}")));
+                }
+                if m.shared && m.write {
+                    return Err(refuse(format!("it has a writable shared mapping of {name}")));
+                }
+                let file = match files.iter().position(|f| f.path == name) {
+                    Some(i) => i,
+                    None => {
+                        let meta = std::fs::metadata(format!("/proc/{pid}/root{name}")).map_err(|source| {
+                            CaptureError::Io { pid, what: format!("stat of mapped file {name}"), source }
+                        })?;
+                        files.push(FileRef {
+                            path: name.to_string(),
+                            size: meta.len(),
+                            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+                        });
+                        files.len() - 1
+                    }
+                };
+                if m.shared {
+                    VmaKind::FileShared { file, offset: m.offset }
+                } else {
+                    VmaKind::FilePrivate { file, offset: m.offset }
+                }
+            }
+            "" | "[heap]" | "[stack]" => {
+                if m.shared {
+                    return Err(refuse(format!("it has shared anonymous memory at {:#x}-{:#x}", m.start, m.end)));
+                }
+                VmaKind::Anon { growsdown: m.has_flag("gd") }
+            }
+            name if name.starts_with("[anon:") => VmaKind::Anon { growsdown: m.has_flag("gd") },
+            name => return Err(refuse(format!("it has a mapping the engine cannot recreate: {name}"))),
+        };
+        vmas.push(Vma { start: m.start, end: m.end, prot: prot_of(m), kind });
+    }
+    Ok((vmas, files))
+}
+
+/// Which pages of a VMA belong in the image, given its pagemap entry.
+fn page_wanted(kind: &VmaKind, pm: u64) -> bool {
+    match kind {
+        VmaKind::Anon { .. } => pm & (PM_PRESENT | PM_SWAPPED) != 0,
+        // Only copy-on-written (now anonymous) pages differ from the file.
+        VmaKind::FilePrivate { .. } => pm & PM_PRESENT != 0 && pm & PM_FILE == 0,
+        VmaKind::FileShared { .. } | VmaKind::Special { .. } => false,
+    }
+}
+
+fn dump_pages(
+    pid: i32,
+    mem: &ProcMem,
+    vmas: &[Vma],
+    writer: &mut SnapshotWriter,
+) -> Result<(PageIndex, CaptureStats), CaptureError> {
+    use std::os::unix::fs::FileExt;
+    let ioe = |what: String| move |source| CaptureError::Io { pid, what, source };
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).map_err(ioe("opening pagemap".into()))?;
+    let mut index = PageIndex::default();
+    let mut stats = CaptureStats::default();
+    let mut buf = vec![0u8; (DUMP_CHUNK_PAGES * PAGE_SIZE) as usize];
+    for v in vmas {
+        let npages = (v.end - v.start) / PAGE_SIZE;
+        let mut pm = vec![0u8; npages as usize * 8];
+        pagemap.read_exact_at(&mut pm, v.start / PAGE_SIZE * 8).map_err(ioe(format!("pagemap of {:#x}", v.start)))?;
+        let entry = |i: u64| u64::from_le_bytes(pm[i as usize * 8..i as usize * 8 + 8].try_into().expect("8 bytes"));
+        let is_file = matches!(v.kind, VmaKind::FilePrivate { .. });
+        let mut i = 0;
+        while i < npages {
+            if !page_wanted(&v.kind, entry(i)) {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < npages && j - i < DUMP_CHUNK_PAGES && page_wanted(&v.kind, entry(j)) {
+                j += 1;
+            }
+            let addr = v.start + i * PAGE_SIZE;
+            let chunk = &mut buf[..((j - i) * PAGE_SIZE) as usize];
+            mem.read_exact_at(chunk, addr).map_err(ioe(format!("reading memory at {addr:#x}")))?;
+            for (k, page) in chunk.chunks_exact(PAGE_SIZE as usize).enumerate() {
+                // Untouched-equivalent zero pages of anonymous memory need not be stored:
+                // the page server maps a zero page for anything absent from the index.
+                if !is_file && page.iter().all(|&b| b == 0) {
+                    stats.pages_zero_skipped += 1;
+                    continue;
+                }
+                index.push(addr + k as u64 * PAGE_SIZE, crc32fast::hash(page));
+                writer.write_pages(page)?;
+                stats.pages_stored += 1;
+            }
+            i = j;
+        }
+    }
+    stats.bytes_written = stats.pages_stored * PAGE_SIZE;
+    debug!(pid, pages = stats.pages_stored, zero = stats.pages_zero_skipped, "pages dumped");
+    Ok((index, stats))
+}
+
+struct Injected {
+    sigactions: Vec<SigAction>,
+    altstack: Option<AltStack>,
+    tid_address: u64,
+    brk: u64,
+    cwd: String,
+    rlimits: Vec<(u32, u64, u64)>,
+}
+
+const PR_GET_TID_ADDRESS: u64 = 40;
+const SS_DISABLE: i32 = 2;
+/// RLIMIT_CPU .. RLIMIT_RTTIME.
+const RLIMIT_COUNT: u32 = 16;
+
+fn injected_state(tracee: &Tracee, mem: &ProcMem, maps: &[MapEntry]) -> Result<Injected, InjectError> {
+    let pid = tracee.pid.as_raw();
+    // A `syscall` instruction to bootstrap with: the vDSO always has one.
+    let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or(InjectError::UnexpectedStop {
+        pid,
+        rip: 0,
+        signal: Some("no [vdso] mapping to find a syscall instruction in".into()),
+    })?;
+    let mut text = vec![0u8; vdso.len() as usize];
+    mem.read_exact_at(&mut text, vdso.start).map_err(|source| InjectError::Memory { pid, addr: vdso.start, source })?;
+    let off = text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or(InjectError::UnexpectedStop {
+        pid,
+        rip: vdso.start,
+        signal: Some("no syscall instruction in [vdso]".into()),
+    })?;
+    let prot = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let region = inject::single(
+        tracee,
+        vdso.start + off as u64,
+        Call::new("mmap", libc::SYS_mmap, &[0, REGION_LEN, prot, flags, u64::MAX, 0]),
+    )? as u64;
+
+    let wmem = ProcMem::open(pid, true).map_err(|source| InjectError::Memory { pid, addr: region, source })?;
+    let inj = Injector::new(*tracee, &wmem, region)?;
+    inj.install_blob()?;
+    let mut data = DataArea::new(region);
+    let mut calls = Vec::new();
+    let mut outs = Vec::new();
+    for sig in 1..=64u64 {
+        if sig == libc::SIGKILL as u64 || sig == libc::SIGSTOP as u64 {
+            continue;
+        }
+        let out = data.reserve(32);
+        outs.push((sig as u32, out));
+        calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig, 0, out, 8]));
+    }
+    let ss = data.reserve(24);
+    calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[0, ss]));
+    let tida = data.reserve(8);
+    calls.push(Call::new("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, tida]));
+    calls.push(Call::new("brk", libc::SYS_brk, &[0]));
+    // prlimit64 on another process needs CAP_SYS_RESOURCE, so ask the process itself.
+    let mut rl = Vec::new();
+    for res in 0..RLIMIT_COUNT {
+        let out = data.reserve(16);
+        rl.push((res, out));
+        calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, 0, out]));
+    }
+    let cwd = data.reserve(4096);
+    calls.push(Call::new("getcwd", libc::SYS_getcwd, &[cwd, 4096]));
+    let res = inj.run(&calls, &mut data)?;
+
+    let u64_at = |addr: u64, i: usize| {
+        u64::from_le_bytes(inj.data_bytes(&data, addr + i as u64 * 8, 8).try_into().expect("8 bytes"))
+    };
+    let mut sigactions = Vec::new();
+    for (sig, out) in outs {
+        let sa = SigAction { sig, handler: u64_at(out, 0), flags: u64_at(out, 1), restorer: u64_at(out, 2), mask: u64_at(out, 3) };
+        // SIG_DFL with no flags and an empty mask is what a fresh process has.
+        if sa.handler != 0 || sa.flags != 0 || sa.mask != 0 {
+            sigactions.push(sa);
+        }
+    }
+    let ss_flags = u64_at(ss, 1) as u32 as i32;
+    let altstack = (ss_flags & SS_DISABLE == 0).then(|| AltStack { sp: u64_at(ss, 0), flags: ss_flags, size: u64_at(ss, 2) });
+    let rlimits = rl.into_iter().map(|(res, out)| (res, u64_at(out, 0), u64_at(out, 1))).collect();
+    let cwd_len = res[res.len() - 1] as usize;
+    let cwd_bytes = inj.data_bytes(&data, cwd, cwd_len.saturating_sub(1));
+    Ok(Injected {
+        sigactions,
+        altstack,
+        tid_address: u64_at(tida, 0),
+        brk: res[res.len() - 2 - RLIMIT_COUNT as usize] as u64,
+        rlimits,
+        cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wanted_pages_follow_the_vma_kind() {
+        let anon = VmaKind::Anon { growsdown: false };
+        let file = VmaKind::FilePrivate { file: 0, offset: 0 };
+        assert!(page_wanted(&anon, PM_PRESENT));
+        assert!(!page_wanted(&anon, 0));
+        assert!(page_wanted(&file, PM_PRESENT));
+        assert!(!page_wanted(&file, PM_PRESENT | PM_FILE));
+        assert!(!page_wanted(&VmaKind::FileShared { file: 0, offset: 0 }, PM_PRESENT));
+    }
+}

@@ -1,0 +1,480 @@
+//! The on-disk snapshot image.
+//!
+//! A snapshot is a directory:
+//! ```text
+//! SNAPDIR/
+//!   state.bin   process state: registers, memory map, page index, descriptors...
+//!   pages.img   raw page contents, page aligned, in the order of the page index
+//! ```
+//! `state.bin` is framed so that truncation and corruption are detected before
+//! anything is parsed:
+//! ```text
+//! +0   magic   "THAWIMG\0"           8 bytes
+//! +8   version u32 LE (FORMAT_VERSION)
+//! +12  length  u64 LE of the payload (capped at MAX_STATE_LEN)
+//! +20  payload bincode(ProcessImage)
+//! +N   crc32   u32 LE over bytes [0, 20+length)
+//! ```
+//! `pages.img` is too large to checksum on every restore (lazy restores must not
+//! read it all), so the index carries one CRC32 per stored page and the page
+//! server verifies each page when it reads it. Its size must equal
+//! `4096 * stored pages`, which catches truncation up front.
+//!
+//! Pages absent from the index are pages the process never touched (or that were
+//! entirely zero): they are served as zero pages.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::procfs::MmFields;
+use crate::sys::PAGE_SIZE;
+
+pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
+/// Bump on any change to [`ProcessImage`] or the file layout.
+pub const FORMAT_VERSION: u32 = 1;
+pub const MAX_STATE_LEN: u64 = 256 << 20;
+pub const STATE_FILE: &str = "state.bin";
+pub const PAGES_FILE: &str = "pages.img";
+const HEADER_LEN: usize = 20;
+
+#[derive(Debug, Error)]
+pub enum ImageError {
+    #[error("snapshot {dir}: cannot read {file}")]
+    Io { dir: PathBuf, file: &'static str, #[source] source: io::Error },
+    #[error("snapshot {dir}: {file} is not a Thaw image (bad magic)")]
+    BadMagic { dir: PathBuf, file: &'static str },
+    #[error("snapshot {dir}: format version {found} is not supported (this build reads version {FORMAT_VERSION})")]
+    Version { dir: PathBuf, found: u32 },
+    #[error("snapshot {dir}: {file} is truncated or corrupt ({detail})")]
+    Corrupt { dir: PathBuf, file: &'static str, detail: String },
+    #[error("snapshot {dir}: cannot write {file}")]
+    Write { dir: PathBuf, file: String, #[source] source: io::Error },
+    #[error("snapshot {dir} already exists")]
+    Exists { dir: PathBuf },
+}
+
+/// How the node recreates the sandbox the process lived in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub runtime: String,
+    pub handler: String,
+    pub code_dir: PathBuf,
+    pub runtime_dir: Option<PathBuf>,
+    pub memory_mb: u64,
+    pub cpu_millis: u64,
+    pub pids_max: u64,
+    pub tmp_size_mb: u64,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// General purpose registers in `user_regs_struct` order.
+pub type RegsArray = [u64; 27];
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rseq {
+    pub ptr: u64,
+    pub len: u32,
+    pub sig: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AltStack {
+    pub sp: u64,
+    pub flags: i32,
+    pub size: u64,
+}
+
+/// Per-thread state (one thread in format version 1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadState {
+    /// Thread id inside the sandbox's pid namespace.
+    pub tid: i32,
+    pub regs: RegsArray,
+    pub xstate: Vec<u8>,
+    pub sigmask: u64,
+    pub rseq: Option<Rseq>,
+    pub robust_list: (u64, u64),
+    pub tid_address: u64,
+    pub altstack: Option<AltStack>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SigAction {
+    pub sig: u32,
+    pub handler: u64,
+    pub flags: u64,
+    pub restorer: u64,
+    pub mask: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmState {
+    pub fields: MmFields,
+    pub brk: u64,
+    pub auxv: Vec<u8>,
+    /// Path of the executable inside the sandbox.
+    pub exe: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Creds {
+    pub uid: [u32; 3],
+    pub gid: [u32; 3],
+    pub groups: Vec<u32>,
+}
+
+/// A file the image depends on, with what it looked like at capture.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Path inside the sandbox.
+    pub path: String,
+    pub size: u64,
+    pub mtime_ns: i128,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VmaKind {
+    /// Private anonymous memory (heap, stack, arenas), served by the page server.
+    Anon { growsdown: bool },
+    /// Private file mapping; copy-on-written pages are stored in the image.
+    FilePrivate { file: usize, offset: u64 },
+    /// Read-only shared file mapping, mapped again from the file.
+    FileShared { file: usize, offset: u64 },
+    /// Kernel-provided mapping moved into place (`[vdso]`, `[vvar]`, `[vvar_vclock]`).
+    Special { name: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Vma {
+    pub start: u64,
+    pub end: u64,
+    /// PROT_* bits.
+    pub prot: i32,
+    pub kind: VmaKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FdKind {
+    /// fd 0: /dev/null, recreated by the sandbox.
+    Null,
+    /// fd 1/2: the log pipe, recreated by the sandbox.
+    Log,
+    /// fd 3: the control channel, recreated by the sandbox.
+    Control,
+    /// A file or character device reopened by path.
+    Path { path: String, flags: i32, pos: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FdRecord {
+    pub fd: i32,
+    pub kind: FdKind,
+}
+
+/// A run of consecutive virtual pages stored consecutively in pages.img.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageRun {
+    pub vaddr: u64,
+    pub npages: u64,
+    /// Index of the run's first page in pages.img.
+    pub file_page: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageIndex {
+    /// Sorted by vaddr, non-overlapping.
+    pub runs: Vec<PageRun>,
+    /// CRC32 of each stored page, indexed by file page.
+    pub crcs: Vec<u32>,
+}
+
+impl PageIndex {
+    pub fn stored_pages(&self) -> u64 {
+        self.crcs.len() as u64
+    }
+
+    /// Add one page; extends the last run when contiguous.
+    pub fn push(&mut self, vaddr: u64, crc: u32) {
+        let file_page = self.crcs.len() as u64;
+        self.crcs.push(crc);
+        if let Some(last) = self.runs.last_mut() {
+            if last.vaddr + last.npages * PAGE_SIZE == vaddr && last.file_page + last.npages == file_page {
+                last.npages += 1;
+                return;
+            }
+        }
+        self.runs.push(PageRun { vaddr, npages: 1, file_page });
+    }
+
+    /// File page holding the contents of the page at `vaddr`, if stored.
+    pub fn lookup(&self, vaddr: u64) -> Option<u64> {
+        let i = self.runs.partition_point(|r| r.vaddr <= vaddr);
+        let r = self.runs.get(i.checked_sub(1)?)?;
+        let idx = (vaddr - r.vaddr) / PAGE_SIZE;
+        (idx < r.npages).then_some(r.file_page + idx)
+    }
+}
+
+/// Everything needed to rebuild one sandboxed process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessImage {
+    pub created_unix_ms: u64,
+    pub kernel: String,
+    pub sandbox: SandboxRecord,
+    pub threads: Vec<ThreadState>,
+    pub mm: MmState,
+    pub sigactions: Vec<SigAction>,
+    pub rlimits: Vec<(u32, u64, u64)>,
+    pub creds: Creds,
+    pub cwd: String,
+    pub umask: u32,
+    pub personality: u32,
+    pub files: Vec<FileRef>,
+    pub vmas: Vec<Vma>,
+    pub fds: Vec<FdRecord>,
+    pub pages: PageIndex,
+}
+
+/// Encode `img` into the framed state format.
+pub fn encode_state(img: &ProcessImage) -> Vec<u8> {
+    let payload = bincode::serialize(img).expect("ProcessImage is always serializable");
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + 4);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Decode and verify a framed state.
+pub fn decode_state(dir: &Path, bytes: &[u8]) -> Result<ProcessImage, ImageError> {
+    let corrupt = |detail: String| ImageError::Corrupt { dir: dir.to_path_buf(), file: STATE_FILE, detail };
+    if bytes.len() < 8 || &bytes[..8] != MAGIC {
+        return Err(ImageError::BadMagic { dir: dir.to_path_buf(), file: STATE_FILE });
+    }
+    if bytes.len() < HEADER_LEN + 4 {
+        return Err(corrupt(format!("{} bytes, shorter than the header", bytes.len())));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if version != FORMAT_VERSION {
+        return Err(ImageError::Version { dir: dir.to_path_buf(), found: version });
+    }
+    let len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
+    if len > MAX_STATE_LEN {
+        return Err(corrupt(format!("payload length {len} exceeds the {MAX_STATE_LEN} byte cap")));
+    }
+    let end = HEADER_LEN + len as usize;
+    if bytes.len() != end + 4 {
+        return Err(corrupt(format!("expected {} bytes, found {}", end + 4, bytes.len())));
+    }
+    let want = u32::from_le_bytes(bytes[end..end + 4].try_into().expect("4 bytes"));
+    let got = crc32fast::hash(&bytes[..end]);
+    if want != got {
+        return Err(corrupt(format!("checksum mismatch: stored {want:#010x}, computed {got:#010x}")));
+    }
+    bincode::deserialize(&bytes[HEADER_LEN..end]).map_err(|e| corrupt(format!("decoding: {e}")))
+}
+
+/// A snapshot directory opened for restore: the decoded state plus the page file.
+pub struct Snapshot {
+    pub dir: PathBuf,
+    pub image: ProcessImage,
+    pub pages: File,
+}
+
+impl Snapshot {
+    pub fn open(dir: &Path) -> Result<Snapshot, ImageError> {
+        let io = |file: &'static str| move |source| ImageError::Io { dir: dir.to_path_buf(), file, source };
+        let mut bytes = Vec::new();
+        File::open(dir.join(STATE_FILE)).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io(STATE_FILE))?;
+        let image = decode_state(dir, &bytes)?;
+        let pages = File::open(dir.join(PAGES_FILE)).map_err(io(PAGES_FILE))?;
+        let size = pages.metadata().map_err(io(PAGES_FILE))?.len();
+        let want = image.pages.stored_pages() * PAGE_SIZE;
+        if size != want {
+            return Err(ImageError::Corrupt {
+                dir: dir.to_path_buf(),
+                file: PAGES_FILE,
+                detail: format!("size is {size} bytes, the index needs {want}"),
+            });
+        }
+        Ok(Snapshot { dir: dir.to_path_buf(), image, pages })
+    }
+}
+
+/// Writes a snapshot into `<dir>.partial` and renames it into place, so a crash
+/// never leaves a half-written snapshot under the final name.
+pub struct SnapshotWriter {
+    final_dir: PathBuf,
+    tmp_dir: PathBuf,
+    pages: io::BufWriter<File>,
+}
+
+impl SnapshotWriter {
+    pub fn create(dir: &Path) -> Result<SnapshotWriter, ImageError> {
+        if dir.exists() {
+            return Err(ImageError::Exists { dir: dir.to_path_buf() });
+        }
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "snapshot".into());
+        let tmp_dir = dir.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+        let werr = |file: &str| {
+            let file = file.to_string();
+            let d = dir.to_path_buf();
+            move |source| ImageError::Write { dir: d, file, source }
+        };
+        let _ = std::fs::remove_dir_all(&tmp_dir);
+        std::fs::create_dir_all(&tmp_dir).map_err(werr("."))?;
+        let pages = File::create(tmp_dir.join(PAGES_FILE)).map_err(werr(PAGES_FILE))?;
+        Ok(SnapshotWriter { final_dir: dir.to_path_buf(), tmp_dir, pages: io::BufWriter::with_capacity(4 << 20, pages) })
+    }
+
+    fn werr(&self, file: &str) -> impl FnOnce(io::Error) -> ImageError {
+        let file = file.to_string();
+        let dir = self.final_dir.clone();
+        move |source| ImageError::Write { dir, file, source }
+    }
+
+    /// Append page contents (a multiple of the page size).
+    pub fn write_pages(&mut self, data: &[u8]) -> Result<(), ImageError> {
+        debug_assert_eq!(data.len() as u64 % PAGE_SIZE, 0);
+        self.pages.write_all(data).map_err(self.werr(PAGES_FILE))
+    }
+
+    /// Write the state, fsync everything and move the directory into place.
+    pub fn finish(self, img: &ProcessImage) -> Result<PathBuf, ImageError> {
+        let pages = self.pages.into_inner().map_err(|e| e.into_error()).map_err({
+            let dir = self.final_dir.clone();
+            move |source| ImageError::Write { dir, file: PAGES_FILE.into(), source }
+        })?;
+        let werr = |file: &str| {
+            let file = file.to_string();
+            let dir = self.final_dir.clone();
+            move |source| ImageError::Write { dir, file, source }
+        };
+        pages.sync_all().map_err(werr(PAGES_FILE))?;
+        let mut st = File::create(self.tmp_dir.join(STATE_FILE)).map_err(werr(STATE_FILE))?;
+        st.write_all(&encode_state(img)).map_err(werr(STATE_FILE))?;
+        st.sync_all().map_err(werr(STATE_FILE))?;
+        if self.final_dir.exists() {
+            let _ = std::fs::remove_dir_all(&self.tmp_dir);
+            return Err(ImageError::Exists { dir: self.final_dir.clone() });
+        }
+        std::fs::rename(&self.tmp_dir, &self.final_dir).map_err(werr("."))?;
+        Ok(self.final_dir.clone())
+    }
+
+    /// Remove the partial directory (capture failed).
+    pub fn abandon(self) {
+        let _ = std::fs::remove_dir_all(&self.tmp_dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ProcessImage {
+        let mut pages = PageIndex::default();
+        pages.push(0x1000, 1);
+        pages.push(0x2000, 2);
+        pages.push(0x5000, 3);
+        ProcessImage {
+            created_unix_ms: 1,
+            kernel: "6.18".into(),
+            sandbox: SandboxRecord {
+                runtime: "python3".into(),
+                handler: "h.handler".into(),
+                code_dir: "/code".into(),
+                runtime_dir: None,
+                memory_mb: 128,
+                cpu_millis: 1000,
+                pids_max: 64,
+                tmp_size_mb: 16,
+                uid: 65534,
+                gid: 65534,
+            },
+            threads: vec![ThreadState {
+                tid: 1,
+                regs: [7; 27],
+                xstate: vec![1, 2, 3],
+                sigmask: 0,
+                rseq: Some(Rseq { ptr: 0x10, len: 32, sig: 0x53053053 }),
+                robust_list: (0x20, 24),
+                tid_address: 0x30,
+                altstack: None,
+            }],
+            mm: MmState { fields: MmFields::default(), brk: 0x4000, auxv: vec![0; 16], exe: "/usr/bin/python3.11".into() },
+            sigactions: vec![],
+            rlimits: vec![(7, 1024, 4096)],
+            creds: Creds { uid: [65534; 3], gid: [65534; 3], groups: vec![] },
+            cwd: "/var/task".into(),
+            umask: 0o22,
+            personality: 0,
+            files: vec![],
+            vmas: vec![Vma { start: 0x1000, end: 0x6000, prot: 3, kind: VmaKind::Anon { growsdown: false } }],
+            fds: vec![FdRecord { fd: 3, kind: FdKind::Control }],
+            pages,
+        }
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let img = sample();
+        let bytes = encode_state(&img);
+        assert_eq!(decode_state(Path::new("/s"), &bytes).unwrap(), img);
+    }
+
+    #[test]
+    fn corruption_is_detected() {
+        let bytes = encode_state(&sample());
+        let mut flipped = bytes.clone();
+        flipped[30] ^= 0x40;
+        let e = decode_state(Path::new("/s"), &flipped).unwrap_err().to_string();
+        assert!(e.starts_with("snapshot /s: state.bin is truncated or corrupt (checksum mismatch"), "{e}");
+        let e = decode_state(Path::new("/s"), &bytes[..bytes.len() - 9]).unwrap_err().to_string();
+        assert!(e.contains("is truncated or corrupt (expected"), "{e}");
+        let e = decode_state(Path::new("/s"), b"NOTANIMAGEATALL_______").unwrap_err().to_string();
+        assert_eq!(e, "snapshot /s: state.bin is not a Thaw image (bad magic)");
+        let mut v2 = bytes.clone();
+        v2[8] = 99;
+        let e = decode_state(Path::new("/s"), &v2).unwrap_err().to_string();
+        assert_eq!(e, "snapshot /s: format version 99 is not supported (this build reads version 1)");
+    }
+
+    #[test]
+    fn page_index_merges_and_finds() {
+        let img = sample();
+        assert_eq!(img.pages.runs.len(), 2);
+        assert_eq!(img.pages.lookup(0x1000), Some(0));
+        assert_eq!(img.pages.lookup(0x2000), Some(1));
+        assert_eq!(img.pages.lookup(0x3000), None);
+        assert_eq!(img.pages.lookup(0x5000), Some(2));
+        assert_eq!(img.pages.lookup(0x0), None);
+        assert_eq!(img.pages.lookup(0x6000), None);
+    }
+
+    #[test]
+    fn writer_is_atomic_and_refuses_overwrite() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("snap");
+        let mut w = SnapshotWriter::create(&dir).unwrap();
+        w.write_pages(&[1u8; 4096 * 3]).unwrap();
+        assert!(!dir.exists());
+        w.finish(&sample()).unwrap();
+        let s = Snapshot::open(&dir).unwrap();
+        assert_eq!(s.image, sample());
+        assert!(matches!(SnapshotWriter::create(&dir), Err(ImageError::Exists { .. })));
+        // Truncating pages.img is caught at open.
+        let f = std::fs::OpenOptions::new().write(true).open(dir.join(PAGES_FILE)).unwrap();
+        f.set_len(4096).unwrap();
+        let e = Snapshot::open(&dir).err().unwrap().to_string();
+        assert!(e.ends_with("pages.img is truncated or corrupt (size is 4096 bytes, the index needs 12288)"), "{e}");
+    }
+}

@@ -1,0 +1,291 @@
+//! A function instance: a sandboxed runtime process plus its control channel,
+//! started by a cold boot or restored from a snapshot, and able to be captured.
+//!
+//! This is the seam the node (and the one-shot CLI) drive: `boot`, `restore`,
+//! `invoke`, `capture`, `kill`. A microVM backend would implement the same verbs.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use thaw_runtime::{Channel, ChannelError, InvokeOutcome, InvokeRequest, Runtime, RuntimeError};
+use thaw_sandbox::{Entry, Limits, Sandbox, SandboxError, SandboxSpec};
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::capture::{self, CaptureError, CaptureStats};
+use crate::image::{ImageError, SandboxRecord, Snapshot};
+use crate::inject;
+use crate::pageserver::{PageServer, PageSource, Paging, Stats};
+use crate::restore::{self, RestoreError};
+
+#[derive(Debug, Error)]
+pub enum InstanceError {
+    #[error("creating the sandbox")]
+    Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("function init failed: {}: {}", .0.error_type, .0.error_message)]
+    Init(thaw_runtime::FunctionError),
+    #[error("the instance did not become ready")]
+    NotReady(#[source] ChannelError),
+    #[error("invocation failed{}{}", .exit.as_ref().map(|e| format!(" (instance {e})")).unwrap_or_default(), .page_server.as_ref().map(|e| format!(" (page server: {e})")).unwrap_or_default())]
+    Invoke { exit: Option<String>, page_server: Option<String>, #[source] source: ChannelError },
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error("the sandbox did not hand over its {0}")]
+    MissingFd(&'static str),
+    #[error("I/O setting up the instance")]
+    Io(#[source] std::io::Error),
+}
+
+/// What is needed to cold-boot a function.
+#[derive(Debug, Clone)]
+pub struct FunctionConfig {
+    pub function_name: String,
+    pub runtime: Runtime,
+    pub handler: String,
+    pub code_dir: PathBuf,
+    /// Directory holding the runtime shims (see `thaw_runtime::runtimes::install_shims`).
+    pub runtime_dir: PathBuf,
+    pub memory_mb: u64,
+    pub cpu_millis: u64,
+    pub pids_max: u64,
+    pub tmp_size_mb: u64,
+    pub env: Vec<(String, String)>,
+    pub init_timeout: Duration,
+}
+
+impl FunctionConfig {
+    pub fn new(runtime: Runtime, handler: &str, code_dir: PathBuf, runtime_dir: PathBuf) -> FunctionConfig {
+        FunctionConfig {
+            function_name: "function".into(),
+            runtime,
+            handler: handler.into(),
+            code_dir,
+            runtime_dir,
+            memory_mb: 512,
+            cpu_millis: 1000,
+            pids_max: 256,
+            tmp_size_mb: 64,
+            env: Vec::new(),
+            init_timeout: Duration::from_secs(60),
+        }
+    }
+
+    fn record(&self) -> SandboxRecord {
+        SandboxRecord {
+            runtime: self.runtime.name().into(),
+            handler: self.handler.clone(),
+            code_dir: self.code_dir.clone(),
+            runtime_dir: Some(self.runtime_dir.clone()),
+            memory_mb: self.memory_mb,
+            cpu_millis: self.cpu_millis,
+            pids_max: self.pids_max,
+            tmp_size_mb: self.tmp_size_mb,
+            uid: 65534,
+            gid: 65534,
+        }
+    }
+}
+
+fn unique_id(kind: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{kind}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn spec_for(rec: &SandboxRecord, kind: &str) -> SandboxSpec {
+    SandboxSpec {
+        id: unique_id(kind),
+        init_args: vec!["__sandbox-init".into()],
+        code_dir: rec.code_dir.clone(),
+        runtime_dir: rec.runtime_dir.clone(),
+        tmp_size_mb: rec.tmp_size_mb,
+        limits: Limits { memory_mb: rec.memory_mb, cpu_millis: rec.cpu_millis, pids_max: rec.pids_max },
+        uid: rec.uid,
+        gid: rec.gid,
+        ..SandboxSpec::default()
+    }
+}
+
+/// A snapshot opened once and shared by every instance restored from it.
+pub struct LoadedSnapshot {
+    pub dir: PathBuf,
+    pub image: crate::image::ProcessImage,
+    pub source: Arc<PageSource>,
+    pub region: u64,
+}
+
+impl LoadedSnapshot {
+    pub fn open(dir: &Path) -> Result<LoadedSnapshot, InstanceError> {
+        let Snapshot { dir, image, pages } = Snapshot::open(dir)?;
+        let region = restore::choose_region(&image)?;
+        let source = Arc::new(PageSource::new(image.pages.clone(), pages));
+        Ok(LoadedSnapshot { dir, image, source, region })
+    }
+}
+
+/// How an instance came to be, with its start-up timings (milliseconds).
+#[derive(Debug, Clone, Serialize)]
+pub struct StartInfo {
+    pub kind: &'static str,
+    pub sandbox_ms: f64,
+    /// Boot: runtime start + function init. Restore: rebuilding the process.
+    pub init_ms: f64,
+    pub phases: Vec<(&'static str, f64)>,
+}
+
+/// Page-server figures of a restored instance.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PageStats {
+    pub page_faults: u64,
+    pub zero_faults: u64,
+    pub bytes_read_from_image: u64,
+    pub pages_installed_upfront: u64,
+}
+
+pub struct Instance {
+    sandbox: Sandbox,
+    channel: Channel,
+    pageserver: Option<PageServer>,
+    page_stats: Option<Arc<Stats>>,
+    record: SandboxRecord,
+    memory_mb: u64,
+    pub start: StartInfo,
+}
+
+impl Instance {
+    /// Cold boot: new sandbox, start the runtime, import the function, wait for READY.
+    pub fn boot(cfg: &FunctionConfig) -> Result<Instance, InstanceError> {
+        cfg.runtime.check_handler(&cfg.handler)?;
+        let t0 = Instant::now();
+        let record = cfg.record();
+        let mut spec = spec_for(&record, "boot");
+        spec.env = cfg.runtime.env(&cfg.handler, &cfg.function_name, cfg.memory_mb, &cfg.env);
+        let mut sandbox = Sandbox::spawn(&spec, Entry::Exec { argv: cfg.runtime.argv() })?;
+        let sandbox_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;
+        let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
+        let mut channel = Channel::new(control, log).map_err(InstanceError::Io)?;
+        match channel.wait_ready(cfg.init_timeout) {
+            Ok(()) => {}
+            Err(ChannelError::Init(e)) => return Err(InstanceError::Init(e)),
+            Err(e) => return Err(InstanceError::NotReady(e)),
+        }
+        let init_ms = t0.elapsed().as_secs_f64() * 1e3 - sandbox_ms;
+        info!(id = sandbox.id(), sandbox_ms, init_ms, "booted");
+        Ok(Instance {
+            sandbox,
+            channel,
+            pageserver: None,
+            page_stats: None,
+            record,
+            memory_mb: cfg.memory_mb,
+            start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![] },
+        })
+    }
+
+    /// Restore a new instance from a snapshot. Must be called on a long-lived thread
+    /// (it becomes the sandbox's parent and, during restore, its tracer).
+    pub fn restore(snap: &LoadedSnapshot, paging: Paging) -> Result<Instance, InstanceError> {
+        let t0 = Instant::now();
+        let record = snap.image.sandbox.clone();
+        let spec = spec_for(&record, "restore");
+        let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
+        let mut sandbox = Sandbox::spawn(&spec, entry)?;
+        let sandbox_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;
+        let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
+        let pidfd = sandbox.pidfd().try_clone_to_owned().map_err(InstanceError::Io)?;
+        let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), paging)?;
+        let channel = Channel::new(control, log).map_err(InstanceError::Io)?;
+        let init_ms = t0.elapsed().as_secs_f64() * 1e3 - sandbox_ms;
+        let kind = match paging {
+            Paging::Lazy => "restore-lazy",
+            Paging::Eager => "restore-eager",
+        };
+        info!(id = sandbox.id(), sandbox_ms, init_ms, kind, "restored");
+        Ok(Instance {
+            sandbox,
+            channel,
+            pageserver: Some(restored.pageserver),
+            page_stats: Some(restored.stats),
+            memory_mb: record.memory_mb,
+            record,
+            start: StartInfo { kind, sandbox_ms, init_ms, phases: restored.phases },
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.sandbox.pid()
+    }
+
+    /// Invoke once. A function error is an `Ok(InvokeOutcome::Error)`; an `Err`
+    /// means the instance is unusable (timed out, crashed) and should be discarded.
+    pub fn invoke(&mut self, request_id: &str, payload: &str, timeout: Duration) -> Result<InvokeOutcome, InstanceError> {
+        let name = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "function".into());
+        let req = InvokeRequest::new(request_id.into(), payload.into(), &name, self.memory_mb, timeout);
+        self.channel.invoke(&req, timeout).map_err(|source| {
+            // Give a crashed process a moment to be reapable so the error can say how it ended.
+            let mut exit = None;
+            if matches!(source, ChannelError::Closed { .. }) {
+                for _ in 0..50 {
+                    if let Ok(Some(st)) = self.sandbox.wait_exit() {
+                        exit = Some(format!("{st:?}"));
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+            InstanceError::Invoke {
+                exit,
+                page_server: self.page_stats.as_ref().and_then(|s| s.error.lock().expect("stats lock").clone()),
+                source,
+            }
+        })
+    }
+
+    /// Logs the function wrote since the last call.
+    pub fn take_logs(&mut self) -> String {
+        self.channel.take_logs()
+    }
+
+    pub fn page_stats(&self) -> PageStats {
+        match &self.page_stats {
+            Some(s) => PageStats {
+                page_faults: s.faults.load(Ordering::Relaxed),
+                zero_faults: s.zero_faults.load(Ordering::Relaxed),
+                bytes_read_from_image: s.bytes_read.load(Ordering::Relaxed),
+                pages_installed_upfront: s.pages_installed_upfront.load(Ordering::Relaxed),
+            },
+            None => PageStats::default(),
+        }
+    }
+
+    /// Capture this (booted, ready, never invoked) instance into `out`. The
+    /// instance is consumed: after capture no process of it is left.
+    pub fn capture(mut self, out: &Path) -> Result<(PathBuf, CaptureStats), InstanceError> {
+        let result = capture::capture(self.sandbox.pid(), self.record.clone(), out);
+        if let Err(e) = self.sandbox.kill() {
+            warn!(error = %e, "cleaning up the captured sandbox");
+        }
+        Ok(result?)
+    }
+
+    /// Kill the instance and clean up its sandbox.
+    pub fn kill(mut self) {
+        self.channel.shutdown();
+        if let Err(e) = self.sandbox.kill() {
+            warn!(error = %e, "killing sandbox");
+        }
+        if let Some(mut ps) = self.pageserver.take() {
+            ps.stop();
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The Thaw snapshot engine: capture a ready-to-invoke sandboxed process to an
+//! image on disk, and restore new processes from it with their memory served by
+//! a userfaultfd page server.
+//!
+//! Data flow: [`capture`] → [`image`] → [`restore`] + [`pageserver`].
+//! All raw kernel interfaces live in [`sys`]; [`inject`] runs syscalls inside a
+//! stopped tracee.
+
+pub mod capture;
+pub mod image;
+pub mod instance;
+pub mod inject;
+pub mod pageserver;
+pub mod procfs;
+pub mod regs;
+pub mod restore;
+pub mod sys;

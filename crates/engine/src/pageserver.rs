@@ -1,0 +1,483 @@
+//! The userfaultfd page server: serves a restored process's anonymous memory
+//! from the image.
+//!
+//! One thread per restored process (plus one per forked child) polls the
+//! userfaultfd, the process's pidfd and a stop pipe. Each missing-page fault is
+//! resolved from the image: the faulting address is translated through the
+//! [`AddressSpace`] (which follows munmap/madvise/mremap events so that memory
+//! the process released is never refilled with stale image contents), looked
+//! up in the page index, read from `pages.img`, checked against its CRC and
+//! installed with UFFDIO_COPY. Addresses without stored contents get a zero page.
+//!
+//! Invariant: if the server cannot serve a fault (read error, bad checksum,
+//! unexpected ioctl failure) it kills the process. A restored process never runs
+//! on memory the image did not provide.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use thiserror::Error;
+use tracing::{debug, error, warn};
+
+use crate::image::PageIndex;
+use crate::sys::mem::{self, Mapped};
+use crate::sys::uffd::{self, Event, Install};
+use crate::sys::PAGE_SIZE;
+
+#[derive(Debug, Error)]
+pub enum PageServerError {
+    #[error("page at {addr:#x} (image page {file_page}) failed its checksum: the image is corrupt")]
+    Checksum { addr: u64, file_page: u64 },
+    #[error("reading image page {file_page} for {addr:#x}")]
+    Read { addr: u64, file_page: u64, #[source] source: io::Error },
+    #[error("userfaultfd {op} at {addr:#x}")]
+    Uffd { op: &'static str, addr: u64, #[source] source: io::Error },
+    #[error("polling the userfaultfd")]
+    Poll(#[source] io::Error),
+}
+
+/// How memory is provided before the process resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Paging {
+    /// Nothing up front; every first touch of a page faults and reads it.
+    Lazy,
+    /// Every stored page is installed before the process resumes.
+    Eager,
+}
+
+impl std::str::FromStr for Paging {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lazy" => Ok(Paging::Lazy),
+            "eager" => Ok(Paging::Eager),
+            other => Err(format!("unknown paging mode '{other}' (expected lazy or eager)")),
+        }
+    }
+}
+
+/// Counters shared between the server threads and the caller.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub faults: AtomicU64,
+    pub zero_faults: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub pages_installed_upfront: AtomicU64,
+    pub events: AtomicU64,
+    pub error: Mutex<Option<String>>,
+}
+
+impl Stats {
+    fn fail(&self, e: &PageServerError) {
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(e);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        *self.error.lock().expect("stats lock") = Some(msg);
+    }
+}
+
+/// The image pages of one snapshot, shared by every instance restored from it.
+pub struct PageSource {
+    pub index: PageIndex,
+    file: File,
+}
+
+impl PageSource {
+    pub fn new(index: PageIndex, file: File) -> PageSource {
+        mem::fadvise_random(&file);
+        PageSource { index, file }
+    }
+
+    /// Read and verify one stored page into `buf`.
+    pub fn read_page(&self, addr: u64, file_page: u64, buf: &mut [u8]) -> Result<(), PageServerError> {
+        self.file
+            .read_exact_at(buf, file_page * PAGE_SIZE)
+            .map_err(|source| PageServerError::Read { addr, file_page, source })?;
+        if crc32fast::hash(buf) != self.index.crcs[file_page as usize] {
+            return Err(PageServerError::Checksum { addr, file_page });
+        }
+        Ok(())
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+/// Where the contents of each registered address come from now: image address =
+/// address + delta, or `None` for "zero" (released or never stored).
+#[derive(Debug, Clone, Default)]
+pub struct AddressSpace {
+    spans: BTreeMap<u64, (u64, Option<i64>)>,
+}
+
+impl AddressSpace {
+    /// Identity mapping for the given ranges (as captured).
+    pub fn identity(ranges: &[(u64, u64)]) -> AddressSpace {
+        let mut s = AddressSpace::default();
+        for &(a, b) in ranges {
+            s.set(a, b, Some(0));
+        }
+        s
+    }
+
+    /// Image address holding the contents for `addr`, if any.
+    pub fn resolve(&self, addr: u64) -> Option<u64> {
+        let (_, &(end, delta)) = self.spans.range(..=addr).next_back()?;
+        if addr >= end {
+            return None;
+        }
+        delta.map(|d| (addr as i64 + d) as u64)
+    }
+
+    fn split_at(&mut self, p: u64) {
+        if let Some((&s, &(e, d))) = self.spans.range(..p).next_back() {
+            if e > p {
+                self.spans.insert(s, (p, d));
+                self.spans.insert(p, (e, d.map(|d| d)));
+            }
+        }
+    }
+
+    fn set(&mut self, start: u64, end: u64, delta: Option<i64>) {
+        if start >= end {
+            return;
+        }
+        self.split_at(start);
+        self.split_at(end);
+        let inside: Vec<u64> = self.spans.range(start..end).map(|(&k, _)| k).collect();
+        for k in inside {
+            self.spans.remove(&k);
+        }
+        self.spans.insert(start, (end, delta));
+    }
+
+    /// The range was unmapped or discarded: later faults there read zeros.
+    pub fn release(&mut self, start: u64, end: u64) {
+        self.set(start, end, None);
+    }
+
+    /// mremap moved `[from, from+len)` to `[to, to+len)`.
+    pub fn remap(&mut self, from: u64, to: u64, len: u64) {
+        self.split_at(from);
+        self.split_at(from + len);
+        let moved: Vec<(u64, u64, Option<i64>)> =
+            self.spans.range(from..from + len).map(|(&s, &(e, d))| (s, e, d)).collect();
+        self.release(from, from + len);
+        self.set(to, to + len, None);
+        let shift = to as i64 - from as i64;
+        for (s, e, d) in moved {
+            self.set((s as i64 + shift) as u64, (e as i64 + shift) as u64, d.map(|d| d - shift));
+        }
+    }
+}
+
+/// A running page server for one restored process.
+pub struct PageServer {
+    stop_tx: Option<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
+    pub stats: Arc<Stats>,
+}
+
+struct Serve {
+    uffd: OwnedFd,
+    pidfd: Arc<OwnedFd>,
+    stop_rx: Arc<OwnedFd>,
+    source: Arc<PageSource>,
+    space: AddressSpace,
+    stats: Arc<Stats>,
+}
+
+impl PageServer {
+    /// Start serving `uffd` (already registered) for the process behind `pidfd`.
+    pub fn start(
+        uffd: OwnedFd,
+        pidfd: OwnedFd,
+        source: Arc<PageSource>,
+        space: AddressSpace,
+        stats: Arc<Stats>,
+    ) -> io::Result<PageServer> {
+        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+        let serve = Serve { uffd, pidfd: Arc::new(pidfd), stop_rx: Arc::new(rx), source, space, stats: stats.clone() };
+        let thread = std::thread::Builder::new().name("thaw-pageserver".into()).spawn(move || serve.run())?;
+        Ok(PageServer { stop_tx: Some(tx), thread: Some(thread), stats })
+    }
+
+    /// Stop serving (the process must already be dead or about to be killed).
+    pub fn stop(&mut self) {
+        self.stop_tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for PageServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Serve {
+    fn run(mut self) {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
+        let err = match result {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => PageServerError::Poll(io::Error::other("page server panicked")),
+        };
+        error!(error = %err, "page server failed; killing the instance it served");
+        self.stats.fail(&err);
+        let _ = mem::pidfd_kill(self.pidfd.as_fd());
+    }
+
+    fn serve(&mut self) -> Result<(), PageServerError> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut queue = VecDeque::with_capacity(64);
+        let mut buf = vec![0u8; PAGE_SIZE as usize];
+        let mut children: Vec<JoinHandle<()>> = Vec::new();
+        loop {
+            let (uffd_ready, exited, stopped) = {
+                let mut fds = [
+                    PollFd::new(self.uffd.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.stop_rx.as_fd(), PollFlags::POLLIN),
+                ];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(PageServerError::Poll(e.into())),
+                }
+                let r = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+                (r(0), r(1), r(2))
+            };
+            if stopped || exited {
+                break;
+            }
+            if !uffd_ready {
+                continue;
+            }
+            self.read_into(&mut queue)?;
+            while let Some(ev) = queue.pop_front() {
+                match ev {
+                    Event::PageFault { addr, .. } => self.fault(addr & !(PAGE_SIZE - 1), &mut buf, &mut queue)?,
+                    Event::Fork { ufd } => children.push(self.fork_child(ufd)?),
+                    other => self.apply(other),
+                }
+            }
+        }
+        for c in children {
+            let _ = c.join();
+        }
+        Ok(())
+    }
+
+    fn read_into(&self, queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
+        let mut evs = Vec::with_capacity(64);
+        uffd::read_events(self.uffd.as_fd(), &mut evs, 64).map_err(PageServerError::Poll)?;
+        queue.extend(evs);
+        Ok(())
+    }
+
+    /// Apply an address-space event (munmap, madvise, mremap).
+    fn apply(&mut self, ev: Event) {
+        self.stats.events.fetch_add(1, Ordering::Relaxed);
+        match ev {
+            Event::Remove { start, end } | Event::Unmap { start, end } => self.space.release(start, end),
+            Event::Remap { from, to, len } => self.space.remap(from, to, len),
+            Event::Unknown(kind) => warn!(kind, "unknown userfaultfd event"),
+            Event::PageFault { .. } | Event::Fork { .. } => {}
+        }
+    }
+
+    fn fork_child(&mut self, ufd: i32) -> Result<JoinHandle<()>, PageServerError> {
+        self.stats.events.fetch_add(1, Ordering::Relaxed);
+        let child = Serve {
+            uffd: uffd::own_fd(ufd),
+            pidfd: self.pidfd.clone(),
+            stop_rx: self.stop_rx.clone(),
+            source: self.source.clone(),
+            space: self.space.clone(),
+            stats: self.stats.clone(),
+        };
+        debug!("serving a forked child");
+        std::thread::Builder::new().name("thaw-pageserver-child".into()).spawn(move || child.run()).map_err(PageServerError::Poll)
+    }
+
+    fn fault(&mut self, page: u64, buf: &mut [u8], queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
+        self.stats.faults.fetch_add(1, Ordering::Relaxed);
+        let mut counted = false;
+        loop {
+            let stored = self.space.resolve(page).and_then(|img| self.source.index.lookup(img));
+            let r = match stored {
+                Some(fp) => {
+                    self.source.read_page(page, fp, buf)?;
+                    if !counted {
+                        self.stats.bytes_read.fetch_add(PAGE_SIZE, Ordering::Relaxed);
+                    }
+                    uffd::copy(self.uffd.as_fd(), page, buf.as_ptr(), PAGE_SIZE, true)
+                }
+                None => {
+                    if !counted {
+                        self.stats.zero_faults.fetch_add(1, Ordering::Relaxed);
+                    }
+                    uffd::zeropage(self.uffd.as_fd(), page, PAGE_SIZE, true)
+                }
+            }
+            .map_err(|source| PageServerError::Uffd { op: "install", addr: page, source })?;
+            counted = true;
+            match r {
+                Install::Done | Install::Gone => return Ok(()),
+                Install::Exists => {
+                    let _ = uffd::wake(self.uffd.as_fd(), page, PAGE_SIZE);
+                    return Ok(());
+                }
+                // A non-cooperative event is pending: read and apply the address-space
+                // events first (faults stay queued), then resolve this page again.
+                Install::Again { .. } => {
+                    self.read_into(queue)?;
+                    let pending: Vec<Event> = queue.drain(..).collect();
+                    for ev in pending {
+                        match ev {
+                            Event::PageFault { .. } => queue.push_back(ev),
+                            Event::Fork { ufd } => {
+                                let h = self.fork_child(ufd)?;
+                                // Detached: it ends with the process.
+                                drop(h);
+                            }
+                            other => self.apply(other),
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+/// Install specific pages (page-aligned addresses) from the image before the
+/// process runs; pages the image does not store become zero pages.
+pub fn install_pages(uffd_fd: &OwnedFd, source: &PageSource, pages: &[u64], stats: &Stats) -> Result<(), PageServerError> {
+    let mut buf = vec![0u8; PAGE_SIZE as usize];
+    for &page in pages {
+        let r = match source.index.lookup(page) {
+            Some(fp) => {
+                source.read_page(page, fp, &mut buf)?;
+                stats.bytes_read.fetch_add(PAGE_SIZE, Ordering::Relaxed);
+                uffd::copy(uffd_fd.as_fd(), page, buf.as_ptr(), PAGE_SIZE, false)
+            }
+            None => uffd::zeropage(uffd_fd.as_fd(), page, PAGE_SIZE, false),
+        }
+        .map_err(|source| PageServerError::Uffd { op: "install", addr: page, source })?;
+        if r == Install::Done {
+            stats.pages_installed_upfront.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// Install every stored page that falls in `ranges` before the process runs.
+/// Returns the number of pages installed.
+pub fn install_all(
+    uffd_fd: &OwnedFd,
+    source: &PageSource,
+    ranges: &[(u64, u64)],
+    stats: &Stats,
+) -> Result<u64, PageServerError> {
+    let t0 = Instant::now();
+    let len = source.index.stored_pages() * PAGE_SIZE;
+    let map = Mapped::map(source.file(), len as usize)
+        .map_err(|e| PageServerError::Read { addr: 0, file_page: 0, source: e })?;
+    let mut installed = 0;
+    for run in &source.index.runs {
+        let run_end = run.vaddr + run.npages * PAGE_SIZE;
+        for &(a, b) in ranges {
+            let s = run.vaddr.max(a);
+            let e = run_end.min(b);
+            if s >= e {
+                continue;
+            }
+            let fp = run.file_page + (s - run.vaddr) / PAGE_SIZE;
+            let n = (e - s) / PAGE_SIZE;
+            let bytes = map.slice((fp * PAGE_SIZE) as usize, (n * PAGE_SIZE) as usize);
+            for (k, page) in bytes.chunks_exact(PAGE_SIZE as usize).enumerate() {
+                if crc32fast::hash(page) != source.index.crcs[(fp + k as u64) as usize] {
+                    return Err(PageServerError::Checksum { addr: s + k as u64 * PAGE_SIZE, file_page: fp + k as u64 });
+                }
+            }
+            let mut done = 0;
+            while done < n * PAGE_SIZE {
+                let r = uffd::copy(uffd_fd.as_fd(), s + done, bytes[done as usize..].as_ptr(), n * PAGE_SIZE - done, false)
+                    .map_err(|source| PageServerError::Uffd { op: "copy", addr: s + done, source })?;
+                match r {
+                    Install::Done => break,
+                    // Copies stop at the first populated page; skip it.
+                    Install::Exists => done += PAGE_SIZE,
+                    Install::Again { copied } if copied > 0 => done += copied,
+                    other => {
+                        return Err(PageServerError::Uffd {
+                            op: "copy",
+                            addr: s + done,
+                            source: io::Error::other(format!("unexpected {other:?} before the process ran")),
+                        })
+                    }
+                }
+            }
+            installed += n;
+        }
+    }
+    stats.bytes_read.fetch_add(installed * PAGE_SIZE, Ordering::Relaxed);
+    stats.pages_installed_upfront.fetch_add(installed, Ordering::Relaxed);
+    debug!(pages = installed, ms = t0.elapsed().as_secs_f64() * 1e3, "installed pages up front");
+    let _ = uffd_fd.as_raw_fd();
+    Ok(installed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_then_release_then_remap() {
+        let mut s = AddressSpace::identity(&[(0x1000, 0x9000)]);
+        assert_eq!(s.resolve(0x2000), Some(0x2000));
+        assert_eq!(s.resolve(0x9000), None);
+        assert_eq!(s.resolve(0x0), None);
+        s.release(0x3000, 0x5000);
+        assert_eq!(s.resolve(0x3000), None);
+        assert_eq!(s.resolve(0x4fff), None);
+        assert_eq!(s.resolve(0x5000), Some(0x5000));
+        assert_eq!(s.resolve(0x2fff), Some(0x2fff));
+        // Move [0x5000,0x7000) to 0x20000: contents follow, the source reads zero.
+        s.remap(0x5000, 0x20000, 0x2000);
+        assert_eq!(s.resolve(0x20000), Some(0x5000));
+        assert_eq!(s.resolve(0x21000), Some(0x6000));
+        assert_eq!(s.resolve(0x22000), None);
+        assert_eq!(s.resolve(0x5000), None);
+        assert_eq!(s.resolve(0x7000), Some(0x7000));
+        // A remap whose source has a released hole keeps the hole.
+        s.remap(0x2000, 0x40000, 0x3000);
+        assert_eq!(s.resolve(0x40000), Some(0x2000));
+        assert_eq!(s.resolve(0x41000), None);
+        assert_eq!(s.resolve(0x42000), None);
+    }
+
+    #[test]
+    fn paging_parses() {
+        assert_eq!("lazy".parse::<Paging>().unwrap(), Paging::Lazy);
+        assert_eq!("eager".parse::<Paging>().unwrap(), Paging::Eager);
+        assert_eq!("fast".parse::<Paging>().unwrap_err(), "unknown paging mode 'fast' (expected lazy or eager)");
+    }
+}

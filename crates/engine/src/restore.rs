@@ -1,0 +1,449 @@
+//! Restore: rebuild a process from an image inside a fresh sandbox.
+//!
+//! 1. The sandbox starts a *stub* (our own binary, PID 1 of a new pid
+//!    namespace) that maps the injection region at an address free in the
+//!    image's layout, then stops itself under ptrace.
+//! 2. Batch A, injected into the stub: unmap everything of the stub's own,
+//!    move the vDSO/vvar to where the image had them, create the userfaultfd,
+//!    open the mapped files.
+//! 3. Batch B: map every VMA of the image at its address, set the mm fields
+//!    (PR_SET_MM_MAP), thread attributes (tid address, robust list, rseq),
+//!    signal handlers, cwd, umask, descriptors, then drop to the image's
+//!    credentials.
+//! 4. From the node: take the userfaultfd out with pidfd_getfd, register the
+//!    anonymous ranges, write copy-on-written file pages, install pages up
+//!    front for eager paging, set rlimits.
+//! 5. Unmap the injection region (one syscall through the vDSO), load the
+//!    image's registers, start the page server and detach: the process
+//!    resumes inside the runtime's read of its control channel.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use thiserror::Error;
+use tracing::debug;
+
+use crate::image::{FdKind, ProcessImage, VmaKind};
+use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
+use crate::pageserver::{self, AddressSpace, PageServer, PageServerError, PageSource, Paging, Stats};
+use crate::procfs;
+use crate::regs;
+use crate::sys::mem::{self, ProcMem};
+use crate::sys::ptrace::Tracee;
+use crate::sys::{uffd, PAGE_SIZE};
+
+#[derive(Debug, Error)]
+pub enum RestoreError {
+    #[error("restoring into pid {pid}: {what}")]
+    Io { pid: i32, what: String, #[source] source: io::Error },
+    #[error("restoring into pid {pid}")]
+    Inject { pid: i32, #[source] source: InjectError },
+    #[error("restoring into pid {pid}: installing pages")]
+    Pages { pid: i32, #[source] source: PageServerError },
+    #[error("the image cannot be restored here: {0}")]
+    Incompatible(String),
+}
+
+/// Descriptor number the userfaultfd keeps inside the restored process. Holding
+/// it there keeps the fault context alive even if the node dies, so faults
+/// block (and the process is killed) instead of reading zero pages.
+pub const UFFD_KEEP_FD: u64 = 1000;
+/// Where the search for a free injection region starts.
+const REGION_SEARCH_START: u64 = 0x1000_0000;
+/// Space after the region used to shuffle the vDSO mappings.
+const SHUFFLE_LEN: u64 = 1 << 20;
+
+/// Choose an injection region address that overlaps none of the image's VMAs.
+pub fn choose_region(img: &ProcessImage) -> Result<u64, RestoreError> {
+    let need = REGION_LEN + SHUFFLE_LEN;
+    let mut cand = REGION_SEARCH_START;
+    for v in &img.vmas {
+        if v.end <= cand {
+            continue;
+        }
+        if v.start >= cand + need {
+            return Ok(cand);
+        }
+        cand = v.end;
+    }
+    if cand + need < 0x7fff_0000_0000 {
+        return Ok(cand);
+    }
+    Err(RestoreError::Incompatible("no free address range for the injection region".into()))
+}
+
+/// What a finished restore hands to the caller.
+pub struct Restored {
+    pub pageserver: PageServer,
+    pub stats: Arc<Stats>,
+    /// Milliseconds per restore step, in order.
+    pub phases: Vec<(&'static str, f64)>,
+}
+
+/// Address of a `syscall` instruction inside the vDSO (identical in every
+/// process on this kernel), as an offset from the vDSO start.
+fn vdso_syscall_offset() -> Option<u64> {
+    let base = nix::libc::AT_SYSINFO_EHDR;
+    // SAFETY: getauxval only reads the process's auxiliary vector.
+    let start = unsafe { libc::getauxval(base) };
+    if start == 0 {
+        return None;
+    }
+    let maps = procfs::parse_maps(&std::fs::read_to_string("/proc/self/maps").ok()?)?;
+    let vdso = maps.iter().find(|m| m.name == "[vdso]")?;
+    let mem = ProcMem::open(std::process::id() as i32, false).ok()?;
+    let mut text = vec![0u8; vdso.len() as usize];
+    mem.read_exact_at(&mut text, vdso.start).ok()?;
+    text.windows(2).position(|w| w == [0x0f, 0x05]).map(|o| o as u64)
+}
+
+/// Rebuild `img` into the stopped stub `pid` (our child, traced by this thread),
+/// whose injection region is at `region`. `pidfd` refers to the stub.
+pub fn restore_into(
+    pid: i32,
+    pidfd: &OwnedFd,
+    region: u64,
+    img: &ProcessImage,
+    source: Arc<PageSource>,
+    paging: Paging,
+) -> Result<Restored, RestoreError> {
+    let mut phases = Vec::new();
+    let mut t = Instant::now();
+    let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64)>| {
+        phases.push((name, t.elapsed().as_secs_f64() * 1e3));
+        t = Instant::now();
+    };
+    let ioe = |what: &str| {
+        let what = what.to_string();
+        move |source| RestoreError::Io { pid, what, source }
+    };
+    let inj_err = |source| RestoreError::Inject { pid, source };
+    if img.threads.len() != 1 {
+        return Err(RestoreError::Incompatible(format!("{} threads in the image; this engine restores one", img.threads.len())));
+    }
+    let thread = &img.threads[0];
+
+    // The files the image maps must be the ones it was captured with.
+    for f in &img.files {
+        let meta = std::fs::metadata(format!("/proc/{pid}/root{}", f.path)).map_err(ioe(&format!("stat {}", f.path)))?;
+        use std::os::unix::fs::MetadataExt;
+        let mtime = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
+        if meta.len() != f.size || mtime != f.mtime_ns {
+            return Err(RestoreError::Incompatible(format!(
+                "{} changed since the snapshot was taken (size {} -> {}); re-create the snapshot",
+                f.path,
+                f.size,
+                meta.len()
+            )));
+        }
+    }
+
+    let tracee = Tracee::from_traceme(pid).map_err(ioe("ptrace options"))?;
+    let wmem = ProcMem::open(pid, true).map_err(ioe("opening /proc/PID/mem"))?;
+    let inj = Injector::new(tracee, &wmem, region).map_err(inj_err)?;
+    let stub_maps = procfs::parse_maps(&std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(ioe("reading maps"))?)
+        .ok_or_else(|| RestoreError::Io { pid, what: "parsing maps".into(), source: io::ErrorKind::InvalidData.into() })?;
+    lap("stub", &mut phases);
+
+    // ---- Batch A: clear the stub, place the vDSO, create the uffd, open files.
+    let mut data = DataArea::new(region);
+    let mut calls = Vec::new();
+    let specials = ["[vvar]", "[vvar_vclock]", "[vdso]"];
+    for m in &stub_maps {
+        if m.start == region || m.name == "[vsyscall]" || specials.contains(&m.name.as_str()) {
+            continue;
+        }
+        calls.push(Call::new("munmap", libc::SYS_munmap, &[m.start, m.len()]));
+    }
+    let mremap_flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
+    let mut shuffle = region + REGION_LEN;
+    let mut moves = Vec::new();
+    for m in stub_maps.iter().filter(|m| specials.contains(&m.name.as_str())) {
+        let target = img.vmas.iter().find(|v| matches!(&v.kind, VmaKind::Special { name } if *name == m.name));
+        match target {
+            Some(v) if v.end - v.start == m.len() => {
+                calls.push(Call::new("mremap(vdso to scratch)", libc::SYS_mremap, &[m.start, m.len(), m.len(), mremap_flags, shuffle]));
+                moves.push((shuffle, m.len(), v.start));
+                shuffle += m.len();
+            }
+            Some(v) => {
+                return Err(RestoreError::Incompatible(format!(
+                    "{} is {} bytes on this kernel but {} in the image",
+                    m.name,
+                    m.len(),
+                    v.end - v.start
+                )))
+            }
+            None => calls.push(Call::new("munmap(special)", libc::SYS_munmap, &[m.start, m.len()])),
+        }
+    }
+    for (from, len, to) in moves {
+        calls.push(Call::new("mremap(vdso into place)", libc::SYS_mremap, &[from, len, len, mremap_flags, to]));
+    }
+    let uffd_flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
+    let uffd_idx = calls.len();
+    calls.push(Call::new("userfaultfd", libc::SYS_userfaultfd, &[uffd_flags]));
+    let mut paths: Vec<&str> = img.files.iter().map(|f| f.path.as_str()).collect();
+    paths.push(img.mm.exe.as_str());
+    let open_idx = calls.len();
+    for p in &paths {
+        let a = data.push_cstr(p);
+        calls.push(Call::new("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, a, (libc::O_RDONLY | libc::O_CLOEXEC) as u64]));
+    }
+    let res = inj.run(&calls, &mut data).map_err(inj_err)?;
+    let uffd_tmp = res[uffd_idx] as u64;
+    let file_fds: Vec<u64> = res[open_idx..].iter().map(|&r| r as u64).collect();
+    lap("batch_a", &mut phases);
+
+    // ---- Batch B: the image's address space and process attributes.
+    let mut data = DataArea::new(region);
+    let mut calls = Vec::new();
+    calls.push(Call::new("dup3(uffd)", libc::SYS_dup3, &[uffd_tmp, UFFD_KEEP_FD, libc::O_CLOEXEC as u64]));
+    calls.push(Call::new("close(uffd)", libc::SYS_close, &[uffd_tmp]));
+    let mut anon_ranges: Vec<(u64, u64)> = Vec::new();
+    for v in &img.vmas {
+        let len = v.end - v.start;
+        let noreplace = libc::MAP_FIXED_NOREPLACE as u64;
+        let (flags, fd, off) = match &v.kind {
+            VmaKind::Special { .. } => continue,
+            VmaKind::Anon { growsdown } => {
+                match anon_ranges.last_mut() {
+                    Some(last) if last.1 == v.start => last.1 = v.end,
+                    _ => anon_ranges.push((v.start, v.end)),
+                }
+                let gd = if *growsdown { libc::MAP_GROWSDOWN as u64 } else { 0 };
+                ((libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | gd | noreplace, u64::MAX, 0)
+            }
+            VmaKind::FilePrivate { file, offset } => (libc::MAP_PRIVATE as u64 | noreplace, file_fds[*file], *offset),
+            VmaKind::FileShared { file, offset } => (libc::MAP_SHARED as u64 | noreplace, file_fds[*file], *offset),
+        };
+        calls.push(Call::new("mmap", libc::SYS_mmap, &[v.start, len, v.prot as u64, flags, fd, off]));
+    }
+    let exe_fd = *file_fds.last().expect("exe is always opened");
+    let f = &img.mm.fields;
+    let auxv = data.push(&img.mm.auxv);
+    let mut mm_map = Vec::with_capacity(104);
+    for x in [
+        f.start_code, f.end_code, f.start_data, f.end_data, f.start_brk, img.mm.brk, f.start_stack, f.arg_start,
+        f.arg_end, f.env_start, f.env_end, auxv,
+    ] {
+        mm_map.extend_from_slice(&x.to_le_bytes());
+    }
+    mm_map.extend_from_slice(&(img.mm.auxv.len() as u32).to_le_bytes());
+    mm_map.extend_from_slice(&(exe_fd as u32).to_le_bytes());
+    let mm_map_addr = data.push(&mm_map);
+    const PR_SET_MM: u64 = 35;
+    const PR_SET_MM_MAP: u64 = 14;
+    calls.push(Call::new("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, mm_map_addr, 104]));
+    for fd in &file_fds {
+        calls.push(Call::new("close(file)", libc::SYS_close, &[*fd]));
+    }
+    calls.push(Call::new("set_tid_address", libc::SYS_set_tid_address, &[thread.tid_address]));
+    if thread.robust_list.0 != 0 {
+        calls.push(Call::new("set_robust_list", libc::SYS_set_robust_list, &[thread.robust_list.0, thread.robust_list.1]));
+    }
+    for sa in &img.sigactions {
+        let mut b = Vec::with_capacity(32);
+        for x in [sa.handler, sa.flags, sa.restorer, sa.mask] {
+            b.extend_from_slice(&x.to_le_bytes());
+        }
+        let a = data.push(&b);
+        calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sa.sig as u64, a, 0, 8]));
+    }
+    if let Some(ss) = &thread.altstack {
+        let mut b = Vec::with_capacity(24);
+        b.extend_from_slice(&ss.sp.to_le_bytes());
+        b.extend_from_slice(&(ss.flags as i64).to_le_bytes());
+        b.extend_from_slice(&ss.size.to_le_bytes());
+        let a = data.push(&b);
+        calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
+    }
+    let cwd = data.push_cstr(&img.cwd);
+    calls.push(Call::new("chdir", libc::SYS_chdir, &[cwd]));
+    calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
+    calls.push(Call::new("personality", libc::SYS_personality, &[img.personality as u64]));
+    for rec in &img.fds {
+        if let FdKind::Path { path, flags, pos } = &rec.kind {
+            // Lowest-free allocation hands out numbers below the target fd, so
+            // opening in ascending order never clobbers a later target.
+            let a = data.push_cstr(path);
+            let open_flags = (*flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)) as u64;
+            calls.push(Call::new("openat(fd)", libc::SYS_openat, &[libc::AT_FDCWD as u64, a, open_flags]));
+            // The batch cannot feed one result into the next call, so open at the
+            // lowest free number and rely on the recorded fd being that number or
+            // move it in a follow-up batch.
+            let _ = pos;
+        }
+    }
+    // rseq is registered last (batch C): registering writes the cpu id into the rseq
+    // area, which would populate that page with zeros before the image's contents.
+    for &(res, cur, max) in &img.rlimits {
+        let mut b = cur.to_le_bytes().to_vec();
+        b.extend_from_slice(&max.to_le_bytes());
+        let a = data.push(&b);
+        calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, a, 0]));
+    }
+    let groups: Vec<u8> = img.creds.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+    let groups_addr = data.push(&groups);
+    calls.push(Call::new("setgroups", libc::SYS_setgroups, &[img.creds.groups.len() as u64, groups_addr]));
+    let [rg, eg, sg] = img.creds.gid;
+    calls.push(Call::new("setresgid", libc::SYS_setresgid, &[rg as u64, eg as u64, sg as u64]));
+    let fd_open_start = calls.len();
+    let _ = fd_open_start;
+    let [ru, eu, su] = img.creds.uid;
+    calls.push(Call::new("setresuid", libc::SYS_setresuid, &[ru as u64, eu as u64, su as u64]));
+    let res = inj.run(&calls, &mut data).map_err(inj_err)?;
+    drop(res);
+    // Move descriptors opened above to their recorded numbers and offsets.
+    fixup_fds(&inj, pid, img).map_err(inj_err)?;
+    lap("batch_b", &mut phases);
+
+    // ---- From the node: userfaultfd, copy-on-write pages, up-front pages.
+    let uffd = mem::pidfd_getfd(pidfd.as_fd(), UFFD_KEEP_FD as i32).map_err(ioe("pidfd_getfd(userfaultfd)"))?;
+    let features = uffd::FEATURE_EVENT_FORK | uffd::FEATURE_EVENT_REMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP;
+    uffd::api(uffd.as_fd(), features).map_err(ioe("UFFDIO_API"))?;
+    for &(a, b) in &anon_ranges {
+        uffd::register_missing(uffd.as_fd(), a, b - a).map_err(ioe(&format!("UFFDIO_REGISTER {a:#x}-{b:#x}")))?;
+    }
+    let stats = Arc::new(Stats::default());
+    write_file_cow_pages(pid, &wmem, img, &source, &stats)?;
+    if paging == Paging::Eager {
+        pageserver::install_all(&uffd, &source, &anon_ranges, &stats).map_err(|source| RestoreError::Pages { pid, source })?;
+    }
+    if let Some(r) = &thread.rseq {
+        let first = r.ptr & !(PAGE_SIZE - 1);
+        let last = (r.ptr + r.len as u64 - 1) & !(PAGE_SIZE - 1);
+        let pages: Vec<u64> = (first..=last).step_by(PAGE_SIZE as usize).collect();
+        pageserver::install_pages(&uffd, &source, &pages, &stats).map_err(|source| RestoreError::Pages { pid, source })?;
+        let mut data = DataArea::new(region);
+        inj.run(&[Call::new("rseq", libc::SYS_rseq, &[r.ptr, r.len as u64, 0, r.sig as u64])], &mut data).map_err(inj_err)?;
+    }
+    lap("memory", &mut phases);
+
+    // ---- Leave no trace of the injection region, load registers, go.
+    let off = vdso_syscall_offset().ok_or_else(|| RestoreError::Incompatible("no syscall instruction in the vDSO".into()))?;
+    let vdso = img
+        .vmas
+        .iter()
+        .find(|v| matches!(&v.kind, VmaKind::Special { name } if name == "[vdso]"))
+        .ok_or_else(|| RestoreError::Incompatible("the image has no [vdso] mapping".into()))?;
+    inject::single(&tracee, vdso.start + off, Call::new("munmap(region)", libc::SYS_munmap, &[region, REGION_LEN]))
+        .map_err(inj_err)?;
+    tracee.set_regs(&regs::from_array(&thread.regs)).map_err(ioe("SETREGS"))?;
+    tracee.set_xstate(&thread.xstate).map_err(ioe("SETREGSET xstate"))?;
+    tracee.set_sigmask(thread.sigmask).map_err(ioe("SETSIGMASK"))?;
+    let server_pidfd = mem::pidfd_open(pid).map_err(ioe("pidfd_open"))?;
+    let space = AddressSpace::identity(&anon_ranges);
+    let pageserver = PageServer::start(uffd, server_pidfd, source, space, stats.clone()).map_err(ioe("starting the page server"))?;
+    if std::env::var_os("THAW_DEBUG_RESTORE").is_some() {
+        debug_follow(&tracee);
+    }
+    tracee.detach().map_err(ioe("PTRACE_DETACH"))?;
+    lap("resume", &mut phases);
+    debug!(pid, ?phases, upfront = stats.pages_installed_upfront.load(Ordering::Relaxed), "restored");
+    Ok(Restored { pageserver, stats, phases })
+}
+
+/// Pages of private file mappings that the process had written (relocations,
+/// .data) differ from the file: write them now through /proc/PID/mem, which
+/// performs the copy-on-write just as the original writes did.
+fn write_file_cow_pages(
+    pid: i32,
+    wmem: &ProcMem,
+    img: &ProcessImage,
+    source: &PageSource,
+    stats: &Stats,
+) -> Result<(), RestoreError> {
+    let mut buf = vec![0u8; PAGE_SIZE as usize];
+    for v in img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. })) {
+        let first = source.index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= v.start);
+        for run in source.index.runs[first..].iter().take_while(|r| r.vaddr < v.end) {
+            let s = run.vaddr.max(v.start);
+            let e = (run.vaddr + run.npages * PAGE_SIZE).min(v.end);
+            let mut a = s;
+            while a < e {
+                let fp = run.file_page + (a - run.vaddr) / PAGE_SIZE;
+                source.read_page(a, fp, &mut buf).map_err(|source| RestoreError::Pages { pid, source })?;
+                wmem.write_all_at(&buf, a).map_err(|source| RestoreError::Io { pid, what: format!("writing page {a:#x}"), source })?;
+                stats.bytes_read.fetch_add(PAGE_SIZE, Ordering::Relaxed);
+                stats.pages_installed_upfront.fetch_add(1, Ordering::Relaxed);
+                a += PAGE_SIZE;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Descriptors other than the sandbox's own (0-3) were opened at the lowest
+/// free numbers in batch B; move each to its recorded number and offset.
+fn fixup_fds(inj: &Injector<'_>, pid: i32, img: &ProcessImage) -> Result<(), InjectError> {
+    let wanted: Vec<(i32, u64)> = img
+        .fds
+        .iter()
+        .filter_map(|r| match &r.kind {
+            FdKind::Path { pos, .. } => Some((r.fd, *pos)),
+            _ => None,
+        })
+        .collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    // Opened in ascending order of recorded number, each at the lowest free slot.
+    let present = procfs::fds(pid).map_err(|source| InjectError::Memory { pid, addr: 0, source })?;
+    let mut opened: Vec<i32> = present
+        .iter()
+        .map(|x| x.0)
+        .filter(|&fd| fd > 3 && fd != UFFD_KEEP_FD as i32)
+        .collect();
+    opened.sort_unstable();
+    let mut data = DataArea::new(inj.region);
+    let mut calls = Vec::new();
+    for (&tmp, &(fd, pos)) in opened.iter().zip(&wanted) {
+        if tmp != fd {
+            calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[tmp as u64, fd as u64, 0]));
+            calls.push(Call::new("close(tmp fd)", libc::SYS_close, &[tmp as u64]));
+        }
+        if pos != 0 {
+            calls.push(Call::new("lseek", libc::SYS_lseek, &[fd as u64, pos, libc::SEEK_SET as u64]));
+        }
+    }
+    inj.run(&calls, &mut data).map(|_| ())
+}
+
+/// Convenience: does `dir` look like a snapshot directory?
+pub fn is_snapshot_dir(dir: &Path) -> bool {
+    dir.join(crate::image::STATE_FILE).is_file()
+}
+
+/// Debug aid (THAW_DEBUG_RESTORE=1): run the restored process under ptrace until its
+/// first signal and print where it stopped.
+fn debug_follow(tracee: &Tracee) {
+    let pid = tracee.pid;
+    loop {
+        if tracee.cont().is_err() {
+            return;
+        }
+        match tracee.wait_stop() {
+            Ok(Some(sig)) => {
+                let regs = tracee.get_regs().ok();
+                let info = nix::sys::ptrace::getsiginfo(pid).ok();
+                // SAFETY: si_addr is valid to read for SIGSEGV/SIGBUS siginfo.
+                let addr = info.map(|i| unsafe { i.si_addr() } as u64);
+                eprintln!("debug: pid {pid} stopped by {sig:?} rip={:#x} rsp={:#x} fault_addr={addr:#x?}", regs.map(|r| r.rip).unwrap_or(0), regs.map(|r| r.rsp).unwrap_or(0));
+                if let Ok(m) = std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+                    eprintln!("{m}");
+                }
+                return;
+            }
+            Ok(None) => continue,
+            Err(e) => {
+                eprintln!("debug: {e}");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! ptrace wrappers: seize/interrupt a live process, read and write its
+//! registers (general purpose, xstate), signal mask and rseq configuration.
+//!
+//! A [`Tracee`] is bound to the OS thread that attached it: the kernel makes
+//! that *thread* the tracer, so every call must come from it.
+
+use std::io;
+
+use nix::sys::ptrace as nptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use super::last_err;
+
+const PTRACE_GETREGSET: libc::c_uint = 0x4204;
+const PTRACE_SETREGSET: libc::c_uint = 0x4205;
+const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
+const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
+const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+const NT_X86_XSTATE: libc::c_ulong = 0x202;
+/// Large enough for every xstate layout x86-64 CPUs have today (AMX included).
+const XSTATE_MAX: usize = 16 * 1024;
+
+pub use libc::user_regs_struct as Regs;
+
+/// rseq registration of a thread as the kernel reports it.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RseqConfig {
+    pub rseq_abi_pointer: u64,
+    pub rseq_abi_size: u32,
+    pub signature: u32,
+    pub flags: u32,
+    pub pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<RseqConfig>() == 24);
+
+/// A stopped thread under our control.
+#[derive(Debug, Clone, Copy)]
+pub struct Tracee {
+    pub pid: Pid,
+}
+
+fn nix_io(e: nix::errno::Errno) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+impl Tracee {
+    /// Attach to a running process without stopping it, then stop it with
+    /// PTRACE_INTERRUPT and wait for the stop.
+    pub fn seize_and_stop(pid: i32) -> io::Result<Tracee> {
+        let pid = Pid::from_raw(pid);
+        let opts = nptrace::Options::PTRACE_O_TRACESYSGOOD | nptrace::Options::PTRACE_O_EXITKILL;
+        nptrace::seize(pid, opts).map_err(nix_io)?;
+        nptrace::interrupt(pid).map_err(nix_io)?;
+        let t = Tracee { pid };
+        t.wait_stop()?;
+        Ok(t)
+    }
+
+    /// A process that stopped itself after PTRACE_TRACEME (our restore stub).
+    pub fn from_traceme(pid: i32) -> io::Result<Tracee> {
+        let pid = Pid::from_raw(pid);
+        let opts = nptrace::Options::PTRACE_O_TRACESYSGOOD | nptrace::Options::PTRACE_O_EXITKILL;
+        nptrace::setoptions(pid, opts).map_err(nix_io)?;
+        Ok(Tracee { pid })
+    }
+
+    /// Wait until the tracee is in some ptrace stop; returns the stop signal.
+    pub fn wait_stop(&self) -> io::Result<Option<Signal>> {
+        loop {
+            match waitpid(self.pid, Some(WaitPidFlag::__WALL)).map_err(nix_io)? {
+                WaitStatus::Stopped(_, sig) => return Ok(Some(sig)),
+                WaitStatus::PtraceEvent(_, _, _) => return Ok(None),
+                WaitStatus::PtraceSyscall(_) => return Ok(None),
+                WaitStatus::Exited(_, code) => {
+                    return Err(io::Error::other(format!("process exited with status {code}")))
+                }
+                WaitStatus::Signaled(_, sig, _) => {
+                    return Err(io::Error::other(format!("process was killed by {sig}")))
+                }
+                _ => continue,
+            }
+        }
+    }
+
+    pub fn get_regs(&self) -> io::Result<Regs> {
+        nptrace::getregs(self.pid).map_err(nix_io)
+    }
+
+    pub fn set_regs(&self, regs: &Regs) -> io::Result<()> {
+        nptrace::setregs(self.pid, *regs).map_err(nix_io)
+    }
+
+    /// The XSAVE area (FPU, SSE, AVX... state) as raw bytes.
+    pub fn get_xstate(&self) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; XSTATE_MAX];
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: iov points at a live buffer of iov_len bytes; the kernel writes at most
+        // iov_len bytes and updates iov_len to the size written.
+        let r = unsafe { libc::ptrace(PTRACE_GETREGSET, self.pid.as_raw(), NT_X86_XSTATE, &mut iov) };
+        if r < 0 {
+            return Err(last_err());
+        }
+        buf.truncate(iov.iov_len);
+        Ok(buf)
+    }
+
+    pub fn set_xstate(&self, xstate: &[u8]) -> io::Result<()> {
+        let mut copy = xstate.to_vec();
+        let mut iov = libc::iovec { iov_base: copy.as_mut_ptr().cast(), iov_len: copy.len() };
+        // SAFETY: iov describes `copy`, which outlives the call; the kernel only reads it.
+        let r = unsafe { libc::ptrace(PTRACE_SETREGSET, self.pid.as_raw(), NT_X86_XSTATE, &mut iov) };
+        if r < 0 {
+            return Err(last_err());
+        }
+        Ok(())
+    }
+
+    pub fn get_sigmask(&self) -> io::Result<u64> {
+        let mut mask: u64 = 0;
+        // SAFETY: the kernel writes exactly `size_of::<u64>()` bytes into `mask`.
+        let r = unsafe {
+            libc::ptrace(PTRACE_GETSIGMASK, self.pid.as_raw(), std::mem::size_of::<u64>(), &mut mask)
+        };
+        if r < 0 {
+            return Err(last_err());
+        }
+        Ok(mask)
+    }
+
+    pub fn set_sigmask(&self, mask: u64) -> io::Result<()> {
+        // SAFETY: the kernel reads exactly `size_of::<u64>()` bytes from `mask`.
+        let r = unsafe {
+            libc::ptrace(PTRACE_SETSIGMASK, self.pid.as_raw(), std::mem::size_of::<u64>(), &mask)
+        };
+        if r < 0 {
+            return Err(last_err());
+        }
+        Ok(())
+    }
+
+    pub fn get_rseq(&self) -> io::Result<RseqConfig> {
+        let mut conf = RseqConfig::default();
+        // SAFETY: the kernel writes at most `size_of::<RseqConfig>()` bytes into `conf`.
+        let r = unsafe {
+            libc::ptrace(
+                PTRACE_GET_RSEQ_CONFIGURATION,
+                self.pid.as_raw(),
+                std::mem::size_of::<RseqConfig>(),
+                &mut conf,
+            )
+        };
+        if r < 0 {
+            return Err(last_err());
+        }
+        Ok(conf)
+    }
+
+    /// Resume until the next stop (used to run injected code that ends in int3).
+    pub fn cont(&self) -> io::Result<()> {
+        nptrace::cont(self.pid, None).map_err(nix_io)
+    }
+
+    /// Resume until the next syscall entry or exit stop.
+    pub fn syscall(&self) -> io::Result<()> {
+        nptrace::syscall(self.pid, None).map_err(nix_io)
+    }
+
+    /// Let the process run on its own, suppressing any pending stop signal.
+    pub fn detach(&self) -> io::Result<()> {
+        nptrace::detach(self.pid, None).map_err(nix_io)
+    }
+}
+
+/// `get_robust_list(2)` of another thread: (head, len).
+pub fn robust_list(pid: i32) -> io::Result<(u64, u64)> {
+    let mut head: u64 = 0;
+    let mut len: usize = 0;
+    // SAFETY: both out-pointers are valid for writes of their types.
+    let r = unsafe { libc::syscall(libc::SYS_get_robust_list, pid, &mut head, &mut len) };
+    if r < 0 {
+        return Err(last_err());
+    }
+    Ok((head, len as u64))
+}

@@ -1,0 +1,297 @@
+//! The node side of the control channel (fd 3 in the sandbox) plus the log
+//! pipe (fd 1/2). Reads from both are multiplexed with poll so a function that
+//! logs a lot can never block on a full pipe while we wait for its reply.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Frames above this size are a protocol violation.
+pub const MAX_FRAME: usize = 64 << 20;
+/// Logs kept per invocation (the tail is kept, like Lambda's log tail).
+const MAX_LOG: usize = 1 << 20;
+
+/// An error reported by the function (init or invocation), in Lambda's shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionError {
+    #[serde(rename = "errorType")]
+    pub error_type: String,
+    #[serde(rename = "errorMessage")]
+    pub error_message: String,
+    #[serde(rename = "stackTrace", default)]
+    pub stack_trace: Vec<String>,
+}
+
+#[derive(Debug, Error)]
+pub enum ChannelError {
+    #[error("function init failed: {}: {}", .0.error_type, .0.error_message)]
+    Init(FunctionError),
+    #[error("no response from the instance within {0:?}")]
+    Timeout(Duration),
+    #[error("the instance exited or closed its control channel{}", if .logs.is_empty() { String::new() } else { format!("; last log lines:\n{}", .logs) })]
+    Closed { logs: String },
+    #[error("protocol violation by the instance: {0}")]
+    Protocol(String),
+    #[error("control channel I/O")]
+    Io(#[source] io::Error),
+}
+
+/// One invocation as sent to the runtime shim.
+#[derive(Debug, Clone, Serialize)]
+pub struct InvokeRequest {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub request_id: String,
+    /// The event as JSON text.
+    pub payload: String,
+    pub deadline_ms: u64,
+    pub function_name: String,
+    pub function_version: String,
+    pub memory_limit_mb: u64,
+    pub invoked_function_arn: String,
+}
+
+impl InvokeRequest {
+    pub fn new(request_id: String, payload: String, function_name: &str, memory_mb: u64, timeout: Duration) -> Self {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        InvokeRequest {
+            kind: "invoke",
+            request_id,
+            payload,
+            deadline_ms: (now + timeout).as_millis() as u64,
+            function_name: function_name.to_string(),
+            function_version: "$LATEST".into(),
+            memory_limit_mb: memory_mb,
+            invoked_function_arn: format!("arn:aws:lambda:local:000000000000:function:{function_name}"),
+        }
+    }
+}
+
+/// Result of one invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InvokeOutcome {
+    /// The function returned; JSON text of its result.
+    Ok(String),
+    /// The function raised.
+    Error(FunctionError),
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    ok: bool,
+    #[serde(default)]
+    result: Option<String>,
+    #[serde(default)]
+    error: Option<FunctionError>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+pub struct Channel {
+    control: UnixStream,
+    log: std::fs::File,
+    inbuf: Vec<u8>,
+    logs: Vec<u8>,
+}
+
+impl Channel {
+    pub fn new(control: OwnedFd, log: OwnedFd) -> io::Result<Channel> {
+        let control = UnixStream::from(control);
+        let log = std::fs::File::from(log);
+        nix::fcntl::fcntl(std::os::fd::AsRawFd::as_raw_fd(&log), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
+        Ok(Channel { control, log, inbuf: Vec::new(), logs: Vec::new() })
+    }
+
+    /// Log output collected so far (and forget it).
+    pub fn take_logs(&mut self) -> String {
+        self.drain_log();
+        String::from_utf8_lossy(&std::mem::take(&mut self.logs)).into_owned()
+    }
+
+    fn drain_log(&mut self) {
+        let mut buf = [0u8; 16384];
+        loop {
+            match self.log.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.logs.extend_from_slice(&buf[..n]);
+                    if self.logs.len() > MAX_LOG {
+                        let cut = self.logs.len() - MAX_LOG;
+                        self.logs.drain(..cut);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn send(&mut self, msg: &impl Serialize) -> Result<(), ChannelError> {
+        let body = serde_json::to_vec(msg).map_err(|e| ChannelError::Protocol(e.to_string()))?;
+        let mut frame = Vec::with_capacity(4 + body.len());
+        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&body);
+        match self.control.write_all(&frame) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(ChannelError::Closed { logs: self.take_logs() }),
+            Err(e) => Err(ChannelError::Io(e)),
+        }
+    }
+
+    /// Read one frame, draining logs meanwhile, within `timeout`.
+    fn recv(&mut self, timeout: Duration) -> Result<Reply, ChannelError> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if self.inbuf.len() >= 4 {
+                let len = u32::from_be_bytes(self.inbuf[..4].try_into().expect("4 bytes")) as usize;
+                if len > MAX_FRAME {
+                    return Err(ChannelError::Protocol(format!("frame of {len} bytes exceeds {MAX_FRAME}")));
+                }
+                if self.inbuf.len() >= 4 + len {
+                    let body: Vec<u8> = self.inbuf.drain(..4 + len).skip(4).collect();
+                    self.drain_log();
+                    return serde_json::from_slice(&body)
+                        .map_err(|e| ChannelError::Protocol(format!("bad frame: {e}")));
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                self.drain_log();
+                return Err(ChannelError::Timeout(timeout));
+            }
+            let (ctl, log) = {
+                let mut fds = [
+                    PollFd::new(self.control.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.log.as_fd(), PollFlags::POLLIN),
+                ];
+                let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+                match poll(&mut fds, PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)) {
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(ChannelError::Io(e.into())),
+                }
+                let r = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+                (r(0), r(1))
+            };
+            if log {
+                self.drain_log();
+            }
+            if ctl {
+                match self.control.read(&mut buf) {
+                    Ok(0) => return Err(ChannelError::Closed { logs: self.take_logs() }),
+                    Ok(n) => self.inbuf.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                        return Err(ChannelError::Closed { logs: self.take_logs() })
+                    }
+                    Err(e) => return Err(ChannelError::Io(e)),
+                }
+            }
+        }
+    }
+
+    /// Wait for the runtime's `ready` (its init finished) or `init_error`.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), ChannelError> {
+        let r = self.recv(timeout)?;
+        match r.kind.as_str() {
+            "ready" => Ok(()),
+            "init_error" => {
+                let v = serde_json::Value::Object(r.rest);
+                let e: FunctionError = serde_json::from_value(v).map_err(|e| ChannelError::Protocol(format!("init_error: {e}")))?;
+                Err(ChannelError::Init(e))
+            }
+            other => Err(ChannelError::Protocol(format!("expected ready, got '{other}'"))),
+        }
+    }
+
+    /// Send one invocation and wait for its result.
+    pub fn invoke(&mut self, req: &InvokeRequest, timeout: Duration) -> Result<InvokeOutcome, ChannelError> {
+        self.send(req)?;
+        let r = self.recv(timeout)?;
+        if r.kind != "result" {
+            return Err(ChannelError::Protocol(format!("expected result, got '{}'", r.kind)));
+        }
+        match (r.ok, r.result, r.error) {
+            (true, Some(res), _) => Ok(InvokeOutcome::Ok(res)),
+            (false, _, Some(e)) => Ok(InvokeOutcome::Error(e)),
+            _ => Err(ChannelError::Protocol("result frame without result or error".into())),
+        }
+    }
+
+    /// Ask the runtime to exit.
+    pub fn shutdown(&mut self) {
+        let _ = self.send(&serde_json::json!({"type": "shutdown"}));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn pair() -> (Channel, UnixStream, std::fs::File) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (lr, lw) = nix::unistd::pipe().unwrap();
+        (Channel::new(a.into(), lr).unwrap(), b, std::fs::File::from(lw))
+    }
+
+    fn frame(v: serde_json::Value) -> Vec<u8> {
+        let b = serde_json::to_vec(&v).unwrap();
+        let mut f = (b.len() as u32).to_be_bytes().to_vec();
+        f.extend(b);
+        f
+    }
+
+    #[test]
+    fn ready_then_result_with_logs() {
+        let (mut ch, mut peer, mut log) = pair();
+        peer.write_all(&frame(serde_json::json!({"type":"ready"}))).unwrap();
+        ch.wait_ready(Duration::from_secs(5)).unwrap();
+        log.write_all(b"hello log\n").unwrap();
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"{\"a\":1}"}))).unwrap();
+        let req = InvokeRequest::new("r1".into(), "{}".into(), "f", 128, Duration::from_secs(3));
+        assert_eq!(ch.invoke(&req, Duration::from_secs(5)).unwrap(), InvokeOutcome::Ok("{\"a\":1}".into()));
+        assert_eq!(ch.take_logs(), "hello log\n");
+        // The request reached the peer as a frame.
+        let mut len = [0u8; 4];
+        peer.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        peer.read_exact(&mut body).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["type"], "invoke");
+        assert_eq!(v["request_id"], "r1");
+    }
+
+    #[test]
+    fn init_error_and_function_error_and_close() {
+        let (mut ch, mut peer, _log) = pair();
+        peer.write_all(&frame(serde_json::json!({"type":"init_error","errorType":"Runtime.ImportModuleError","errorMessage":"Unable to import module 'x'","stackTrace":[]}))).unwrap();
+        let e = ch.wait_ready(Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.to_string(), "function init failed: Runtime.ImportModuleError: Unable to import module 'x'");
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":false,"error":{"errorType":"ValueError","errorMessage":"bad","stackTrace":["x"]}}))).unwrap();
+        let req = InvokeRequest::new("r2".into(), "{}".into(), "f", 128, Duration::from_secs(3));
+        match ch.invoke(&req, Duration::from_secs(5)).unwrap() {
+            InvokeOutcome::Error(e) => assert_eq!((e.error_type.as_str(), e.error_message.as_str()), ("ValueError", "bad")),
+            other => panic!("unexpected {other:?}"),
+        }
+        drop(peer);
+        let e = ch.invoke(&req, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, ChannelError::Closed { .. }), "{e}");
+    }
+
+    #[test]
+    fn times_out() {
+        let (mut ch, _peer, _log) = pair();
+        let e = ch.wait_ready(Duration::from_millis(50)).unwrap_err();
+        assert_eq!(e.to_string(), "no response from the instance within 50ms");
+    }
+}

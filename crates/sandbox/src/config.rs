@@ -1,0 +1,280 @@
+//! The parent → init wire format and the mount plan it carries.
+//!
+//! The parent resolves everything that needs the host's view (stat of the bind sources,
+//! readlink of merged-/usr symlinks) into a list of [`RootOp`]s; the init only executes
+//! them. Framing on the config socket: `u32 LE json_len | json | stub blob`.
+//!
+//! Status (init → parent, same socket, CLOEXEC in the init):
+//! `EXEC_MARK` right before `execve` (then EOF when exec succeeds), or `STUB_MARK` right
+//! before the stub stops; an error record `{"step":..,"errno":..}` ends the stream
+//! whenever a step fails, including a failed `execve` after `EXEC_MARK`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::SandboxError;
+use crate::spec::{Entry, SandboxSpec};
+
+/// Status/config socket descriptor in the init (0-3 are as in the program).
+pub(crate) const FD_STATUS: i32 = 4;
+
+pub(crate) const EXEC_MARK: u8 = b'X';
+pub(crate) const STUB_MARK: u8 = b'S';
+
+/// Size of the tmpfs holding the new root (only directories, symlinks and mount points).
+pub(crate) const ROOT_TMPFS_OPTS: &str = "size=1m,mode=0755";
+const DEV_TMPFS_OPTS: &str = "size=64k,mode=0755";
+const DEV_NODES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum RootOp {
+    /// Bind `src` (host) at `dst` (inside); `dir` says whether to mkdir or create a file;
+    /// `readonly` remounts it MS_RDONLY|MS_NOSUID|MS_NODEV.
+    Bind { src: PathBuf, dst: PathBuf, dir: bool, readonly: bool },
+    Symlink { target: PathBuf, dst: PathBuf },
+    /// tmpfs with MS_NOSUID|MS_NODEV (+ MS_NOEXEC when `noexec`).
+    Tmpfs { dst: PathBuf, data: String, noexec: bool },
+    Proc { dst: PathBuf },
+    /// MS_REMOUNT|MS_BIND|MS_RDONLY of an existing mount.
+    RemountRo { dst: PathBuf },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum InitMode {
+    Exec { argv: Vec<String> },
+    Stub { addr: u64, len: usize },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct InitConfig {
+    /// Host directory on which the root tmpfs is mounted.
+    pub root: PathBuf,
+    pub ops: Vec<RootOp>,
+    pub hostname: String,
+    pub cwd: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+    pub env: Vec<(String, String)>,
+    pub mode: InitMode,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StatusError {
+    pub step: String,
+    pub errno: i32,
+}
+
+/// How a host path is to be mounted; filled by the parent with one stat each.
+pub(crate) trait HostFs {
+    /// `Some(true)` for a directory, `Some(false)` for another file (following symlinks).
+    fn kind(&self, p: &Path) -> std::io::Result<bool>;
+    /// `Ok(Some(target))` if `p` itself is a symlink, `Ok(None)` if it is something else.
+    fn symlink(&self, p: &Path) -> std::io::Result<Option<PathBuf>>;
+}
+
+pub(crate) struct RealFs;
+
+impl HostFs for RealFs {
+    fn kind(&self, p: &Path) -> std::io::Result<bool> {
+        Ok(std::fs::metadata(p)?.is_dir())
+    }
+    fn symlink(&self, p: &Path) -> std::io::Result<Option<PathBuf>> {
+        let m = std::fs::symlink_metadata(p)?;
+        if m.file_type().is_symlink() {
+            Ok(Some(std::fs::read_link(p)?))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// Builds the mount plan, checking every host source exists.
+pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs) -> Result<Vec<RootOp>, SandboxError> {
+    let host_err = |what: &'static str, path: &Path| {
+        let id = spec.id.clone();
+        let path = path.to_path_buf();
+        move |source| SandboxError::HostPath { id, what, path, source }
+    };
+    let mut ops = Vec::new();
+    for p in &spec.ro_binds {
+        let dir = fs.kind(p).map_err(host_err("ro_bind", p))?;
+        ops.push(RootOp::Bind { src: p.clone(), dst: p.clone(), dir, readonly: true });
+    }
+    for p in &spec.root_links {
+        if spec.ro_binds.contains(p) {
+            continue;
+        }
+        match fs.symlink(p) {
+            Ok(Some(target)) => ops.push(RootOp::Symlink { target, dst: p.clone() }),
+            Ok(None) => {
+                let dir = fs.kind(p).map_err(host_err("root link", p))?;
+                ops.push(RootOp::Bind { src: p.clone(), dst: p.clone(), dir, readonly: true });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(host_err("root link", p)(e)),
+        }
+    }
+    let dir_only = |what: &'static str, p: &Path| -> Result<(), SandboxError> {
+        match fs.kind(p) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(host_err(what, p)(std::io::Error::from_raw_os_error(libc::ENOTDIR))),
+            Err(e) => Err(host_err(what, p)(e)),
+        }
+    };
+    dir_only("code_dir", &spec.code_dir)?;
+    ops.push(RootOp::Bind { src: spec.code_dir.clone(), dst: "/var/task".into(), dir: true, readonly: true });
+    if let Some(rt) = &spec.runtime_dir {
+        dir_only("runtime_dir", rt)?;
+        ops.push(RootOp::Bind { src: rt.clone(), dst: "/var/runtime".into(), dir: true, readonly: true });
+    }
+    ops.push(RootOp::Tmpfs { dst: "/tmp".into(), data: format!("size={}m,mode=1777", spec.tmp_size_mb), noexec: false });
+    ops.push(RootOp::Tmpfs { dst: "/dev".into(), data: DEV_TMPFS_OPTS.into(), noexec: true });
+    for n in DEV_NODES {
+        let p = Path::new("/dev").join(n);
+        ops.push(RootOp::Bind { src: p.clone(), dst: p, dir: false, readonly: false });
+    }
+    for (name, target) in
+        [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]
+    {
+        ops.push(RootOp::Symlink { target: target.into(), dst: Path::new("/dev").join(name) });
+    }
+    ops.push(RootOp::Tmpfs { dst: "/dev/shm".into(), data: format!("size={}m,mode=1777", spec.tmp_size_mb), noexec: true });
+    ops.push(RootOp::RemountRo { dst: "/dev".into() });
+    ops.push(RootOp::Proc { dst: "/proc".into() });
+    Ok(ops)
+}
+
+pub(crate) fn init_config(spec: &SandboxSpec, entry: &Entry, root: PathBuf, ops: Vec<RootOp>) -> InitConfig {
+    let mode = match entry {
+        Entry::Exec { argv } => InitMode::Exec { argv: argv.clone() },
+        Entry::Stub { addr, len, .. } => InitMode::Stub { addr: *addr, len: *len },
+    };
+    InitConfig {
+        root,
+        ops,
+        hostname: spec.hostname.clone(),
+        cwd: spec.cwd.clone(),
+        uid: spec.uid,
+        gid: spec.gid,
+        env: spec.env.clone(),
+        mode,
+    }
+}
+
+pub(crate) fn encode(cfg: &InitConfig, blob: &[u8]) -> Vec<u8> {
+    let json = serde_json::to_vec(cfg).expect("InitConfig serializes");
+    let mut out = Vec::with_capacity(4 + json.len() + blob.len());
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.extend_from_slice(blob);
+    out
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> Result<(InitConfig, &[u8]), String> {
+    let len_bytes: [u8; 4] = bytes.get(..4).ok_or("truncated header")?.try_into().expect("4 bytes");
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    let json = bytes.get(4..4 + len).ok_or("truncated config")?;
+    let cfg = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+    Ok((cfg, &bytes[4 + len..]))
+}
+
+/// JSON prefix of an error record whose errno digits and `}` are appended by
+/// async-signal-safe code in the pre-exec child.
+pub(crate) fn error_prefix(step: &str) -> Vec<u8> {
+    let mut v = b"{\"step\":".to_vec();
+    v.extend_from_slice(&serde_json::to_vec(step).expect("string serializes"));
+    v.extend_from_slice(b",\"errno\":");
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct FakeFs(HashMap<&'static str, Result<Option<&'static str>, bool>>);
+    // value: Err(is_dir) = plain dir/file, Ok(Some(t)) = symlink to t; absent = ENOENT.
+    impl HostFs for FakeFs {
+        fn kind(&self, p: &Path) -> std::io::Result<bool> {
+            match self.0.get(p.to_str().unwrap()) {
+                Some(Err(d)) => Ok(*d),
+                Some(Ok(_)) => Ok(true),
+                None => Err(std::io::Error::from_raw_os_error(libc::ENOENT)),
+            }
+        }
+        fn symlink(&self, p: &Path) -> std::io::Result<Option<PathBuf>> {
+            match self.0.get(p.to_str().unwrap()) {
+                Some(Ok(Some(t))) => Ok(Some(PathBuf::from(t))),
+                Some(_) => Ok(None),
+                None => Err(std::io::Error::from_raw_os_error(libc::ENOENT)),
+            }
+        }
+    }
+
+    fn host() -> FakeFs {
+        FakeFs(HashMap::from([
+            ("/usr", Err(true)),
+            ("/etc", Err(true)),
+            ("/bin", Ok(Some("usr/bin"))),
+            ("/lib", Ok(Some("usr/lib"))),
+            ("/sbin", Err(true)),
+            ("/code", Err(true)),
+            ("/file", Err(false)),
+        ]))
+    }
+
+    #[test]
+    fn plan_replicates_merged_usr_and_binds_the_rest() {
+        let spec = SandboxSpec::new("p", "/code");
+        let ops = plan(&spec, &host()).unwrap();
+        let bind = |s: &str, d: &str| RootOp::Bind { src: s.into(), dst: d.into(), dir: true, readonly: true };
+        assert_eq!(ops[0], bind("/usr", "/usr"));
+        assert_eq!(ops[1], bind("/etc", "/etc"));
+        assert_eq!(ops[2], RootOp::Symlink { target: "usr/bin".into(), dst: "/bin".into() });
+        assert_eq!(ops[3], RootOp::Symlink { target: "usr/lib".into(), dst: "/lib".into() });
+        // /lib64 is absent on this fake host: skipped. /sbin is a real dir: bound.
+        assert_eq!(ops[4], bind("/sbin", "/sbin"));
+        assert_eq!(ops[5], bind("/code", "/var/task"));
+        assert!(ops.contains(&RootOp::Tmpfs { dst: "/tmp".into(), data: "size=64m,mode=1777".into(), noexec: false }));
+        assert!(ops.contains(&RootOp::Proc { dst: "/proc".into() }));
+        assert!(ops.contains(&RootOp::Symlink { target: "/proc/self/fd".into(), dst: "/dev/fd".into() }));
+        let ro = ops.iter().position(|o| *o == RootOp::RemountRo { dst: "/dev".into() }).unwrap();
+        let shm = ops.iter().position(|o| matches!(o, RootOp::Tmpfs { dst, .. } if dst == Path::new("/dev/shm"))).unwrap();
+        assert!(shm < ro, "/dev is made read-only after everything is created in it");
+    }
+
+    #[test]
+    fn plan_rejects_missing_or_non_dir_code() {
+        let spec = SandboxSpec::new("p", "/nope");
+        let e = plan(&spec, &host()).unwrap_err();
+        assert_eq!(e.to_string(), "sandbox p: code_dir /nope");
+        assert_eq!(std::error::Error::source(&e).unwrap().to_string(), "No such file or directory (os error 2)");
+        let spec = SandboxSpec::new("p", "/file");
+        let e = plan(&spec, &host()).unwrap_err();
+        assert_eq!(std::error::Error::source(&e).unwrap().to_string(), "Not a directory (os error 20)");
+        let mut spec = SandboxSpec::new("p", "/code");
+        spec.ro_binds.push("/file".into());
+        let ops = plan(&spec, &host()).unwrap();
+        assert!(ops.contains(&RootOp::Bind { src: "/file".into(), dst: "/file".into(), dir: false, readonly: true }));
+    }
+
+    #[test]
+    fn wire_roundtrip() {
+        let spec = SandboxSpec::new("p", "/code");
+        let cfg = init_config(&spec, &Entry::Stub { addr: 0x1000, len: 3, blob: vec![] }, "/r/p".into(), vec![]);
+        let bytes = encode(&cfg, &[1, 2, 3]);
+        let (back, blob) = decode(&bytes).unwrap();
+        assert_eq!(back, cfg);
+        assert_eq!(blob, &[1, 2, 3]);
+        assert!(decode(&bytes[..3]).is_err());
+    }
+
+    #[test]
+    fn error_prefix_is_json_once_completed() {
+        let mut v = error_prefix("execve \"/x\"");
+        v.extend_from_slice(b"2}");
+        let e: StatusError = serde_json::from_slice(&v).unwrap();
+        assert_eq!(e, StatusError { step: "execve \"/x\"".into(), errno: 2 });
+    }
+}

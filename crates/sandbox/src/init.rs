@@ -1,0 +1,256 @@
+//! The sandbox init: PID 1 of the new pid namespace. It reads its [`InitConfig`] from
+//! fd 4, builds the root filesystem, and either execs the program or becomes the
+//! ptrace-stopped restore stub. Single-threaded; allocating is fine here.
+
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::stat::Mode;
+use nix::unistd::{Gid, Uid};
+use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
+
+use crate::config::{self, InitConfig, InitMode, RootOp, StatusError, EXEC_MARK, FD_STATUS, STUB_MARK};
+use crate::sys;
+
+const NOFILE_LIMIT: u64 = 1024;
+
+/// A failed step: what was attempted and the errno it failed with.
+struct Fail {
+    step: String,
+    errno: i32,
+}
+
+trait Step<T> {
+    fn step(self, what: impl FnOnce() -> String) -> Result<T, Fail>;
+}
+
+impl<T> Step<T> for nix::Result<T> {
+    fn step(self, what: impl FnOnce() -> String) -> Result<T, Fail> {
+        self.map_err(|e| Fail { step: what(), errno: e as i32 })
+    }
+}
+
+impl<T> Step<T> for std::io::Result<T> {
+    fn step(self, what: impl FnOnce() -> String) -> Result<T, Fail> {
+        self.map_err(|e| Fail { step: what(), errno: e.raw_os_error().unwrap_or(libc::EIO) })
+    }
+}
+
+/// Entry point of the sandbox init (see [`crate::SandboxSpec::init_exe`]). Never returns.
+/// If the process was not started by [`crate::Sandbox::spawn`] it prints a message and
+/// exits with status 2.
+pub fn sandbox_init_main() -> ! {
+    let Some(status) = sys::take_inherited_fd(FD_STATUS) else {
+        eprintln!("thaw-sandbox-init: must be started by thaw_sandbox::Sandbox::spawn (no fd {FD_STATUS})");
+        sys::exit_now(2)
+    };
+    let mut status = std::fs::File::from(status);
+    let fail = run(&mut status).unwrap_err();
+    let mut rec = serde_json::to_vec(&StatusError { step: fail.step, errno: fail.errno }).unwrap_or_default();
+    if rec.is_empty() {
+        rec = config::error_prefix("report error");
+        rec.extend_from_slice(b"0}");
+    }
+    let _ = status.write_all(&rec);
+    sys::exit_now(1)
+}
+
+/// Returns only on failure.
+fn run(status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
+    let mut buf = Vec::new();
+    status.read_to_end(&mut buf).step(|| "read config".into())?;
+    fcntl(status.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).step(|| "set CLOEXEC on status fd".into())?;
+    let (cfg, blob) = config::decode(&buf).map_err(|e| Fail { step: format!("decode config: {e}"), errno: libc::EINVAL })?;
+
+    build_root(&cfg)?;
+    nix::unistd::sethostname(&cfg.hostname).step(|| format!("sethostname {}", cfg.hostname))?;
+    sys::loopback_up().step(|| "bring up lo".into())?;
+    nix::unistd::chdir(&cfg.cwd).step(|| format!("chdir {}", cfg.cwd.display()))?;
+    nix::sys::stat::umask(Mode::from_bits_truncate(0o022));
+    let null = std::fs::OpenOptions::new().read(true).open("/dev/null").step(|| "open /dev/null".into())?;
+    nix::unistd::dup2(null.as_raw_fd(), 0).step(|| "dup2 /dev/null to fd 0".into())?;
+    drop(null);
+    setrlimit(Resource::RLIMIT_NOFILE, NOFILE_LIMIT, NOFILE_LIMIT).step(|| "setrlimit RLIMIT_NOFILE".into())?;
+    sys::close_from(FD_STATUS as u32 + 1).step(|| "close inherited descriptors".into())?;
+    let filter = seccomp_program().map_err(|e| Fail { step: format!("build seccomp filter: {e}"), errno: libc::EINVAL })?;
+
+    match cfg.mode {
+        InitMode::Exec { ref argv } => exec(&cfg, argv, &filter, status),
+        InitMode::Stub { addr, len } => stub(addr, len, blob, &filter, status),
+    }
+}
+
+fn inside(root: &Path, p: &Path) -> PathBuf {
+    root.join(p.strip_prefix("/").unwrap_or(p))
+}
+
+fn build_root(cfg: &InitConfig) -> Result<(), Fail> {
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).step(|| "make / rprivate".into())?;
+    let root = &cfg.root;
+    mount(Some("tmpfs"), root, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(config::ROOT_TMPFS_OPTS))
+        .step(|| format!("mount root tmpfs at {}", root.display()))?;
+    let mut dirs = std::fs::DirBuilder::new();
+    dirs.recursive(true).mode(0o755);
+    let mkdir = |p: &Path| dirs.create(inside(root, p)).step(|| format!("mkdir {}", p.display()));
+    let ro_flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for op in &cfg.ops {
+        match op {
+            RootOp::Bind { src, dst, dir, readonly } => {
+                let target = inside(root, dst);
+                if *dir {
+                    mkdir(dst)?;
+                } else {
+                    if let Some(parent) = dst.parent() {
+                        mkdir(parent)?;
+                    }
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .mode(0o644)
+                        .open(&target)
+                        .step(|| format!("create mount point {}", dst.display()))?;
+                }
+                let what = || format!("bind-mount {} at {}", src.display(), dst.display());
+                mount(Some(src.as_path()), &target, none, MsFlags::MS_BIND | MsFlags::MS_REC, none).step(what)?;
+                if *readonly {
+                    mount(none, &target, none, ro_flags, none)
+                        .step(|| format!("remount {} read-only", dst.display()))?;
+                }
+            }
+            RootOp::Symlink { target, dst } => {
+                if let Some(parent) = dst.parent() {
+                    mkdir(parent)?;
+                }
+                std::os::unix::fs::symlink(target, inside(root, dst))
+                    .step(|| format!("symlink {} -> {}", dst.display(), target.display()))?;
+            }
+            RootOp::Tmpfs { dst, data, noexec } => {
+                mkdir(dst)?;
+                let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+                if *noexec {
+                    flags |= MsFlags::MS_NOEXEC;
+                }
+                if dst == Path::new("/dev") {
+                    // Device nodes are bind-mounted into it.
+                    flags.remove(MsFlags::MS_NODEV);
+                }
+                mount(Some("tmpfs"), &inside(root, dst), Some("tmpfs"), flags, Some(data.as_str()))
+                    .step(|| format!("mount tmpfs at {}", dst.display()))?;
+            }
+            RootOp::Proc { dst } => {
+                mkdir(dst)?;
+                let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+                mount(Some("proc"), &inside(root, dst), Some("proc"), flags, none)
+                    .step(|| format!("mount proc at {}", dst.display()))?;
+            }
+            RootOp::RemountRo { dst } => {
+                mount(none, &inside(root, dst), none, ro_flags, none)
+                    .step(|| format!("remount {} read-only", dst.display()))?;
+            }
+        }
+    }
+    // pivot_root(".", "."): the old root ends up stacked on the new one and is detached
+    // right away, so no put_old directory is needed.
+    nix::unistd::chdir(root).step(|| format!("chdir {}", root.display()))?;
+    nix::unistd::pivot_root(".", ".").step(|| "pivot_root".into())?;
+    umount2(".", MntFlags::MNT_DETACH).step(|| "detach old root".into())?;
+    nix::unistd::chdir("/").step(|| "chdir /".into())?;
+    mount(none, "/", none, ro_flags, none).step(|| "remount / read-only".into())?;
+    Ok(())
+}
+
+/// Denied with EPERM; everything else is allowed (the restore engine injects prctl,
+/// userfaultfd, mmap, rseq, setresuid, ... into the stub).
+fn denied_syscalls() -> Vec<i64> {
+    let mut v = vec![
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_reboot,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_ptrace,
+        libc::SYS_setns,
+        libc::SYS_unshare,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_acct,
+        libc::SYS_quotactl,
+        libc::SYS_lookup_dcookie,
+        libc::SYS_syslog,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([libc::SYS_iopl, libc::SYS_ioperm]);
+    v
+}
+
+fn seccomp_program() -> Result<BpfProgram, seccompiler::BackendError> {
+    let arch = std::env::consts::ARCH.try_into()?;
+    let rules = denied_syscalls().into_iter().map(|nr| (nr, Vec::new())).collect();
+    SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)?.try_into()
+}
+
+fn apply_seccomp(filter: &BpfProgram) -> Result<(), Fail> {
+    // Also sets PR_SET_NO_NEW_PRIVS.
+    seccompiler::apply_filter(filter).map_err(|e| Fail {
+        step: "install seccomp filter".into(),
+        errno: match &e {
+            seccompiler::Error::Prctl(io) | seccompiler::Error::Seccomp(io) => io.raw_os_error().unwrap_or(libc::EIO),
+            _ => libc::EINVAL,
+        },
+    })
+}
+
+fn cstring(s: &str, what: &str) -> Result<CString, Fail> {
+    CString::new(s).map_err(|_| Fail { step: format!("{what} contains NUL"), errno: libc::EINVAL })
+}
+
+fn exec(cfg: &InitConfig, argv: &[String], filter: &BpfProgram, status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
+    let path = cstring(&argv[0], "argv[0]")?;
+    let c_argv = argv.iter().map(|a| cstring(a, "argv")).collect::<Result<Vec<_>, _>>()?;
+    let c_env = cfg.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"), "env")).collect::<Result<Vec<_>, _>>()?;
+    sys::reset_signals();
+    nix::unistd::setgroups(&[]).step(|| "setgroups []".into())?;
+    let gid = Gid::from_raw(cfg.gid);
+    let uid = Uid::from_raw(cfg.uid);
+    nix::unistd::setresgid(gid, gid, gid).step(|| format!("setresgid {}", cfg.gid))?;
+    nix::unistd::setresuid(uid, uid, uid).step(|| format!("setresuid {}", cfg.uid))?;
+    // After the uid change, which clears it.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
+    nix::sys::prctl::set_no_new_privs().step(|| "PR_SET_NO_NEW_PRIVS".into())?;
+    apply_seccomp(filter)?;
+    status.write_all(&[EXEC_MARK]).step(|| "report exec".into())?;
+    let err = nix::unistd::execve(&path, &c_argv, &c_env).unwrap_err();
+    Err(Fail { step: format!("execve {}", argv[0]), errno: err as i32 })
+}
+
+fn stub(addr: u64, len: usize, blob: &[u8], filter: &BpfProgram, status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
+    sys::map_stub(addr, len, blob).step(|| format!("map stub at {addr:#x}+{len:#x}"))?;
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
+    // Before seccomp, which denies ptrace.
+    nix::sys::ptrace::traceme().step(|| "PTRACE_TRACEME".into())?;
+    apply_seccomp(filter)?;
+    status.write_all(&[STUB_MARK]).step(|| "report stub".into())?;
+    // Close the status socket explicitly: the parent reads EOF and waits for our stop.
+    // `status` is never used or dropped again: this function ends in _exit.
+    nix::unistd::close(status.as_raw_fd()).step(|| "close status fd".into())?;
+    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+    sys::exit_now(127)
+}

@@ -1,0 +1,440 @@
+//! [`Sandbox::spawn`] and the lifecycle of a running sandbox.
+
+use std::ffi::CString;
+use std::io::{ErrorKind, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::socket::{self, setsockopt, sockopt, AddressFamily, MsgFlags, SockFlag, SockType};
+use nix::sys::time::TimeVal;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::cgroup::{self, Cgroup};
+use crate::config::{self, RealFs, StatusError, EXEC_MARK, STUB_MARK};
+use crate::error::{CgroupError, SandboxError};
+use crate::spec::{Entry, SandboxSpec};
+use crate::sys;
+
+/// How long `spawn` waits for the init to report before giving up.
+const INIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How the sandbox's first process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Exited with this code.
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+}
+
+/// A running sandbox: a process tree in its own pid, mount, ipc, uts and net namespaces
+/// and its own cgroup(s). Dropping it kills everything and removes its cgroup and
+/// directory.
+///
+/// # Threads
+/// The sandbox's first process is a child of the *thread* that called [`Sandbox::spawn`]:
+/// it gets `PR_SET_PDEATHSIG(SIGKILL)`, which fires when that thread exits, and in
+/// [`Entry::Stub`] mode `PTRACE_TRACEME` makes that thread its tracer. Spawn from a
+/// long-lived thread (not e.g. a `spawn_blocking` worker that may be retired), and issue
+/// ptrace requests for a stub from that same thread.
+#[derive(Debug)]
+pub struct Sandbox {
+    id: String,
+    pid: i32,
+    pidfd: OwnedFd,
+    control: Option<OwnedFd>,
+    log: Option<OwnedFd>,
+    res: Resources,
+    exit: Option<ExitStatus>,
+    /// Reaped (by us or, per ECHILD, by someone else).
+    reaped: bool,
+}
+
+/// Host-side resources to undo: the cgroup(s) and the root mount-point directory.
+#[derive(Debug)]
+struct Resources {
+    id: String,
+    cgroup: Box<dyn Cgroup>,
+    cgroup_created: bool,
+    root_dir: PathBuf,
+    root_created: bool,
+}
+
+impl Resources {
+    fn cleanup(&mut self) -> Result<(), SandboxError> {
+        let mut result = Ok(());
+        if self.cgroup_created {
+            match self.cgroup.destroy() {
+                Ok(()) => self.cgroup_created = false,
+                Err(source) => result = Err(SandboxError::Cgroup { id: self.id.clone(), source }),
+            }
+        }
+        if self.root_created {
+            match std::fs::remove_dir(&self.root_dir) {
+                Ok(()) => self.root_created = false,
+                Err(e) if e.kind() == ErrorKind::NotFound => self.root_created = false,
+                Err(source) => {
+                    if result.is_ok() {
+                        result = Err(SandboxError::HostPath {
+                            id: self.id.clone(),
+                            what: "remove root directory",
+                            path: self.root_dir.clone(),
+                            source,
+                        });
+                    }
+                }
+            }
+        }
+        result
+    }
+}
+
+fn sys_err(id: &str, step: impl Into<String>) -> impl FnOnce(Errno) -> SandboxError {
+    let (id, step) = (id.to_string(), step.into());
+    move |e| SandboxError::Sys { id, step, source: e.into() }
+}
+
+fn status_of(ws: WaitStatus) -> Option<ExitStatus> {
+    match ws {
+        WaitStatus::Exited(_, code) => Some(ExitStatus::Exited(code)),
+        WaitStatus::Signaled(_, sig, _) => Some(ExitStatus::Signaled(sig as i32)),
+        _ => None,
+    }
+}
+
+impl Sandbox {
+    /// Creates the sandbox and starts `entry` in it.
+    ///
+    /// Returns once the init has finished setting up: for [`Entry::Exec`] when `execve`
+    /// succeeded, for [`Entry::Stub`] when the stub is in its `SIGSTOP` signal-delivery
+    /// stop, already reaped from `waitpid` — the caller gets a stopped tracee (traced by
+    /// the calling thread) and can go straight to `PTRACE_GETREGS`/`PTRACE_CONT` etc.
+    /// On error everything created so far is removed again.
+    pub fn spawn(spec: &SandboxSpec, entry: Entry) -> Result<Sandbox, SandboxError> {
+        spec.validate()?;
+        entry.validate(&spec.id)?;
+        let id = spec.id.as_str();
+        let ops = config::plan(spec, &RealFs)?;
+        let root_dir = spec.run_dir.join(id);
+
+        let mut res = Resources {
+            id: id.to_string(),
+            cgroup: cgroup::for_sandbox(&spec.cgroup_root, id),
+            cgroup_created: false,
+            root_dir: root_dir.clone(),
+            root_created: false,
+        };
+        match Self::spawn_inner(spec, &entry, ops, &mut res) {
+            Ok(sp) => Ok(Sandbox {
+                id: id.to_string(),
+                pid: sp.pid,
+                pidfd: sp.pidfd,
+                control: Some(sp.control),
+                log: Some(sp.log),
+                res,
+                exit: None,
+                reaped: false,
+            }),
+            Err((e, pid)) => {
+                if let Some((pid, pidfd)) = pid {
+                    let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+                    reap(pid);
+                }
+                if let Err(ce) = res.cleanup() {
+                    tracing::warn!(sandbox = id, error = %ce, "cleanup after failed spawn");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn spawn_inner(
+        spec: &SandboxSpec,
+        entry: &Entry,
+        ops: Vec<config::RootOp>,
+        res: &mut Resources,
+    ) -> Result<Spawned, (SandboxError, Option<(i32, OwnedFd)>)> {
+        let id = spec.id.as_str();
+        let fail = |e: SandboxError| (e, None);
+
+        // Host directory that becomes the mount point of the new root.
+        match std::fs::create_dir(&res.root_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                std::fs::create_dir_all(&spec.run_dir)
+                    .and_then(|()| std::fs::create_dir(&res.root_dir))
+                    .map_err(|source| {
+                        fail(SandboxError::HostPath { id: id.into(), what: "create root directory", path: res.root_dir.clone(), source })
+                    })?;
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                return Err(fail(SandboxError::IdInUse { id: id.into(), path: res.root_dir.clone() }));
+            }
+            Err(source) => {
+                return Err(fail(SandboxError::HostPath { id: id.into(), what: "create root directory", path: res.root_dir.clone(), source }))
+            }
+        }
+        res.root_created = true;
+
+        match res.cgroup.create() {
+            Ok(()) => res.cgroup_created = true,
+            Err(CgroupError::Io { path, source, .. }) if source.kind() == ErrorKind::AlreadyExists => {
+                return Err(fail(SandboxError::IdInUse { id: id.into(), path }));
+            }
+            Err(source) => return Err(fail(SandboxError::Cgroup { id: id.into(), source })),
+        }
+        res.cgroup
+            .set_limits(&spec.limits)
+            .map_err(|source| fail(SandboxError::Cgroup { id: id.into(), source }))?;
+
+        // Everything the child needs, prepared before clone.
+        let blob: &[u8] = match entry {
+            Entry::Stub { blob, .. } => blob,
+            Entry::Exec { .. } => &[],
+        };
+        let cfg_bytes = config::encode(&config::init_config(spec, entry, res.root_dir.clone(), ops), blob);
+        let cstr = |b: &[u8]| CString::new(b).expect("validated: no NUL");
+        let path = cstr(spec.init_exe.as_os_str().as_bytes());
+        let argv: Vec<CString> =
+            std::iter::once(path.clone()).chain(spec.init_args.iter().map(|a| cstr(a.as_bytes()))).collect();
+        let envp = vec![cstr(b"GLIBC_TUNABLES=glibc.pthread.rseq=0")];
+
+        let devnull = std::fs::File::open("/dev/null")
+            .map_err(|source| fail(SandboxError::HostPath { id: id.into(), what: "open", path: "/dev/null".into(), source }))?;
+        let (log_r, log_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| fail(sys_err(id, "pipe2")(e)))?;
+        let sockpair = || {
+            socket::socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+                .map_err(|e| fail(sys_err(id, "socketpair")(e)))
+        };
+        let (control_parent, control_child) = sockpair()?;
+        let (status_parent, status_child) = sockpair()?;
+        let ce = sys::ChildExec::new(
+            path,
+            argv,
+            envp,
+            [devnull.as_fd(), log_w.as_fd(), log_w.as_fd(), control_child.as_fd(), status_child.as_fd()],
+            config::error_prefix("dup2 sandbox descriptors"),
+            config::error_prefix(&format!("execve {}", spec.init_exe.display())),
+        );
+
+        let (pid, pidfd) = sys::clone_sandbox(&ce).map_err(|source| {
+            fail(SandboxError::Sys { id: id.into(), step: "clone".into(), source })
+        })?;
+        drop((ce, devnull, log_w, control_child, status_child));
+        let mut child = Some((pid, pidfd));
+        macro_rules! bail {
+            ($e:expr) => {
+                return Err(($e, child.take()))
+            };
+        }
+
+        // Into the cgroup(s) before the init sees its config.
+        if let Err(source) = res.cgroup.add_pid(pid) {
+            bail!(SandboxError::Cgroup { id: id.into(), source });
+        }
+        if let Err(e) = send_all(&status_parent, &cfg_bytes) {
+            // EPIPE: the init died early (e.g. exec failed); its report tells why.
+            if e != Errno::EPIPE {
+                bail!(sys_err(id, "send config")(e));
+            }
+        }
+        let _ = socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&status_parent), socket::Shutdown::Write);
+        if let Err(e) = setsockopt(&status_parent, sockopt::ReceiveTimeout, &TimeVal::from(libc::timeval {
+            tv_sec: INIT_TIMEOUT.as_secs() as libc::time_t,
+            tv_usec: 0,
+        })) {
+            bail!(sys_err(id, "set SO_RCVTIMEO")(e));
+        }
+        let mut report = Vec::new();
+        if let Err(e) = std::fs::File::from(status_parent).read_to_end(&mut report) {
+            bail!(SandboxError::Sys { id: id.into(), step: "read init status".into(), source: e });
+        }
+
+        let (want, rest) = match (entry, report.split_first()) {
+            (Entry::Exec { .. }, Some((&EXEC_MARK, rest))) => (true, rest),
+            (Entry::Stub { .. }, Some((&STUB_MARK, rest))) => (true, rest),
+            _ => (false, &report[..]),
+        };
+        if !rest.is_empty() {
+            match serde_json::from_slice::<StatusError>(rest) {
+                Ok(se) => bail!(SandboxError::Init {
+                    id: id.into(),
+                    step: se.step,
+                    source: std::io::Error::from_raw_os_error(se.errno),
+                }),
+                Err(_) => bail!(SandboxError::Protocol {
+                    id: id.into(),
+                    detail: String::from_utf8_lossy(rest).chars().take(200).collect(),
+                }),
+            }
+        }
+        if !want {
+            // EOF without a word: the init died (or init_exe is not a sandbox init).
+            let (pid, pidfd) = child.take().expect("child present");
+            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            let status = reap(pid).map(|s| format!("{s:?}")).unwrap_or_else(|| "not reaped".into());
+            return Err((SandboxError::InitVanished { id: id.into(), status }, None));
+        }
+
+        if let Entry::Stub { .. } = entry {
+            match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGSTOP)) => {}
+                Ok(ws) => {
+                    let reaped = status_of(ws).is_some();
+                    let e = SandboxError::InitVanished { id: id.into(), status: format!("{ws:?}, expected SIGSTOP stop") };
+                    if reaped {
+                        // Nothing left to kill or reap.
+                        return Err((e, None));
+                    }
+                    bail!(e);
+                }
+                Err(e) => bail!(sys_err(id, "waitpid for stub stop")(e)),
+            }
+        }
+
+        let (pid, pidfd) = child.take().expect("child present");
+        Ok(Spawned { pid, pidfd, control: control_parent, log: log_r })
+    }
+
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Host pid of the sandbox's first process (PID 1 inside).
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// pidfd of the first process (poll it for exit; signal it without pid reuse races).
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// Parent end of the AF_UNIX stream socket that is fd 3 in the program.
+    pub fn take_control(&mut self) -> Option<OwnedFd> {
+        self.control.take()
+    }
+
+    /// Read end of the pipe that is fd 1 and 2 in the program.
+    pub fn take_log(&mut self) -> Option<OwnedFd> {
+        self.log.take()
+    }
+
+    /// The sandbox's cgroup(s), for memory usage and OOM checks.
+    pub fn cgroup(&self) -> &dyn Cgroup {
+        self.res.cgroup.as_ref()
+    }
+
+    /// Reaps the first process if it has exited, without blocking. Returns its status
+    /// once it is known. Stops of a traced stub are not reported (and are consumed).
+    pub fn wait_exit(&mut self) -> Result<Option<ExitStatus>, SandboxError> {
+        self.wait_inner(false)
+    }
+
+    /// Blocks until the first process exits (or is killed) and reaps it.
+    pub fn wait(&mut self) -> Result<ExitStatus, SandboxError> {
+        loop {
+            if let Some(s) = self.wait_inner(true)? {
+                return Ok(s);
+            }
+            if self.reaped {
+                return Err(SandboxError::Sys {
+                    id: self.id.clone(),
+                    step: "wait: reaped elsewhere".into(),
+                    source: Errno::ECHILD.into(),
+                });
+            }
+        }
+    }
+
+    fn wait_inner(&mut self, block: bool) -> Result<Option<ExitStatus>, SandboxError> {
+        if self.reaped {
+            return Ok(self.exit);
+        }
+        let mut flags = WaitPidFlag::__WALL;
+        if !block {
+            flags |= WaitPidFlag::WNOHANG;
+        }
+        match waitpid(Pid::from_raw(self.pid), Some(flags)) {
+            Ok(ws) => {
+                if let Some(s) = status_of(ws) {
+                    self.exit = Some(s);
+                    self.reaped = true;
+                }
+                Ok(self.exit)
+            }
+            Err(Errno::ECHILD) => {
+                self.reaped = true;
+                Ok(None)
+            }
+            Err(Errno::EINTR) => Ok(None),
+            Err(e) => Err(sys_err(&self.id, "waitpid")(e)),
+        }
+    }
+
+    /// SIGKILLs the whole sandbox (its pid namespace), reaps the first process, kills
+    /// anything left in the cgroup and removes the cgroup(s) and the root directory.
+    /// Idempotent. Works on a ptrace-stopped stub too (SIGKILL ends any stop); if the
+    /// process was already reaped by someone else (ECHILD) that is not an error.
+    pub fn kill(&mut self) -> Result<(), SandboxError> {
+        if !self.reaped {
+            match sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(source) => return Err(SandboxError::Sys { id: self.id.clone(), step: "kill".into(), source }),
+            }
+            while !self.reaped {
+                self.wait_inner(true)?;
+            }
+        }
+        self.res.cleanup()
+    }
+}
+
+struct Spawned {
+    pid: i32,
+    pidfd: OwnedFd,
+    control: OwnedFd,
+    log: OwnedFd,
+}
+
+/// Blocking reap for error paths.
+fn reap(pid: i32) -> Option<ExitStatus> {
+    loop {
+        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL)) {
+            Ok(ws) => {
+                if let Some(s) = status_of(ws) {
+                    return Some(s);
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+fn send_all(fd: &OwnedFd, mut buf: &[u8]) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    while !buf.is_empty() {
+        match socket::send(fd.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Err(e) = self.kill() {
+            tracing::warn!(sandbox = %self.id, error = %e, source = ?std::error::Error::source(&e), "sandbox cleanup failed");
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! The crate's only `unsafe` code: clone, the pre-exec child, and a few raw syscalls.
+
+#![allow(unsafe_code)]
+
+use std::ffi::{c_int, c_void, CString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
+
+/// Descriptors installed as 0..=4 in the child, in that order.
+pub(crate) const CHILD_FDS: usize = 5;
+const CHILD_STACK_SIZE: usize = 64 * 1024;
+
+/// Everything the pre-exec child touches, prepared by the parent. The child only reads
+/// it (raw pointers into owned buffers that outlive the clone call) and makes raw
+/// async-signal-safe system calls.
+pub(crate) struct ChildExec {
+    path: CString,
+    _argv: Vec<CString>,
+    _envp: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp_ptrs: Vec<*const libc::c_char>,
+    /// Source descriptors for fds 0..=4 (stdin, stdout, stderr, control, status).
+    fds: [RawFd; CHILD_FDS],
+    err_dup: Vec<u8>,
+    err_exec: Vec<u8>,
+}
+
+impl ChildExec {
+    pub(crate) fn new(
+        path: CString,
+        argv: Vec<CString>,
+        envp: Vec<CString>,
+        fds: [BorrowedFd<'_>; CHILD_FDS],
+        err_dup: Vec<u8>,
+        err_exec: Vec<u8>,
+    ) -> Self {
+        let argv_ptrs = argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+        let envp_ptrs = envp.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+        ChildExec {
+            path,
+            _argv: argv,
+            _envp: envp,
+            argv_ptrs,
+            envp_ptrs,
+            fds: fds.map(|f| f.as_raw_fd()),
+            err_dup,
+            err_exec,
+        }
+    }
+}
+
+/// Runs in the child between clone and execve. It shares the parent's memory
+/// (CLONE_VM|CLONE_VFORK, the parent thread is suspended) and must not allocate, lock,
+/// unwind or touch anything but `arg`.
+extern "C" fn child_main(arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `&ChildExec` passed by `clone_sandbox`, which stays borrowed and
+    // unmodified until the child has exec'd or exited (CLONE_VFORK).
+    let a = unsafe { &*(arg as *const ChildExec) };
+    let mut tmp = [-1; CHILD_FDS];
+    for (t, &src) in tmp.iter_mut().zip(&a.fds) {
+        // SAFETY: plain fcntl on a descriptor number; no memory is passed.
+        *t = unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 16) };
+        if *t < 0 {
+            child_fail(a.fds[4], &a.err_dup);
+        }
+    }
+    for (i, &t) in tmp.iter().enumerate() {
+        // SAFETY: dup2 on descriptor numbers; the target loses CLOEXEC, the source keeps it.
+        if unsafe { libc::dup2(t, i as c_int) } < 0 {
+            child_fail(a.fds[4], &a.err_dup);
+        }
+    }
+    // Everything from 5 up goes; the parent's descriptors are CLOEXEC anyway.
+    // SAFETY: close_range takes only integers.
+    unsafe { libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32) };
+    // SAFETY: path, argv and envp are NUL-terminated strings in NULL-terminated arrays
+    // owned by `a`.
+    unsafe { libc::execve(a.path.as_ptr(), a.argv_ptrs.as_ptr(), a.envp_ptrs.as_ptr()) };
+    child_fail(4, &a.err_exec)
+}
+
+/// Writes `prefix` + errno digits + `}` to `fd` and exits; async-signal-safe.
+fn child_fail(fd: RawFd, prefix: &[u8]) -> ! {
+    // SAFETY: errno is thread-local storage of the (shared) thread pointer; reading it is fine.
+    let errno = unsafe { *libc::__errno_location() };
+    let mut buf = [0u8; 16];
+    let mut n = buf.len();
+    buf[n - 1] = b'}';
+    n -= 1;
+    let mut e = errno.unsigned_abs();
+    loop {
+        n -= 1;
+        buf[n] = b'0' + (e % 10) as u8;
+        e /= 10;
+        if e == 0 {
+            break;
+        }
+    }
+    // SAFETY: writes from valid buffers of the given lengths; _exit never returns and runs
+    // no atexit handlers (which belong to the parent).
+    unsafe {
+        libc::write(fd, prefix.as_ptr().cast(), prefix.len());
+        libc::write(fd, buf[n..].as_ptr().cast(), buf.len() - n);
+        libc::_exit(1)
+    }
+}
+
+/// clone(2)s the sandbox's first process into new pid, mount, ipc, uts and net
+/// namespaces and execs `ce.path` there. Returns its pid and a pidfd once the child has
+/// exec'd or failed (CLONE_VFORK). The child is a child of the calling thread.
+pub(crate) fn clone_sandbox(ce: &ChildExec) -> io::Result<(i32, OwnedFd)> {
+    let mut stack = vec![0u8; CHILD_STACK_SIZE];
+    // Stack grows down: pass its 16-byte aligned top.
+    let top = (stack.as_mut_ptr() as usize + CHILD_STACK_SIZE) & !15;
+    let flags = libc::CLONE_NEWPID
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWNET
+        | libc::CLONE_VM
+        | libc::CLONE_VFORK
+        | libc::CLONE_PIDFD
+        | libc::SIGCHLD;
+    let mut pidfd: c_int = -1;
+    // No signal handler of the parent may run on the child's stack in shared memory: block
+    // everything around the clone. The child execs with this mask; the init clears it.
+    let mut old = SigSet::empty();
+    pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::all()), Some(&mut old)).map_err(io::Error::from)?;
+    // SAFETY: `child_main` only reads `ce` (alive for the whole call) and runs on `stack`,
+    // which outlives the child's use of it because CLONE_VFORK suspends us until the child
+    // execs or exits. `pidfd` is a valid c_int for CLONE_PIDFD to write.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top as *mut c_void,
+            flags,
+            ce as *const ChildExec as *mut c_void,
+            &mut pidfd as *mut c_int,
+        )
+    };
+    let err = io::Error::last_os_error();
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
+    drop(stack);
+    if pid < 0 {
+        return Err(err);
+    }
+    // SAFETY: CLONE_PIDFD stored a new descriptor (O_CLOEXEC) that we now own.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok((pid, pidfd))
+}
+
+/// pidfd_send_signal(2): no pid-reuse race.
+pub(crate) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: c_int) -> io::Result<()> {
+    // SAFETY: integer arguments only; NULL siginfo is allowed.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), sig, std::ptr::null::<c_void>(), 0) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+// ---- init side ----
+
+/// Takes ownership of a descriptor inherited at a fixed number.
+pub(crate) fn take_inherited_fd(fd: RawFd) -> Option<OwnedFd> {
+    // SAFETY: F_GETFD only queries the descriptor table.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return None;
+    }
+    // SAFETY: the descriptor is open and nothing else in this process owns it: it was
+    // installed by the parent at this number for the init alone.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Closes every descriptor >= `from`.
+pub(crate) fn close_from(from: u32) -> io::Result<()> {
+    // SAFETY: integer arguments only; no owned descriptors above `from` exist in the init.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0u32) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Resets every catchable signal to SIG_DFL and unblocks all signals.
+pub(crate) fn reset_signals() {
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: installing SIG_DFL is always sound; EINVAL for reserved numbers is ignored.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+    let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}
+
+/// Sets IFF_UP on the loopback interface of the current network namespace.
+pub(crate) fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() with constant arguments; the result is checked and owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name and writes ifru_flags inside `ifr`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just filled ifru_flags, the active union member.
+    unsafe { ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS only reads `ifr`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Maps `len` (rounded up to pages) RWX private anonymous bytes exactly at `addr`
+/// (MAP_FIXED_NOREPLACE) and copies `blob` there. The mapping is deliberately leaked:
+/// it is the restore stub's code and data.
+pub(crate) fn map_stub(addr: u64, len: usize, blob: &[u8]) -> io::Result<()> {
+    let len = (len + 4095) & !4095;
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping, so no Rust object
+    // can be clobbered; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    if p as u64 != addr {
+        // Kernels without MAP_FIXED_NOREPLACE treat it as a hint.
+        // SAFETY: unmapping the region we just mapped and nobody references.
+        unsafe { libc::munmap(p, len) };
+        return Err(io::Error::from_raw_os_error(libc::EEXIST));
+    }
+    // SAFETY: `p` is a fresh writable mapping of `len >= blob.len()` bytes that does not
+    // overlap `blob`.
+    unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), p.cast::<u8>(), blob.len()) };
+    Ok(())
+}
+
+/// _exit(2): no atexit handlers, no unwinding.
+pub(crate) fn exit_now(code: c_int) -> ! {
+    // SAFETY: _exit is always safe to call; it does not return.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,396 @@
+//! Integration tests: need root, cgroups and namespaces (run as root on the dev machines).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use thaw_sandbox::{Entry, ExitStatus, Limits, Sandbox, SandboxError, SandboxSpec};
+
+fn id(name: &str) -> String {
+    format!("it-{name}-{}", std::process::id())
+}
+
+fn code_dir() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("hello.txt"), "hello from code\n").unwrap();
+    d
+}
+
+fn spec(name: &str, code: &Path) -> SandboxSpec {
+    let mut s = SandboxSpec::new(id(name), code);
+    s.init_exe = env!("CARGO_BIN_EXE_thaw-sandbox-init").into();
+    s.env = vec![
+        ("PATH".into(), "/usr/bin:/bin".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("FOO".into(), "bar baz".into()),
+    ];
+    s
+}
+
+fn sh(script: &str) -> Entry {
+    Entry::Exec { argv: vec!["/bin/sh".into(), "-c".into(), script.into()] }
+}
+
+fn read_all(fd: OwnedFd) -> String {
+    let mut s = String::new();
+    File::from(fd).read_to_string(&mut s).unwrap();
+    s
+}
+
+/// Asserts the sandbox left nothing behind.
+fn assert_gone(pid: i32, cgroup_paths: &[PathBuf], run_dir: &Path) {
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "process {pid} still exists");
+    for p in cgroup_paths {
+        assert!(!p.exists(), "cgroup dir {} still exists", p.display());
+    }
+    assert!(!run_dir.exists(), "{} still exists", run_dir.display());
+}
+
+fn run_dir(s: &SandboxSpec) -> PathBuf {
+    s.run_dir.join(&s.id)
+}
+
+#[test]
+fn exec_environment() {
+    let code = code_dir();
+    let s = spec("env", code.path());
+    let script = r#"
+echo "procs=$(ls /proc | grep -E '^[0-9]+$' | tr '\n' ' ')"
+echo "pid=$$"
+echo "host=$(cat /proc/sys/kernel/hostname)"
+echo "ids=$(id -u) $(id -g) $(id -G)"
+if touch /x 2>/dev/null; then echo root=rw; else echo root=ro; fi
+echo "rootmnt=$(grep ' / ' /proc/self/mounts | cut -d' ' -f4 | cut -d, -f1)"
+if echo hi > /tmp/f && [ "$(cat /tmp/f)" = hi ]; then echo tmp=rw; else echo tmp=ro; fi
+echo "task=$(cat /var/task/hello.txt)"
+if touch /var/task/new 2>/dev/null; then echo taskw=yes; else echo taskw=no; fi
+echo "taskmnt=$(grep ' /var/task ' /proc/self/mounts | cut -d' ' -f4 | cut -d, -f1)"
+echo "netdevs=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ' ')"
+echo "fd0=$(readlink /proc/1/fd/0)"
+echo "fd3=$(readlink /proc/1/fd/3 | cut -d: -f1)"
+echo "cwd=$(pwd)"
+echo "umask=$(umask)"
+echo "nofile=$(ulimit -n)"
+if unshare -U true 2>/dev/null; then echo unshare=allowed; else echo unshare=denied; fi
+echo "devnull=$(ls /dev | tr '\n' ' ')"
+echo "err line" >&2
+read line <&3; echo "ctl=$line"
+echo ok >&3
+tr '\0' '\n' < /proc/1/environ | sed 's/^/env:/'
+"#;
+    let mut sb = Sandbox::spawn(&s, sh(script)).expect("spawn");
+    let mut control = File::from(sb.take_control().unwrap());
+    control.write_all(b"ping\n").unwrap();
+    let out = read_all(sb.take_log().unwrap());
+    assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(0), "output:\n{out}");
+
+    let mut kv = BTreeMap::new();
+    let mut env = Vec::new();
+    for line in out.lines() {
+        if let Some(e) = line.strip_prefix("env:") {
+            env.push(e.to_string());
+        } else if let Some((k, v)) = line.split_once('=') {
+            kv.insert(k.to_string(), v.trim().to_string());
+        } else {
+            kv.insert(line.to_string(), String::new());
+        }
+    }
+    let get = |k: &str| kv.get(k).unwrap_or_else(|| panic!("{k} missing in:\n{out}")).as_str();
+    assert_eq!(get("pid"), "1");
+    assert_eq!(get("host"), "thaw");
+    assert_eq!(get("ids"), "65534 65534 65534");
+    assert_eq!(get("root"), "ro");
+    assert_eq!(get("rootmnt"), "ro");
+    assert_eq!(get("tmp"), "rw");
+    assert_eq!(get("task"), "hello from code");
+    assert_eq!(get("taskw"), "no");
+    assert_eq!(get("taskmnt"), "ro");
+    let procs: Vec<u32> = get("procs").split_whitespace().map(|p| p.parse().unwrap()).collect();
+    // sh (1), the command substitution's subshell, ls, grep, tr: nothing from the host.
+    assert!(procs.contains(&1) && procs.len() <= 5 && procs.iter().all(|&p| p < 10), "host pids visible: {procs:?}");
+    assert_eq!(get("netdevs"), "lo");
+    assert_eq!(get("fd0"), "/dev/null");
+    assert_eq!(get("fd3"), "socket");
+    assert_eq!(get("cwd"), "/var/task");
+    assert_eq!(get("umask"), "0022");
+    assert_eq!(get("nofile"), "1024");
+    assert_eq!(get("unshare"), "denied");
+    assert_eq!(get("devnull"), "fd full null random shm stderr stdin stdout urandom zero");
+    assert!(kv.contains_key("err line"), "stderr goes to the log pipe:\n{out}");
+    assert_eq!(get("ctl"), "ping");
+    env.sort();
+    assert_eq!(env, vec!["FOO=bar baz", "LANG=C.UTF-8", "PATH=/usr/bin:/bin"]);
+
+    let mut reply = String::new();
+    control.read_to_string(&mut reply).unwrap();
+    assert_eq!(reply, "ok\n");
+
+    let cg = sb.cgroup().paths();
+    let pid = sb.pid();
+    sb.kill().unwrap();
+    assert_gone(pid, &cg, &run_dir(&s));
+}
+
+/// The program sees exactly fds 0-3 (checked from the host: shells open their own).
+#[test]
+fn program_descriptors() {
+    let code = code_dir();
+    let s = spec("fds", code.path());
+    let mut sb = Sandbox::spawn(&s, Entry::Exec { argv: vec!["/usr/bin/sleep".into(), "100".into()] }).unwrap();
+    let dir = format!("/proc/{}/fd", sb.pid());
+    let mut fds: Vec<(u32, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let target = std::fs::read_link(e.path()).unwrap().to_string_lossy().into_owned();
+            (e.file_name().to_str().unwrap().parse().unwrap(), target)
+        })
+        .collect();
+    fds.sort();
+    let fd_nums: Vec<u32> = fds.iter().map(|f| f.0).collect();
+    assert_eq!(fd_nums, vec![0, 1, 2, 3], "{fds:?}");
+    assert_eq!(fds[0].1, "/dev/null");
+    assert!(fds[1].1.starts_with("pipe:") && fds[1].1 == fds[2].1, "{fds:?}");
+    assert!(fds[3].1.starts_with("socket:"), "{fds:?}");
+    // The log pipe's read end is ours.
+    let log = sb.take_log().unwrap();
+    let ino = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&log))).unwrap();
+    assert_eq!(fds[1].1, format!("pipe:[{}]", std::os::unix::fs::MetadataExt::ino(&ino)));
+}
+
+#[test]
+fn loopback_is_up() {
+    let code = code_dir();
+    let s = spec("lo", code.path());
+    let py = "import socket\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen()\n\
+              c=socket.create_connection(s.getsockname())\na,_=s.accept()\nc.sendall(b'lo-up')\nprint(a.recv(5).decode())";
+    let mut sb = Sandbox::spawn(&s, Entry::Exec { argv: vec!["/usr/bin/python3".into(), "-c".into(), py.into()] }).unwrap();
+    let out = read_all(sb.take_log().unwrap());
+    assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(0), "{out}");
+    assert_eq!(out, "lo-up\n");
+}
+
+#[test]
+fn memory_limit_oom_kills() {
+    let code = code_dir();
+    let mut s = spec("oom", code.path());
+    s.limits = Limits { memory_mb: 64, ..Limits::default() };
+    let argv = vec!["/usr/bin/python3".into(), "-c".into(), "x = b'a' * (256 << 20)\nprint('survived')".into()];
+    let mut sb = Sandbox::spawn(&s, Entry::Exec { argv }).unwrap();
+    assert!(!sb.cgroup().oom_killed());
+    let out = read_all(sb.take_log().unwrap());
+    assert_eq!(sb.wait().unwrap(), ExitStatus::Signaled(libc::SIGKILL), "{out}");
+    assert!(!out.contains("survived"));
+    assert!(sb.cgroup().oom_killed());
+    let cg = sb.cgroup().paths();
+    sb.kill().unwrap();
+    assert_gone(sb.pid(), &cg, &run_dir(&s));
+}
+
+#[test]
+fn kill_removes_everything() {
+    let code = code_dir();
+    let s = spec("kill", code.path());
+    let mut sb = Sandbox::spawn(&s, sh("sleep 100 & sleep 100 & echo started; wait")).unwrap();
+    let mut log = File::from(sb.take_log().unwrap());
+    let mut buf = [0u8; 8];
+    log.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"started\n");
+    let pids = sb.cgroup().pids().unwrap();
+    assert_eq!(pids.len(), 3, "sh and two sleeps in the cgroup: {pids:?}");
+    assert!(sb.cgroup().memory_usage_bytes().unwrap() > 0);
+    assert!(run_dir(&s).exists());
+    let cg = sb.cgroup().paths();
+    for p in &cg {
+        assert!(p.exists());
+    }
+    sb.kill().unwrap();
+    for p in pids {
+        assert!(!Path::new(&format!("/proc/{p}")).exists(), "{p} survived");
+    }
+    assert_gone(sb.pid(), &cg, &run_dir(&s));
+    sb.kill().expect("kill is idempotent");
+    assert_eq!(sb.wait_exit().unwrap(), Some(ExitStatus::Signaled(libc::SIGKILL)));
+    // The id can be reused once killed.
+    drop(sb);
+    let mut again = Sandbox::spawn(&s, sh("true")).unwrap();
+    assert_eq!(again.wait().unwrap(), ExitStatus::Exited(0));
+}
+
+#[test]
+fn drop_cleans_up() {
+    let code = code_dir();
+    let s = spec("drop", code.path());
+    let sb = Sandbox::spawn(&s, sh("sleep 100")).unwrap();
+    let (pid, cg) = (sb.pid(), sb.cgroup().paths());
+    drop(sb);
+    assert_gone(pid, &cg, &run_dir(&s));
+}
+
+#[test]
+fn duplicate_id_rejected() {
+    let code = code_dir();
+    let s = spec("dup", code.path());
+    let _sb = Sandbox::spawn(&s, sh("sleep 100")).unwrap();
+    let err = Sandbox::spawn(&s, sh("true")).unwrap_err();
+    assert!(matches!(err, SandboxError::IdInUse { .. }), "{err}");
+    assert_eq!(err.to_string(), format!("sandbox {}: id already in use ({} exists)", s.id, run_dir(&s).display()));
+}
+
+fn status_field(pid: i32, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key).map(|v| v.trim_start_matches(':').trim().to_string()))
+        .unwrap_or_else(|| panic!("{key} not in status"))
+}
+
+#[test]
+fn stub_is_stopped_tracee_with_blob() {
+    let code = code_dir();
+    let s = spec("stub", code.path());
+    let addr = 0x6000_0000_0000u64;
+    let blob: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut sb = Sandbox::spawn(&s, Entry::Stub { addr, len: 3 * 4096, blob: blob.clone() }).unwrap();
+    let pid = sb.pid();
+    let state = status_field(pid, "State");
+    assert!(state.starts_with('t') || state.starts_with('T'), "state {state}");
+    let tid = nix::unistd::gettid().as_raw();
+    assert_eq!(status_field(pid, "TracerPid"), tid.to_string());
+    assert_eq!(status_field(pid, "NSpid").split_whitespace().last(), Some("1"));
+    assert!(status_field(pid, "Uid").starts_with("0\t"), "stub stays root");
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+
+    // GLIBC_TUNABLES=glibc.pthread.rseq=0: the stub has no rseq area registered.
+    let mut rseq = [0u64; 3];
+    // SAFETY: PTRACE_GET_RSEQ_CONFIGURATION writes at most `addr` (24) bytes into `rseq`;
+    // we are the tracer of the stopped `pid`.
+    let r = unsafe { libc::ptrace(0x420f, pid, std::mem::size_of_val(&rseq), rseq.as_mut_ptr()) };
+    assert_eq!(r, 24, "{}", std::io::Error::last_os_error());
+    assert_eq!(rseq[0], 0, "rseq_abi_pointer of the stub");
+
+    let mut mem = File::open(format!("/proc/{pid}/mem")).unwrap();
+    mem.seek(SeekFrom::Start(addr)).unwrap();
+    let mut back = vec![0u8; blob.len()];
+    mem.read_exact(&mut back).unwrap();
+    assert_eq!(back, blob);
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(maps.contains(&format!("{addr:x}-{:x} rwxp", addr + 3 * 4096)), "{maps}");
+
+    let root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap();
+    assert_eq!(root, Path::new("/"));
+    assert!(Path::new(&format!("/proc/{pid}/root/var/task/hello.txt")).exists());
+
+    let cg = sb.cgroup().paths();
+    assert_eq!(sb.cgroup().pids().unwrap(), vec![pid]);
+    sb.kill().unwrap();
+    assert_gone(pid, &cg, &run_dir(&s));
+}
+
+#[test]
+fn stub_resumed_normally_exits_127() {
+    let code = code_dir();
+    let s = spec("stub127", code.path());
+    let mut sb = Sandbox::spawn(&s, Entry::Stub { addr: 0x6100_0000_0000, len: 4096, blob: vec![0xcc] }).unwrap();
+    // Continue without delivering the SIGSTOP.
+    nix::sys::ptrace::cont(nix::unistd::Pid::from_raw(sb.pid()), None).unwrap();
+    assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(127));
+}
+
+#[test]
+fn missing_code_dir_fails_cleanly() {
+    let s = spec("nocode", Path::new("/nonexistent/thaw-code"));
+    let err = Sandbox::spawn(&s, sh("true")).unwrap_err();
+    assert_eq!(err.to_string(), format!("sandbox {}: code_dir /nonexistent/thaw-code", s.id));
+    assert_eq!(std::error::Error::source(&err).unwrap().to_string(), "No such file or directory (os error 2)");
+    assert!(!run_dir(&s).exists());
+    for p in thaw_sandbox::cgroup_for_sandbox(&s.cgroup_root, &s.id).paths() {
+        assert!(!p.exists(), "{}", p.display());
+    }
+}
+
+fn assert_init_error(name: &str, mutate: impl FnOnce(&mut SandboxSpec), entry: Entry, msg: &str, cause: &str) {
+    let code = code_dir();
+    let mut s = spec(name, code.path());
+    mutate(&mut s);
+    let err = Sandbox::spawn(&s, entry).unwrap_err();
+    assert!(matches!(err, SandboxError::Init { .. }), "{err:?}");
+    assert_eq!(err.to_string(), format!("sandbox {}: {msg}", s.id));
+    assert_eq!(std::error::Error::source(&err).unwrap().to_string(), cause);
+    assert!(!run_dir(&s).exists());
+    for p in thaw_sandbox::cgroup_for_sandbox(&s.cgroup_root, &s.id).paths() {
+        assert!(!p.exists(), "{}", p.display());
+    }
+}
+
+#[test]
+fn init_errors_are_reported_with_step() {
+    assert_init_error("badcwd", |s| s.cwd = "/nope".into(), sh("true"), "chdir /nope", "No such file or directory (os error 2)");
+    assert_init_error(
+        "badexe",
+        |_| {},
+        Entry::Exec { argv: vec!["/usr/bin/does-not-exist".into()] },
+        "execve /usr/bin/does-not-exist",
+        "No such file or directory (os error 2)",
+    );
+    assert_init_error(
+        "badinit",
+        |s| s.init_exe = "/nonexistent-init".into(),
+        sh("true"),
+        "execve /nonexistent-init",
+        "No such file or directory (os error 2)",
+    );
+    assert_init_error(
+        "badstub",
+        |_| {},
+        // 1 TiB of private writable memory is refused by the overcommit heuristic.
+        Entry::Stub { addr: 0x1000, len: 1 << 40, blob: vec![] },
+        &format!("map stub at {:#x}+{:#x}", 0x1000, 1u64 << 40),
+        "Cannot allocate memory (os error 12)",
+    );
+}
+
+#[test]
+fn not_an_init_is_detected() {
+    let code = code_dir();
+    let mut s = spec("notinit", code.path());
+    s.init_exe = "/bin/true".into();
+    let err = Sandbox::spawn(&s, sh("true")).unwrap_err();
+    assert_eq!(err.to_string(), format!("sandbox {}: init ended unexpectedly (Exited(0))", s.id));
+    assert!(!run_dir(&s).exists());
+}
+
+/// Cold-start cost: spawn() of `/bin/true`, and spawn + wait for its exit.
+#[test]
+fn spawn_timing() {
+    let code = code_dir();
+    let s = spec("timing", code.path());
+    let n = 20;
+    let (mut spawn, mut total, mut kill) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let mut sb = Sandbox::spawn(&s, Entry::Exec { argv: vec!["/bin/true".into()] }).unwrap();
+        let t1 = Instant::now();
+        assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(0));
+        let t2 = Instant::now();
+        sb.kill().unwrap();
+        let t3 = Instant::now();
+        spawn.push(t1 - t0);
+        total.push(t2 - t0);
+        kill.push(t3 - t2);
+    }
+    let med = |v: &mut Vec<Duration>| {
+        v.sort();
+        (v[v.len() / 2], v[v.len() * 9 / 10])
+    };
+    let (s50, s90) = med(&mut spawn);
+    let (t50, t90) = med(&mut total);
+    let (k50, k90) = med(&mut kill);
+    eprintln!(
+        "spawn_timing n={n}: spawn p50 {s50:?} p90 {s90:?}; spawn+exit p50 {t50:?} p90 {t90:?}; kill+cleanup p50 {k50:?} p90 {k90:?}"
+    );
+    assert!(t50 < Duration::from_millis(500), "spawn+exit median {t50:?}");
+}

@@ -1,0 +1,320 @@
+//! `thaw`: the command-line front end of the Thaw snapshot engine.
+//!
+//! Thin by design: argument parsing, output formatting and exit codes live
+//! here; everything else is in the `thaw-engine`, `thaw-sandbox` and
+//! `thaw-runtime` crates.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use thaw_engine::instance::{FunctionConfig, Instance, LoadedSnapshot};
+use thaw_engine::pageserver::Paging;
+use thaw_runtime::{InvokeOutcome, Runtime};
+
+/// Lambda's limit for a synchronous request payload.
+const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
+
+#[derive(Parser)]
+#[command(name = "thaw", version, about = "Thaw: serverless functions frozen to disk as memory snapshots and thawed on demand.",
+    long_about = "Thaw runs functions in process sandboxes, captures a ready-to-invoke instance (runtime started, \
+function module imported) to an on-disk image, and starts later instances by restoring that image with its memory \
+served lazily by a userfaultfd page server.\n\nMust run as root. Exit codes: 0 success, 1 the function returned an \
+error (printed as JSON on stdout), 2 the platform failed (message on stderr).")]
+struct Cli {
+    /// Directory for Thaw's own files (runtime shims). Env: THAW_DATA_DIR.
+    #[arg(long, global = true, env = "THAW_DATA_DIR", default_value = "/var/lib/thaw")]
+    data_dir: PathBuf,
+    /// Log filter, e.g. "info" or "thaw_engine=debug". Env: THAW_LOG.
+    #[arg(long, global = true, env = "THAW_LOG", default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Cold boot: sandbox + runtime start + function init, then invoke once.
+    Boot {
+        #[command(flatten)]
+        func: FunctionArgs,
+        #[command(flatten)]
+        inv: InvokeArgs,
+    },
+    /// Create, restore and inspect snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
+}
+
+#[derive(Subcommand)]
+enum SnapshotCmd {
+    /// Boot the function until it is ready to invoke, then capture it into OUT.
+    Create {
+        #[command(flatten)]
+        func: FunctionArgs,
+        /// Snapshot directory to create (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Restore an instance from SNAPDIR and invoke it.
+    Restore {
+        /// Snapshot directory made by `thaw snapshot create`.
+        snapdir: PathBuf,
+        #[command(flatten)]
+        inv: InvokeArgs,
+        /// lazy: serve each page on first touch (baseline); eager: install every page before resuming.
+        #[arg(long, default_value = "lazy")]
+        paging: Paging,
+        /// Number of invocations to run on the restored instance (the same payload each time).
+        #[arg(long, default_value_t = 1)]
+        invocations: u32,
+    },
+    /// Print a summary of a snapshot as JSON.
+    Inspect {
+        snapdir: PathBuf,
+        /// Also list every memory area and stored page run.
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Drop a snapshot's files from the page cache (for cold-start measurements).
+    Evict { snapdir: PathBuf },
+}
+
+#[derive(Args)]
+struct FunctionArgs {
+    /// Directory with the function's code (becomes /var/task, read-only).
+    #[arg(long)]
+    code: PathBuf,
+    /// Handler as module.function (Lambda convention).
+    #[arg(long)]
+    handler: String,
+    /// Language runtime.
+    #[arg(long, default_value = "python3")]
+    runtime: String,
+    /// Memory limit in MiB (cgroup).
+    #[arg(long, default_value_t = 512)]
+    memory: u64,
+    /// Function name reported to the handler's context.
+    #[arg(long, default_value = "function")]
+    name: String,
+    /// Environment variable for the function, KEY=VALUE (repeatable).
+    #[arg(long = "env", value_parser = parse_kv)]
+    env: Vec<(String, String)>,
+}
+
+#[derive(Args)]
+struct InvokeArgs {
+    /// The event, as JSON text; "@FILE" reads it from FILE.
+    #[arg(long, default_value = "{}")]
+    payload: String,
+    /// Invocation timeout in seconds.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Write timings and paging figures as JSON to FILE.
+    #[arg(long)]
+    stats: Option<PathBuf>,
+    /// Do not copy the function's log to stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("expected KEY=VALUE, got '{s}'"))
+}
+
+fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("__sandbox-init") {
+        thaw_sandbox::sandbox_init_main();
+    }
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("thaw: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn function_config(cli_data: &std::path::Path, f: &FunctionArgs) -> Result<FunctionConfig> {
+    let runtime = Runtime::parse(&f.runtime)?;
+    runtime.check_handler(&f.handler)?;
+    let code = std::fs::canonicalize(&f.code).with_context(|| format!("function code directory {}", f.code.display()))?;
+    if !code.is_dir() {
+        bail!("function code {} is not a directory", code.display());
+    }
+    std::fs::create_dir_all(cli_data).with_context(|| format!("creating data directory {}", cli_data.display()))?;
+    let runtime_dir = thaw_runtime::runtimes::install_shims(cli_data)?;
+    let mut cfg = FunctionConfig::new(runtime, &f.handler, code, runtime_dir);
+    cfg.memory_mb = f.memory;
+    cfg.function_name = f.name.clone();
+    cfg.env = f.env.clone();
+    Ok(cfg)
+}
+
+fn load_payload(p: &str) -> Result<String> {
+    let text = match p.strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file).with_context(|| format!("reading payload file {file}"))?,
+        None => p.to_string(),
+    };
+    if text.len() > MAX_PAYLOAD {
+        bail!("payload is {} bytes; the limit is {MAX_PAYLOAD} bytes", text.len());
+    }
+    serde_json::from_str::<serde_json::Value>(&text).context("payload is not valid JSON")?;
+    Ok(text)
+}
+
+/// Print an outcome; returns whether it was a success.
+fn emit(out: &InvokeOutcome) -> bool {
+    match out {
+        InvokeOutcome::Ok(json) => {
+            println!("{json}");
+            true
+        }
+        InvokeOutcome::Error(e) => {
+            println!("{}", serde_json::to_string(e).expect("serializable"));
+            false
+        }
+    }
+}
+
+fn write_stats(path: &Option<PathBuf>, v: serde_json::Value) -> Result<()> {
+    if let Some(p) = path {
+        std::fs::write(p, serde_json::to_vec_pretty(&v)?).with_context(|| format!("writing stats to {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Boot { func, inv } => {
+            let payload = load_payload(&inv.payload)?;
+            let cfg = function_config(&cli.data_dir, &func)?;
+            let t0 = Instant::now();
+            let mut inst = Instance::boot(&cfg)?;
+            let t1 = Instant::now();
+            let out = inst.invoke("boot-1", &payload, Duration::from_secs(inv.timeout));
+            let first = ms(t1.elapsed());
+            let total = ms(t0.elapsed());
+            print_logs(&mut inst, inv.quiet);
+            let start = inst.start.clone();
+            inst.kill();
+            let out = out?;
+            write_stats(
+                &inv.stats,
+                json!({"mode": "boot", "sandbox_ms": start.sandbox_ms, "init_ms": start.init_ms,
+                       "first_invoke_ms": first, "total_ms": total}),
+            )?;
+            Ok(if emit(&out) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Snapshot(SnapshotCmd::Create { func, out }) => {
+            let cfg = function_config(&cli.data_dir, &func)?;
+            let t0 = Instant::now();
+            let inst = Instance::boot(&cfg)?;
+            let boot_ms = ms(t0.elapsed());
+            let (dir, stats) = inst.capture(&out)?;
+            println!(
+                "{}",
+                serde_json::to_string(&json!({"snapshot": dir, "boot_ms": boot_ms, "capture": stats}))?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, inv, paging, invocations }) => {
+            let payload = load_payload(&inv.payload)?;
+            if invocations == 0 {
+                bail!("--invocations must be at least 1");
+            }
+            let t0 = Instant::now();
+            let snap = LoadedSnapshot::open(&snapdir)?;
+            let open_ms = ms(t0.elapsed());
+            let mut inst = Instance::restore(&snap, paging)?;
+            let restore_ms = ms(t0.elapsed());
+            let mut times = Vec::new();
+            let mut first_stats = None;
+            let mut ok = true;
+            for i in 0..invocations {
+                let t = Instant::now();
+                let out = inst.invoke(&format!("restore-{}", i + 1), &payload, Duration::from_secs(inv.timeout));
+                times.push(ms(t.elapsed()));
+                if first_stats.is_none() {
+                    first_stats = Some(inst.page_stats());
+                }
+                print_logs(&mut inst, inv.quiet);
+                match out {
+                    Ok(o) => ok &= emit(&o),
+                    Err(e) => {
+                        inst.kill();
+                        return Err(e.into());
+                    }
+                }
+            }
+            let total = restore_ms + times[0];
+            let first = first_stats.unwrap_or_default();
+            let all = inst.page_stats();
+            let start = inst.start.clone();
+            inst.kill();
+            write_stats(
+                &inv.stats,
+                json!({"mode": match paging { Paging::Lazy => "lazy", Paging::Eager => "eager" },
+                       "open_ms": open_ms, "sandbox_ms": start.sandbox_ms, "restore_ms": restore_ms,
+                       "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times,
+                       "page_faults": first.page_faults, "zero_faults": first.zero_faults,
+                       "bytes_read_from_image": first.bytes_read_from_image,
+                       "pages_installed_upfront": first.pages_installed_upfront,
+                       "page_faults_all": all.page_faults, "bytes_read_from_image_all": all.bytes_read_from_image,
+                       "phases_ms": start.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()}),
+            )?;
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Snapshot(SnapshotCmd::Inspect { snapdir, verbose }) => {
+            let s = thaw_engine::image::Snapshot::open(&snapdir)?;
+            let img = &s.image;
+            let v = json!({
+                "dir": s.dir, "format_version": thaw_engine::image::FORMAT_VERSION, "kernel": img.kernel,
+                "created_unix_ms": img.created_unix_ms, "sandbox": img.sandbox, "exe": img.mm.exe, "cwd": img.cwd,
+                "threads": img.threads.len(), "vmas": img.vmas.len(), "files": img.files.len(),
+                "stored_pages": img.pages.stored_pages(), "page_runs": img.pages.runs.len(),
+                "stored_bytes": img.pages.stored_pages() * 4096, "fds": img.fds, "sigactions": img.sigactions.len(),
+            });
+            let mut v = v;
+            if verbose {
+                v["vma_list"] = json!(img.vmas.iter().map(|m| format!("{:#x}-{:#x} prot={} {:?}", m.start, m.end, m.prot, m.kind)).collect::<Vec<_>>());
+                v["page_run_list"] = json!(img.pages.runs.iter().map(|r| format!("{:#x} x{} @{}", r.vaddr, r.npages, r.file_page)).collect::<Vec<_>>());
+                v["registers"] = json!(format!("{:x?}", img.threads[0].regs));
+                v["file_list"] = json!(img.files);
+            }
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Snapshot(SnapshotCmd::Evict { snapdir }) => {
+            for ent in std::fs::read_dir(&snapdir).with_context(|| format!("reading {}", snapdir.display()))? {
+                let p = ent?.path();
+                if p.is_file() {
+                    let f = std::fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+                    thaw_engine::sys::mem::fadvise_dontneed(&f);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn print_logs(inst: &mut Instance, quiet: bool) {
+    let logs = inst.take_logs();
+    if !quiet && !logs.is_empty() {
+        for line in logs.lines() {
+            eprintln!("[function] {line}");
+        }
+    }
+}
