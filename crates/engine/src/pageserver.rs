@@ -95,18 +95,28 @@ pub struct PageSource {
 }
 
 impl PageSource {
+    /// Pages are read through the page cache with the kernel's default readahead,
+    /// as a memory file mapped by a VMM would be (the lazy baseline REAP measures).
     pub fn new(index: PageIndex, file: File) -> PageSource {
-        mem::fadvise_random(&file);
         PageSource { index, file }
     }
 
     /// Read and verify one stored page into `buf`.
     pub fn read_page(&self, addr: u64, file_page: u64, buf: &mut [u8]) -> Result<(), PageServerError> {
+        self.read_pages(addr, file_page, buf)
+    }
+
+    /// Read and verify `buf.len() / PAGE_SIZE` consecutive stored pages starting at
+    /// `file_page` (which back consecutive addresses from `addr`).
+    pub fn read_pages(&self, addr: u64, file_page: u64, buf: &mut [u8]) -> Result<(), PageServerError> {
         self.file
             .read_exact_at(buf, file_page * PAGE_SIZE)
             .map_err(|source| PageServerError::Read { addr, file_page, source })?;
-        if crc32fast::hash(buf) != self.index.crcs[file_page as usize] {
-            return Err(PageServerError::Checksum { addr, file_page });
+        for (k, page) in buf.chunks_exact(PAGE_SIZE as usize).enumerate() {
+            let fp = file_page + k as u64;
+            if crc32fast::hash(page) != self.index.crcs[fp as usize] {
+                return Err(PageServerError::Checksum { addr: addr + k as u64 * PAGE_SIZE, file_page: fp });
+            }
         }
         Ok(())
     }

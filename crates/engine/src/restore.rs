@@ -358,21 +358,21 @@ fn write_file_cow_pages(
     source: &PageSource,
     stats: &Stats,
 ) -> Result<(), RestoreError> {
-    let mut buf = vec![0u8; PAGE_SIZE as usize];
+    let mut buf = Vec::new();
     for v in img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. })) {
         let first = source.index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= v.start);
         for run in source.index.runs[first..].iter().take_while(|r| r.vaddr < v.end) {
+            // One read and one write per contiguous run inside this VMA.
             let s = run.vaddr.max(v.start);
             let e = (run.vaddr + run.npages * PAGE_SIZE).min(v.end);
-            let mut a = s;
-            while a < e {
-                let fp = run.file_page + (a - run.vaddr) / PAGE_SIZE;
-                source.read_page(a, fp, &mut buf).map_err(|source| RestoreError::Pages { pid, source })?;
-                wmem.write_all_at(&buf, a).map_err(|source| RestoreError::Io { pid, what: format!("writing page {a:#x}"), source })?;
-                stats.bytes_read.fetch_add(PAGE_SIZE, Ordering::Relaxed);
-                stats.pages_installed_upfront.fetch_add(1, Ordering::Relaxed);
-                a += PAGE_SIZE;
-            }
+            let fp = run.file_page + (s - run.vaddr) / PAGE_SIZE;
+            let n = (e - s) / PAGE_SIZE;
+            buf.resize((n * PAGE_SIZE) as usize, 0);
+            source.read_pages(s, fp, &mut buf).map_err(|source| RestoreError::Pages { pid, source })?;
+            wmem.write_all_at(&buf, s)
+                .map_err(|source| RestoreError::Io { pid, what: format!("writing pages at {s:#x}"), source })?;
+            stats.bytes_read.fetch_add(n * PAGE_SIZE, Ordering::Relaxed);
+            stats.pages_installed_upfront.fetch_add(n, Ordering::Relaxed);
         }
     }
     Ok(())

@@ -73,6 +73,10 @@ impl Runtime {
         if *self == Runtime::Python3 {
             env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
             env.push(("PYTHONUNBUFFERED".into(), "1".into()));
+            // One vCPU per sandbox: keep numeric libraries from starting thread pools at import.
+            for k in ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"] {
+                env.push((k.into(), "1".into()));
+            }
         }
         for (k, v) in user {
             env.retain(|(ek, _)| ek != k);

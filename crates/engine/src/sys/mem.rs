@@ -120,12 +120,6 @@ impl Drop for Mapped {
     }
 }
 
-/// posix_fadvise(RANDOM) so that single-page reads do not trigger readahead.
-pub fn fadvise_random(file: &File) {
-    // SAFETY: advisory call on a valid descriptor; no memory is touched.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-}
-
 /// Drop a file's pages from the page cache (benchmarks: make a cold cache).
 pub fn fadvise_dontneed(file: &File) {
     // SAFETY: advisory call on a valid descriptor; no memory is touched.
