@@ -157,6 +157,7 @@ pub struct Instance {
     page_stats: Option<Arc<Stats>>,
     record: SandboxRecord,
     memory_mb: u64,
+    function_name: String,
     pub start: StartInfo,
 }
 
@@ -187,6 +188,7 @@ impl Instance {
             page_stats: None,
             record,
             memory_mb: cfg.memory_mb,
+            function_name: cfg.function_name.clone(),
             start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![] },
         })
     }
@@ -218,19 +220,35 @@ impl Instance {
             page_stats: Some(restored.stats),
             memory_mb: record.memory_mb,
             record,
+            function_name: "function".into(),
             start: StartInfo { kind, sandbox_ms, init_ms, phases: restored.phases },
         })
     }
 
+    /// Host pid of the instance's process (PID 1 of its sandbox).
     pub fn pid(&self) -> i32 {
         self.sandbox.pid()
+    }
+
+    /// Name reported to the function in its context (restored instances default to "function").
+    pub fn set_function_name(&mut self, name: &str) {
+        self.function_name = name.to_string();
+    }
+
+    /// Whether the sandbox's memory limit killed something (check after a failed invoke).
+    pub fn oom_killed(&self) -> bool {
+        self.sandbox.cgroup().oom_killed()
+    }
+
+    /// Current memory charged to the sandbox's cgroup, in bytes.
+    pub fn memory_usage_bytes(&self) -> Option<u64> {
+        self.sandbox.cgroup().memory_usage_bytes().ok()
     }
 
     /// Invoke once. A function error is an `Ok(InvokeOutcome::Error)`; an `Err`
     /// means the instance is unusable (timed out, crashed) and should be discarded.
     pub fn invoke(&mut self, request_id: &str, payload: &str, timeout: Duration) -> Result<InvokeOutcome, InstanceError> {
-        let name = std::env::var("AWS_LAMBDA_FUNCTION_NAME").unwrap_or_else(|_| "function".into());
-        let req = InvokeRequest::new(request_id.into(), payload.into(), &name, self.memory_mb, timeout);
+        let req = InvokeRequest::new(request_id.into(), payload.into(), &self.function_name, self.memory_mb, timeout);
         self.channel.invoke(&req, timeout).map_err(|source| {
             // Give a crashed process a moment to be reapable so the error can say how it ended.
             let mut exit = None;
