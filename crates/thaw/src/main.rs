@@ -47,6 +47,10 @@ enum Cmd {
     /// Create, restore and inspect snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Run the node: a Lambda-compatible HTTP API serving functions from snapshots.
+    Serve(thaw_node::cli::ServeArgs),
+    /// Show a running node's functions, instances and snapshot cache.
+    Status(thaw_node::cli::StatusArgs),
 }
 
 #[derive(Subcommand)]
@@ -198,6 +202,14 @@ fn write_stats(path: &Option<PathBuf>, v: serde_json::Value) -> Result<()> {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
+        Cmd::Serve(args) => {
+            thaw_node::cli::serve(args, &cli.data_dir)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Status(args) => {
+            thaw_node::cli::status(args, &cli.data_dir)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Boot { func, inv } => {
             let payload = load_payload(&inv.payload)?;
             let cfg = function_config(&cli.data_dir, &func)?;
