@@ -105,6 +105,12 @@ payload_for() {
         helloworld) echo '{"name":"smoke"}' ;;
         bigheap) echo '{"i":7}' ;;
         error) echo '{"fail":"smoke"}' ;;
+        pyaes) echo '{"text":"the quick brown fox jumps over the lazy dog","rounds":3}' ;;
+        jsonserde) echo '{"key":"delta"}' ;;
+        htmlrender) echo '{"rows":200}' ;;
+        imagerotate) echo '{"angle":90}' ;;
+        lrserving) echo '{"x":[0.5,-1.0,0.25,2.0,-0.75,1.5,0.0,-2.0,1.0,0.3,-0.3,0.8,-1.2,0.6,0.05,-0.45,1.1,-0.9,0.2,0.7]}' ;;
+        multiinput) echo '{"table":3}' ;;
         *) echo '{}' ;;
     esac
 }

@@ -287,6 +287,8 @@ pub struct Snapshot {
     pub dir: PathBuf,
     pub image: ProcessImage,
     pub pages: File,
+    /// Identity of this image (the CRC of its state), which working sets refer to.
+    pub id: u32,
 }
 
 impl Snapshot {
@@ -295,6 +297,7 @@ impl Snapshot {
         let mut bytes = Vec::new();
         File::open(dir.join(STATE_FILE)).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io(STATE_FILE))?;
         let image = decode_state(dir, &bytes)?;
+        let id = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().expect("4 bytes"));
         let pages = File::open(dir.join(PAGES_FILE)).map_err(io(PAGES_FILE))?;
         let size = pages.metadata().map_err(io(PAGES_FILE))?.len();
         let want = image.pages.stored_pages() * PAGE_SIZE;
@@ -305,7 +308,7 @@ impl Snapshot {
                 detail: format!("size is {size} bytes, the index needs {want}"),
             });
         }
-        Ok(Snapshot { dir: dir.to_path_buf(), image, pages })
+        Ok(Snapshot { dir: dir.to_path_buf(), image, pages, id })
     }
 }
 

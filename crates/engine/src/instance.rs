@@ -19,7 +19,9 @@ use crate::capture::{self, CaptureError, CaptureStats};
 use crate::image::{ImageError, SandboxRecord, Snapshot};
 use crate::inject;
 use crate::pageserver::{PageServer, PageSource, Paging, Stats};
-use crate::restore::{self, RestoreError};
+use crate::pageserver::PrefetchStats;
+use crate::restore::{self, Prefill, RestoreError};
+use crate::ws::{self, WorkingSet, WsError};
 
 #[derive(Debug, Error)]
 pub enum InstanceError {
@@ -120,14 +122,64 @@ pub struct LoadedSnapshot {
     pub image: crate::image::ProcessImage,
     pub source: Arc<PageSource>,
     pub region: u64,
+    /// Identity of the image; working sets must carry the same.
+    pub id: u32,
+    /// Share of a prefetch restore's touched pages allowed outside the working set
+    /// before it is considered unrepresentative and re-recorded (REAP's misprediction).
+    pub reprofile_threshold: f64,
+    /// Reader threads of the `parallel` variant.
+    pub parallel_readers: usize,
 }
 
 impl LoadedSnapshot {
     pub fn open(dir: &Path) -> Result<LoadedSnapshot, InstanceError> {
-        let Snapshot { dir, image, pages } = Snapshot::open(dir)?;
+        let Snapshot { dir, image, pages, id } = Snapshot::open(dir)?;
         let region = restore::choose_region(&image)?;
         let source = Arc::new(PageSource::new(image.pages.clone(), pages));
-        Ok(LoadedSnapshot { dir, image, source, region })
+        Ok(LoadedSnapshot { dir, image, source, region, id, reprofile_threshold: 0.25, parallel_readers: 4 })
+    }
+
+    /// Whether a working set has been recorded for this snapshot (not yet validated).
+    pub fn has_working_set(&self) -> bool {
+        WorkingSet::exists(&self.dir)
+    }
+
+    /// The mode `Auto` stands for right now.
+    pub fn resolve(&self, paging: Paging) -> Paging {
+        match paging {
+            Paging::Auto if self.has_working_set() => Paging::Prefetch,
+            Paging::Auto => Paging::Record,
+            other => other,
+        }
+    }
+
+    /// Load what `paging` needs before the process resumes. A missing, stale or
+    /// corrupt working set is logged and removed, and the restore degrades to
+    /// record mode (lazy paging that records a fresh working set).
+    fn prefill(&self, paging: Paging) -> (Prefill, Paging) {
+        match paging {
+            Paging::Lazy | Paging::Record | Paging::Auto => (Prefill::None, paging),
+            Paging::Eager => (Prefill::Eager, paging),
+            Paging::Prefetch | Paging::WsCached | Paging::Parallel => {
+                let loaded = WorkingSet::load(&self.dir, self.id).and_then(|ws| {
+                    if paging == Paging::Parallel {
+                        return Ok(Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers });
+                    }
+                    let (buf, read_ms) = ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?;
+                    Ok(Prefill::Ws { ws, buf, read_ms })
+                });
+                match loaded {
+                    Ok(p) => (p, paging),
+                    Err(e) => {
+                        if !matches!(e, WsError::Missing { .. }) {
+                            warn!(error = %e, "ignoring the working set; restoring lazily and re-recording");
+                            ws::invalidate(&self.dir);
+                        }
+                        (Prefill::None, Paging::Record)
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -159,6 +211,20 @@ pub struct Instance {
     memory_mb: u64,
     function_name: String,
     pub start: StartInfo,
+    paging: Option<PagingState>,
+}
+
+/// Per-instance REAP bookkeeping of a restored instance.
+struct PagingState {
+    mode: Paging,
+    dir: PathBuf,
+    image_id: u32,
+    source: Arc<PageSource>,
+    threshold: f64,
+    prefetch: Option<PrefetchStats>,
+    first_done: bool,
+    writer: Option<std::thread::JoinHandle<()>>,
+    recorded: Option<usize>,
 }
 
 impl Instance {
@@ -190,29 +256,60 @@ impl Instance {
             memory_mb: cfg.memory_mb,
             function_name: cfg.function_name.clone(),
             start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![] },
+            paging: None,
         })
     }
 
     /// Restore a new instance from a snapshot. Must be called on a long-lived thread
     /// (it becomes the sandbox's parent and, during restore, its tracer).
+    ///
+    /// With a working-set mode, the working set is read on a helper thread while
+    /// the sandbox is being created, so its I/O overlaps sandbox set-up.
     pub fn restore(snap: &LoadedSnapshot, paging: Paging) -> Result<Instance, InstanceError> {
         let t0 = Instant::now();
+        let requested = snap.resolve(paging);
         let record = snap.image.sandbox.clone();
         let spec = spec_for(&record, "restore");
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
-        let mut sandbox = Sandbox::spawn(&spec, entry)?;
-        let sandbox_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let (mut sandbox, restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
+            let loader = s.spawn(|| snap.prefill(requested));
+            let sandbox = Sandbox::spawn(&spec, entry);
+            let mut mode = requested;
+            let mut sandbox = match sandbox {
+                Ok(sb) => sb,
+                Err(e) => {
+                    let _ = loader.join();
+                    return Err(e.into());
+                }
+            };
+            let pidfd = sandbox.pidfd().try_clone_to_owned().map_err(InstanceError::Io)?;
+            let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), || {
+                let (prefill, m) = loader.join().unwrap_or((Prefill::None, Paging::Record));
+                mode = m;
+                prefill
+            });
+            match restored {
+                Ok(r) => Ok((sandbox, r, mode)),
+                Err(e) => {
+                    let _ = sandbox.kill();
+                    Err(e.into())
+                }
+            }
+        })?;
         let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;
         let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
-        let pidfd = sandbox.pidfd().try_clone_to_owned().map_err(InstanceError::Io)?;
-        let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), paging)?;
         let channel = Channel::new(control, log).map_err(InstanceError::Io)?;
-        let init_ms = t0.elapsed().as_secs_f64() * 1e3 - sandbox_ms;
-        let kind = match paging {
-            Paging::Lazy => "restore-lazy",
+        if mode == Paging::Record {
+            restored.stats.recording.store(true, Ordering::Relaxed);
+        }
+        let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let sandbox_ms = total_ms - restored.phases.iter().map(|p| p.1).sum::<f64>();
+        let kind = match mode {
+            Paging::Prefetch | Paging::WsCached | Paging::Parallel => "restore-prefetch",
             Paging::Eager => "restore-eager",
+            _ => "restore-lazy",
         };
-        info!(id = sandbox.id(), sandbox_ms, init_ms, kind, "restored");
+        info!(id = sandbox.id(), total_ms, mode = mode.name(), "restored");
         Ok(Instance {
             sandbox,
             channel,
@@ -221,7 +318,18 @@ impl Instance {
             memory_mb: record.memory_mb,
             record,
             function_name: "function".into(),
-            start: StartInfo { kind, sandbox_ms, init_ms, phases: restored.phases },
+            start: StartInfo { kind, sandbox_ms, init_ms: total_ms - sandbox_ms, phases: restored.phases },
+            paging: Some(PagingState {
+                mode,
+                dir: snap.dir.clone(),
+                image_id: snap.id,
+                source: snap.source.clone(),
+                threshold: snap.reprofile_threshold,
+                prefetch: restored.prefetch,
+                first_done: false,
+                writer: None,
+                recorded: None,
+            }),
         })
     }
 
@@ -249,7 +357,11 @@ impl Instance {
     /// means the instance is unusable (timed out, crashed) and should be discarded.
     pub fn invoke(&mut self, request_id: &str, payload: &str, timeout: Duration) -> Result<InvokeOutcome, InstanceError> {
         let req = InvokeRequest::new(request_id.into(), payload.into(), &self.function_name, self.memory_mb, timeout);
-        self.channel.invoke(&req, timeout).map_err(|source| {
+        let out = self.channel.invoke(&req, timeout);
+        if out.is_ok() {
+            self.after_first_response();
+        }
+        out.map_err(|source| {
             // Give a crashed process a moment to be reapable so the error can say how it ended.
             let mut exit = None;
             if matches!(source, ChannelError::Closed { .. }) {
@@ -267,6 +379,65 @@ impl Instance {
                 source,
             }
         })
+    }
+
+    /// REAP bookkeeping once the first response is back: a recording instance
+    /// hands its trace to a background writer (the response is not delayed); a
+    /// prefetching instance checks how many pages it needed beyond its working set.
+    fn after_first_response(&mut self) {
+        let (Some(p), Some(stats)) = (self.paging.as_mut(), self.page_stats.as_ref()) else { return };
+        if p.first_done {
+            return;
+        }
+        p.first_done = true;
+        match p.mode {
+            Paging::Record => {
+                stats.recording.store(false, Ordering::Relaxed);
+                let trace = std::mem::take(&mut *stats.trace.lock().expect("trace lock"));
+                p.recorded = Some(trace.len());
+                let (dir, id, source) = (p.dir.clone(), p.image_id, p.source.clone());
+                p.writer = std::thread::Builder::new()
+                    .name("thaw-ws-writer".into())
+                    .spawn(move || match ws::write(&dir, id, &trace, source.file()) {
+                        Ok(w) => info!(dir = %dir.display(), pages = w.layout.len(), zero = w.zeros.len(), "working set recorded"),
+                        Err(e) => warn!(error = %e, "writing the working set failed"),
+                    })
+                    .ok();
+            }
+            Paging::Prefetch | Paging::WsCached | Paging::Parallel => {
+                let misses = stats.faults.load(Ordering::Relaxed);
+                let ws = p.prefetch.map(|x| x.ws_pages + x.ws_zero_pages).unwrap_or(0);
+                let share = misses as f64 / (misses + ws).max(1) as f64;
+                if share > p.threshold {
+                    warn!(dir = %p.dir.display(), misses, ws_pages = ws, share, threshold = p.threshold,
+                        "working set does not represent this invocation; it will be re-recorded on the next restore");
+                    ws::invalidate(&p.dir);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The paging mode this instance actually runs with (after `auto` and fallbacks).
+    pub fn paging_mode(&self) -> Option<Paging> {
+        self.paging.as_ref().map(|p| p.mode)
+    }
+
+    /// Working-set prefetch figures of this instance, if it prefetched.
+    pub fn prefetch_stats(&self) -> Option<PrefetchStats> {
+        self.paging.as_ref().and_then(|p| p.prefetch)
+    }
+
+    /// Pages recorded by a recording instance (after its first response).
+    pub fn recorded_pages(&self) -> Option<usize> {
+        self.paging.as_ref().and_then(|p| p.recorded)
+    }
+
+    /// Wait for background work (working-set writing) to finish.
+    pub fn finish_background(&mut self) {
+        if let Some(w) = self.paging.as_mut().and_then(|p| p.writer.take()) {
+            let _ = w.join();
+        }
     }
 
     /// Logs the function wrote since the last call.
@@ -296,8 +467,9 @@ impl Instance {
         Ok(result?)
     }
 
-    /// Kill the instance and clean up its sandbox.
+    /// Kill the instance and clean up its sandbox (waits for a working-set writer).
     pub fn kill(mut self) {
+        self.finish_background();
         self.channel.shutdown();
         if let Err(e) = self.sandbox.kill() {
             warn!(error = %e, "killing sandbox");

@@ -15,3 +15,4 @@ pub mod procfs;
 pub mod regs;
 pub mod restore;
 pub mod sys;
+pub mod ws;

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -30,6 +30,7 @@ use crate::image::PageIndex;
 use crate::sys::mem::{self, Mapped};
 use crate::sys::uffd::{self, Event, Install};
 use crate::sys::PAGE_SIZE;
+use crate::ws::{Touch, WorkingSet};
 
 #[derive(Debug, Error)]
 pub enum PageServerError {
@@ -45,22 +46,60 @@ pub enum PageServerError {
 
 /// How memory is provided before the process resumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Paging {
+    /// Prefetch if the snapshot has a valid working set, else record one.
+    Auto,
     /// Nothing up front; every first touch of a page faults and reads it.
     Lazy,
     /// Every stored page is installed before the process resumes.
     Eager,
+    /// Lazy, and log the pages the first invocation touches into a working set (REAP).
+    Record,
+    /// Read the working set with one O_DIRECT read and install it before resuming;
+    /// the rest is served lazily (REAP).
+    Prefetch,
+    /// Like prefetch, but the working set is read through the page cache.
+    WsCached,
+    /// No working-set file: several readers fetch the traced pages from the image
+    /// concurrently (single-page reads) before resuming.
+    Parallel,
+}
+
+impl Paging {
+    pub const ALL: [&'static str; 7] = ["auto", "lazy", "eager", "record", "prefetch", "ws-cached", "parallel"];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Paging::Auto => "auto",
+            Paging::Lazy => "lazy",
+            Paging::Eager => "eager",
+            Paging::Record => "record",
+            Paging::Prefetch => "prefetch",
+            Paging::WsCached => "ws-cached",
+            Paging::Parallel => "parallel",
+        }
+    }
+
+    /// Modes that need a recorded working set.
+    pub fn needs_ws(&self) -> bool {
+        matches!(self, Paging::Prefetch | Paging::WsCached | Paging::Parallel)
+    }
 }
 
 impl std::str::FromStr for Paging {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "lazy" => Ok(Paging::Lazy),
-            "eager" => Ok(Paging::Eager),
-            other => Err(format!("unknown paging mode '{other}' (expected lazy or eager)")),
-        }
+        Ok(match s {
+            "auto" => Paging::Auto,
+            "lazy" => Paging::Lazy,
+            "eager" => Paging::Eager,
+            "record" => Paging::Record,
+            "prefetch" => Paging::Prefetch,
+            "ws-cached" => Paging::WsCached,
+            "parallel" => Paging::Parallel,
+            other => return Err(format!("unknown paging mode '{other}' (expected one of {})", Paging::ALL.join(", "))),
+        })
     }
 }
 
@@ -73,6 +112,9 @@ pub struct Stats {
     pub pages_installed_upfront: AtomicU64,
     pub events: AtomicU64,
     pub error: Mutex<Option<String>>,
+    /// While set, every fault is appended to `trace` (REAP record mode).
+    pub recording: AtomicBool,
+    pub trace: Mutex<Vec<Touch>>,
 }
 
 impl Stats {
@@ -329,6 +371,12 @@ impl Serve {
     fn fault(&mut self, page: u64, buf: &mut [u8], queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
         self.stats.faults.fetch_add(1, Ordering::Relaxed);
         let mut counted = false;
+        if self.stats.recording.load(Ordering::Relaxed) {
+            if let Some(img) = self.space.resolve(page) {
+                let touch = Touch { vaddr: img, file_page: self.source.index.lookup(img) };
+                self.stats.trace.lock().expect("trace lock").push(touch);
+            }
+        }
         loop {
             let stored = self.space.resolve(page).and_then(|img| self.source.index.lookup(img));
             let r = match stored {
@@ -375,6 +423,127 @@ impl Serve {
             }
         }
     }
+}
+
+/// Copy `bytes` to `[dst, dst+len)` before the process runs: one UFFDIO_COPY for
+/// the run, continuing past pages that are already present.
+fn copy_run(uffd_fd: &OwnedFd, dst: u64, bytes: &[u8]) -> Result<u64, PageServerError> {
+    let len = bytes.len() as u64;
+    let mut done = 0;
+    let mut installed = 0;
+    while done < len {
+        let r = uffd::copy(uffd_fd.as_fd(), dst + done, bytes[done as usize..].as_ptr(), len - done, false)
+            .map_err(|source| PageServerError::Uffd { op: "copy", addr: dst + done, source })?;
+        match r {
+            Install::Done => {
+                installed += len - done;
+                break;
+            }
+            Install::Exists => done += PAGE_SIZE,
+            Install::Again { copied } if copied > 0 => {
+                done += copied;
+                installed += copied;
+            }
+            other => {
+                return Err(PageServerError::Uffd {
+                    op: "copy",
+                    addr: dst + done,
+                    source: io::Error::other(format!("unexpected {other:?} before the process ran")),
+                })
+            }
+        }
+    }
+    Ok(installed / PAGE_SIZE)
+}
+
+/// Figures of a working-set prefetch.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct PrefetchStats {
+    pub ws_pages: u64,
+    pub ws_zero_pages: u64,
+    pub ws_bytes: u64,
+    pub read_ms: f64,
+    pub install_ms: f64,
+    pub copies: u64,
+}
+
+/// REAP prefetch: install the working set (already read into `buf`, laid out by
+/// vaddr) with one UFFDIO_COPY per contiguous run, and map its zero pages.
+pub fn install_ws(uffd_fd: &OwnedFd, ws: &WorkingSet, buf: &[u8], stats: &Stats) -> Result<PrefetchStats, PageServerError> {
+    let t0 = Instant::now();
+    let mut ps = PrefetchStats { ws_bytes: buf.len() as u64, ..Default::default() };
+    let mut i = 0;
+    while i < ws.layout.len() {
+        let mut j = i + 1;
+        while j < ws.layout.len() && ws.layout[j].0 == ws.layout[j - 1].0 + PAGE_SIZE {
+            j += 1;
+        }
+        let bytes = &buf[i * PAGE_SIZE as usize..j * PAGE_SIZE as usize];
+        ps.ws_pages += copy_run(uffd_fd, ws.layout[i].0, bytes)?;
+        ps.copies += 1;
+        i = j;
+    }
+    for &z in &ws.zeros {
+        if uffd::zeropage(uffd_fd.as_fd(), z, PAGE_SIZE, false)
+            .map_err(|source| PageServerError::Uffd { op: "zeropage", addr: z, source })?
+            == Install::Done
+        {
+            ps.ws_zero_pages += 1;
+        }
+    }
+    stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
+    stats.pages_installed_upfront.fetch_add(ps.ws_pages + ps.ws_zero_pages, Ordering::Relaxed);
+    ps.install_ms = t0.elapsed().as_secs_f64() * 1e3;
+    Ok(ps)
+}
+
+/// The `parallel` variant: `readers` threads fetch the traced pages from the
+/// image with single-page reads and install them, before the process resumes.
+pub fn install_parallel(
+    uffd_fd: &OwnedFd,
+    source: &PageSource,
+    trace: &[Touch],
+    readers: usize,
+    stats: &Stats,
+) -> Result<PrefetchStats, PageServerError> {
+    let t0 = Instant::now();
+    let readers = readers.max(1);
+    let results: Vec<Result<(u64, u64), PageServerError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..readers)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut buf = vec![0u8; PAGE_SIZE as usize];
+                    let (mut pages, mut zeros) = (0, 0);
+                    for t in trace.iter().skip(r).step_by(readers) {
+                        match t.file_page {
+                            Some(fp) => {
+                                source.read_page(t.vaddr, fp, &mut buf)?;
+                                pages += copy_run(uffd_fd, t.vaddr, &buf)?;
+                            }
+                            None => {
+                                let r = uffd::zeropage(uffd_fd.as_fd(), t.vaddr, PAGE_SIZE, false)
+                                    .map_err(|source| PageServerError::Uffd { op: "zeropage", addr: t.vaddr, source })?;
+                                zeros += u64::from(r == Install::Done);
+                            }
+                        }
+                    }
+                    Ok((pages, zeros))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(PageServerError::Poll(io::Error::other("reader panicked"))))).collect()
+    });
+    let mut ps = PrefetchStats::default();
+    for r in results {
+        let (p, z) = r?;
+        ps.ws_pages += p;
+        ps.ws_zero_pages += z;
+    }
+    ps.ws_bytes = ps.ws_pages * PAGE_SIZE;
+    stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
+    stats.pages_installed_upfront.fetch_add(ps.ws_pages + ps.ws_zero_pages, Ordering::Relaxed);
+    ps.install_ms = t0.elapsed().as_secs_f64() * 1e3;
+    Ok(ps)
 }
 
 /// Install specific pages (page-aligned addresses) from the image before the
@@ -427,25 +596,7 @@ pub fn install_all(
                     return Err(PageServerError::Checksum { addr: s + k as u64 * PAGE_SIZE, file_page: fp + k as u64 });
                 }
             }
-            let mut done = 0;
-            while done < n * PAGE_SIZE {
-                let r = uffd::copy(uffd_fd.as_fd(), s + done, bytes[done as usize..].as_ptr(), n * PAGE_SIZE - done, false)
-                    .map_err(|source| PageServerError::Uffd { op: "copy", addr: s + done, source })?;
-                match r {
-                    Install::Done => break,
-                    // Copies stop at the first populated page; skip it.
-                    Install::Exists => done += PAGE_SIZE,
-                    Install::Again { copied } if copied > 0 => done += copied,
-                    other => {
-                        return Err(PageServerError::Uffd {
-                            op: "copy",
-                            addr: s + done,
-                            source: io::Error::other(format!("unexpected {other:?} before the process ran")),
-                        })
-                    }
-                }
-            }
-            installed += n;
+            installed += copy_run(uffd_fd, s, bytes)?;
         }
     }
     stats.bytes_read.fetch_add(installed * PAGE_SIZE, Ordering::Relaxed);
@@ -488,6 +639,13 @@ mod tests {
     fn paging_parses() {
         assert_eq!("lazy".parse::<Paging>().unwrap(), Paging::Lazy);
         assert_eq!("eager".parse::<Paging>().unwrap(), Paging::Eager);
-        assert_eq!("fast".parse::<Paging>().unwrap_err(), "unknown paging mode 'fast' (expected lazy or eager)");
+        assert_eq!("ws-cached".parse::<Paging>().unwrap(), Paging::WsCached);
+        assert_eq!(
+            "fast".parse::<Paging>().unwrap_err(),
+            "unknown paging mode 'fast' (expected one of auto, lazy, eager, record, prefetch, ws-cached, parallel)"
+        );
+        for name in Paging::ALL {
+            assert_eq!(name.parse::<Paging>().unwrap().name(), name);
+        }
     }
 }

@@ -29,7 +29,8 @@ use tracing::debug;
 
 use crate::image::{FdKind, ProcessImage, VmaKind};
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
-use crate::pageserver::{self, AddressSpace, PageServer, PageServerError, PageSource, Paging, Stats};
+use crate::pageserver::{self, AddressSpace, PageServer, PageServerError, PageSource, PrefetchStats, Stats};
+use crate::ws::{AlignedBuf, Touch, WorkingSet};
 use crate::procfs;
 use crate::regs;
 use crate::sys::mem::{self, ProcMem};
@@ -76,10 +77,23 @@ pub fn choose_region(img: &ProcessImage) -> Result<u64, RestoreError> {
     Err(RestoreError::Incompatible("no free address range for the injection region".into()))
 }
 
+/// Memory installed before the process resumes, beyond copy-on-written file pages.
+pub enum Prefill {
+    /// Lazy: nothing.
+    None,
+    /// Every stored page.
+    Eager,
+    /// A working set read into memory (REAP prefetch / ws-cached).
+    Ws { ws: WorkingSet, buf: AlignedBuf, read_ms: f64 },
+    /// The traced pages, fetched by several readers from the image.
+    Parallel { trace: Vec<Touch>, readers: usize },
+}
+
 /// What a finished restore hands to the caller.
 pub struct Restored {
     pub pageserver: PageServer,
     pub stats: Arc<Stats>,
+    pub prefetch: Option<PrefetchStats>,
     /// Milliseconds per restore step, in order.
     pub phases: Vec<(&'static str, f64)>,
 }
@@ -109,7 +123,7 @@ pub fn restore_into(
     region: u64,
     img: &ProcessImage,
     source: Arc<PageSource>,
-    paging: Paging,
+    prefill: impl FnOnce() -> Prefill,
 ) -> Result<Restored, RestoreError> {
     let mut phases = Vec::new();
     let mut t = Instant::now();
@@ -311,9 +325,22 @@ pub fn restore_into(
     }
     let stats = Arc::new(Stats::default());
     write_file_cow_pages(pid, &wmem, img, &source, &stats)?;
-    if paging == Paging::Eager {
-        pageserver::install_all(&uffd, &source, &anon_ranges, &stats).map_err(|source| RestoreError::Pages { pid, source })?;
-    }
+    let pages_err = |source| RestoreError::Pages { pid, source };
+    let prefetch = match prefill() {
+        Prefill::None => None,
+        Prefill::Eager => {
+            pageserver::install_all(&uffd, &source, &anon_ranges, &stats).map_err(pages_err)?;
+            None
+        }
+        Prefill::Ws { ws, buf, read_ms } => {
+            let mut ps = pageserver::install_ws(&uffd, &ws, buf.as_ref(), &stats).map_err(pages_err)?;
+            ps.read_ms = read_ms;
+            Some(ps)
+        }
+        Prefill::Parallel { trace, readers } => {
+            Some(pageserver::install_parallel(&uffd, &source, &trace, readers, &stats).map_err(pages_err)?)
+        }
+    };
     if let Some(r) = &thread.rseq {
         let first = r.ptr & !(PAGE_SIZE - 1);
         let last = (r.ptr + r.len as u64 - 1) & !(PAGE_SIZE - 1);
@@ -345,7 +372,7 @@ pub fn restore_into(
     tracee.detach().map_err(ioe("PTRACE_DETACH"))?;
     lap("resume", &mut phases);
     debug!(pid, ?phases, upfront = stats.pages_installed_upfront.load(Ordering::Relaxed), "restored");
-    Ok(Restored { pageserver, stats, phases })
+    Ok(Restored { pageserver, stats, prefetch, phases })
 }
 
 /// Pages of private file mappings that the process had written (relocations,

@@ -69,9 +69,19 @@ enum SnapshotCmd {
         snapdir: PathBuf,
         #[command(flatten)]
         inv: InvokeArgs,
-        /// lazy: serve each page on first touch (baseline); eager: install every page before resuming.
-        #[arg(long, default_value = "lazy")]
+        /// How memory reaches the restored process. lazy: each page is read from the image on
+        /// first touch (baseline). eager: every page is installed before resuming. record: lazy,
+        /// and the pages the first invocation touches become the snapshot's working set (REAP).
+        /// prefetch: the working set is read with one O_DIRECT read and installed before
+        /// resuming, the rest is lazy. ws-cached: prefetch through the page cache. parallel:
+        /// several readers fetch the traced pages from the image. auto: prefetch if the
+        /// snapshot has a working set, else record.
+        #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<Paging>())]
         paging: Paging,
+        /// Share of the touched pages a prefetch restore may need beyond the working set
+        /// before the working set counts as unrepresentative and is re-recorded.
+        #[arg(long, default_value_t = 0.25)]
+        reprofile_threshold: f64,
         /// Number of invocations to run on the restored instance (the same payload each time).
         #[arg(long, default_value_t = 1)]
         invocations: u32,
@@ -242,13 +252,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, inv, paging, invocations }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, inv, paging, invocations, reprofile_threshold }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
             }
             let t0 = Instant::now();
-            let snap = LoadedSnapshot::open(&snapdir)?;
+            let mut snap = LoadedSnapshot::open(&snapdir)?;
+            snap.reprofile_threshold = reprofile_threshold;
             let open_ms = ms(t0.elapsed());
             let mut inst = Instance::restore(&snap, paging)?;
             let restore_ms = ms(t0.elapsed());
@@ -275,10 +286,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let first = first_stats.unwrap_or_default();
             let all = inst.page_stats();
             let start = inst.start.clone();
+            let mode = inst.paging_mode().unwrap_or(paging);
+            let prefetch = inst.prefetch_stats();
+            let recorded = inst.recorded_pages();
             inst.kill();
             write_stats(
                 &inv.stats,
-                json!({"mode": match paging { Paging::Lazy => "lazy", Paging::Eager => "eager" },
+                json!({"mode": mode.name(), "requested_mode": paging.name(), "prefetch": prefetch, "recorded_pages": recorded,
                        "open_ms": open_ms, "sandbox_ms": start.sandbox_ms, "restore_ms": restore_ms,
                        "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times,
                        "page_faults": first.page_faults, "zero_faults": first.zero_faults,

@@ -1,0 +1,313 @@
+//! REAP working sets: the pages an invocation touched, recorded once and
+//! prefetched with one large read on every later cold start.
+//!
+//! Two files live beside the image:
+//! ```text
+//! ws.trace   +0 magic "THAWWST\0" | +8 version u32 | +12 image id u32 (the state.bin CRC)
+//!            +16 count u64 | entries: {vaddr u64, file_page u64 (u64::MAX = zero page)}
+//!            in FAULT ORDER | crc32 u32 over everything before it
+//! ws.pages   the contents of the stored (non-zero) entries, sorted by vaddr,
+//!            4096 bytes each, so that contiguous addresses are contiguous in
+//!            the file (one UFFDIO_COPY per run) and the whole file is read
+//!            with a single O_DIRECT read.
+//! ```
+//! A working set is only trusted if its image id matches the image and every
+//! page matches the image's CRC for that page; otherwise it is ignored (the
+//! restore falls back to lazy paging) and re-recorded.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use thiserror::Error;
+
+use crate::image::PageIndex;
+use crate::sys::PAGE_SIZE;
+
+pub const TRACE_FILE: &str = "ws.trace";
+pub const PAGES_FILE: &str = "ws.pages";
+const MAGIC: &[u8; 8] = b"THAWWST\0";
+const VERSION: u32 = 1;
+const ZERO: u64 = u64::MAX;
+/// Refuse to parse traces larger than this (entries).
+const MAX_ENTRIES: u64 = 16 << 20;
+
+#[derive(Debug, Error)]
+pub enum WsError {
+    #[error("working set in {dir}: no {file}")]
+    Missing { dir: PathBuf, file: &'static str },
+    #[error("working set in {dir}: {file} is corrupt ({detail})")]
+    Corrupt { dir: PathBuf, file: &'static str, detail: String },
+    #[error("working set in {dir} was recorded for another image (id {found:#010x}, image is {want:#010x})")]
+    Stale { dir: PathBuf, found: u32, want: u32 },
+    #[error("working set in {dir}: {what}")]
+    Io { dir: PathBuf, what: String, #[source] source: io::Error },
+}
+
+/// One touched page: its address and where its contents are in the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Touch {
+    pub vaddr: u64,
+    /// `None`: the page was not stored (it is a zero page).
+    pub file_page: Option<u64>,
+}
+
+/// A parsed trace plus the layout of ws.pages.
+#[derive(Debug, Clone)]
+pub struct WorkingSet {
+    /// Fault order, as recorded.
+    pub trace: Vec<Touch>,
+    /// Stored pages sorted by vaddr: (vaddr, image file page); index = page in ws.pages.
+    pub layout: Vec<(u64, u64)>,
+    /// Zero pages sorted by vaddr.
+    pub zeros: Vec<u64>,
+}
+
+impl WorkingSet {
+    pub fn from_trace(trace: Vec<Touch>) -> WorkingSet {
+        let mut layout: Vec<(u64, u64)> = trace.iter().filter_map(|t| t.file_page.map(|f| (t.vaddr, f))).collect();
+        layout.sort_unstable();
+        layout.dedup_by_key(|x| x.0);
+        let mut zeros: Vec<u64> = trace.iter().filter(|t| t.file_page.is_none()).map(|t| t.vaddr).collect();
+        zeros.sort_unstable();
+        zeros.dedup();
+        WorkingSet { trace, layout, zeros }
+    }
+
+    pub fn pages_bytes(&self) -> u64 {
+        self.layout.len() as u64 * PAGE_SIZE
+    }
+
+    /// Whether the files for `dir` exist (says nothing about validity).
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(TRACE_FILE).is_file() && dir.join(PAGES_FILE).is_file()
+    }
+
+    /// Load and check the trace of `dir` against the image `image_id`.
+    pub fn load(dir: &Path, image_id: u32) -> Result<WorkingSet, WsError> {
+        let corrupt = |detail: String| WsError::Corrupt { dir: dir.to_path_buf(), file: TRACE_FILE, detail };
+        let bytes = match std::fs::read(dir.join(TRACE_FILE)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(WsError::Missing { dir: dir.to_path_buf(), file: TRACE_FILE })
+            }
+            Err(source) => return Err(WsError::Io { dir: dir.to_path_buf(), what: "reading the trace".into(), source }),
+        };
+        if bytes.len() < 28 || &bytes[..8] != MAGIC {
+            return Err(corrupt("bad magic".into()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+        if u32_at(8) != VERSION {
+            return Err(corrupt(format!("version {}", u32_at(8))));
+        }
+        let count = u64_at(16);
+        if count > MAX_ENTRIES || bytes.len() as u64 != 24 + count * 16 + 4 {
+            return Err(corrupt(format!("{} bytes for {count} entries", bytes.len())));
+        }
+        let end = bytes.len() - 4;
+        if crc32fast::hash(&bytes[..end]) != u32_at(end) {
+            return Err(corrupt("checksum mismatch".into()));
+        }
+        let found = u32_at(12);
+        if found != image_id {
+            return Err(WsError::Stale { dir: dir.to_path_buf(), found, want: image_id });
+        }
+        let trace = (0..count as usize)
+            .map(|i| {
+                let fp = u64_at(24 + i * 16 + 8);
+                Touch { vaddr: u64_at(24 + i * 16), file_page: (fp != ZERO).then_some(fp) }
+            })
+            .collect();
+        let ws = WorkingSet::from_trace(trace);
+        let size = std::fs::metadata(dir.join(PAGES_FILE))
+            .map_err(|_| WsError::Missing { dir: dir.to_path_buf(), file: PAGES_FILE })?
+            .len();
+        if size != ws.pages_bytes() {
+            return Err(WsError::Corrupt {
+                dir: dir.to_path_buf(),
+                file: PAGES_FILE,
+                detail: format!("size is {size} bytes, the trace needs {}", ws.pages_bytes()),
+            });
+        }
+        Ok(ws)
+    }
+
+    /// Read ws.pages in one go (O_DIRECT unless `cached`) and verify every page
+    /// against the image's CRCs. Returns the page-aligned contents.
+    pub fn read_pages(&self, dir: &Path, index: &PageIndex, cached: bool) -> Result<(AlignedBuf, f64), WsError> {
+        let ioe = |what: &str| {
+            let what = what.to_string();
+            let d = dir.to_path_buf();
+            move |source| WsError::Io { dir: d, what, source }
+        };
+        let t0 = Instant::now();
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true);
+        if !cached {
+            opts.custom_flags(libc::O_DIRECT);
+        }
+        let f = opts.open(dir.join(PAGES_FILE)).map_err(ioe("opening ws.pages"))?;
+        let len = self.pages_bytes() as usize;
+        let mut buf = AlignedBuf::new(len);
+        let mut done = 0;
+        while done < len {
+            let n = f.read_at(&mut buf.as_mut()[done..], done as u64).map_err(ioe("reading ws.pages"))?;
+            if n == 0 {
+                return Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: "short read".into() });
+            }
+            done += n;
+        }
+        let read_ms = t0.elapsed().as_secs_f64() * 1e3;
+        for (i, page) in buf.as_ref().chunks_exact(PAGE_SIZE as usize).enumerate() {
+            let (vaddr, fp) = self.layout[i];
+            if index.crcs.get(fp as usize) != Some(&crc32fast::hash(page)) {
+                return Err(WsError::Corrupt {
+                    dir: dir.to_path_buf(),
+                    file: PAGES_FILE,
+                    detail: format!("page for {vaddr:#x} does not match the image"),
+                });
+            }
+        }
+        Ok((buf, read_ms))
+    }
+}
+
+/// Write the trace and the WS pages for `trace` beside the image, atomically
+/// (temporary names, then rename: a reader never sees half a working set).
+pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &File) -> Result<WorkingSet, WsError> {
+    let ws = WorkingSet::from_trace(trace.to_vec());
+    let ioe = |what: &str| {
+        let what = what.to_string();
+        let d = dir.to_path_buf();
+        move |source| WsError::Io { dir: d, what, source }
+    };
+    let tag = format!(".tmp-{}-{:?}", std::process::id(), std::thread::current().id());
+    let tmp_pages = dir.join(format!("{PAGES_FILE}{tag}"));
+    let tmp_trace = dir.join(format!("{TRACE_FILE}{tag}"));
+    let result = (|| {
+        let mut out = io::BufWriter::with_capacity(1 << 20, File::create(&tmp_pages).map_err(ioe("creating ws.pages"))?);
+        let mut page = vec![0u8; PAGE_SIZE as usize];
+        for &(_, fp) in &ws.layout {
+            pages.read_exact_at(&mut page, fp * PAGE_SIZE).map_err(ioe("reading the image"))?;
+            out.write_all(&page).map_err(ioe("writing ws.pages"))?;
+        }
+        let f = out.into_inner().map_err(|e| e.into_error()).map_err(ioe("writing ws.pages"))?;
+        f.sync_all().map_err(ioe("syncing ws.pages"))?;
+
+        let mut t = Vec::with_capacity(28 + trace.len() * 16);
+        t.extend_from_slice(MAGIC);
+        t.extend_from_slice(&VERSION.to_le_bytes());
+        t.extend_from_slice(&image_id.to_le_bytes());
+        t.extend_from_slice(&(trace.len() as u64).to_le_bytes());
+        for e in trace {
+            t.extend_from_slice(&e.vaddr.to_le_bytes());
+            t.extend_from_slice(&e.file_page.unwrap_or(ZERO).to_le_bytes());
+        }
+        let crc = crc32fast::hash(&t);
+        t.extend_from_slice(&crc.to_le_bytes());
+        let mut tf = File::create(&tmp_trace).map_err(ioe("creating ws.trace"))?;
+        tf.write_all(&t).map_err(ioe("writing ws.trace"))?;
+        tf.sync_all().map_err(ioe("syncing ws.trace"))?;
+        // Pages first: a trace is only ever visible next to the pages it describes.
+        std::fs::rename(&tmp_pages, dir.join(PAGES_FILE)).map_err(ioe("installing ws.pages"))?;
+        std::fs::rename(&tmp_trace, dir.join(TRACE_FILE)).map_err(ioe("installing ws.trace"))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp_pages);
+        let _ = std::fs::remove_file(&tmp_trace);
+    }
+    result.map(|()| ws)
+}
+
+/// Remove a working set (stale, mispredicting or corrupt) so the next restore re-records.
+pub fn invalidate(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(TRACE_FILE));
+    let _ = std::fs::remove_file(dir.join(PAGES_FILE));
+}
+
+/// A heap buffer whose start is page aligned (O_DIRECT needs it), in safe code:
+/// over-allocate and start at the first aligned byte.
+pub struct AlignedBuf {
+    raw: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + PAGE_SIZE as usize];
+        let off = raw.as_ptr().align_offset(PAGE_SIZE as usize);
+        AlignedBuf { raw, off, len }
+    }
+    pub fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.off..self.off + self.len]
+    }
+    pub fn as_ref(&self) -> &[u8] {
+        &self.raw[self.off..self.off + self.len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_sorts_and_separates_zero_pages() {
+        let ws = WorkingSet::from_trace(vec![
+            Touch { vaddr: 0x5000, file_page: Some(9) },
+            Touch { vaddr: 0x1000, file_page: Some(2) },
+            Touch { vaddr: 0x3000, file_page: None },
+            Touch { vaddr: 0x2000, file_page: Some(3) },
+        ]);
+        assert_eq!(ws.layout, vec![(0x1000, 2), (0x2000, 3), (0x5000, 9)]);
+        assert_eq!(ws.zeros, vec![0x3000]);
+        assert_eq!(ws.pages_bytes(), 3 * 4096);
+    }
+
+    #[test]
+    fn write_load_and_detect_corruption_and_staleness() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // A fake image of 4 pages, page i filled with byte i+1.
+        let img: Vec<u8> = (0..4u8).flat_map(|i| vec![i + 1; 4096]).collect();
+        std::fs::write(dir.join("pages.img"), &img).unwrap();
+        let mut index = PageIndex::default();
+        for i in 0..4u64 {
+            index.push(0x10000 + i * 4096, crc32fast::hash(&img[i as usize * 4096..(i as usize + 1) * 4096]));
+        }
+        let pages = File::open(dir.join("pages.img")).unwrap();
+        let trace = vec![
+            Touch { vaddr: 0x12000, file_page: Some(2) },
+            Touch { vaddr: 0x10000, file_page: Some(0) },
+            Touch { vaddr: 0x20000, file_page: None },
+        ];
+        write(dir, 0xabcd, &trace, &pages).unwrap();
+        let ws = WorkingSet::load(dir, 0xabcd).unwrap();
+        assert_eq!(ws.trace, trace);
+        for cached in [true, false] {
+            let (buf, _) = ws.read_pages(dir, &index, cached).unwrap();
+            assert_eq!(&buf.as_ref()[..4096], &img[..4096]);
+            assert_eq!(&buf.as_ref()[4096..], &img[2 * 4096..3 * 4096]);
+        }
+        let e = WorkingSet::load(dir, 0x1234).unwrap_err();
+        assert!(matches!(e, WsError::Stale { found: 0xabcd, want: 0x1234, .. }), "{e}");
+        // A WS page that no longer matches the image is rejected.
+        let mut wp = std::fs::read(dir.join(PAGES_FILE)).unwrap();
+        wp[10] ^= 1;
+        std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
+        let e = ws.read_pages(dir, &index, true).err().unwrap().to_string();
+        assert!(e.ends_with("ws.pages is corrupt (page for 0x10000 does not match the image)"), "{e}");
+        // A damaged trace is rejected.
+        let mut t = std::fs::read(dir.join(TRACE_FILE)).unwrap();
+        t[30] ^= 1;
+        std::fs::write(dir.join(TRACE_FILE), &t).unwrap();
+        let e = WorkingSet::load(dir, 0xabcd).unwrap_err().to_string();
+        assert!(e.ends_with("ws.trace is corrupt (checksum mismatch)"), "{e}");
+        invalidate(dir);
+        assert!(!WorkingSet::exists(dir));
+    }
+}

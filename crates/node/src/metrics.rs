@@ -1,0 +1,86 @@
+//! Prometheus metrics of the node, served at `GET /metrics`.
+//!
+//! | metric | type | labels |
+//! | --- | --- | --- |
+//! | `thaw_invocations_total` | counter | function, outcome (ok, function_error, timeout, oom, crash, throttled) |
+//! | `thaw_errors_total` | counter | function, kind |
+//! | `thaw_starts_total` | counter | kind (boot, restore-lazy, restore-prefetch, restore-eager, warm) |
+//! | `thaw_restore_fallbacks_total` | counter | — (restores that failed and fell back to a cold boot) |
+//! | `thaw_start_seconds` | histogram | kind (time to a ready instance; restore or boot) |
+//! | `thaw_invoke_seconds` | histogram | — (engine invoke: request written to result read) |
+//! | `thaw_request_seconds` | histogram | — (whole Invoke API call inside the node) |
+//! | `thaw_instances_alive` | gauge | — (starting + busy + idle) |
+//! | `thaw_instances_idle` | gauge | — |
+//! | `thaw_snapshot_bytes` | gauge | — (bytes of active snapshots) |
+//! | `thaw_events_pending` | gauge | — (queued asynchronous invocations) |
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    pub invocations: IntCounterVec,
+    pub errors: IntCounterVec,
+    pub starts: IntCounterVec,
+    pub restore_fallbacks: IntCounter,
+    pub start_seconds: HistogramVec,
+    pub invoke_seconds: HistogramVec,
+    pub request_seconds: HistogramVec,
+    pub instances_alive: IntGauge,
+    pub instances_idle: IntGauge,
+    pub snapshot_bytes: IntGauge,
+    pub events_pending: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let hist = |name: &str, help: &str, labels: &[&str]| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), labels).expect("valid metric");
+            registry.register(Box::new(h.clone())).expect("unique metric");
+            h
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
+        let restore_fallbacks = IntCounter::new("thaw_restore_fallbacks_total", "Restores that failed and fell back to a cold boot").expect("valid metric");
+        registry.register(Box::new(restore_fallbacks.clone())).expect("unique metric");
+        Metrics {
+            invocations: counter("thaw_invocations_total", "Invocations by function and outcome", &["function", "outcome"]),
+            errors: counter("thaw_errors_total", "Failed invocations by function and kind", &["function", "kind"]),
+            starts: counter("thaw_starts_total", "How invocations got their instance: boot, restore-<paging> or warm", &["kind"]),
+            restore_fallbacks,
+            start_seconds: hist("thaw_start_seconds", "Time to a ready instance (restore or boot)", &["kind"]),
+            invoke_seconds: hist("thaw_invoke_seconds", "Engine invoke time (request sent to result received)", &[]),
+            request_seconds: hist("thaw_request_seconds", "Invoke API call time inside the node", &[]),
+            instances_alive: gauge("thaw_instances_alive", "Instances alive (starting, busy or idle)"),
+            instances_idle: gauge("thaw_instances_idle", "Idle warm instances"),
+            snapshot_bytes: gauge("thaw_snapshot_bytes", "Bytes of the snapshots functions are served from"),
+            events_pending: gauge("thaw_events_pending", "Queued asynchronous invocations"),
+            registry,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encoding to a Vec cannot fail");
+        String::from_utf8(buf).expect("prometheus text is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

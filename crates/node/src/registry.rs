@@ -1,0 +1,518 @@
+//! The node's persistent registry (embedded SQLite): functions, their code
+//! revisions with the snapshot built from each, and queued asynchronous events.
+//!
+//! A *revision* is one deployed bundle + the configuration baked into its
+//! snapshot (handler, memory, environment). A function row points at its
+//! `latest` revision (what GetFunction reports) and its `active` one (what
+//! invocations are served from; it lags while a new revision builds).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RegistryError {
+    #[error("opening the registry database {path}")]
+    Open { path: PathBuf, #[source] source: rusqlite::Error },
+    #[error("registry query failed: {what}")]
+    Query { what: &'static str, #[source] source: rusqlite::Error },
+    #[error("function {0} already exists")]
+    Exists(String),
+    #[error("corrupt registry row for {what}: {detail}")]
+    Corrupt { what: String, detail: String },
+}
+
+fn q(what: &'static str) -> impl FnOnce(rusqlite::Error) -> RegistryError {
+    move |source| RegistryError::Query { what, source }
+}
+
+/// One function as stored (Lambda's configuration fields plus our pointers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionRecord {
+    pub name: String,
+    /// Runtime as the user gave it (e.g. "python3.12").
+    pub runtime: String,
+    pub role: String,
+    pub handler: String,
+    pub description: String,
+    pub timeout_s: u64,
+    pub memory_mb: u64,
+    pub env: BTreeMap<String, String>,
+    pub state: String,
+    pub state_reason: Option<String>,
+    pub state_reason_code: Option<String>,
+    pub last_update_status: String,
+    pub last_update_status_reason: Option<String>,
+    pub last_update_status_reason_code: Option<String>,
+    pub last_modified: String,
+    pub revision_id: String,
+    pub code_sha256: String,
+    pub code_size: u64,
+    pub latest_revision: Option<i64>,
+    pub active_revision: Option<i64>,
+}
+
+/// One deployed bundle and its snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RevisionRecord {
+    pub id: i64,
+    pub function: String,
+    pub code_sha256: String,
+    pub code_size: u64,
+    /// Directory holding `code/` and `snapshot/`.
+    pub dir: PathBuf,
+    pub handler: String,
+    pub memory_mb: u64,
+    pub env: BTreeMap<String, String>,
+    /// "building", "ready" or "failed".
+    pub status: String,
+    pub error: Option<String>,
+    pub snapshot_bytes: Option<u64>,
+}
+
+/// A queued asynchronous (InvocationType=Event) invocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRecord {
+    pub id: String,
+    pub function: String,
+    pub payload: Vec<u8>,
+    pub attempts: u32,
+    pub next_attempt_ms: i64,
+}
+
+const SCHEMA: &str = "
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = NORMAL;
+CREATE TABLE IF NOT EXISTS functions (
+    name TEXT PRIMARY KEY,
+    runtime TEXT NOT NULL,
+    role TEXT NOT NULL,
+    handler TEXT NOT NULL,
+    description TEXT NOT NULL,
+    timeout_s INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    env_json TEXT NOT NULL,
+    state TEXT NOT NULL,
+    state_reason TEXT,
+    state_reason_code TEXT,
+    last_update_status TEXT NOT NULL,
+    last_update_status_reason TEXT,
+    last_update_status_reason_code TEXT,
+    last_modified TEXT NOT NULL,
+    revision_id TEXT NOT NULL,
+    code_sha256 TEXT NOT NULL,
+    code_size INTEGER NOT NULL,
+    latest_revision INTEGER,
+    active_revision INTEGER
+);
+CREATE TABLE IF NOT EXISTS revisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    function TEXT NOT NULL,
+    code_sha256 TEXT NOT NULL,
+    code_size INTEGER NOT NULL,
+    dir TEXT NOT NULL,
+    handler TEXT NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    env_json TEXT NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    snapshot_bytes INTEGER
+);
+CREATE TABLE IF NOT EXISTS events (
+    id TEXT PRIMARY KEY,
+    function TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    attempts INTEGER NOT NULL,
+    next_attempt_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_due ON events(next_attempt_ms);
+";
+
+const FN_COLS: &str = "name, runtime, role, handler, description, timeout_s, memory_mb, env_json, state, state_reason, \
+    state_reason_code, last_update_status, last_update_status_reason, last_update_status_reason_code, last_modified, \
+    revision_id, code_sha256, code_size, latest_revision, active_revision";
+const REV_COLS: &str = "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes";
+
+fn env_from(json: &str, what: &str) -> Result<BTreeMap<String, String>, RegistryError> {
+    serde_json::from_str(json).map_err(|e| RegistryError::Corrupt { what: what.to_string(), detail: e.to_string() })
+}
+
+fn env_json(env: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(env).expect("a string map serializes")
+}
+
+fn function_row(r: &Row<'_>) -> rusqlite::Result<(FunctionRecord, String)> {
+    Ok((
+        FunctionRecord {
+            name: r.get(0)?,
+            runtime: r.get(1)?,
+            role: r.get(2)?,
+            handler: r.get(3)?,
+            description: r.get(4)?,
+            timeout_s: r.get(5)?,
+            memory_mb: r.get(6)?,
+            env: BTreeMap::new(),
+            state: r.get(8)?,
+            state_reason: r.get(9)?,
+            state_reason_code: r.get(10)?,
+            last_update_status: r.get(11)?,
+            last_update_status_reason: r.get(12)?,
+            last_update_status_reason_code: r.get(13)?,
+            last_modified: r.get(14)?,
+            revision_id: r.get(15)?,
+            code_sha256: r.get(16)?,
+            code_size: r.get(17)?,
+            latest_revision: r.get(18)?,
+            active_revision: r.get(19)?,
+        },
+        r.get(7)?,
+    ))
+}
+
+fn revision_row(r: &Row<'_>) -> rusqlite::Result<(RevisionRecord, String)> {
+    Ok((
+        RevisionRecord {
+            id: r.get(0)?,
+            function: r.get(1)?,
+            code_sha256: r.get(2)?,
+            code_size: r.get(3)?,
+            dir: PathBuf::from(r.get::<_, String>(4)?),
+            handler: r.get(5)?,
+            memory_mb: r.get(6)?,
+            env: BTreeMap::new(),
+            status: r.get(8)?,
+            error: r.get(9)?,
+            snapshot_bytes: r.get(10)?,
+        },
+        r.get(7)?,
+    ))
+}
+
+pub struct Registry {
+    conn: Mutex<Connection>,
+}
+
+impl Registry {
+    /// Open (creating if needed) the registry at `path`.
+    pub fn open(path: &Path) -> Result<Registry, RegistryError> {
+        let conn = Connection::open(path).map_err(|source| RegistryError::Open { path: path.to_path_buf(), source })?;
+        Self::init(conn, path)
+    }
+
+    /// A registry that lives in memory (tests).
+    pub fn open_in_memory() -> Result<Registry, RegistryError> {
+        let conn = Connection::open_in_memory()
+            .map_err(|source| RegistryError::Open { path: PathBuf::from(":memory:"), source })?;
+        Self::init(conn, Path::new(":memory:"))
+    }
+
+    fn init(conn: Connection, path: &Path) -> Result<Registry, RegistryError> {
+        conn.execute_batch(SCHEMA).map_err(|source| RegistryError::Open { path: path.to_path_buf(), source })?;
+        Ok(Registry { conn: Mutex::new(conn) })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite inconsistent (it has its own transactions).
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Insert a new function; `Exists` if the name is taken.
+    pub fn insert_function(&self, f: &FunctionRecord) -> Result<(), RegistryError> {
+        let c = self.conn();
+        let n = c
+            .execute(
+                &format!("INSERT OR IGNORE INTO functions ({FN_COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"),
+                params![
+                    f.name, f.runtime, f.role, f.handler, f.description, f.timeout_s, f.memory_mb, env_json(&f.env),
+                    f.state, f.state_reason, f.state_reason_code, f.last_update_status, f.last_update_status_reason,
+                    f.last_update_status_reason_code, f.last_modified, f.revision_id, f.code_sha256, f.code_size,
+                    f.latest_revision, f.active_revision
+                ],
+            )
+            .map_err(q("insert function"))?;
+        if n == 0 {
+            return Err(RegistryError::Exists(f.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Overwrite an existing function's row.
+    pub fn update_function(&self, f: &FunctionRecord) -> Result<(), RegistryError> {
+        self.conn()
+            .execute(
+                "UPDATE functions SET runtime=?2, role=?3, handler=?4, description=?5, timeout_s=?6, memory_mb=?7, env_json=?8, \
+                 state=?9, state_reason=?10, state_reason_code=?11, last_update_status=?12, last_update_status_reason=?13, \
+                 last_update_status_reason_code=?14, last_modified=?15, revision_id=?16, code_sha256=?17, code_size=?18, \
+                 latest_revision=?19, active_revision=?20 WHERE name=?1",
+                params![
+                    f.name, f.runtime, f.role, f.handler, f.description, f.timeout_s, f.memory_mb, env_json(&f.env),
+                    f.state, f.state_reason, f.state_reason_code, f.last_update_status, f.last_update_status_reason,
+                    f.last_update_status_reason_code, f.last_modified, f.revision_id, f.code_sha256, f.code_size,
+                    f.latest_revision, f.active_revision
+                ],
+            )
+            .map_err(q("update function"))?;
+        Ok(())
+    }
+
+    pub fn get_function(&self, name: &str) -> Result<Option<FunctionRecord>, RegistryError> {
+        let c = self.conn();
+        let row = c
+            .query_row(&format!("SELECT {FN_COLS} FROM functions WHERE name=?1"), [name], function_row)
+            .optional()
+            .map_err(q("get function"))?;
+        row.map(|(mut f, env)| {
+            f.env = env_from(&env, &f.name)?;
+            Ok(f)
+        })
+        .transpose()
+    }
+
+    /// All functions, ordered by name.
+    pub fn list_functions(&self) -> Result<Vec<FunctionRecord>, RegistryError> {
+        let c = self.conn();
+        let mut st = c.prepare(&format!("SELECT {FN_COLS} FROM functions ORDER BY name")).map_err(q("list functions"))?;
+        let rows = st.query_map([], function_row).map_err(q("list functions"))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (mut f, env) = r.map_err(q("list functions"))?;
+            f.env = env_from(&env, &f.name)?;
+            out.push(f);
+        }
+        Ok(out)
+    }
+
+    /// Delete a function with its revisions and queued events; returns the revisions' directories.
+    pub fn delete_function(&self, name: &str) -> Result<Option<Vec<PathBuf>>, RegistryError> {
+        let mut c = self.conn();
+        let tx = c.transaction().map_err(q("delete function"))?;
+        let dirs: Vec<PathBuf> = {
+            let mut st = tx.prepare("SELECT dir FROM revisions WHERE function=?1").map_err(q("delete function"))?;
+            let rows = st.query_map([name], |r| r.get::<_, String>(0)).map_err(q("delete function"))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(q("delete function"))?.into_iter().map(PathBuf::from).collect()
+        };
+        let n = tx.execute("DELETE FROM functions WHERE name=?1", [name]).map_err(q("delete function"))?;
+        tx.execute("DELETE FROM revisions WHERE function=?1", [name]).map_err(q("delete function"))?;
+        tx.execute("DELETE FROM events WHERE function=?1", [name]).map_err(q("delete function"))?;
+        tx.commit().map_err(q("delete function"))?;
+        Ok((n > 0).then_some(dirs))
+    }
+
+    /// Insert a revision (its `id` is ignored) and return the new id.
+    pub fn insert_revision(&self, r: &RevisionRecord) -> Result<i64, RegistryError> {
+        let c = self.conn();
+        c.execute(
+            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes) \
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
+            params![
+                r.function, r.code_sha256, r.code_size, r.dir.to_string_lossy(), r.handler, r.memory_mb, env_json(&r.env),
+                r.status, r.error, r.snapshot_bytes
+            ],
+        )
+        .map_err(q("insert revision"))?;
+        Ok(c.last_insert_rowid())
+    }
+
+    /// Record the outcome of a revision's build.
+    pub fn finish_revision(&self, id: i64, status: &str, error: Option<&str>, snapshot_bytes: Option<u64>) -> Result<(), RegistryError> {
+        self.conn()
+            .execute(
+                "UPDATE revisions SET status=?2, error=?3, snapshot_bytes=?4 WHERE id=?1",
+                params![id, status, error, snapshot_bytes],
+            )
+            .map_err(q("finish revision"))?;
+        Ok(())
+    }
+
+    pub fn get_revision(&self, id: i64) -> Result<Option<RevisionRecord>, RegistryError> {
+        let c = self.conn();
+        let row = c
+            .query_row(&format!("SELECT {REV_COLS} FROM revisions WHERE id=?1"), [id], revision_row)
+            .optional()
+            .map_err(q("get revision"))?;
+        row.map(|(mut r, env)| {
+            r.env = env_from(&env, &format!("revision {}", r.id))?;
+            Ok(r)
+        })
+        .transpose()
+    }
+
+    /// Revisions of `function` other than `keep` (candidates for garbage collection).
+    pub fn other_revisions(&self, function: &str, keep: &[i64]) -> Result<Vec<(i64, PathBuf)>, RegistryError> {
+        let c = self.conn();
+        let mut st = c.prepare("SELECT id, dir FROM revisions WHERE function=?1 ORDER BY id").map_err(q("list revisions"))?;
+        let rows = st
+            .query_map([function], |r| Ok((r.get::<_, i64>(0)?, PathBuf::from(r.get::<_, String>(1)?))))
+            .map_err(q("list revisions"))?;
+        let all = rows.collect::<Result<Vec<_>, _>>().map_err(q("list revisions"))?;
+        Ok(all.into_iter().filter(|(id, _)| !keep.contains(id)).collect())
+    }
+
+    pub fn delete_revision(&self, id: i64) -> Result<(), RegistryError> {
+        self.conn().execute("DELETE FROM revisions WHERE id=?1", [id]).map_err(q("delete revision"))?;
+        Ok(())
+    }
+
+    pub fn enqueue_event(&self, e: &EventRecord) -> Result<(), RegistryError> {
+        self.conn()
+            .execute(
+                "INSERT INTO events (id, function, payload, attempts, next_attempt_ms) VALUES (?1,?2,?3,?4,?5)",
+                params![e.id, e.function, e.payload, e.attempts, e.next_attempt_ms],
+            )
+            .map_err(q("enqueue event"))?;
+        Ok(())
+    }
+
+    /// Events whose next attempt is due at `now_ms`, oldest first.
+    pub fn due_events(&self, now_ms: i64, limit: usize) -> Result<Vec<EventRecord>, RegistryError> {
+        let c = self.conn();
+        let mut st = c
+            .prepare(
+                "SELECT id, function, payload, attempts, next_attempt_ms FROM events WHERE next_attempt_ms <= ?1 \
+                 ORDER BY next_attempt_ms LIMIT ?2",
+            )
+            .map_err(q("due events"))?;
+        let rows = st
+            .query_map(params![now_ms, limit as i64], |r| {
+                Ok(EventRecord {
+                    id: r.get(0)?,
+                    function: r.get(1)?,
+                    payload: r.get(2)?,
+                    attempts: r.get(3)?,
+                    next_attempt_ms: r.get(4)?,
+                })
+            })
+            .map_err(q("due events"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(q("due events"))
+    }
+
+    /// Time of the earliest queued event, if any.
+    pub fn next_event_ms(&self) -> Result<Option<i64>, RegistryError> {
+        self.conn()
+            .query_row("SELECT MIN(next_attempt_ms) FROM events", [], |r| r.get(0))
+            .map_err(q("next event"))
+    }
+
+    pub fn pending_events(&self) -> Result<u64, RegistryError> {
+        self.conn().query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0)).map_err(q("count events"))
+    }
+
+    pub fn reschedule_event(&self, id: &str, attempts: u32, next_attempt_ms: i64) -> Result<(), RegistryError> {
+        self.conn()
+            .execute("UPDATE events SET attempts=?2, next_attempt_ms=?3 WHERE id=?1", params![id, attempts, next_attempt_ms])
+            .map_err(q("reschedule event"))?;
+        Ok(())
+    }
+
+    pub fn delete_event(&self, id: &str) -> Result<(), RegistryError> {
+        self.conn().execute("DELETE FROM events WHERE id=?1", [id]).map_err(q("delete event"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn func(name: &str) -> FunctionRecord {
+        FunctionRecord {
+            name: name.into(),
+            runtime: "python3.12".into(),
+            role: "arn:aws:iam::000000000000:role/r".into(),
+            handler: "handler.handler".into(),
+            description: String::new(),
+            timeout_s: 3,
+            memory_mb: 128,
+            env: BTreeMap::from([("A".to_string(), "1".to_string())]),
+            state: "Pending".into(),
+            state_reason: Some("The function is being created.".into()),
+            state_reason_code: Some("Creating".into()),
+            last_update_status: "InProgress".into(),
+            last_update_status_reason: None,
+            last_update_status_reason_code: None,
+            last_modified: "2024-05-01T12:00:00.000+0000".into(),
+            revision_id: "r1".into(),
+            code_sha256: "abc".into(),
+            code_size: 10,
+            latest_revision: None,
+            active_revision: None,
+        }
+    }
+
+    #[test]
+    fn functions_round_trip() {
+        let reg = Registry::open_in_memory().unwrap();
+        let mut f = func("b");
+        reg.insert_function(&f).unwrap();
+        reg.insert_function(&func("a")).unwrap();
+        assert!(matches!(reg.insert_function(&f), Err(RegistryError::Exists(n)) if n == "b"));
+        assert_eq!(reg.get_function("b").unwrap(), Some(f.clone()));
+        f.state = "Active".into();
+        f.active_revision = Some(7);
+        reg.update_function(&f).unwrap();
+        assert_eq!(reg.get_function("b").unwrap().unwrap().active_revision, Some(7));
+        let names: Vec<_> = reg.list_functions().unwrap().into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert!(reg.get_function("zz").unwrap().is_none());
+    }
+
+    #[test]
+    fn revisions_and_delete() {
+        let reg = Registry::open_in_memory().unwrap();
+        reg.insert_function(&func("f")).unwrap();
+        let rev = RevisionRecord {
+            id: 0,
+            function: "f".into(),
+            code_sha256: "x".into(),
+            code_size: 1,
+            dir: "/tmp/r1".into(),
+            handler: "h.h".into(),
+            memory_mb: 128,
+            env: BTreeMap::new(),
+            status: "building".into(),
+            error: None,
+            snapshot_bytes: None,
+        };
+        let a = reg.insert_revision(&rev).unwrap();
+        let b = reg.insert_revision(&RevisionRecord { dir: "/tmp/r2".into(), ..rev.clone() }).unwrap();
+        assert_ne!(a, b);
+        reg.finish_revision(a, "ready", None, Some(4096)).unwrap();
+        let got = reg.get_revision(a).unwrap().unwrap();
+        assert_eq!((got.status.as_str(), got.snapshot_bytes), ("ready", Some(4096)));
+        assert_eq!(reg.other_revisions("f", &[b]).unwrap(), vec![(a, PathBuf::from("/tmp/r1"))]);
+        reg.enqueue_event(&EventRecord { id: "e".into(), function: "f".into(), payload: b"{}".to_vec(), attempts: 0, next_attempt_ms: 5 })
+            .unwrap();
+        let dirs = reg.delete_function("f").unwrap().unwrap();
+        assert_eq!(dirs.len(), 2);
+        assert_eq!(reg.pending_events().unwrap(), 0);
+        assert!(reg.delete_function("f").unwrap().is_none());
+    }
+
+    #[test]
+    fn events_queue() {
+        let reg = Registry::open_in_memory().unwrap();
+        for (id, t) in [("late", 100), ("early", 10)] {
+            reg.enqueue_event(&EventRecord { id: id.into(), function: "f".into(), payload: b"1".to_vec(), attempts: 0, next_attempt_ms: t })
+                .unwrap();
+        }
+        assert_eq!(reg.next_event_ms().unwrap(), Some(10));
+        let due: Vec<_> = reg.due_events(50, 10).unwrap().into_iter().map(|e| e.id).collect();
+        assert_eq!(due, ["early"]);
+        reg.reschedule_event("early", 1, 200).unwrap();
+        let due: Vec<_> = reg.due_events(1000, 10).unwrap().into_iter().map(|e| (e.id, e.attempts)).collect();
+        assert_eq!(due, [("late".to_string(), 0), ("early".to_string(), 1)]);
+        reg.delete_event("late").unwrap();
+        assert_eq!(reg.pending_events().unwrap(), 1);
+    }
+
+    #[test]
+    fn persists_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sqlite");
+        Registry::open(&path).unwrap().insert_function(&func("p")).unwrap();
+        assert_eq!(Registry::open(&path).unwrap().get_function("p").unwrap(), Some(func("p")));
+    }
+}
