@@ -286,7 +286,7 @@ impl Instance {
             let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), || {
                 let (prefill, m) = loader.join().unwrap_or((Prefill::None, Paging::Record));
                 mode = m;
-                prefill
+                (prefill, m == Paging::Record)
             });
             match restored {
                 Ok(r) => Ok((sandbox, r, mode)),
@@ -299,9 +299,6 @@ impl Instance {
         let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;
         let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
         let channel = Channel::new(control, log).map_err(InstanceError::Io)?;
-        if mode == Paging::Record {
-            restored.stats.recording.store(true, Ordering::Relaxed);
-        }
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         let sandbox_ms = total_ms - restored.phases.iter().map(|p| p.1).sum::<f64>();
         let kind = match mode {

@@ -123,7 +123,7 @@ pub fn restore_into(
     region: u64,
     img: &ProcessImage,
     source: Arc<PageSource>,
-    prefill: impl FnOnce() -> Prefill,
+    prefill: impl FnOnce() -> (Prefill, bool),
 ) -> Result<Restored, RestoreError> {
     let mut phases = Vec::new();
     let mut t = Instant::now();
@@ -326,7 +326,10 @@ pub fn restore_into(
     let stats = Arc::new(Stats::default());
     write_file_cow_pages(pid, &wmem, img, &source, &stats)?;
     let pages_err = |source| RestoreError::Pages { pid, source };
-    let prefetch = match prefill() {
+    let (prefill, record) = prefill();
+    // Recording starts before the process resumes so no fault escapes the trace.
+    stats.recording.store(record, Ordering::Relaxed);
+    let prefetch = match prefill {
         Prefill::None => None,
         Prefill::Eager => {
             pageserver::install_all(&uffd, &source, &anon_ranges, &stats).map_err(pages_err)?;

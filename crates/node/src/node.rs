@@ -1,0 +1,1121 @@
+//! The node's core: functions in memory (mirrored to the [`Registry`]), their
+//! revisions and snapshots, and the per-function pools of instances.
+//!
+//! Invariants:
+//! - Every instance counts in its function's `live` and in the node's `alive`
+//!   from the moment its start is reserved until it is handed to a worker to be killed.
+//!   Reservations fail (TooManyRequests) at the per-function or per-node limit;
+//!   nothing queues.
+//! - An instance serves one invocation at a time: it is either owned by a
+//!   `Lease` (busy) or sits in its function's `idle` list.
+//! - Idle instances always belong to the function's active revision; switching
+//!   revision discards the idle ones, busy ones of an old revision are discarded
+//!   when they come back.
+//! - A revision's directory (code + snapshot) is removed when the revision is
+//!   retired *and* the last instance using it is gone (`Drop for Revision`).
+//! - Sandboxes are only created and killed on the long-lived worker threads.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use thaw_engine::instance::{FunctionConfig, Instance, InstanceError, LoadedSnapshot};
+use thaw_engine::pageserver::Paging;
+use thaw_runtime::{ChannelError, FunctionError, InvokeOutcome, Runtime};
+use thiserror::Error;
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+use crate::metrics::Metrics;
+use crate::registry::{FunctionRecord, Registry, RegistryError, RevisionRecord};
+use crate::workers::{WorkerError, WorkerPool};
+
+/// How long a function's init may take while its snapshot is built.
+pub const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Node-wide settings.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// `<data_dir>/node`: registry, credentials, revisions.
+    pub state_dir: PathBuf,
+    /// Runtime shims (from `thaw_runtime::runtimes::install_shims`).
+    pub runtime_dir: PathBuf,
+    pub region: String,
+    pub account: String,
+    pub keep_alive: Duration,
+    pub max_per_function: usize,
+    pub max_instances: usize,
+    pub instance_workers: usize,
+    pub build_workers: usize,
+    /// How restored instances get their memory; the one place to change the mode.
+    pub paging: Paging,
+    pub event_retry_delay: Duration,
+    pub event_max_retries: u32,
+    pub event_concurrency: usize,
+}
+
+#[derive(Debug, Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Workers(#[from] WorkerError),
+    #[error("creating the node directory {path}")]
+    Dir { path: PathBuf, #[source] source: std::io::Error },
+}
+
+/// Why an invocation could not be run (as opposed to a function that ran and failed).
+#[derive(Debug, Error)]
+pub enum InvokeError {
+    #[error("Function not found: {0}")]
+    NotFound(String),
+    #[error("The operation cannot be performed at this time. The function is currently in the following state: {state}")]
+    NotReady { state: String },
+    #[error("Rate Exceeded.")]
+    Throttled { reason: &'static str },
+    #[error("no instance could be started for {function}")]
+    Start { function: String, #[source] source: InstanceError },
+    #[error(transparent)]
+    Workers(#[from] WorkerError),
+    #[error("the node is shutting down")]
+    ShuttingDown,
+}
+
+/// Errors of deploy operations (create, update, delete).
+#[derive(Debug, Error)]
+pub enum DeployError {
+    #[error("Function already exist: {0}")]
+    Exists(String),
+    #[error("Function not found: {0}")]
+    NotFound(String),
+    #[error("The operation cannot be performed at this time. An update is in progress for resource: {0}")]
+    InProgress(String),
+    #[error(transparent)]
+    Bundle(#[from] crate::bundle::BundleError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("unpacking the bundle")]
+    Join(#[source] tokio::task::JoinError),
+}
+
+/// A validated deployment (code + configuration baked into the snapshot).
+#[derive(Debug, Clone)]
+pub struct FunctionSpec {
+    pub name: String,
+    pub runtime: String,
+    pub role: String,
+    pub handler: String,
+    pub description: String,
+    pub timeout_s: u64,
+    pub memory_mb: u64,
+    pub env: BTreeMap<String, String>,
+}
+
+/// One deployed revision, shared by its instances.
+pub struct Revision {
+    pub id: i64,
+    pub dir: PathBuf,
+    boot: FunctionConfig,
+    snapshot: OnceLock<Result<Arc<LoadedSnapshot>, String>>,
+    pub snapshot_bytes: AtomicU64,
+    retired: AtomicBool,
+}
+
+impl Revision {
+    fn new(rec: &RevisionRecord, name: &str, runtime_dir: &Path) -> Revision {
+        let mut boot = FunctionConfig::new(Runtime::Python3, &rec.handler, rec.dir.join("code"), runtime_dir.to_path_buf());
+        boot.memory_mb = rec.memory_mb;
+        boot.function_name = name.to_string();
+        boot.env = rec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        boot.init_timeout = INIT_TIMEOUT;
+        Revision {
+            id: rec.id,
+            dir: rec.dir.clone(),
+            boot,
+            snapshot: OnceLock::new(),
+            snapshot_bytes: AtomicU64::new(rec.snapshot_bytes.unwrap_or(0)),
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    fn snapshot_dir(&self) -> PathBuf {
+        self.dir.join("snapshot")
+    }
+
+    /// The opened snapshot (opened on first use, shared afterwards).
+    fn loaded(&self) -> Result<Arc<LoadedSnapshot>, String> {
+        self.snapshot
+            .get_or_init(|| LoadedSnapshot::open(&self.snapshot_dir()).map(Arc::new).map_err(|e| error_chain(&e)))
+            .clone()
+    }
+
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.snapshot_bytes.load(Ordering::Acquire)
+    }
+
+    fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Revision {
+    fn drop(&mut self) {
+        if self.retired.load(Ordering::Acquire) {
+            match std::fs::remove_dir_all(&self.dir) {
+                Ok(()) => debug!(dir = %self.dir.display(), "removed retired revision"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => warn!(dir = %self.dir.display(), error = %e, "removing a retired revision"),
+            }
+        }
+    }
+}
+
+/// `a: b: c` for an error and its sources.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+struct Idle {
+    inst: Instance,
+    rev: Arc<Revision>,
+    since: Instant,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct FunctionCounters {
+    pub invocations: u64,
+    pub errors: u64,
+    pub starts_warm: u64,
+    pub starts_cold: u64,
+    pub events_done: u64,
+    pub events_dropped: u64,
+    pub peak_instances: usize,
+}
+
+struct FnState {
+    rec: FunctionRecord,
+    active: Option<Arc<Revision>>,
+    idle: Vec<Idle>,
+    live: usize,
+    busy: usize,
+    /// Directory of the revision being built, if any.
+    building: Option<PathBuf>,
+    deleted: bool,
+    counters: FunctionCounters,
+}
+
+pub struct Function {
+    pub name: String,
+    st: Mutex<FnState>,
+}
+
+impl Function {
+    fn lock(&self) -> MutexGuard<'_, FnState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// An instance checked out for one invocation.
+pub struct Lease {
+    inst: Instance,
+    rev: Arc<Revision>,
+    /// "warm", "boot", "restore-lazy", ...
+    pub kind: &'static str,
+    /// Time to get the instance ready (0 for warm).
+    pub start_ms: f64,
+}
+
+/// How a function invocation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The handler raised (instance kept).
+    Handled,
+    Timeout,
+    OutOfMemory,
+    Crash,
+    ResponseTooLarge,
+}
+
+impl ErrorKind {
+    pub fn label(&self) -> &'static str {
+        match self {
+            ErrorKind::Handled => "function_error",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::OutOfMemory => "oom",
+            ErrorKind::Crash => "crash",
+            ErrorKind::ResponseTooLarge => "response_too_large",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Ok(String),
+    Error(FunctionError, ErrorKind),
+}
+
+/// The result of running one invocation.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub request_id: String,
+    pub outcome: Outcome,
+    pub logs: String,
+    pub start_kind: &'static str,
+    pub start_ms: f64,
+    pub invoke_ms: f64,
+    pub memory_mb: u64,
+    pub max_memory_used_mb: u64,
+}
+
+/// Lambda's limit for a synchronous response.
+pub const MAX_RESPONSE: usize = 6 * 1024 * 1024;
+
+pub struct Node {
+    pub cfg: NodeConfig,
+    pub registry: Registry,
+    pub metrics: Metrics,
+    instance_workers: WorkerPool,
+    build_workers: WorkerPool,
+    functions: Mutex<HashMap<String, Arc<Function>>>,
+    alive: AtomicUsize,
+    shutting_down: AtomicBool,
+    builds: AtomicUsize,
+    pub events_wake: Notify,
+    pub started: Instant,
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Lambda's LastModified format.
+pub fn timestamp() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3f+0000").to_string()
+}
+
+impl Node {
+    /// Open the registry under `cfg.state_dir`, load the functions and resume interrupted builds.
+    pub fn start(cfg: NodeConfig) -> Result<Arc<Node>, NodeError> {
+        let revisions = cfg.state_dir.join("revisions");
+        std::fs::create_dir_all(&revisions).map_err(|source| NodeError::Dir { path: revisions.clone(), source })?;
+        let registry = Registry::open(&cfg.state_dir.join("registry.sqlite"))?;
+        let node = Arc::new(Node {
+            instance_workers: WorkerPool::new("instance", cfg.instance_workers)?,
+            build_workers: WorkerPool::new("build", cfg.build_workers)?,
+            cfg,
+            registry,
+            metrics: Metrics::new(),
+            functions: Mutex::new(HashMap::new()),
+            alive: AtomicUsize::new(0),
+            shutting_down: AtomicBool::new(false),
+            builds: AtomicUsize::new(0),
+            events_wake: Notify::new(),
+            started: Instant::now(),
+        });
+        node.load()?;
+        Ok(node)
+    }
+
+    fn load(self: &Arc<Self>) -> Result<(), NodeError> {
+        for mut rec in self.registry.list_functions()? {
+            let active = match rec.active_revision {
+                Some(id) => self.registry.get_revision(id)?.map(|r| Arc::new(Revision::new(&r, &rec.name, &self.cfg.runtime_dir))),
+                None => None,
+            };
+            let mut resume = None;
+            if let Some(latest) = rec.latest_revision.filter(|l| Some(*l) != rec.active_revision) {
+                match self.registry.get_revision(latest)? {
+                    Some(r) if r.status == "building" => resume = Some(r),
+                    _ => {}
+                }
+            }
+            let keep: Vec<i64> = [rec.active_revision, resume.as_ref().map(|r| r.id)].into_iter().flatten().collect();
+            for (id, dir) in self.registry.other_revisions(&rec.name, &keep)? {
+                let _ = std::fs::remove_dir_all(&dir);
+                self.registry.delete_revision(id)?;
+            }
+            if resume.is_none() && rec.last_update_status == "InProgress" {
+                // The build it waited for is gone; report it failed rather than pending forever.
+                rec.last_update_status = "Failed".into();
+                rec.last_update_status_reason = Some("The node restarted while the update was in progress.".into());
+                rec.last_update_status_reason_code = Some("InternalError".into());
+                if active.is_none() {
+                    rec.state = "Failed".into();
+                    rec.state_reason = rec.last_update_status_reason.clone();
+                    rec.state_reason_code = Some("InternalError".into());
+                }
+                self.registry.update_function(&rec)?;
+            }
+            if let Some(a) = &active {
+                self.metrics.snapshot_bytes.add(a.snapshot_bytes() as i64);
+            }
+            let name = rec.name.clone();
+            let f = Arc::new(Function {
+                name: name.clone(),
+                st: Mutex::new(FnState {
+                    rec,
+                    active,
+                    idle: Vec::new(),
+                    live: 0,
+                    busy: 0,
+                    building: resume.as_ref().map(|r| r.dir.clone()),
+                    deleted: false,
+                    counters: FunctionCounters::default(),
+                }),
+            });
+            self.functions_map().insert(name.clone(), f.clone());
+            if let Some(r) = resume {
+                info!(function = %name, revision = r.id, "resuming an interrupted build");
+                self.spawn_build(f, r);
+            }
+        }
+        self.metrics.events_pending.set(self.registry.pending_events()? as i64);
+        Ok(())
+    }
+
+    fn functions_map(&self) -> MutexGuard<'_, HashMap<String, Arc<Function>>> {
+        self.functions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn function(&self, name: &str) -> Option<Arc<Function>> {
+        self.functions_map().get(name).cloned()
+    }
+
+    pub fn arn(&self, name: &str) -> String {
+        format!("arn:aws:lambda:{}:{}:function:{name}", self.cfg.region, self.cfg.account)
+    }
+
+    pub fn record(&self, name: &str) -> Option<FunctionRecord> {
+        self.function(name).map(|f| f.lock().rec.clone())
+    }
+
+    /// All function records, by name.
+    pub fn records(&self) -> Vec<FunctionRecord> {
+        let fs: Vec<Arc<Function>> = self.functions_map().values().cloned().collect();
+        let mut out: Vec<FunctionRecord> = fs.iter().map(|f| f.lock().rec.clone()).collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    fn new_revision_dir(&self, name: &str) -> PathBuf {
+        self.cfg.state_dir.join("revisions").join(format!("{name}-{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    /// Unpack `zip` into a new revision directory (off the async threads).
+    async fn unpack(&self, name: &str, zip: Arc<Vec<u8>>) -> Result<(PathBuf, u64), DeployError> {
+        let dir = self.new_revision_dir(name);
+        let d = dir.clone();
+        let res = tokio::task::spawn_blocking(move || crate::bundle::extract(&zip, &d.join("code"))).await.map_err(DeployError::Join)?;
+        match res {
+            Ok(n) => Ok((dir, n)),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn revision_record(spec: &FunctionSpec, dir: PathBuf, sha: &str, size: u64) -> RevisionRecord {
+        RevisionRecord {
+            id: 0,
+            function: spec.name.clone(),
+            code_sha256: sha.to_string(),
+            code_size: size,
+            dir,
+            handler: spec.handler.clone(),
+            memory_mb: spec.memory_mb,
+            env: spec.env.clone(),
+            status: "building".into(),
+            error: None,
+            snapshot_bytes: None,
+        }
+    }
+
+    /// CreateFunction: unpack, register as Pending, build the snapshot in the background.
+    pub async fn create_function(self: &Arc<Self>, spec: FunctionSpec, zip: Vec<u8>) -> Result<FunctionRecord, DeployError> {
+        if self.function(&spec.name).is_some() {
+            return Err(DeployError::Exists(spec.name));
+        }
+        let sha = crate::bundle::code_sha256(&zip);
+        let size = zip.len() as u64;
+        let (dir, _) = self.unpack(&spec.name, Arc::new(zip)).await?;
+        let mut rev = Self::revision_record(&spec, dir.clone(), &sha, size);
+        let rec = FunctionRecord {
+            name: spec.name.clone(),
+            runtime: spec.runtime.clone(),
+            role: spec.role.clone(),
+            handler: spec.handler.clone(),
+            description: spec.description.clone(),
+            timeout_s: spec.timeout_s,
+            memory_mb: spec.memory_mb,
+            env: spec.env.clone(),
+            state: "Pending".into(),
+            state_reason: Some("The function is being created.".into()),
+            state_reason_code: Some("Creating".into()),
+            last_update_status: "InProgress".into(),
+            last_update_status_reason: Some("The function is being created.".into()),
+            last_update_status_reason_code: Some("Creating".into()),
+            last_modified: timestamp(),
+            revision_id: uuid::Uuid::new_v4().to_string(),
+            code_sha256: sha,
+            code_size: size,
+            latest_revision: None,
+            active_revision: None,
+        };
+        let f = {
+            let mut map = self.functions_map();
+            if map.contains_key(&spec.name) {
+                drop(map);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(DeployError::Exists(spec.name));
+            }
+            let f = Arc::new(Function {
+                name: spec.name.clone(),
+                st: Mutex::new(FnState {
+                    rec: rec.clone(),
+                    active: None,
+                    idle: Vec::new(),
+                    live: 0,
+                    busy: 0,
+                    building: Some(dir.clone()),
+                    deleted: false,
+                    counters: FunctionCounters::default(),
+                }),
+            });
+            map.insert(spec.name.clone(), f.clone());
+            f
+        };
+        let persisted = (|| {
+            rev.id = self.registry.insert_revision(&rev)?;
+            let mut st = f.lock();
+            st.rec.latest_revision = Some(rev.id);
+            self.registry.insert_function(&st.rec)?;
+            Ok::<_, RegistryError>(st.rec.clone())
+        })();
+        match persisted {
+            Ok(rec) => {
+                info!(function = %spec.name, revision = rev.id, "function created; building its snapshot");
+                self.spawn_build(f, rev);
+                Ok(rec)
+            }
+            Err(e) => {
+                self.functions_map().remove(&spec.name);
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// UpdateFunctionCode: unpack, mark InProgress, build; the old revision serves meanwhile.
+    pub async fn update_code(self: &Arc<Self>, name: &str, zip: Vec<u8>) -> Result<FunctionRecord, DeployError> {
+        let f = self.function(name).ok_or_else(|| DeployError::NotFound(self.arn(name)))?;
+        if f.lock().building.is_some() {
+            return Err(DeployError::InProgress(self.arn(name)));
+        }
+        let sha = crate::bundle::code_sha256(&zip);
+        let size = zip.len() as u64;
+        let (dir, _) = self.unpack(name, Arc::new(zip)).await?;
+        let mut st = f.lock();
+        if st.deleted {
+            drop(st);
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(DeployError::NotFound(self.arn(name)));
+        }
+        if st.building.is_some() {
+            drop(st);
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(DeployError::InProgress(self.arn(name)));
+        }
+        let spec = FunctionSpec {
+            name: name.to_string(),
+            runtime: st.rec.runtime.clone(),
+            role: st.rec.role.clone(),
+            handler: st.rec.handler.clone(),
+            description: st.rec.description.clone(),
+            timeout_s: st.rec.timeout_s,
+            memory_mb: st.rec.memory_mb,
+            env: st.rec.env.clone(),
+        };
+        let mut rev = Self::revision_record(&spec, dir.clone(), &sha, size);
+        let res = self.registry.insert_revision(&rev);
+        let id = match res {
+            Ok(id) => id,
+            Err(e) => {
+                drop(st);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.into());
+            }
+        };
+        rev.id = id;
+        let prev = st.rec.clone();
+        st.rec.code_sha256 = sha;
+        st.rec.code_size = size;
+        st.rec.latest_revision = Some(id);
+        st.rec.last_modified = timestamp();
+        st.rec.revision_id = uuid::Uuid::new_v4().to_string();
+        st.rec.last_update_status = "InProgress".into();
+        st.rec.last_update_status_reason = Some("The function is being updated.".into());
+        st.rec.last_update_status_reason_code = None;
+        if st.active.is_none() {
+            st.rec.state = "Pending".into();
+            st.rec.state_reason = Some("The function is being created.".into());
+            st.rec.state_reason_code = Some("Creating".into());
+        }
+        if let Err(e) = self.registry.update_function(&st.rec) {
+            st.rec = prev;
+            drop(st);
+            let _ = self.registry.delete_revision(id);
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e.into());
+        }
+        st.building = Some(dir);
+        let rec = st.rec.clone();
+        drop(st);
+        info!(function = %name, revision = id, "code updated; building its snapshot");
+        self.spawn_build(f, rev);
+        Ok(rec)
+    }
+
+    /// DeleteFunction: forget it, discard its idle instances, remove its files when unused.
+    pub fn delete_function(&self, name: &str) -> Result<(), DeployError> {
+        let f = self.functions_map().remove(name).ok_or_else(|| DeployError::NotFound(self.arn(name)))?;
+        let (idle, active, building) = {
+            let mut st = f.lock();
+            st.deleted = true;
+            let idle: Vec<Idle> = st.idle.drain(..).collect();
+            st.live -= idle.len();
+            (idle, st.active.take(), st.building.clone())
+        };
+        self.metrics.instances_idle.sub(idle.len() as i64);
+        for i in idle {
+            self.discard(i.inst);
+        }
+        let dirs = self.registry.delete_function(name)?.unwrap_or_default();
+        if let Some(a) = &active {
+            self.metrics.snapshot_bytes.sub(a.snapshot_bytes() as i64);
+            a.retire();
+        }
+        for d in dirs {
+            if Some(&d) != active.as_ref().map(|a| &a.dir) && Some(&d) != building.as_ref() {
+                let _ = std::fs::remove_dir_all(&d);
+            }
+        }
+        self.metrics.events_pending.set(self.registry.pending_events().unwrap_or(0) as i64);
+        info!(function = %name, "function deleted");
+        Ok(())
+    }
+
+    fn spawn_build(self: &Arc<Self>, f: Arc<Function>, rev: RevisionRecord) {
+        let node = self.clone();
+        self.builds.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(async move {
+            node.build(f, rev).await;
+            node.builds.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    /// Boot the revision once, capture it, and make it the active one.
+    async fn build(self: &Arc<Self>, f: Arc<Function>, rec: RevisionRecord) {
+        let rev = Arc::new(Revision::new(&rec, &f.name, &self.cfg.runtime_dir));
+        let t0 = Instant::now();
+        let job_rev = rev.clone();
+        let result = self
+            .build_workers
+            .run(move || -> Result<u64, InstanceError> {
+                let snapdir = job_rev.snapshot_dir();
+                let _ = std::fs::remove_dir_all(&snapdir);
+                let inst = Instance::boot(&job_rev.boot)?;
+                let (dir, stats) = inst.capture(&snapdir)?;
+                let bytes = dir_size(&dir);
+                // Open it here so the first invocation does not pay for it.
+                if let Err(e) = job_rev.loaded() {
+                    warn!(error = %e, "opening the new snapshot");
+                }
+                info!(boot_capture_ms = t0.elapsed().as_secs_f64() * 1e3, pages = stats.pages_stored, bytes, "snapshot captured");
+                Ok(bytes)
+            })
+            .await;
+        let result = match result {
+            Ok(r) => r.map_err(|e| {
+                let code = if matches!(e, InstanceError::Init(_)) { "FunctionError" } else { "InternalError" };
+                let reason = match &e {
+                    InstanceError::Init(fe) => format!("{}: {}", fe.error_type, fe.error_message),
+                    other => error_chain(other),
+                };
+                (code, reason)
+            }),
+            Err(e) => Err(("InternalError", error_chain(&e))),
+        };
+        let mut st = f.lock();
+        st.building = None;
+        if st.deleted {
+            rev.retire();
+            return;
+        }
+        match result {
+            Ok(bytes) => {
+                let _ = self.registry.finish_revision(rec.id, "ready", None, Some(bytes));
+                rev.snapshot_bytes.store(bytes, Ordering::Release);
+                st.rec.state = "Active".into();
+                st.rec.state_reason = None;
+                st.rec.state_reason_code = None;
+                st.rec.last_update_status = "Successful".into();
+                st.rec.last_update_status_reason = None;
+                st.rec.last_update_status_reason_code = None;
+                st.rec.active_revision = Some(rec.id);
+                self.metrics.snapshot_bytes.add(bytes as i64);
+                let old = st.active.replace(rev);
+                let stale: Vec<Idle> = st.idle.drain(..).collect();
+                st.live -= stale.len();
+                if let Err(e) = self.registry.update_function(&st.rec) {
+                    warn!(function = %f.name, error = %error_chain(&e), "persisting the function");
+                }
+                drop(st);
+                self.metrics.instances_idle.sub(stale.len() as i64);
+                for i in stale {
+                    self.discard(i.inst);
+                }
+                if let Some(old) = old {
+                    self.metrics.snapshot_bytes.sub(old.snapshot_bytes() as i64);
+                    let _ = self.registry.delete_revision(old.id);
+                    old.retire();
+                }
+                info!(function = %f.name, revision = rec.id, ms = t0.elapsed().as_secs_f64() * 1e3, "function active");
+            }
+            Err((code, reason)) => {
+                let _ = self.registry.finish_revision(rec.id, "failed", Some(&reason), None);
+                st.rec.last_update_status = "Failed".into();
+                st.rec.last_update_status_reason = Some(reason.clone());
+                st.rec.last_update_status_reason_code = Some(code.into());
+                if st.active.is_none() {
+                    st.rec.state = "Failed".into();
+                    st.rec.state_reason = Some(reason.clone());
+                    st.rec.state_reason_code = Some(code.into());
+                }
+                if let Err(e) = self.registry.update_function(&st.rec) {
+                    warn!(function = %f.name, error = %error_chain(&e), "persisting the function");
+                }
+                drop(st);
+                let _ = self.registry.delete_revision(rec.id);
+                rev.retire();
+                warn!(function = %f.name, revision = rec.id, reason = %reason, "build failed");
+            }
+        }
+    }
+
+    fn update_alive_gauge(&self) {
+        self.metrics.instances_alive.set(self.alive.load(Ordering::Acquire) as i64);
+    }
+
+    /// Kill an instance on a worker thread (inline if the pool is gone) and release its slot.
+    fn discard(&self, inst: Instance) {
+        self.alive.fetch_sub(1, Ordering::AcqRel);
+        self.update_alive_gauge();
+        let slot = Arc::new(Mutex::new(Some(inst)));
+        let s2 = slot.clone();
+        let queued = self.instance_workers.spawn(move || {
+            if let Some(i) = s2.lock().ok().and_then(|mut g| g.take()) {
+                i.kill();
+            }
+        });
+        if queued.is_err() {
+            if let Some(i) = slot.lock().ok().and_then(|mut g| g.take()) {
+                i.kill();
+            }
+        }
+    }
+
+    /// Take one idle instance of another function (the least recently used) to free a node slot.
+    fn evict_one_idle(&self, except: &str) -> bool {
+        let fs: Vec<Arc<Function>> = self.functions_map().values().filter(|f| f.name != except).cloned().collect();
+        let mut best: Option<(Arc<Function>, Instant)> = None;
+        for f in fs {
+            let st = f.lock();
+            if let Some(oldest) = st.idle.first().map(|i| i.since) {
+                if best.as_ref().is_none_or(|(_, t)| oldest < *t) {
+                    drop(st);
+                    best = Some((f, oldest));
+                }
+            }
+        }
+        let Some((f, _)) = best else { return false };
+        let victim = {
+            let mut st = f.lock();
+            if st.idle.is_empty() {
+                return false;
+            }
+            st.live -= 1;
+            st.idle.remove(0)
+        };
+        self.metrics.instances_idle.dec();
+        debug!(function = %f.name, "evicting an idle instance to make room");
+        self.discard(victim.inst);
+        true
+    }
+
+    /// Get an instance: a warm one, or reserve a slot and restore one.
+    pub async fn acquire(&self, f: &Arc<Function>) -> Result<Lease, InvokeError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(InvokeError::ShuttingDown);
+        }
+        let mut evicted = false;
+        let rev = loop {
+            let mut st = f.lock();
+            if st.deleted {
+                return Err(InvokeError::NotFound(self.arn(&f.name)));
+            }
+            let Some(rev) = st.active.clone() else {
+                return Err(InvokeError::NotReady { state: st.rec.state.clone() });
+            };
+            if let Some(idle) = st.idle.pop() {
+                st.busy += 1;
+                st.counters.starts_warm += 1;
+                drop(st);
+                self.metrics.instances_idle.dec();
+                self.metrics.starts.with_label_values(&["warm"]).inc();
+                return Ok(Lease { inst: idle.inst, rev: idle.rev, kind: "warm", start_ms: 0.0 });
+            }
+            if st.live >= self.cfg.max_per_function {
+                return Err(InvokeError::Throttled { reason: "ReservedFunctionConcurrentInvocationLimitExceeded" });
+            }
+            let max = self.cfg.max_instances;
+            if self.alive.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
+                drop(st);
+                if !evicted && self.evict_one_idle(&f.name) {
+                    evicted = true;
+                    continue;
+                }
+                return Err(InvokeError::Throttled { reason: "ConcurrentInvocationLimitExceeded" });
+            }
+            st.live += 1;
+            st.busy += 1;
+            st.counters.starts_cold += 1;
+            st.counters.peak_instances = st.counters.peak_instances.max(st.live);
+            break rev;
+        };
+        self.update_alive_gauge();
+        let t0 = Instant::now();
+        let name = f.name.clone();
+        let paging = self.cfg.paging;
+        let job_rev = rev.clone();
+        let started = self
+            .instance_workers
+            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name) })
+            .await;
+        let start_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let failure = match started {
+            Ok((Ok(inst), fell_back)) => {
+                if fell_back {
+                    self.metrics.restore_fallbacks.inc();
+                }
+                let kind = inst.start.kind;
+                self.metrics.starts.with_label_values(&[kind]).inc();
+                self.metrics.start_seconds.with_label_values(&[kind]).observe(start_ms / 1e3);
+                return Ok(Lease { inst, rev, kind, start_ms });
+            }
+            Ok((Err(e), _)) => InvokeError::Start { function: f.name.clone(), source: e },
+            Err(e) => InvokeError::Workers(e),
+        };
+        {
+            let mut st = f.lock();
+            st.live -= 1;
+            st.busy -= 1;
+        }
+        self.alive.fetch_sub(1, Ordering::AcqRel);
+        self.update_alive_gauge();
+        warn!(function = %f.name, error = %error_chain(&failure), "no instance could be started");
+        Err(failure)
+    }
+
+    /// Return an instance after an invocation: keep it warm if healthy, else discard it.
+    pub fn release(&self, f: &Arc<Function>, lease: Lease, healthy: bool) {
+        let mut st = f.lock();
+        st.busy -= 1;
+        let current = st.active.as_ref().is_some_and(|a| Arc::ptr_eq(a, &lease.rev));
+        if healthy && current && !st.deleted && !self.shutting_down.load(Ordering::Acquire) {
+            st.idle.push(Idle { inst: lease.inst, rev: lease.rev, since: Instant::now() });
+            drop(st);
+            self.metrics.instances_idle.inc();
+            return;
+        }
+        st.live -= 1;
+        drop(st);
+        self.discard(lease.inst);
+    }
+
+    /// Run one invocation of `name` (sync API and event dispatcher share this).
+    pub async fn invoke(&self, name: &str, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
+        let f = self.function(name).ok_or_else(|| InvokeError::NotFound(self.arn(name)))?;
+        let (timeout_s, memory_mb) = {
+            let st = f.lock();
+            (st.rec.timeout_s, st.rec.memory_mb)
+        };
+        let lease = self.acquire(&f).await?;
+        let rid = request_id.to_string();
+        let timeout = Duration::from_secs(timeout_s);
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut lease = lease;
+            let t = Instant::now();
+            let r = lease.inst.invoke(&rid, &payload, timeout);
+            let invoke_ms = t.elapsed().as_secs_f64() * 1e3;
+            let oom = r.is_err() && lease.inst.oom_killed();
+            let logs = lease.inst.take_logs();
+            let mem = lease.inst.memory_usage_bytes().unwrap_or(0);
+            (lease, r, invoke_ms, oom, logs, mem)
+        })
+        .await;
+        let (lease, result, invoke_ms, oom, logs, mem) = match joined {
+            Ok(v) => v,
+            Err(e) => {
+                // The blocking task panicked: the instance is lost with it; free its slot.
+                let mut st = f.lock();
+                st.busy -= 1;
+                st.live -= 1;
+                drop(st);
+                self.alive.fetch_sub(1, Ordering::AcqRel);
+                self.update_alive_gauge();
+                return Err(InvokeError::Start {
+                    function: name.to_string(),
+                    source: InstanceError::Io(std::io::Error::other(format!("invoke task failed: {e}"))),
+                });
+            }
+        };
+        self.metrics.invoke_seconds.with_label_values(&[]).observe(invoke_ms / 1e3);
+        let (outcome, healthy) = match result {
+            Ok(InvokeOutcome::Ok(text)) if text.len() > MAX_RESPONSE => (
+                Outcome::Error(
+                    FunctionError {
+                        error_type: "Function.ResponseSizeTooLarge".into(),
+                        error_message: format!(
+                            "Response payload size exceeded maximum allowed payload size ({MAX_RESPONSE} bytes)."
+                        ),
+                        stack_trace: vec![],
+                    },
+                    ErrorKind::ResponseTooLarge,
+                ),
+                true,
+            ),
+            Ok(InvokeOutcome::Ok(text)) => (Outcome::Ok(text), true),
+            Ok(InvokeOutcome::Error(e)) => (Outcome::Error(e, ErrorKind::Handled), true),
+            Err(e) => {
+                let (kind, err) = classify_failure(&e, oom, request_id, timeout_s, memory_mb);
+                warn!(function = %name, request_id, kind = kind.label(), error = %error_chain(&e), "invocation failed; discarding the instance");
+                (Outcome::Error(err, kind), false)
+            }
+        };
+        let start_kind = lease.kind;
+        let start_ms = lease.start_ms;
+        self.release(&f, lease, healthy);
+        let label = match &outcome {
+            Outcome::Ok(_) => "ok",
+            Outcome::Error(_, k) => k.label(),
+        };
+        self.metrics.invocations.with_label_values(&[name, label]).inc();
+        {
+            let mut st = f.lock();
+            st.counters.invocations += 1;
+            if label != "ok" {
+                st.counters.errors += 1;
+            }
+        }
+        if label != "ok" {
+            self.metrics.errors.with_label_values(&[name, label]).inc();
+        }
+        debug!(function = %name, request_id, start = start_kind, invoke_ms, outcome = label, "invoked");
+        Ok(Invocation {
+            request_id: request_id.to_string(),
+            outcome,
+            logs,
+            start_kind,
+            start_ms,
+            invoke_ms,
+            memory_mb,
+            max_memory_used_mb: mem.div_ceil(1 << 20),
+        })
+    }
+
+    pub fn note_event(&self, name: &str, done: bool) {
+        if let Some(f) = self.function(name) {
+            let mut st = f.lock();
+            if done {
+                st.counters.events_done += 1;
+            } else {
+                st.counters.events_dropped += 1;
+            }
+        }
+    }
+
+    /// Destroy instances idle for longer than the keep-alive.
+    pub fn reap_idle(&self) {
+        let fs: Vec<Arc<Function>> = self.functions_map().values().cloned().collect();
+        for f in fs {
+            let expired: Vec<Idle> = {
+                let mut st = f.lock();
+                let keep = self.cfg.keep_alive;
+                let (old, fresh): (Vec<Idle>, Vec<Idle>) = st.idle.drain(..).partition(|i| i.since.elapsed() >= keep);
+                st.idle = fresh;
+                st.live -= old.len();
+                old
+            };
+            if !expired.is_empty() {
+                debug!(function = %f.name, n = expired.len(), "keep-alive expired");
+                self.metrics.instances_idle.sub(expired.len() as i64);
+                for i in expired {
+                    self.discard(i.inst);
+                }
+            }
+        }
+    }
+
+    /// Stop taking invocations and kill every idle instance (in-flight ones are discarded as they finish).
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        let fs: Vec<Arc<Function>> = self.functions_map().values().cloned().collect();
+        for f in fs {
+            let idle: Vec<Idle> = {
+                let mut st = f.lock();
+                let v: Vec<Idle> = st.idle.drain(..).collect();
+                st.live -= v.len();
+                v
+            };
+            self.metrics.instances_idle.sub(idle.len() as i64);
+            for i in idle {
+                self.discard(i.inst);
+            }
+        }
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    pub fn instances_alive(&self) -> usize {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    pub fn builds_running(&self) -> usize {
+        self.builds.load(Ordering::Acquire)
+    }
+
+    /// Wait for the kill jobs and builds to finish, then stop the worker threads.
+    pub fn finish_shutdown(&self) {
+        self.build_workers.shutdown();
+        self.instance_workers.shutdown();
+    }
+
+    /// The `/thaw/status` document.
+    pub fn status(&self) -> serde_json::Value {
+        let fs: Vec<Arc<Function>> = self.functions_map().values().cloned().collect();
+        let mut funcs: Vec<serde_json::Value> = fs
+            .iter()
+            .map(|f| {
+                let st = f.lock();
+                let snap = st.active.as_ref().map(|a| {
+                    serde_json::json!({
+                        "revision": a.id,
+                        "dir": a.dir.join("snapshot"),
+                        "bytes": a.snapshot_bytes(),
+                        "loaded": a.snapshot.get().is_some_and(|r| r.is_ok()),
+                    })
+                });
+                serde_json::json!({
+                    "name": f.name,
+                    "state": st.rec.state,
+                    "last_update_status": st.rec.last_update_status,
+                    "state_reason": st.rec.state_reason,
+                    "memory_mb": st.rec.memory_mb,
+                    "timeout_s": st.rec.timeout_s,
+                    "instances": {"live": st.live, "busy": st.busy, "idle": st.idle.len()},
+                    "building": st.building.is_some(),
+                    "snapshot": snap,
+                    "counters": st.counters,
+                })
+            })
+            .collect();
+        funcs.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        serde_json::json!({
+            "node": {
+                "pid": std::process::id(),
+                "uptime_s": self.started.elapsed().as_secs_f64(),
+                "state_dir": self.cfg.state_dir,
+                "instances_alive": self.instances_alive(),
+                "max_instances": self.cfg.max_instances,
+                "max_per_function": self.cfg.max_per_function,
+                "keep_alive_s": self.cfg.keep_alive.as_secs_f64(),
+                "paging": self.cfg.paging,
+                "builds_running": self.builds_running(),
+                "shutting_down": self.is_shutting_down(),
+            },
+            "events": {"pending": self.registry.pending_events().unwrap_or(0)},
+            "functions": funcs,
+        })
+    }
+}
+
+/// Restore an instance (falling back to a cold boot). Runs on an instance worker.
+fn start_instance(rev: &Revision, paging: Paging, name: &str) -> (Result<Instance, InstanceError>, bool) {
+    match rev.loaded() {
+        Ok(snap) => match Instance::restore(&snap, paging) {
+            Ok(mut inst) => {
+                inst.set_function_name(name);
+                return (Ok(inst), false);
+            }
+            Err(e) => warn!(function = name, revision = rev.id, error = %error_chain(&e), "restore failed; falling back to a cold boot"),
+        },
+        Err(e) => warn!(function = name, revision = rev.id, error = %e, "snapshot unavailable; falling back to a cold boot"),
+    }
+    let r = Instance::boot(&rev.boot).map(|mut i| {
+        i.set_function_name(name);
+        i
+    });
+    (r, true)
+}
+
+/// Map a broken instance to Lambda's error object.
+fn classify_failure(e: &InstanceError, oom: bool, request_id: &str, timeout_s: u64, memory_mb: u64) -> (ErrorKind, FunctionError) {
+    let fe = |t: &str, m: String| FunctionError { error_type: t.into(), error_message: m, stack_trace: vec![] };
+    if matches!(e, InstanceError::Invoke { source: ChannelError::Timeout(_), .. }) {
+        let ts = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ");
+        return (
+            ErrorKind::Timeout,
+            fe("Sandbox.Timedout", format!("{ts} {request_id} Task timed out after {timeout_s}.00 seconds")),
+        );
+    }
+    if oom {
+        return (
+            ErrorKind::OutOfMemory,
+            fe(
+                "Runtime.OutOfMemory",
+                format!("RequestId: {request_id} Error: Runtime exited with error: signal: killed (the function exceeded its memory limit of {memory_mb} MB)"),
+            ),
+        );
+    }
+    let detail = match e {
+        InstanceError::Invoke { exit: Some(x), .. } => format!("exited ({x})"),
+        _ => "failed".to_string(),
+    };
+    (ErrorKind::Crash, fe("Runtime.ExitError", format!("RequestId: {request_id} Error: Runtime {detail}: {}", error_chain(e))))
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok()).filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+/// Current time in ms (for the event queue).
+pub fn clock_ms() -> i64 {
+    now_ms()
+}

@@ -1,0 +1,144 @@
+//! REAP record-and-prefetch through the CLI, as root: recording writes a working
+//! set that matches the image, prefetch restores give the same results as lazy
+//! ones with fewer faults, broken or stale working sets are ignored without
+//! failing the call and re-recorded, and mispredictions are counted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use thaw_engine::image::Snapshot;
+use thaw_engine::ws::{WorkingSet, PAGES_FILE, TRACE_FILE};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn scratch() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::Builder::new().prefix("thaw-reap-").tempdir().unwrap()).path()
+}
+
+fn thaw(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_thaw")).env("THAW_DATA_DIR", scratch().join("data")).args(args).output().unwrap()
+}
+
+fn ok(o: Output) -> Output {
+    assert!(o.status.success(), "thaw failed:\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+/// A fresh snapshot of `sample` in its own directory.
+fn fresh_snapshot(sample: &str, tag: &str) -> PathBuf {
+    let code = root().join("build/samples/python").join(sample);
+    assert!(code.join("handler.py").is_file(), "sample {sample} not built: run scripts/build-samples.sh");
+    let dir = scratch().join(format!("{sample}-{tag}"));
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--memory", "1024", "--out", dir.to_str().unwrap()]));
+    dir
+}
+
+/// Restore once; returns (stdout, stats).
+fn restore(dir: &Path, payload: &str, paging: &str, extra: &[&str]) -> (String, serde_json::Value) {
+    let stats = dir.with_extension(format!("stats-{paging}-{}.json", std::process::id()));
+    let mut args = vec!["snapshot", "restore", dir.to_str().unwrap(), "--payload", payload, "--paging", paging, "--quiet", "--stats", stats.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = ok(thaw(&args));
+    let v = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    (String::from_utf8(o.stdout).unwrap(), v)
+}
+
+#[test]
+fn record_writes_a_working_set_matching_the_image_and_prefetch_uses_it() {
+    let dir = fresh_snapshot("stdlib", "record");
+    let payload = r#"{"text":"a b c","n":3}"#;
+    assert!(!WorkingSet::exists(&dir));
+    let (rec_out, rec) = restore(&dir, payload, "auto", &[]);
+    assert_eq!(rec["mode"], "record", "no working set yet: auto must record");
+    let faults = rec["page_faults"].as_u64().unwrap();
+    assert!(faults > 0);
+    assert_eq!(rec["recorded_pages"].as_u64().unwrap(), faults, "every fault of the first invocation is recorded");
+
+    // The trace and pages exist, belong to this image and every page matches it.
+    let snap = Snapshot::open(&dir).unwrap();
+    let ws = WorkingSet::load(&dir, snap.id).unwrap();
+    assert_eq!(ws.trace.len() as u64, faults);
+    let (buf, _) = ws.read_pages(&dir, &snap.image.pages, false).unwrap();
+    assert_eq!(buf.as_ref().len(), ws.layout.len() * 4096);
+    let pages = std::fs::read(dir.join("pages.img")).unwrap();
+    for (i, &(_, fp)) in ws.layout.iter().enumerate() {
+        assert_eq!(&buf.as_ref()[i * 4096..(i + 1) * 4096], &pages[fp as usize * 4096..(fp as usize + 1) * 4096]);
+    }
+
+    // Prefetch (the default now) gives the same answer with the working set installed up front.
+    let (pre_out, pre) = restore(&dir, payload, "auto", &[]);
+    assert_eq!(pre["mode"], "prefetch");
+    assert_eq!(pre_out, rec_out);
+    assert_eq!(pre["prefetch"]["ws_pages"].as_u64().unwrap() as usize, ws.layout.len());
+    assert!(pre["page_faults"].as_u64().unwrap() < faults / 10, "prefetch should leave few faults: {pre}");
+    for mode in ["lazy", "ws-cached", "parallel", "eager"] {
+        let (out, st) = restore(&dir, payload, mode, &[]);
+        assert_eq!(st["mode"], mode);
+        assert_eq!(out, rec_out, "{mode} differs");
+    }
+}
+
+#[test]
+fn corrupt_or_stale_working_sets_are_ignored_then_re_recorded() {
+    let dir = fresh_snapshot("helloworld", "corrupt");
+    let (want, _) = restore(&dir, "{}", "record", &[]);
+    assert!(WorkingSet::exists(&dir));
+
+    // Flip a byte of a working-set page: the restore still answers, lazily, and re-records.
+    let mut wp = std::fs::read(dir.join(PAGES_FILE)).unwrap();
+    wp[100] ^= 0xff;
+    std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
+    let (out, st) = restore(&dir, "{}", "prefetch", &[]);
+    assert_eq!(out, want);
+    assert_eq!(st["mode"], "record", "a corrupt working set must be ignored: {st}");
+    let snap = Snapshot::open(&dir).unwrap();
+    let ws = WorkingSet::load(&dir, snap.id).expect("re-recorded");
+    ws.read_pages(&dir, &snap.image.pages, true).expect("the new working set is valid");
+    let (_, st) = restore(&dir, "{}", "auto", &[]);
+    assert_eq!(st["mode"], "prefetch");
+
+    // A working set recorded for another image is stale: ignored and re-recorded.
+    let other = fresh_snapshot("helloworld", "other");
+    std::fs::copy(dir.join(TRACE_FILE), other.join(TRACE_FILE)).unwrap();
+    std::fs::copy(dir.join(PAGES_FILE), other.join(PAGES_FILE)).unwrap();
+    let (out, st) = restore(&other, "{}", "auto", &[]);
+    assert_eq!(out, want);
+    assert_eq!(st["mode"], "record");
+    let osnap = Snapshot::open(&other).unwrap();
+    assert!(WorkingSet::load(&other, osnap.id).is_ok());
+
+    // A truncated trace as well.
+    let t = std::fs::read(other.join(TRACE_FILE)).unwrap();
+    std::fs::write(other.join(TRACE_FILE), &t[..t.len() - 7]).unwrap();
+    let (out, st) = restore(&other, "{}", "auto", &[]);
+    assert_eq!((out, st["mode"].as_str().unwrap()), (want, "record"));
+}
+
+#[test]
+fn faults_outside_the_working_set_are_counted_and_trigger_re_recording() {
+    let dir = fresh_snapshot("multiinput", "mispredict");
+    let (_, rec) = restore(&dir, r#"{"table":0}"#, "record", &[]);
+    let recorded = rec["recorded_pages"].as_u64().unwrap();
+
+    // Same input: almost everything comes from the working set.
+    let (_, same) = restore(&dir, r#"{"table":0}"#, "prefetch", &[]);
+    assert_eq!(same["mode"], "prefetch");
+    let same_faults = same["page_faults"].as_u64().unwrap();
+
+    // Another input touches another table: those faults are served lazily and counted.
+    let (_, other) = restore(&dir, r#"{"table":5}"#, "prefetch", &["--reprofile-threshold", "0.99"]);
+    let other_faults = other["page_faults"].as_u64().unwrap();
+    assert!(other_faults > same_faults + 100, "table 5 should fault outside a table-0 working set: {other_faults} vs {same_faults}");
+    assert!(WorkingSet::exists(&dir), "below the threshold the working set is kept");
+
+    // Above the threshold the working set is dropped so the next restore re-records.
+    let (_, _) = restore(&dir, r#"{"table":5}"#, "prefetch", &["--reprofile-threshold", "0.05"]);
+    assert!(!WorkingSet::exists(&dir), "an unrepresentative working set must be dropped");
+    let (_, again) = restore(&dir, r#"{"table":5}"#, "auto", &[]);
+    assert_eq!(again["mode"], "record");
+    assert!(recorded > 0);
+}
