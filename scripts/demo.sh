@@ -11,16 +11,22 @@ trap 'rm -rf "$WORK"' EXIT
 
 ms() { /usr/bin/python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.1f' % (d['total_ms']))" "$1"; }
 
-printf '%-14s %12s %16s %16s  %s\n' function "cold boot" "restore (lazy)" "restore (eager)" result
+printf '%-14s %11s %15s %15s %17s  %s\n' function "cold boot" "restore lazy" "restore eager" "restore REAP" result
 for fn in helloworld heavyimports; do
     code="$ROOT/build/samples/python/$fn"
     payload='{"name":"demo"}'
     "$THAW" boot --code "$code" --handler handler.handler --payload "$payload" --quiet --stats "$WORK/boot.json" >/dev/null
     "$THAW" snapshot create --code "$code" --handler handler.handler --out "$WORK/$fn.snap" >/dev/null
     "$THAW" snapshot evict "$WORK/$fn.snap"
-    result=$("$THAW" snapshot restore "$WORK/$fn.snap" --payload "$payload" --quiet --stats "$WORK/lazy.json")
+    result=$("$THAW" snapshot restore "$WORK/$fn.snap" --payload "$payload" --paging lazy --quiet --stats "$WORK/lazy.json")
     "$THAW" snapshot evict "$WORK/$fn.snap"
     "$THAW" snapshot restore "$WORK/$fn.snap" --payload "$payload" --paging eager --quiet --stats "$WORK/eager.json" >/dev/null
-    printf '%-14s %10s ms %13s ms %14s ms  %s\n' "$fn" "$(ms "$WORK/boot.json")" "$(ms "$WORK/lazy.json")" "$(ms "$WORK/eager.json")" "${result:0:60}"
+    # REAP: the first restore records the working set, later ones prefetch it.
+    "$THAW" snapshot restore "$WORK/$fn.snap" --payload "$payload" --paging record --quiet >/dev/null
+    "$THAW" snapshot evict "$WORK/$fn.snap"
+    "$THAW" snapshot restore "$WORK/$fn.snap" --payload "$payload" --paging prefetch --quiet --stats "$WORK/reap.json" >/dev/null
+    printf '%-14s %8s ms %12s ms %12s ms %14s ms  %s\n' "$fn" "$(ms "$WORK/boot.json")" "$(ms "$WORK/lazy.json")" \
+        "$(ms "$WORK/eager.json")" "$(ms "$WORK/reap.json")" "${result:0:40}"
 done
-echo "(single runs, page cache of each snapshot evicted before its restore; medians: python3 bench/coldstart.py)"
+echo "(time to first response; single runs, page cache of each snapshot evicted before each restore."
+echo " For medians over repeated runs: target/release/thaw bench)"
