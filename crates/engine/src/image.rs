@@ -234,6 +234,8 @@ pub struct ProcessImage {
     pub cwd: String,
     pub umask: u32,
     pub personality: u32,
+    /// Thread name (`/proc/PID/comm`).
+    pub comm: String,
     pub files: Vec<FileRef>,
     pub vmas: Vec<Vma>,
     pub fds: Vec<FdRecord>,
@@ -420,6 +422,7 @@ mod tests {
             cwd: "/var/task".into(),
             umask: 0o22,
             personality: 0,
+            comm: "python3".into(),
             files: vec![],
             vmas: vec![Vma { start: 0x1000, end: 0x6000, prot: 3, kind: VmaKind::Anon { growsdown: false } }],
             fds: vec![FdRecord { fd: 3, kind: FdKind::Control }],

@@ -280,6 +280,8 @@ pub fn restore_into(
     calls.push(Call::new("chdir", libc::SYS_chdir, &[cwd]));
     calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
     calls.push(Call::new("personality", libc::SYS_personality, &[img.personality as u64]));
+    let comm = data.push_cstr(&img.comm);
+    calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
     for rec in &img.fds {
         if let FdKind::Path { path, flags, pos } = &rec.kind {
             // Lowest-free allocation hands out numbers below the target fd, so
@@ -310,6 +312,9 @@ pub fn restore_into(
     let _ = fd_open_start;
     let [ru, eu, su] = img.creds.uid;
     calls.push(Call::new("setresuid", libc::SYS_setresuid, &[ru as u64, eu as u64, su as u64]));
+    // Changing credentials clears the parent-death signal: set it again, so the
+    // process dies with the node that serves its memory.
+    calls.push(Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, libc::SIGKILL as u64]));
     let res = inj.run(&calls, &mut data).map_err(inj_err)?;
     drop(res);
     // Move descriptors opened above to their recorded numbers and offsets.

@@ -265,3 +265,53 @@ fn corrupt_or_truncated_images_are_rejected() {
     assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
     ok(restore(&snap, "{}", &[]));
 }
+
+#[test]
+fn a_restored_instance_dies_with_its_page_server() {
+    let code = scratch().join("sleep-code");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(code.join("handler.py"), "import time\nBIG = bytearray(b'x' * (8 << 20))\n\ndef handler(event, context):\n    time.sleep(30)\n    return len(BIG)\n").unwrap();
+    let snap = scratch().join("snap-sleep");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let mut node = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .env("THAW_DATA_DIR", scratch().join("data"))
+        .args(["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--quiet"])
+        .spawn()
+        .unwrap();
+    // Find the instance: the child of the node's process.
+    let children = |pid: u32| -> Vec<i32> {
+        let mut out = Vec::new();
+        for t in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+            }
+        }
+        out
+    };
+    let mut inst = None;
+    for _ in 0..500 {
+        if let Some(&p) = children(node.id()).first() {
+            // Restored and running the handler: its comm is python's.
+            if std::fs::read_to_string(format!("/proc/{p}/comm")).map(|c| c.starts_with("python")).unwrap_or(false) {
+                inst = Some(p);
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let inst = inst.expect("restored instance not found");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    node.kill().unwrap();
+    node.wait().unwrap();
+    let mut gone = false;
+    for _ in 0..300 {
+        let state = std::fs::read_to_string(format!("/proc/{inst}/stat")).ok();
+        // Gone, or a zombie waiting for a reaper.
+        if state.as_deref().map_or(true, |s| s.split_whitespace().nth(2) == Some("Z")) {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(gone, "instance {inst} outlived its node and page server");
+}
