@@ -241,9 +241,11 @@ def bench_function(name, code, args, tmp, log=print):
                 continue
             s["run"] = run
             samples[mode].append(s)
-            out = out.strip()
-            if out:
-                outputs.setdefault(mode, out)
+            # Compare the first invocation's result only: warm runs two
+            # invocations and prints one result line per invocation.
+            lines = out.strip().splitlines()
+            if lines:
+                outputs.setdefault(mode, lines[0].strip())
     res = aggregate(samples)
     res["snapshot"] = {"create_ms": round(create_ms, 3), "image_bytes": image_bytes,
                        "handler": handler, "payload": payload}

@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
-# Build every sample function into build/samples/python/<name>/.
+# Build every sample function into build/samples/<runtime>/<name>/.
 #
-#   scripts/build-samples.sh [name...]      (default: every samples/python/*)
+#   scripts/build-samples.sh [name...]
 #
+# A name is `nodejs/<name>`, `java/<name>` or a Python sample's plain name
+# (`python/<name>` works too); `nodejs` / `java` / `python` alone mean all of
+# that runtime's samples.  Default: every sample of every runtime.
+#
+# Node.js (samples/nodejs/*): sources copied; a package.json's dependencies are
+# installed with `npm ci --omit=dev` (package-lock.json pinned) into the build.
+# Java (samples/java/*, one Maven multi-module build): the Java runtime jar is
+# built first (scripts/build-runtimes.sh); bundles are laid out as Lambda
+# extracts them: classes at the root (helloworld, matmul, random), classes +
+# lib/*.jar (jsonhandler), or the function's jar itself (features/features.jar).
+# Both are smoke-tested through runtimes/harness.py like the Python ones.
+#
+# Python:
 # For each sample: copy its sources, install requirements.txt (if any) into
 # the same directory with Debian's /usr/bin/python3 -m pip --target, byte-
 # compile everything, and write a build stamp.  A sample whose stamp matches
@@ -148,22 +161,161 @@ sys.exit(0 if ok else 1)
 ' <<<"$out" || die "$name: smoke test failed (expected $expect)"
 }
 
-main() {
-    local names=()
-    if [ "$#" -gt 0 ]; then
-        names=("$@")
-    else
-        for d in "$SRC"/*/; do names+=("$(basename "$d")"); done
+# --------------------------------------------------------------------------
+# Node.js and Java samples
+# --------------------------------------------------------------------------
+
+NODE_SRC="$ROOT/samples/nodejs"
+NODE_OUT="$ROOT/build/samples/nodejs"
+JAVA_SRC="$ROOT/samples/java"
+JAVA_OUT="$ROOT/build/samples/java"
+
+tree_hash() {
+    {
+        sha256sum "$ROOT/scripts/build-samples.sh" | cut -d' ' -f1
+        "$@"
+    } | sha256sum | cut -d' ' -f1
+}
+
+build_node() {
+    local name="$1" src="$NODE_SRC/$1" dst="$NODE_OUT/$1"
+    command -v node >/dev/null || die "node not found (the nodejs runtime uses /usr/bin/node)"
+    local hash; hash="$(tree_hash bash -c "node --version; cd '$src' && find . -type f ! -path './node_modules/*' -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum")"
+    if [ "${THAW_SAMPLES_FORCE:-0}" != 1 ] && [ -f "$dst/$STAMP_NAME" ] && [ "$(cat "$dst/$STAMP_NAME")" = "$hash" ]; then
+        log "nodejs/$name: up to date"
+        return 0
     fi
-    mkdir -p "$OUT"
-    for n in "${names[@]}"; do
+    log "nodejs/$name: building"
+    local tmp="$NODE_OUT/.$name.tmp.$$"
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    (cd "$src" && tar --exclude=node_modules -cf - .) | (cd "$tmp" && tar -xf -) || die "nodejs/$name: copying sources failed"
+    if [ -f "$tmp/package.json" ]; then
+        command -v npm >/dev/null || die "nodejs/$name: npm not found"
+        local cmd=(npm install --omit=dev --no-audit --no-fund --no-update-notifier)
+        [ -f "$tmp/package-lock.json" ] && cmd=(npm ci --omit=dev --no-audit --no-fund --no-update-notifier)
+        if ! (cd "$tmp" && "${cmd[@]}" >"$tmp.npm.log" 2>&1); then
+            cat "$tmp.npm.log" >&2; rm -rf "$tmp" "$tmp.npm.log"
+            die "nodejs/$name: ${cmd[*]} failed"
+        fi
+        rm -f "$tmp.npm.log"
+    fi
+    echo "$hash" >"$tmp/$STAMP_NAME"
+    rm -rf "$dst"; mv "$tmp" "$dst"
+    log "nodejs/$name: built ($(du -sh "$dst" | cut -f1))"
+}
+
+# All Java samples come from one Maven build; each is then laid out.
+build_java_all() {
+    command -v mvn >/dev/null || die "mvn not found (apt-get install maven)"
+    bash "$ROOT/scripts/build-runtimes.sh"
+    local hash; hash="$(tree_hash bash -c "cd '$JAVA_SRC' && find . -type f ! -path '*/target/*' -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum")"
+    if [ "${THAW_SAMPLES_FORCE:-0}" != 1 ] && [ -f "$JAVA_OUT/$STAMP_NAME" ] && [ "$(cat "$JAVA_OUT/$STAMP_NAME")" = "$hash" ]; then
+        log "java: up to date"
+        return 0
+    fi
+    log "java: building with Maven"
+    local tmp; tmp="$(mktemp -d /tmp/thaw-java-samples.XXXXXX)"
+    (cd "$JAVA_SRC" && tar --exclude=target -cf - .) | (cd "$tmp" && tar -xf -)
+    if ! (cd "$tmp" && JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 mvn -q -B package >"$tmp/mvn.log" 2>&1); then
+        cat "$tmp/mvn.log" >&2; rm -rf "$tmp"
+        die "java: mvn package failed"
+    fi
+    local out="$JAVA_OUT.tmp.$$"
+    rm -rf "$out"; mkdir -p "$out"
+    for d in "$tmp"/*/; do
+        local name; name="$(basename "$d")"
+        local jar="$d/target/$name.jar"
+        [ -f "$jar" ] || continue
+        mkdir -p "$out/$name"
+        case "$name" in
+            features) cp "$jar" "$out/$name/$name.jar" ;;   # bundle = the function's jar
+            *) (cd "$out/$name" && unzip -q "$jar" -x 'META-INF/*') ;;   # extracted classes
+        esac
+        if [ -d "$d/target/lib" ]; then
+            mkdir -p "$out/$name/lib"; cp "$d/target/lib/"*.jar "$out/$name/lib/"
+        fi
+        echo "$hash" >"$out/$name/$STAMP_NAME"
+    done
+    rm -rf "$tmp"
+    echo "$hash" >"$out/$STAMP_NAME"
+    rm -rf "$JAVA_OUT"; mv "$out" "$JAVA_OUT"
+    log "java: built $(ls "$JAVA_OUT" | tr '\n' ' ')"
+}
+
+handler_for() {  # runtime name
+    case "$1/$2" in
+        nodejs/*) echo "index.handler" ;;
+        java/helloworld) echo "example.Hello" ;;
+        java/matmul) echo "example.MatMul::multiply" ;;
+        java/jsonhandler) echo "example.Orders" ;;
+        java/features) echo "example.Features" ;;
+        java/random) echo "example.Randoms" ;;
+        *) echo "handler.handler" ;;
+    esac
+}
+payload_for_rt() {
+    case "$1/$2" in
+        */helloworld) echo '{"name":"smoke"}' ;;
+        nodejs/jsontransform) echo '{"rows":300}' ;;
+        nodejs/imageresize) echo '{"width":80}' ;;
+        java/matmul) echo '{"n":64}' ;;
+        java/jsonhandler) echo '{"orders":[{"id":"a","region":"west","items":[{"sku":"x","qty":2,"price":1.5}]}],"generate":30}' ;;
+        *) echo '{}' ;;
+    esac
+}
+
+smoke_rt() {
+    local rt="$1" name="$2" dst="$ROOT/build/samples/$1/$2"
+    local out
+    out="$("$PY" "$ROOT/runtimes/harness.py" --runtime "$rt" --code "$dst" --handler "$(handler_for "$rt" "$name")" \
+            --payload "$(payload_for_rt "$rt" "$name")" --invocations 2 --restored)" || die "$rt/$name: smoke harness failed"
+    NAME="$rt/$name" "$PY" -c '
+import json, os, sys
+o = json.loads(sys.stdin.read())
+name = os.environ["NAME"]
+init = o.get("init") or {}
+if init.get("type") != "ready":
+    ok, got = False, "init failed: %s" % json.dumps(init)
+else:
+    rs = o["results"]
+    ok = all(r.get("ok") is True for r in rs) and (o.get("restored") or {}).get("type") == "ok"
+    got = rs[0].get("result") if ok else json.dumps(rs) + " restored=" + json.dumps(o.get("restored"))
+msg = "%-18s init %7.1f ms  threads %2s  %s" % (name, o.get("init_ms", 0), o.get("threads", "?"),
+                                                 got if len(got) < 100 else got[:97] + "...")
+print(("smoke ok:   " if ok else "smoke FAIL: ") + msg, file=sys.stderr)
+if not ok:
+    print(o.get("log", ""), file=sys.stderr)
+sys.exit(0 if ok else 1)
+' <<<"$out" || die "$rt/$name: smoke test failed"
+}
+
+main() {
+    local py=() node=() java=() a
+    if [ "$#" -eq 0 ]; then set -- python nodejs java; fi
+    for a in "$@"; do
+        case "$a" in
+            python) for d in "$SRC"/*/; do py+=("$(basename "$d")"); done ;;
+            nodejs) for d in "$NODE_SRC"/*/; do node+=("$(basename "$d")"); done ;;
+            java) for d in "$JAVA_SRC"/*/; do java+=("$(basename "$d")"); done ;;
+            nodejs/*) [ -d "$NODE_SRC/${a#nodejs/}" ] || die "unknown sample '$a'"; node+=("${a#nodejs/}") ;;
+            java/*) [ -d "$JAVA_SRC/${a#java/}" ] || die "unknown sample '$a'"; java+=("${a#java/}") ;;
+            python/*) py+=("${a#python/}") ;;
+            *) py+=("$a") ;;
+        esac
+    done
+    mkdir -p "$OUT" "$NODE_OUT"
+    for n in "${py[@]}"; do
         [ -d "$SRC/$n" ] || die "unknown sample '$n' (no $SRC/$n)"
         build_one "$n"
     done
+    for n in "${node[@]}"; do build_node "$n"; done
+    [ "${#java[@]}" -gt 0 ] && build_java_all
     if [ "${THAW_SAMPLES_NO_SMOKE:-0}" != 1 ]; then
-        for n in "${names[@]}"; do smoke_one "$n"; done
+        for n in "${py[@]}"; do smoke_one "$n"; done
+        for n in "${node[@]}"; do smoke_rt nodejs "$n"; done
+        for n in "${java[@]}"; do smoke_rt java "$n"; done
     fi
-    log "done: ${#names[@]} sample(s) in ${OUT#$ROOT/}"
+    log "done: ${#py[@]} python, ${#node[@]} nodejs, ${#java[@]} java sample(s) in build/samples"
 }
 
 main "$@"

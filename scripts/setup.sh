@@ -44,6 +44,7 @@ if [ -w /sys/kernel/rcu_expedited ] && [ "$(cat /sys/kernel/rcu_expedited)" != 1
     echo 1 > /sys/kernel/rcu_expedited
 fi
 
+bash scripts/build-runtimes.sh   # Java runtime jar (build/runtimes/java), copied into the shim dir by thaw
 log "building sample functions"
 bash scripts/build-samples.sh
 

@@ -24,6 +24,11 @@ import sys
 import time
 import traceback
 
+# Snapshot hooks (register_before_snapshot / register_after_restore).  Imported
+# while sys.path[0] is still this script's directory, so the function's own
+# `import thaw_runtime` gets this very module from sys.modules.
+import thaw_runtime
+
 CONTROL_FD = 3
 MAX_FRAME = 64 * 1024 * 1024
 _THIS_FILE = os.path.abspath(__file__)
@@ -189,6 +194,7 @@ def _init():
     handler_name = os.environ.get("_HANDLER", "")
     try:
         fn = _load_handler(handler_name)
+        thaw_runtime._run_before_snapshot()
     except _InitFault as f:
         return None, {"type": "init_error", "errorType": f.error_type,
                       "errorMessage": f.message, "stackTrace": f.stack}
@@ -265,6 +271,17 @@ def _invoke(fn, msg):
     return {"type": "result", "ok": True, "result": text}
 
 
+def _restored():
+    """A restored clone: reseed, run the after-restore hooks; reply ok/error."""
+    try:
+        thaw_runtime._run_after_restore()
+    except Exception as e:
+        return {"type": "error", "errorType": type(e).__name__,
+                "errorMessage": "afterRestore hook failed: %s" % e,
+                "stackTrace": _stack_trace(e.__traceback__)}
+    return {"type": "ok"}
+
+
 def main():
     fn, init_error = _init()
     _flush_logs()
@@ -290,6 +307,10 @@ def main():
             kind = msg.get("type")
             if kind == "invoke":
                 reply = _invoke(fn, msg)
+                _flush_logs()
+                _send(reply)
+            elif kind == "restored":
+                reply = _restored()
                 _flush_logs()
                 _send(reply)
             elif kind == "shutdown":

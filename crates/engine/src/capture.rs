@@ -56,6 +56,22 @@ const DUMP_CHUNK_PAGES: u64 = 256;
 /// Capture the process `pid` (PID 1 of its sandbox, stopped in the runtime's
 /// control-channel read) into `out`.
 pub fn capture(pid: i32, sandbox: SandboxRecord, out: &Path) -> Result<(PathBuf, CaptureStats), CaptureError> {
+    let mut seized = Vec::new();
+    let result = capture_inner(pid, sandbox, out, &mut seized);
+    // Whatever happened, the process is not resumed: kill it and reap the threads
+    // we trace (a traced thread's exit waits for its tracer, and the leader's
+    // exit waits for its threads).
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    crate::sys::ptrace::reap_threads(pid, &seized);
+    result
+}
+
+fn capture_inner(
+    pid: i32,
+    sandbox: SandboxRecord,
+    out: &Path,
+    seized: &mut Vec<Tracee>,
+) -> Result<(PathBuf, CaptureStats), CaptureError> {
     let t0 = Instant::now();
     let ioe = |what: &str| {
         let what = what.to_string();
@@ -63,29 +79,45 @@ pub fn capture(pid: i32, sandbox: SandboxRecord, out: &Path) -> Result<(PathBuf,
     };
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
 
-    let tracee = Tracee::seize_and_stop(pid).map_err(ioe("ptrace seize/interrupt"))?;
+    let tracees = seize_all(pid, seized)?;
     let status = procfs::status(pid).map_err(ioe("reading status"))?;
-    if status.threads != 1 {
-        return Err(refuse(format!(
-            "it has {} threads; format version 1 captures single-threaded processes only",
-            status.threads
-        )));
+    if status.shared_pending != 0 {
+        return Err(refuse(format!("signals are pending for the process ({:#x})", status.shared_pending)));
     }
-    if status.sig_pending != 0 || status.shared_pending != 0 {
-        return Err(refuse(format!(
-            "signals are pending (thread {:#x}, process {:#x})",
-            status.sig_pending, status.shared_pending
-        )));
+    if std::fs::read_to_string(format!("/proc/{pid}/timers")).map(|t| !t.trim().is_empty()).unwrap_or(false) {
+        return Err(refuse("it has POSIX timers (timer_create), which the engine cannot recreate yet".into()));
     }
-    let ns_tid = *status.nspid.last().unwrap_or(&pid);
 
     // Thread state visible through ptrace.
-    let mut r = tracee.get_regs().map_err(ioe("reading registers"))?;
-    regs::rewind_interrupted_syscall(&mut r);
-    let xstate = tracee.get_xstate().map_err(ioe("reading xstate"))?;
-    let sigmask = tracee.get_sigmask().map_err(ioe("reading signal mask"))?;
-    let rseq = tracee.get_rseq().map_err(ioe("reading rseq configuration"))?;
-    let robust_list = ptrace::robust_list(pid).map_err(ioe("reading robust list"))?;
+    let mut threads = Vec::with_capacity(tracees.len());
+    for t in &tracees {
+        let tid = t.pid.as_raw();
+        let tst = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
+        if tst.sig_pending != 0 {
+            return Err(refuse(format!("signals are pending for thread {tid} ({:#x})", tst.sig_pending)));
+        }
+        let mut r = t.get_regs().map_err(ioe("reading registers"))?;
+        regs::rewind_interrupted_syscall(&mut r);
+        let rseq = t.get_rseq().map_err(ioe("reading rseq configuration"))?;
+        threads.push(ThreadState {
+            tid: *tst.nspid.last().unwrap_or(&tid),
+            regs: regs::to_array(&r),
+            xstate: t.get_xstate().map_err(ioe("reading xstate"))?,
+            sigmask: t.get_sigmask().map_err(ioe("reading signal mask"))?,
+            rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
+                ptr: rseq.rseq_abi_pointer,
+                len: rseq.rseq_abi_size,
+                sig: rseq.signature,
+            }),
+            robust_list: ptrace::robust_list(tid).map_err(ioe("reading robust list"))?,
+            tid_address: 0,
+            altstack: None,
+            comm: procfs::thread_comm(pid, tid).map_err(ioe("reading thread name"))?,
+        });
+    }
+    if threads[0].tid != 1 {
+        return Err(refuse(format!("its thread group leader is pid {} in its namespace, not 1", threads[0].tid)));
+    }
 
     // Process state visible through /proc.
     let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
@@ -107,34 +139,27 @@ pub fn capture(pid: i32, sandbox: SandboxRecord, out: &Path) -> Result<(PathBuf,
     };
 
     // State only the process can report: inject syscalls.
-    let injected = match injected_state(&tracee, &mem, &maps) {
+    let injected = match injected_state(&tracees, &mem, &maps, &fds) {
         Ok(x) => x,
         Err(e) => {
             writer.abandon();
             return Err(CaptureError::Inject { pid, source: e });
         }
     };
-    // After this point the process is never resumed.
-    let _ = nix::sys::signal::kill(tracee.pid, nix::sys::signal::Signal::SIGKILL);
+    if let Some((fd, n)) = injected.pipe_unread.iter().find(|x| x.1 != 0) {
+        writer.abandon();
+        return Err(refuse(format!("pipe descriptor {fd} holds {n} unread bytes, which a snapshot cannot carry")));
+    }
+    for (t, (tid_address, altstack)) in threads.iter_mut().zip(injected.per_thread) {
+        t.tid_address = tid_address;
+        t.altstack = altstack;
+    }
 
     let image = ProcessImage {
         created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
         kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
         sandbox,
-        threads: vec![ThreadState {
-            tid: ns_tid,
-            regs: regs::to_array(&r),
-            xstate,
-            sigmask,
-            rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
-                ptr: rseq.rseq_abi_pointer,
-                len: rseq.rseq_abi_size,
-                sig: rseq.signature,
-            }),
-            robust_list,
-            tid_address: injected.tid_address,
-            altstack: injected.altstack,
-        }],
+        threads,
         mm: MmState { fields, brk: injected.brk, auxv, exe },
         sigactions: injected.sigactions,
         rlimits: injected.rlimits,
@@ -155,14 +180,37 @@ pub fn capture(pid: i32, sandbox: SandboxRecord, out: &Path) -> Result<(PathBuf,
     Ok((dir, stats))
 }
 
+/// Stop every thread of `pid` (the leader first), repeating until no new thread
+/// appeared while we were stopping the others.
+fn seize_all(pid: i32, tracees: &mut Vec<Tracee>) -> Result<Vec<Tracee>, CaptureError> {
+    let ioe = |what: String| move |source| CaptureError::Io { pid, what, source };
+    loop {
+        let tids = procfs::tids(pid).map_err(ioe("listing threads".into()))?;
+        let new: Vec<i32> = tids.iter().copied().filter(|t| !tracees.iter().any(|x| x.pid.as_raw() == *t)).collect();
+        if new.is_empty() {
+            // Keep the leader first, then ascending tids.
+            tracees.sort_by_key(|t| (t.pid.as_raw() != pid, t.pid.as_raw()));
+            return Ok(tracees.clone());
+        }
+        for tid in new {
+            tracees.push(Tracee::seize_and_stop(tid).map_err(ioe(format!("ptrace seize/interrupt of thread {tid}")))?);
+        }
+    }
+}
+
 fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
     let list = procfs::fds(pid).map_err(|source| CaptureError::Io { pid, what: "listing descriptors".into(), source })?;
     let mut out = Vec::new();
-    for (fd, target, pos, flags) in list {
-        let kind = match (fd, target.as_str()) {
+    let pipe_ino = |t: &str| t.strip_prefix("pipe:[").and_then(|x| x.strip_suffix(']')).and_then(|x| x.parse::<u64>().ok());
+    for f in &list {
+        let (fd, t, flags) = (f.fd, f.target.as_str(), f.flags as i32);
+        if fd >= HIGH_FD_BASE {
+            return Err(refuse(format!("descriptor {fd} is numbered {HIGH_FD_BASE} or higher; the engine reserves that range")));
+        }
+        let kind = match (fd, t) {
             (0, "/dev/null") => FdKind::Null,
-            (1 | 2, t) if t.starts_with("pipe:") => FdKind::Log,
+            (1 | 2, t) if t.starts_with("pipe:") && flags & libc::O_ACCMODE == libc::O_WRONLY && is_log_pipe(&list, t) => FdKind::Log,
             (3, t) if t.starts_with("socket:") => FdKind::Control,
             (_, t) if t.starts_with("socket:") => {
                 let ino: u64 = t.trim_start_matches("socket:[").trim_end_matches(']').parse().unwrap_or(0);
@@ -172,6 +220,27 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                      (open them in the handler, not at import time)"
                 )));
             }
+            (_, t) if t.starts_with("pipe:") => {
+                let ino = pipe_ino(t).unwrap_or(0);
+                let ends = list.iter().filter(|g| g.target == t).count();
+                let write = flags & libc::O_ACCMODE == libc::O_WRONLY;
+                if !list.iter().any(|g| g.target == t && (g.flags as i32 & libc::O_ACCMODE == libc::O_WRONLY) != write) {
+                    return Err(refuse(format!(
+                        "descriptor {fd} is one end of a pipe ({t}, {ends} descriptor(s)) whose other end is outside the process"
+                    )));
+                }
+                FdKind::Pipe { pipe: ino, write, flags }
+            }
+            (_, "anon_inode:[eventfd]") => FdKind::EventFd {
+                count: procfs::fdinfo_field(&f.info, "eventfd-count").and_then(|v| v.parse().ok()).unwrap_or(0),
+                semaphore: procfs::fdinfo_field(&f.info, "eventfd-semaphore").as_deref() == Some("1"),
+                flags,
+            },
+            (_, "anon_inode:[eventpoll]") => FdKind::Epoll { flags, items: procfs::parse_epoll_items(&f.info) },
+            (_, "anon_inode:[signalfd]") => FdKind::SignalFd {
+                mask: procfs::fdinfo_field(&f.info, "sigmask").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0),
+                flags,
+            },
             (_, t) if t.starts_with('/') && !t.ends_with(" (deleted)") => {
                 let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
                     .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {fd}"), source })?;
@@ -180,11 +249,11 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 if !(ft.is_file() || ft.is_char_device() || ft.is_dir()) {
                     return Err(refuse(format!("descriptor {fd} ({t}) is neither a regular file nor a device")));
                 }
-                let acc = flags as i32 & libc::O_ACCMODE;
+                let acc = flags & libc::O_ACCMODE;
                 if ft.is_file() && acc != libc::O_RDONLY {
                     return Err(refuse(format!("descriptor {fd} ({t}) is open for writing")));
                 }
-                FdKind::Path { path: t.to_string(), flags: flags as i32, pos }
+                FdKind::Path { path: t.to_string(), flags, pos: f.pos }
             }
             (_, t) => {
                 return Err(refuse(format!("descriptor {fd} is of a kind the engine cannot recreate yet: {t}")));
@@ -192,8 +261,26 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
         };
         out.push(FdRecord { fd, kind });
     }
+    // Epoll registrations must point at descriptors we recreate.
+    for r in &out {
+        if let FdKind::Epoll { items, .. } = &r.kind {
+            for (tfd, _, _) in items {
+                if !out.iter().any(|x| x.fd == *tfd) {
+                    return Err(refuse(format!("epoll descriptor {} watches descriptor {tfd}, which is closed or was replaced", r.fd)));
+                }
+            }
+        }
+    }
     Ok(out)
 }
+
+/// fds 1 and 2 are the sandbox's log pipe: write ends whose read end is not ours.
+fn is_log_pipe(list: &[procfs::FdInfo], target: &str) -> bool {
+    !list.iter().any(|g| g.target == target && g.flags as i32 & libc::O_ACCMODE == libc::O_RDONLY)
+}
+
+/// Descriptors at or above this number are used by the restore as scratch.
+pub const HIGH_FD_BASE: i32 = 700;
 
 fn prot_of(m: &MapEntry) -> i32 {
     (if m.read { libc::PROT_READ } else { 0 })
@@ -312,8 +399,10 @@ fn dump_pages(
 
 struct Injected {
     sigactions: Vec<SigAction>,
-    altstack: Option<AltStack>,
-    tid_address: u64,
+    /// (tid address, altstack) of each thread, in the order of the tracees.
+    per_thread: Vec<(u64, Option<AltStack>)>,
+    /// Unread bytes in each pipe read end.
+    pipe_unread: Vec<(i32, u32)>,
     brk: u64,
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
@@ -324,7 +413,13 @@ const SS_DISABLE: i32 = 2;
 /// RLIMIT_CPU .. RLIMIT_RTTIME.
 const RLIMIT_COUNT: u32 = 16;
 
-fn injected_state(tracee: &Tracee, mem: &ProcMem, maps: &[MapEntry]) -> Result<Injected, InjectError> {
+fn injected_state(
+    tracees: &[Tracee],
+    mem: &ProcMem,
+    maps: &[MapEntry],
+    fds: &[FdRecord],
+) -> Result<Injected, InjectError> {
+    let tracee = &tracees[0];
     let pid = tracee.pid.as_raw();
     // A `syscall` instruction to bootstrap with: the vDSO always has one.
     let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or(InjectError::UnexpectedStop {
@@ -361,10 +456,15 @@ fn injected_state(tracee: &Tracee, mem: &ProcMem, maps: &[MapEntry]) -> Result<I
         outs.push((sig as u32, out));
         calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig, 0, out, 8]));
     }
-    let ss = data.reserve(24);
-    calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[0, ss]));
-    let tida = data.reserve(8);
-    calls.push(Call::new("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, tida]));
+    // Data left in a pipe would be lost: check every read end is empty.
+    let mut pipe_checks = Vec::new();
+    for r in fds {
+        if let FdKind::Pipe { write: false, .. } = r.kind {
+            let out = data.reserve(4);
+            pipe_checks.push((r.fd, out));
+            calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
+        }
+    }
     calls.push(Call::new("brk", libc::SYS_brk, &[0]));
     // prlimit64 on another process needs CAP_SYS_RESOURCE, so ask the process itself.
     let mut rl = Vec::new();
@@ -388,15 +488,36 @@ fn injected_state(tracee: &Tracee, mem: &ProcMem, maps: &[MapEntry]) -> Result<I
             sigactions.push(sa);
         }
     }
-    let ss_flags = u64_at(ss, 1) as u32 as i32;
-    let altstack = (ss_flags & SS_DISABLE == 0).then(|| AltStack { sp: u64_at(ss, 0), flags: ss_flags, size: u64_at(ss, 2) });
+    let pipe_unread = pipe_checks
+        .into_iter()
+        .map(|(fd, out)| (fd, u32::from_le_bytes(inj.data_bytes(&data, out, 4).try_into().expect("4 bytes"))))
+        .collect();
+    // Per-thread attributes only each thread can report.
+    let mut per_thread = Vec::with_capacity(tracees.len());
+    for t in tracees {
+        let ti = Injector::new(*t, &wmem, region)?;
+        let mut d = DataArea::new(region);
+        let ss = d.reserve(24);
+        let tida = d.reserve(8);
+        ti.run(
+            &[
+                Call::new("sigaltstack", libc::SYS_sigaltstack, &[0, ss]),
+                Call::new("prctl(PR_GET_TID_ADDRESS)", libc::SYS_prctl, &[PR_GET_TID_ADDRESS, tida]),
+            ],
+            &mut d,
+        )?;
+        let at = |addr: u64, i: usize| u64::from_le_bytes(ti.data_bytes(&d, addr + i as u64 * 8, 8).try_into().expect("8 bytes"));
+        let ss_flags = at(ss, 1) as u32 as i32;
+        let altstack = (ss_flags & SS_DISABLE == 0).then(|| AltStack { sp: at(ss, 0), flags: ss_flags, size: at(ss, 2) });
+        per_thread.push((at(tida, 0), altstack));
+    }
     let rlimits = rl.into_iter().map(|(res, out)| (res, u64_at(out, 0), u64_at(out, 1))).collect();
     let cwd_len = res[res.len() - 1] as usize;
     let cwd_bytes = inj.data_bytes(&data, cwd, cwd_len.saturating_sub(1));
     Ok(Injected {
         sigactions,
-        altstack,
-        tid_address: u64_at(tida, 0),
+        per_thread,
+        pipe_unread,
         brk: res[res.len() - 2 - RLIMIT_COUNT as usize] as u64,
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),

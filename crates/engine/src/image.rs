@@ -35,7 +35,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -89,7 +89,7 @@ pub struct AltStack {
     pub size: u64,
 }
 
-/// Per-thread state (one thread in format version 1).
+/// Per-thread state; the thread group leader (tid 1) comes first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThreadState {
     /// Thread id inside the sandbox's pid namespace.
@@ -101,6 +101,8 @@ pub struct ThreadState {
     pub robust_list: (u64, u64),
     pub tid_address: u64,
     pub altstack: Option<AltStack>,
+    /// Thread name.
+    pub comm: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +170,14 @@ pub enum FdKind {
     Control,
     /// A file or character device reopened by path.
     Path { path: String, flags: i32, pos: u64 },
+    /// One end of a pipe whose both ends the process holds (`pipe` identifies the pair).
+    Pipe { pipe: u64, write: bool, flags: i32 },
+    /// An eventfd with its counter.
+    EventFd { count: u64, semaphore: bool, flags: i32 },
+    /// An epoll instance and its registrations (target fd, events, data).
+    Epoll { flags: i32, items: Vec<(i32, u32, u64)> },
+    /// A signalfd and the signals it accepts.
+    SignalFd { mask: u64, flags: i32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -414,6 +424,7 @@ mod tests {
                 robust_list: (0x20, 24),
                 tid_address: 0x30,
                 altstack: None,
+                comm: "python3".into(),
             }],
             mm: MmState { fields: MmFields::default(), brk: 0x4000, auxv: vec![0; 16], exe: "/usr/bin/python3.11".into() },
             sigactions: vec![],
@@ -425,7 +436,11 @@ mod tests {
             comm: "python3".into(),
             files: vec![],
             vmas: vec![Vma { start: 0x1000, end: 0x6000, prot: 3, kind: VmaKind::Anon { growsdown: false } }],
-            fds: vec![FdRecord { fd: 3, kind: FdKind::Control }],
+            fds: vec![
+                FdRecord { fd: 3, kind: FdKind::Control },
+                FdRecord { fd: 5, kind: FdKind::Epoll { flags: 0o2000000, items: vec![(6, 0x19, 0xd)] } },
+                FdRecord { fd: 6, kind: FdKind::EventFd { count: 2, semaphore: false, flags: 0o4000 } },
+            ],
             pages,
         }
     }
@@ -451,7 +466,7 @@ mod tests {
         let mut v2 = bytes.clone();
         v2[8] = 99;
         let e = decode_state(Path::new("/s"), &v2).unwrap_err().to_string();
-        assert_eq!(e, "snapshot /s: format version 99 is not supported (this build reads version 1)");
+        assert_eq!(e, "snapshot /s: format version 99 is not supported (this build reads version 2)");
     }
 
     #[test]

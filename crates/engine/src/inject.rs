@@ -171,7 +171,13 @@ impl<'a> Injector<'a> {
         regs.eflags &= !(1 << 8); // clear TF
         self.tracee.set_regs(&regs).map_err(|source| InjectError::Ptrace { op: "SETREGS", pid, source })?;
         self.tracee.cont().map_err(|source| InjectError::Ptrace { op: "CONT", pid, source })?;
-        let sig = self.tracee.wait_stop().map_err(|source| InjectError::Ptrace { op: "wait", pid, source })?;
+        let sig = loop {
+            match self.tracee.wait_stop().map_err(|source| InjectError::Ptrace { op: "wait", pid, source })? {
+                // A ptrace event (e.g. PTRACE_EVENT_CLONE of an injected clone3): go on.
+                None => self.tracee.cont().map_err(|source| InjectError::Ptrace { op: "CONT", pid, source })?,
+                Some(sig) => break Some(sig),
+            }
+        };
         let after = self.tracee.get_regs().map_err(|source| InjectError::Ptrace { op: "GETREGS", pid, source })?;
         if after.rip != self.region + DONE_OFF + 1 {
             return Err(InjectError::UnexpectedStop { pid, rip: after.rip, signal: sig.map(|s| s.to_string()) });

@@ -231,18 +231,71 @@ pub fn personality(pid: i32) -> io::Result<u32> {
     u32::from_str_radix(t.trim(), 16).map_err(|_| bad(pid, "personality"))
 }
 
-/// Open descriptors of `pid`: (fd, link target, pos, flags).
-pub fn fds(pid: i32) -> io::Result<Vec<(i32, String, u64, u32)>> {
+/// One open descriptor as /proc shows it.
+#[derive(Debug, Clone)]
+pub struct FdInfo {
+    pub fd: i32,
+    /// Link target: a path, `pipe:[ino]`, `socket:[ino]`, `anon_inode:[eventfd]`...
+    pub target: String,
+    pub pos: u64,
+    pub flags: u32,
+    /// The whole fdinfo text (epoll registrations, eventfd count...).
+    pub info: String,
+}
+
+/// Open descriptors of `pid`, sorted by number.
+pub fn fds(pid: i32) -> io::Result<Vec<FdInfo>> {
     let mut out = Vec::new();
     for ent in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
         let ent = ent?;
         let Ok(fd) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
         let target = std::fs::read_link(ent.path())?.to_string_lossy().into_owned();
-        let (pos, flags) = parse_fdinfo(&read(pid, &format!("fdinfo/{fd}"))?);
-        out.push((fd, target, pos, flags));
+        let info = read(pid, &format!("fdinfo/{fd}"))?;
+        let (pos, flags) = parse_fdinfo(&info);
+        out.push(FdInfo { fd, target, pos, flags, info });
     }
-    out.sort_by_key(|x| x.0);
+    out.sort_by_key(|x| x.fd);
     Ok(out)
+}
+
+/// `tfd`, `events` and `data` of each registration in an epoll fdinfo.
+pub fn parse_epoll_items(info: &str) -> Vec<(i32, u32, u64)> {
+    let mut out = Vec::new();
+    for line in info.lines() {
+        let Some(rest) = line.strip_prefix("tfd:") else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let get = |k: &str| f.iter().position(|x| *x == k).and_then(|i| f.get(i + 1)).copied();
+        if let (Some(tfd), Some(ev), Some(data)) = (f.first(), get("events:"), get("data:")) {
+            if let (Ok(tfd), Some(ev), Some(data)) = (tfd.parse(), hex(ev).map(|v| v as u32), hex(data)) {
+                out.push((tfd, ev, data));
+            }
+        }
+    }
+    out
+}
+
+/// A `key: value` field of an fdinfo text, parsed with `parse`.
+pub fn fdinfo_field(info: &str, key: &str) -> Option<String> {
+    info.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
+}
+
+/// Thread ids of `pid`, the leader first.
+pub fn tids(pid: i32) -> io::Result<Vec<i32>> {
+    let mut t: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|e| e.ok()?.file_name().to_string_lossy().parse().ok())
+        .collect();
+    t.sort_unstable_by_key(|&x| (x != pid, x));
+    Ok(t)
+}
+
+/// /proc/PID/task/TID/status of one thread.
+pub fn thread_status(pid: i32, tid: i32) -> io::Result<Status> {
+    parse_status(&read(pid, &format!("task/{tid}/status"))?).ok_or_else(|| bad(pid, "task status"))
+}
+
+/// Thread name of one thread.
+pub fn thread_comm(pid: i32, tid: i32) -> io::Result<String> {
+    Ok(read(pid, &format!("task/{tid}/comm"))?.trim_end().to_string())
 }
 
 /// Look up a socket inode in /proc/PID/net/{tcp,tcp6,udp,udp6} to name it in errors.
@@ -313,6 +366,16 @@ mod tests {
         assert_eq!(st.nspid, vec![4242, 1]);
         assert_eq!(st.shared_pending, 0x100);
         assert!(st.groups.is_empty());
+    }
+
+    #[test]
+    fn parses_epoll_and_eventfd_fdinfo() {
+        let ep = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\ntfd:       13 events:       19 data:                d  pos:0 ino:40e sdev:10\ntfd:       11 events:       19 data:                b  pos:0 ino:13079 sdev:f\n";
+        assert_eq!(parse_epoll_items(ep), vec![(13, 0x19, 0xd), (11, 0x19, 0xb)]);
+        let ev = "pos:\t0\nflags:\t02004002\neventfd-count:                5\neventfd-id: 3\neventfd-semaphore: 1\n";
+        assert_eq!(fdinfo_field(ev, "eventfd-count").as_deref(), Some("5"));
+        assert_eq!(fdinfo_field(ev, "eventfd-semaphore").as_deref(), Some("1"));
+        assert_eq!(fdinfo_field(ev, "nope"), None);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use std::time::Instant;
 use thiserror::Error;
 use tracing::debug;
 
-use crate::image::{FdKind, ProcessImage, VmaKind};
+use crate::image::{FdKind, FdRecord, ProcessImage, VmaKind};
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
 use crate::pageserver::{self, AddressSpace, PageServer, PageServerError, PageSource, PrefetchStats, Stats};
 use crate::ws::{AlignedBuf, Touch, WorkingSet};
@@ -116,7 +116,9 @@ fn vdso_syscall_offset() -> Option<u64> {
 }
 
 /// Rebuild `img` into the stopped stub `pid` (our child, traced by this thread),
-/// whose injection region is at `region`. `pidfd` refers to the stub.
+/// whose injection region is at `region`. `pidfd` refers to the stub. On failure
+/// the process is killed (and the threads we created reaped), so the caller can
+/// simply destroy the sandbox.
 pub fn restore_into(
     pid: i32,
     pidfd: &OwnedFd,
@@ -125,9 +127,30 @@ pub fn restore_into(
     source: Arc<PageSource>,
     prefill: impl FnOnce() -> (Prefill, bool),
 ) -> Result<Restored, RestoreError> {
+    let mut threads = Vec::new();
+    let result = restore_inner(pid, pidfd, region, img, source, prefill, &mut threads);
+    if result.is_err() {
+        // A traced thread's exit waits for its tracer, and the leader's for its threads.
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        crate::sys::ptrace::reap_threads(pid, &threads);
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn restore_inner(
+    pid: i32,
+    pidfd: &OwnedFd,
+    region: u64,
+    img: &ProcessImage,
+    source: Arc<PageSource>,
+    prefill: impl FnOnce() -> (Prefill, bool),
+    threads: &mut Vec<Tracee>,
+) -> Result<Restored, RestoreError> {
     let mut phases = Vec::new();
     let mut t = Instant::now();
     let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64)>| {
+        tracing::trace!(pid, phase = name, "restore phase done");
         phases.push((name, t.elapsed().as_secs_f64() * 1e3));
         t = Instant::now();
     };
@@ -136,10 +159,10 @@ pub fn restore_into(
         move |source| RestoreError::Io { pid, what, source }
     };
     let inj_err = |source| RestoreError::Inject { pid, source };
-    if img.threads.len() != 1 {
-        return Err(RestoreError::Incompatible(format!("{} threads in the image; this engine restores one", img.threads.len())));
-    }
-    let thread = &img.threads[0];
+    let thread = match img.threads.first() {
+        Some(t) if t.tid == 1 => t,
+        _ => return Err(RestoreError::Incompatible("the image's first thread is not PID 1".into())),
+    };
 
     // The files the image maps must be the ones it was captured with.
     for f in &img.files {
@@ -280,45 +303,12 @@ pub fn restore_into(
     calls.push(Call::new("chdir", libc::SYS_chdir, &[cwd]));
     calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
     calls.push(Call::new("personality", libc::SYS_personality, &[img.personality as u64]));
-    let comm = data.push_cstr(&img.comm);
+    let comm = data.push_cstr(&thread.comm);
     calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
-    for rec in &img.fds {
-        if let FdKind::Path { path, flags, pos } = &rec.kind {
-            // Lowest-free allocation hands out numbers below the target fd, so
-            // opening in ascending order never clobbers a later target.
-            let a = data.push_cstr(path);
-            let open_flags = (*flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)) as u64;
-            calls.push(Call::new("openat(fd)", libc::SYS_openat, &[libc::AT_FDCWD as u64, a, open_flags]));
-            // The batch cannot feed one result into the next call, so open at the
-            // lowest free number and rely on the recorded fd being that number or
-            // move it in a follow-up batch.
-            let _ = pos;
-        }
-    }
-    // rseq is registered last (batch C): registering writes the cpu id into the rseq
-    // area, which would populate that page with zeros before the image's contents.
-    for &(res, cur, max) in &img.rlimits {
-        let mut b = cur.to_le_bytes().to_vec();
-        b.extend_from_slice(&max.to_le_bytes());
-        let a = data.push(&b);
-        calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, a, 0]));
-    }
-    let groups: Vec<u8> = img.creds.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
-    let groups_addr = data.push(&groups);
-    calls.push(Call::new("setgroups", libc::SYS_setgroups, &[img.creds.groups.len() as u64, groups_addr]));
-    let [rg, eg, sg] = img.creds.gid;
-    calls.push(Call::new("setresgid", libc::SYS_setresgid, &[rg as u64, eg as u64, sg as u64]));
-    let fd_open_start = calls.len();
-    let _ = fd_open_start;
-    let [ru, eu, su] = img.creds.uid;
-    calls.push(Call::new("setresuid", libc::SYS_setresuid, &[ru as u64, eu as u64, su as u64]));
-    // Changing credentials clears the parent-death signal: set it again, so the
-    // process dies with the node that serves its memory.
-    calls.push(Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, libc::SIGKILL as u64]));
-    let res = inj.run(&calls, &mut data).map_err(inj_err)?;
-    drop(res);
-    // Move descriptors opened above to their recorded numbers and offsets.
-    fixup_fds(&inj, pid, img).map_err(inj_err)?;
+    inj.run(&calls, &mut data).map_err(inj_err)?;
+    restore_fds(&inj, img).map_err(inj_err)?;
+    create_threads(&inj, &wmem, region, img, threads).map_err(inj_err)?;
+    let threads: &[Tracee] = threads;
     lap("batch_b", &mut phases);
 
     // ---- From the node: userfaultfd, copy-on-write pages, up-front pages.
@@ -349,13 +339,34 @@ pub fn restore_into(
             Some(pageserver::install_parallel(&uffd, &source, &trace, readers, &stats).map_err(pages_err)?)
         }
     };
-    if let Some(r) = &thread.rseq {
-        let first = r.ptr & !(PAGE_SIZE - 1);
-        let last = (r.ptr + r.len as u64 - 1) & !(PAGE_SIZE - 1);
-        let pages: Vec<u64> = (first..=last).step_by(PAGE_SIZE as usize).collect();
-        pageserver::install_pages(&uffd, &source, &pages, &stats).map_err(|source| RestoreError::Pages { pid, source })?;
+    // rseq pages of every thread first (see above), then each thread registers
+    // its rseq area and drops to the image's credentials (both are per thread).
+    let rseq_pages: Vec<u64> = img
+        .threads
+        .iter()
+        .filter_map(|t| t.rseq.as_ref())
+        .flat_map(|r| {
+            let first = r.ptr & !(PAGE_SIZE - 1);
+            let last = (r.ptr + r.len as u64 - 1) & !(PAGE_SIZE - 1);
+            (first..=last).step_by(PAGE_SIZE as usize)
+        })
+        .collect();
+    pageserver::install_pages(&uffd, &source, &rseq_pages, &stats).map_err(|source| RestoreError::Pages { pid, source })?;
+    for (i, t) in img.threads.iter().enumerate().rev() {
+        let tracee = if i == 0 { tracee } else { threads[i - 1] };
+        let ti = Injector::new(tracee, &wmem, region).map_err(inj_err)?;
         let mut data = DataArea::new(region);
-        inj.run(&[Call::new("rseq", libc::SYS_rseq, &[r.ptr, r.len as u64, 0, r.sig as u64])], &mut data).map_err(inj_err)?;
+        let mut calls = Vec::new();
+        if let Some(r) = &t.rseq {
+            calls.push(Call::new("rseq", libc::SYS_rseq, &[r.ptr, r.len as u64, 0, r.sig as u64]));
+        }
+        push_cred_calls(&mut calls, &mut data, img);
+        if i == 0 {
+            // Changing credentials clears the parent-death signal: set it again, so the
+            // process dies with the node that serves its memory.
+            calls.push(Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, libc::SIGKILL as u64]));
+        }
+        ti.run(&calls, &mut data).map_err(inj_err)?;
     }
     lap("memory", &mut phases);
 
@@ -368,16 +379,21 @@ pub fn restore_into(
         .ok_or_else(|| RestoreError::Incompatible("the image has no [vdso] mapping".into()))?;
     inject::single(&tracee, vdso.start + off, Call::new("munmap(region)", libc::SYS_munmap, &[region, REGION_LEN]))
         .map_err(inj_err)?;
-    tracee.set_regs(&regs::from_array(&thread.regs)).map_err(ioe("SETREGS"))?;
-    tracee.set_xstate(&thread.xstate).map_err(ioe("SETREGSET xstate"))?;
-    tracee.set_sigmask(thread.sigmask).map_err(ioe("SETSIGMASK"))?;
+    let all: Vec<Tracee> = std::iter::once(tracee).chain(threads.iter().copied()).collect();
+    for (t, st) in all.iter().zip(&img.threads) {
+        t.set_regs(&regs::from_array(&st.regs)).map_err(ioe("SETREGS"))?;
+        t.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
+        t.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
+    }
     let server_pidfd = mem::pidfd_open(pid).map_err(ioe("pidfd_open"))?;
     let space = AddressSpace::identity(&anon_ranges);
     let pageserver = PageServer::start(uffd, server_pidfd, source, space, stats.clone()).map_err(ioe("starting the page server"))?;
     if std::env::var_os("THAW_DEBUG_RESTORE").is_some() {
         debug_follow(&tracee);
     }
-    tracee.detach().map_err(ioe("PTRACE_DETACH"))?;
+    for t in all.iter().rev() {
+        t.detach().map_err(ioe("PTRACE_DETACH"))?;
+    }
     lap("resume", &mut phases);
     debug!(pid, ?phases, upfront = stats.pages_installed_upfront.load(Ordering::Relaxed), "restored");
     Ok(Restored { pageserver, stats, prefetch, phases })
@@ -413,40 +429,201 @@ fn write_file_cow_pages(
     Ok(())
 }
 
-/// Descriptors other than the sandbox's own (0-3) were opened at the lowest
-/// free numbers in batch B; move each to its recorded number and offset.
-fn fixup_fds(inj: &Injector<'_>, pid: i32, img: &ProcessImage) -> Result<(), InjectError> {
-    let wanted: Vec<(i32, u64)> = img
-        .fds
-        .iter()
-        .filter_map(|r| match &r.kind {
-            FdKind::Path { pos, .. } => Some((r.fd, *pos)),
-            _ => None,
-        })
-        .collect();
-    if wanted.is_empty() {
+fn push_cred_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage) {
+    let groups: Vec<u8> = img.creds.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+    let groups_addr = data.push(&groups);
+    calls.push(Call::new("setgroups", libc::SYS_setgroups, &[img.creds.groups.len() as u64, groups_addr]));
+    let [rg, eg, sg] = img.creds.gid;
+    calls.push(Call::new("setresgid", libc::SYS_setresgid, &[rg as u64, eg as u64, sg as u64]));
+    let [ru, eu, su] = img.creds.uid;
+    calls.push(Call::new("setresuid", libc::SYS_setresuid, &[ru as u64, eu as u64, su as u64]));
+}
+
+/// Recreate the image's descriptors (other than the sandbox's own 0-3):
+/// 1. create every object at whatever number the kernel picks,
+/// 2. move them all to a private high range (so step 3 cannot clobber one),
+/// 3. dup3 each into its recorded number, then close the high range,
+/// 4. restore offsets, O_NONBLOCK on pipe ends, and epoll registrations.
+fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError> {
+    let recs: Vec<&FdRecord> =
+        img.fds.iter().filter(|r| !matches!(r.kind, FdKind::Null | FdKind::Log | FdKind::Control)).collect();
+    if recs.is_empty() {
         return Ok(());
     }
-    // Opened in ascending order of recorded number, each at the lowest free slot.
-    let present = procfs::fds(pid).map_err(|source| InjectError::Memory { pid, addr: 0, source })?;
-    let mut opened: Vec<i32> = present
-        .iter()
-        .map(|x| x.0)
-        .filter(|&fd| fd > 3 && fd != UFFD_KEEP_FD as i32)
-        .collect();
-    opened.sort_unstable();
+    let nonblock = libc::O_NONBLOCK as u64;
+    let cloexec = libc::O_CLOEXEC as u64;
+    // Step 1: create. `sources[i]` = where record i's object comes from: a call's
+    // result, or an int written by pipe2 into the data area.
+    enum Src {
+        Call(usize),
+        PipeEnd(u64),
+    }
     let mut data = DataArea::new(inj.region);
     let mut calls = Vec::new();
-    for (&tmp, &(fd, pos)) in opened.iter().zip(&wanted) {
-        if tmp != fd {
-            calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[tmp as u64, fd as u64, 0]));
-            calls.push(Call::new("close(tmp fd)", libc::SYS_close, &[tmp as u64]));
+    let mut sources = Vec::new();
+    let mut pipes: Vec<(u64, u64)> = Vec::new(); // (pipe id, address of int[2])
+    for r in &recs {
+        let src = match &r.kind {
+            FdKind::Path { path, flags, .. } => {
+                let a = data.push_cstr(path);
+                let f = (*flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)) as u64;
+                calls.push(Call::new("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, a, f]));
+                Src::Call(calls.len() - 1)
+            }
+            FdKind::Pipe { pipe, write, .. } => {
+                let at = match pipes.iter().find(|p| p.0 == *pipe) {
+                    Some(p) => p.1,
+                    None => {
+                        let at = data.reserve(8);
+                        calls.push(Call::new("pipe2", libc::SYS_pipe2, &[at, cloexec]));
+                        pipes.push((*pipe, at));
+                        at
+                    }
+                };
+                Src::PipeEnd(if *write { at + 4 } else { at })
+            }
+            FdKind::EventFd { count, semaphore, flags } => {
+                let f = (*flags as u64 & (nonblock | cloexec)) | if *semaphore { libc::EFD_SEMAPHORE as u64 } else { 0 };
+                calls.push(Call::new("eventfd2", libc::SYS_eventfd2, &[*count, f]));
+                Src::Call(calls.len() - 1)
+            }
+            FdKind::Epoll { flags, .. } => {
+                calls.push(Call::new("epoll_create1", libc::SYS_epoll_create1, &[*flags as u64 & cloexec]));
+                Src::Call(calls.len() - 1)
+            }
+            FdKind::SignalFd { mask, flags } => {
+                let m = data.push(&mask.to_le_bytes());
+                calls.push(Call::new("signalfd4", libc::SYS_signalfd4, &[u64::MAX, m, 8, *flags as u64 & (nonblock | cloexec)]));
+                Src::Call(calls.len() - 1)
+            }
+            FdKind::Null | FdKind::Log | FdKind::Control => unreachable!("filtered above"),
+        };
+        sources.push(src);
+    }
+    let res = inj.run(&calls, &mut data)?;
+    let temp: Vec<u64> = sources
+        .iter()
+        .map(|s| match s {
+            Src::Call(i) => res[*i] as u64,
+            Src::PipeEnd(at) => {
+                u32::from_le_bytes(inj.data_bytes(&data, *at, 4).try_into().expect("4 bytes")) as i32 as u64
+            }
+        })
+        .collect();
+
+    // Steps 2 and 3.
+    let high = crate::capture::HIGH_FD_BASE as u64;
+    let mut data = DataArea::new(inj.region);
+    let mut calls = Vec::new();
+    for (i, &t) in temp.iter().enumerate() {
+        calls.push(Call::new("fcntl(F_DUPFD)", libc::SYS_fcntl, &[t, libc::F_DUPFD as u64, high + i as u64]));
+        calls.push(Call::new("close(temp fd)", libc::SYS_close, &[t]));
+    }
+    for (i, r) in recs.iter().enumerate() {
+        let flags = match &r.kind {
+            FdKind::Path { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
+            FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } => *flags,
+            _ => 0,
+        } as u64;
+        calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[high + i as u64, r.fd as u64, flags & cloexec]));
+        calls.push(Call::new("close(high fd)", libc::SYS_close, &[high + i as u64]));
+    }
+    // Step 4.
+    for r in &recs {
+        match &r.kind {
+            FdKind::Path { pos, .. } if *pos != 0 => {
+                calls.push(Call::new("lseek", libc::SYS_lseek, &[r.fd as u64, *pos, libc::SEEK_SET as u64]));
+            }
+            FdKind::Pipe { flags, .. } if *flags as u64 & nonblock != 0 => {
+                calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
+            }
+            _ => {}
         }
-        if pos != 0 {
-            calls.push(Call::new("lseek", libc::SYS_lseek, &[fd as u64, pos, libc::SEEK_SET as u64]));
+    }
+    for r in &recs {
+        if let FdKind::Epoll { items, .. } = &r.kind {
+            for &(tfd, events, user) in items {
+                let mut ev = events.to_le_bytes().to_vec();
+                ev.extend_from_slice(&user.to_le_bytes());
+                let a = data.push(&ev);
+                calls.push(Call::new("epoll_ctl(ADD)", libc::SYS_epoll_ctl, &[r.fd as u64, libc::EPOLL_CTL_ADD as u64, tfd as u64, a]));
+            }
         }
     }
     inj.run(&calls, &mut data).map(|_| ())
+}
+
+const CLONE_THREAD_FLAGS: u64 = (libc::CLONE_VM
+    | libc::CLONE_FS
+    | libc::CLONE_FILES
+    | libc::CLONE_SIGHAND
+    | libc::CLONE_THREAD
+    | libc::CLONE_SYSVSEM) as u64;
+const SYS_CLONE3: i64 = 435;
+
+/// Create the image's other threads with their exact tids (clone3 set_tid), each
+/// auto-attached by ptrace and stopped before it runs a single instruction, then
+/// give each its per-thread attributes.
+fn create_threads(
+    inj: &Injector<'_>,
+    wmem: &ProcMem,
+    region: u64,
+    img: &ProcessImage,
+    out: &mut Vec<Tracee>,
+) -> Result<(), InjectError> {
+    if img.threads.len() < 2 {
+        return Ok(());
+    }
+    let pid = inj.tracee.pid.as_raw();
+    inj.tracee.trace_clones().map_err(|source| InjectError::Ptrace { op: "SETOPTIONS(TRACECLONE)", pid, source })?;
+    for t in &img.threads[1..] {
+        let mut data = DataArea::new(region);
+        let set_tid = data.push(&t.tid.to_le_bytes());
+        let mut args = Vec::with_capacity(88);
+        // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack,
+        // stack_size, tls, set_tid, set_tid_size, cgroup.
+        for v in [CLONE_THREAD_FLAGS, 0, 0, 0, 0, 0, 0, 0, set_tid, 1, 0] {
+            args.extend_from_slice(&v.to_le_bytes());
+        }
+        let a = data.push(&args);
+        let res = inj.run(&[Call::new("clone3(thread)", SYS_CLONE3, &[a, 88])], &mut data)?;
+        if res[0] != t.tid as i64 {
+            return Err(InjectError::Syscall {
+                pid,
+                index: 0,
+                name: "clone3(thread)",
+                nr: SYS_CLONE3,
+                err: io::Error::other(format!("got tid {} instead of {}", res[0], t.tid)),
+            });
+        }
+        // clone3 returns the tid in the sandbox's namespace; find the host tid.
+        let host_tid = procfs::tids(pid)
+            .map_err(|source| InjectError::Memory { pid, addr: 0, source })?
+            .into_iter()
+            .find(|&x| x != pid && !out.iter().any(|o| o.pid.as_raw() == x))
+            .ok_or_else(|| InjectError::UnexpectedStop { pid, rip: 0, signal: Some("the new thread is not in /proc".into()) })?;
+        tracing::trace!(pid, tid = t.tid, host_tid, "thread created");
+        let child = Tracee { pid: nix::unistd::Pid::from_raw(host_tid) };
+        out.push(child);
+        child.wait_stop().map_err(|source| InjectError::Ptrace { op: "wait(new thread)", pid: res[0] as i32, source })?;
+        let ti = Injector::new(child, wmem, region)?;
+        let mut data = DataArea::new(region);
+        let mut calls = vec![Call::new("set_tid_address", libc::SYS_set_tid_address, &[t.tid_address])];
+        if t.robust_list.0 != 0 {
+            calls.push(Call::new("set_robust_list", libc::SYS_set_robust_list, &[t.robust_list.0, t.robust_list.1]));
+        }
+        if let Some(ss) = &t.altstack {
+            let mut b = ss.sp.to_le_bytes().to_vec();
+            b.extend_from_slice(&(ss.flags as i64).to_le_bytes());
+            b.extend_from_slice(&ss.size.to_le_bytes());
+            let a = data.push(&b);
+            calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
+        }
+        let comm = data.push_cstr(&t.comm);
+        calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
+        ti.run(&calls, &mut data)?;
+    }
+    Ok(())
 }
 
 /// Convenience: does `dir` look like a snapshot directory?

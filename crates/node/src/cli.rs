@@ -1,15 +1,77 @@
 //! `thaw serve` and `thaw status`.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use thaw_engine::pageserver::Paging;
+use tracing::{info, warn};
+
+use crate::api::{self, App};
+use crate::keys::{self, KeySource};
+use crate::node::{Node, NodeConfig};
+use crate::sigv4::Verifier;
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s.parse().map_err(|_| format!("expected seconds, got '{s}'"))?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("expected a non-negative number of seconds, got '{s}'"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
 
 /// Options of `thaw serve`.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Address of the HTTP API.
+    /// Address of the HTTP API (Lambda API under /2015-03-31/functions, plus /metrics and /thaw/status).
     #[arg(long, default_value = "127.0.0.1:9000")]
     pub listen: String,
+    /// Access key id clients sign requests with (AWS Signature V4). With --secret-access-key;
+    /// if neither is given, a key pair is generated on first start and kept in <data-dir>/node/credentials.
+    #[arg(long, env = "THAW_ACCESS_KEY_ID")]
+    pub access_key_id: Option<String>,
+    /// Secret access key matching --access-key-id.
+    #[arg(long, env = "THAW_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub secret_access_key: Option<String>,
+    /// Seconds an idle warm instance is kept before it is destroyed (scale to zero).
+    #[arg(long, default_value = "60", value_parser = parse_secs)]
+    pub keep_alive: Duration,
+    /// Most instances one function may have at once; invocations beyond get TooManyRequestsException.
+    #[arg(long, default_value_t = 8)]
+    pub max_instances_per_function: usize,
+    /// Most instances on this node at once (idle instances of other functions are evicted first).
+    #[arg(long, default_value_t = 32)]
+    pub max_instances: usize,
+    /// Long-lived threads that restore, boot and kill instances (restores run in parallel up to this).
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Threads that build snapshots for new code (boot + capture) in parallel.
+    #[arg(long, default_value_t = 2)]
+    pub build_workers: usize,
+    /// How restored instances get their memory (an engine paging mode): lazy = each page read on first
+    /// touch (default), eager = all pages installed before resuming. The REAP modes (auto, record, prefetch,
+    /// ws-cached, parallel) are passed to the engine as they are; the node is tested with lazy.
+    #[arg(long, default_value = "lazy")]
+    pub paging: Paging,
+    /// Region reported in function ARNs (signatures for any region are accepted).
+    #[arg(long, default_value = "us-east-1")]
+    pub region: String,
+    /// Seconds before the first retry of a failed asynchronous invocation; later retries double it.
+    #[arg(long, default_value = "60", value_parser = parse_secs)]
+    pub event_retry_delay: Duration,
+    /// Retries of a failed asynchronous invocation before it is dropped (Lambda: 2).
+    #[arg(long, default_value_t = 2)]
+    pub event_max_retries: u32,
+    /// Asynchronous invocations run at the same time.
+    #[arg(long, default_value_t = 4)]
+    pub event_concurrency: usize,
+    /// On SIGINT/SIGTERM, seconds to wait for in-flight invocations before stopping anyway.
+    #[arg(long, default_value = "30", value_parser = parse_secs)]
+    pub drain_timeout: Duration,
 }
 
 /// Options of `thaw status`.
@@ -18,12 +80,185 @@ pub struct StatusArgs {
     /// Address of the node's HTTP API.
     #[arg(long, default_value = "127.0.0.1:9000")]
     pub endpoint: String,
+    /// Print the raw JSON document instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn serve(_args: ServeArgs, _data_dir: &Path) -> anyhow::Result<()> {
-    anyhow::bail!("thaw serve is not implemented yet")
+pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
+    let state_dir = data_dir.join("node");
+    std::fs::create_dir_all(&state_dir).with_context(|| format!("creating the node directory {}", state_dir.display()))?;
+    let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir).context("installing the runtime shims")?;
+    let (creds, source) = keys::load_or_create(&state_dir, args.access_key_id.as_deref(), args.secret_access_key.as_deref())?;
+    if source == KeySource::Generated {
+        println!(
+            "Generated an access key for this node (stored in {}, mode 0600):\n  AWS_ACCESS_KEY_ID={}\n  AWS_SECRET_ACCESS_KEY={}",
+            state_dir.join("credentials").display(),
+            creds.access_key_id,
+            creds.secret_access_key
+        );
+    }
+    let listen: SocketAddr = args.listen.parse().with_context(|| format!("--listen {}: expected HOST:PORT", args.listen))?;
+    if args.max_instances == 0 || args.max_instances_per_function == 0 {
+        bail!("--max-instances and --max-instances-per-function must be at least 1");
+    }
+    let cfg = NodeConfig {
+        state_dir,
+        runtime_dir,
+        region: args.region.clone(),
+        account: "000000000000".into(),
+        keep_alive: args.keep_alive,
+        max_per_function: args.max_instances_per_function,
+        max_instances: args.max_instances,
+        instance_workers: args.workers.max(1),
+        build_workers: args.build_workers.max(1),
+        paging: args.paging,
+        event_retry_delay: args.event_retry_delay,
+        event_max_retries: args.event_max_retries,
+        event_concurrency: args.event_concurrency.max(1),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("thaw-node").build().context("starting the async runtime")?;
+    rt.block_on(run(cfg, listen, creds, args.drain_timeout))
 }
 
-pub fn status(_args: StatusArgs, _data_dir: &Path) -> anyhow::Result<()> {
-    anyhow::bail!("thaw status is not implemented yet")
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+async fn run(cfg: NodeConfig, listen: SocketAddr, creds: crate::sigv4::Credentials, drain: Duration) -> Result<()> {
+    let keep_alive = cfg.keep_alive;
+    let node = Node::start(cfg).context("starting the node")?;
+    let app = Arc::new(App { node: node.clone(), verifier: Verifier::new("lambda", vec![creds]) });
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let local = listener.local_addr().context("reading the listening address")?;
+    info!(%local, "thaw node listening");
+    eprintln!("thaw: node listening on http://{local} (data in {})", node.cfg.state_dir.display());
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let events = tokio::spawn(crate::events::run(node.clone(), stop_rx.clone()));
+    let reaper = {
+        let node = node.clone();
+        let mut stop = stop_rx.clone();
+        let tick = (keep_alive / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(tick) => node.reap_idle(),
+                    _ = stop.changed() => break,
+                }
+            }
+        })
+    };
+
+    let (sig_tx, sig_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, api::router(app).into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move {
+            let _ = sig_rx.await;
+        });
+    let mut server = tokio::spawn(async move { server.await });
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        r = &mut server => {
+            r.context("the HTTP server task")?.context("serving HTTP")?;
+            bail!("the HTTP server stopped unexpectedly");
+        }
+    }
+    eprintln!("thaw: shutting down: draining in-flight invocations");
+    info!("shutdown requested; draining");
+    let _ = sig_tx.send(());
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(drain, async {
+        let _ = (&mut server).await;
+        let _ = events.await;
+    })
+    .await;
+    if drained.is_err() {
+        warn!(timeout_s = drain.as_secs_f64(), "in-flight requests did not finish in time; stopping anyway");
+    }
+    let _ = reaper.await;
+    node.begin_shutdown();
+    let n = node.clone();
+    tokio::task::spawn_blocking(move || n.finish_shutdown()).await.context("stopping the worker threads")?;
+    info!(instances_alive = node.instances_alive(), "node stopped");
+    eprintln!("thaw: node stopped");
+    Ok(())
+}
+
+/// GET a path from the node with a plain HTTP/1.1 request.
+fn http_get(endpoint: &str, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(endpoint).with_context(|| format!("connecting to the node at {endpoint}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).context("setting a read timeout")?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\n\r\n").context("sending the request")?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).context("reading the response")?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").context("malformed HTTP response")?;
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("malformed HTTP status line")?;
+    Ok((code, body.to_string()))
+}
+
+pub fn status(args: StatusArgs, _data_dir: &Path) -> Result<()> {
+    let (code, body) = http_get(&args.endpoint, "/thaw/status")?;
+    if code != 200 {
+        bail!("the node answered {code}: {body}");
+    }
+    if args.json {
+        println!("{body}");
+        return Ok(());
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).context("parsing the status document")?;
+    let n = &v["node"];
+    println!(
+        "node pid {}  up {:.0}s  instances {}/{}  (per function {})  keep-alive {}s  paging {}  builds running {}  events pending {}",
+        n["pid"], n["uptime_s"].as_f64().unwrap_or(0.0), n["instances_alive"], n["max_instances"], n["max_per_function"],
+        n["keep_alive_s"], n["paging"].as_str().unwrap_or("?"), n["builds_running"], v["events"]["pending"]
+    );
+    println!("state: {}", n["state_dir"].as_str().unwrap_or("?"));
+    let funcs = v["functions"].as_array().cloned().unwrap_or_default();
+    if funcs.is_empty() {
+        println!("no functions");
+        return Ok(());
+    }
+    println!(
+        "\n{:<24} {:<8} {:<11} {:>4} {:>4} {:>4} {:>8} {:>7} {:>6} {:>6}  SNAPSHOT",
+        "FUNCTION", "STATE", "UPDATE", "LIVE", "BUSY", "IDLE", "INVOKES", "ERRORS", "WARM", "COLD"
+    );
+    for f in funcs {
+        let snap = match f["snapshot"].as_object() {
+            Some(s) => format!(
+                "rev {} {:.1} MiB{}",
+                s["revision"],
+                s["bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
+                if s["loaded"].as_bool() == Some(true) { " (open)" } else { "" }
+            ),
+            None => "-".into(),
+        };
+        let c = &f["counters"];
+        println!(
+            "{:<24} {:<8} {:<11} {:>4} {:>4} {:>4} {:>8} {:>7} {:>6} {:>6}  {snap}",
+            f["name"].as_str().unwrap_or("?"),
+            f["state"].as_str().unwrap_or("?"),
+            f["last_update_status"].as_str().unwrap_or("?"),
+            f["instances"]["live"], f["instances"]["busy"], f["instances"]["idle"],
+            c["invocations"], c["errors"], c["starts_warm"], c["starts_cold"]
+        );
+        if let Some(r) = f["state_reason"].as_str().filter(|_| f["state"] == "Failed") {
+            println!("    reason: {r}");
+        }
+    }
+    Ok(())
 }

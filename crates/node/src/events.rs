@@ -89,7 +89,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
     let _ = sem.acquire_many(node.cfg.event_concurrency.max(1) as u32).await;
 }
 
-async fn process(node: &Node, ev: EventRecord) {
+async fn process(node: &Arc<Node>, ev: EventRecord) {
     let payload = String::from_utf8_lossy(&ev.payload).into_owned();
     let attempt = ev.attempts + 1;
     let failure = match node.invoke(&ev.function, &ev.id, payload).await {
@@ -106,8 +106,12 @@ async fn process(node: &Node, ev: EventRecord) {
             finish(node, &ev.id);
             return;
         }
-        Err(InvokeError::Throttled { .. }) | Err(InvokeError::NotReady { .. }) | Err(InvokeError::ShuttingDown) => {
+        Err(InvokeError::Throttled { .. }) | Err(InvokeError::ShuttingDown) => {
             // Not an attempt: try again shortly.
+            let _ = node.registry.reschedule_event(&ev.id, ev.attempts, clock_ms() + 500);
+            return;
+        }
+        Err(InvokeError::NotReady { state }) if state == "Pending" => {
             let _ = node.registry.reschedule_event(&ev.id, ev.attempts, clock_ms() + 500);
             return;
         }

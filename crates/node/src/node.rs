@@ -76,7 +76,7 @@ pub enum InvokeError {
     #[error("Rate Exceeded.")]
     Throttled { reason: &'static str },
     #[error("no instance could be started for {function}")]
-    Start { function: String, #[source] source: InstanceError },
+    Start { function: String, #[source] source: Box<InstanceError> },
     #[error(transparent)]
     Workers(#[from] WorkerError),
     #[error("the node is shutting down")]
@@ -395,6 +395,16 @@ impl Node {
 
     pub fn arn(&self, name: &str) -> String {
         format!("arn:aws:lambda:{}:{}:function:{name}", self.cfg.region, self.cfg.account)
+    }
+
+    /// Whether `name` can take invocations now (exists and has an active revision).
+    pub fn check_invocable(&self, name: &str) -> Result<(), InvokeError> {
+        let f = self.function(name).ok_or_else(|| InvokeError::NotFound(self.arn(name)))?;
+        let st = f.lock();
+        match st.active {
+            Some(_) => Ok(()),
+            None => Err(InvokeError::NotReady { state: st.rec.state.clone() }),
+        }
     }
 
     pub fn record(&self, name: &str) -> Option<FunctionRecord> {
@@ -825,7 +835,7 @@ impl Node {
                 self.metrics.start_seconds.with_label_values(&[kind]).observe(start_ms / 1e3);
                 return Ok(Lease { inst, rev, kind, start_ms });
             }
-            Ok((Err(e), _)) => InvokeError::Start { function: f.name.clone(), source: e },
+            Ok((Err(e), _)) => InvokeError::Start { function: f.name.clone(), source: Box::new(e) },
             Err(e) => InvokeError::Workers(e),
         };
         {
@@ -856,7 +866,21 @@ impl Node {
     }
 
     /// Run one invocation of `name` (sync API and event dispatcher share this).
-    pub async fn invoke(&self, name: &str, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
+    ///
+    /// Runs as its own task, so a caller that goes away (client disconnect) cannot
+    /// strand an instance or its slot half-way through.
+    pub async fn invoke(self: &Arc<Self>, name: &str, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
+        let (node, name, rid) = (self.clone(), name.to_string(), request_id.to_string());
+        match tokio::spawn(async move { node.invoke_inner(&name, &rid, payload).await }).await {
+            Ok(r) => r,
+            Err(e) => Err(InvokeError::Start {
+                function: request_id.to_string(),
+                source: Box::new(InstanceError::Io(std::io::Error::other(format!("invoke task failed: {e}")))),
+            }),
+        }
+    }
+
+    async fn invoke_inner(&self, name: &str, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
         let f = self.function(name).ok_or_else(|| InvokeError::NotFound(self.arn(name)))?;
         let (timeout_s, memory_mb) = {
             let st = f.lock();
@@ -888,7 +912,7 @@ impl Node {
                 self.update_alive_gauge();
                 return Err(InvokeError::Start {
                     function: name.to_string(),
-                    source: InstanceError::Io(std::io::Error::other(format!("invoke task failed: {e}"))),
+                    source: Box::new(InstanceError::Io(std::io::Error::other(format!("invoke task failed: {e}")))),
                 });
             }
         };
@@ -934,6 +958,9 @@ impl Node {
             self.metrics.errors.with_label_values(&[name, label]).inc();
         }
         debug!(function = %name, request_id, start = start_kind, invoke_ms, outcome = label, "invoked");
+        if !logs.is_empty() {
+            debug!(function = %name, request_id, logs = %logs.trim_end(), "function output");
+        }
         Ok(Invocation {
             request_id: request_id.to_string(),
             outcome,

@@ -1,8 +1,16 @@
 //! Language runtimes: how each one's shim is started inside a sandbox.
 //!
-//! The shims ship inside the `thaw` binary and are written to a
-//! content-addressed directory on first use, which the sandbox mounts
-//! read-only at /var/runtime.
+//! The shims' text files ship inside the `thaw` binary; the Java runtime jar is
+//! built by `scripts/build-runtimes.sh` into `build/runtimes/java/` (found at a
+//! path baked in at compile time, or `$THAW_JAVA_RUNTIME_JAR`). All of them are
+//! written to a content-addressed directory on first use, which the sandbox
+//! mounts read-only at /var/runtime:
+//!
+//! ```text
+//! /var/runtime/python/bootstrap.py, thaw_runtime.py
+//! /var/runtime/nodejs/bootstrap.sh, bootstrap.js
+//! /var/runtime/java/bootstrap.sh, thaw-java-runtime.jar
+//! ```
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -10,13 +18,25 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 const PYTHON_BOOTSTRAP: &str = include_str!("../../../runtimes/python/bootstrap.py");
+const PYTHON_THAW_RUNTIME: &str = include_str!("../../../runtimes/python/thaw_runtime.py");
+const NODEJS_BOOTSTRAP_SH: &str = include_str!("../../../runtimes/nodejs/bootstrap.sh");
+const NODEJS_BOOTSTRAP_JS: &str = include_str!("../../../runtimes/nodejs/bootstrap.js");
+const JAVA_BOOTSTRAP_SH: &str = include_str!("../../../runtimes/java/bootstrap.sh");
+/// Where `scripts/build-runtimes.sh` puts the Java runtime jar.
+const JAVA_JAR_BUILD_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../build/runtimes/java/thaw-java-runtime.jar");
+const JAVA_JAR_PATH: &str = "java/thaw-java-runtime.jar";
+const JAVA_HOME: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
+
+const SUPPORTED: &str = "python3, python3.11, nodejs20.x, java17";
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {
-    #[error("unknown runtime '{0}' (supported: python3, python3.11)")]
+    #[error("unknown runtime '{0}' (supported: python3, python3.11, nodejs20.x, java17)")]
     Unknown(String),
     #[error("malformed handler '{0}': expected module.function")]
     BadHandler(String),
+    #[error("malformed handler '{0}': expected package.Class::method or package.Class")]
+    BadJavaHandler(String),
     #[error("installing the runtime shims into {dir}")]
     Install { dir: PathBuf, #[source] source: io::Error },
 }
@@ -24,34 +44,78 @@ pub enum RuntimeError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Runtime {
     Python3,
+    Nodejs20,
+    Java17,
 }
 
 impl Runtime {
     pub fn parse(name: &str) -> Result<Runtime, RuntimeError> {
         match name {
             "python3" | "python3.11" | "python" => Ok(Runtime::Python3),
+            "nodejs20.x" | "nodejs" | "node" => Ok(Runtime::Nodejs20),
+            "java17" | "java" => Ok(Runtime::Java17),
             other => Err(RuntimeError::Unknown(other.to_string())),
         }
+    }
+
+    /// Every runtime name `parse` accepts as canonical, for messages.
+    pub fn supported() -> &'static str {
+        SUPPORTED
     }
 
     pub fn name(&self) -> &'static str {
         match self {
             Runtime::Python3 => "python3",
+            Runtime::Nodejs20 => "nodejs20.x",
+            Runtime::Java17 => "java17",
         }
     }
 
     /// Check the handler string's shape (existence is checked by the shim at init).
     pub fn check_handler(&self, handler: &str) -> Result<(), RuntimeError> {
-        match handler.rsplit_once('.') {
-            Some((m, f)) if !m.is_empty() && !f.is_empty() => Ok(()),
-            _ => Err(RuntimeError::BadHandler(handler.to_string())),
+        let bad = || Err(RuntimeError::BadHandler(handler.to_string()));
+        match self {
+            Runtime::Python3 => match handler.rsplit_once('.') {
+                Some((m, f)) if !m.is_empty() && !f.is_empty() => Ok(()),
+                _ => bad(),
+            },
+            // Lambda's nodejs rule: the last path component is `file.function[.nested]`.
+            Runtime::Nodejs20 => {
+                let base = handler.rsplit('/').next().unwrap_or("");
+                match base.split_once('.') {
+                    Some((m, f)) if !m.is_empty() && !f.is_empty() && !f.split('.').any(str::is_empty) => Ok(()),
+                    _ => bad(),
+                }
+            }
+            Runtime::Java17 => {
+                let (class, method) = match handler.split_once("::") {
+                    Some((c, m)) => (c, Some(m)),
+                    None => (handler, None),
+                };
+                let ident = |s: &str| {
+                    let mut ch = s.chars();
+                    matches!(ch.next(), Some(c) if c.is_alphabetic() || c == '_' || c == '$')
+                        && ch.all(|c| c.is_alphanumeric() || c == '_' || c == '$')
+                };
+                if class.split('.').all(ident) && method.map_or(true, ident) {
+                    Ok(())
+                } else {
+                    Err(RuntimeError::BadJavaHandler(handler.to_string()))
+                }
+            }
         }
     }
 
     /// argv of the shim inside the sandbox.
+    ///
+    /// Node and Java start through a small `/bin/sh` launcher (as Lambda's own
+    /// bootstrap scripts do) that derives heap limits from
+    /// `AWS_LAMBDA_FUNCTION_MEMORY_SIZE` and then `exec`s the VM.
     pub fn argv(&self) -> Vec<String> {
         match self {
             Runtime::Python3 => vec!["/usr/bin/python3".into(), "/var/runtime/python/bootstrap.py".into()],
+            Runtime::Nodejs20 => vec!["/bin/sh".into(), "/var/runtime/nodejs/bootstrap.sh".into()],
+            Runtime::Java17 => vec!["/bin/sh".into(), "/var/runtime/java/bootstrap.sh".into()],
         }
     }
 
@@ -70,12 +134,27 @@ impl Runtime {
             ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE".into(), memory_mb.to_string()),
             ("AWS_REGION".into(), "local".into()),
         ];
-        if *self == Runtime::Python3 {
-            env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
-            env.push(("PYTHONUNBUFFERED".into(), "1".into()));
-            // One vCPU per sandbox: keep numeric libraries from starting thread pools at import.
-            for k in ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"] {
-                env.push((k.into(), "1".into()));
+        match self {
+            Runtime::Python3 => {
+                env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+                env.push(("PYTHONUNBUFFERED".into(), "1".into()));
+                // One vCPU per sandbox: keep numeric libraries from starting thread pools at import.
+                for k in ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"] {
+                    env.push((k.into(), "1".into()));
+                }
+            }
+            Runtime::Nodejs20 => {
+                env.push(("AWS_EXECUTION_ENV".into(), "AWS_Lambda_nodejs20.x".into()));
+                // The launcher passes the VM flags on the command line; nothing from the host.
+                env.push(("NODE_OPTIONS".into(), String::new()));
+                env.push(("NODE_PATH".into(), "/opt/nodejs/node20/node_modules:/opt/nodejs/node_modules:/var/task".into()));
+                // libuv's thread pool is started lazily (first async fs/crypto/zlib call);
+                // one thread per one-vCPU sandbox keeps snapshots small.
+                env.push(("UV_THREADPOOL_SIZE".into(), "1".into()));
+            }
+            Runtime::Java17 => {
+                env.push(("AWS_EXECUTION_ENV".into(), "AWS_Lambda_java17".into()));
+                env.push(("JAVA_HOME".into(), JAVA_HOME.into()));
             }
         }
         for (k, v) in user {
@@ -86,28 +165,69 @@ impl Runtime {
     }
 }
 
-/// Write the embedded shims under `base/<content hash>/` (once) and return that dir.
+/// Path of the Java runtime jar that `install_shims` copies (`$THAW_JAVA_RUNTIME_JAR`
+/// or the repository's `build/runtimes/java/thaw-java-runtime.jar`).
+pub fn java_runtime_jar() -> PathBuf {
+    match std::env::var_os("THAW_JAVA_RUNTIME_JAR") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(JAVA_JAR_BUILD_PATH),
+    }
+}
+
+/// Note left in place of the jar when it was not built.
+const JAVA_JAR_MISSING: &str = "The Java runtime jar was not built when these shims were installed.\n\
+Run scripts/build-runtimes.sh (or set THAW_JAVA_RUNTIME_JAR) and restart thaw.\n";
+
+/// Write the shims under `base/runtimes-<content hash>/` (once) and return that dir.
+///
+/// A missing Java jar does not fail the installation (the other runtimes work):
+/// `java/bootstrap.sh` then exits with a message naming scripts/build-runtimes.sh.
 pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
-    let hash = crc32(PYTHON_BOOTSTRAP.as_bytes());
+    let jar = std::fs::read(java_runtime_jar()).ok();
+    let files: Vec<(&str, &[u8])> = vec![
+        ("python/bootstrap.py", PYTHON_BOOTSTRAP.as_bytes()),
+        ("python/thaw_runtime.py", PYTHON_THAW_RUNTIME.as_bytes()),
+        ("nodejs/bootstrap.sh", NODEJS_BOOTSTRAP_SH.as_bytes()),
+        ("nodejs/bootstrap.js", NODEJS_BOOTSTRAP_JS.as_bytes()),
+        ("java/bootstrap.sh", JAVA_BOOTSTRAP_SH.as_bytes()),
+        match &jar {
+            Some(bytes) => (JAVA_JAR_PATH, bytes.as_slice()),
+            None => ("java/JAR-MISSING.txt", JAVA_JAR_MISSING.as_bytes()),
+        },
+    ];
+    let mut crc = Crc32::new();
+    for (name, data) in &files {
+        crc.update(name.as_bytes());
+        crc.update(&(data.len() as u64).to_le_bytes());
+        crc.update(data);
+    }
+    let hash = crc.finish();
     let dir = base.join(format!("runtimes-{hash:08x}"));
-    let file = dir.join("python/bootstrap.py");
-    if file.is_file() {
+    let stamp = dir.join(".complete");
+    if stamp.is_file() {
         return Ok(dir);
     }
     let err = |source| RuntimeError::Install { dir: dir.clone(), source };
     let tmp = base.join(format!(".runtimes-{hash:08x}.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(tmp.join("python")).map_err(err)?;
-    std::fs::write(tmp.join("python/bootstrap.py"), PYTHON_BOOTSTRAP).map_err(err)?;
     use std::os::unix::fs::PermissionsExt;
-    for p in [tmp.clone(), tmp.join("python")] {
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
+    std::fs::create_dir_all(&tmp).map_err(err)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
+    for (name, data) in &files {
+        let path = tmp.join(name);
+        let parent = path.parent().expect("relative path with a directory");
+        if !parent.is_dir() {
+            std::fs::create_dir_all(parent).map_err(err)?;
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
+        }
+        std::fs::write(&path, data).map_err(err)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).map_err(err)?;
     }
-    std::fs::set_permissions(tmp.join("python/bootstrap.py"), std::fs::Permissions::from_mode(0o644)).map_err(err)?;
+    std::fs::write(tmp.join(".complete"), b"").map_err(err)?;
     match std::fs::rename(&tmp, &dir) {
         Ok(()) => Ok(dir),
         // Another process installed it first.
-        Err(_) if file.is_file() => {
+        Err(_) if stamp.is_file() => {
             let _ = std::fs::remove_dir_all(&tmp);
             Ok(dir)
         }
@@ -115,16 +235,34 @@ pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
     }
 }
 
-fn crc32(data: &[u8]) -> u32 {
-    // Tiny bitwise CRC-32 (IEEE); only used to name the shim directory.
-    let mut crc = 0xffff_ffffu32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+/// Table-driven CRC-32 (IEEE); only used to name the shim directory.
+struct Crc32 {
+    table: [u32; 256],
+    crc: u32,
+}
+
+impl Crc32 {
+    fn new() -> Self {
+        let mut table = [0u32; 256];
+        for (i, t) in table.iter_mut().enumerate() {
+            let mut c = i as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 { (c >> 1) ^ 0xedb8_8320 } else { c >> 1 };
+            }
+            *t = c;
+        }
+        Crc32 { table, crc: 0xffff_ffff }
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        for &b in data {
+            self.crc = self.table[((self.crc ^ b as u32) & 0xff) as usize] ^ (self.crc >> 8);
         }
     }
-    !crc
+
+    fn finish(&self) -> u32 {
+        !self.crc
+    }
 }
 
 #[cfg(test)]
@@ -134,10 +272,62 @@ mod tests {
     #[test]
     fn parses_runtimes_and_handlers() {
         assert_eq!(Runtime::parse("python3").unwrap(), Runtime::Python3);
-        assert_eq!(Runtime::parse("cobol").unwrap_err().to_string(), "unknown runtime 'cobol' (supported: python3, python3.11)");
+        assert_eq!(
+            Runtime::parse("cobol").unwrap_err().to_string(),
+            "unknown runtime 'cobol' (supported: python3, python3.11, nodejs20.x, java17)"
+        );
         assert!(Runtime::Python3.check_handler("pkg.mod.fn").is_ok());
         assert_eq!(Runtime::Python3.check_handler("nodot").unwrap_err().to_string(), "malformed handler 'nodot': expected module.function");
         assert!(Runtime::Python3.check_handler(".fn").is_err());
+    }
+
+    #[test]
+    fn parses_node_and_java() {
+        for n in ["nodejs20.x", "nodejs", "node"] {
+            assert_eq!(Runtime::parse(n).unwrap(), Runtime::Nodejs20);
+        }
+        for n in ["java17", "java"] {
+            assert_eq!(Runtime::parse(n).unwrap(), Runtime::Java17);
+        }
+        assert_eq!(Runtime::Nodejs20.name(), "nodejs20.x");
+        assert_eq!(Runtime::Java17.name(), "java17");
+        assert_eq!(Runtime::parse(Runtime::Java17.name()).unwrap(), Runtime::Java17);
+        assert!(Runtime::supported().contains("nodejs20.x"));
+
+        let n = Runtime::Nodejs20;
+        for ok in ["index.handler", "src/app.handler", "a/b/index.handlers.main", "index.mjs_fn"] {
+            assert!(n.check_handler(ok).is_ok(), "{ok}");
+        }
+        for bad in ["index", "index.", ".handler", "src/index", "dir.x/index", "index.a..b", ""] {
+            assert!(n.check_handler(bad).is_err(), "{bad}");
+        }
+        let j = Runtime::Java17;
+        for ok in ["example.Hello", "Hello", "example.Hello::handleRequest", "a.b.C$Inner::run", "_x.Y::z"] {
+            assert!(j.check_handler(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "example.Hello::", "::m", "a..B", "1a.B", "a.B::m::n", "a.B:m", "a-b.C"] {
+            assert!(j.check_handler(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            j.check_handler("a.B::").unwrap_err().to_string(),
+            "malformed handler 'a.B::': expected package.Class::method or package.Class"
+        );
+    }
+
+    #[test]
+    fn argv_and_env_per_runtime() {
+        assert_eq!(Runtime::Nodejs20.argv(), vec!["/bin/sh", "/var/runtime/nodejs/bootstrap.sh"]);
+        assert_eq!(Runtime::Java17.argv(), vec!["/bin/sh", "/var/runtime/java/bootstrap.sh"]);
+        let env = Runtime::Nodejs20.env("index.handler", "fn", 128, &[]);
+        let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.clone());
+        assert_eq!(get("NODE_OPTIONS").as_deref(), Some(""));
+        assert_eq!(get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE").as_deref(), Some("128"));
+        assert_eq!(get("PYTHONUNBUFFERED"), None);
+        let env = Runtime::Java17.env("a.B::c", "fn", 256, &[("JAVA_TOOL_OPTIONS".into(), "-Dx=1".into())]);
+        let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.clone());
+        assert_eq!(get("_HANDLER").as_deref(), Some("a.B::c"));
+        assert_eq!(get("JAVA_TOOL_OPTIONS").as_deref(), Some("-Dx=1"));
+        assert_eq!(get("AWS_EXECUTION_ENV").as_deref(), Some("AWS_Lambda_java17"));
     }
 
     #[test]
@@ -158,5 +348,19 @@ mod tests {
         let b = install_shims(tmp.path()).unwrap();
         assert_eq!(a, b);
         assert_eq!(std::fs::read_to_string(a.join("python/bootstrap.py")).unwrap(), PYTHON_BOOTSTRAP);
+        assert_eq!(std::fs::read_to_string(a.join("python/thaw_runtime.py")).unwrap(), PYTHON_THAW_RUNTIME);
+        assert_eq!(std::fs::read_to_string(a.join("nodejs/bootstrap.js")).unwrap(), NODEJS_BOOTSTRAP_JS);
+        assert_eq!(std::fs::read_to_string(a.join("nodejs/bootstrap.sh")).unwrap(), NODEJS_BOOTSTRAP_SH);
+        assert_eq!(std::fs::read_to_string(a.join("java/bootstrap.sh")).unwrap(), JAVA_BOOTSTRAP_SH);
+        let jar = a.join("java/thaw-java-runtime.jar");
+        assert_eq!(jar.is_file(), java_runtime_jar().is_file());
+        assert_eq!(a.join("java/JAR-MISSING.txt").is_file(), !jar.is_file());
+    }
+
+    #[test]
+    fn crc32_matches_reference() {
+        let mut c = Crc32::new();
+        c.update(b"123456789");
+        assert_eq!(c.finish(), 0xcbf4_3926);
     }
 }

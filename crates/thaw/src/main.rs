@@ -51,6 +51,8 @@ enum Cmd {
     Serve(thaw_node::cli::ServeArgs),
     /// Show a running node's functions, instances and snapshot cache.
     Status(thaw_node::cli::StatusArgs),
+    /// Cold-start experiments: boot vs lazy/eager/REAP restores vs warm; table, JSON and SVG charts.
+    Bench(thaw_bench::BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -218,6 +220,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Status(args) => {
             thaw_node::cli::status(args, &cli.data_dir)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Bench(args) => {
+            thaw_bench::run(args, &cli.data_dir)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Boot { func, inv } => {

@@ -67,6 +67,14 @@ impl Tracee {
         Ok(Tracee { pid })
     }
 
+    /// Also trace threads this tracee creates (they start stopped, attached to us).
+    pub fn trace_clones(&self) -> io::Result<()> {
+        let opts = nptrace::Options::PTRACE_O_TRACESYSGOOD
+            | nptrace::Options::PTRACE_O_EXITKILL
+            | nptrace::Options::PTRACE_O_TRACECLONE;
+        nptrace::setoptions(self.pid, opts).map_err(nix_io)
+    }
+
     /// Wait until the tracee is in some ptrace stop; returns the stop signal.
     pub fn wait_stop(&self) -> io::Result<Option<Signal>> {
         loop {
@@ -184,4 +192,21 @@ pub fn robust_list(pid: i32) -> io::Result<(u64, u64)> {
         return Err(last_err());
     }
     Ok((head, len as u64))
+}
+
+/// After SIGKILLing a process whose threads we trace: reap every traced thread
+/// other than the leader (their exits wait for us), so the leader can be reaped
+/// by its parent.
+pub fn reap_threads(leader: i32, traced: &[Tracee]) {
+    for t in traced {
+        if t.pid.as_raw() == leader {
+            continue;
+        }
+        loop {
+            match waitpid(t.pid, Some(WaitPidFlag::__WALL)) {
+                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    }
 }

@@ -1,0 +1,141 @@
+//! `thaw bench`: the cold-start experiment harness.
+//!
+//! Runs sample functions under every start mode — cold boot, lazy, eager,
+//! record, parallel, ws-cached, prefetch (REAP) and warm — with the snapshot's
+//! page cache evicted before each cold start, then concurrent cold starts, and
+//! writes a table, summary lines, JSON and SVG charts. See bench/README.md.
+
+pub mod charts;
+pub mod disk;
+pub mod report;
+pub mod runner;
+pub mod stats;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use clap::Args;
+
+pub const DEFAULT_FUNCTIONS: &str = "helloworld,pyaes,jsonserde,htmlrender,imagerotate,lrserving,multiinput";
+
+/// Every mode, in table order. `record` feeds the record-overhead figure.
+pub const MODES: [&str; 8] = ["boot", "lazy", "eager", "record", "parallel", "ws-cached", "prefetch", "warm"];
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct BenchArgs {
+    /// Comma-separated sample functions (default: helloworld,pyaes,jsonserde,htmlrender,imagerotate,lrserving,multiinput).
+    #[arg(long, value_delimiter = ',')]
+    pub functions: Option<Vec<String>>,
+    /// Runs per function and mode (default 10; --quick: 3).
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Directory for the JSON and SVG results (default bench/results).
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// Numbers of concurrent cold starts (default 1,2,4,8,16; --quick: 1,2,4). Empty: skip.
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Option<Vec<u32>>,
+    /// Functions for the concurrency experiment.
+    #[arg(long, value_delimiter = ',', default_value = "helloworld")]
+    pub concurrency_functions: Vec<String>,
+    /// CI smoke: runs=3, functions helloworld,pyaes, concurrency 1,2,4 (explicit options win).
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory holding the built sample functions.
+    #[arg(long, default_value = "build/samples/python")]
+    pub samples: PathBuf,
+    /// Memory limit of the function sandboxes, MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub memory: u64,
+    /// Size of the file for the disk bandwidth measurement, MiB (at least 256).
+    #[arg(long, default_value_t = 256)]
+    pub disk_file_mib: usize,
+    /// Keep the scratch directory (snapshots, copies) instead of deleting it.
+    #[arg(long)]
+    pub keep_work: bool,
+}
+
+/// The effective configuration after --quick and defaults.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    pub functions: Vec<String>,
+    pub runs: usize,
+    pub concurrency: Vec<u32>,
+    pub concurrency_functions: Vec<String>,
+    pub memory_mb: u64,
+    pub quick: bool,
+    pub disk_file_mib: usize,
+}
+
+impl BenchArgs {
+    pub fn config(&self) -> Config {
+        let functions = self.functions.clone().unwrap_or_else(|| {
+            let d = if self.quick { "helloworld,pyaes" } else { DEFAULT_FUNCTIONS };
+            d.split(',').map(String::from).collect()
+        });
+        Config {
+            functions: functions.into_iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+            runs: self.runs.unwrap_or(if self.quick { 3 } else { 10 }).max(1),
+            concurrency: self
+                .concurrency
+                .clone()
+                .unwrap_or_else(|| if self.quick { vec![1, 2, 4] } else { vec![1, 2, 4, 8, 16] })
+                .into_iter()
+                .filter(|n| *n > 0)
+                .collect(),
+            concurrency_functions: self
+                .concurrency_functions
+                .iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            memory_mb: self.memory,
+            quick: self.quick,
+            disk_file_mib: self.disk_file_mib.max(256),
+        }
+    }
+}
+
+/// The event each sample function is invoked with (as in scripts/build-samples.sh).
+pub fn payload_for(function: &str) -> &'static str {
+    match function {
+        "helloworld" => r#"{"name":"smoke"}"#,
+        "bigheap" => r#"{"i":7}"#,
+        "pyaes" => r#"{"text":"the quick brown fox jumps over the lazy dog","rounds":3}"#,
+        "jsonserde" => r#"{"key":"delta"}"#,
+        "htmlrender" => r#"{"rows":200}"#,
+        "imagerotate" => r#"{"angle":90}"#,
+        "lrserving" => {
+            r#"{"x":[0.5,-1.0,0.25,2.0,-0.75,1.5,0.0,-2.0,1.0,0.3,-0.3,0.8,-1.2,0.6,0.05,-0.45,1.1,-0.9,0.2,0.7]}"#
+        }
+        "multiinput" => r#"{"table":3}"#,
+        _ => "{}",
+    }
+}
+
+/// Run the benchmark; `data_dir` is Thaw's data directory (runtime shims).
+pub fn run(args: BenchArgs, data_dir: &Path) -> Result<()> {
+    let cfg = args.config();
+    let results = runner::run(&cfg, &args, data_dir)?;
+    report::finish(&cfg, &args.out, results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_defaults_and_overrides() {
+        let c = BenchArgs { quick: true, ..Default::default() }.config();
+        assert_eq!(c.functions, ["helloworld", "pyaes"]);
+        assert_eq!(c.runs, 3);
+        assert_eq!(c.concurrency, [1, 2, 4]);
+        let c = BenchArgs { quick: true, runs: Some(2), functions: Some(vec!["helloworld".into()]), concurrency: Some(vec![1, 2]), ..Default::default() }
+            .config();
+        assert_eq!((c.functions.len(), c.runs, c.concurrency.len()), (1, 2, 2));
+        let c = BenchArgs::default().config();
+        assert_eq!(c.runs, 10);
+        assert_eq!(c.functions.len(), 7);
+        assert_eq!(c.concurrency, [1, 2, 4, 8, 16]);
+    }
+}

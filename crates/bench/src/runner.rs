@@ -1,0 +1,512 @@
+//! Running the measurements: snapshots, interleaved cold starts, concurrency.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thaw_engine::instance::{FunctionConfig, Instance, LoadedSnapshot};
+use thaw_engine::pageserver::Paging;
+use thaw_engine::ws::{self, WorkingSet};
+use thaw_runtime::{InvokeOutcome, Runtime};
+
+use crate::{disk, payload_for, BenchArgs, Config, MODES};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+const WS_FILES: [&str; 2] = [ws::TRACE_FILE, ws::PAGES_FILE];
+
+/// One measured start of one function in one mode.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub function: String,
+    pub mode: String,
+    pub run: usize,
+    /// Restore of the process state: opening the snapshot + sandbox + rebuilding the
+    /// process until it resumes. Boot: sandbox + runtime start + import. Warm: 0.
+    pub restore_ms: f64,
+    pub open_ms: f64,
+    pub sandbox_ms: f64,
+    pub phases_ms: BTreeMap<String, f64>,
+    /// Round trip of the first invocation (warm: of the second one).
+    pub first_invoke_ms: f64,
+    /// restore_ms + first_invoke_ms.
+    pub ttfr_ms: f64,
+    /// Faults served by the page server during the (measured) invocation and before.
+    pub page_faults: u64,
+    /// Bytes read from the image (lazy faults, eager install, working set).
+    pub bytes_read: u64,
+    pub pages_installed_upfront: u64,
+    pub ws_pages: Option<u64>,
+    pub ws_bytes: Option<u64>,
+    pub ws_read_ms: Option<f64>,
+    pub ws_install_ms: Option<f64>,
+    /// Pages recorded by a record-mode run.
+    pub recorded_pages: Option<usize>,
+    /// The engine dropped the working set after this run (misprediction); it was put back.
+    pub ws_invalidated: bool,
+}
+
+/// One instance of a concurrent cold-start trial.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConcRecord {
+    pub function: String,
+    pub mode: String,
+    pub n: u32,
+    pub rep: usize,
+    pub instance: u32,
+    pub restore_ms: f64,
+    pub first_invoke_ms: f64,
+    pub ttfr_ms: f64,
+    pub page_faults: u64,
+}
+
+pub struct Results {
+    pub runs: Vec<RunRecord>,
+    pub concurrency: Vec<ConcRecord>,
+    pub disk_mib_s: Vec<f64>,
+    pub snapshot_bytes: BTreeMap<String, u64>,
+    pub started: std::time::SystemTime,
+    /// /proc/loadavg when the run started (other load on the machine skews timings).
+    pub loadavg_start: Option<String>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn paging(mode: &str) -> Result<Paging> {
+    mode.parse::<Paging>().map_err(|e| anyhow!("{e}"))
+}
+
+/// Write back and drop every file of a snapshot directory from the page cache.
+pub fn evict_dir(dir: &Path) -> Result<()> {
+    for ent in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let p = ent?.path();
+        if p.is_file() {
+            let f = File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+            let _ = f.sync_all();
+            thaw_engine::sys::mem::fadvise_dontneed(&f);
+        }
+    }
+    Ok(())
+}
+
+fn copy_synced(from: &Path, to: &Path) -> Result<()> {
+    let tmp = to.with_extension("bench-tmp");
+    std::fs::copy(from, &tmp).with_context(|| format!("copying {} to {}", from.display(), tmp.display()))?;
+    File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, to)?;
+    Ok(())
+}
+
+/// Put the reference working set (recorded once) into `snap`.
+fn install_ws(golden: &Path, snap: &Path) -> Result<()> {
+    for f in WS_FILES {
+        copy_synced(&golden.join(f), &snap.join(f))?;
+    }
+    Ok(())
+}
+
+/// The function's result as JSON; a function error or a broken instance is an error.
+fn outcome(r: Result<InvokeOutcome, thaw_engine::instance::InstanceError>) -> Result<Value> {
+    match r {
+        Ok(InvokeOutcome::Ok(s)) => serde_json::from_str(&s).with_context(|| format!("function result is not JSON: {s}")),
+        Ok(InvokeOutcome::Error(e)) => bail!("the function failed: {}: {}", e.error_type, e.error_message),
+        Err(e) => Err(anyhow::Error::new(e).context("invocation failed")),
+    }
+}
+
+/// Abort if a mode's result differs from the reference (all modes must agree).
+fn check_output(reference: &Value, got: &Value, function: &str, mode: &str) -> Result<()> {
+    if reference != got {
+        bail!(
+            "{function}: the {mode} result differs from the reference result — modes disagree\n  reference: {}\n  {mode}: {}",
+            truncate(&reference.to_string()),
+            truncate(&got.to_string())
+        );
+    }
+    Ok(())
+}
+
+fn truncate(s: &str) -> String {
+    if s.len() > 400 {
+        format!("{}…", &s[..s.char_indices().take_while(|(i, _)| *i < 400).last().map(|(i, _)| i).unwrap_or(0)])
+    } else {
+        s.to_string()
+    }
+}
+
+/// The paging mode that ran must be the one asked for (no silent fallback to record).
+fn check_mode(inst: &Instance, asked: Paging) -> Result<()> {
+    let ran = inst.paging_mode();
+    if ran != Some(asked) {
+        bail!(
+            "asked for paging mode {} but the restore ran {} (working set missing or invalid?) — aborting rather than mislabel the measurement",
+            asked.name(),
+            ran.map(|m| m.name()).unwrap_or("none")
+        );
+    }
+    Ok(())
+}
+
+struct Prepared {
+    name: String,
+    payload: &'static str,
+    snap: PathBuf,
+    golden: PathBuf,
+    cfg: FunctionConfig,
+    reference: Value,
+}
+
+fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &str) -> Result<Prepared> {
+    let code = std::fs::canonicalize(args.samples.join(name))
+        .with_context(|| format!("sample {name} not found under {} (run scripts/build-samples.sh)", args.samples.display()))?;
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir)?;
+    let mut fcfg = FunctionConfig::new(Runtime::parse("python3")?, "handler.handler", code, runtime_dir);
+    fcfg.memory_mb = cfg.memory_mb;
+    fcfg.function_name = name.to_string();
+    let dir = work.join(name);
+    std::fs::create_dir_all(&dir)?;
+    let snap = dir.join("snap");
+    let t = Instant::now();
+    let inst = Instance::boot(&fcfg).with_context(|| format!("{name}: cold boot for the snapshot"))?;
+    inst.capture(&snap).with_context(|| format!("{name}: capturing the snapshot"))?;
+    // Record the reference working set with the first invocation of a fresh restore.
+    evict_dir(&snap)?;
+    let loaded = LoadedSnapshot::open(&snap)?;
+    let mut inst = Instance::restore(&loaded, Paging::Record)?;
+    if let Err(e) = check_mode(&inst, Paging::Record) {
+        inst.kill();
+        return Err(e);
+    }
+    let out = inst.invoke("bench-record", payload_for(name), TIMEOUT);
+    let _ = inst.take_logs();
+    inst.finish_background();
+    inst.kill();
+    let reference = outcome(out).with_context(|| format!("{name}: first invocation (recording the working set)"))?;
+    if !WorkingSet::exists(&snap) {
+        bail!("{name}: recording did not leave a working set in {}", snap.display());
+    }
+    let golden = dir.join("ws-golden");
+    std::fs::create_dir_all(&golden)?;
+    for f in WS_FILES {
+        copy_synced(&snap.join(f), &golden.join(f))?;
+    }
+    eprintln!("bench: {name}: snapshot + working set ready ({:.0} ms)", ms(t.elapsed()));
+    Ok(Prepared { name: name.to_string(), payload: payload_for(name), snap, golden, cfg: fcfg, reference })
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+fn boot_once(p: &Prepared, run: usize) -> Result<(RunRecord, Value)> {
+    let mut inst = Instance::boot(&p.cfg)?;
+    let t = Instant::now();
+    let out = inst.invoke(&format!("bench-boot-{run}"), p.payload, TIMEOUT);
+    let first = ms(t.elapsed());
+    let _ = inst.take_logs();
+    let start = inst.start.clone();
+    inst.kill();
+    let v = outcome(out)?;
+    let restore_ms = start.sandbox_ms + start.init_ms;
+    Ok((
+        RunRecord {
+            function: p.name.clone(),
+            mode: "boot".into(),
+            run,
+            restore_ms,
+            sandbox_ms: start.sandbox_ms,
+            first_invoke_ms: first,
+            ttfr_ms: restore_ms + first,
+            ..Default::default()
+        },
+        v,
+    ))
+}
+
+/// Evict, open, restore in `mode`, invoke once (twice for warm). Runs on the calling thread.
+fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(RunRecord, Value)> {
+    let warm = mode == "warm";
+    let asked = if warm { Paging::Lazy } else { paging(mode)? };
+    evict_dir(snap)?;
+    let t0 = Instant::now();
+    let loaded = LoadedSnapshot::open(snap)?;
+    let open_ms = ms(t0.elapsed());
+    let mut inst = Instance::restore(&loaded, asked)?;
+    let r = (|| -> Result<(RunRecord, Value)> {
+        check_mode(&inst, asked)?;
+        let t = Instant::now();
+        let out = inst.invoke(&format!("bench-{mode}-{run}"), p.payload, TIMEOUT);
+        let first = ms(t.elapsed());
+        let mut v = outcome(out)?;
+        let before = inst.page_stats();
+        let mut rec = RunRecord {
+            function: p.name.clone(),
+            mode: mode.into(),
+            run,
+            open_ms,
+            sandbox_ms: inst.start.sandbox_ms,
+            phases_ms: inst.start.phases.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            restore_ms: open_ms + inst.start.sandbox_ms + inst.start.init_ms,
+            first_invoke_ms: first,
+            page_faults: before.page_faults,
+            bytes_read: before.bytes_read_from_image,
+            pages_installed_upfront: before.pages_installed_upfront,
+            ..Default::default()
+        };
+        rec.ttfr_ms = rec.restore_ms + first;
+        if let Some(pf) = inst.prefetch_stats() {
+            rec.ws_pages = Some(pf.ws_pages);
+            rec.ws_bytes = Some(pf.ws_bytes);
+            rec.ws_read_ms = Some(pf.read_ms);
+            rec.ws_install_ms = Some(pf.install_ms);
+        }
+        if warm {
+            let t = Instant::now();
+            let out = inst.invoke(&format!("bench-warm-{run}"), p.payload, TIMEOUT);
+            let second = ms(t.elapsed());
+            v = outcome(out)?;
+            let after = inst.page_stats();
+            rec.restore_ms = 0.0;
+            rec.first_invoke_ms = second;
+            rec.ttfr_ms = second;
+            rec.page_faults = after.page_faults - before.page_faults;
+            rec.bytes_read = after.bytes_read_from_image - before.bytes_read_from_image;
+        }
+        let _ = inst.take_logs();
+        Ok((rec, v))
+    })();
+    inst.finish_background();
+    let r = rec_recorded(&inst, r);
+    inst.kill();
+    r
+}
+
+fn rec_recorded(inst: &Instance, r: Result<(RunRecord, Value)>) -> Result<(RunRecord, Value)> {
+    r.map(|(mut rec, v)| {
+        rec.recorded_pages = inst.recorded_pages();
+        (rec, v)
+    })
+}
+
+fn one_mode(p: &Prepared, mode: &str, run: usize) -> Result<(RunRecord, Value)> {
+    match mode {
+        "boot" => boot_once(p, run),
+        "record" => {
+            // A fresh working set is recorded by this run; the reference one goes back afterwards.
+            ws::invalidate(&p.snap);
+            let r = restore_once(p, &p.snap, mode, run);
+            if r.is_ok() && !WorkingSet::exists(&p.snap) {
+                bail!("{}: the record run did not write a working set", p.name);
+            }
+            install_ws(&p.golden, &p.snap)?;
+            r
+        }
+        "parallel" | "ws-cached" | "prefetch" => {
+            if !WorkingSet::exists(&p.snap) {
+                install_ws(&p.golden, &p.snap)?;
+            }
+            let r = restore_once(p, &p.snap, mode, run);
+            let invalidated = !WorkingSet::exists(&p.snap);
+            if invalidated {
+                eprintln!("bench: {}: the engine dropped the working set after a {mode} run (misprediction); putting it back", p.name);
+                install_ws(&p.golden, &p.snap)?;
+            }
+            r.map(|(mut rec, v)| {
+                rec.ws_invalidated = invalidated;
+                (rec, v)
+            })
+        }
+        _ => restore_once(p, &p.snap, mode, run),
+    }
+}
+
+/// Concurrent cold starts of copies of one function's snapshot.
+fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord>> {
+    let max = cfg.concurrency.iter().copied().max().unwrap_or(0);
+    let base = work.join(&p.name).join("copies");
+    let mut copies = Vec::new();
+    for i in 0..max {
+        let d = base.join(format!("c{i}"));
+        std::fs::create_dir_all(&d)?;
+        for ent in std::fs::read_dir(&p.snap)? {
+            let src = ent?.path();
+            if src.is_file() {
+                copy_synced(&src, &d.join(src.file_name().expect("file name")))?;
+            }
+        }
+        install_ws(&p.golden, &d)?;
+        copies.push(d);
+    }
+    let reps = cfg.runs;
+    let mut out = Vec::new();
+    for &n in &cfg.concurrency {
+        for rep in 0..reps {
+            let modes = if rep % 2 == 0 { ["lazy", "prefetch"] } else { ["prefetch", "lazy"] };
+            for mode in modes {
+                let asked = paging(mode)?;
+                for d in &copies[..n as usize] {
+                    if asked.needs_ws() && !WorkingSet::exists(d) {
+                        install_ws(&p.golden, d)?;
+                    }
+                    evict_dir(d)?;
+                }
+                let go = Arc::new(Barrier::new(n as usize + 1));
+                let done = Arc::new(Barrier::new(n as usize + 1));
+                let handles: Vec<_> = (0..n)
+                    .map(|i| {
+                        let (go, done) = (go.clone(), done.clone());
+                        let dir = copies[i as usize].clone();
+                        let (payload, name, reference) = (p.payload, p.name.clone(), p.reference.clone());
+                        std::thread::spawn(move || -> Result<ConcRecord> {
+                            go.wait();
+                            let t0 = Instant::now();
+                            let r = (|| -> Result<(ConcRecord, Instance)> {
+                                let loaded = LoadedSnapshot::open(&dir)?;
+                                let mut inst = Instance::restore(&loaded, asked)?;
+                                let restore_ms = ms(t0.elapsed());
+                                if let Err(e) = check_mode(&inst, asked) {
+                                    inst.kill();
+                                    return Err(e);
+                                }
+                                let t = Instant::now();
+                                let res = inst.invoke(&format!("bench-c{n}-{i}"), payload, TIMEOUT);
+                                let first = ms(t.elapsed());
+                                let ttfr = ms(t0.elapsed());
+                                let checked = outcome(res).and_then(|v| check_output(&reference, &v, &name, mode));
+                                if let Err(e) = checked {
+                                    inst.kill();
+                                    return Err(e);
+                                }
+                                let rec = ConcRecord {
+                                    function: name.clone(),
+                                    mode: mode.into(),
+                                    n,
+                                    rep,
+                                    instance: i,
+                                    restore_ms,
+                                    first_invoke_ms: first,
+                                    ttfr_ms: ttfr,
+                                    page_faults: inst.page_stats().page_faults,
+                                };
+                                Ok((rec, inst))
+                            })();
+                            done.wait();
+                            let (rec, inst) = r?;
+                            inst.kill();
+                            Ok(rec)
+                        })
+                    })
+                    .collect();
+                go.wait();
+                done.wait();
+                let mut trial = Vec::new();
+                for h in handles {
+                    trial.push(h.join().map_err(|_| anyhow!("a concurrency thread panicked"))??);
+                }
+                let avg = trial.iter().map(|r| r.ttfr_ms).sum::<f64>() / trial.len() as f64;
+                let mx = trial.iter().map(|r| r.ttfr_ms).fold(0.0, f64::max);
+                eprintln!("bench: {} concurrency N={n} rep {}/{reps} {mode}: avg {avg:.1} ms, max {mx:.1} ms", p.name, rep + 1);
+                out.extend(trial);
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub fn run(cfg: &Config, args: &BenchArgs, data_dir: &Path) -> Result<Results> {
+    if cfg.functions.is_empty() {
+        bail!("no functions to run");
+    }
+    let started = std::time::SystemTime::now();
+    let loadavg_start = std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string());
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let work = args.out.join(format!(".work-{}", std::process::id()));
+    if work.exists() {
+        std::fs::remove_dir_all(&work)?;
+    }
+    std::fs::create_dir_all(&work)?;
+    let r = run_in(cfg, args, data_dir, &work, started).map(|mut r| {
+        r.loadavg_start = loadavg_start;
+        r
+    });
+    if args.keep_work {
+        eprintln!("bench: scratch directory kept: {}", work.display());
+    } else if let Err(e) = std::fs::remove_dir_all(&work) {
+        eprintln!("bench: warning: removing {}: {e}", work.display());
+    }
+    r
+}
+
+fn run_in(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, started: std::time::SystemTime) -> Result<Results> {
+    // Disk bandwidth for large reads, measured on the file system holding the snapshots.
+    let bw_file = work.join("disk-bandwidth.bin");
+    eprintln!("bench: disk: writing a {} MiB file for the O_DIRECT bandwidth measurement", cfg.disk_file_mib);
+    disk::make_file(&bw_file, cfg.disk_file_mib << 20)?;
+    let mut disk_mib_s = Vec::new();
+    for _ in 0..5 {
+        disk_mib_s.push(disk::read_bandwidth(&bw_file)?);
+    }
+    let _ = std::fs::remove_file(&bw_file);
+    eprintln!(
+        "bench: disk: O_DIRECT sequential 16 MiB reads: {}",
+        disk_mib_s.iter().map(|v| format!("{v:.0}")).collect::<Vec<_>>().join(", ") + " MiB/s"
+    );
+
+    let mut names: Vec<String> = cfg.functions.clone();
+    for f in &cfg.concurrency_functions {
+        if !cfg.concurrency.is_empty() && !names.contains(f) {
+            names.push(f.clone());
+        }
+    }
+    let mut prepared = Vec::new();
+    let mut snapshot_bytes = BTreeMap::new();
+    for name in &names {
+        let p = prepare(cfg, args, data_dir, work, name)?;
+        snapshot_bytes.insert(name.clone(), dir_bytes(&p.snap));
+        prepared.push(p);
+    }
+
+    let mut runs = Vec::new();
+    for p in prepared.iter().filter(|p| cfg.functions.contains(&p.name)) {
+        for run in 0..cfg.runs {
+            // Interleave: every run goes through all modes, starting at a different one.
+            let mut line = Vec::new();
+            for k in 0..MODES.len() {
+                let mode = MODES[(k + run) % MODES.len()];
+                let (rec, v) = one_mode(p, mode, run).with_context(|| format!("{} in mode {mode}, run {}", p.name, run + 1))?;
+                check_output(&p.reference, &v, &p.name, mode)?;
+                line.push((mode, rec.ttfr_ms, rec.page_faults));
+                runs.push(rec);
+            }
+            line.sort_by_key(|(m, _, _)| MODES.iter().position(|x| x == m));
+            eprintln!(
+                "bench: {} run {}/{}: {}",
+                p.name,
+                run + 1,
+                cfg.runs,
+                line.iter().map(|(m, t, f)| format!("{m} {t:.1}ms/{f}pf")).collect::<Vec<_>>().join("  ")
+            );
+        }
+        for mode in MODES {
+            let v: Vec<f64> = runs.iter().filter(|r| r.function == p.name && r.mode == mode).map(|r| r.ttfr_ms).collect();
+            eprintln!("bench: {} {mode}: time to first response median {:.1} ms", p.name, crate::stats::median(&v).unwrap_or(f64::NAN));
+        }
+    }
+
+    let mut conc = Vec::new();
+    if !cfg.concurrency.is_empty() {
+        for p in prepared.iter().filter(|p| cfg.concurrency_functions.contains(&p.name)) {
+            conc.extend(concurrency(p, cfg, work)?);
+        }
+    }
+    Ok(Results { runs, concurrency: conc, disk_mib_s, snapshot_bytes, started, loadavg_start: None })
+}

@@ -1,0 +1,646 @@
+//! The HTTP API: Lambda's REST-JSON protocol (2015-03-31) for the operations
+//! the node supports, plus `/metrics` and `/thaw/status`.
+//!
+//! A request is authenticated (SigV4), parsed into one [`Action`], and then
+//! executed against the [`Node`]; the node never sees HTTP. Errors use
+//! Lambda's shapes: status code, `x-amzn-ErrorType` header and a JSON body
+//! `{"Type": "User", "message": ...}`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use thiserror::Error;
+use tracing::{debug, warn, Instrument};
+
+use crate::events;
+use crate::node::{error_chain, DeployError, FunctionSpec, InvokeError, Node, Outcome};
+use crate::registry::FunctionRecord;
+use crate::sigv4::{SigV4Error, SignedRequest, Verifier};
+
+/// Largest request body read (a 50 MB zip, base64-encoded, inside JSON).
+pub const MAX_BODY: usize = 80 * 1024 * 1024;
+/// Lambda's limit for a synchronous invocation's payload.
+pub const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
+/// Runtimes accepted by CreateFunction (all served by the node's python3 runtime).
+pub const RUNTIMES: &[&str] = &["python3.11", "python3.12"];
+const API_PREFIX: &str = "/2015-03-31/functions";
+
+pub struct App {
+    pub node: Arc<Node>,
+    pub verifier: Verifier,
+}
+
+/// An API error in Lambda's shape.
+#[derive(Debug, Error)]
+#[error("{kind}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    pub reason: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, kind, message: message.into(), reason: None }
+    }
+    fn invalid(message: impl Into<String>) -> ApiError {
+        Self::new(StatusCode::BAD_REQUEST, "InvalidParameterValueException", message)
+    }
+    fn not_found(message: impl Into<String>) -> ApiError {
+        Self::new(StatusCode::NOT_FOUND, "ResourceNotFoundException", message)
+    }
+    fn service(message: impl Into<String>) -> ApiError {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", message)
+    }
+
+    fn into_response(self, request_id: &str) -> Response {
+        let kind_type = if self.status.is_server_error() { "Service" } else { "User" };
+        let mut body = json!({"Type": kind_type, "message": self.message, "Message": self.message});
+        if let Some(r) = self.reason {
+            body["Reason"] = json!(r);
+        }
+        let mut resp = (self.status, body.to_string()).into_response();
+        let h = resp.headers_mut();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("x-amzn-errortype", HeaderValue::from_static(self.kind));
+        if let Ok(v) = HeaderValue::from_str(request_id) {
+            h.insert("x-amzn-requestid", v);
+        }
+        resp
+    }
+}
+
+impl From<SigV4Error> for ApiError {
+    fn from(e: SigV4Error) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, e.error_type(), e.to_string())
+    }
+}
+
+impl From<DeployError> for ApiError {
+    fn from(e: DeployError) -> ApiError {
+        match &e {
+            DeployError::Exists(_) | DeployError::InProgress(_) => {
+                ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", e.to_string())
+            }
+            DeployError::NotFound(_) => ApiError::not_found(e.to_string()),
+            DeployError::Bundle(b) => match b {
+                crate::bundle::BundleError::Write { .. } => ApiError::service(error_chain(&e)),
+                _ => ApiError::invalid(e.to_string()),
+            },
+            DeployError::Registry(_) | DeployError::Join(_) => ApiError::service(error_chain(&e)),
+        }
+    }
+}
+
+impl From<InvokeError> for ApiError {
+    fn from(e: InvokeError) -> ApiError {
+        match &e {
+            InvokeError::NotFound(_) => ApiError::not_found(e.to_string()),
+            InvokeError::NotReady { .. } => ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", e.to_string()),
+            InvokeError::Throttled { reason } => ApiError {
+                reason: Some(reason),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequestsException", e.to_string())
+            },
+            InvokeError::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", e.to_string()),
+            InvokeError::Start { .. } | InvokeError::Workers(_) => ApiError::service(error_chain(&e)),
+        }
+    }
+}
+
+/// One API operation, parsed from method + path.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    CreateFunction,
+    ListFunctions,
+    GetFunction(String),
+    GetFunctionConfiguration(String),
+    UpdateFunctionCode(String),
+    DeleteFunction(String),
+    Invoke(String),
+}
+
+/// Map method + raw path to an action (None: unknown operation).
+pub fn route(method: &Method, raw_path: &str) -> Option<Action> {
+    let rest = raw_path.strip_prefix(API_PREFIX)?;
+    let rest = rest.strip_prefix('/').unwrap_or(rest);
+    let segs: Vec<&str> = if rest.is_empty() { vec![] } else { rest.split('/').collect() };
+    let name = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+    match (method.as_str(), segs.as_slice()) {
+        ("POST", []) => Some(Action::CreateFunction),
+        ("GET", []) => Some(Action::ListFunctions),
+        ("GET", [n]) => Some(Action::GetFunction(name(n))),
+        ("DELETE", [n]) => Some(Action::DeleteFunction(name(n))),
+        ("GET", [n, "configuration"]) => Some(Action::GetFunctionConfiguration(name(n))),
+        ("PUT", [n, "code"]) => Some(Action::UpdateFunctionCode(name(n))),
+        ("POST", [n, "invocations"]) => Some(Action::Invoke(name(n))),
+        _ => None,
+    }
+}
+
+/// Resolve a FunctionName parameter (name, partial or full ARN, optional qualifier) to a name.
+pub fn function_name(input: &str, qualifier: Option<&str>) -> Result<(String, Option<String>), ApiError> {
+    let parts: Vec<&str> = input.split(':').collect();
+    let (name, q) = match parts.as_slice() {
+        [n] => (*n, None),
+        [n, q] => (*n, Some(*q)),
+        [_, "function", n] => (*n, None),
+        [_, "function", n, q] => (*n, Some(*q)),
+        ["arn", _, "lambda", _, _, "function", n] => (*n, None),
+        ["arn", _, "lambda", _, _, "function", n, q] => (*n, Some(*q)),
+        _ => return Err(ApiError::invalid(format!("1 validation error detected: Value '{input}' at 'functionName' failed to satisfy constraint: Member must satisfy regular expression pattern"))),
+    };
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(ApiError::invalid(format!(
+            "1 validation error detected: Value '{input}' at 'functionName' failed to satisfy constraint: Member must satisfy regular expression pattern: [a-zA-Z0-9-_]+ and have length at most 64"
+        )));
+    }
+    let q = match (q, qualifier) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::invalid("The derived qualifier from the function name does not match the specified qualifier."))
+        }
+        (a, b) => a.or(b).map(str::to_string),
+    };
+    Ok((name.to_string(), q))
+}
+
+fn query_param(raw: Option<&str>, key: &str) -> Option<String> {
+    raw?.split('&').find_map(|p| {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        (k == key).then(|| percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
+    })
+}
+
+/// Lambda's FunctionConfiguration for a record.
+pub fn configuration(node: &Node, r: &FunctionRecord) -> Value {
+    let mut v = json!({
+        "FunctionName": r.name,
+        "FunctionArn": node.arn(&r.name),
+        "Runtime": r.runtime,
+        "Role": r.role,
+        "Handler": r.handler,
+        "CodeSize": r.code_size,
+        "Description": r.description,
+        "Timeout": r.timeout_s,
+        "MemorySize": r.memory_mb,
+        "LastModified": r.last_modified,
+        "CodeSha256": r.code_sha256,
+        "Version": "$LATEST",
+        "TracingConfig": {"Mode": "PassThrough"},
+        "RevisionId": r.revision_id,
+        "State": r.state,
+        "LastUpdateStatus": r.last_update_status,
+        "PackageType": "Zip",
+        "Architectures": ["x86_64"],
+        "EphemeralStorage": {"Size": 512},
+        "SnapStart": {"ApplyOn": "None", "OptimizationStatus": "Off"},
+        "LoggingConfig": {"LogFormat": "Text", "LogGroup": format!("/aws/lambda/{}", r.name)},
+    });
+    if !r.env.is_empty() {
+        v["Environment"] = json!({"Variables": r.env});
+    }
+    for (k, val) in [
+        ("StateReason", &r.state_reason),
+        ("StateReasonCode", &r.state_reason_code),
+        ("LastUpdateStatusReason", &r.last_update_status_reason),
+        ("LastUpdateStatusReasonCode", &r.last_update_status_reason_code),
+    ] {
+        if let Some(s) = val {
+            v[k] = json!(s);
+        }
+    }
+    v
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct CodeInput {
+    zip_file: Option<String>,
+    s3_bucket: Option<String>,
+    image_uri: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct EnvInput {
+    variables: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CreateInput {
+    function_name: String,
+    runtime: Option<String>,
+    role: Option<String>,
+    handler: Option<String>,
+    code: Option<CodeInput>,
+    description: Option<String>,
+    timeout: Option<i64>,
+    memory_size: Option<i64>,
+    environment: Option<EnvInput>,
+    package_type: Option<String>,
+    architectures: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct UpdateCodeInput {
+    zip_file: Option<String>,
+    s3_bucket: Option<String>,
+    image_uri: Option<String>,
+}
+
+/// Environment variables the runtime sets and a function may not override (Lambda's reserved keys).
+const RESERVED_ENV: &[&str] = &[
+    "_HANDLER", "AWS_REGION", "AWS_EXECUTION_ENV", "AWS_LAMBDA_FUNCTION_NAME", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+    "AWS_LAMBDA_FUNCTION_VERSION", "AWS_LAMBDA_LOG_GROUP_NAME", "AWS_LAMBDA_LOG_STREAM_NAME", "LAMBDA_TASK_ROOT",
+    "LAMBDA_RUNTIME_DIR", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+];
+
+fn decode_zip(b64: Option<String>, s3: Option<String>, image: Option<String>) -> Result<Vec<u8>, ApiError> {
+    if s3.is_some() || image.is_some() {
+        return Err(ApiError::invalid("This node accepts code only as Code.ZipFile (S3 and container images are not supported)."));
+    }
+    let b64 = b64.ok_or_else(|| ApiError::invalid("Please provide a source for function code (Code.ZipFile)."))?;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.as_bytes())
+        .map_err(|_| ApiError::invalid("Could not unzip uploaded file. Please check your file, then try to upload again."))
+}
+
+fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequestContentException", format!("Could not parse request body into json: {e}"))
+    })
+}
+
+/// Validate a CreateFunction request into a spec + zip.
+fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
+    let input: CreateInput = parse_json(body)?;
+    let (name, q) = function_name(&input.function_name, None)?;
+    if q.is_some() {
+        return Err(ApiError::invalid("FunctionName must not have a qualifier in CreateFunction."));
+    }
+    if input.package_type.as_deref().is_some_and(|p| p != "Zip") {
+        return Err(ApiError::invalid("PackageType Image is not supported by this node."));
+    }
+    if input.architectures.as_ref().is_some_and(|a| a.iter().any(|x| x != "x86_64")) {
+        return Err(ApiError::invalid("Only the x86_64 architecture is supported by this node."));
+    }
+    let runtime = input.runtime.ok_or_else(|| ApiError::invalid("Runtime is required for .zip deployment packages."))?;
+    if !RUNTIMES.contains(&runtime.as_str()) {
+        return Err(ApiError::invalid(format!(
+            "The runtime parameter of {runtime} is not supported by this node (supported: {}).",
+            RUNTIMES.join(", ")
+        )));
+    }
+    let handler = input.handler.ok_or_else(|| ApiError::invalid("Handler is required for .zip deployment packages."))?;
+    if thaw_runtime::Runtime::Python3.check_handler(&handler).is_err() || handler.len() > 128 {
+        return Err(ApiError::invalid(format!("Value '{handler}' at 'handler' failed to satisfy constraint: expected module.function")));
+    }
+    let timeout_s = input.timeout.unwrap_or(3);
+    if !(1..=900).contains(&timeout_s) {
+        return Err(ApiError::invalid(format!("Value '{timeout_s}' at 'timeout' failed to satisfy constraint: Member must have value between 1 and 900")));
+    }
+    let memory_mb = input.memory_size.unwrap_or(128);
+    if !(128..=10240).contains(&memory_mb) {
+        return Err(ApiError::invalid(format!("Value '{memory_mb}' at 'memorySize' failed to satisfy constraint: Member must have value between 128 and 10240")));
+    }
+    let env = input.environment.and_then(|e| e.variables).unwrap_or_default();
+    let reserved: Vec<&str> = env.keys().filter(|k| RESERVED_ENV.contains(&k.as_str())).map(String::as_str).collect();
+    if !reserved.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "Lambda was unable to configure your environment variables because the environment variables you have provided contains reserved keys that are currently not supported for modification. Reserved keys used in this request: {}",
+            reserved.join(", ")
+        )));
+    }
+    if let Some(bad) = env.keys().find(|k| {
+        let b = k.as_bytes();
+        b.is_empty() || !b[0].is_ascii_alphabetic() || !b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+    }) {
+        return Err(ApiError::invalid(format!("Environment variable name '{bad}' is not valid: use letters, digits and '_', starting with a letter.")));
+    }
+    let code = input.code.unwrap_or_default();
+    let zip = decode_zip(code.zip_file, code.s3_bucket, code.image_uri)?;
+    let spec = FunctionSpec {
+        name,
+        runtime,
+        role: input.role.unwrap_or_else(|| "arn:aws:iam::000000000000:role/thaw".into()),
+        handler,
+        description: input.description.unwrap_or_default(),
+        timeout_s: timeout_s as u64,
+        memory_mb: memory_mb as u64,
+        env,
+    };
+    Ok((spec, zip))
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    let mut r = (status, v.to_string()).into_response();
+    r.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+    r
+}
+
+fn latest_only(name: &str, node: &Node, q: &Option<String>) -> Result<(), ApiError> {
+    match q.as_deref() {
+        None | Some("$LATEST") => Ok(()),
+        Some(q) => Err(ApiError::not_found(format!("Function not found: {}:{q}", node.arn(name)))),
+    }
+}
+
+/// The Lambda-style log tail: START/END/REPORT around the function's output, last 4 KB.
+fn log_tail(inv: &crate::node::Invocation) -> String {
+    let id = &inv.request_id;
+    let mut s = format!("START RequestId: {id} Version: $LATEST\n{}", inv.logs);
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        "END RequestId: {id}\nREPORT RequestId: {id}\tDuration: {:.2} ms\tBilled Duration: {} ms\tMemory Size: {} MB\tMax Memory Used: {} MB",
+        inv.invoke_ms,
+        inv.invoke_ms.ceil() as u64,
+        inv.memory_mb,
+        inv.max_memory_used_mb
+    ));
+    match inv.start_kind {
+        "warm" => {}
+        "boot" => s.push_str(&format!("\tInit Duration: {:.2} ms", inv.start_ms)),
+        _ => s.push_str(&format!("\tRestore Duration: {:.2} ms", inv.start_ms)),
+    }
+    s.push('\n');
+    let bytes = s.as_bytes();
+    let tail = &bytes[bytes.len().saturating_sub(4096)..];
+    base64::engine::general_purpose::STANDARD.encode(tail)
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &HeaderMap, body: Bytes, request_id: &str) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
+    let node = &app.node;
+    let (name, q) = function_name(&name, qualifier.as_deref())?;
+    latest_only(&name, node, &q)?;
+    let kind = header(headers, "x-amz-invocation-type").unwrap_or("RequestResponse");
+    let limit = if kind == "Event" { events::MAX_EVENT_PAYLOAD } else { MAX_PAYLOAD };
+    if body.len() > limit {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLargeException",
+            format!("{} byte payload is too large for the {kind} invocation type (limit {limit} bytes)", body.len()),
+        ));
+    }
+    let payload = if body.is_empty() {
+        "{}".to_string()
+    } else {
+        let text = std::str::from_utf8(&body)
+            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequestContentException", "Could not parse request body into json: not UTF-8"))?;
+        if serde_json::from_str::<serde::de::IgnoredAny>(text).is_err() {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "InvalidRequestContentException",
+                "Could not parse request body into json: Could not parse payload into json",
+            ));
+        }
+        text.to_string()
+    };
+    let tail = match header(headers, "x-amz-log-type") {
+        None | Some("None") => false,
+        Some("Tail") => true,
+        Some(other) => return Err(ApiError::invalid(format!("Value '{other}' at 'logType' failed to satisfy constraint: Member must satisfy enum value set: [None, Tail]"))),
+    };
+    let rid = HeaderValue::from_str(request_id).map_err(|_| ApiError::service("bad request id"))?;
+    match kind {
+        "DryRun" => {
+            node.function(&name).ok_or_else(|| ApiError::not_found(format!("Function not found: {}", node.arn(&name))))?;
+            let mut r = StatusCode::NO_CONTENT.into_response();
+            r.headers_mut().insert("x-amzn-requestid", rid);
+            Ok(r)
+        }
+        "Event" => {
+            node.check_invocable(&name)?;
+            events::enqueue(node, request_id, &name, payload.into_bytes()).map_err(|e| ApiError::service(error_chain(&e)))?;
+            let mut r = StatusCode::ACCEPTED.into_response();
+            r.headers_mut().insert("x-amzn-requestid", rid);
+            Ok(r)
+        }
+        "RequestResponse" => {
+            let inv = node.invoke(&name, request_id, payload).await?;
+            let (body, error) = match &inv.outcome {
+                Outcome::Ok(text) => (text.clone(), false),
+                Outcome::Error(e, _) => (serde_json::to_string(e).expect("serializable"), true),
+            };
+            let mut r = (StatusCode::OK, body).into_response();
+            let h = r.headers_mut();
+            h.insert("content-type", HeaderValue::from_static("application/json"));
+            h.insert("x-amzn-requestid", rid);
+            h.insert("x-amz-executed-version", HeaderValue::from_static("$LATEST"));
+            if error {
+                h.insert("x-amz-function-error", HeaderValue::from_static("Unhandled"));
+            }
+            if tail {
+                if let Ok(v) = HeaderValue::from_str(&log_tail(&inv)) {
+                    h.insert("x-amz-log-result", v);
+                }
+            }
+            h.insert("x-thaw-start", HeaderValue::from_static(inv.start_kind));
+            let node_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let timing = format!("start={:.3};invoke={:.3};node={:.3}", inv.start_ms, inv.invoke_ms, node_ms);
+            if let Ok(v) = HeaderValue::from_str(&timing) {
+                h.insert("x-thaw-timing-ms", v);
+            }
+            node.metrics.request_seconds.with_label_values(&[]).observe(node_ms / 1e3);
+            Ok(r)
+        }
+        other => Err(ApiError::invalid(format!(
+            "Value '{other}' at 'invocationType' failed to satisfy constraint: Member must satisfy enum value set: [Event, RequestResponse, DryRun]"
+        ))),
+    }
+}
+
+async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &HeaderMap, body: Bytes, request_id: &str) -> Result<Response, ApiError> {
+    let node = &app.node;
+    let qualifier = query_param(raw_query, "Qualifier");
+    match action {
+        Action::Invoke(name) => invoke(app, name, qualifier, headers, body, request_id).await,
+        Action::CreateFunction => {
+            let (spec, zip) = create_spec(&body)?;
+            let rec = node.create_function(spec, zip).await?;
+            Ok(json_response(StatusCode::CREATED, &configuration(node, &rec)))
+        }
+        Action::ListFunctions => {
+            let max = match query_param(raw_query, "MaxItems") {
+                Some(m) => m.parse::<usize>().ok().filter(|n| (1..=10000).contains(n)).ok_or_else(|| ApiError::invalid("MaxItems must be between 1 and 10000"))?,
+                None => 50,
+            };
+            let marker = query_param(raw_query, "Marker");
+            let all = node.records();
+            let start = marker.as_ref().map(|m| all.iter().position(|r| &r.name > m).unwrap_or(all.len())).unwrap_or(0);
+            let page: Vec<Value> = all[start..].iter().take(max).map(|r| configuration(node, r)).collect();
+            let mut v = json!({"Functions": page});
+            if start + max < all.len() {
+                v["NextMarker"] = json!(all[start + max - 1].name);
+            }
+            Ok(json_response(StatusCode::OK, &v))
+        }
+        Action::GetFunction(n) => {
+            let (name, q) = function_name(&n, qualifier.as_deref())?;
+            latest_only(&name, node, &q)?;
+            let rec = node.record(&name).ok_or_else(|| ApiError::not_found(format!("Function not found: {}", node.arn(&name))))?;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"Configuration": configuration(node, &rec), "Code": {"RepositoryType": "S3", "Location": ""}}),
+            ))
+        }
+        Action::GetFunctionConfiguration(n) => {
+            let (name, q) = function_name(&n, qualifier.as_deref())?;
+            latest_only(&name, node, &q)?;
+            let rec = node.record(&name).ok_or_else(|| ApiError::not_found(format!("Function not found: {}", node.arn(&name))))?;
+            Ok(json_response(StatusCode::OK, &configuration(node, &rec)))
+        }
+        Action::UpdateFunctionCode(n) => {
+            let (name, _) = function_name(&n, None)?;
+            let input: UpdateCodeInput = parse_json(&body)?;
+            let zip = decode_zip(input.zip_file, input.s3_bucket, input.image_uri)?;
+            let rec = node.update_code(&name, zip).await?;
+            Ok(json_response(StatusCode::OK, &configuration(node, &rec)))
+        }
+        Action::DeleteFunction(n) => {
+            let (name, q) = function_name(&n, qualifier.as_deref())?;
+            if q.as_deref().is_some_and(|q| q != "$LATEST") {
+                return Err(ApiError::not_found(format!("Function not found: {}:{}", node.arn(&name), q.unwrap_or_default())));
+            }
+            node.delete_function(&name)?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+    }
+}
+
+fn is_loopback(peer: &SocketAddr) -> bool {
+    peer.ip().is_loopback()
+}
+
+/// The single entry point of every HTTP request.
+pub async fn handle(State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<SocketAddr>, req: Request) -> Response {
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    let span = tracing::debug_span!("request", request_id = %request_id, method = %parts.method, path = %path);
+    async move {
+        if parts.method == Method::GET && path == "/metrics" {
+            let mut r = app.node.metrics.render().into_response();
+            r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain; version=0.0.4"));
+            return r;
+        }
+        if parts.method == Method::GET && path == "/thaw/status" {
+            if !is_loopback(&peer) {
+                return ApiError::new(StatusCode::FORBIDDEN, "AccessDeniedException", "/thaw/status is only served to loopback clients")
+                    .into_response(&request_id);
+            }
+            return json_response(StatusCode::OK, &app.node.status());
+        }
+        let body = match axum::body::to_bytes(Body::new(body), MAX_BODY).await {
+            Ok(b) => b,
+            Err(_) => {
+                return ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "RequestEntityTooLargeException",
+                    format!("Request must be smaller than {MAX_BODY} bytes"),
+                )
+                .into_response(&request_id)
+            }
+        };
+        let signed = SignedRequest {
+            method: parts.method.as_str(),
+            raw_path: &path,
+            raw_query: parts.uri.query(),
+            headers: parts.headers.iter().filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v))).collect(),
+            body: &body,
+        };
+        if let Err(e) = app.verifier.verify(&signed, SystemTime::now()) {
+            debug!(error = %e, "request not authenticated");
+            return ApiError::from(e).into_response(&request_id);
+        }
+        let Some(action) = route(&parts.method, &path) else {
+            return ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method))
+                .into_response(&request_id);
+        };
+        debug!(?action, "request");
+        match dispatch(&app, action, parts.uri.query(), &parts.headers, body, &request_id).await {
+            Ok(mut r) => {
+                if let Ok(v) = HeaderValue::from_str(&request_id) {
+                    r.headers_mut().entry("x-amzn-requestid").or_insert(v);
+                }
+                r
+            }
+            Err(e) => {
+                if e.status.is_server_error() {
+                    warn!(error = %e, "request failed");
+                } else {
+                    debug!(error = %e, "request rejected");
+                }
+                e.into_response(&request_id)
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+pub fn router(app: Arc<App>) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(app)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert_eq!(route(&Method::POST, "/2015-03-31/functions"), Some(Action::CreateFunction));
+        assert_eq!(route(&Method::GET, "/2015-03-31/functions/"), Some(Action::ListFunctions));
+        assert_eq!(route(&Method::GET, "/2015-03-31/functions/f%3A%24LATEST"), Some(Action::GetFunction("f:$LATEST".into())));
+        assert_eq!(route(&Method::POST, "/2015-03-31/functions/f/invocations"), Some(Action::Invoke("f".into())));
+        assert_eq!(route(&Method::PUT, "/2015-03-31/functions/f/code"), Some(Action::UpdateFunctionCode("f".into())));
+        assert_eq!(route(&Method::GET, "/2015-03-31/functions/f/configuration"), Some(Action::GetFunctionConfiguration("f".into())));
+        assert_eq!(route(&Method::DELETE, "/2015-03-31/functions/f"), Some(Action::DeleteFunction("f".into())));
+        assert_eq!(route(&Method::GET, "/other"), None);
+    }
+
+    #[test]
+    fn function_names() {
+        assert_eq!(function_name("f", None).unwrap(), ("f".into(), None));
+        assert_eq!(function_name("arn:aws:lambda:us-east-1:000000000000:function:f:$LATEST", None).unwrap(), ("f".into(), Some("$LATEST".into())));
+        assert_eq!(function_name("000000000000:function:f", Some("1")).unwrap(), ("f".into(), Some("1".into())));
+        assert!(function_name("bad name", None).is_err());
+        assert!(function_name("f:1", Some("2")).is_err());
+    }
+
+    #[test]
+    fn create_validation() {
+        let err = |v: Value| create_spec(v.to_string().as_bytes()).unwrap_err();
+        let base = json!({"FunctionName": "f", "Runtime": "python3.12", "Handler": "h.h", "Role": "r", "Code": {"ZipFile": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA=="}});
+        assert!(create_spec(base.to_string().as_bytes()).is_ok());
+        let mut v = base.clone();
+        v["Runtime"] = json!("nodejs20.x");
+        let e = err(v);
+        assert_eq!((e.kind, e.status), ("InvalidParameterValueException", StatusCode::BAD_REQUEST));
+        assert_eq!(e.message, "The runtime parameter of nodejs20.x is not supported by this node (supported: python3.11, python3.12).");
+        let mut v = base.clone();
+        v["MemorySize"] = json!(64);
+        assert_eq!(err(v).kind, "InvalidParameterValueException");
+        let mut v = base.clone();
+        v["Environment"] = json!({"Variables": {"AWS_REGION": "x"}});
+        assert!(err(v).message.ends_with("Reserved keys used in this request: AWS_REGION"));
+        assert_eq!(create_spec(b"{").unwrap_err().kind, "InvalidRequestContentException");
+    }
+}

@@ -1,0 +1,92 @@
+"""The `restored` frame and thaw_runtime hooks of the Python shim.
+
+    /usr/bin/python3 -m unittest runtimes/python/test_thaw_runtime.py
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+class RestoredFrameTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="thaw-rt-")
+        self.rts = []
+
+    def tearDown(self):
+        for rt in self.rts:
+            rt.close(5)
+            rt.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def start(self, code):
+        with open(os.path.join(self.dir, "handler.py"), "w") as f:
+            f.write(textwrap.dedent(code))
+        rt = harness.Runtime(self.dir, "handler.handler", python=PY)
+        self.rts.append(rt)
+        return rt
+
+    def restored(self, rt):
+        harness.send_frame(rt.parent, {"type": "restored"})
+        return harness.recv_frame(rt.parent)
+
+    def test_hooks_and_reseed(self):
+        rt = self.start("""
+            import random, tempfile
+            import thaw_runtime
+            events = []
+            thaw_runtime.register_before_snapshot(lambda: events.append("before"))
+            @thaw_runtime.register_after_restore
+            def again():
+                events.append("after")
+            random.seed(1234)
+            state = random.getstate()
+            def handler(event, context):
+                return {"events": events, "same_state": random.getstate() == state}
+        """)
+        self.assertEqual(rt.init, {"type": "ready"})
+        v = json.loads(rt.invoke({})["result"])
+        self.assertEqual(v, {"events": ["before"], "same_state": True})
+        self.assertEqual(self.restored(rt), {"type": "ok"})
+        v = json.loads(rt.invoke({})["result"])
+        self.assertEqual(v, {"events": ["before", "after"], "same_state": False})
+        self.assertEqual(rt.shutdown(), 0)
+
+    def test_failing_hooks(self):
+        rt = self.start("""
+            import thaw_runtime
+            def boom():
+                raise RuntimeError("cannot reconnect")
+            thaw_runtime.register_after_restore(boom)
+            def handler(event, context):
+                return 1
+        """)
+        self.assertEqual(rt.init, {"type": "ready"})
+        r = self.restored(rt)
+        self.assertEqual(r["type"], "error")
+        self.assertEqual(r["errorType"], "RuntimeError")
+        self.assertIn("cannot reconnect", r["errorMessage"])
+        self.assertEqual(rt.invoke({})["result"], "1")
+        rt2 = self.start("""
+            import thaw_runtime
+            def no():
+                raise ValueError("no snapshot now")
+            thaw_runtime.register_before_snapshot(no)
+            def handler(event, context):
+                return 1
+        """)
+        self.assertEqual(rt2.init["type"], "init_error")
+        self.assertEqual(rt2.init["errorType"], "ValueError")
+
+
+if __name__ == "__main__":
+    unittest.main()

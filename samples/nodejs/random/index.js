@@ -1,0 +1,11 @@
+// Randomness after a restore: two instances restored from one snapshot must
+// return different values (the runtime reseeds on the "restored" frame).
+const crypto = require('crypto');
+const atInit = { math: Math.random(), bytes: crypto.randomBytes(8).toString('hex') };
+
+exports.handler = async () => ({
+  math: Math.random(),
+  bytes: crypto.randomBytes(16).toString('hex'),
+  uuid: crypto.randomUUID(),
+  atInit,
+});
