@@ -146,9 +146,11 @@ fn capture_inner(
             return Err(CaptureError::Inject { pid, source: e });
         }
     };
-    if let Some((fd, n)) = injected.pipe_unread.iter().find(|x| x.1 != 0) {
-        writer.abandon();
-        return Err(refuse(format!("pipe descriptor {fd} holds {n} unread bytes, which a snapshot cannot carry")));
+    let mut fds = fds;
+    for (fd, bytes) in injected.pipe_data {
+        if let Some(FdRecord { kind: FdKind::Pipe { buffered, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
+            *buffered = bytes;
+        }
     }
     for (t, (tid_address, altstack)) in threads.iter_mut().zip(injected.per_thread) {
         t.tid_address = tid_address;
@@ -229,7 +231,7 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                         "descriptor {fd} is one end of a pipe ({t}, {ends} descriptor(s)) whose other end is outside the process"
                     )));
                 }
-                FdKind::Pipe { pipe: ino, write, flags }
+                FdKind::Pipe { pipe: ino, write, flags, buffered: Vec::new() }
             }
             (_, "anon_inode:[eventfd]") => FdKind::EventFd {
                 count: procfs::fdinfo_field(&f.info, "eventfd-count").and_then(|v| v.parse().ok()).unwrap_or(0),
@@ -401,8 +403,8 @@ struct Injected {
     sigactions: Vec<SigAction>,
     /// (tid address, altstack) of each thread, in the order of the tracees.
     per_thread: Vec<(u64, Option<AltStack>)>,
-    /// Unread bytes in each pipe read end.
-    pipe_unread: Vec<(i32, u32)>,
+    /// Bytes buffered in each non-empty pipe (by read-end descriptor).
+    pipe_data: Vec<(i32, Vec<u8>)>,
     brk: u64,
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
@@ -410,6 +412,8 @@ struct Injected {
 
 const PR_GET_TID_ADDRESS: u64 = 40;
 const SS_DISABLE: i32 = 2;
+/// Most bytes a pipe may hold at capture (they travel in the injection data area).
+const PIPE_DATA_MAX: usize = 64 * 1024;
 /// RLIMIT_CPU .. RLIMIT_RTTIME.
 const RLIMIT_COUNT: u32 = 16;
 
@@ -488,10 +492,29 @@ fn injected_state(
             sigactions.push(sa);
         }
     }
-    let pipe_unread = pipe_checks
-        .into_iter()
-        .map(|(fd, out)| (fd, u32::from_le_bytes(inj.data_bytes(&data, out, 4).try_into().expect("4 bytes"))))
-        .collect();
+    // Take out what is buffered in pipes (the process is never resumed, so reading
+    // it is harmless); restore writes it back into the new pipe.
+    let mut pipe_data = Vec::new();
+    let mut pd = DataArea::new(region);
+    let mut reads = Vec::new();
+    let mut outs = Vec::new();
+    for (fd, out) in pipe_checks {
+        let n = u32::from_le_bytes(inj.data_bytes(&data, out, 4).try_into().expect("4 bytes")) as usize;
+        if n > PIPE_DATA_MAX {
+            return Err(InjectError::TooLarge { count: n, max: PIPE_DATA_MAX as u64 });
+        }
+        if n > 0 {
+            let buf = pd.reserve(n);
+            reads.push(Call::new("read(pipe)", libc::SYS_read, &[fd as u64, buf, n as u64]));
+            outs.push((fd, buf, n));
+        }
+    }
+    if !reads.is_empty() {
+        inj.run(&reads, &mut pd)?;
+        for (fd, buf, n) in outs {
+            pipe_data.push((fd, inj.data_bytes(&pd, buf, n).to_vec()));
+        }
+    }
     // Per-thread attributes only each thread can report.
     let mut per_thread = Vec::with_capacity(tracees.len());
     for t in tracees {
@@ -517,7 +540,7 @@ fn injected_state(
     Ok(Injected {
         sigactions,
         per_thread,
-        pipe_unread,
+        pipe_data,
         brk: res[res.len() - 2 - RLIMIT_COUNT as usize] as u64,
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),

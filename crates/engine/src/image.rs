@@ -170,8 +170,9 @@ pub enum FdKind {
     Control,
     /// A file or character device reopened by path.
     Path { path: String, flags: i32, pos: u64 },
-    /// One end of a pipe whose both ends the process holds (`pipe` identifies the pair).
-    Pipe { pipe: u64, write: bool, flags: i32 },
+    /// One end of a pipe whose both ends the process holds (`pipe` identifies the
+    /// pair); a read end carries the bytes that were buffered in the pipe.
+    Pipe { pipe: u64, write: bool, flags: i32, buffered: Vec<u8> },
     /// An eventfd with its counter.
     EventFd { count: u64, semaphore: bool, flags: i32 },
     /// An epoll instance and its registrations (target fd, events, data).

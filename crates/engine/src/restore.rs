@@ -541,6 +541,18 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         }
     }
     for r in &recs {
+        if let FdKind::Pipe { pipe, write: false, buffered, .. } = &r.kind {
+            if buffered.is_empty() {
+                continue;
+            }
+            let w = recs.iter().find(|x| matches!(&x.kind, FdKind::Pipe { pipe: p, write: true, .. } if p == pipe));
+            if let Some(w) = w {
+                let a = data.push(buffered);
+                calls.push(Call::new("write(pipe)", libc::SYS_write, &[w.fd as u64, a, buffered.len() as u64]));
+            }
+        }
+    }
+    for r in &recs {
         if let FdKind::Epoll { items, .. } = &r.kind {
             for &(tfd, events, user) in items {
                 let mut ev = events.to_le_bytes().to_vec();
