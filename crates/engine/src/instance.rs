@@ -31,6 +31,8 @@ pub enum InstanceError {
     Runtime(#[from] RuntimeError),
     #[error("function init failed: {}: {}", .0.error_type, .0.error_message)]
     Init(thaw_runtime::FunctionError),
+    #[error("after-restore hook failed: {}: {}", .0.error_type, .0.error_message)]
+    AfterRestore(thaw_runtime::FunctionError),
     #[error("the instance did not become ready")]
     NotReady(#[source] ChannelError),
     #[error("invocation failed{}{}", .exit.as_ref().map(|e| format!(" (instance {e})")).unwrap_or_default(), .page_server.as_ref().map(|e| format!(" (page server: {e})")).unwrap_or_default())]
@@ -298,7 +300,13 @@ impl Instance {
         })?;
         let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;
         let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
-        let channel = Channel::new(control, log).map_err(InstanceError::Io)?;
+        let mut channel = Channel::new(control, log).map_err(InstanceError::Io)?;
+        // A restored clone reseeds its randomness and runs after-restore hooks first.
+        match channel.restored(Duration::from_secs(30)) {
+            Ok(()) => {}
+            Err(ChannelError::Init(e)) => return Err(InstanceError::AfterRestore(e)),
+            Err(e) => return Err(InstanceError::NotReady(e)),
+        }
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         let sandbox_ms = total_ms - restored.phases.iter().map(|p| p.1).sum::<f64>();
         let kind = match mode {

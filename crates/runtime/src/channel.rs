@@ -213,6 +213,23 @@ impl Channel {
         }
     }
 
+    /// Tell a restored runtime it is a new clone (it reseeds and runs its
+    /// after-restore hooks) and wait for its `ok`. A hook failure is an
+    /// `Init` error: the instance must be discarded.
+    pub fn restored(&mut self, timeout: Duration) -> Result<(), ChannelError> {
+        self.send(&serde_json::json!({"type": "restored"}))?;
+        let r = self.recv(timeout)?;
+        match r.kind.as_str() {
+            "ok" => Ok(()),
+            "error" => {
+                let e: FunctionError = serde_json::from_value(serde_json::Value::Object(r.rest))
+                    .map_err(|e| ChannelError::Protocol(format!("error reply to restored: {e}")))?;
+                Err(ChannelError::Init(e))
+            }
+            other => Err(ChannelError::Protocol(format!("expected ok after restored, got '{other}'"))),
+        }
+    }
+
     /// Send one invocation and wait for its result.
     pub fn invoke(&mut self, req: &InvokeRequest, timeout: Duration) -> Result<InvokeOutcome, ChannelError> {
         self.send(req)?;
@@ -286,6 +303,21 @@ mod tests {
         drop(peer);
         let e = ch.invoke(&req, Duration::from_secs(5)).unwrap_err();
         assert!(matches!(e, ChannelError::Closed { .. }), "{e}");
+    }
+
+    #[test]
+    fn restored_handshake() {
+        let (mut ch, mut peer, _log) = pair();
+        peer.write_all(&frame(serde_json::json!({"type":"ok"}))).unwrap();
+        ch.restored(Duration::from_secs(5)).unwrap();
+        let mut len = [0u8; 4];
+        peer.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        peer.read_exact(&mut body).unwrap();
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["type"], "restored");
+        peer.write_all(&frame(serde_json::json!({"type":"error","errorType":"HookError","errorMessage":"boom","stackTrace":[]}))).unwrap();
+        let e = ch.restored(Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.to_string(), "function init failed: HookError: boom");
     }
 
     #[test]

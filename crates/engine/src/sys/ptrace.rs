@@ -196,17 +196,18 @@ pub fn robust_list(pid: i32) -> io::Result<(u64, u64)> {
 
 /// After SIGKILLing a process whose threads we trace: reap every traced thread
 /// other than the leader (their exits wait for us), so the leader can be reaped
-/// by its parent.
+/// by its parent. Threads are polled in any order: one of them may be the thread
+/// tearing down the pid namespace, which itself waits for the others.
 pub fn reap_threads(leader: i32, traced: &[Tracee]) {
-    for t in traced {
-        if t.pid.as_raw() == leader {
-            continue;
-        }
-        loop {
-            match waitpid(t.pid, Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => break,
-                Ok(_) => continue,
-            }
+    let mut left: Vec<Pid> = traced.iter().map(|t| t.pid).filter(|p| p.as_raw() != leader).collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        left.retain(|&p| match waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_) => false,
+            Ok(_) => true,
+        });
+        if !left.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 }
