@@ -469,13 +469,23 @@ pub struct PrefetchStats {
 
 /// REAP prefetch: install the working set (already read into `buf`, laid out by
 /// vaddr) with one UFFDIO_COPY per contiguous run, and map its zero pages.
-pub fn install_ws(uffd_fd: &OwnedFd, ws: &WorkingSet, buf: &[u8], stats: &Stats) -> Result<PrefetchStats, PageServerError> {
+/// `vma_starts`: sorted start addresses of the VMAs; a UFFDIO_COPY must not cross one.
+pub fn install_ws(
+    uffd_fd: &OwnedFd,
+    ws: &WorkingSet,
+    buf: &[u8],
+    vma_starts: &[u64],
+    stats: &Stats,
+) -> Result<PrefetchStats, PageServerError> {
     let t0 = Instant::now();
     let mut ps = PrefetchStats { ws_bytes: buf.len() as u64, ..Default::default() };
     let mut i = 0;
     while i < ws.layout.len() {
         let mut j = i + 1;
-        while j < ws.layout.len() && ws.layout[j].0 == ws.layout[j - 1].0 + PAGE_SIZE {
+        while j < ws.layout.len()
+            && ws.layout[j].0 == ws.layout[j - 1].0 + PAGE_SIZE
+            && vma_starts.binary_search(&ws.layout[j].0).is_err()
+        {
             j += 1;
         }
         let bytes = &buf[i * PAGE_SIZE as usize..j * PAGE_SIZE as usize];

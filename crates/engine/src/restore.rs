@@ -242,12 +242,14 @@ fn restore_inner(
     calls.push(Call::new("dup3(uffd)", libc::SYS_dup3, &[uffd_tmp, UFFD_KEEP_FD, libc::O_CLOEXEC as u64]));
     calls.push(Call::new("close(uffd)", libc::SYS_close, &[uffd_tmp]));
     let mut anon_ranges: Vec<(u64, u64)> = Vec::new();
+    let mut anon_vmas: Vec<(u64, u64)> = Vec::new();
     for v in &img.vmas {
         let len = v.end - v.start;
         let noreplace = libc::MAP_FIXED_NOREPLACE as u64;
         let (flags, fd, off) = match &v.kind {
             VmaKind::Special { .. } => continue,
             VmaKind::Anon { growsdown } => {
+                anon_vmas.push((v.start, v.end));
                 match anon_ranges.last_mut() {
                     Some(last) if last.1 == v.start => last.1 = v.end,
                     _ => anon_ranges.push((v.start, v.end)),
@@ -327,11 +329,13 @@ fn restore_inner(
     let prefetch = match prefill {
         Prefill::None => None,
         Prefill::Eager => {
-            pageserver::install_all(&uffd, &source, &anon_ranges, &stats).map_err(pages_err)?;
+            // Per VMA: one UFFDIO_COPY cannot span two VMAs.
+            pageserver::install_all(&uffd, &source, &anon_vmas, &stats).map_err(pages_err)?;
             None
         }
         Prefill::Ws { ws, buf, read_ms } => {
-            let mut ps = pageserver::install_ws(&uffd, &ws, buf.as_ref(), &stats).map_err(pages_err)?;
+            let starts: Vec<u64> = anon_vmas.iter().map(|v| v.0).collect();
+            let mut ps = pageserver::install_ws(&uffd, &ws, buf.as_ref(), &starts, &stats).map_err(pages_err)?;
             ps.read_ms = read_ms;
             Some(ps)
         }

@@ -1,0 +1,200 @@
+//! Issue "Node.js and Java functions": multi-threaded runtimes captured and
+//! restored through the CLI, as root. Needs `scripts/build-samples.sh` (and
+//! `scripts/build-runtimes.sh` for Java), which the test script runs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn scratch() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::Builder::new().prefix("thaw-rt-").tempdir().unwrap()).path()
+}
+
+fn thaw(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_thaw")).env("THAW_DATA_DIR", scratch().join("data")).args(args).output().unwrap()
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "thaw failed:\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+struct Fun {
+    runtime: &'static str,
+    code: PathBuf,
+    handler: &'static str,
+}
+
+fn fun(runtime: &'static str, dir: &str, name: &str, handler: &'static str) -> Fun {
+    let code = root().join("build/samples").join(dir).join(name);
+    assert!(code.is_dir(), "sample {dir}/{name} not built: run scripts/build-samples.sh");
+    Fun { runtime, code, handler }
+}
+
+fn boot(f: &Fun, payload: &str) -> String {
+    ok(thaw(&["boot", "--runtime", f.runtime, "--code", f.code.to_str().unwrap(), "--handler", f.handler, "--payload", payload, "--quiet"]))
+}
+
+fn snapshot(f: &Fun, tag: &str) -> PathBuf {
+    let out = scratch().join(format!("snap-{tag}"));
+    ok(thaw(&["snapshot", "create", "--runtime", f.runtime, "--code", f.code.to_str().unwrap(), "--handler", f.handler, "--out", out.to_str().unwrap()]));
+    out
+}
+
+fn restore(snap: &Path, payload: &str, paging: &str, n: u32) -> Vec<serde_json::Value> {
+    let n = n.to_string();
+    let out = ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--paging", paging, "--invocations", &n, "--quiet"]));
+    out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Drop fields that measure time, which legitimately differ between runs.
+fn strip_timing(mut v: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("ms");
+        o.remove("requestId");
+        o.remove("heapUsedMB");
+    }
+    v
+}
+
+fn assert_restores_match_boot(f: &Fun, tag: &str, payload: &str, pick: fn(serde_json::Value) -> serde_json::Value) {
+    let want = pick(strip_timing(serde_json::from_str(boot(f, payload).trim()).unwrap()));
+    let snap = snapshot(f, tag);
+    for paging in ["lazy", "record", "prefetch", "eager"] {
+        let got = restore(&snap, payload, paging, 12);
+        assert_eq!(got.len(), 12);
+        for (i, g) in got.into_iter().enumerate() {
+            assert_eq!(pick(strip_timing(g)), want, "{tag} {paging} invocation {i}");
+        }
+    }
+}
+
+fn all(v: serde_json::Value) -> serde_json::Value {
+    v
+}
+
+fn deterministic(v: serde_json::Value) -> serde_json::Value {
+    v["deterministic"].clone()
+}
+
+#[test]
+fn node_functions_restore_like_they_boot() {
+    assert_restores_match_boot(&fun("nodejs20.x", "nodejs", "helloworld", "index.handler"), "node-hello", r#"{"name":"n"}"#, all);
+    assert_restores_match_boot(&fun("nodejs20.x", "nodejs", "jsontransform", "index.handler"), "node-json", r#"{"rows":300}"#, all);
+    // Timers, promises, fs.readFileSync of a bundled file, crypto.
+    let f = fun("nodejs20.x", "nodejs", "features", "index.handler");
+    assert_restores_match_boot(&f, "node-features", "{}", deterministic);
+}
+
+#[test]
+fn java_functions_restore_like_they_boot() {
+    assert_restores_match_boot(&fun("java17", "java", "helloworld", "example.Hello"), "java-hello", r#"{"name":"j"}"#, all);
+    assert_restores_match_boot(&fun("java17", "java", "matmul", "example.MatMul::multiply"), "java-matmul", r#"{"n":64}"#, all);
+    let orders = r#"{"orders":[{"id":"a","region":"west","items":[{"sku":"x","qty":2,"price":1.5}]}],"generate":30}"#;
+    assert_restores_match_boot(&fun("java17", "java", "jsonhandler", "example.Orders"), "java-json", orders, all);
+    // Allocation + GC, an ExecutorService created at init, a resource read from its jar.
+    assert_restores_match_boot(&fun("java17", "java", "features", "example.Features"), "java-features", "{}", all);
+}
+
+#[test]
+fn instances_restored_from_one_image_do_not_share_random_state() {
+    for (f, tag) in [
+        (fun("nodejs20.x", "nodejs", "random", "index.handler"), "node-random"),
+        (fun("java17", "java", "random", "example.Randoms"), "java-random"),
+    ] {
+        let snap = snapshot(&f, tag);
+        let a = restore(&snap, "{}", "lazy", 1).remove(0);
+        let b = restore(&snap, "{}", "lazy", 1).remove(0);
+        for key in ["math", "uuid"] {
+            assert_ne!(a[key], b[key], "{tag}: {key} repeats across restored instances: {a} {b}");
+        }
+    }
+    // Python: the runtime reseeds `random` in every restored clone.
+    let code = scratch().join("py-random");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(code.join("handler.py"), "import random\n\ndef handler(event, context):\n    return random.random()\n").unwrap();
+    let f = Fun { runtime: "python3", code, handler: "handler.handler" };
+    let snap = snapshot(&f, "py-random");
+    assert_ne!(restore(&snap, "{}", "lazy", 1), restore(&snap, "{}", "lazy", 1));
+}
+
+#[test]
+fn a_multithreaded_process_with_pipes_eventfds_and_epoll_is_restored() {
+    let code = scratch().join("py-mt");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(code.join("data.txt"), "hello world, thaw\n").unwrap();
+    std::fs::write(
+        code.join("handler.py"),
+        r#"import os, select, threading, queue, time
+DATA = open('/var/task/data.txt', 'rb')
+DATA.read(6)
+R, W = os.pipe()
+os.write(W, b"x")            # a byte left in the pipe at capture
+EV = os.eventfd(3, os.EFD_NONBLOCK)
+EP = select.epoll()
+EP.register(R, select.EPOLLIN)
+EP.register(EV, select.EPOLLIN)
+REQ, RESP = queue.Queue(), queue.Queue()
+def worker():
+    while True:
+        RESP.put(REQ.get() * 2)
+threading.Thread(target=worker, daemon=True, name="worker-1").start()
+def sleeper():
+    while True:
+        time.sleep(0.01)
+threading.Thread(target=sleeper, daemon=True, name="sleeper").start()
+time.sleep(0.05)
+
+def handler(event, context):
+    REQ.put(event["x"])
+    doubled = RESP.get(timeout=5)
+    ready = sorted(fd for fd, _ in EP.poll(1))
+    got = os.read(R, 1).decode()
+    os.write(W, b"x")
+    ev = os.eventfd_read(EV)
+    os.eventfd_write(EV, 3)
+    rest = DATA.read(5).decode()
+    DATA.seek(6)
+    names = sorted(t.name for t in threading.enumerate())
+    return {"doubled": doubled, "pipe": got, "eventfd": ev, "ready": len(ready), "file": rest, "threads": names}
+"#,
+    )
+    .unwrap();
+    let f = Fun { runtime: "python3", code, handler: "handler.handler" };
+    let want: serde_json::Value = serde_json::from_str(boot(&f, r#"{"x":21}"#).trim()).unwrap();
+    assert_eq!(want["threads"], serde_json::json!(["MainThread", "sleeper", "worker-1"]));
+    assert_eq!(want["pipe"], "x");
+    let snap = snapshot(&f, "py-mt");
+    for paging in ["lazy", "eager", "record", "prefetch"] {
+        for got in restore(&snap, r#"{"x":21}"#, paging, 5) {
+            assert_eq!(got, want, "{paging}");
+        }
+    }
+}
+
+#[test]
+fn a_node_function_holding_a_tcp_connection_is_refused() {
+    let code = scratch().join("node-tcp");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(
+        code.join("index.js"),
+        "const net = require('net');\nconst srv = net.createServer(() => {});\n\
+         module.exports.ready = new Promise(r => srv.listen(0, '127.0.0.1', () => { \
+         const c = net.connect(srv.address().port, '127.0.0.1', r); }));\n\
+         exports.handler = async () => 1;\n",
+    )
+    .unwrap();
+    std::fs::write(code.join("index.mjs.disabled"), "").unwrap();
+    let out = scratch().join("node-tcp-snap");
+    let o = thaw(&["snapshot", "create", "--runtime", "nodejs20.x", "--code", code.to_str().unwrap(), "--handler", "index.handler", "--out", out.to_str().unwrap()]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("cannot capture pid"), "{e}");
+    assert!(e.contains("TCP socket"), "{e}");
+    assert!(!out.exists());
+}
