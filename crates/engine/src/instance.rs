@@ -155,6 +155,19 @@ impl LoadedSnapshot {
         }
     }
 
+    /// Ask the kernel to start reading the copy-on-written file pages (which every
+    /// restore installs before resuming) while the sandbox is being created.
+    fn readahead_file_pages(&self) {
+        use crate::image::VmaKind;
+        let index = &self.source.index;
+        for v in self.image.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. })) {
+            let first = index.runs.partition_point(|r| r.vaddr + r.npages * 4096 <= v.start);
+            for r in index.runs[first..].iter().take_while(|r| r.vaddr < v.end) {
+                crate::sys::mem::fadvise_willneed(self.source.file(), r.file_page * 4096, r.npages * 4096);
+            }
+        }
+    }
+
     /// Load what `paging` needs before the process resumes. A missing, stale or
     /// corrupt working set is logged and removed, and the restore degrades to
     /// record mode (lazy paging that records a fresh working set).
@@ -274,7 +287,10 @@ impl Instance {
         let spec = spec_for(&record, "restore");
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
         let (mut sandbox, restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
-            let loader = s.spawn(|| snap.prefill(requested));
+            let loader = s.spawn(|| {
+                snap.readahead_file_pages();
+                snap.prefill(requested)
+            });
             let sandbox = Sandbox::spawn(&spec, entry);
             let mut mode = requested;
             let mut sandbox = match sandbox {
@@ -302,11 +318,14 @@ impl Instance {
         let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
         let mut channel = Channel::new(control, log).map_err(InstanceError::Io)?;
         // A restored clone reseeds its randomness and runs after-restore hooks first.
+        let th = Instant::now();
         match channel.restored(Duration::from_secs(30)) {
             Ok(()) => {}
             Err(ChannelError::Init(e)) => return Err(InstanceError::AfterRestore(e)),
             Err(e) => return Err(InstanceError::NotReady(e)),
         }
+        let mut restored = restored;
+        restored.phases.push(("after_restore", th.elapsed().as_secs_f64() * 1e3));
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         let sandbox_ms = total_ms - restored.phases.iter().map(|p| p.1).sum::<f64>();
         let kind = match mode {

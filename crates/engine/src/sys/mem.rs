@@ -125,3 +125,9 @@ pub fn fadvise_dontneed(file: &File) {
     // SAFETY: advisory call on a valid descriptor; no memory is touched.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
+
+/// Start reading `[off, off+len)` of a file into the page cache in the background.
+pub fn fadvise_willneed(file: &File, off: u64, len: u64) {
+    // SAFETY: advisory call on a valid descriptor; no memory is touched.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), off as i64, len as i64, libc::POSIX_FADV_WILLNEED) };
+}
