@@ -52,10 +52,11 @@ pub struct ServeArgs {
     /// Threads that build snapshots for new code (boot + capture) in parallel.
     #[arg(long, default_value_t = 2)]
     pub build_workers: usize,
-    /// How restored instances get their memory (an engine paging mode): lazy = each page read on first
-    /// touch (default), eager = all pages installed before resuming. The REAP modes (auto, record, prefetch,
-    /// ws-cached, parallel) are passed to the engine as they are; the node is tested with lazy.
-    #[arg(long, default_value = "lazy")]
+    /// How restored instances get their memory (an engine paging mode). auto (default): REAP —
+    /// the first restore of a snapshot records its working set, later ones prefetch it with one
+    /// read; lazy = each page read on first touch; eager = all pages installed before resuming;
+    /// also record, prefetch, ws-cached, parallel.
+    #[arg(long, default_value = "auto")]
     pub paging: Paging,
     /// Region reported in function ARNs (signatures for any region are accepted).
     #[arg(long, default_value = "us-east-1")]
