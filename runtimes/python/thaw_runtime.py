@@ -41,8 +41,12 @@ def _reseed():
     """Give this clone its own random state (every clone starts from the snapshot's)."""
     import os
     import sys
-    import random
-    random.seed()  # from os.urandom
+    # Only modules the function (or its libraries) already imported hold random
+    # state; importing one here would only cost the clone time and page faults
+    # (a module imported later seeds itself from os.urandom).
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()  # from os.urandom
     ssl = sys.modules.get("ssl")
     if ssl is not None:
         try:

@@ -187,7 +187,8 @@ fn read_trim(p: &str) -> Option<String> {
     std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
 }
 
-pub fn meta(cfg: &Config, started: SystemTime, loadavg_start: Option<&str>) -> Value {
+/// Metadata of a run, taken at its start (`loadavg_end` is added when the JSON is written).
+pub fn meta(cfg: &Config, started: SystemTime) -> Value {
     let (_, iso) = utc_stamp(started);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -211,16 +212,17 @@ pub fn meta(cfg: &Config, started: SystemTime, loadavg_start: Option<&str>) -> V
         "git_dirty": dirty,
         "runs": cfg.runs,
         "rcu_expedited": read_trim("/sys/kernel/rcu_expedited"),
-        "loadavg_start": loadavg_start,
-        "loadavg_end": read_trim("/proc/loadavg"),
+        "loadavg_start": read_trim("/proc/loadavg"),
         "thaw_version": env!("CARGO_PKG_VERSION"),
         "memory_mb": cfg.memory_mb,
     })
 }
 
 pub fn build_json(cfg: &Config, res: &Results, pf: &PerFunction, h: &Headline, charts: &[String]) -> Value {
+    let mut m = if res.meta.is_object() { res.meta.clone() } else { meta(cfg, res.started) };
+    m["loadavg_end"] = json!(read_trim("/proc/loadavg"));
     json!({
-        "meta": meta(cfg, res.started, res.loadavg_start.as_deref()),
+        "meta": m,
         "config": cfg,
         "modes": MODES,
         "disk": {"o_direct_16mib_read_mib_s": res.disk_mib_s, "median_mib_s": stats::median(&res.disk_mib_s)},
@@ -474,7 +476,7 @@ mod tests {
             disk_mib_s: vec![1000.0, 1300.0, 1200.0],
             snapshot_bytes: BTreeMap::from([("helloworld".into(), 1 << 20)]),
             started: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
-            loadavg_start: None,
+            meta: Value::Null,
         }
     }
 

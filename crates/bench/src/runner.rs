@@ -70,8 +70,8 @@ pub struct Results {
     pub disk_mib_s: Vec<f64>,
     pub snapshot_bytes: BTreeMap<String, u64>,
     pub started: std::time::SystemTime,
-    /// /proc/loadavg when the run started (other load on the machine skews timings).
-    pub loadavg_start: Option<String>,
+    /// Run metadata taken when the run started (git commit, load average, ...).
+    pub meta: serde_json::Value,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -427,7 +427,7 @@ pub fn run(cfg: &Config, args: &BenchArgs, data_dir: &Path) -> Result<Results> {
         bail!("no functions to run");
     }
     let started = std::time::SystemTime::now();
-    let loadavg_start = std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string());
+    let meta = crate::report::meta(cfg, started);
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let work = args.out.join(format!(".work-{}", std::process::id()));
     if work.exists() {
@@ -435,7 +435,7 @@ pub fn run(cfg: &Config, args: &BenchArgs, data_dir: &Path) -> Result<Results> {
     }
     std::fs::create_dir_all(&work)?;
     let r = run_in(cfg, args, data_dir, &work, started).map(|mut r| {
-        r.loadavg_start = loadavg_start;
+        r.meta = meta;
         r
     });
     if args.keep_work {
@@ -508,5 +508,5 @@ fn run_in(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, started:
             conc.extend(concurrency(p, cfg, work)?);
         }
     }
-    Ok(Results { runs, concurrency: conc, disk_mib_s, snapshot_bytes, started, loadavg_start: None })
+    Ok(Results { runs, concurrency: conc, disk_mib_s, snapshot_bytes, started, meta: Value::Null })
 }
