@@ -251,8 +251,11 @@ impl Sandbox {
             bail!(sys_err(id, "set SO_RCVTIMEO")(e));
         }
         let mut report = Vec::new();
-        if let Err(e) = std::fs::File::from(status_parent).read_to_end(&mut report) {
-            bail!(SandboxError::Sys { id: id.into(), step: "read init status".into(), source: e });
+        match std::fs::File::from(status_parent).read_to_end(&mut report) {
+            Ok(_) => {}
+            // The init died with our config unread in its socket: same as EOF.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => bail!(SandboxError::Sys { id: id.into(), step: "read init status".into(), source: e }),
         }
 
         let (want, rest) = match (entry, report.split_first()) {
