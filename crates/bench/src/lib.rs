@@ -24,6 +24,7 @@ pub const MODES: [&str; 8] = ["boot", "lazy", "eager", "record", "parallel", "ws
 #[derive(Args, Debug, Clone, Default)]
 pub struct BenchArgs {
     /// Comma-separated sample functions (default: helloworld,pyaes,jsonserde,htmlrender,imagerotate,lrserving,multiinput).
+    /// Node.js and Java samples are named nodejs/NAME and java/NAME (e.g. nodejs/helloworld,java/matmul).
     #[arg(long, value_delimiter = ',')]
     pub functions: Option<Vec<String>>,
     /// Runs per function and mode (default 10; --quick: 3).
@@ -96,9 +97,35 @@ impl BenchArgs {
     }
 }
 
+/// Runtime, sample directory (relative to the python samples directory) and
+/// handler of a function name: `name` is a Python sample, `nodejs/name` and
+/// `java/name` the Node.js and Java samples (as in scripts/build-samples.sh).
+pub fn function_spec(function: &str) -> (&'static str, String, &'static str) {
+    match function.split_once('/') {
+        Some(("nodejs", n)) => ("nodejs20.x", format!("../nodejs/{n}"), "index.handler"),
+        Some(("java", n)) => {
+            let handler = match n {
+                "helloworld" => "example.Hello",
+                "matmul" => "example.MatMul::multiply",
+                "jsonhandler" => "example.Orders",
+                "features" => "example.Features",
+                "random" => "example.Randoms",
+                _ => "example.Handler",
+            };
+            ("java17", format!("../java/{n}"), handler)
+        }
+        _ => ("python3", function.to_string(), "handler.handler"),
+    }
+}
+
 /// The event each sample function is invoked with (as in scripts/build-samples.sh).
 pub fn payload_for(function: &str) -> &'static str {
     match function {
+        "nodejs/helloworld" | "java/helloworld" => r#"{"name":"smoke"}"#,
+        "nodejs/jsontransform" => r#"{"rows":300}"#,
+        "nodejs/imageresize" => r#"{"width":80}"#,
+        "java/matmul" => r#"{"n":64}"#,
+        "java/jsonhandler" => r#"{"orders":[{"id":"a","region":"west","items":[{"sku":"x","qty":2,"price":1.5}]}],"generate":30}"#,
         "helloworld" => r#"{"name":"smoke"}"#,
         "bigheap" => r#"{"i":7}"#,
         "pyaes" => r#"{"text":"the quick brown fox jumps over the lazy dog","rounds":3}"#,

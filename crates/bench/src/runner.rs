@@ -16,6 +16,10 @@ use thaw_runtime::{InvokeOutcome, Runtime};
 
 use crate::{disk, payload_for, BenchArgs, Config, MODES};
 
+/// Every invocation uses the same request id, so functions that echo it (the
+/// Node.js samples do) return identical results in every mode.
+const REQUEST_ID: &str = "bench";
+
 const TIMEOUT: Duration = Duration::from_secs(120);
 const WS_FILES: [&str; 2] = [ws::TRACE_FILE, ws::PAGES_FILE];
 
@@ -163,11 +167,12 @@ struct Prepared {
 }
 
 fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &str) -> Result<Prepared> {
-    let code = std::fs::canonicalize(args.samples.join(name))
+    let (runtime, rel, handler) = crate::function_spec(name);
+    let code = std::fs::canonicalize(args.samples.join(&rel))
         .with_context(|| format!("sample {name} not found under {} (run scripts/build-samples.sh)", args.samples.display()))?;
     std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir)?;
-    let mut fcfg = FunctionConfig::new(Runtime::parse("python3")?, "handler.handler", code, runtime_dir);
+    let mut fcfg = FunctionConfig::new(Runtime::parse(runtime)?, handler, code, runtime_dir);
     fcfg.memory_mb = cfg.memory_mb;
     fcfg.function_name = name.to_string();
     let dir = work.join(name);
@@ -184,7 +189,7 @@ fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &
         inst.kill();
         return Err(e);
     }
-    let out = inst.invoke("bench-record", payload_for(name), TIMEOUT);
+    let out = inst.invoke(REQUEST_ID, payload_for(name), TIMEOUT);
     let _ = inst.take_logs();
     inst.finish_background();
     inst.kill();
@@ -210,7 +215,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 fn boot_once(p: &Prepared, run: usize) -> Result<(RunRecord, Value)> {
     let mut inst = Instance::boot(&p.cfg)?;
     let t = Instant::now();
-    let out = inst.invoke(&format!("bench-boot-{run}"), p.payload, TIMEOUT);
+    let out = inst.invoke(REQUEST_ID, p.payload, TIMEOUT);
     let first = ms(t.elapsed());
     let _ = inst.take_logs();
     let start = inst.start.clone();
@@ -244,7 +249,7 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
     let r = (|| -> Result<(RunRecord, Value)> {
         check_mode(&inst, asked)?;
         let t = Instant::now();
-        let out = inst.invoke(&format!("bench-{mode}-{run}"), p.payload, TIMEOUT);
+        let out = inst.invoke(REQUEST_ID, p.payload, TIMEOUT);
         let first = ms(t.elapsed());
         let mut v = outcome(out)?;
         let before = inst.page_stats();
@@ -271,7 +276,7 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
         }
         if warm {
             let t = Instant::now();
-            let out = inst.invoke(&format!("bench-warm-{run}"), p.payload, TIMEOUT);
+            let out = inst.invoke(REQUEST_ID, p.payload, TIMEOUT);
             let second = ms(t.elapsed());
             v = outcome(out)?;
             let after = inst.page_stats();
@@ -378,7 +383,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                                     return Err(e);
                                 }
                                 let t = Instant::now();
-                                let res = inst.invoke(&format!("bench-c{n}-{i}"), payload, TIMEOUT);
+                                let res = inst.invoke(REQUEST_ID, payload, TIMEOUT);
                                 let first = ms(t.elapsed());
                                 let ttfr = ms(t0.elapsed());
                                 let checked = outcome(res).and_then(|v| check_output(&reference, &v, &name, mode));
