@@ -300,7 +300,7 @@ def main():
     gc.freeze()
     _flush_logs()
     try:
-        _send({"type": "ready"})
+        _send({"type": "ready", "restore_notice": thaw_runtime._needs_restore_notice()})
         while True:
             # <- the engine snapshots the process blocked in this read
             msg = _recv()

@@ -59,7 +59,7 @@ class BootstrapTest(unittest.TestCase):
                         "remaining_ok": 0 < context.get_remaining_time_in_millis() <= 30000}
         """)
         rt = self.start()
-        self.assertEqual(rt.init, {"type": "ready"})
+        self.assertEqual(rt.init["type"], "ready")
         r = rt.invoke({"a": [1, 2, "é"]}, request_id="abc")
         self.assertEqual(r["type"], "result")
         self.assertTrue(r["ok"], r)
@@ -99,14 +99,14 @@ class BootstrapTest(unittest.TestCase):
                 return "dotted"
         """)
         rt = self.start("pkg.mod.fn")
-        self.assertEqual(rt.init, {"type": "ready"})
+        self.assertEqual(rt.init["type"], "ready")
         self.assertEqual(rt.invoke(None)["result"], '"dotted"')
 
     def test_task_root_first_on_path(self):
         # a user module named like a runtime file or a stdlib module wins
         self.write("bootstrap.py", "def handler(e, c):\n    return 'user bootstrap'\n")
         rt = self.start("bootstrap.handler")
-        self.assertEqual(rt.init, {"type": "ready"})
+        self.assertEqual(rt.init["type"], "ready")
         self.assertEqual(rt.invoke({})["result"], '"user bootstrap"')
 
     def test_import_module_error(self):

@@ -53,13 +53,27 @@ class RestoredFrameTest(unittest.TestCase):
             def handler(event, context):
                 return {"events": events, "same_state": random.getstate() == state}
         """)
-        self.assertEqual(rt.init, {"type": "ready"})
+        self.assertEqual(rt.init, {"type": "ready", "restore_notice": True})
         v = json.loads(rt.invoke({})["result"])
         self.assertEqual(v, {"events": ["before"], "same_state": True})
         self.assertEqual(self.restored(rt), {"type": "ok"})
         v = json.loads(rt.invoke({})["result"])
         self.assertEqual(v, {"events": ["before", "after"], "same_state": False})
         self.assertEqual(rt.shutdown(), 0)
+
+    def test_restore_notice_only_when_there_is_something_to_do(self):
+        plain = self.start("""
+            def handler(event, context):
+                return 1
+        """)
+        self.assertEqual(plain.init, {"type": "ready", "restore_notice": False})
+        self.assertEqual(self.restored(plain), {"type": "ok"})  # still answered if sent
+        uses_random = self.start("""
+            import random
+            def handler(event, context):
+                return random.random()
+        """)
+        self.assertEqual(uses_random.init, {"type": "ready", "restore_notice": True})
 
     def test_failing_hooks(self):
         rt = self.start("""
@@ -70,7 +84,7 @@ class RestoredFrameTest(unittest.TestCase):
             def handler(event, context):
                 return 1
         """)
-        self.assertEqual(rt.init, {"type": "ready"})
+        self.assertEqual(rt.init, {"type": "ready", "restore_notice": True})
         r = self.restored(rt)
         self.assertEqual(r["type"], "error")
         self.assertEqual(r["errorType"], "RuntimeError")

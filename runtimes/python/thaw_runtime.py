@@ -64,6 +64,15 @@ def _reseed():
             pass
 
 
+def _needs_restore_notice():
+    """Whether a restored clone has anything to reseed or run: after-restore hooks,
+    or a module holding random state. If not, the node may skip the `restored`
+    round trip (and the page faults running it would cost a lazy restore)."""
+    import sys
+    return bool(_after_restore) or any(
+        m in sys.modules for m in ("random", "ssl", "tempfile", "numpy.random"))
+
+
 def _run_after_restore():
     _reseed()
     for fn in list(_after_restore):

@@ -35,7 +35,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -70,6 +70,9 @@ pub struct SandboxRecord {
     pub tmp_size_mb: u64,
     pub uid: u32,
     pub gid: u32,
+    /// The runtime asked to be told when it is a restored clone (to reseed
+    /// randomness, run after-restore hooks).
+    pub restore_notice: bool,
 }
 
 /// General purpose registers in `user_regs_struct` order.
@@ -415,6 +418,7 @@ mod tests {
                 tmp_size_mb: 16,
                 uid: 65534,
                 gid: 65534,
+                restore_notice: true,
             },
             threads: vec![ThreadState {
                 tid: 1,
@@ -467,7 +471,7 @@ mod tests {
         let mut v2 = bytes.clone();
         v2[8] = 99;
         let e = decode_state(Path::new("/s"), &v2).unwrap_err().to_string();
-        assert_eq!(e, "snapshot /s: format version 99 is not supported (this build reads version 2)");
+        assert_eq!(e, "snapshot /s: format version 99 is not supported (this build reads version 3)");
     }
 
     #[test]

@@ -95,6 +95,7 @@ impl FunctionConfig {
             tmp_size_mb: self.tmp_size_mb,
             uid: 65534,
             gid: 65534,
+            restore_notice: true,
         }
     }
 }
@@ -247,7 +248,7 @@ impl Instance {
     pub fn boot(cfg: &FunctionConfig) -> Result<Instance, InstanceError> {
         cfg.runtime.check_handler(&cfg.handler)?;
         let t0 = Instant::now();
-        let record = cfg.record();
+        let mut record = cfg.record();
         let mut spec = spec_for(&record, "boot");
         spec.env = cfg.runtime.env(&cfg.handler, &cfg.function_name, cfg.memory_mb, &cfg.env);
         let mut sandbox = Sandbox::spawn(&spec, Entry::Exec { argv: cfg.runtime.argv() })?;
@@ -256,7 +257,7 @@ impl Instance {
         let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
         let mut channel = Channel::new(control, log).map_err(InstanceError::Io)?;
         match channel.wait_ready(cfg.init_timeout) {
-            Ok(()) => {}
+            Ok(notice) => record.restore_notice = notice,
             Err(ChannelError::Init(e)) => return Err(InstanceError::Init(e)),
             Err(e) => return Err(InstanceError::NotReady(e)),
         }
@@ -288,8 +289,10 @@ impl Instance {
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
         let (mut sandbox, restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
             let loader = s.spawn(|| {
+                // The working set first, so its read has the disk to itself.
+                let prefill = snap.prefill(requested);
                 snap.readahead_file_pages();
-                snap.prefill(requested)
+                prefill
             });
             let sandbox = Sandbox::spawn(&spec, entry);
             let mut mode = requested;
@@ -317,12 +320,15 @@ impl Instance {
         let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;
         let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
         let mut channel = Channel::new(control, log).map_err(InstanceError::Io)?;
-        // A restored clone reseeds its randomness and runs after-restore hooks first.
+        // A restored clone reseeds its randomness and runs after-restore hooks first
+        // (unless its runtime said at capture it has nothing to reseed or run).
         let th = Instant::now();
-        match channel.restored(Duration::from_secs(30)) {
-            Ok(()) => {}
-            Err(ChannelError::Init(e)) => return Err(InstanceError::AfterRestore(e)),
-            Err(e) => return Err(InstanceError::NotReady(e)),
+        if record.restore_notice {
+            match channel.restored(Duration::from_secs(30)) {
+                Ok(()) => {}
+                Err(ChannelError::Init(e)) => return Err(InstanceError::AfterRestore(e)),
+                Err(e) => return Err(InstanceError::NotReady(e)),
+            }
         }
         let mut restored = restored;
         restored.phases.push(("after_restore", th.elapsed().as_secs_f64() * 1e3));

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -629,7 +629,6 @@ pub fn install_all(
     stats.bytes_read.fetch_add(installed * PAGE_SIZE, Ordering::Relaxed);
     stats.pages_installed_upfront.fetch_add(installed, Ordering::Relaxed);
     debug!(pages = installed, ms = t0.elapsed().as_secs_f64() * 1e3, "installed pages up front");
-    let _ = uffd_fd.as_raw_fd();
     Ok(installed)
 }
 

@@ -19,7 +19,6 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -640,11 +639,6 @@ fn create_threads(
         ti.run(&calls, &mut data)?;
     }
     Ok(())
-}
-
-/// Convenience: does `dir` look like a snapshot directory?
-pub fn is_snapshot_dir(dir: &Path) -> bool {
-    dir.join(crate::image::STATE_FILE).is_file()
 }
 
 /// Debug aid (THAW_DEBUG_RESTORE=1): run the restored process under ptrace until its

@@ -200,10 +200,12 @@ impl Channel {
     }
 
     /// Wait for the runtime's `ready` (its init finished) or `init_error`.
-    pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), ChannelError> {
+    /// Returns whether a restored clone must be sent `restored` (the shim says
+    /// so with `restore_notice`; absent means yes).
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ChannelError> {
         let r = self.recv(timeout)?;
         match r.kind.as_str() {
-            "ready" => Ok(()),
+            "ready" => Ok(r.rest.get("restore_notice").and_then(|v| v.as_bool()).unwrap_or(true)),
             "init_error" => {
                 let v = serde_json::Value::Object(r.rest);
                 let e: FunctionError = serde_json::from_value(v).map_err(|e| ChannelError::Protocol(format!("init_error: {e}")))?;
@@ -272,7 +274,9 @@ mod tests {
     fn ready_then_result_with_logs() {
         let (mut ch, mut peer, mut log) = pair();
         peer.write_all(&frame(serde_json::json!({"type":"ready"}))).unwrap();
-        ch.wait_ready(Duration::from_secs(5)).unwrap();
+        assert!(ch.wait_ready(Duration::from_secs(5)).unwrap(), "no restore_notice field means a notice is needed");
+        peer.write_all(&frame(serde_json::json!({"type":"ready","restore_notice":false}))).unwrap();
+        assert!(!ch.wait_ready(Duration::from_secs(5)).unwrap());
         log.write_all(b"hello log\n").unwrap();
         peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"{\"a\":1}"}))).unwrap();
         let req = InvokeRequest::new("r1".into(), "{}".into(), "f", 128, Duration::from_secs(3));
