@@ -100,9 +100,21 @@ impl FunctionConfig {
     }
 }
 
+/// `<kind>-<our pid>-<start time>-<counter>`: the pid lets a later process
+/// recognise leftovers of a dead one; the start time keeps a reused pid from
+/// colliding with them.
 fn unique_id(kind: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("{kind}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        let spec = SandboxSpec::default();
+        let removed = thaw_sandbox::sweep_stale(&spec.run_dir, &spec.cgroup_root);
+        if removed > 0 {
+            info!(removed, "cleaned up sandboxes left by processes that died");
+        }
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64 % 1_000_000_000).unwrap_or(0)
+    });
+    format!("{kind}-{}-{start}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
 fn spec_for(rec: &SandboxRecord, kind: &str) -> SandboxSpec {

@@ -441,3 +441,35 @@ impl Drop for Sandbox {
         }
     }
 }
+
+/// Remove what sandboxes of dead processes left behind: their root mount-point
+/// directories under `run_dir` and their (empty) cgroup directories. A sandbox
+/// id is `<kind>-<owner pid>-...`; entries whose owner is no longer running are
+/// stale (its node was killed before it could clean up). Best effort: anything
+/// still in use (a cgroup with processes) is left alone. Returns how many
+/// entries were removed.
+pub fn sweep_stale(run_dir: &std::path::Path, cgroup_root: &std::path::Path) -> usize {
+    let owner_dead = |name: &str| -> bool {
+        name.split('-')
+            .nth(1)
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    };
+    let mut removed = 0;
+    let mut parents = vec![run_dir.to_path_buf()];
+    for ctrl in ["memory", "cpu", "pids"] {
+        parents.push(cgroup_root.join(ctrl).join("thaw"));
+    }
+    parents.push(cgroup_root.join("thaw"));
+    for parent in parents {
+        let Ok(entries) = std::fs::read_dir(&parent) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if e.path().is_dir() && owner_dead(&name) && std::fs::remove_dir(e.path()).is_ok() {
+                tracing::info!(path = %e.path().display(), "removed a stale sandbox leftover");
+                removed += 1;
+            }
+        }
+    }
+    removed
+}

@@ -394,3 +394,17 @@ fn spawn_timing() {
     );
     assert!(t50 < Duration::from_millis(500), "spawn+exit median {t50:?}");
 }
+
+#[test]
+fn leftovers_of_dead_processes_are_swept() {
+    let run = tempfile::tempdir().unwrap();
+    let cg = tempfile::tempdir().unwrap();
+    // pid 999999999 is above any pid_max; pid 1 always runs.
+    for d in [run.path().join("restore-999999999-5-0"), cg.path().join("memory/thaw/restore-999999999-5-0"), run.path().join("boot-1-5-0")] {
+        std::fs::create_dir_all(&d).unwrap();
+    }
+    assert_eq!(thaw_sandbox::sweep_stale(run.path(), cg.path()), 2);
+    assert!(!run.path().join("restore-999999999-5-0").exists());
+    assert!(!cg.path().join("memory/thaw/restore-999999999-5-0").exists());
+    assert!(run.path().join("boot-1-5-0").exists(), "a live owner's sandbox must be kept");
+}
