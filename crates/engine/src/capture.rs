@@ -61,8 +61,7 @@ pub fn capture(pid: i32, sandbox: SandboxRecord, out: &Path) -> Result<(PathBuf,
     // Whatever happened, the process is not resumed: kill it and reap the threads
     // we trace (a traced thread's exit waits for its tracer, and the leader's
     // exit waits for its threads).
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-    crate::sys::ptrace::reap_threads(pid, &seized);
+    crate::sys::ptrace::kill_and_reap(pid, &seized);
     result
 }
 

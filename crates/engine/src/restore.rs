@@ -129,9 +129,7 @@ pub fn restore_into(
     let mut threads = Vec::new();
     let result = restore_inner(pid, pidfd, region, img, source, prefill, &mut threads);
     if result.is_err() {
-        // A traced thread's exit waits for its tracer, and the leader's for its threads.
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        crate::sys::ptrace::reap_threads(pid, &threads);
+        crate::sys::ptrace::kill_and_reap(pid, &threads);
     }
     result
 }

@@ -194,6 +194,12 @@ pub fn robust_list(pid: i32) -> io::Result<(u64, u64)> {
     Ok((head, len as u64))
 }
 
+/// SIGKILL a process whose threads we trace, and reap them (see [`reap_threads`]).
+pub fn kill_and_reap(leader: i32, traced: &[Tracee]) {
+    let _ = nix::sys::signal::kill(Pid::from_raw(leader), Signal::SIGKILL);
+    reap_threads(leader, traced);
+}
+
 /// After SIGKILLing a process whose threads we trace: reap every traced thread
 /// other than the leader (their exits wait for us), so the leader can be reaped
 /// by its parent. Threads are polled in any order: one of them may be the thread
