@@ -22,7 +22,7 @@
 # the hash of its sources + requirements (+ interpreter + this script) is
 # skipped, so a second run is fast.  At the end every built sample is smoke-
 # tested with /usr/bin/python3 through the real runtime shim
-# (runtimes/python/harness.py -> runtimes/python/bootstrap.py).
+# (runtimes/harness.py -> runtimes/python/bootstrap.py).
 #
 # Environment: PYTHON (default /usr/bin/python3), THAW_SAMPLES_FORCE=1 to
 # rebuild everything, THAW_SAMPLES_NO_SMOKE=1 to skip the smoke test.
@@ -133,8 +133,8 @@ smoke_one() {
     local expect; expect="$(expect_for "$name")"
     local payload; payload="$(payload_for "$name")"
     local out
-    out="$("$PY" "$ROOT/runtimes/python/harness.py" --code "$dst" --handler handler.handler \
-            --payload "$payload" --python "$PY")" || die "$name: smoke harness failed"
+    out="$("$PY" "$ROOT/runtimes/harness.py" --runtime python --code "$dst" --handler handler.handler --memory 128 \
+            --payload "$payload")" || die "$name: smoke harness failed"
     EXPECT="$expect" NAME="$name" "$PY" -c '
 import json, os, sys
 o = json.loads(sys.stdin.read())
