@@ -459,7 +459,7 @@ fn injected_state(
         outs.push((sig as u32, out));
         calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig, 0, out, 8]));
     }
-    // Data left in a pipe would be lost: check every read end is empty.
+    // How many bytes each pipe holds (read out below: data left in a pipe would be lost).
     let mut pipe_checks = Vec::new();
     for r in fds {
         if let FdKind::Pipe { write: false, .. } = r.kind {
@@ -468,6 +468,7 @@ fn injected_state(
             calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
         }
     }
+    let brk_call = calls.len();
     calls.push(Call::new("brk", libc::SYS_brk, &[0]));
     // prlimit64 on another process needs CAP_SYS_RESOURCE, so ask the process itself.
     let mut rl = Vec::new();
@@ -477,12 +478,11 @@ fn injected_state(
         calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, 0, out]));
     }
     let cwd = data.reserve(4096);
+    let cwd_call = calls.len();
     calls.push(Call::new("getcwd", libc::SYS_getcwd, &[cwd, 4096]));
     let res = inj.run(&calls, &mut data)?;
 
-    let u64_at = |addr: u64, i: usize| {
-        u64::from_le_bytes(inj.data_bytes(&data, addr + i as u64 * 8, 8).try_into().expect("8 bytes"))
-    };
+    let u64_at = |addr: u64, i: usize| data.u64_at(addr, i);
     let mut sigactions = Vec::new();
     for (sig, out) in outs {
         let sa = SigAction { sig, handler: u64_at(out, 0), flags: u64_at(out, 1), restorer: u64_at(out, 2), mask: u64_at(out, 3) };
@@ -498,7 +498,7 @@ fn injected_state(
     let mut reads = Vec::new();
     let mut outs = Vec::new();
     for (fd, out) in pipe_checks {
-        let n = u32::from_le_bytes(inj.data_bytes(&data, out, 4).try_into().expect("4 bytes")) as usize;
+        let n = data.u32_at(out) as usize;
         if n > PIPE_DATA_MAX {
             return Err(InjectError::TooLarge { count: n, max: PIPE_DATA_MAX as u64 });
         }
@@ -511,7 +511,7 @@ fn injected_state(
     if !reads.is_empty() {
         inj.run(&reads, &mut pd)?;
         for (fd, buf, n) in outs {
-            pipe_data.push((fd, inj.data_bytes(&pd, buf, n).to_vec()));
+            pipe_data.push((fd, pd.bytes(buf, n).to_vec()));
         }
     }
     // Per-thread attributes only each thread can report.
@@ -528,19 +528,19 @@ fn injected_state(
             ],
             &mut d,
         )?;
-        let at = |addr: u64, i: usize| u64::from_le_bytes(ti.data_bytes(&d, addr + i as u64 * 8, 8).try_into().expect("8 bytes"));
+        let at = |addr: u64, i: usize| d.u64_at(addr, i);
         let ss_flags = at(ss, 1) as u32 as i32;
         let altstack = (ss_flags & SS_DISABLE == 0).then(|| AltStack { sp: at(ss, 0), flags: ss_flags, size: at(ss, 2) });
         per_thread.push((at(tida, 0), altstack));
     }
     let rlimits = rl.into_iter().map(|(res, out)| (res, u64_at(out, 0), u64_at(out, 1))).collect();
-    let cwd_len = res[res.len() - 1] as usize;
-    let cwd_bytes = inj.data_bytes(&data, cwd, cwd_len.saturating_sub(1));
+    // getcwd returns the length including the terminating NUL.
+    let cwd_bytes = data.bytes(cwd, (res[cwd_call] as usize).saturating_sub(1));
     Ok(Injected {
         sigactions,
         per_thread,
         pipe_data,
-        brk: res[res.len() - 2 - RLIMIT_COUNT as usize] as u64,
+        brk: res[brk_call] as u64,
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),
     })

@@ -111,8 +111,24 @@ impl DataArea {
         self.push(&vec![0u8; len])
     }
 
-    pub fn offset_of(&self, addr: u64) -> usize {
+    fn offset_of(&self, addr: u64) -> usize {
         (addr - self.base) as usize
+    }
+
+    /// `len` bytes at tracee address `addr` (as read back after a batch).
+    pub fn bytes(&self, addr: u64, len: usize) -> &[u8] {
+        let off = self.offset_of(addr);
+        &self.buf[off..off + len]
+    }
+
+    /// The `i`-th little-endian u64 at tracee address `addr`.
+    pub fn u64_at(&self, addr: u64, i: usize) -> u64 {
+        u64::from_le_bytes(self.bytes(addr + i as u64 * 8, 8).try_into().expect("8 bytes"))
+    }
+
+    /// The little-endian u32 at tracee address `addr`.
+    pub fn u32_at(&self, addr: u64) -> u32 {
+        u32::from_le_bytes(self.bytes(addr, 4).try_into().expect("4 bytes"))
     }
 }
 
@@ -205,11 +221,6 @@ impl<'a> Injector<'a> {
         Ok(results)
     }
 
-    /// Bytes of the data area after a batch.
-    pub fn data_bytes<'d>(&self, data: &'d DataArea, addr: u64, len: usize) -> &'d [u8] {
-        let off = data.offset_of(addr);
-        &data.buf[off..off + len]
-    }
 }
 
 /// Execute a single syscall in a stopped tracee using an existing `syscall`

@@ -26,7 +26,7 @@ use std::time::Instant;
 use thiserror::Error;
 use tracing::debug;
 
-use crate::image::{FdKind, FdRecord, ProcessImage, VmaKind};
+use crate::image::{FdKind, FdRecord, ProcessImage, ThreadState, VmaKind};
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
 use crate::pageserver::{self, AddressSpace, PageServer, PageServerError, PageSource, PrefetchStats, Stats};
 use crate::ws::{AlignedBuf, Touch, WorkingSet};
@@ -278,10 +278,7 @@ fn restore_inner(
     for fd in &file_fds {
         calls.push(Call::new("close(file)", libc::SYS_close, &[*fd]));
     }
-    calls.push(Call::new("set_tid_address", libc::SYS_set_tid_address, &[thread.tid_address]));
-    if thread.robust_list.0 != 0 {
-        calls.push(Call::new("set_robust_list", libc::SYS_set_robust_list, &[thread.robust_list.0, thread.robust_list.1]));
-    }
+    push_thread_calls(&mut calls, &mut data, thread);
     for sa in &img.sigactions {
         let mut b = Vec::with_capacity(32);
         for x in [sa.handler, sa.flags, sa.restorer, sa.mask] {
@@ -290,20 +287,10 @@ fn restore_inner(
         let a = data.push(&b);
         calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sa.sig as u64, a, 0, 8]));
     }
-    if let Some(ss) = &thread.altstack {
-        let mut b = Vec::with_capacity(24);
-        b.extend_from_slice(&ss.sp.to_le_bytes());
-        b.extend_from_slice(&(ss.flags as i64).to_le_bytes());
-        b.extend_from_slice(&ss.size.to_le_bytes());
-        let a = data.push(&b);
-        calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
-    }
     let cwd = data.push_cstr(&img.cwd);
     calls.push(Call::new("chdir", libc::SYS_chdir, &[cwd]));
     calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
     calls.push(Call::new("personality", libc::SYS_personality, &[img.personality as u64]));
-    let comm = data.push_cstr(&thread.comm);
-    calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
     inj.run(&calls, &mut data).map_err(inj_err)?;
     restore_fds(&inj, img).map_err(inj_err)?;
     create_threads(&inj, &wmem, region, img, threads).map_err(inj_err)?;
@@ -430,6 +417,25 @@ fn write_file_cow_pages(
     Ok(())
 }
 
+/// Attributes each thread sets for itself: clear-child-tid address, robust
+/// futex list, alternate signal stack, name. (rseq comes later, see above.)
+fn push_thread_calls(calls: &mut Vec<Call>, data: &mut DataArea, t: &ThreadState) {
+    calls.push(Call::new("set_tid_address", libc::SYS_set_tid_address, &[t.tid_address]));
+    if t.robust_list.0 != 0 {
+        calls.push(Call::new("set_robust_list", libc::SYS_set_robust_list, &[t.robust_list.0, t.robust_list.1]));
+    }
+    if let Some(ss) = &t.altstack {
+        let mut b = Vec::with_capacity(24);
+        b.extend_from_slice(&ss.sp.to_le_bytes());
+        b.extend_from_slice(&(ss.flags as i64).to_le_bytes());
+        b.extend_from_slice(&ss.size.to_le_bytes());
+        let a = data.push(&b);
+        calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
+    }
+    let comm = data.push_cstr(&t.comm);
+    calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
+}
+
 fn push_cred_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage) {
     let groups: Vec<u8> = img.creds.groups.iter().flat_map(|g| g.to_le_bytes()).collect();
     let groups_addr = data.push(&groups);
@@ -507,7 +513,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         .map(|s| match s {
             Src::Call(i) => res[*i] as u64,
             Src::PipeEnd(at) => {
-                u32::from_le_bytes(inj.data_bytes(&data, *at, 4).try_into().expect("4 bytes")) as i32 as u64
+                data.u32_at(*at) as i32 as u64
             }
         })
         .collect();
@@ -621,19 +627,8 @@ fn create_threads(
         child.wait_stop().map_err(|source| InjectError::Ptrace { op: "wait(new thread)", pid: res[0] as i32, source })?;
         let ti = Injector::new(child, wmem, region)?;
         let mut data = DataArea::new(region);
-        let mut calls = vec![Call::new("set_tid_address", libc::SYS_set_tid_address, &[t.tid_address])];
-        if t.robust_list.0 != 0 {
-            calls.push(Call::new("set_robust_list", libc::SYS_set_robust_list, &[t.robust_list.0, t.robust_list.1]));
-        }
-        if let Some(ss) = &t.altstack {
-            let mut b = ss.sp.to_le_bytes().to_vec();
-            b.extend_from_slice(&(ss.flags as i64).to_le_bytes());
-            b.extend_from_slice(&ss.size.to_le_bytes());
-            let a = data.push(&b);
-            calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
-        }
-        let comm = data.push_cstr(&t.comm);
-        calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
+        let mut calls = Vec::new();
+        push_thread_calls(&mut calls, &mut data, t);
         ti.run(&calls, &mut data)?;
     }
     Ok(())
