@@ -14,6 +14,7 @@ pub fn mode_color(mode: &str) -> RGBColor {
     match mode {
         "boot" => RGBColor(120, 120, 120),
         "lazy" => RGBColor(214, 39, 40),
+        "lazy-page" => RGBColor(227, 119, 194),
         "eager" => RGBColor(255, 127, 14),
         "record" => RGBColor(148, 103, 189),
         "parallel" => RGBColor(140, 86, 75),

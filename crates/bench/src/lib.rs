@@ -1,7 +1,7 @@
 //! `thaw bench`: the cold-start experiment harness.
 //!
 //! Runs sample functions under every start mode — cold boot, lazy, eager,
-//! record, parallel, ws-cached, prefetch (REAP) and warm — with the snapshot's
+//! lazy-page, record, parallel, ws-cached, prefetch (REAP) and warm — with the snapshot's
 //! page cache evicted before each cold start, then concurrent cold starts, and
 //! writes a table, summary lines, JSON and SVG charts. See bench/README.md.
 
@@ -19,7 +19,9 @@ use clap::Args;
 pub const DEFAULT_FUNCTIONS: &str = "helloworld,pyaes,jsonserde,htmlrender,imagerotate,lrserving,multiinput";
 
 /// Every mode, in table order. `record` feeds the record-overhead figure.
-pub const MODES: [&str; 8] = ["boot", "lazy", "eager", "record", "parallel", "ws-cached", "prefetch", "warm"];
+/// `lazy` reads a 128 KiB read-around window per missing fault (a mapped memory
+/// file's kernel behaviour); `lazy-page` reads exactly one page per fault.
+pub const MODES: [&str; 9] = ["boot", "lazy", "lazy-page", "eager", "record", "parallel", "ws-cached", "prefetch", "warm"];
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct BenchArgs {

@@ -83,7 +83,10 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn paging(mode: &str) -> Result<Paging> {
-    mode.parse::<Paging>().map_err(|e| anyhow!("{e}"))
+    match mode {
+        "lazy-page" => Ok(Paging::Lazy),
+        _ => mode.parse::<Paging>().map_err(|e| anyhow!("{e}")),
+    }
 }
 
 /// Write back and drop every file of a snapshot directory from the page cache.
@@ -258,6 +261,9 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
     evict_dir(snap)?;
     let t0 = Instant::now();
     let loaded = LoadedSnapshot::open(snap)?;
+    if mode == "lazy-page" {
+        loaded.source.set_readaround(1);
+    }
     let open_ms = ms(t0.elapsed());
     let mut inst = Instance::restore(&loaded, asked)?;
     let r = (|| -> Result<(RunRecord, Value)> {

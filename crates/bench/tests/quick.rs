@@ -45,7 +45,8 @@ fn quick_bench_on_helloworld() {
         .expect("running thaw bench");
     let (so, se) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "thaw bench failed ({:?})\nstdout:\n{so}\nstderr:\n{se}", o.status);
-    assert!(so.contains("prefetch vs lazy speedup"), "{so}");
+    assert!(so.contains("prefetch vs lazy (128 KiB read-around) speedup"), "{so}");
+    assert!(so.contains("prefetch vs lazy-page (one page per fault) speedup"), "{so}");
     assert!(se.contains("helloworld run 2/2"), "no progress lines: {se}");
 
     let jsons: Vec<PathBuf> = std::fs::read_dir(&out)
@@ -60,7 +61,7 @@ fn quick_bench_on_helloworld() {
     assert!(!out.read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".work")), "scratch left behind");
 
     let pf = &v["summary"]["per_function"]["helloworld"];
-    for mode in ["boot", "lazy", "eager", "record", "parallel", "ws-cached", "prefetch", "warm"] {
+    for mode in ["boot", "lazy", "lazy-page", "eager", "record", "parallel", "ws-cached", "prefetch", "warm"] {
         for metric in ["ttfr_ms", "first_invoke_ms", "restore_ms", "page_faults", "bytes_read"] {
             let s = &pf[mode][metric];
             assert!(s["median"].is_number() && s["p90"].is_number(), "{mode} {metric}: {s}");
@@ -75,9 +76,12 @@ fn quick_bench_on_helloworld() {
     let pre_faults = pf["prefetch"]["page_faults"]["median"].as_f64().unwrap();
     assert!(lazy_faults > 0.0);
     assert!(pre_faults == 0.0 || pre_faults < lazy_faults, "prefetch {pre_faults} faults vs lazy {lazy_faults}");
+    // Read-around reads whole windows; one page per fault reads only the touched pages.
+    let bytes = |m: &str| pf[m]["bytes_read"]["median"].as_f64().unwrap();
+    assert!(bytes("lazy-page") < bytes("lazy"), "lazy-page {} vs lazy {}", bytes("lazy-page"), bytes("lazy"));
 
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 16);
+    assert_eq!(runs.len(), 18, "9 modes x 2 runs");
     for r in runs {
         assert!(r["ttfr_ms"].as_f64().unwrap() > 0.0, "{r}");
     }

@@ -43,6 +43,8 @@ pub struct CaptureStats {
     pub vmas: usize,
     pub pages_stored: u64,
     pub pages_zero_skipped: u64,
+    /// Private file mappings stored whole (see `VmaKind::FileCopied`).
+    pub vmas_copied_whole: u64,
     pub bytes_written: u64,
     pub capture_ms: f64,
 }
@@ -126,10 +128,10 @@ fn capture_inner(
     let personality = procfs::personality(pid).map_err(ioe("reading personality"))?;
     let fds = capture_fds(pid)?;
 
-    let (vmas, files) = classify_vmas(pid, &maps)?;
+    let (mut vmas, files) = classify_vmas(pid, &maps)?;
     let mem = ProcMem::open(pid, false).map_err(ioe("opening /proc/PID/mem"))?;
     let mut writer = SnapshotWriter::create(out)?;
-    let (pages, mut stats) = match dump_pages(pid, &mem, &vmas, &mut writer) {
+    let (pages, mut stats) = match dump_pages(pid, &mem, &mut vmas, &files, &mut writer) {
         Ok(x) => x,
         Err(e) => {
             writer.abandon();
@@ -344,14 +346,33 @@ fn page_wanted(kind: &VmaKind, pm: u64) -> bool {
         VmaKind::Anon { .. } => pm & (PM_PRESENT | PM_SWAPPED) != 0,
         // Only copy-on-written (now anonymous) pages differ from the file.
         VmaKind::FilePrivate { .. } => pm & PM_PRESENT != 0 && pm & PM_FILE == 0,
+        // The whole contents (written pages and the file's own).
+        VmaKind::FileCopied { .. } => true,
         VmaKind::FileShared { .. } | VmaKind::Special { .. } => false,
     }
+}
+
+/// A private file mapping with at least this share of its pages written is
+/// stored whole and restored as anonymous memory ([`VmaKind::FileCopied`]):
+/// restoring it as a file mapping would mean copying every written page into
+/// place before the process resumes, touched or not.
+const COPY_WHOLE_SHARE: f64 = 0.5;
+
+/// Whether a private file mapping with `written` of its `npages` pages written
+/// should be stored whole. Only mappings that lie inside the file qualify (a page
+/// past the end of the file cannot be read, and faults there raise SIGBUS).
+fn copy_whole(v: &Vma, files: &[FileRef], written: u64, npages: u64) -> Option<VmaKind> {
+    let VmaKind::FilePrivate { file, offset } = v.kind else { return None };
+    let file_end = files.get(file)?.size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+    let inside = offset + (v.end - v.start) <= file_end;
+    (inside && written as f64 >= COPY_WHOLE_SHARE * npages as f64).then_some(VmaKind::FileCopied { file, offset })
 }
 
 fn dump_pages(
     pid: i32,
     mem: &ProcMem,
-    vmas: &[Vma],
+    vmas: &mut [Vma],
+    files: &[FileRef],
     writer: &mut SnapshotWriter,
 ) -> Result<(PageIndex, CaptureStats), CaptureError> {
     use std::os::unix::fs::FileExt;
@@ -365,6 +386,13 @@ fn dump_pages(
         let mut pm = vec![0u8; npages as usize * 8];
         pagemap.read_exact_at(&mut pm, v.start / PAGE_SIZE * 8).map_err(ioe(format!("pagemap of {:#x}", v.start)))?;
         let entry = |i: u64| u64::from_le_bytes(pm[i as usize * 8..i as usize * 8 + 8].try_into().expect("8 bytes"));
+        if matches!(v.kind, VmaKind::FilePrivate { .. }) {
+            let written = (0..npages).filter(|&i| page_wanted(&v.kind, entry(i))).count() as u64;
+            if let Some(kind) = copy_whole(v, files, written, npages) {
+                v.kind = kind;
+                stats.vmas_copied_whole += 1;
+            }
+        }
         let is_file = matches!(v.kind, VmaKind::FilePrivate { .. });
         let mut i = 0;
         while i < npages {
@@ -559,5 +587,23 @@ mod tests {
         assert!(page_wanted(&file, PM_PRESENT));
         assert!(!page_wanted(&file, PM_PRESENT | PM_FILE));
         assert!(!page_wanted(&VmaKind::FileShared { file: 0, offset: 0 }, PM_PRESENT));
+        assert!(page_wanted(&VmaKind::FileCopied { file: 0, offset: 0 }, 0));
+    }
+
+    #[test]
+    fn mostly_written_file_mappings_are_stored_whole() {
+        let files = vec![FileRef { path: "/lib/x.so".into(), size: 10 * PAGE_SIZE - 100, mtime_ns: 0 }];
+        let v = |off: u64, pages: u64| Vma {
+            start: 0x10000,
+            end: 0x10000 + pages * PAGE_SIZE,
+            prot: 1,
+            kind: VmaKind::FilePrivate { file: 0, offset: off * PAGE_SIZE },
+        };
+        assert_eq!(copy_whole(&v(0, 4), &files, 2, 4), Some(VmaKind::FileCopied { file: 0, offset: 0 }));
+        assert_eq!(copy_whole(&v(0, 4), &files, 1, 4), None, "under half written");
+        assert_eq!(copy_whole(&v(8, 2), &files, 2, 2), Some(VmaKind::FileCopied { file: 0, offset: 8 * PAGE_SIZE }));
+        assert_eq!(copy_whole(&v(8, 3), &files, 3, 3), None, "reaches past the end of the file");
+        let anon = Vma { kind: VmaKind::Anon { growsdown: false }, ..v(0, 4) };
+        assert_eq!(copy_whole(&anon, &files, 4, 4), None);
     }
 }

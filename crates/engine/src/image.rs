@@ -35,7 +35,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -148,6 +148,11 @@ pub enum VmaKind {
     Anon { growsdown: bool },
     /// Private file mapping; copy-on-written pages are stored in the image.
     FilePrivate { file: usize, offset: u64 },
+    /// Private file mapping the process had mostly written (a relocated CDS
+    /// archive, relocation-read-only and .data segments): its whole contents are in
+    /// the image and it is restored as anonymous memory served by the page
+    /// server, so only the pages an instance touches are ever read or copied.
+    FileCopied { file: usize, offset: u64 },
     /// Read-only shared file mapping, mapped again from the file.
     FileShared { file: usize, offset: u64 },
     /// Kernel-provided mapping moved into place (`[vdso]`, `[vvar]`, `[vvar_vclock]`).
@@ -471,7 +476,7 @@ mod tests {
         let mut v2 = bytes.clone();
         v2[8] = 99;
         let e = decode_state(Path::new("/s"), &v2).unwrap_err().to_string();
-        assert_eq!(e, "snapshot /s: format version 99 is not supported (this build reads version 3)");
+        assert_eq!(e, format!("snapshot /s: format version 99 is not supported (this build reads version {FORMAT_VERSION})"));
     }
 
     #[test]

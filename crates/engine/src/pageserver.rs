@@ -133,17 +133,69 @@ impl Stats {
     }
 }
 
+/// Read-around window of lazy faults, in pages: the kernel's default for a fault
+/// on a mapped file (VM_READAHEAD_PAGES, 128 KiB), independent of the host disk's
+/// read_ahead_kb so that measurements compare across hosts.
+pub const DEFAULT_READAROUND_PAGES: u64 = 32;
+
 /// The image pages of one snapshot, shared by every instance restored from it.
 pub struct PageSource {
     pub index: PageIndex,
     file: File,
+    /// Lazy faults read the aligned window of this many stored pages around the
+    /// faulting page (1 = exactly one page per fault).
+    readaround: AtomicU64,
 }
 
 impl PageSource {
-    /// Pages are read through the page cache with the kernel's default readahead,
-    /// as a memory file mapped by a VMM would be (the lazy baseline REAP measures).
+    /// Pages are read through the page cache, as a memory file mapped by a VMM
+    /// would be (the lazy baseline REAP measures): a fault that misses reads its
+    /// read-around window with one request, as the kernel's filemap fault does.
     pub fn new(index: PageIndex, file: File) -> PageSource {
-        PageSource { index, file }
+        PageSource { index, file, readaround: AtomicU64::new(DEFAULT_READAROUND_PAGES) }
+    }
+
+    /// Set the read-around window of lazy faults, in pages (at least 1).
+    pub fn set_readaround(&self, pages: u64) {
+        self.readaround.store(pages.max(1), Ordering::Relaxed);
+    }
+
+    pub fn readaround(&self) -> u64 {
+        self.readaround.load(Ordering::Relaxed)
+    }
+
+    /// Read and verify the stored page `file_page` for a fault at `addr`. The
+    /// first fault in a read-around window reads the whole window with one
+    /// request (into the page cache and `buf`); later faults in a window this
+    /// instance already read are page-cache hits. Returns the page and the bytes
+    /// newly requested from the image file.
+    pub fn read_for_fault<'b>(
+        &self,
+        addr: u64,
+        file_page: u64,
+        buf: &'b mut Vec<u8>,
+        windows_read: &mut std::collections::HashSet<u64>,
+    ) -> Result<(&'b [u8], u64), PageServerError> {
+        let ra = self.readaround();
+        let window = file_page / ra;
+        let page = PAGE_SIZE as usize;
+        if ra == 1 || !windows_read.insert(window) {
+            buf.resize(page, 0);
+            self.read_page(addr, file_page, &mut buf[..page])?;
+            return Ok((&buf[..page], if ra == 1 { PAGE_SIZE } else { 0 }));
+        }
+        let first = window * ra;
+        let npages = ra.min(self.index.stored_pages() - first);
+        buf.resize(npages as usize * page, 0);
+        self.file
+            .read_exact_at(buf, first * PAGE_SIZE)
+            .map_err(|source| PageServerError::Read { addr, file_page, source })?;
+        let at = (file_page - first) as usize * page;
+        let bytes = &buf[at..at + page];
+        if crc32fast::hash(bytes) != self.index.crcs[file_page as usize] {
+            return Err(PageServerError::Checksum { addr, file_page });
+        }
+        Ok((bytes, npages * PAGE_SIZE))
     }
 
     /// Read and verify one stored page into `buf`.
@@ -253,6 +305,8 @@ struct Serve {
     source: Arc<PageSource>,
     space: AddressSpace,
     stats: Arc<Stats>,
+    /// Read-around windows of the image this process has already read.
+    windows_read: std::collections::HashSet<u64>,
 }
 
 impl PageServer {
@@ -265,7 +319,15 @@ impl PageServer {
         stats: Arc<Stats>,
     ) -> io::Result<PageServer> {
         let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-        let serve = Serve { uffd, pidfd: Arc::new(pidfd), stop_rx: Arc::new(rx), source, space, stats: stats.clone() };
+        let serve = Serve {
+            uffd,
+            pidfd: Arc::new(pidfd),
+            stop_rx: Arc::new(rx),
+            source,
+            space,
+            stats: stats.clone(),
+            windows_read: Default::default(),
+        };
         let thread = std::thread::Builder::new().name("thaw-pageserver".into()).spawn(move || serve.run())?;
         Ok(PageServer { stop_tx: Some(tx), thread: Some(thread), stats })
     }
@@ -301,7 +363,7 @@ impl Serve {
     fn serve(&mut self) -> Result<(), PageServerError> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut queue = VecDeque::with_capacity(64);
-        let mut buf = vec![0u8; PAGE_SIZE as usize];
+        let mut buf = Vec::with_capacity((self.source.readaround() * PAGE_SIZE) as usize);
         let mut children: Vec<JoinHandle<()>> = Vec::new();
         loop {
             let (uffd_ready, exited, stopped) = {
@@ -380,12 +442,13 @@ impl Serve {
             source: self.source.clone(),
             space: self.space.clone(),
             stats: self.stats.clone(),
+            windows_read: self.windows_read.clone(),
         };
         debug!("serving a forked child");
         std::thread::Builder::new().name("thaw-pageserver-child".into()).spawn(move || child.run()).map_err(PageServerError::Poll)
     }
 
-    fn fault(&mut self, page: u64, buf: &mut [u8], queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
+    fn fault(&mut self, page: u64, buf: &mut Vec<u8>, queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
         self.stats.faults.fetch_add(1, Ordering::Relaxed);
         let mut counted = false;
         if self.stats.recording.load(Ordering::Relaxed) {
@@ -398,11 +461,9 @@ impl Serve {
             let stored = self.space.resolve(page).and_then(|img| self.source.index.lookup(img));
             let r = match stored {
                 Some(fp) => {
-                    self.source.read_page(page, fp, buf)?;
-                    if !counted {
-                        self.stats.bytes_read.fetch_add(PAGE_SIZE, Ordering::Relaxed);
-                    }
-                    uffd::copy(self.uffd.as_fd(), page, buf.as_ptr(), PAGE_SIZE, true)
+                    let (bytes, fetched) = self.source.read_for_fault(page, fp, buf, &mut self.windows_read)?;
+                    self.stats.bytes_read.fetch_add(fetched, Ordering::Relaxed);
+                    uffd::copy(self.uffd.as_fd(), page, bytes.as_ptr(), PAGE_SIZE, true)
                 }
                 None => {
                     if !counted {

@@ -245,13 +245,14 @@ fn restore_inner(
         let noreplace = libc::MAP_FIXED_NOREPLACE as u64;
         let (flags, fd, off) = match &v.kind {
             VmaKind::Special { .. } => continue,
-            VmaKind::Anon { growsdown } => {
+            // Served by the page server: anonymous memory and file mappings stored whole.
+            VmaKind::Anon { .. } | VmaKind::FileCopied { .. } => {
                 anon_vmas.push((v.start, v.end));
                 match anon_ranges.last_mut() {
                     Some(last) if last.1 == v.start => last.1 = v.end,
                     _ => anon_ranges.push((v.start, v.end)),
                 }
-                let gd = if *growsdown { libc::MAP_GROWSDOWN as u64 } else { 0 };
+                let gd = if matches!(v.kind, VmaKind::Anon { growsdown: true }) { libc::MAP_GROWSDOWN as u64 } else { 0 };
                 ((libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | gd | noreplace, u64::MAX, 0)
             }
             VmaKind::FilePrivate { file, offset } => (libc::MAP_PRIVATE as u64 | noreplace, file_fds[*file], *offset),

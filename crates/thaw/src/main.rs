@@ -84,6 +84,12 @@ enum SnapshotCmd {
         /// before the working set counts as unrepresentative and is re-recorded.
         #[arg(long, default_value_t = 0.25)]
         reprofile_threshold: f64,
+        /// Read-around window of a lazy fault that misses, in KiB: the aligned window of the
+        /// image holding the page is read with one request (the kernel's read-around for a
+        /// mapped file, 128 KiB by default); only the faulting page is installed. 4 = one page
+        /// per fault.
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(4..=65536))]
+        readaround_kb: u64,
         /// Number of invocations to run on the restored instance (the same payload each time).
         #[arg(long, default_value_t = 1)]
         invocations: u32,
@@ -258,7 +264,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, inv, paging, invocations, reprofile_threshold }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, inv, paging, invocations, reprofile_threshold, readaround_kb }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
@@ -266,6 +272,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let t0 = Instant::now();
             let mut snap = LoadedSnapshot::open(&snapdir)?;
             snap.reprofile_threshold = reprofile_threshold;
+            snap.source.set_readaround(readaround_kb / 4);
             let open_ms = ms(t0.elapsed());
             let mut inst = Instance::restore(&snap, paging)?;
             let restore_ms = ms(t0.elapsed());
@@ -312,10 +319,22 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Snapshot(SnapshotCmd::Inspect { snapdir, verbose }) => {
             let s = thaw_engine::image::Snapshot::open(&snapdir)?;
             let img = &s.image;
+            let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();
+            for m in &img.vmas {
+                use thaw_engine::image::VmaKind;
+                let k = match m.kind {
+                    VmaKind::Anon { .. } => "anon",
+                    VmaKind::FilePrivate { .. } => "file_private",
+                    VmaKind::FileCopied { .. } => "file_copied",
+                    VmaKind::FileShared { .. } => "file_shared",
+                    VmaKind::Special { .. } => "special",
+                };
+                *kinds.entry(k).or_default() += 1;
+            }
             let v = json!({
                 "dir": s.dir, "format_version": thaw_engine::image::FORMAT_VERSION, "kernel": img.kernel,
                 "created_unix_ms": img.created_unix_ms, "sandbox": img.sandbox, "exe": img.mm.exe, "cwd": img.cwd,
-                "threads": img.threads.len(), "vmas": img.vmas.len(), "files": img.files.len(),
+                "threads": img.threads.len(), "vmas": img.vmas.len(), "vma_kinds": kinds, "files": img.files.len(),
                 "stored_pages": img.pages.stored_pages(), "page_runs": img.pages.runs.len(),
                 "stored_bytes": img.pages.stored_pages() * 4096, "fds": img.fds, "sigactions": img.sigactions.len(),
             });

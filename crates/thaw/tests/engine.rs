@@ -91,12 +91,17 @@ fn restored_results_equal_cold_boot_results() {
         ("stdlib", vec![r#"{"text":"the quick brown fox","items":[["apple","1.25"],["pear","0.10"]]}"#, r#"{}"#, r#"{"n":17}"#]),
     ] {
         let snap = snapshot(name, 512);
+        // The interpreter's written relro/.data segments are stored whole and served lazily.
+        let inspect: serde_json::Value = serde_json::from_slice(&ok(thaw(&["snapshot", "inspect", snap.to_str().unwrap()])).stdout).unwrap();
+        assert!(inspect["vma_kinds"]["file_copied"].as_u64().unwrap() > 0, "{}", inspect["vma_kinds"]);
         for p in payloads {
             let booted = stdout(&ok(boot(name, p)));
             let lazy = stdout(&ok(restore(&snap, p, &["--paging", "lazy"])));
             let eager = stdout(&ok(restore(&snap, p, &["--paging", "eager"])));
+            let one_page = stdout(&ok(restore(&snap, p, &["--paging", "lazy", "--readaround-kb", "4"])));
             assert!(!booted.trim().is_empty());
             assert_eq!(booted, lazy, "{name} {p}: lazy restore differs from boot");
+            assert_eq!(booted, one_page, "{name} {p}: lazy restore without read-around differs from boot");
             assert_eq!(booted, eager, "{name} {p}: eager restore differs from boot");
         }
     }
@@ -126,6 +131,15 @@ fn lazy_restore_reads_only_touched_pages_of_a_200mb_heap() {
     let read = lazy["bytes_read_from_image"].as_u64().unwrap();
     assert!(read < 32 << 20, "lazy restore read {read} bytes of a {stored}-byte image");
     assert!(lazy["page_faults"].as_u64().unwrap() > 0);
+
+    // Without read-around a lazy restore reads exactly the pages it faults on.
+    let (page_out, page) = restore_stats(&snap, r#"{"i":5}"#, &["--paging", "lazy", "--readaround-kb", "4"]);
+    let page_read = page["bytes_read_from_image"].as_u64().unwrap();
+    let stored_faults = page["page_faults"].as_u64().unwrap() - page["zero_faults"].as_u64().unwrap();
+    let upfront = page["pages_installed_upfront"].as_u64().unwrap();
+    assert_eq!(page_read, (stored_faults + upfront) * 4096, "{page}");
+    assert!(page_read <= read, "one page per fault read {page_read}, read-around {read}");
+    assert_eq!(page_out, lazy_out);
 
     let (eager_out, eager) = restore_stats(&snap, r#"{"i":5}"#, &["--paging", "eager"]);
     assert!(eager["bytes_read_from_image"].as_u64().unwrap() >= stored, "eager must install every stored page");

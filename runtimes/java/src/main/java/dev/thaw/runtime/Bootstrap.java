@@ -526,8 +526,10 @@ public final class Bootstrap {
     // ------------------------------------------------------------------
 
     static void warmUp(Invoker inv) {
-        // Load the mapper's classes (and the handler's type descriptors) before the snapshot,
-        // so restored instances do not pay for it on their first invocation.
+        // Run, once, every runtime path a restored instance takes before and around the first
+        // call of the function, so that the classes are loaded and linked and the method handles
+        // spun in the snapshot, not on each restored instance's first invocation. The function
+        // itself is not called.
         try {
             for (Type t : inv.types()) {
                 JavaType jt = MAPPER.getTypeFactory().constructType(t);
@@ -535,12 +537,58 @@ public final class Bootstrap {
                 if (jt.getRawClass() != Object.class && !jt.isPrimitive()) {
                     MAPPER.writerFor(jt);
                 }
+                // Decode a sample event only into JDK types: decoding into the function's own
+                // classes would run its constructors.
+                if (jt.getRawClass().getName().startsWith("java.")) {
+                    toInput(t, "{\"name\":\"warm-up\",\"n\":1,\"x\":[1.5,true,null]}");
+                }
             }
             MAPPER.readValue("{\"a\":[1,2.5,\"x\",true,null]}", Map.class);
-            MAPPER.writeValueAsString(Map.of("a", List.of(1, 2.5, "x", true)));
+            fromOutput(Map.of("a", List.of(1, 2.5, "x", true)));
+            fromOutput("warm-up");
+            // The control channel's receive path (the first frame arrives after the snapshot),
+            // the context, and the reply frames.
+            byte[] frame = ("{\"type\":\"invoke\",\"request_id\":\"warm-up\",\"payload\":\"{}\",\"function_name\":\"f\","
+                    + "\"function_version\":\"1\",\"invoked_function_arn\":\"arn\",\"memory_limit_mb\":128,"
+                    + "\"deadline_ms\":" + System.currentTimeMillis() + "}").getBytes(StandardCharsets.UTF_8);
+            JsonNode msg = FRAMES.readTree(frame);
+            msg.path("type").asText("");
+            LambdaContext ctx = new LambdaContext(msg);
+            ctx.getRemainingTimeInMillis();
+            ctx.getLogger();
+            ObjectNode r = FRAMES.createObjectNode();
+            r.put("type", "result");
+            r.put("ok", true);
+            r.put("result", "\"warm-up\"");
+            FRAMES.writeValueAsBytes(r);
+            ObjectNode ok = FRAMES.createObjectNode();
+            ok.put("type", "ok");
+            FRAMES.writeValueAsBytes(ok);
             FRAMES.writeValueAsBytes(resultError("x", "y", List.of("z")));
+            // What runs after every restore (generators are reseeded again then).
+            Reseed.all();
+            primeStringConcat(ctx.getAwsRequestId(), 7, 7L, 1.5, true, 'c', ctx);
         } catch (Throwable ignored) {
             // best effort
+        }
+    }
+
+    /**
+     * Link string concatenations of common shapes (javac compiles {@code "a" + x} to an
+     * invokedynamic call whose first execution spins method handles for its argument types, a
+     * few milliseconds each): the pieces are cached by the JDK and shared by the function's own
+     * concatenations of the same kinds.
+     */
+    static void primeStringConcat(String s, int i, long l, double d, boolean b, char c, Object o) {
+        String[] out = {
+            "a" + s, "a" + o, "a" + i, "a" + l,
+            "a" + s + "b", "a" + o + "b", "a" + i + "b", s + "b" + s,
+            "a" + s + "b" + s, "a" + o + "b" + s, "a" + s + "b" + o + "c", "a" + o + "b" + o + "c",
+            "a" + i + "b" + s + "c", "a" + s + "b" + i + "c", "a" + l + "b" + s, "a" + d + "b" + b + "c" + c,
+            "a" + s + "b" + s + "c" + s + "d", "a" + o + "b" + o + "c" + o + "d", "a" + s + "b" + i + "c" + s + "d" + o,
+        };
+        if (out.length == 0) {
+            throw new AssertionError();
         }
     }
 

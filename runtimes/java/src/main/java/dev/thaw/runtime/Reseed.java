@@ -45,6 +45,20 @@ final class Reseed {
         return f;
     }
 
+    /** Every live thread (without Thread.getAllStackTraces(), which walks every stack at a safepoint). */
+    static Thread[] allThreads() {
+        ThreadGroup root = Thread.currentThread().getThreadGroup();
+        while (root.getParent() != null) {
+            root = root.getParent();
+        }
+        Thread[] ts = new Thread[root.activeCount() + 16];
+        int n;
+        while ((n = root.enumerate(ts, true)) == ts.length) {
+            ts = new Thread[ts.length * 2];
+        }
+        return java.util.Arrays.copyOf(ts, n);
+    }
+
     static void all() throws IOException {
         long[] s = fresh(8);
         // Math.random(): a static java.util.Random (initialised lazily; reseed it if it exists).
@@ -64,7 +78,7 @@ final class Reseed {
         try {
             ((AtomicLong) field("java.util.concurrent.ThreadLocalRandom", "seeder").get(null)).set(s[2]);
             Field probe = field("java.lang.Thread", "threadLocalRandomProbe");
-            for (Thread t : Thread.getAllStackTraces().keySet()) {
+            for (Thread t : allThreads()) {
                 probe.setInt(t, 0);
             }
         } catch (ReflectiveOperationException | RuntimeException ignored) {
