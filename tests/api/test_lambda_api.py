@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError, WaiterError
 
-from thaw_node_harness import THAW, NodeProcess, create, invoke_json, sample_zip, zip_bytes
+from thaw_node_harness import SAMPLES, THAW, NodeProcess, create, invoke_json, sample_zip, zip_bytes
 
 ECHO = '''
 import os, time
@@ -182,8 +182,8 @@ def test_create_validation_errors(client):
     assert status_code(e) == 400
     assert "Could not unzip uploaded file" in e.value.response["Error"]["Message"]
     with pytest.raises(client.exceptions.InvalidParameterValueException) as e:
-        create(client, "badruntime", sample_zip("helloworld"), wait=False, Runtime="nodejs20.x")
-    assert "nodejs20.x" in e.value.response["Error"]["Message"]
+        create(client, "badruntime", sample_zip("helloworld"), wait=False, Runtime="ruby3.3")
+    assert "ruby3.3" in e.value.response["Error"]["Message"]
     with pytest.raises(client.exceptions.InvalidParameterValueException):
         create(client, "badhandler", sample_zip("helloworld"), wait=False, Handler="nodot")
     with pytest.raises(client.exceptions.ResourceConflictException) as e:
@@ -191,6 +191,32 @@ def test_create_validation_errors(client):
         create(client, "dup", sample_zip("helloworld"), wait=False)
     assert status_code(e) == 409
     assert [f for f in client.list_functions()["Functions"] if f["FunctionName"] in ("badzip", "badruntime")] == []
+
+
+def test_nodejs_and_java_functions(node, client):
+    """Node.js and Java bundles deploy, snapshot and answer like Python ones, cold and restored."""
+    samples = SAMPLES.parent
+    node_zip = zip_bytes({"index.js": samples / "nodejs" / "helloworld" / "index.js"})
+    java_zip = zip_bytes({"example/Hello.class": samples / "java" / "helloworld" / "example" / "Hello.class"})
+    resp = create(client, "node-hello", node_zip, handler="index.handler", Runtime="nodejs20.x")
+    assert resp["Runtime"] == "nodejs20.x"
+    create(client, "java-hello", java_zip, handler="example.Hello", Runtime="java17", MemorySize=256)
+    assert client.get_function(FunctionName="java-hello")["Configuration"]["Runtime"] == "java17"
+    for _ in range(2):
+        resp, body = invoke_json(client, "node-hello", {"name": "node"}, LogType="Tail")
+        assert body["message"] == "Hello, node!", body
+        assert body["requestId"] == resp["ResponseMetadata"]["RequestId"]
+        assert "hello node" in base64.b64decode(resp["LogResult"]).decode()
+        _, body = invoke_json(client, "java-hello", {"name": "java"})
+        assert body == "Hello, java!"
+    # A handler that does not exist in the bundle fails the deployment with the runtime's error.
+    create(client, "java-nohandler", java_zip, handler="example.Missing", Runtime="java17", wait=False)
+    with pytest.raises(WaiterError):
+        client.get_waiter("function_active_v2").wait(FunctionName="java-nohandler", WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    cfg = client.get_function(FunctionName="java-nohandler")["Configuration"]
+    assert cfg["State"] == "Failed" and "example.Missing" in cfg["StateReason"], cfg
+    for name in ("node-hello", "java-hello", "java-nohandler"):
+        client.delete_function(FunctionName=name)
 
 
 def test_init_error_fails_the_function(client):

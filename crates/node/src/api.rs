@@ -30,8 +30,19 @@ use crate::sigv4::{SigV4Error, SignedRequest, Verifier};
 pub const MAX_BODY: usize = 80 * 1024 * 1024;
 /// Lambda's limit for a synchronous invocation's payload.
 pub const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
-/// Runtimes accepted by CreateFunction (all served by the node's python3 runtime).
-pub const RUNTIMES: &[&str] = &["python3.11", "python3.12"];
+/// Runtimes accepted by CreateFunction, as Lambda names them.
+pub const RUNTIMES: &[&str] = &["python3.11", "python3.12", "nodejs20.x", "java17"];
+
+/// The engine runtime serving a Lambda runtime name (the Python versions share the
+/// host's python3).
+pub fn engine_runtime(name: &str) -> Option<thaw_runtime::Runtime> {
+    match name {
+        "python3.11" | "python3.12" => Some(thaw_runtime::Runtime::Python3),
+        "nodejs20.x" => Some(thaw_runtime::Runtime::Nodejs20),
+        "java17" => Some(thaw_runtime::Runtime::Java17),
+        _ => None,
+    }
+}
 const API_PREFIX: &str = "/2015-03-31/functions";
 
 pub struct App {
@@ -296,15 +307,20 @@ fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
         return Err(ApiError::invalid("Only the x86_64 architecture is supported by this node."));
     }
     let runtime = input.runtime.ok_or_else(|| ApiError::invalid("Runtime is required for .zip deployment packages."))?;
-    if !RUNTIMES.contains(&runtime.as_str()) {
+    let Some(engine) = engine_runtime(&runtime) else {
         return Err(ApiError::invalid(format!(
             "The runtime parameter of {runtime} is not supported by this node (supported: {}).",
             RUNTIMES.join(", ")
         )));
-    }
+    };
     let handler = input.handler.ok_or_else(|| ApiError::invalid("Handler is required for .zip deployment packages."))?;
-    if thaw_runtime::Runtime::Python3.check_handler(&handler).is_err() || handler.len() > 128 {
-        return Err(ApiError::invalid(format!("Value '{handler}' at 'handler' failed to satisfy constraint: expected module.function")));
+    if engine.check_handler(&handler).is_err() || handler.len() > 128 {
+        let expected = match engine {
+            thaw_runtime::Runtime::Python3 => "module.function",
+            thaw_runtime::Runtime::Nodejs20 => "file.function",
+            thaw_runtime::Runtime::Java17 => "package.Class::method or package.Class",
+        };
+        return Err(ApiError::invalid(format!("Value '{handler}' at 'handler' failed to satisfy constraint: expected {expected} for {runtime}")));
     }
     let timeout_s = input.timeout.unwrap_or(3);
     if !(1..=900).contains(&timeout_s) {
@@ -630,11 +646,21 @@ mod tests {
         let err = |v: Value| create_spec(v.to_string().as_bytes()).unwrap_err();
         let base = json!({"FunctionName": "f", "Runtime": "python3.12", "Handler": "h.h", "Role": "r", "Code": {"ZipFile": "UEsFBgAAAAAAAAAAAAAAAAAAAAAAAA=="}});
         assert!(create_spec(base.to_string().as_bytes()).is_ok());
+        for (rt, handler) in [("nodejs20.x", "index.handler"), ("java17", "example.Hello::handle"), ("java17", "example.Hello")] {
+            let mut v = base.clone();
+            v["Runtime"] = json!(rt);
+            v["Handler"] = json!(handler);
+            assert!(create_spec(v.to_string().as_bytes()).is_ok(), "{rt} {handler}");
+        }
         let mut v = base.clone();
-        v["Runtime"] = json!("nodejs20.x");
+        v["Runtime"] = json!("java17");
+        v["Handler"] = json!("example.Hello::");
+        assert_eq!(err(v).message, "Value 'example.Hello::' at 'handler' failed to satisfy constraint: expected package.Class::method or package.Class for java17");
+        let mut v = base.clone();
+        v["Runtime"] = json!("ruby3.3");
         let e = err(v);
         assert_eq!((e.kind, e.status), ("InvalidParameterValueException", StatusCode::BAD_REQUEST));
-        assert_eq!(e.message, "The runtime parameter of nodejs20.x is not supported by this node (supported: python3.11, python3.12).");
+        assert_eq!(e.message, "The runtime parameter of ruby3.3 is not supported by this node (supported: python3.11, python3.12, nodejs20.x, java17).");
         let mut v = base.clone();
         v["MemorySize"] = json!(64);
         assert_eq!(err(v).kind, "InvalidParameterValueException");

@@ -125,7 +125,8 @@ pub struct Revision {
 
 impl Revision {
     fn new(rec: &RevisionRecord, name: &str, runtime_dir: &Path) -> Revision {
-        let mut boot = FunctionConfig::new(Runtime::Python3, &rec.handler, rec.dir.join("code"), runtime_dir.to_path_buf());
+        let runtime = crate::api::engine_runtime(&rec.runtime).unwrap_or(Runtime::Python3);
+        let mut boot = FunctionConfig::new(runtime, &rec.handler, rec.dir.join("code"), runtime_dir.to_path_buf());
         boot.memory_mb = rec.memory_mb;
         boot.function_name = name.to_string();
         boot.env = rec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -444,6 +445,7 @@ impl Node {
             code_sha256: sha.to_string(),
             code_size: size,
             dir,
+            runtime: spec.runtime.clone(),
             handler: spec.handler.clone(),
             memory_mb: spec.memory_mb,
             env: spec.env.clone(),

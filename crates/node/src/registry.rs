@@ -64,6 +64,8 @@ pub struct RevisionRecord {
     pub code_size: u64,
     /// Directory holding `code/` and `snapshot/`.
     pub dir: PathBuf,
+    /// Lambda runtime name the revision was built for (e.g. "nodejs20.x").
+    pub runtime: String,
     pub handler: String,
     pub memory_mb: u64,
     pub env: BTreeMap<String, String>,
@@ -119,7 +121,8 @@ CREATE TABLE IF NOT EXISTS revisions (
     env_json TEXT NOT NULL,
     status TEXT NOT NULL,
     error TEXT,
-    snapshot_bytes INTEGER
+    snapshot_bytes INTEGER,
+    runtime TEXT NOT NULL DEFAULT 'python3.12'
 );
 CREATE TABLE IF NOT EXISTS events (
     id TEXT PRIMARY KEY,
@@ -134,7 +137,7 @@ CREATE INDEX IF NOT EXISTS events_due ON events(next_attempt_ms);
 const FN_COLS: &str = "name, runtime, role, handler, description, timeout_s, memory_mb, env_json, state, state_reason, \
     state_reason_code, last_update_status, last_update_status_reason, last_update_status_reason_code, last_modified, \
     revision_id, code_sha256, code_size, latest_revision, active_revision";
-const REV_COLS: &str = "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes";
+const REV_COLS: &str = "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime";
 
 fn env_from(json: &str, what: &str) -> Result<BTreeMap<String, String>, RegistryError> {
     serde_json::from_str(json).map_err(|e| RegistryError::Corrupt { what: what.to_string(), detail: e.to_string() })
@@ -186,6 +189,7 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<(RevisionRecord, String)> {
             status: r.get(8)?,
             error: r.get(9)?,
             snapshot_bytes: r.get(10)?,
+            runtime: r.get(11)?,
         },
         r.get(7)?,
     ))
@@ -210,7 +214,16 @@ impl Registry {
     }
 
     fn init(conn: Connection, path: &Path) -> Result<Registry, RegistryError> {
-        conn.execute_batch(SCHEMA).map_err(|source| RegistryError::Open { path: path.to_path_buf(), source })?;
+        let open = |source| RegistryError::Open { path: path.to_path_buf(), source };
+        conn.execute_batch(SCHEMA).map_err(open)?;
+        // Registries written before revisions recorded their runtime held Python functions only.
+        let has_runtime: bool = conn
+            .query_row("SELECT COUNT(*) FROM pragma_table_info('revisions') WHERE name='runtime'", [], |r| r.get::<_, i64>(0))
+            .map_err(open)?
+            > 0;
+        if !has_runtime {
+            conn.execute_batch("ALTER TABLE revisions ADD COLUMN runtime TEXT NOT NULL DEFAULT 'python3.12';").map_err(open)?;
+        }
         Ok(Registry { conn: Mutex::new(conn) })
     }
 
@@ -305,11 +318,11 @@ impl Registry {
     pub fn insert_revision(&self, r: &RevisionRecord) -> Result<i64, RegistryError> {
         let c = self.conn();
         c.execute(
-            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes) \
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10)",
+            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime) \
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
             params![
                 r.function, r.code_sha256, r.code_size, r.dir.to_string_lossy(), r.handler, r.memory_mb, env_json(&r.env),
-                r.status, r.error, r.snapshot_bytes
+                r.status, r.error, r.snapshot_bytes, r.runtime
             ],
         )
         .map_err(q("insert revision"))?;
@@ -460,6 +473,21 @@ mod tests {
     }
 
     #[test]
+    fn a_registry_without_revision_runtimes_is_migrated() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE revisions (id INTEGER PRIMARY KEY AUTOINCREMENT, function TEXT NOT NULL, code_sha256 TEXT NOT NULL, \
+             code_size INTEGER NOT NULL, dir TEXT NOT NULL, handler TEXT NOT NULL, memory_mb INTEGER NOT NULL, env_json TEXT NOT NULL, \
+             status TEXT NOT NULL, error TEXT, snapshot_bytes INTEGER); \
+             INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status) \
+             VALUES ('f', 'x', 1, '/tmp/r', 'h.h', 128, '{}', 'ready');",
+        )
+        .unwrap();
+        let reg = Registry::init(conn, Path::new(":memory:")).unwrap();
+        assert_eq!(reg.get_revision(1).unwrap().unwrap().runtime, "python3.12");
+    }
+
+    #[test]
     fn revisions_and_delete() {
         let reg = Registry::open_in_memory().unwrap();
         reg.insert_function(&func("f")).unwrap();
@@ -469,6 +497,7 @@ mod tests {
             code_sha256: "x".into(),
             code_size: 1,
             dir: "/tmp/r1".into(),
+            runtime: "java17".into(),
             handler: "h.h".into(),
             memory_mb: 128,
             env: BTreeMap::new(),
@@ -481,7 +510,7 @@ mod tests {
         assert_ne!(a, b);
         reg.finish_revision(a, "ready", None, Some(4096)).unwrap();
         let got = reg.get_revision(a).unwrap().unwrap();
-        assert_eq!((got.status.as_str(), got.snapshot_bytes), ("ready", Some(4096)));
+        assert_eq!((got.status.as_str(), got.snapshot_bytes, got.runtime.as_str()), ("ready", Some(4096), "java17"));
         assert_eq!(reg.other_revisions("f", &[b]).unwrap(), vec![(a, PathBuf::from("/tmp/r1"))]);
         reg.enqueue_event(&EventRecord { id: "e".into(), function: "f".into(), payload: b"{}".to_vec(), attempts: 0, next_attempt_ms: 5 })
             .unwrap();
