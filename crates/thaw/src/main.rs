@@ -72,7 +72,7 @@ enum SnapshotCmd {
         #[command(flatten)]
         inv: InvokeArgs,
         /// How memory reaches the restored process. lazy: each page is read from the image on
-        /// first touch (baseline). eager: every page is installed before resuming. record: lazy,
+        /// first touch (baseline; see --readaround-kb). eager: every page is installed before resuming. record: lazy,
         /// and the pages the first invocation touches become the snapshot's working set (REAP).
         /// prefetch: the working set is read with one O_DIRECT read and installed before
         /// resuming, the rest is lazy. ws-cached: prefetch through the page cache. parallel:
