@@ -579,7 +579,8 @@ async function main() {
     exitNow(1);
     return;
   }
-  await warmUp();
+  // Only an instance about to be captured warms up (a plain cold boot would just be slower).
+  if (process.env.THAW_SNAPSHOT === '1') await warmUp();
   // Compact the heap so the snapshot holds live objects only.
   if (typeof globalThis.gc === 'function') globalThis.gc();
 

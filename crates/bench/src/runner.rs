@@ -196,7 +196,7 @@ fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &
     std::fs::create_dir_all(&dir)?;
     let snap = dir.join("snap");
     let t = Instant::now();
-    let inst = Instance::boot(&fcfg).with_context(|| format!("{name}: cold boot for the snapshot"))?;
+    let inst = Instance::boot_for_snapshot(&fcfg).with_context(|| format!("{name}: cold boot for the snapshot"))?;
     inst.capture(&snap).with_context(|| format!("{name}: capturing the snapshot"))?;
     // Record the reference working set with the first invocation of a fresh restore.
     evict_dir(&snap)?;

@@ -648,7 +648,7 @@ impl Node {
             .run(move || -> Result<u64, InstanceError> {
                 let snapdir = job_rev.snapshot_dir();
                 let _ = std::fs::remove_dir_all(&snapdir);
-                let inst = Instance::boot(&job_rev.boot)?;
+                let inst = Instance::boot_for_snapshot(&job_rev.boot)?;
                 let (dir, stats) = inst.capture(&snapdir)?;
                 let bytes = dir_size(&dir);
                 // Open it here so the first invocation does not pay for it.

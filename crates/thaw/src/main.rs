@@ -255,7 +255,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Snapshot(SnapshotCmd::Create { func, out }) => {
             let cfg = function_config(&cli.data_dir, &func)?;
             let t0 = Instant::now();
-            let inst = Instance::boot(&cfg)?;
+            let inst = Instance::boot_for_snapshot(&cfg)?;
             let boot_ms = ms(t0.elapsed());
             let (dir, stats) = inst.capture(&out)?;
             println!(

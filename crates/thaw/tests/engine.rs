@@ -329,3 +329,19 @@ fn a_restored_instance_dies_with_its_page_server() {
     }
     assert!(gone, "instance {inst} outlived its node and page server");
 }
+
+#[test]
+fn only_instances_booted_for_a_snapshot_are_told_so() {
+    // The runtimes warm up their own paths only when THAW_SNAPSHOT=1 (see the Java and
+    // Node.js shims); a plain cold boot must not pay for it, and a user cannot set it.
+    let code = scratch().join("snapshot-env");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(code.join("handler.py"), "import os\n\ndef handler(event, context):\n    return os.environ.get('THAW_SNAPSHOT')\n")
+        .unwrap();
+    let c = code.to_str().unwrap();
+    let booted = ok(thaw(&["boot", "--code", c, "--handler", "handler.handler", "--env", "THAW_SNAPSHOT=1", "--payload", "{}", "--quiet"]));
+    assert_eq!(stdout(&booted).trim(), "null");
+    let snap = scratch().join("snap-snapshot-env");
+    ok(thaw(&["snapshot", "create", "--code", c, "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    assert_eq!(stdout(&ok(restore(&snap, "{}", &[]))).trim(), "\"1\"");
+}

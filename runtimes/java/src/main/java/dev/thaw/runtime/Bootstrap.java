@@ -619,7 +619,10 @@ public final class Bootstrap {
             t = unwrap(t);
             return initFailed(initError(t.getClass().getName(), t.getMessage(), stackTrace(t)));
         }
-        warmUp(inv);
+        if ("1".equals(System.getenv("THAW_SNAPSHOT"))) {
+            // This instance is about to be captured (a plain cold boot skips the warm-up).
+            warmUp(inv);
+        }
         // Collect init garbage so the snapshot holds live objects only.
         System.gc();
         flushLogs();
