@@ -34,6 +34,7 @@ fn metric_values(r: &RunRecord) -> Vec<(&'static str, Option<f64>)> {
         ("ws_read_ms", r.ws_read_ms),
         ("ws_install_ms", r.ws_install_ms),
         ("ws_read_mib_s", ws_bandwidth(r)),
+        ("mem_peak", r.mem_peak.map(|v| v as f64)),
     ]
 }
 
@@ -256,11 +257,14 @@ fn f1(v: Option<f64>) -> String {
 pub fn table(pf: &PerFunction, functions: &[String]) -> String {
     let mut s = String::new();
     s += &format!(
-        "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}\n",
-        "function", "mode", "n", "restore ms", "invoke ms", "TTFR ms", "faults", "read MiB", "WS MiB"
+        "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}\n",
+        "function", "mode", "n", "restore ms", "invoke ms", "TTFR ms", "faults", "read MiB", "WS MiB", "mem MiB"
     );
-    s += &format!("{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}\n", "", "", "", "med / p90", "med / p90", "med / p90", "med", "med", "");
-    s += &"-".repeat(104);
+    s += &format!(
+        "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}\n",
+        "", "", "", "med / p90", "med / p90", "med / p90", "med", "med", "", "peak"
+    );
+    s += &"-".repeat(113);
     s.push('\n');
     for f in functions {
         let Some(modes) = pf.get(f) else { continue };
@@ -274,7 +278,7 @@ pub fn table(pf: &PerFunction, functions: &[String]) -> String {
             let restore = if mode == "warm" { "-".to_string() } else { pair("restore_ms") };
             let mib = |k: &str| g(k).map(|x| format!("{:.2}", x.median / (1 << 20) as f64)).unwrap_or_else(|| "-".into());
             s += &format!(
-                "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}\n",
+                "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}\n",
                 f,
                 mode,
                 g("ttfr_ms").map(|x| x.n).unwrap_or(0),
@@ -284,6 +288,7 @@ pub fn table(pf: &PerFunction, functions: &[String]) -> String {
                 g("page_faults").map(|x| format!("{:.0}", x.median)).unwrap_or_else(|| "-".into()),
                 if mode == "boot" { "-".into() } else { mib("bytes_read") },
                 mib("ws_bytes"),
+                g("mem_peak").map(|x| format!("{:.1}", x.median / (1 << 20) as f64)).unwrap_or_else(|| "-".into()),
             );
         }
     }

@@ -52,6 +52,8 @@ pub struct RunRecord {
     pub recorded_pages: Option<usize>,
     /// The engine dropped the working set after this run (misprediction); it was put back.
     pub ws_invalidated: bool,
+    /// Peak memory charged to the instance's cgroup up to the measured response, bytes.
+    pub mem_peak: Option<u64>,
 }
 
 /// One instance of a concurrent cold-start trial.
@@ -236,6 +238,7 @@ fn boot_once(p: &Prepared, run: usize) -> Result<(RunRecord, Value)> {
     let first = ms(t.elapsed());
     let _ = inst.take_logs();
     let start = inst.start.clone();
+    let mem_peak = inst.memory_peak_bytes();
     inst.kill();
     let v = outcome(out)?;
     let restore_ms = start.sandbox_ms + start.init_ms;
@@ -248,6 +251,7 @@ fn boot_once(p: &Prepared, run: usize) -> Result<(RunRecord, Value)> {
             sandbox_ms: start.sandbox_ms,
             first_invoke_ms: first,
             ttfr_ms: restore_ms + first,
+            mem_peak,
             ..Default::default()
         },
         v,
@@ -306,6 +310,7 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
             rec.page_faults = after.page_faults - before.page_faults;
             rec.bytes_read = after.bytes_read_from_image - before.bytes_read_from_image;
         }
+        rec.mem_peak = inst.memory_peak_bytes();
         let _ = inst.take_logs();
         Ok((rec, v))
     })();

@@ -414,6 +414,14 @@ impl Instance {
         self.sandbox.cgroup().memory_usage_bytes().ok()
     }
 
+    /// Most memory the sandbox's cgroup has been charged since it was created (the
+    /// process's pages and the page cache it caused), in bytes; the current usage
+    /// where the kernel keeps no peak.
+    pub fn memory_peak_bytes(&self) -> Option<u64> {
+        let cg = self.sandbox.cgroup();
+        cg.memory_peak_bytes().or_else(|_| cg.memory_usage_bytes()).ok()
+    }
+
     /// Invoke once. A function error is an `Ok(InvokeOutcome::Error)`; an `Err`
     /// means the instance is unusable (timed out, crashed) and should be discarded.
     pub fn invoke(&mut self, request_id: &str, payload: &str, timeout: Duration) -> Result<InvokeOutcome, InstanceError> {

@@ -898,7 +898,7 @@ impl Node {
             let invoke_ms = t.elapsed().as_secs_f64() * 1e3;
             let oom = r.is_err() && lease.inst.oom_killed();
             let logs = lease.inst.take_logs();
-            let mem = lease.inst.memory_usage_bytes().unwrap_or(0);
+            let mem = lease.inst.memory_peak_bytes().unwrap_or(0);
             (lease, r, invoke_ms, oom, logs, mem)
         })
         .await;

@@ -32,6 +32,9 @@ pub trait Cgroup: Send + Sync + Debug {
     fn pids(&self) -> Result<Vec<i32>, CgroupError>;
     /// Current memory usage including page cache.
     fn memory_usage_bytes(&self) -> Result<u64, CgroupError>;
+    /// Highest memory usage since the cgroup was created (v1 `max_usage_in_bytes`,
+    /// v2 `memory.peak`, which needs Linux 5.19).
+    fn memory_peak_bytes(&self) -> Result<u64, CgroupError>;
     /// True once the OOM killer has killed something in this cgroup.
     fn oom_killed(&self) -> bool;
     /// SIGKILLs every process in the cgroup(s).
@@ -210,6 +213,11 @@ impl Cgroup for CgroupV1 {
         parse_u64(&path, &read(&path)?)
     }
 
+    fn memory_peak_bytes(&self) -> Result<u64, CgroupError> {
+        let path = self.memory.join("memory.max_usage_in_bytes");
+        parse_u64(&path, &read(&path)?)
+    }
+
     fn oom_killed(&self) -> bool {
         read(&self.memory.join("memory.oom_control"))
             .ok()
@@ -287,6 +295,11 @@ impl Cgroup for CgroupV2 {
 
     fn memory_usage_bytes(&self) -> Result<u64, CgroupError> {
         let path = self.dir.join("memory.current");
+        parse_u64(&path, &read(&path)?)
+    }
+
+    fn memory_peak_bytes(&self) -> Result<u64, CgroupError> {
+        let path = self.dir.join("memory.peak");
         parse_u64(&path, &read(&path)?)
     }
 
@@ -372,6 +385,8 @@ mod tests {
         assert_eq!(cg.memory_usage_bytes().unwrap(), 123456);
         std::fs::write(m.join("memory.usage_in_bytes"), "junk").unwrap();
         assert!(matches!(cg.memory_usage_bytes(), Err(CgroupError::Parse { .. })));
+        std::fs::write(m.join("memory.max_usage_in_bytes"), "777216\n").unwrap();
+        assert_eq!(cg.memory_peak_bytes().unwrap(), 777216);
     }
 
     #[test]
@@ -428,6 +443,9 @@ mod tests {
         assert!(cg.oom_killed());
         std::fs::write(d.join("memory.current"), "4096\n").unwrap();
         assert_eq!(cg.memory_usage_bytes().unwrap(), 4096);
+        assert!(cg.memory_peak_bytes().is_err(), "no memory.peak before Linux 5.19");
+        std::fs::write(d.join("memory.peak"), "8192\n").unwrap();
+        assert_eq!(cg.memory_peak_bytes().unwrap(), 8192);
         // Pretend cgroup.kill exists (5.14+): destroy writes 1 to it.
         std::fs::write(d.join("cgroup.kill"), "").unwrap();
         cg.kill_all().unwrap();

@@ -243,12 +243,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let total = ms(t0.elapsed());
             print_logs(&mut inst, inv.quiet);
             let start = inst.start.clone();
+            let mem_peak = inst.memory_peak_bytes();
             inst.kill();
             let out = out?;
             write_stats(
                 &inv.stats,
                 json!({"mode": "boot", "sandbox_ms": start.sandbox_ms, "init_ms": start.init_ms,
-                       "first_invoke_ms": first, "total_ms": total}),
+                       "first_invoke_ms": first, "total_ms": total, "memory_peak_bytes": mem_peak}),
             )?;
             Ok(if emit(&out) { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
@@ -302,10 +303,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mode = inst.paging_mode().unwrap_or(paging);
             let prefetch = inst.prefetch_stats();
             let recorded = inst.recorded_pages();
+            let mem_peak = inst.memory_peak_bytes();
             inst.kill();
             write_stats(
                 &inv.stats,
                 json!({"mode": mode.name(), "requested_mode": paging.name(), "prefetch": prefetch, "recorded_pages": recorded,
+                       "memory_peak_bytes": mem_peak,
                        "open_ms": open_ms, "sandbox_ms": start.sandbox_ms, "restore_ms": restore_ms,
                        "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times,
                        "page_faults": first.page_faults, "zero_faults": first.zero_faults,

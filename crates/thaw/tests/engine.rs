@@ -143,6 +143,9 @@ fn lazy_restore_reads_only_touched_pages_of_a_200mb_heap() {
 
     let (eager_out, eager) = restore_stats(&snap, r#"{"i":5}"#, &["--paging", "eager"]);
     assert!(eager["bytes_read_from_image"].as_u64().unwrap() >= stored, "eager must install every stored page");
+    // Memory follows: the lazy instance was never charged for the heap it did not touch.
+    let peak = |s: &serde_json::Value| s["memory_peak_bytes"].as_u64().unwrap();
+    assert!(peak(&eager) > peak(&lazy) + (150 << 20), "peak memory: eager {} lazy {}", peak(&eager), peak(&lazy));
     assert_eq!(lazy_out, eager_out);
     assert_eq!(lazy_out, stdout(&ok(boot("bigheap", r#"{"i":5}"#))));
 }
