@@ -23,6 +23,14 @@ pub const DEFAULT_FUNCTIONS: &str = "helloworld,pyaes,jsonserde,htmlrender,image
 /// file's kernel behaviour); `lazy-page` reads exactly one page per fault.
 pub const MODES: [&str; 9] = ["boot", "lazy", "lazy-page", "eager", "record", "parallel", "ws-cached", "prefetch", "warm"];
 
+/// A count, where an empty value means 0 (`--concurrency ""` skips the experiment).
+fn count_or_empty(s: &str) -> Result<u32, String> {
+    match s.trim() {
+        "" => Ok(0),
+        t => t.parse().map_err(|e| format!("'{t}' is not a count: {e}")),
+    }
+}
+
 #[derive(Args, Debug, Clone, Default)]
 pub struct BenchArgs {
     /// Comma-separated sample functions (default: helloworld,pyaes,jsonserde,htmlrender,imagerotate,lrserving,multiinput).
@@ -35,8 +43,8 @@ pub struct BenchArgs {
     /// Directory for the JSON and SVG results (default bench/results).
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,
-    /// Numbers of concurrent cold starts (default 1,2,4,8,16; --quick: 1,2,4). Empty: skip.
-    #[arg(long, value_delimiter = ',')]
+    /// Numbers of concurrent cold starts (default 1,2,4,8,16; --quick: 1,2,4). "" or 0: skip the experiment.
+    #[arg(long, value_delimiter = ',', value_parser = count_or_empty)]
     pub concurrency: Option<Vec<u32>>,
     /// Functions for the concurrency experiment.
     #[arg(long, value_delimiter = ',', default_value = "helloworld")]

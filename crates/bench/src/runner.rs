@@ -129,23 +129,9 @@ fn outcome(r: Result<InvokeOutcome, thaw_engine::instance::InstanceError>) -> Re
     }
 }
 
-/// Fields some samples report that measure the run itself (elapsed time, heap
-/// in use), which legitimately differ between runs and modes.
-const RUN_FIELDS: [&str; 2] = ["ms", "heapUsedMB"];
-
-fn without_run_fields(v: &Value) -> Value {
-    let mut v = v.clone();
-    if let Some(o) = v.as_object_mut() {
-        for k in RUN_FIELDS {
-            o.remove(k);
-        }
-    }
-    v
-}
-
 /// Abort if a mode's result differs from the reference (all modes must agree).
 fn check_output(reference: &Value, got: &Value, function: &str, mode: &str) -> Result<()> {
-    if without_run_fields(reference) != without_run_fields(got) {
+    if reference != got {
         bail!(
             "{function}: the {mode} result differs from the reference result — modes disagree\n  reference: {}\n  {mode}: {}",
             truncate(&reference.to_string()),
