@@ -25,7 +25,8 @@ def handler(event, context):
     if event.get("sleep"):
         time.sleep(event["sleep"])
     return {"event": event, "request_id": context.aws_request_id, "function": context.function_name,
-            "memory": context.memory_limit_in_mb, "greeting": os.environ.get("GREETING")}
+            "memory": context.memory_limit_in_mb, "greeting": os.environ.get("GREETING"),
+            "arn": context.invoked_function_arn, "region": os.environ.get("AWS_REGION")}
 '''
 
 HOG = '''
@@ -76,6 +77,9 @@ def test_request_id_env_and_log_tail(client):
     assert body["request_id"] == rid
     assert body["event"] == {"x": 1}
     assert (body["function"], body["memory"], body["greeting"]) == ("echo", "192", "hi")
+    cfg = client.get_function(FunctionName="echo")["Configuration"]
+    assert body["arn"] == cfg["FunctionArn"], (body, cfg["FunctionArn"])
+    assert body["region"] == cfg["FunctionArn"].split(":")[3]
     log = base64.b64decode(resp["LogResult"]).decode()
     assert f"START RequestId: {rid}" in log
     assert f"echo called {rid}" in log

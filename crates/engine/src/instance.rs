@@ -241,6 +241,8 @@ pub struct Instance {
     record: SandboxRecord,
     memory_mb: u64,
     function_name: String,
+    /// ARN reported in the context (`None`: a local ARN built from the name).
+    function_arn: Option<String>,
     pub start: StartInfo,
     paging: Option<PagingState>,
 }
@@ -302,6 +304,7 @@ impl Instance {
             record,
             memory_mb: cfg.memory_mb,
             function_name: cfg.function_name.clone(),
+            function_arn: None,
             start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![] },
             paging: None,
         })
@@ -379,6 +382,7 @@ impl Instance {
             memory_mb: record.memory_mb,
             record,
             function_name: "function".into(),
+            function_arn: None,
             start: StartInfo { kind, sandbox_ms, init_ms: total_ms - sandbox_ms, phases: restored.phases },
             paging: Some(PagingState {
                 mode,
@@ -404,6 +408,11 @@ impl Instance {
         self.function_name = name.to_string();
     }
 
+    /// ARN reported to the function in its context (`context.invoked_function_arn`).
+    pub fn set_function_arn(&mut self, arn: &str) {
+        self.function_arn = Some(arn.to_string());
+    }
+
     /// Whether the sandbox's memory limit killed something (check after a failed invoke).
     pub fn oom_killed(&self) -> bool {
         self.sandbox.cgroup().oom_killed()
@@ -425,7 +434,10 @@ impl Instance {
     /// Invoke once. A function error is an `Ok(InvokeOutcome::Error)`; an `Err`
     /// means the instance is unusable (timed out, crashed) and should be discarded.
     pub fn invoke(&mut self, request_id: &str, payload: &str, timeout: Duration) -> Result<InvokeOutcome, InstanceError> {
-        let req = InvokeRequest::new(request_id.into(), payload.into(), &self.function_name, self.memory_mb, timeout);
+        let mut req = InvokeRequest::new(request_id.into(), payload.into(), &self.function_name, self.memory_mb, timeout);
+        if let Some(arn) = &self.function_arn {
+            req.invoked_function_arn = arn.clone();
+        }
         let out = self.channel.invoke(&req, timeout);
         if out.is_ok() {
             self.after_first_response();

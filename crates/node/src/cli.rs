@@ -58,7 +58,8 @@ pub struct ServeArgs {
     /// also record, prefetch, ws-cached, parallel.
     #[arg(long, default_value = "auto")]
     pub paging: Paging,
-    /// Region reported in function ARNs (signatures for any region are accepted).
+    /// Region of function ARNs, of context.invoked_function_arn and of AWS_REGION in functions
+    /// (baked into a snapshot at deploy); signatures for any region are accepted.
     #[arg(long, default_value = "us-east-1")]
     pub region: String,
     /// Seconds before the first retry of a failed asynchronous invocation; later retries double it.

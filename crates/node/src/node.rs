@@ -124,12 +124,15 @@ pub struct Revision {
 }
 
 impl Revision {
-    fn new(rec: &RevisionRecord, name: &str, runtime_dir: &Path) -> Revision {
+    fn new(rec: &RevisionRecord, name: &str, cfg: &NodeConfig) -> Revision {
         let runtime = crate::api::engine_runtime(&rec.runtime).unwrap_or(Runtime::Python3);
-        let mut boot = FunctionConfig::new(runtime, &rec.handler, rec.dir.join("code"), runtime_dir.to_path_buf());
+        let mut boot = FunctionConfig::new(runtime, &rec.handler, rec.dir.join("code"), cfg.runtime_dir.clone());
         boot.memory_mb = rec.memory_mb;
         boot.function_name = name.to_string();
         boot.env = rec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        // Reserved keys (the API refuses them from users): the node's region, as Lambda sets it.
+        boot.env.push(("AWS_REGION".into(), cfg.region.clone()));
+        boot.env.push(("AWS_DEFAULT_REGION".into(), cfg.region.clone()));
         boot.init_timeout = INIT_TIMEOUT;
         Revision {
             id: rec.id,
@@ -332,7 +335,7 @@ impl Node {
     fn load(self: &Arc<Self>) -> Result<(), NodeError> {
         for mut rec in self.registry.list_functions()? {
             let active = match rec.active_revision {
-                Some(id) => self.registry.get_revision(id)?.map(|r| Arc::new(Revision::new(&r, &rec.name, &self.cfg.runtime_dir))),
+                Some(id) => self.registry.get_revision(id)?.map(|r| Arc::new(Revision::new(&r, &rec.name, &self.cfg))),
                 None => None,
             };
             let mut resume = None;
@@ -640,7 +643,7 @@ impl Node {
 
     /// Boot the revision once, capture it, and make it the active one.
     async fn build(self: &Arc<Self>, f: Arc<Function>, rec: RevisionRecord) {
-        let rev = Arc::new(Revision::new(&rec, &f.name, &self.cfg.runtime_dir));
+        let rev = Arc::new(Revision::new(&rec, &f.name, &self.cfg));
         let t0 = Instant::now();
         let job_rev = rev.clone();
         let result = self
@@ -820,11 +823,12 @@ impl Node {
         self.update_alive_gauge();
         let t0 = Instant::now();
         let name = f.name.clone();
+        let arn = self.arn(&name);
         let paging = self.cfg.paging;
         let job_rev = rev.clone();
         let started = self
             .instance_workers
-            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name) })
+            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, &arn) })
             .await;
         let start_ms = t0.elapsed().as_secs_f64() * 1e3;
         let failure = match started {
@@ -1094,11 +1098,12 @@ impl Node {
 }
 
 /// Restore an instance (falling back to a cold boot). Runs on an instance worker.
-fn start_instance(rev: &Revision, paging: Paging, name: &str) -> (Result<Instance, InstanceError>, bool) {
+fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str) -> (Result<Instance, InstanceError>, bool) {
     match rev.loaded() {
         Ok(snap) => match Instance::restore(&snap, paging) {
             Ok(mut inst) => {
                 inst.set_function_name(name);
+                inst.set_function_arn(arn);
                 return (Ok(inst), false);
             }
             Err(e) => warn!(function = name, revision = rev.id, error = %error_chain(&e), "restore failed; falling back to a cold boot"),
@@ -1107,6 +1112,7 @@ fn start_instance(rev: &Revision, paging: Paging, name: &str) -> (Result<Instanc
     }
     let r = Instance::boot(&rev.boot).map(|mut i| {
         i.set_function_name(name);
+        i.set_function_arn(arn);
         i
     });
     (r, true)
