@@ -462,7 +462,9 @@ impl Serve {
             let r = match stored {
                 Some(fp) => {
                     let (bytes, fetched) = self.source.read_for_fault(page, fp, buf, &mut self.windows_read)?;
-                    self.stats.bytes_read.fetch_add(fetched, Ordering::Relaxed);
+                    if !counted {
+                        self.stats.bytes_read.fetch_add(fetched, Ordering::Relaxed);
+                    }
                     uffd::copy(self.uffd.as_fd(), page, bytes.as_ptr(), PAGE_SIZE, true)
                 }
                 None => {
@@ -696,6 +698,54 @@ pub fn install_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A page source of `n` pages (page k filled with byte k) backing 0x10000.. .
+    fn source(n: u64) -> (tempfile::NamedTempFile, PageSource) {
+        use std::io::Write;
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let mut index = PageIndex::default();
+        for k in 0..n {
+            let page = vec![k as u8; PAGE_SIZE as usize];
+            f.write_all(&page).unwrap();
+            index.push(0x10000 + k * PAGE_SIZE, crc32fast::hash(&page));
+        }
+        let file = File::open(f.path()).unwrap();
+        (f, PageSource::new(index, file))
+    }
+
+    #[test]
+    fn lazy_faults_read_whole_windows_once() {
+        let (_f, src) = source(40);
+        assert_eq!(src.readaround(), DEFAULT_READAROUND_PAGES);
+        let (mut buf, mut seen) = (Vec::new(), std::collections::HashSet::new());
+        let mut fault = |fp: u64| {
+            let (page, fetched) = src.read_for_fault(0x10000 + fp * PAGE_SIZE, fp, &mut buf, &mut seen).unwrap();
+            assert!(page.len() == PAGE_SIZE as usize && page.iter().all(|&b| b == fp as u8), "page {fp}");
+            fetched
+        };
+        assert_eq!(fault(5), 32 * PAGE_SIZE, "first fault reads its 128 KiB window");
+        assert_eq!(fault(6), 0, "same window: a page-cache hit");
+        assert_eq!(fault(35), 8 * PAGE_SIZE, "the last window ends with the file");
+        assert_eq!(fault(31), 0);
+
+        src.set_readaround(1);
+        let (mut buf, mut seen) = (Vec::new(), std::collections::HashSet::new());
+        for fp in [5, 6, 5] {
+            let (_, fetched) = src.read_for_fault(0x10000 + fp * PAGE_SIZE, fp, &mut buf, &mut seen).unwrap();
+            assert_eq!(fetched, PAGE_SIZE, "one page per fault");
+        }
+    }
+
+    #[test]
+    fn a_corrupt_page_fails_its_fault_but_not_its_window_neighbours() {
+        let (f, src) = source(4);
+        let mut raw = std::fs::OpenOptions::new().write(true).open(f.path()).unwrap();
+        raw.write_all_at(b"x", 2 * PAGE_SIZE + 7).unwrap();
+        let (mut buf, mut seen) = (Vec::new(), std::collections::HashSet::new());
+        assert!(src.read_for_fault(0x11000, 1, &mut buf, &mut seen).is_ok());
+        let e = src.read_for_fault(0x12000, 2, &mut buf, &mut seen).unwrap_err();
+        assert!(matches!(e, PageServerError::Checksum { addr: 0x12000, file_page: 2 }), "{e}");
+    }
 
     #[test]
     fn identity_then_release_then_remap() {
