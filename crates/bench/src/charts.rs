@@ -138,59 +138,84 @@ pub fn latency_breakdown(path: &Path, groups: &[LatencyGroup]) -> Result<()> {
 
 /// Page faults of the first invocation per function: lazy vs prefetch (log scale; 0 drawn as 1).
 pub fn page_faults(path: &Path, data: &[(String, f64, f64)]) -> Result<()> {
+    let data: Vec<(String, Vec<f64>)> = data.iter().map(|d| (d.0.clone(), vec![d.1, d.2])).collect();
+    let modes = [("lazy", "lazy"), ("prefetch", "prefetch (REAP)")];
+    grouped_bars(path, "Page faults served during the first invocation (median, log scale)", "page faults", &modes, &data, true)
+}
+
+/// Peak memory charged to an instance per function and start mode (MiB, medians).
+pub fn memory(path: &Path, modes: &[(&str, &str)], data: &[(String, Vec<f64>)]) -> Result<()> {
+    grouped_bars(path, "Peak memory of an instance up to its first response (median)", "MiB", modes, data, false)
+}
+
+/// One group of bars per function, one bar per mode (`modes`: mode for the colour,
+/// legend label), labelled with its value. Log scale draws 0 as 1.
+fn grouped_bars(path: &Path, caption: &str, y_desc: &str, modes: &[(&str, &str)], data: &[(String, Vec<f64>)], log: bool) -> Result<()> {
     let n = data.len().max(1);
-    let root = SVGBackend::new(path, ((160 + 110 * n as u32).max(720), 460)).into_drawing_area();
+    let m = modes.len().max(1) as f64;
+    let root = SVGBackend::new(path, ((160 + (55 * modes.len() as u32 + 20) * n as u32).max(720), 460)).into_drawing_area();
     root.fill(&WHITE).map_err(e)?;
-    let ymax = data.iter().map(|d| d.1.max(d.2)).fold(10.0f64, f64::max) * 25.0;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Page faults served during the first invocation (median, log scale)", (FONT, 17))
-        .margin(12)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), (0.5f64..ymax).log_scale())
-        .map_err(e)?;
+    let top = data.iter().flat_map(|d| d.1.iter().copied()).fold(if log { 10.0 } else { 1.0 }, f64::max);
     let names: Vec<String> = data.iter().map(|d| d.0.clone()).collect();
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n + 1)
-        .x_label_formatter(&|x| {
-            let i = x.round();
-            if (x - i).abs() < 1e-6 && i >= 0.0 {
-                names.get(i as usize).cloned().unwrap_or_default()
-            } else {
-                String::new()
+    let label = |x: &f64| {
+        let i = x.round();
+        if (x - i).abs() < 1e-6 && i >= 0.0 {
+            names.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    let width = 0.8 / m;
+    let left = |k: usize, i: usize| i as f64 - 0.4 + k as f64 * width;
+    macro_rules! draw {
+        ($chart:expr, $base:expr, $top_of:expr, $label_y:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n + 1)
+                .x_label_formatter(&label)
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .max_light_lines(1)
+                .y_desc(y_desc)
+                .draw()
+                .map_err(e)?;
+            for (k, (mode, legend)) in modes.iter().enumerate() {
+                let c = mode_color(mode);
+                let vals: Vec<(usize, f64)> = data.iter().enumerate().filter_map(|(i, d)| d.1.get(k).map(|v| (i, *v))).collect();
+                chart
+                    .draw_series(vals.iter().map(|&(i, v)| {
+                        Rectangle::new([(left(k, i) + 0.01, $base), (left(k, i) + width - 0.01, $top_of(v))], c.filled())
+                    }))
+                    .map_err(e)?
+                    .label(*legend)
+                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
+                chart
+                    .draw_series(vals.iter().map(|&(i, v)| {
+                        let text = if v >= 100.0 || log { format!("{v:.0}") } else { format!("{v:.1}") };
+                        Text::new(text, (left(k, i) + 0.01, $label_y(v)), (FONT, 10))
+                    }))
+                    .map_err(e)?;
             }
-        })
-        .y_label_formatter(&|y| format!("{y:.0}"))
-        .max_light_lines(1)
-        .y_desc("page faults")
-        .draw()
-        .map_err(e)?;
-    for (k, (mode, w0)) in [("lazy", -0.4), ("prefetch", 0.0)].into_iter().enumerate() {
-        let c = mode_color(mode);
-        let val = |d: &(String, f64, f64)| if k == 0 { d.1 } else { d.2 };
-        chart
-            .draw_series(data.iter().enumerate().map(|(i, d)| {
-                let x = i as f64 + w0;
-                Rectangle::new([(x + 0.02, 0.5), (x + 0.38, val(d).max(1.0))], c.filled())
-            }))
-            .map_err(e)?
-            .label(if k == 0 { "lazy" } else { "prefetch (REAP)" })
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
-        chart
-            .draw_series(data.iter().enumerate().map(|(i, d)| {
-                Text::new(format!("{:.0}", val(d)), (i as f64 + w0 + 0.04, val(d).max(1.0) * 1.6), (FONT, 10))
-            }))
-            .map_err(e)?;
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
+        }};
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.caption(caption, (FONT, 17)).margin(12).x_label_area_size(30).y_label_area_size(60);
+    let xs = -0.5f64..(n as f64 - 0.5);
+    if log {
+        let chart = builder.build_cartesian_2d(xs, (0.5f64..top * 25.0).log_scale()).map_err(e)?;
+        draw!(chart, 0.5, |v: f64| v.max(1.0), |v: f64| v.max(1.0) * 1.6);
+    } else {
+        let chart = builder.build_cartesian_2d(xs, 0f64..top * 1.25).map_err(e)?;
+        draw!(chart, 0.0, |v: f64| v, |v: f64| v + top * 0.06);
+    }
     root.present().map_err(e)?;
     Ok(())
 }
@@ -338,6 +363,14 @@ mod tests {
         assert!(s.starts_with("<svg"));
         for name in ["lazy", "prefetch (REAP)", "helloworld"] {
             assert!(s.contains(name), "faults chart lacks {name}");
+        }
+
+        let p = dir.path().join("mem.svg");
+        memory(&p, &[("boot", "boot"), ("prefetch", "prefetch (REAP)")], &[("heavyimports".into(), vec![74.3, 10.4])]).unwrap();
+        let s = read(&p);
+        assert!(s.starts_with("<svg"));
+        for name in ["MiB", "boot", "prefetch (REAP)", "heavyimports", "74.3", "10.4"] {
+            assert!(s.contains(name), "memory chart lacks {name}");
         }
 
         let p = dir.path().join("conc.svg");

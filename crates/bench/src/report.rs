@@ -389,6 +389,21 @@ pub fn write_charts(out: &Path, stamp: &str, res: &Results, pf: &PerFunction, fu
     charts::page_faults(&p, &faults)?;
     names.push(n);
 
+    // Peak memory (MiB) of an instance: a cold boot against the restore modes.
+    let mem_modes = [("boot", "boot"), ("lazy", "lazy"), ("eager", "eager"), ("prefetch", "prefetch (REAP)")];
+    let memory: Vec<(String, Vec<f64>)> = functions
+        .iter()
+        .filter_map(|f| {
+            let v: Option<Vec<f64>> = mem_modes.iter().map(|(m, _)| Some(med(pf, f, m, "mem_peak")? / (1 << 20) as f64)).collect();
+            Some((f.clone(), v?))
+        })
+        .collect();
+    if !memory.is_empty() {
+        let (p, n) = path("memory");
+        charts::memory(&p, &mem_modes, &memory)?;
+        names.push(n);
+    }
+
     let conc = concurrency_summary(&res.concurrency);
     if !conc.is_empty() {
         let series: Vec<charts::ConcSeries> = conc

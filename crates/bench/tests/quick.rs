@@ -99,5 +99,11 @@ fn quick_bench_on_helloworld() {
         let s = std::fs::read_to_string(out.join(c.as_str().unwrap())).unwrap();
         assert!(s.starts_with("<svg"));
     }
-    assert_eq!(v["charts"].as_array().unwrap().len(), 4);
+    let charts: Vec<&str> = v["charts"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(charts.len(), 5, "{charts:?}");
+    assert!(charts.iter().any(|c| c.ends_with("-memory.svg")), "{charts:?}");
+    // Every instance reports the memory it was charged.
+    for mode in ["boot", "lazy", "eager", "prefetch"] {
+        assert!(pf[mode]["mem_peak"]["median"].as_f64().unwrap() > 0.0, "{mode}");
+    }
 }
