@@ -40,6 +40,17 @@ fn short(mode: &str) -> &str {
     }
 }
 
+/// The series legend, boxed on a translucent background at `pos`.
+fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    chart.configure_series_labels().position(pos).background_style(WHITE.mix(0.85)).border_style(BLACK).draw().map_err(e)
+}
+
 fn e<E: std::fmt::Debug>(err: E) -> anyhow::Error {
     anyhow!("drawing chart: {err:?}")
 }
@@ -197,13 +208,7 @@ fn grouped_bars(path: &Path, caption: &str, y_desc: &str, modes: &[(&str, &str)]
                     }))
                     .map_err(e)?;
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(e)?;
+            legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         }};
     }
     let mut builder = ChartBuilder::on(&root);
@@ -263,13 +268,7 @@ pub fn concurrency(path: &Path, series: &[ConcSeries]) -> Result<()> {
             .label(format!("{name} max"))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], cm.stroke_width(1)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(e)?;
     Ok(())
 }
@@ -320,13 +319,7 @@ pub fn cdf(path: &Path, series: &[(String, String, Vec<f64>)]) -> Result<()> {
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(e)?;
     Ok(())
 }
