@@ -250,7 +250,9 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
     let asked = if warm { Paging::Lazy } else { paging(mode)? };
     evict_dir(snap)?;
     let t0 = Instant::now();
-    let loaded = LoadedSnapshot::open(snap)?;
+    let mut loaded = LoadedSnapshot::open(snap)?;
+    // Every run uses the reference working set as recorded (REAP); misses are not merged.
+    loaded.merge_misses = false;
     if mode == "lazy-page" {
         loaded.source.set_readaround(1);
     }
@@ -386,7 +388,8 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                             go.wait();
                             let t0 = Instant::now();
                             let r = (|| -> Result<(ConcRecord, Instance)> {
-                                let loaded = LoadedSnapshot::open(&dir)?;
+                                let mut loaded = LoadedSnapshot::open(&dir)?;
+                                loaded.merge_misses = false;
                                 let mut inst = Instance::restore(&loaded, asked)?;
                                 let restore_ms = ms(t0.elapsed());
                                 if let Err(e) = check_mode(&inst, asked) {

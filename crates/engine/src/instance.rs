@@ -145,6 +145,11 @@ pub struct LoadedSnapshot {
     /// Share of a prefetch restore's touched pages allowed outside the working set
     /// before it is considered unrepresentative and re-recorded (REAP's misprediction).
     pub reprofile_threshold: f64,
+    /// After a prefetch restore's first response, add the pages it had to fault in
+    /// (below the threshold) to the working set, so it converges on what restores
+    /// need (a JVM touches other pages once minutes have passed since the capture).
+    /// Off: the working set stays what the recording invocation touched (REAP).
+    pub merge_misses: bool,
     /// Reader threads of the `parallel` variant.
     pub parallel_readers: usize,
 }
@@ -154,7 +159,7 @@ impl LoadedSnapshot {
         let Snapshot { dir, image, pages, id } = Snapshot::open(dir)?;
         let region = restore::choose_region(&image)?;
         let source = Arc::new(PageSource::new(image.pages.clone(), pages));
-        Ok(LoadedSnapshot { dir, image, source, region, id, reprofile_threshold: 0.25, parallel_readers: 4 })
+        Ok(LoadedSnapshot { dir, image, source, region, id, reprofile_threshold: 0.25, merge_misses: true, parallel_readers: 4 })
     }
 
     /// Whether a working set has been recorded for this snapshot (not yet validated).
@@ -254,6 +259,7 @@ struct PagingState {
     image_id: u32,
     source: Arc<PageSource>,
     threshold: f64,
+    merge_misses: bool,
     prefetch: Option<PrefetchStats>,
     first_done: bool,
     writer: Option<std::thread::JoinHandle<()>>,
@@ -341,7 +347,9 @@ impl Instance {
             let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), || {
                 let (prefill, m) = loader.join().unwrap_or((Prefill::None, Paging::Record));
                 mode = m;
-                (prefill, m == Paging::Record)
+                // Faults are logged while recording, and after a prefetch whose misses are merged.
+                let prefetching = matches!(m, Paging::Prefetch | Paging::WsCached | Paging::Parallel);
+                (prefill, m == Paging::Record || (prefetching && snap.merge_misses))
             });
             match restored {
                 Ok(r) => Ok((sandbox, r, mode)),
@@ -390,6 +398,7 @@ impl Instance {
                 image_id: snap.id,
                 source: snap.source.clone(),
                 threshold: snap.reprofile_threshold,
+                merge_misses: snap.merge_misses,
                 prefetch: restored.prefetch,
                 first_done: false,
                 writer: None,
@@ -486,6 +495,8 @@ impl Instance {
                     .ok();
             }
             Paging::Prefetch | Paging::WsCached | Paging::Parallel => {
+                stats.recording.store(false, Ordering::Relaxed);
+                let missed = std::mem::take(&mut *stats.trace.lock().expect("trace lock"));
                 let misses = stats.faults.load(Ordering::Relaxed);
                 let ws = p.prefetch.map(|x| x.ws_pages + x.ws_zero_pages).unwrap_or(0);
                 let share = misses as f64 / (misses + ws).max(1) as f64;
@@ -493,6 +504,16 @@ impl Instance {
                     warn!(dir = %p.dir.display(), misses, ws_pages = ws, share, threshold = p.threshold,
                         "working set does not represent this invocation; it will be re-recorded on the next restore");
                     ws::invalidate(&p.dir);
+                } else if p.merge_misses && !missed.is_empty() {
+                    let (dir, id, source) = (p.dir.clone(), p.image_id, p.source.clone());
+                    p.writer = std::thread::Builder::new()
+                        .name("thaw-ws-merge".into())
+                        .spawn(move || match ws::merge(&dir, id, &missed, source.file()) {
+                            Ok(0) => {}
+                            Ok(added) => info!(dir = %dir.display(), added, "working set extended by the pages this restore faulted in"),
+                            Err(e) => warn!(error = %e, "extending the working set failed"),
+                        })
+                        .ok();
                 }
             }
             _ => {}

@@ -739,7 +739,7 @@ mod tests {
     #[test]
     fn a_corrupt_page_fails_its_fault_but_not_its_window_neighbours() {
         let (f, src) = source(4);
-        let mut raw = std::fs::OpenOptions::new().write(true).open(f.path()).unwrap();
+        let raw = std::fs::OpenOptions::new().write(true).open(f.path()).unwrap();
         raw.write_all_at(b"x", 2 * PAGE_SIZE + 7).unwrap();
         let (mut buf, mut seen) = (Vec::new(), std::collections::HashSet::new());
         assert!(src.read_for_fault(0x11000, 1, &mut buf, &mut seen).is_ok());

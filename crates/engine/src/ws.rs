@@ -175,6 +175,22 @@ impl WorkingSet {
     }
 }
 
+/// Add the pages of `touched` that the working set of `dir` lacks (in the order
+/// they were touched, after the recorded ones) and rewrite it. Returns how many
+/// entries were added (0: nothing to do, files untouched).
+pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &File) -> Result<usize, WsError> {
+    let ws = WorkingSet::load(dir, image_id)?;
+    let mut known: std::collections::HashSet<u64> = ws.trace.iter().map(|t| t.vaddr).collect();
+    let mut trace = ws.trace;
+    let before = trace.len();
+    trace.extend(touched.iter().filter(|t| known.insert(t.vaddr)).copied());
+    let added = trace.len() - before;
+    if added > 0 {
+        write(dir, image_id, &trace, pages)?;
+    }
+    Ok(added)
+}
+
 /// Write the trace and the WS pages for `trace` beside the image, atomically
 /// (temporary names, then rename: a reader never sees half a working set).
 pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &File) -> Result<WorkingSet, WsError> {

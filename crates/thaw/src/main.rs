@@ -84,6 +84,10 @@ enum SnapshotCmd {
         /// before the working set counts as unrepresentative and is re-recorded.
         #[arg(long, default_value_t = 0.25)]
         reprofile_threshold: f64,
+        /// Keep the working set exactly as recorded (REAP): by default a prefetch restore adds
+        /// the pages it had to fault in (below the threshold) to the working set.
+        #[arg(long)]
+        no_ws_merge: bool,
         /// Read-around window of a lazy fault that misses, in KiB: the aligned window of the
         /// image holding the page is read with one request (the kernel's read-around for a
         /// mapped file, 128 KiB by default); only the faulting page is installed. 4 = one page
@@ -265,7 +269,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, inv, paging, invocations, reprofile_threshold, readaround_kb }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
@@ -273,6 +277,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let t0 = Instant::now();
             let mut snap = LoadedSnapshot::open(&snapdir)?;
             snap.reprofile_threshold = reprofile_threshold;
+            snap.merge_misses = !no_ws_merge;
             snap.source.set_readaround(readaround_kb / 4);
             let open_ms = ms(t0.elapsed());
             let mut inst = Instance::restore(&snap, paging)?;

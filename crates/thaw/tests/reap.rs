@@ -130,7 +130,7 @@ fn faults_outside_the_working_set_are_counted_and_trigger_re_recording() {
     let same_faults = same["page_faults"].as_u64().unwrap();
 
     // Another input touches another table: those faults are served lazily and counted.
-    let (_, other) = restore(&dir, r#"{"table":5}"#, "prefetch", &["--reprofile-threshold", "0.99"]);
+    let (_, other) = restore(&dir, r#"{"table":5}"#, "prefetch", &["--reprofile-threshold", "0.99", "--no-ws-merge"]);
     let other_faults = other["page_faults"].as_u64().unwrap();
     assert!(other_faults > same_faults + 100, "table 5 should fault outside a table-0 working set: {other_faults} vs {same_faults}");
     assert!(WorkingSet::exists(&dir), "below the threshold the working set is kept");
@@ -141,4 +141,30 @@ fn faults_outside_the_working_set_are_counted_and_trigger_re_recording() {
     let (_, again) = restore(&dir, r#"{"table":5}"#, "auto", &[]);
     assert_eq!(again["mode"], "record");
     assert!(recorded > 0);
+}
+
+#[test]
+fn pages_a_prefetch_restore_faults_in_join_the_working_set() {
+    let dir = fresh_snapshot("multiinput", "merge");
+    let (want, _) = restore(&dir, r#"{"table":5}"#, "eager", &[]);
+    restore(&dir, r#"{"table":0}"#, "record", &[]);
+    let id = Snapshot::open(&dir).unwrap().id;
+    let recorded = WorkingSet::load(&dir, id).unwrap().trace.len();
+
+    // Table 5 is outside a table-0 working set: served lazily, then merged into it.
+    let (got, first) = restore(&dir, r#"{"table":5}"#, "prefetch", &["--reprofile-threshold", "0.99"]);
+    assert_eq!(got, want);
+    let missed = first["page_faults"].as_u64().unwrap();
+    assert!(missed > 100, "table 5 should fault outside a table-0 working set: {missed}");
+    let merged = WorkingSet::load(&dir, id).unwrap().trace.len();
+    assert!(merged >= recorded + 100, "working set {recorded} -> {merged} entries after {missed} misses");
+
+    // The next restore with that input prefetches them: (almost) nothing faults.
+    let (got, second) = restore(&dir, r#"{"table":5}"#, "prefetch", &["--reprofile-threshold", "0.99"]);
+    assert_eq!(got, want);
+    let again = second["page_faults"].as_u64().unwrap();
+    assert!(again * 10 < missed, "still {again} faults after merging {missed}");
+    // and the merged working set still serves the recorded input.
+    let (got, _) = restore(&dir, r#"{"table":0}"#, "prefetch", &[]);
+    assert_eq!(got, restore(&dir, r#"{"table":0}"#, "eager", &[]).0);
 }
