@@ -197,13 +197,26 @@ impl LoadedSnapshot {
             Paging::Lazy | Paging::Record | Paging::Auto => (Prefill::None, paging),
             Paging::Eager => (Prefill::Eager, paging),
             Paging::Prefetch | Paging::WsCached | Paging::Parallel => {
-                let loaded = WorkingSet::load(&self.dir, self.id).and_then(|ws| {
-                    if paging == Paging::Parallel {
-                        return Ok(Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers });
+                let load = || {
+                    WorkingSet::load(&self.dir, self.id).and_then(|ws| {
+                        if paging == Paging::Parallel {
+                            return Ok(Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers });
+                        }
+                        let (buf, read_ms) = ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?;
+                        Ok(Prefill::Ws { ws, buf, read_ms })
+                    })
+                };
+                // A working set being replaced (recorded or merged by another instance)
+                // can show a new pages file next to the old trace for a moment: look
+                // again before calling it corrupt.
+                let mut loaded = load();
+                for _ in 0..2 {
+                    if !matches!(loaded, Err(WsError::Corrupt { .. })) {
+                        break;
                     }
-                    let (buf, read_ms) = ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?;
-                    Ok(Prefill::Ws { ws, buf, read_ms })
-                });
+                    std::thread::sleep(Duration::from_millis(5));
+                    loaded = load();
+                }
                 match loaded {
                     Ok(p) => (p, paging),
                     Err(e) => {
