@@ -179,7 +179,12 @@ impl WorkingSet {
 /// they were touched, after the recorded ones) and rewrite it. Returns how many
 /// entries were added (0: nothing to do, files untouched).
 pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &File) -> Result<usize, WsError> {
-    let ws = WorkingSet::load(dir, image_id)?;
+    let ws = match WorkingSet::load(dir, image_id) {
+        Ok(ws) => ws,
+        // Dropped meanwhile (by another instance's misprediction): the next restore records.
+        Err(WsError::Missing { .. }) => return Ok(0),
+        Err(e) => return Err(e),
+    };
     let mut known: std::collections::HashSet<u64> = ws.trace.iter().map(|t| t.vaddr).collect();
     let mut trace = ws.trace;
     let before = trace.len();
@@ -282,6 +287,26 @@ mod tests {
         assert_eq!(ws.layout, vec![(0x1000, 2), (0x2000, 3), (0x5000, 9)]);
         assert_eq!(ws.zeros, vec![0x3000]);
         assert_eq!(ws.pages_bytes(), 3 * 4096);
+    }
+
+    #[test]
+    fn merge_appends_only_new_pages_and_tolerates_a_dropped_set() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let img: Vec<u8> = (0..4u8).flat_map(|i| vec![i + 1; 4096]).collect();
+        std::fs::write(dir.join("pages.img"), &img).unwrap();
+        let pages = File::open(dir.join("pages.img")).unwrap();
+        let t = |vaddr: u64, fp: Option<u64>| Touch { vaddr, file_page: fp };
+        assert_eq!(merge(dir, 7, &[t(0x10000, Some(0))], &pages).unwrap(), 0, "no working set: nothing to extend");
+        assert!(!WorkingSet::exists(dir));
+        write(dir, 7, &[t(0x12000, Some(2)), t(0x20000, None)], &pages).unwrap();
+        let added = merge(dir, 7, &[t(0x12000, Some(2)), t(0x10000, Some(0)), t(0x30000, None), t(0x10000, Some(0))], &pages);
+        assert_eq!(added.unwrap(), 2);
+        let ws = WorkingSet::load(dir, 7).unwrap();
+        assert_eq!(ws.trace, vec![t(0x12000, Some(2)), t(0x20000, None), t(0x10000, Some(0)), t(0x30000, None)]);
+        assert_eq!(std::fs::metadata(dir.join(PAGES_FILE)).unwrap().len(), 2 * 4096);
+        assert_eq!(merge(dir, 7, &[t(0x10000, Some(0))], &pages).unwrap(), 0, "already there");
+        assert!(matches!(merge(dir, 8, &[t(0x11000, Some(1))], &pages), Err(WsError::Stale { .. })));
     }
 
     #[test]
