@@ -289,13 +289,18 @@ mod tests {
         assert_eq!(ws.pages_bytes(), 3 * 4096);
     }
 
+    /// A fake image of 4 pages in `dir` (page i filled with byte i+1): its bytes and the open file.
+    fn fake_image(dir: &Path) -> (Vec<u8>, File) {
+        let img: Vec<u8> = (0..4u8).flat_map(|i| vec![i + 1; 4096]).collect();
+        std::fs::write(dir.join("pages.img"), &img).unwrap();
+        (img, File::open(dir.join("pages.img")).unwrap())
+    }
+
     #[test]
     fn merge_appends_only_new_pages_and_tolerates_a_dropped_set() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let img: Vec<u8> = (0..4u8).flat_map(|i| vec![i + 1; 4096]).collect();
-        std::fs::write(dir.join("pages.img"), &img).unwrap();
-        let pages = File::open(dir.join("pages.img")).unwrap();
+        let (_, pages) = fake_image(dir);
         let t = |vaddr: u64, fp: Option<u64>| Touch { vaddr, file_page: fp };
         assert_eq!(merge(dir, 7, &[t(0x10000, Some(0))], &pages).unwrap(), 0, "no working set: nothing to extend");
         assert!(!WorkingSet::exists(dir));
@@ -313,14 +318,11 @@ mod tests {
     fn write_load_and_detect_corruption_and_staleness() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        // A fake image of 4 pages, page i filled with byte i+1.
-        let img: Vec<u8> = (0..4u8).flat_map(|i| vec![i + 1; 4096]).collect();
-        std::fs::write(dir.join("pages.img"), &img).unwrap();
+        let (img, pages) = fake_image(dir);
         let mut index = PageIndex::default();
         for i in 0..4u64 {
             index.push(0x10000 + i * 4096, crc32fast::hash(&img[i as usize * 4096..(i as usize + 1) * 4096]));
         }
-        let pages = File::open(dir.join("pages.img")).unwrap();
         let trace = vec![
             Touch { vaddr: 0x12000, file_page: Some(2) },
             Touch { vaddr: 0x10000, file_page: Some(0) },
