@@ -4,47 +4,12 @@
 //! test script runs it). Each test asserts results, paging figures or exact
 //! error messages; none asserts timings (those belong to the benchmarks).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn sample(name: &str) -> PathBuf {
-    let p = root().join("build/samples/python").join(name);
-    assert!(p.join("handler.py").is_file(), "sample {name} not built: run scripts/build-samples.sh");
-    p
-}
-
-/// A scratch directory shared by the tests of this binary (data dir, snapshots).
-fn scratch() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::Builder::new().prefix("thaw-it-").tempdir().unwrap()).path()
-}
-
-fn thaw(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_thaw"))
-        .env("THAW_DATA_DIR", scratch().join("data"))
-        .env_remove("THAW_LOG")
-        .args(args)
-        .output()
-        .expect("running thaw")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn ok(o: Output) -> Output {
-    assert!(o.status.success(), "thaw failed ({:?}):\nstdout: {}\nstderr: {}", o.status, stdout(&o), stderr(&o));
-    o
-}
+use common::{bundle, ok, sample, scratch, stderr, stdout, thaw};
 
 /// Create (once per name) a snapshot of a sample function.
 fn snapshot(name: &str, memory: u32) -> PathBuf {
@@ -210,14 +175,14 @@ fn init_errors_and_bad_input_are_refused_clearly() {
 
 #[test]
 fn an_open_tcp_connection_is_refused_at_capture() {
-    let code = scratch().join("tcp-code");
-    std::fs::create_dir_all(&code).unwrap();
-    std::fs::write(
-        code.join("handler.py"),
-        "import socket\nsrv = socket.socket()\nsrv.bind(('127.0.0.1', 0))\nsrv.listen()\n\
-         conn = socket.create_connection(srv.getsockname())\n\ndef handler(event, context):\n    return 1\n",
-    )
-    .unwrap();
+    let code = bundle(
+        "tcp-code",
+        &[(
+            "handler.py",
+            "import socket\nsrv = socket.socket()\nsrv.bind(('127.0.0.1', 0))\nsrv.listen()\n\
+             conn = socket.create_connection(srv.getsockname())\n\ndef handler(event, context):\n    return 1\n",
+        )],
+    );
     let out = scratch().join("snap-tcp");
     let o = thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
@@ -285,9 +250,10 @@ fn corrupt_or_truncated_images_are_rejected() {
 
 #[test]
 fn a_restored_instance_dies_with_its_page_server() {
-    let code = scratch().join("sleep-code");
-    std::fs::create_dir_all(&code).unwrap();
-    std::fs::write(code.join("handler.py"), "import time\nBIG = bytearray(b'x' * (8 << 20))\n\ndef handler(event, context):\n    time.sleep(30)\n    return len(BIG)\n").unwrap();
+    let code = bundle(
+        "sleep-code",
+        &[("handler.py", "import time\nBIG = bytearray(b'x' * (8 << 20))\n\ndef handler(event, context):\n    time.sleep(30)\n    return len(BIG)\n")],
+    );
     let snap = scratch().join("snap-sleep");
     ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     let mut node = Command::new(env!("CARGO_BIN_EXE_thaw"))
@@ -337,10 +303,7 @@ fn a_restored_instance_dies_with_its_page_server() {
 fn only_instances_booted_for_a_snapshot_are_told_so() {
     // The runtimes warm up their own paths only when THAW_SNAPSHOT=1 (see the Java and
     // Node.js shims); a plain cold boot must not pay for it, and a user cannot set it.
-    let code = scratch().join("snapshot-env");
-    std::fs::create_dir_all(&code).unwrap();
-    std::fs::write(code.join("handler.py"), "import os\n\ndef handler(event, context):\n    return os.environ.get('THAW_SNAPSHOT')\n")
-        .unwrap();
+    let code = bundle("snapshot-env", &[("handler.py", "import os\n\ndef handler(event, context):\n    return os.environ.get('THAW_SNAPSHOT')\n")]);
     let c = code.to_str().unwrap();
     let booted = ok(thaw(&["boot", "--code", c, "--handler", "handler.handler", "--env", "THAW_SNAPSHOT=1", "--payload", "{}", "--quiet"]));
     assert_eq!(stdout(&booted).trim(), "null");

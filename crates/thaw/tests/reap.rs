@@ -3,36 +3,18 @@
 //! ones with fewer faults, broken or stale working sets are ignored without
 //! failing the call and re-recorded, and mispredictions are counted.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{ok, sample, scratch, thaw};
 use thaw_engine::image::Snapshot;
 use thaw_engine::ws::{WorkingSet, PAGES_FILE, TRACE_FILE};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn scratch() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::Builder::new().prefix("thaw-reap-").tempdir().unwrap()).path()
-}
-
-fn thaw(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_thaw")).env("THAW_DATA_DIR", scratch().join("data")).args(args).output().unwrap()
-}
-
-fn ok(o: Output) -> Output {
-    assert!(o.status.success(), "thaw failed:\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    o
-}
-
 /// A fresh snapshot of `sample` in its own directory.
-fn fresh_snapshot(sample: &str, tag: &str) -> PathBuf {
-    let code = root().join("build/samples/python").join(sample);
-    assert!(code.join("handler.py").is_file(), "sample {sample} not built: run scripts/build-samples.sh");
-    let dir = scratch().join(format!("{sample}-{tag}"));
+fn fresh_snapshot(name: &str, tag: &str) -> PathBuf {
+    let code = sample(name);
+    let dir = scratch().join(format!("{name}-{tag}"));
     ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--memory", "1024", "--out", dir.to_str().unwrap()]));
     dir
 }

@@ -2,26 +2,15 @@
 //! restored through the CLI, as root. Needs `scripts/build-samples.sh` (and
 //! `scripts/build-runtimes.sh` for Java), which the test script runs.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
+use common::{bundle, root, scratch, stdout, thaw};
 
-fn scratch() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::Builder::new().prefix("thaw-rt-").tempdir().unwrap()).path()
-}
-
-fn thaw(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_thaw")).env("THAW_DATA_DIR", scratch().join("data")).args(args).output().unwrap()
-}
-
-fn ok(o: Output) -> String {
-    assert!(o.status.success(), "thaw failed:\n{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
+/// stdout of a successful thaw run.
+fn ok(o: std::process::Output) -> String {
+    stdout(&common::ok(o))
 }
 
 struct Fun {
@@ -117,9 +106,7 @@ fn instances_restored_from_one_image_do_not_share_random_state() {
         }
     }
     // Python: the runtime reseeds `random` in every restored clone.
-    let code = scratch().join("py-random");
-    std::fs::create_dir_all(&code).unwrap();
-    std::fs::write(code.join("handler.py"), "import random\n\ndef handler(event, context):\n    return random.random()\n").unwrap();
+    let code = bundle("py-random", &[("handler.py", "import random\n\ndef handler(event, context):\n    return random.random()\n")]);
     let f = Fun { runtime: "python3", code, handler: "handler.handler" };
     let snap = snapshot(&f, "py-random");
     assert_ne!(restore(&snap, "{}", "lazy", 1), restore(&snap, "{}", "lazy", 1));
@@ -127,12 +114,13 @@ fn instances_restored_from_one_image_do_not_share_random_state() {
 
 #[test]
 fn a_multithreaded_process_with_pipes_eventfds_and_epoll_is_restored() {
-    let code = scratch().join("py-mt");
-    std::fs::create_dir_all(&code).unwrap();
-    std::fs::write(code.join("data.txt"), "hello world, thaw\n").unwrap();
-    std::fs::write(
-        code.join("handler.py"),
-        r#"import os, select, threading, queue, time
+    let code = bundle(
+        "py-mt",
+        &[
+            ("data.txt", "hello world, thaw\n"),
+            (
+                "handler.py",
+                r#"import os, select, threading, queue, time
 DATA = open('/var/task/data.txt', 'rb')
 DATA.read(6)
 R, W = os.pipe()
@@ -165,8 +153,9 @@ def handler(event, context):
     names = sorted(t.name for t in threading.enumerate())
     return {"doubled": doubled, "pipe": got, "eventfd": ev, "ready": len(ready), "file": rest, "threads": names}
 "#,
-    )
-    .unwrap();
+            ),
+        ],
+    );
     let f = Fun { runtime: "python3", code, handler: "handler.handler" };
     let want: serde_json::Value = serde_json::from_str(boot(&f, r#"{"x":21}"#).trim()).unwrap();
     assert_eq!(want["threads"], serde_json::json!(["MainThread", "sleeper", "worker-1"]));
@@ -181,17 +170,19 @@ def handler(event, context):
 
 #[test]
 fn a_node_function_holding_a_tcp_connection_is_refused() {
-    let code = scratch().join("node-tcp");
-    std::fs::create_dir_all(&code).unwrap();
-    std::fs::write(
-        code.join("index.js"),
-        "const net = require('net');\nconst srv = net.createServer(() => {});\n\
-         module.exports.ready = new Promise(r => srv.listen(0, '127.0.0.1', () => { \
-         const c = net.connect(srv.address().port, '127.0.0.1', r); }));\n\
-         exports.handler = async () => 1;\n",
-    )
-    .unwrap();
-    std::fs::write(code.join("index.mjs.disabled"), "").unwrap();
+    let code = bundle(
+        "node-tcp",
+        &[
+            (
+                "index.js",
+                "const net = require('net');\nconst srv = net.createServer(() => {});\n\
+                 module.exports.ready = new Promise(r => srv.listen(0, '127.0.0.1', () => { \
+                 const c = net.connect(srv.address().port, '127.0.0.1', r); }));\n\
+                 exports.handler = async () => 1;\n",
+            ),
+            ("index.mjs.disabled", ""),
+        ],
+    );
     let out = scratch().join("node-tcp-snap");
     let o = thaw(&["snapshot", "create", "--runtime", "nodejs20.x", "--code", code.to_str().unwrap(), "--handler", "index.handler", "--out", out.to_str().unwrap()]);
     let e = String::from_utf8_lossy(&o.stderr);

@@ -1,0 +1,60 @@
+//! Helpers shared by the end-to-end tests of the `thaw` CLI (each test binary
+//! includes this module with `mod common;`; not every binary uses every helper).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The repository's root directory.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// A built Python sample function (`build/samples/python/NAME`).
+pub fn sample(name: &str) -> PathBuf {
+    let p = root().join("build/samples/python").join(name);
+    assert!(p.join("handler.py").is_file(), "sample {name} not built: run scripts/build-samples.sh");
+    p
+}
+
+/// A scratch directory shared by the tests of this binary (data dir, snapshots).
+pub fn scratch() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::Builder::new().prefix(&format!("thaw-{}-", env!("CARGO_CRATE_NAME"))).tempdir().unwrap())
+        .path()
+}
+
+/// Run the `thaw` binary with this binary's data directory.
+pub fn thaw(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .env("THAW_DATA_DIR", scratch().join("data"))
+        .env_remove("THAW_LOG")
+        .args(args)
+        .output()
+        .expect("running thaw")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `o`, after asserting that thaw succeeded.
+pub fn ok(o: Output) -> Output {
+    assert!(o.status.success(), "thaw failed ({:?}):\nstdout: {}\nstderr: {}", o.status, stdout(&o), stderr(&o));
+    o
+}
+
+/// A function bundle `name` in the scratch directory holding `files` (name, text).
+pub fn bundle(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = scratch().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
+}
