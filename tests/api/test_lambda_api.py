@@ -40,6 +40,13 @@ def error_code(exc):
     return exc.value.response["Error"]["Code"]
 
 
+def configuration_after_failed_wait(client, name, waiter="function_active_v2"):
+    """Wait until `waiter` gives up on `name` (its deployment failed); then its configuration."""
+    with pytest.raises(WaiterError):
+        client.get_waiter(waiter).wait(FunctionName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    return client.get_function(FunctionName=name)["Configuration"]
+
+
 def status_code(exc):
     return exc.value.response["ResponseMetadata"]["HTTPStatusCode"]
 
@@ -145,9 +152,7 @@ def test_update_code_changes_behaviour(node, client):
 def test_update_with_failing_init_keeps_old_code(client):
     create(client, "keepold", sample_zip("helloworld"))
     client.update_function_code(FunctionName="keepold", ZipFile=sample_zip("initerror"))
-    with pytest.raises(WaiterError):
-        client.get_waiter("function_updated_v2").wait(FunctionName="keepold", WaiterConfig={"Delay": 1, "MaxAttempts": 30})
-    cfg = client.get_function(FunctionName="keepold")["Configuration"]
+    cfg = configuration_after_failed_wait(client, "keepold", "function_updated_v2")
     assert cfg["LastUpdateStatus"] == "Failed"
     assert cfg["LastUpdateStatusReason"] == "RuntimeError: initerror: failing at import on purpose"
     assert cfg["State"] == "Active"
@@ -215,9 +220,7 @@ def test_nodejs_and_java_functions(node, client):
         assert body == "Hello, java!"
     # A handler that does not exist in the bundle fails the deployment with the runtime's error.
     create(client, "java-nohandler", java_zip, handler="example.Missing", Runtime="java17", wait=False)
-    with pytest.raises(WaiterError):
-        client.get_waiter("function_active_v2").wait(FunctionName="java-nohandler", WaiterConfig={"Delay": 1, "MaxAttempts": 30})
-    cfg = client.get_function(FunctionName="java-nohandler")["Configuration"]
+    cfg = configuration_after_failed_wait(client, "java-nohandler")
     assert cfg["State"] == "Failed" and "example.Missing" in cfg["StateReason"], cfg
     for name in ("node-hello", "java-hello", "java-nohandler"):
         client.delete_function(FunctionName=name)
@@ -225,9 +228,7 @@ def test_nodejs_and_java_functions(node, client):
 
 def test_init_error_fails_the_function(client):
     create(client, "initfail", sample_zip("initerror"), wait=False)
-    with pytest.raises(WaiterError):
-        client.get_waiter("function_active_v2").wait(FunctionName="initfail", WaiterConfig={"Delay": 1, "MaxAttempts": 30})
-    cfg = client.get_function(FunctionName="initfail")["Configuration"]
+    cfg = configuration_after_failed_wait(client, "initfail")
     assert cfg["State"] == "Failed"
     assert cfg["StateReason"] == "RuntimeError: initerror: failing at import on purpose"
     assert cfg["StateReasonCode"] == "FunctionError"
@@ -240,9 +241,7 @@ def test_missing_handler_module_and_function(client):
     create(client, "nofunc", sample_zip("helloworld"), wait=False, Handler="handler.nothere")
     for name, expected in [("nomodule", "Runtime.ImportModuleError: Unable to import module 'missing'"),
                            ("nofunc", "Runtime.HandlerNotFound: Handler 'nothere' missing on module 'handler'")]:
-        with pytest.raises(WaiterError):
-            client.get_waiter("function_active_v2").wait(FunctionName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
-        cfg = client.get_function(FunctionName=name)["Configuration"]
+        cfg = configuration_after_failed_wait(client, name)
         assert cfg["State"] == "Failed"
         assert cfg["StateReason"].startswith(expected), cfg["StateReason"]
 
