@@ -46,6 +46,8 @@ def wait_blocked_in_read_fd3(pid, tid=None, timeout=5.0):
 
 class ShimTestCase(unittest.TestCase):
     RUNTIME = None
+    # Memory size the shim is told (Lambda's default is 128 MiB).
+    MEMORY_MB = 256
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="thaw-shim-")
@@ -67,7 +69,8 @@ class ShimTestCase(unittest.TestCase):
             f.write(textwrap.dedent(text))
         return path
 
-    def start(self, handler, **kw):
+    def start(self, handler="handler.handler", **kw):
+        kw.setdefault("memory_mb", self.MEMORY_MB)
         rt = harness.Runtime(self.RUNTIME, self.dir, handler, **kw)
         self.rts.append(rt)
         return rt

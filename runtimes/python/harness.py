@@ -21,7 +21,6 @@ send_frame = _generic.send_frame
 class Runtime(_generic.Runtime):
     """A running bootstrap.py with its control socket (memory 128 MiB, as Lambda's default)."""
 
-    def __init__(self, code_dir, handler, python=None, env=None, function_name="test-fn"):
-        # `python` is accepted for old callers; the shim always runs under
-        # /usr/bin/python3, the interpreter the sandbox provides.
+    def __init__(self, code_dir, handler, env=None, function_name="test-fn"):
+        # The shim always runs under /usr/bin/python3, the interpreter the sandbox provides.
         super().__init__("python", code_dir, handler, env=env, function_name=function_name, memory_mb=128)

@@ -5,46 +5,21 @@
 
 import json
 import os
-import shutil
 import socket
 import sys
-import tempfile
-import textwrap
 import time
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # shimtest
+sys.path.insert(0, HERE)  # harness: the Python binding, ahead of runtimes/harness.py
 import harness  # noqa: E402
-
-PY = os.environ.get("THAW_TEST_PYTHON", "/usr/bin/python3")
-if not os.path.exists(PY):
-    PY = sys.executable
+import shimtest  # noqa: E402
 
 
-class BootstrapTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="thaw-rt-")
-        self.rts = []
-
-    def tearDown(self):
-        for rt in self.rts:
-            try:
-                rt.close(5)
-            except Exception:
-                pass
-            rt.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def write(self, rel, text):
-        path = os.path.join(self.dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(textwrap.dedent(text))
-
-    def start(self, handler="handler.handler", **kw):
-        rt = harness.Runtime(self.dir, handler, python=PY, **kw)
-        self.rts.append(rt)
-        return rt
+class BootstrapTest(shimtest.ShimTestCase):
+    RUNTIME = "python"
+    MEMORY_MB = 128
 
     # ---- init ----------------------------------------------------------
     def test_ready_and_invoke(self):
@@ -272,7 +247,7 @@ class SamplesTest(unittest.TestCase):
         code = os.path.join(self.BUILD, name)
         if not os.path.isdir(code):
             self.skipTest("sample %s not built" % name)
-        rt = harness.Runtime(code, "handler.handler", python=PY)
+        rt = harness.Runtime(code, "handler.handler")
         try:
             out = [rt.invoke(p) for p in payloads] if rt.init.get("type") == "ready" else []
             return rt.init, out

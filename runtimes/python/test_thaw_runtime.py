@@ -5,35 +5,23 @@
 
 import json
 import os
-import shutil
 import sys
-import tempfile
-import textwrap
 import unittest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # shimtest
+sys.path.insert(0, HERE)  # harness: the Python binding, ahead of runtimes/harness.py
 import harness  # noqa: E402
+import shimtest  # noqa: E402
 
-PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
-
-class RestoredFrameTest(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="thaw-rt-")
-        self.rts = []
-
-    def tearDown(self):
-        for rt in self.rts:
-            rt.close(5)
-            rt.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+class RestoredFrameTest(shimtest.ShimTestCase):
+    RUNTIME = "python"
+    MEMORY_MB = 128
 
     def start(self, code):
-        with open(os.path.join(self.dir, "handler.py"), "w") as f:
-            f.write(textwrap.dedent(code))
-        rt = harness.Runtime(self.dir, "handler.handler", python=PY)
-        self.rts.append(rt)
-        return rt
+        self.write("handler.py", code)
+        return super().start("handler.handler")
 
     def restored(self, rt):
         harness.send_frame(rt.parent, {"type": "restored"})
