@@ -113,27 +113,27 @@ expect_for() {
         *) echo "ok" ;;
     esac
 }
-payload_for() {
-    case "$1" in
-        helloworld) echo '{"name":"smoke"}' ;;
-        bigheap) echo '{"i":7}' ;;
-        error) echo '{"fail":"smoke"}' ;;
-        pyaes) echo '{"text":"the quick brown fox jumps over the lazy dog","rounds":3}' ;;
-        jsonserde) echo '{"key":"delta"}' ;;
-        htmlrender) echo '{"rows":200}' ;;
-        imagerotate) echo '{"angle":90}' ;;
-        lrserving) echo '{"x":[0.5,-1.0,0.25,2.0,-0.75,1.5,0.0,-2.0,1.0,0.3,-0.3,0.8,-1.2,0.6,0.05,-0.45,1.1,-0.9,0.2,0.7]}' ;;
-        multiinput) echo '{"table":3}' ;;
-        *) echo '{}' ;;
-    esac
+# How a sample is called (handler, payload), from samples/manifest.json, which
+# thaw bench reads too.  NAME as the bench spells it: plain (Python), nodejs/x, java/x.
+sample_meta() {  # handler|payload NAME
+    "$PY" - "$ROOT/samples/manifest.json" "$1" "$2" <<'PYEOF'
+import json, sys
+manifest, field, name = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+entry = manifest["functions"].get(name, {})
+if field == "handler":
+    runtime = name.split("/")[0] if "/" in name else "python"
+    print(entry.get("handler") or manifest["default_handler"][runtime])
+else:
+    print(json.dumps(entry.get("payload", {}), separators=(",", ":")))
+PYEOF
 }
 
 smoke_one() {
     local name="$1" dst="$OUT/$1"
     local expect; expect="$(expect_for "$name")"
-    local payload; payload="$(payload_for "$name")"
+    local payload; payload="$(sample_meta payload "$name")"
     local out
-    out="$("$PY" "$ROOT/runtimes/harness.py" --runtime python --code "$dst" --handler handler.handler --memory 128 \
+    out="$("$PY" "$ROOT/runtimes/harness.py" --runtime python --code "$dst" --handler "$(sample_meta handler "$name")" --memory 128 \
             --payload "$payload")" || die "$name: smoke harness failed"
     EXPECT="$expect" NAME="$name" "$PY" -c '
 import json, os, sys
@@ -242,33 +242,11 @@ build_java_all() {
     log "java: built $(ls "$JAVA_OUT" | tr '\n' ' ')"
 }
 
-handler_for() {  # runtime name
-    case "$1/$2" in
-        nodejs/*) echo "index.handler" ;;
-        java/helloworld) echo "example.Hello" ;;
-        java/matmul) echo "example.MatMul::multiply" ;;
-        java/jsonhandler) echo "example.Orders" ;;
-        java/features) echo "example.Features" ;;
-        java/random) echo "example.Randoms" ;;
-        *) echo "handler.handler" ;;
-    esac
-}
-payload_for_rt() {
-    case "$1/$2" in
-        */helloworld) echo '{"name":"smoke"}' ;;
-        nodejs/jsontransform) echo '{"rows":300}' ;;
-        nodejs/imageresize) echo '{"width":80}' ;;
-        java/matmul) echo '{"n":64}' ;;
-        java/jsonhandler) echo '{"orders":[{"id":"a","region":"west","items":[{"sku":"x","qty":2,"price":1.5}]}],"generate":30}' ;;
-        *) echo '{}' ;;
-    esac
-}
-
 smoke_rt() {
     local rt="$1" name="$2" dst="$ROOT/build/samples/$1/$2"
     local out
-    out="$("$PY" "$ROOT/runtimes/harness.py" --runtime "$rt" --code "$dst" --handler "$(handler_for "$rt" "$name")" \
-            --payload "$(payload_for_rt "$rt" "$name")" --invocations 2 --restored)" || die "$rt/$name: smoke harness failed"
+    out="$("$PY" "$ROOT/runtimes/harness.py" --runtime "$rt" --code "$dst" --handler "$(sample_meta handler "$rt/$name")" \
+            --payload "$(sample_meta payload "$rt/$name")" --invocations 2 --restored)" || die "$rt/$name: smoke harness failed"
     NAME="$rt/$name" "$PY" -c '
 import json, os, sys
 o = json.loads(sys.stdin.read())

@@ -107,47 +107,41 @@ impl BenchArgs {
     }
 }
 
-/// Runtime, sample directory (relative to the python samples directory) and
-/// handler of a function name: `name` is a Python sample, `nodejs/name` and
-/// `java/name` the Node.js and Java samples (as in scripts/build-samples.sh).
-pub fn function_spec(function: &str) -> (&'static str, String, &'static str) {
-    match function.split_once('/') {
-        Some(("nodejs", n)) => ("nodejs20.x", format!("../nodejs/{n}"), "index.handler"),
-        Some(("java", n)) => {
-            let handler = match n {
-                "helloworld" => "example.Hello",
-                "matmul" => "example.MatMul::multiply",
-                "jsonhandler" => "example.Orders",
-                "features" => "example.Features",
-                "random" => "example.Randoms",
-                _ => "example.Handler",
-            };
-            ("java17", format!("../java/{n}"), handler)
-        }
-        _ => ("python3", function.to_string(), "handler.handler"),
-    }
+/// How each sample is called (handler, payload); scripts/build-samples.sh reads it too.
+const MANIFEST: &str = include_str!("../../../samples/manifest.json");
+
+/// Handler and payload (JSON text) of every sample named in the manifest.
+fn manifest() -> &'static (serde_json::Value, std::collections::HashMap<String, String>) {
+    static M: std::sync::OnceLock<(serde_json::Value, std::collections::HashMap<String, String>)> = std::sync::OnceLock::new();
+    M.get_or_init(|| {
+        let m: serde_json::Value = serde_json::from_str(MANIFEST).expect("samples/manifest.json is valid JSON");
+        let payloads = m["functions"]
+            .as_object()
+            .expect("samples/manifest.json has a functions object")
+            .iter()
+            .filter_map(|(name, f)| Some((name.clone(), f.get("payload")?.to_string())))
+            .collect();
+        (m, payloads)
+    })
 }
 
-/// The event each sample function is invoked with (as in scripts/build-samples.sh).
+/// Runtime, sample directory (relative to the python samples directory) and
+/// handler of a function name: `name` is a Python sample, `nodejs/name` and
+/// `java/name` the Node.js and Java samples (samples/manifest.json).
+pub fn function_spec(function: &str) -> (&'static str, String, &'static str) {
+    let (m, _) = manifest();
+    let (runtime, kind, dir) = match function.split_once('/') {
+        Some(("nodejs", n)) => ("nodejs20.x", "nodejs", format!("../nodejs/{n}")),
+        Some(("java", n)) => ("java17", "java", format!("../java/{n}")),
+        _ => ("python3", "python", function.to_string()),
+    };
+    let handler = m["functions"][function]["handler"].as_str().or_else(|| m["default_handler"][kind].as_str());
+    (runtime, dir, handler.expect("samples/manifest.json has a default handler per runtime"))
+}
+
+/// The event each sample function is invoked with (samples/manifest.json; `{}` if none).
 pub fn payload_for(function: &str) -> &'static str {
-    match function {
-        "nodejs/helloworld" | "java/helloworld" => r#"{"name":"smoke"}"#,
-        "nodejs/jsontransform" => r#"{"rows":300}"#,
-        "nodejs/imageresize" => r#"{"width":80}"#,
-        "java/matmul" => r#"{"n":64}"#,
-        "java/jsonhandler" => r#"{"orders":[{"id":"a","region":"west","items":[{"sku":"x","qty":2,"price":1.5}]}],"generate":30}"#,
-        "helloworld" => r#"{"name":"smoke"}"#,
-        "bigheap" => r#"{"i":7}"#,
-        "pyaes" => r#"{"text":"the quick brown fox jumps over the lazy dog","rounds":3}"#,
-        "jsonserde" => r#"{"key":"delta"}"#,
-        "htmlrender" => r#"{"rows":200}"#,
-        "imagerotate" => r#"{"angle":90}"#,
-        "lrserving" => {
-            r#"{"x":[0.5,-1.0,0.25,2.0,-0.75,1.5,0.0,-2.0,1.0,0.3,-0.3,0.8,-1.2,0.6,0.05,-0.45,1.1,-0.9,0.2,0.7]}"#
-        }
-        "multiinput" => r#"{"table":3}"#,
-        _ => "{}",
-    }
+    manifest().1.get(function).map(String::as_str).unwrap_or("{}")
 }
 
 /// Run the benchmark; `data_dir` is Thaw's data directory (runtime shims).
@@ -160,6 +154,18 @@ pub fn run(args: BenchArgs, data_dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn samples_come_from_the_manifest() {
+        assert_eq!(function_spec("helloworld"), ("python3", "helloworld".to_string(), "handler.handler"));
+        assert_eq!(function_spec("nodejs/jsontransform"), ("nodejs20.x", "../nodejs/jsontransform".to_string(), "index.handler"));
+        assert_eq!(function_spec("java/matmul"), ("java17", "../java/matmul".to_string(), "example.MatMul::multiply"));
+        assert_eq!(payload_for("java/matmul"), r#"{"n":64}"#);
+        assert_eq!(payload_for("helloworld"), r#"{"name":"smoke"}"#);
+        assert_eq!(payload_for("counter"), "{}");
+        let lr: serde_json::Value = serde_json::from_str(payload_for("lrserving")).unwrap();
+        assert_eq!(lr["x"].as_array().unwrap().len(), 20);
+    }
 
     #[test]
     fn quick_defaults_and_overrides() {
