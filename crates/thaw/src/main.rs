@@ -357,13 +357,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Snapshot(SnapshotCmd::Evict { snapdir }) => {
-            for ent in std::fs::read_dir(&snapdir).with_context(|| format!("reading {}", snapdir.display()))? {
-                let p = ent?.path();
-                if p.is_file() {
-                    let f = std::fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?;
-                    thaw_engine::sys::mem::fadvise_dontneed(&f);
-                }
-            }
+            thaw_bench::runner::evict_dir(&snapdir)?;
             Ok(ExitCode::SUCCESS)
         }
     }
