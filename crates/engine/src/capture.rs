@@ -55,7 +55,7 @@ const PM_FILE: u64 = 1 << 61;
 /// Upper bound of a single /proc/PID/mem read while dumping.
 const DUMP_CHUNK_PAGES: u64 = 256;
 
-/// Capture the process `pid` (PID 1 of its sandbox, stopped in the runtime's
+/// Capture the process `pid` (PID 2 of its sandbox, the runtime, waiting in its
 /// control-channel read) into `out`.
 pub fn capture(pid: i32, sandbox: SandboxRecord, out: &Path) -> Result<(PathBuf, CaptureStats), CaptureError> {
     let mut seized = Vec::new();
@@ -116,9 +116,10 @@ fn capture_inner(
             comm: procfs::thread_comm(pid, tid).map_err(ioe("reading thread name"))?,
         });
     }
-    if threads[0].tid != 1 {
-        return Err(refuse(format!("its thread group leader is pid {} in its namespace, not 1", threads[0].tid)));
+    if threads[0].tid != MAIN_PID {
+        return Err(refuse(format!("its thread group leader is pid {} in its namespace, not {MAIN_PID}", threads[0].tid)));
     }
+    refuse_other_processes(pid)?;
 
     // Process state visible through /proc.
     let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
@@ -127,6 +128,10 @@ fn capture_inner(
     let exe = procfs::exe(pid).map_err(ioe("reading exe link"))?;
     let personality = procfs::personality(pid).map_err(ioe("reading personality"))?;
     let fds = capture_fds(pid)?;
+    let tmp = crate::tmpfs::capture(Path::new(&format!("/proc/{pid}/root"))).map_err(|e| match e {
+        crate::tmpfs::TmpfsError::Io { .. } => CaptureError::Io { pid, what: "capturing /tmp".into(), source: io::Error::other(e) },
+        refusal => refuse(refusal.to_string()),
+    })?;
 
     let (mut vmas, files) = classify_vmas(pid, &maps)?;
     let mem = ProcMem::open(pid, false).map_err(ioe("opening /proc/PID/mem"))?;
@@ -175,12 +180,62 @@ fn capture_inner(
         vmas,
         fds,
         pages,
+        tmp,
     };
     stats.vmas = image.vmas.len();
     let dir = writer.finish(&image)?;
     stats.capture_ms = t0.elapsed().as_secs_f64() * 1e3;
     info!(pid, dir = %dir.display(), pages = stats.pages_stored, ms = stats.capture_ms, "captured");
     Ok((dir, stats))
+}
+
+/// The namespace pid of the captured process: PID 1 is the sandbox's init (the
+/// reaper, recreated by every sandbox), PID 2 the runtime.
+pub const MAIN_PID: i32 = 2;
+
+/// Child processes are not captured: refuse, naming each, rather than silently
+/// dropping them (a restore would run without them). Orphans the runtime left are
+/// children of the init (PID 1); the runtime's own children are its children.
+fn refuse_other_processes(pid: i32) -> Result<(), CaptureError> {
+    let children = |p: i32| -> Vec<i32> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { return Vec::new() };
+        let mut out = Vec::new();
+        for t in tasks.flatten() {
+            let list = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            out.extend(list.split_whitespace().filter_map(|c| c.parse::<i32>().ok()));
+        }
+        out
+    };
+    let init = procfs::status(pid).ok().map(|s| s.ppid).unwrap_or(0);
+    let mut others: Vec<i32> = children(pid);
+    if init > 0 {
+        others.extend(children(init).into_iter().filter(|&c| c != pid));
+    }
+    if others.is_empty() {
+        return Ok(());
+    }
+    others.sort_unstable();
+    let named: Vec<String> = others
+        .iter()
+        .map(|&c| {
+            let st = procfs::status(c).ok();
+            let ns = st.as_ref().and_then(|s| s.nspid.last().copied()).unwrap_or(c);
+            let state = st.map(|s| s.state).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{c}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " ").trim().to_string())
+                .unwrap_or_default();
+            let cmd = if cmd.is_empty() { procfs::thread_comm(c, c).unwrap_or_default() } else { cmd };
+            format!("pid {ns} ({}{})", cmd.chars().take(60).collect::<String>(), if state.starts_with('Z') { ", a zombie" } else { "" })
+        })
+        .collect();
+    Err(CaptureError::Refused {
+        pid,
+        reason: format!(
+            "the instance has other processes besides the runtime: {}; child processes cannot be captured yet \
+             (start them in the handler, or wait for them before init ends)",
+            named.join(", ")
+        ),
+    })
 }
 
 /// Stop every thread of `pid` (the leader first), repeating until no new thread

@@ -35,7 +35,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -259,6 +259,8 @@ pub struct ProcessImage {
     pub vmas: Vec<Vma>,
     pub fds: Vec<FdRecord>,
     pub pages: PageIndex,
+    /// Contents of the sandbox's private tmpfs mounts (`/tmp`, `/dev/shm`).
+    pub tmp: Vec<crate::tmpfs::Entry>,
 }
 
 /// Encode `img` into the framed state format.
@@ -452,6 +454,14 @@ mod tests {
                 FdRecord { fd: 6, kind: FdKind::EventFd { count: 2, semaphore: false, flags: 0o4000 } },
             ],
             pages,
+            tmp: vec![crate::tmpfs::Entry {
+                path: "/tmp/x".into(),
+                kind: crate::tmpfs::EntryKind::File { data: b"x".to_vec() },
+                mode: 0o600,
+                uid: 65534,
+                gid: 65534,
+                mtime: (1, 2),
+            }],
         }
     }
 

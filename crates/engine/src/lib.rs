@@ -15,4 +15,5 @@ pub mod procfs;
 pub mod regs;
 pub mod restore;
 pub mod sys;
+pub mod tmpfs;
 pub mod ws;

@@ -147,6 +147,10 @@ pub struct Status {
     pub nspid: Vec<i32>,
     pub sig_pending: u64,
     pub shared_pending: u64,
+    /// Parent's host pid.
+    pub ppid: i32,
+    /// `State:` (e.g. "S (sleeping)", "Z (zombie)").
+    pub state: String,
 }
 
 pub fn parse_status(text: &str) -> Option<Status> {
@@ -170,6 +174,8 @@ pub fn parse_status(text: &str) -> Option<Status> {
             "NSpid" => st.nspid = v.split_whitespace().filter_map(|x| x.parse().ok()).collect(),
             "SigPnd" => st.sig_pending = hex(v)?,
             "ShdPnd" => st.shared_pending = hex(v)?,
+            "PPid" => st.ppid = v.parse().ok()?,
+            "State" => st.state = v.to_string(),
             _ => {}
         }
     }

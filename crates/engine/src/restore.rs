@@ -1,8 +1,9 @@
 //! Restore: rebuild a process from an image inside a fresh sandbox.
 //!
-//! 1. The sandbox starts a *stub* (our own binary, PID 1 of a new pid
-//!    namespace) that maps the injection region at an address free in the
-//!    image's layout, then stops itself under ptrace.
+//! 1. The sandbox starts a *stub* (our own binary, PID 2 of a new pid
+//!    namespace, under the sandbox's reaping init) that maps the injection region
+//!    at an address free in the image's layout and waits; the sandbox seizes it
+//!    with ptrace from the restoring thread.
 //! 2. Batch A, injected into the stub: unmap everything of the stub's own,
 //!    move the vDSO/vvar to where the image had them, create the userfaultfd,
 //!    open the mapped files.
@@ -157,8 +158,13 @@ fn restore_inner(
     };
     let inj_err = |source| RestoreError::Inject { pid, source };
     let thread = match img.threads.first() {
-        Some(t) if t.tid == 1 => t,
-        _ => return Err(RestoreError::Incompatible("the image's first thread is not PID 1".into())),
+        Some(t) if t.tid == crate::capture::MAIN_PID => t,
+        _ => {
+            return Err(RestoreError::Incompatible(format!(
+                "the image's first thread is not PID {}",
+                crate::capture::MAIN_PID
+            )))
+        }
     };
 
     // The files the image maps must be the ones it was captured with.
@@ -176,7 +182,21 @@ fn restore_inner(
         }
     }
 
-    let tracee = Tracee::from_traceme(pid).map_err(ioe("ptrace options"))?;
+    // What the instance had in /tmp and /dev/shm, before any descriptor is reopened.
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    crate::tmpfs::restore(&root, &img.tmp).map_err(|e| RestoreError::Io { pid, what: "restoring /tmp".into(), source: io::Error::other(e) })?;
+    for r in &img.fds {
+        if let FdKind::Path { path, .. } = &r.kind {
+            if std::fs::symlink_metadata(root.join(path.trim_start_matches('/'))).is_err() {
+                return Err(RestoreError::Incompatible(format!(
+                    "descriptor {} refers to {path}, which does not exist in the new sandbox",
+                    r.fd
+                )));
+            }
+        }
+    }
+
+    let tracee = Tracee::attached(pid).map_err(ioe("ptrace options"))?;
     let wmem = ProcMem::open(pid, true).map_err(ioe("opening /proc/PID/mem"))?;
     let inj = Injector::new(tracee, &wmem, region).map_err(inj_err)?;
     let stub_maps = procfs::parse_maps(&std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(ioe("reading maps"))?)

@@ -1,6 +1,8 @@
 //! The sandbox init: PID 1 of the new pid namespace. It reads its [`InitConfig`] from
-//! fd 4, builds the root filesystem, and either execs the program or becomes the
-//! ptrace-stopped restore stub. Single-threaded; allocating is fine here.
+//! fd 4, builds the root filesystem, and forks PID 2: either the program (exec) or the
+//! restore stub (which the caller seizes with ptrace). PID 1 stays behind as the
+//! namespace's reaper and exits when PID 2 does. Single-threaded; allocating is fine
+//! here.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -79,6 +81,8 @@ fn run(status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
     setrlimit(Resource::RLIMIT_NOFILE, NOFILE_LIMIT, NOFILE_LIMIT).step(|| "setrlimit RLIMIT_NOFILE".into())?;
     sys::close_from(FD_STATUS as u32 + 1).step(|| "close inherited descriptors".into())?;
     let filter = seccomp_program().map_err(|e| Fail { step: format!("build seccomp filter: {e}"), errno: libc::EINVAL })?;
+    // PID 1 dies with the caller's thread, and the whole namespace with it.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
 
     match cfg.mode {
         InitMode::Exec { ref argv } => exec(&cfg, argv, &filter, status),
@@ -222,35 +226,71 @@ fn cstring(s: &str, what: &str) -> Result<CString, Fail> {
     CString::new(s).map_err(|_| Fail { step: format!("{what} contains NUL"), errno: libc::EINVAL })
 }
 
+/// Exec mode: fork the program as PID 2 of the namespace and stay behind as its
+/// reaper. The child reports `EXEC_MARK` right before `execve` (its status copy is
+/// CLOEXEC, so a successful exec is EOF) or a failure record.
 fn exec(cfg: &InitConfig, argv: &[String], filter: &BpfProgram, status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
     let path = cstring(&argv[0], "argv[0]")?;
     let c_argv = argv.iter().map(|a| cstring(a, "argv")).collect::<Result<Vec<_>, _>>()?;
     let c_env = cfg.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"), "env")).collect::<Result<Vec<_>, _>>()?;
+    match sys::fork().step(|| "fork the program".into())? {
+        Some(child) => become_reaper(child, filter, status),
+        None => {
+            set_pdeathsig_and_drop(cfg)?;
+            nix::sys::prctl::set_no_new_privs().step(|| "PR_SET_NO_NEW_PRIVS".into())?;
+            apply_seccomp(filter)?;
+            status.write_all(&[EXEC_MARK]).step(|| "report exec".into())?;
+            let err = nix::unistd::execve(&path, &c_argv, &c_env).unwrap_err();
+            Err(Fail { step: format!("execve {}", argv[0]), errno: err as i32 })
+        }
+    }
+}
+
+/// In the forked program: default signal dispositions, the sandbox's identity, and
+/// death with the init (a credential change clears the parent-death signal, so it
+/// is set after).
+fn set_pdeathsig_and_drop(cfg: &InitConfig) -> Result<(), Fail> {
     sys::reset_signals();
     nix::unistd::setgroups(&[]).step(|| "setgroups []".into())?;
     let gid = Gid::from_raw(cfg.gid);
     let uid = Uid::from_raw(cfg.uid);
     nix::unistd::setresgid(gid, gid, gid).step(|| format!("setresgid {}", cfg.gid))?;
     nix::unistd::setresuid(uid, uid, uid).step(|| format!("setresuid {}", cfg.uid))?;
-    // After the uid change, which clears it.
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
-    nix::sys::prctl::set_no_new_privs().step(|| "PR_SET_NO_NEW_PRIVS".into())?;
-    apply_seccomp(filter)?;
-    status.write_all(&[EXEC_MARK]).step(|| "report exec".into())?;
-    let err = nix::unistd::execve(&path, &c_argv, &c_env).unwrap_err();
-    Err(Fail { step: format!("execve {}", argv[0]), errno: err as i32 })
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())
 }
 
+/// Stub mode: fork the restore stub as PID 2. It maps the injection region, reports
+/// `STUB_MARK` and waits in `pause()` for the caller to seize it with ptrace (the
+/// restore then rebuilds the image's process inside it). It keeps root: the restore
+/// drops to the image's credentials by injection.
 fn stub(addr: u64, len: usize, blob: &[u8], filter: &BpfProgram, status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
-    sys::map_stub(addr, len, blob).step(|| format!("map stub at {addr:#x}+{len:#x}"))?;
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
-    // Before seccomp, which denies ptrace.
-    nix::sys::ptrace::traceme().step(|| "PTRACE_TRACEME".into())?;
-    apply_seccomp(filter)?;
-    status.write_all(&[STUB_MARK]).step(|| "report stub".into())?;
-    // Close the status socket explicitly: the parent reads EOF and waits for our stop.
-    // `status` is never used or dropped again: this function ends in _exit.
-    nix::unistd::close(status.as_raw_fd()).step(|| "close status fd".into())?;
-    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
-    sys::exit_now(127)
+    match sys::fork().step(|| "fork the stub".into())? {
+        Some(child) => become_reaper(child, filter, status),
+        None => {
+            sys::map_stub(addr, len, blob).step(|| format!("map stub at {addr:#x}+{len:#x}"))?;
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
+            apply_seccomp(filter)?;
+            status.write_all(&[STUB_MARK]).step(|| "report stub".into())?;
+            // `status` is never used or dropped again: this branch ends in _exit.
+            nix::unistd::close(status.as_raw_fd()).step(|| "close status fd".into())?;
+            loop {
+                nix::unistd::pause();
+            }
+        }
+    }
+}
+
+/// What PID 1 does once the program (PID 2) runs: hold nothing of the program's
+/// (its descriptors are closed here, so the caller sees EOF when the program dies),
+/// reap every process that ends in the namespace — orphans are reparented to PID 1,
+/// and zombies would otherwise pile up to pids.max — and exit when the program does,
+/// with its exit code, or 128 + the signal that killed it (PID 1 cannot die by a
+/// signal raised from inside its namespace). Exiting tears the namespace down.
+fn become_reaper(program: i32, filter: &BpfProgram, status: &mut std::fs::File) -> ! {
+    let _ = nix::unistd::close(status.as_raw_fd());
+    let _ = sys::close_from(0);
+    // Unprivileged processes of the sandbox cannot signal or trace a root PID 1;
+    // the filter also keeps it from doing anything but reaping.
+    let _ = apply_seccomp(filter);
+    sys::reap_until(program)
 }

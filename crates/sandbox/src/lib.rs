@@ -16,15 +16,18 @@
 //!  send config (fd 4) ───────────────────────────▶ read config, build root,
 //!                                                   pivot_root, hostname, lo up,
 //!                                                   rlimits, seccomp
-//!                                                   Exec: drop to uid/gid, execve ──▶ runs
-//!                                                   Stub: map blob, TRACEME, SIGSTOP
+//!                                                   fork PID 2, then reap forever ─┐
+//!                                                   Exec: PID 2 drops to uid/gid, execve ──▶ runs
+//!                                                   Stub: PID 2 maps blob, pause()
 //!  read status (fd 4) until EOF ◀─────────────────── errors: {"step","errno"}
+//!  Stub: PTRACE_SEIZE PID 2
 //! ```
 //!
 //! Descriptors in the program: 0 = /dev/null, 1 and 2 = the log pipe
 //! ([`Sandbox::take_log`]), 3 = the control socket ([`Sandbox::take_control`]).
 //!
-//! The caller's thread is the parent (and, for a stub, the tracer) of the sandbox; see
+//! The caller's thread is the parent of the sandbox's init (and, for a stub, the tracer
+//! of PID 2); see
 //! [`Sandbox`] for what that implies.
 //!
 //! # Usage

@@ -36,16 +36,21 @@ pub enum ExitStatus {
 /// directory.
 ///
 /// # Threads
-/// The sandbox's first process is a child of the *thread* that called [`Sandbox::spawn`]:
-/// it gets `PR_SET_PDEATHSIG(SIGKILL)`, which fires when that thread exits, and in
-/// [`Entry::Stub`] mode `PTRACE_TRACEME` makes that thread its tracer. Spawn from a
+/// The sandbox's init (PID 1) is a child of the *thread* that called [`Sandbox::spawn`]:
+/// it gets `PR_SET_PDEATHSIG(SIGKILL)`, which fires when that thread exits (and the
+/// init's death ends the namespace), and in [`Entry::Stub`] mode that thread seizes the
+/// stub (PID 2) with `PTRACE_SEIZE`. Spawn from a
 /// long-lived thread (not e.g. a `spawn_blocking` worker that may be retired), and issue
 /// ptrace requests for a stub from that same thread.
 #[derive(Debug)]
 pub struct Sandbox {
     id: String,
+    /// The init (PID 1 inside), our child.
     pid: i32,
     pidfd: OwnedFd,
+    /// The program or restore stub (PID 2 inside), the init's child.
+    main: i32,
+    main_pidfd: OwnedFd,
     control: Option<OwnedFd>,
     log: Option<OwnedFd>,
     res: Resources,
@@ -98,8 +103,11 @@ fn sys_err(id: &str, step: impl Into<String>) -> impl FnOnce(Errno) -> SandboxEr
     move |e| SandboxError::Sys { id, step, source: e.into() }
 }
 
+/// How the program ended, from the init's wait status: the init exits with the
+/// program's code, or 128 + the signal that killed the program.
 fn status_of(ws: WaitStatus) -> Option<ExitStatus> {
     match ws {
+        WaitStatus::Exited(_, code) if code > 128 && code <= 128 + 64 => Some(ExitStatus::Signaled(code - 128)),
         WaitStatus::Exited(_, code) => Some(ExitStatus::Exited(code)),
         WaitStatus::Signaled(_, sig, _) => Some(ExitStatus::Signaled(sig as i32)),
         _ => None,
@@ -110,9 +118,9 @@ impl Sandbox {
     /// Creates the sandbox and starts `entry` in it.
     ///
     /// Returns once the init has finished setting up: for [`Entry::Exec`] when `execve`
-    /// succeeded, for [`Entry::Stub`] when the stub is in its `SIGSTOP` signal-delivery
-    /// stop, already reaped from `waitpid` — the caller gets a stopped tracee (traced by
-    /// the calling thread) and can go straight to `PTRACE_GETREGS`/`PTRACE_CONT` etc.
+    /// of PID 2 succeeded, for [`Entry::Stub`] when the stub (PID 2) is seized and in a
+    /// ptrace stop — the caller gets a stopped tracee (traced by the calling thread) and
+    /// can go straight to `PTRACE_GETREGS`/`PTRACE_CONT` etc.
     /// On error everything created so far is removed again.
     pub fn spawn(spec: &SandboxSpec, entry: Entry) -> Result<Sandbox, SandboxError> {
         spec.validate()?;
@@ -133,6 +141,8 @@ impl Sandbox {
                 id: id.to_string(),
                 pid: sp.pid,
                 pidfd: sp.pidfd,
+                main: sp.main,
+                main_pidfd: sp.main_pidfd,
                 control: Some(sp.control),
                 log: Some(sp.log),
                 res,
@@ -284,24 +294,32 @@ impl Sandbox {
             return Err((SandboxError::InitVanished { id: id.into(), status }, None));
         }
 
+        // The program (or stub) is PID 2, the init's only child at this point.
+        // A program that already ended (it may be very short) is represented by the
+        // init, which exits with its status.
+        let found = match sys::first_child(pid) {
+            Ok(m) => m.and_then(|m| sys::pidfd_open(m).ok().map(|fd| (m, fd))),
+            Err(_) => None,
+        };
+        let (main, main_pidfd) = match (found, entry) {
+            (Some(x), _) => x,
+            (None, Entry::Stub { .. }) => {
+                bail!(SandboxError::InitVanished { id: id.into(), status: "the stub (PID 2) is not running".into() })
+            }
+            (None, Entry::Exec { .. }) => match sys::pidfd_open(pid) {
+                Ok(fd) => (pid, fd),
+                Err(source) => bail!(SandboxError::Sys { id: id.into(), step: "pidfd_open".into(), source }),
+            },
+        };
         if let Entry::Stub { .. } = entry {
-            match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL)) {
-                Ok(WaitStatus::Stopped(_, nix::sys::signal::Signal::SIGSTOP)) => {}
-                Ok(ws) => {
-                    let reaped = status_of(ws).is_some();
-                    let e = SandboxError::InitVanished { id: id.into(), status: format!("{ws:?}, expected SIGSTOP stop") };
-                    if reaped {
-                        // Nothing left to kill or reap.
-                        return Err((e, None));
-                    }
-                    bail!(e);
-                }
-                Err(e) => bail!(sys_err(id, "waitpid for stub stop")(e)),
+            // The stub waits in pause(): attach (this thread becomes its tracer) and stop it.
+            if let Err(e) = sys::seize_and_stop(main) {
+                bail!(sys_err(id, "ptrace-seize the stub")(e));
             }
         }
 
         let (pid, pidfd) = child.take().expect("child present");
-        Ok(Spawned { pid, pidfd, control: control_parent, log: log_r })
+        Ok(Spawned { pid, pidfd, main, main_pidfd, control: control_parent, log: log_r })
     }
 
     /// The sandbox id.
@@ -309,14 +327,21 @@ impl Sandbox {
         &self.id
     }
 
-    /// Host pid of the sandbox's first process (PID 1 inside).
+    /// Host pid of the program (or restore stub): PID 2 inside, child of the init.
     pub fn pid(&self) -> i32 {
-        self.pid
+        self.main
     }
 
-    /// pidfd of the first process (poll it for exit; signal it without pid reuse races).
+    /// pidfd of the program (poll it for exit; signal it or take descriptors out of it
+    /// without pid reuse races).
     pub fn pidfd(&self) -> BorrowedFd<'_> {
-        self.pidfd.as_fd()
+        self.main_pidfd.as_fd()
+    }
+
+    /// Host pid of the sandbox's init (PID 1 inside): the reaper of the namespace,
+    /// whose exit (killing) ends everything in the sandbox.
+    pub fn init_pid(&self) -> i32 {
+        self.pid
     }
 
     /// Parent end of the AF_UNIX stream socket that is fd 3 in the program.
@@ -392,6 +417,12 @@ impl Sandbox {
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(source) => return Err(SandboxError::Sys { id: self.id.clone(), step: "kill".into(), source }),
             }
+            // If this thread traces the program (a stub not yet handed over), its exit
+            // waits for us, and the init's exit waits for it: collect it first.
+            // ECHILD (not traced by this thread) is the normal case.
+            if self.main != self.pid {
+                let _ = waitpid(Pid::from_raw(self.main), Some(WaitPidFlag::__WALL));
+            }
             while !self.reaped {
                 self.wait_inner(true)?;
             }
@@ -403,6 +434,8 @@ impl Sandbox {
 struct Spawned {
     pid: i32,
     pidfd: OwnedFd,
+    main: i32,
+    main_pidfd: OwnedFd,
     control: OwnedFd,
     log: OwnedFd,
 }

@@ -151,6 +151,40 @@ pub(crate) fn clone_sandbox(ce: &ChildExec) -> io::Result<(i32, OwnedFd)> {
     Ok((pid, pidfd))
 }
 
+/// pidfd_open(2).
+pub(crate) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: integer arguments only; the result is checked and owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The first child of process `pid` (host pids, from /proc/PID/task/PID/children).
+pub(crate) fn first_child(pid: i32) -> io::Result<Option<i32>> {
+    let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
+    Ok(list.split_whitespace().next().and_then(|p| p.parse().ok()))
+}
+
+/// PTRACE_SEIZE `pid` (the calling thread becomes its tracer; it is killed if that
+/// thread exits), PTRACE_INTERRUPT it and wait for the stop.
+pub(crate) fn seize_and_stop(pid: i32) -> Result<(), nix::errno::Errno> {
+    use nix::sys::ptrace::{self, Options};
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let p = nix::unistd::Pid::from_raw(pid);
+    ptrace::seize(p, Options::PTRACE_O_TRACESYSGOOD | Options::PTRACE_O_EXITKILL)?;
+    ptrace::interrupt(p)?;
+    loop {
+        match waitpid(p, Some(WaitPidFlag::__WALL))? {
+            WaitStatus::PtraceEvent(..) | WaitStatus::Stopped(..) => return Ok(()),
+            WaitStatus::Exited(..) | WaitStatus::Signaled(..) => return Err(nix::errno::Errno::ESRCH),
+            _ => {}
+        }
+    }
+}
+
 /// pidfd_send_signal(2): no pid-reuse race.
 pub(crate) fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: c_int) -> io::Result<()> {
     // SAFETY: integer arguments only; NULL siginfo is allowed.
@@ -255,6 +289,31 @@ pub(crate) fn map_stub(addr: u64, len: usize, blob: &[u8]) -> io::Result<()> {
     // overlap `blob`.
     unsafe { std::ptr::copy_nonoverlapping(blob.as_ptr(), p.cast::<u8>(), blob.len()) };
     Ok(())
+}
+
+/// fork(2) of the single-threaded init: `Some(child pid)` in the parent, `None` in the child.
+pub(crate) fn fork() -> io::Result<Option<i32>> {
+    // SAFETY: the sandbox init is single-threaded (no other thread can hold a lock the
+    // child would inherit), so the child may keep running ordinary Rust code.
+    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
+        nix::unistd::ForkResult::Parent { child } => Ok(Some(child.as_raw())),
+        nix::unistd::ForkResult::Child => Ok(None),
+    }
+}
+
+/// PID 1's loop: reap every child that ends (the program and any orphan reparented
+/// to us) and exit when `program` ends: with its exit code, or 128 + the signal that
+/// killed it.
+pub(crate) fn reap_until(program: i32) -> ! {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    loop {
+        match waitpid(None, Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::Exited(p, code)) if p.as_raw() == program => exit_now(code),
+            Ok(WaitStatus::Signaled(p, sig, _)) if p.as_raw() == program => exit_now(128 + sig as c_int),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => exit_now(125),
+        }
+    }
 }
 
 /// _exit(2): no atexit handlers, no unwinding.

@@ -69,8 +69,9 @@ echo "task=$(cat /var/task/hello.txt)"
 if touch /var/task/new 2>/dev/null; then echo taskw=yes; else echo taskw=no; fi
 echo "taskmnt=$(grep ' /var/task ' /proc/self/mounts | cut -d' ' -f4 | cut -d, -f1)"
 echo "netdevs=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ' ')"
-echo "fd0=$(readlink /proc/1/fd/0)"
-echo "fd3=$(readlink /proc/1/fd/3 | cut -d: -f1)"
+echo "fd0=$(readlink /proc/2/fd/0)"
+echo "fd3=$(readlink /proc/2/fd/3 | cut -d: -f1)"
+echo "initfds=$(ls /proc/1/fd 2>&1 | wc -l)"
 echo "cwd=$(pwd)"
 echo "umask=$(umask)"
 echo "nofile=$(ulimit -n)"
@@ -79,7 +80,7 @@ echo "devnull=$(ls /dev | tr '\n' ' ')"
 echo "err line" >&2
 read line <&3; echo "ctl=$line"
 echo ok >&3
-tr '\0' '\n' < /proc/1/environ | sed 's/^/env:/'
+tr '\0' '\n' < /proc/2/environ | sed 's/^/env:/'
 "#;
     let mut sb = Sandbox::spawn(&s, sh(script)).expect("spawn");
     let mut control = File::from(sb.take_control().unwrap());
@@ -99,7 +100,7 @@ tr '\0' '\n' < /proc/1/environ | sed 's/^/env:/'
         }
     }
     let get = |k: &str| kv.get(k).unwrap_or_else(|| panic!("{k} missing in:\n{out}")).as_str();
-    assert_eq!(get("pid"), "1");
+    assert_eq!(get("pid"), "2", "the program runs as PID 2 under the sandbox's init");
     assert_eq!(get("host"), "thaw");
     assert_eq!(get("ids"), "65534 65534 65534");
     assert_eq!(get("root"), "ro");
@@ -109,11 +110,14 @@ tr '\0' '\n' < /proc/1/environ | sed 's/^/env:/'
     assert_eq!(get("taskw"), "no");
     assert_eq!(get("taskmnt"), "ro");
     let procs: Vec<u32> = get("procs").split_whitespace().map(|p| p.parse().unwrap()).collect();
-    // sh (1), the command substitution's subshell, ls, grep, tr: nothing from the host.
-    assert!(procs.contains(&1) && procs.len() <= 5 && procs.iter().all(|&p| p < 10), "host pids visible: {procs:?}");
+    // init (1), sh (2), the command substitution's subshell, ls, grep, tr: nothing from the host.
+    assert!(procs.contains(&1) && procs.contains(&2) && procs.len() <= 6 && procs.iter().all(|&p| p < 10), "host pids visible: {procs:?}");
     assert_eq!(get("netdevs"), "lo");
     assert_eq!(get("fd0"), "/dev/null");
     assert_eq!(get("fd3"), "socket");
+    // The init holds none of the program's descriptors (the caller sees EOF when the
+    // program dies); its fd directory is not even readable by the program's uid.
+    assert_ne!(get("initfds"), "4");
     assert_eq!(get("cwd"), "/var/task");
     assert_eq!(get("umask"), "0022");
     assert_eq!(get("nofile"), "1024");
@@ -200,7 +204,7 @@ fn kill_removes_everything() {
     log.read_exact(&mut buf).unwrap();
     assert_eq!(&buf, b"started\n");
     let pids = sb.cgroup().pids().unwrap();
-    assert_eq!(pids.len(), 3, "sh and two sleeps in the cgroup: {pids:?}");
+    assert_eq!(pids.len(), 4, "the init, sh and two sleeps in the cgroup: {pids:?}");
     assert!(sb.cgroup().memory_usage_bytes().unwrap() > 0);
     assert!(run_dir(&s).exists());
     let cg = sb.cgroup().paths();
@@ -260,7 +264,9 @@ fn stub_is_stopped_tracee_with_blob() {
     assert!(state.starts_with('t') || state.starts_with('T'), "state {state}");
     let tid = nix::unistd::gettid().as_raw();
     assert_eq!(status_field(pid, "TracerPid"), tid.to_string());
-    assert_eq!(status_field(pid, "NSpid").split_whitespace().last(), Some("1"));
+    assert_eq!(status_field(pid, "NSpid").split_whitespace().last(), Some("2"));
+    assert_eq!(status_field(sb.init_pid(), "NSpid").split_whitespace().last(), Some("1"));
+    assert_eq!(status_field(pid, "PPid"), sb.init_pid().to_string(), "the stub is the init's child");
     assert!(status_field(pid, "Uid").starts_with("0\t"), "stub stays root");
     assert_eq!(status_field(pid, "Seccomp"), "2");
 
@@ -285,19 +291,42 @@ fn stub_is_stopped_tracee_with_blob() {
     assert!(Path::new(&format!("/proc/{pid}/root/var/task/hello.txt")).exists());
 
     let cg = sb.cgroup().paths();
-    assert_eq!(sb.cgroup().pids().unwrap(), vec![pid]);
+    let mut pids = sb.cgroup().pids().unwrap();
+    pids.sort();
+    assert_eq!(pids, vec![sb.init_pid(), pid]);
     sb.kill().unwrap();
     assert_gone(pid, &cg, &run_dir(&s));
 }
 
 #[test]
-fn stub_resumed_normally_exits_127() {
+fn stub_resumed_without_a_restore_keeps_waiting_and_dies_with_its_sandbox() {
     let code = code_dir();
-    let s = spec("stub127", code.path());
+    let s = spec("stubwait", code.path());
     let mut sb = Sandbox::spawn(&s, Entry::Stub { addr: 0x6100_0000_0000, len: 4096, blob: vec![0xcc] }).unwrap();
-    // Continue without delivering the SIGSTOP.
-    nix::sys::ptrace::cont(nix::unistd::Pid::from_raw(sb.pid()), None).unwrap();
-    assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(127));
+    let pid = sb.pid();
+    nix::sys::ptrace::detach(nix::unistd::Pid::from_raw(pid), None).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(status_field(pid, "State").starts_with('S'), "back in pause()");
+    assert_eq!(sb.wait_exit().unwrap(), None);
+    let cg = sb.cgroup().paths();
+    sb.kill().unwrap();
+    assert_gone(pid, &cg, &run_dir(&s));
+}
+
+/// PID 1 reaps orphans: daemons that double-fork and exit leave no zombies behind,
+/// and the program's exit status is reported through the init.
+#[test]
+fn init_reaps_orphans_and_reports_the_program_status() {
+    let code = code_dir();
+    let s = spec("reap", code.path());
+    // 40 double-forked daemons: each intermediate child is reaped by sh, each grandchild
+    // becomes an orphan (reparented to PID 1) and exits.
+    let script = "for i in $(seq 40); do (sh -c 'sleep 0.01' &) ; done; sleep 0.5; \
+                  echo zombies=$(grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l); exit 7";
+    let mut sb = Sandbox::spawn(&s, sh(script)).unwrap();
+    let out = read_all(sb.take_log().unwrap());
+    assert_eq!(out.trim(), "zombies=0", "{out}");
+    assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(7));
 }
 
 #[test]

@@ -261,7 +261,8 @@ fn a_restored_instance_dies_with_its_page_server() {
         .args(["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--quiet"])
         .spawn()
         .unwrap();
-    // Find the instance: the child of the node's process.
+    // Find the instance: PID 2 of its sandbox, the child of the sandbox's init (the
+    // child of the node's process).
     let children = |pid: u32| -> Vec<i32> {
         let mut out = Vec::new();
         for t in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
@@ -273,7 +274,7 @@ fn a_restored_instance_dies_with_its_page_server() {
     };
     let mut inst = None;
     for _ in 0..500 {
-        if let Some(&p) = children(node.id()).first() {
+        if let Some(&p) = children(node.id()).first().and_then(|&init| children(init as u32).first().copied()).as_ref() {
             // Restored and running the handler: its comm is python's.
             if std::fs::read_to_string(format!("/proc/{p}/comm")).map(|c| c.starts_with("python")).unwrap_or(false) {
                 inst = Some(p);

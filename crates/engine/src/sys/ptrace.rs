@@ -59,8 +59,9 @@ impl Tracee {
         Ok(t)
     }
 
-    /// A process that stopped itself after PTRACE_TRACEME (our restore stub).
-    pub fn from_traceme(pid: i32) -> io::Result<Tracee> {
+    /// A process this thread already traces and that is stopped (our restore stub,
+    /// seized by the sandbox).
+    pub fn attached(pid: i32) -> io::Result<Tracee> {
         let pid = Pid::from_raw(pid);
         let opts = nptrace::Options::PTRACE_O_TRACESYSGOOD | nptrace::Options::PTRACE_O_EXITKILL;
         nptrace::setoptions(pid, opts).map_err(nix_io)?;
@@ -200,12 +201,15 @@ pub fn kill_and_reap(leader: i32, traced: &[Tracee]) {
     reap_threads(leader, traced);
 }
 
-/// After SIGKILLing a process whose threads we trace: reap every traced thread
-/// other than the leader (their exits wait for us), so the leader can be reaped
-/// by its parent. Threads are polled in any order: one of them may be the thread
-/// tearing down the pid namespace, which itself waits for the others.
+/// After SIGKILLing a process whose threads we trace: reap every traced thread,
+/// the leader included (a traced thread's exit waits for its tracer; the leader's
+/// parent is the sandbox's init, which reaps it once we have). Threads are polled
+/// in any order: the leader is reported only after its threads are gone.
 pub fn reap_threads(leader: i32, traced: &[Tracee]) {
-    let mut left: Vec<Pid> = traced.iter().map(|t| t.pid).filter(|p| p.as_raw() != leader).collect();
+    let mut left: Vec<Pid> = traced.iter().map(|t| t.pid).collect();
+    if !left.contains(&Pid::from_raw(leader)) {
+        left.push(Pid::from_raw(leader));
+    }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !left.is_empty() && std::time::Instant::now() < deadline {
         left.retain(|&p| match waitpid(p, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {

@@ -1,0 +1,183 @@
+//! The sandbox's private tmpfs mounts (`/tmp`, `/dev/shm`) are part of an
+//! instance: what the function wrote there during init is captured with the image
+//! and written back into the new sandbox before the restored process resumes.
+//!
+//! Only what can be recreated exactly is captured: directories, regular files
+//! (contents, mode, owner, mtime) and symlinks. A FIFO, socket or device node is
+//! refused at capture, naming it; so is a regular file with several links (the
+//! restore would split it into independent copies).
+
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The tmpfs mounts of a sandbox that belong to the instance.
+pub const MOUNTS: [&str; 2] = ["/tmp", "/dev/shm"];
+
+#[derive(Debug, Error)]
+pub enum TmpfsError {
+    #[error("{path} is a {kind}, which cannot be carried across a snapshot (remove it before init ends)")]
+    Unsupported { path: String, kind: &'static str },
+    #[error("{path} has {links} hard links, which cannot be carried across a snapshot")]
+    HardLinks { path: String, links: u64 },
+    #[error("{what} {path}")]
+    Io { what: &'static str, path: PathBuf, #[source] source: io::Error },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    Dir,
+    File { data: Vec<u8> },
+    Symlink { target: String },
+}
+
+/// One file system object, with its path inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub path: String,
+    pub kind: EntryKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: (i64, i64),
+}
+
+/// Everything below the sandbox's tmpfs mounts, parents before children. `root` is
+/// the sandbox's root as seen from the host (`/proc/PID/root`).
+pub fn capture(root: &Path) -> Result<Vec<Entry>, TmpfsError> {
+    let mut out = Vec::new();
+    for m in MOUNTS {
+        let host = root.join(m.trim_start_matches('/'));
+        if host.is_dir() {
+            walk(&host, m, &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+fn walk(host: &Path, inside: &str, out: &mut Vec<Entry>) -> Result<(), TmpfsError> {
+    let ioe = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TmpfsError::Io { what, path, source }
+    };
+    let mut names: Vec<_> = std::fs::read_dir(host)
+        .map_err(ioe("listing", host))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(ioe("listing", host))?;
+    names.sort();
+    for name in names {
+        let h = host.join(&name);
+        let path = format!("{inside}/{}", name.to_string_lossy());
+        let meta = std::fs::symlink_metadata(&h).map_err(ioe("stat of", &h))?;
+        let ft = meta.file_type();
+        let kind = if ft.is_dir() {
+            EntryKind::Dir
+        } else if ft.is_symlink() {
+            let t = std::fs::read_link(&h).map_err(ioe("reading link", &h))?;
+            EntryKind::Symlink { target: t.to_string_lossy().into_owned() }
+        } else if ft.is_file() {
+            if meta.nlink() > 1 {
+                return Err(TmpfsError::HardLinks { path, links: meta.nlink() });
+            }
+            EntryKind::File { data: std::fs::read(&h).map_err(ioe("reading", &h))? }
+        } else {
+            use std::os::unix::fs::FileTypeExt;
+            let kind = if ft.is_fifo() {
+                "FIFO"
+            } else if ft.is_socket() {
+                "unix socket"
+            } else {
+                "device node"
+            };
+            return Err(TmpfsError::Unsupported { path, kind });
+        };
+        let is_dir = matches!(kind, EntryKind::Dir);
+        out.push(Entry {
+            path: path.clone(),
+            kind,
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        });
+        if is_dir {
+            walk(&h, &path, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Write `entries` below `root` (a new sandbox's root seen from the host), with
+/// their modes, owners and modification times. Directories' times are set last,
+/// after their contents.
+pub fn restore(root: &Path, entries: &[Entry]) -> Result<(), TmpfsError> {
+    let ioe = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TmpfsError::Io { what, path, source }
+    };
+    for e in entries {
+        let h = root.join(e.path.trim_start_matches('/'));
+        match &e.kind {
+            EntryKind::Dir => std::fs::create_dir(&h).map_err(ioe("creating directory", &h))?,
+            EntryKind::File { data } => std::fs::write(&h, data).map_err(ioe("writing", &h))?,
+            EntryKind::Symlink { target } => std::os::unix::fs::symlink(target, &h).map_err(ioe("creating symlink", &h))?,
+        }
+        std::os::unix::fs::lchown(&h, Some(e.uid), Some(e.gid)).map_err(ioe("chown of", &h))?;
+        if !matches!(e.kind, EntryKind::Symlink { .. }) {
+            std::fs::set_permissions(&h, std::fs::Permissions::from_mode(e.mode)).map_err(ioe("chmod of", &h))?;
+        }
+    }
+    for e in entries.iter().rev() {
+        let h = root.join(e.path.trim_start_matches('/'));
+        let t = |(s, ns): (i64, i64)| nix::sys::time::TimeSpec::new(s, ns);
+        nix::sys::stat::utimensat(
+            None,
+            &h,
+            &t(e.mtime),
+            &t(e.mtime),
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .map_err(|err| TmpfsError::Io { what: "setting times of", path: h.clone(), source: err.into() })?;
+    }
+    Ok(())
+}
+
+/// Bytes of file contents in `entries`.
+pub fn bytes(entries: &[Entry]) -> u64 {
+    entries.iter().map(|e| if let EntryKind::File { data } = &e.kind { data.len() as u64 } else { 0 }).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_a_tree_and_refuses_fifos() {
+        let src = tempfile::tempdir().unwrap();
+        let tmp = src.path().join("tmp");
+        std::fs::create_dir_all(tmp.join("a/b")).unwrap();
+        std::fs::write(tmp.join("a/b/f"), b"contents").unwrap();
+        std::fs::set_permissions(tmp.join("a/b/f"), std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::symlink("a/b/f", tmp.join("link")).unwrap();
+        let entries = capture(src.path()).unwrap();
+        let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["/tmp/a", "/tmp/a/b", "/tmp/a/b/f", "/tmp/link"]);
+        assert_eq!(bytes(&entries), 8);
+
+        let dst = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dst.path().join("tmp")).unwrap();
+        restore(dst.path(), &entries).unwrap();
+        assert_eq!(std::fs::read(dst.path().join("tmp/a/b/f")).unwrap(), b"contents");
+        assert_eq!(std::fs::metadata(dst.path().join("tmp/a/b/f")).unwrap().mode() & 0o777, 0o640);
+        assert_eq!(std::fs::read_link(dst.path().join("tmp/link")).unwrap(), Path::new("a/b/f"));
+        assert_eq!(capture(dst.path()).unwrap(), entries, "contents, modes, owners and times survive");
+
+        nix::unistd::mkfifo(&tmp.join("pipe"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = capture(src.path()).unwrap_err().to_string();
+        assert_eq!(e, "/tmp/pipe is a FIFO, which cannot be carried across a snapshot (remove it before init ends)");
+    }
+}

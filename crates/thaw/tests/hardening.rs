@@ -1,0 +1,113 @@
+//! Defects found by probing (issue "Hardening"), each checked end to end through
+//! the CLI as root: /tmp written at init, child processes at init, orphans and
+//! zombies inside an instance.
+
+mod common;
+
+use common::{bundle, ok, scratch, stderr, stdout, thaw};
+
+fn create(name: &str, handler: &str) -> (std::path::PathBuf, std::process::Output) {
+    let code = bundle(name, &[("handler.py", handler)]);
+    let snap = scratch().join(format!("snap-{name}"));
+    let o = thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]);
+    (snap, o)
+}
+
+fn restore(snap: &std::path::Path, paging: &str) -> String {
+    stdout(&ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--paging", paging, "--payload", "{}", "--quiet"])))
+}
+
+/// Files written to /tmp during init are part of the instance: every restore sees
+/// them (contents, modes, directories, symlinks), and a /tmp file held open at init
+/// is reopened at its offset.
+#[test]
+fn tmp_written_at_init_survives_the_snapshot() {
+    let handler = r#"
+import os
+os.makedirs('/tmp/cache/sub', exist_ok=True)
+with open('/tmp/cache/sub/model.bin', 'wb') as f:
+    f.write(bytes(range(256)) * 64)
+os.chmod('/tmp/cache/sub/model.bin', 0o640)
+os.symlink('cache/sub/model.bin', '/tmp/latest')
+with open('/tmp/open.txt', 'w') as f:
+    f.write('0123456789')
+HELD = open('/tmp/open.txt')
+HELD.read(4)
+
+def handler(event, context):
+    data = open('/tmp/latest', 'rb').read()
+    return {
+        'size': len(data), 'ok': data == bytes(range(256)) * 64,
+        'mode': oct(os.stat('/tmp/cache/sub/model.bin').st_mode & 0o777),
+        'rest': HELD.read(), 'listing': sorted(os.listdir('/tmp')),
+    }
+"#;
+    let (snap, o) = create("tmpfiles", handler);
+    ok(o);
+    let want = r#"{"size": 16384, "ok": true, "mode": "0o640", "rest": "456789", "listing": ["cache", "latest", "open.txt"]}"#;
+    for paging in ["lazy", "eager", "record", "prefetch"] {
+        assert_eq!(restore(&snap, paging).trim(), want, "paging {paging}");
+    }
+}
+
+/// A FIFO in /tmp cannot be recreated faithfully: the capture refuses, naming it.
+#[test]
+fn a_fifo_in_tmp_is_refused_by_name() {
+    let (snap, o) = create("tmpfifo", "import os\nos.mkfifo('/tmp/chan')\n\ndef handler(e, c):\n    return 1\n");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("/tmp/chan is a FIFO, which cannot be carried across a snapshot"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!snap.exists(), "no snapshot is left behind");
+}
+
+/// A child process started at init is not silently dropped: the capture refuses,
+/// naming it.
+#[test]
+fn a_child_process_at_init_is_refused_by_name() {
+    let handler = "import subprocess\nCHILD = subprocess.Popen(['/bin/sleep', '300'])\n\ndef handler(e, c):\n    return 1\n";
+    let (snap, o) = create("child", handler);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("the instance has other processes besides the runtime: pid 3 (/bin/sleep 300)"), "{err}");
+    assert!(!snap.exists());
+}
+
+/// PID 1 of the sandbox reaps orphans: daemons that double-fork leave no zombies,
+/// and the instance can keep forking however many callers did so before it.
+#[test]
+fn orphans_are_reaped_so_zombies_never_pile_up() {
+    let handler = r#"
+import os, time
+
+def zombies():
+    n = 0
+    for p in os.listdir('/proc'):
+        if p.isdigit():
+            try:
+                if open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z':
+                    n += 1
+            except OSError:
+                pass
+    return n
+
+def handler(event, context):
+    for _ in range(40):
+        pid = os.fork()
+        if pid == 0:
+            if os.fork() == 0:
+                os._exit(0)   # the daemon: an orphan once its parent is gone
+            os._exit(0)
+        os.waitpid(pid, 0)
+    time.sleep(0.3)
+    return zombies()
+"#;
+    let (snap, o) = create("orphans", handler);
+    ok(o);
+    let out = stdout(&ok(thaw(&[
+        "snapshot", "restore", snap.to_str().unwrap(), "--payload", "{}", "--invocations", "3", "--quiet",
+    ])));
+    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["0", "0", "0"], "{out}");
+}
