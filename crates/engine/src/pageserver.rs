@@ -271,6 +271,19 @@ impl AddressSpace {
         self.spans.insert(start, (end, delta));
     }
 
+    /// A page at or above 64 KiB (the usual mmap_min_addr) outside every range this
+    /// space has ever tracked: a userfaultfd registration cannot cover it.
+    pub fn untracked_page(&self) -> Option<u64> {
+        let mut cand = 0x10000;
+        for (&s, &(e, _)) in &self.spans {
+            if cand < s {
+                return Some(cand);
+            }
+            cand = cand.max(e);
+        }
+        (cand < 0x7fff_ffff_0000).then_some(cand)
+    }
+
     /// The range was unmapped or discarded: later faults there read zeros.
     pub fn release(&mut self, start: u64, end: u64) {
         self.set(start, end, None);
@@ -307,7 +320,15 @@ struct Serve {
     stats: Arc<Stats>,
     /// Read-around windows of the image this process has already read.
     windows_read: std::collections::HashSet<u64>,
+    /// Serving a forked child: the pidfd is the restored process's, so the child's
+    /// end is noticed by probing its address space (see [`CHILD_PROBE`]).
+    child: bool,
 }
+
+/// How often a forked child's server checks that the child's address space still
+/// exists (it ends when the child exits or execs, instead of living as long as the
+/// instance: a fork loop would otherwise pile up one thread per fork).
+const CHILD_PROBE: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl PageServer {
     /// Start serving `uffd` (already registered) for the process behind `pidfd`.
@@ -327,6 +348,7 @@ impl PageServer {
             space,
             stats: stats.clone(),
             windows_read: Default::default(),
+            child: false,
         };
         let thread = std::thread::Builder::new().name("thaw-pageserver".into()).spawn(move || serve.run())?;
         Ok(PageServer { stop_tx: Some(tx), thread: Some(thread), stats })
@@ -364,7 +386,6 @@ impl Serve {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let mut queue = VecDeque::with_capacity(64);
         let mut buf = Vec::with_capacity((self.source.readaround() * PAGE_SIZE) as usize);
-        let mut children: Vec<JoinHandle<()>> = Vec::new();
         loop {
             let (uffd_ready, exited, stopped) = {
                 let mut fds = [
@@ -372,7 +393,16 @@ impl Serve {
                     PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN),
                     PollFd::new(self.stop_rx.as_fd(), PollFlags::POLLIN),
                 ];
-                match poll(&mut fds, PollTimeout::NONE) {
+                let timeout = if self.child { PollTimeout::from(CHILD_PROBE.as_millis() as u16) } else { PollTimeout::NONE };
+                match poll(&mut fds, timeout) {
+                    Ok(0) if self.child => {
+                        let gone = self.space.untracked_page().is_some_and(|p| !uffd::mm_alive(self.uffd.as_fd(), p));
+                        if gone {
+                            debug!("forked child is gone; its page server ends");
+                            break;
+                        }
+                        continue;
+                    }
                     Ok(_) => {}
                     Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => return Err(PageServerError::Poll(e.into())),
@@ -402,15 +432,13 @@ impl Serve {
                 while let Some(ev) = queue.pop_front() {
                     match ev {
                         Event::PageFault { addr, .. } => self.fault(addr & !(PAGE_SIZE - 1), &mut buf, &mut queue)?,
-                        Event::Fork { ufd } => children.push(self.fork_child(ufd)?),
+                        // Detached: it ends with the child (or the instance).
+                        Event::Fork { ufd } => drop(self.fork_child(ufd)?),
                         other => self.apply(other),
                     }
                 }
                 idle_since = Instant::now();
             }
-        }
-        for c in children {
-            let _ = c.join();
         }
         Ok(())
     }
@@ -443,9 +471,10 @@ impl Serve {
             space: self.space.clone(),
             stats: self.stats.clone(),
             windows_read: self.windows_read.clone(),
+            child: true,
         };
         debug!("serving a forked child");
-        std::thread::Builder::new().name("thaw-pageserver-child".into()).spawn(move || child.run()).map_err(PageServerError::Poll)
+        std::thread::Builder::new().name("thaw-ps-child".into()).spawn(move || child.run()).map_err(PageServerError::Poll)
     }
 
     fn fault(&mut self, page: u64, buf: &mut Vec<u8>, queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {

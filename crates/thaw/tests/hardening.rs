@@ -111,3 +111,60 @@ def handler(event, context):
     ])));
     assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["0", "0", "0"], "{out}");
 }
+
+/// A fork inside a restored instance gets a page server for the child's copy of the
+/// memory; that server ends with the child instead of living as long as the instance
+/// (a fork loop would otherwise pile up one node thread per fork).
+#[test]
+fn page_servers_of_forked_children_end_with_them() {
+    let handler = r#"
+import os, time
+HEAP = bytearray(b'h' * (4 << 20))
+
+def handler(event, context):
+    for _ in range(30):
+        pid = os.fork()
+        if pid == 0:
+            HEAP[0] = 1   # fault in the child
+            os._exit(0)
+        os.waitpid(pid, 0)
+    time.sleep(3)
+    return HEAP.count(b'h')
+"#;
+    let (snap, o) = create("forkloop", handler);
+    ok(o);
+    let mut node = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .env("THAW_DATA_DIR", scratch().join("data"))
+        .args(["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--payload", "{}", "--quiet"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child_servers = |pid: u32| -> Option<usize> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        Some(
+            tasks
+                .flatten()
+                .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("thaw-ps-child")))
+                .count(),
+        )
+    };
+    let (mut seen, mut drained) = (0, false);
+    for _ in 0..400 {
+        match child_servers(node.id()) {
+            Some(n) => {
+                seen = seen.max(n);
+                if seen > 0 && n == 0 {
+                    drained = true;
+                    break;
+                }
+            }
+            None => break,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let out = node.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), (4u32 << 20).to_string());
+    assert!(seen > 0, "no forked child was ever served");
+    assert!(drained, "child page servers outlived their children (max {seen} seen)");
+}

@@ -155,6 +155,14 @@ pub fn zeropage(fd: BorrowedFd<'_>, dst: u64, len: u64, wake: bool) -> io::Resul
     }
 }
 
+/// Whether the address space behind `fd` still exists. `probe` must be a page in
+/// no range registered with `fd`: a live address space answers ENOENT there (nothing
+/// to fill), one whose process has exited or exec'd ESRCH.
+pub fn mm_alive(fd: BorrowedFd<'_>, probe: u64) -> bool {
+    let mut z = UffdioZeropage { range: UffdioRange { start: probe, len: 4096 }, mode: COPY_MODE_DONTWAKE, zeropage: 0 };
+    !matches!(ioctl(fd, UFFDIO_ZEROPAGE, &mut z), Err(e) if e.raw_os_error() == Some(libc::ESRCH))
+}
+
 /// Wake threads blocked on faults in `[start, start+len)`.
 pub fn wake(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
     let mut r = UffdioRange { start, len };
