@@ -73,6 +73,9 @@ pub struct SandboxRecord {
     /// The runtime asked to be told when it is a restored clone (to reseed
     /// randomness, run after-restore hooks).
     pub restore_notice: bool,
+    /// Fingerprint of `code_dir` at capture (see `fingerprint`); a restore over a
+    /// changed bundle is refused.
+    pub code_fingerprint: String,
 }
 
 /// General purpose registers in `user_regs_struct` order.
@@ -426,6 +429,7 @@ mod tests {
                 uid: 65534,
                 gid: 65534,
                 restore_notice: true,
+                code_fingerprint: "ab".into(),
             },
             threads: vec![ThreadState {
                 tid: 1,

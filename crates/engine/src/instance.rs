@@ -96,6 +96,7 @@ impl FunctionConfig {
             uid: 65534,
             gid: 65534,
             restore_notice: true,
+            code_fingerprint: String::new(),
         }
     }
 }
@@ -157,6 +158,17 @@ pub struct LoadedSnapshot {
 impl LoadedSnapshot {
     pub fn open(dir: &Path) -> Result<LoadedSnapshot, InstanceError> {
         let Snapshot { dir, image, pages, id } = Snapshot::open(dir)?;
+        let code = &image.sandbox.code_dir;
+        let now = crate::fingerprint::of_dir(code).map_err(|e| {
+            RestoreError::Incompatible(format!("the function bundle {} cannot be read: {e}", code.display()))
+        })?;
+        if now != image.sandbox.code_fingerprint {
+            return Err(RestoreError::Incompatible(format!(
+                "the function bundle {} changed since the snapshot was taken; re-create the snapshot",
+                code.display()
+            ))
+            .into());
+        }
         let region = restore::choose_region(&image)?;
         let source = Arc::new(PageSource::new(image.pages.clone(), pages));
         Ok(LoadedSnapshot { dir, image, source, region, id, reprofile_threshold: 0.25, merge_misses: true, parallel_readers: 4 })
@@ -575,7 +587,9 @@ impl Instance {
     /// Capture this (booted, ready, never invoked) instance into `out`. The
     /// instance is consumed: after capture no process of it is left.
     pub fn capture(mut self, out: &Path) -> Result<(PathBuf, CaptureStats), InstanceError> {
-        let result = capture::capture(self.sandbox.pid(), self.record.clone(), out);
+        let mut record = self.record.clone();
+        record.code_fingerprint = crate::fingerprint::of_dir(&record.code_dir).map_err(InstanceError::Io)?;
+        let result = capture::capture(self.sandbox.pid(), record, out);
         if let Err(e) = self.sandbox.kill() {
             warn!(error = %e, "cleaning up the captured sandbox");
         }

@@ -7,6 +7,7 @@
 //! stopped tracee.
 
 pub mod capture;
+pub mod fingerprint;
 pub mod image;
 pub mod instance;
 pub mod inject;

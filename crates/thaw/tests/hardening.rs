@@ -168,3 +168,23 @@ def handler(event, context):
     assert!(seen > 0, "no forked child was ever served");
     assert!(drained, "child page servers outlived their children (max {seen} seen)");
 }
+
+/// A restore over a bundle that changed after the capture would run the old code
+/// (already in memory) over the new files: it is refused, naming the bundle.
+#[test]
+fn a_changed_bundle_refuses_the_restore() {
+    let (snap, o) = create("changing", "import helper\n\ndef handler(e, c):\n    return helper.V\n");
+    // `create` wrote the bundle; add the module before the capture...
+    assert!(!o.status.success(), "helper.py does not exist yet");
+    let code = bundle("changing", &[("helper.py", "V = 1\n")]);
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    assert_eq!(restore(&snap, "lazy").trim(), "1");
+    std::fs::write(code.join("helper.py"), "V = 2222\n").unwrap();
+    let o = thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", "{}", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains(&format!("the function bundle {} changed since the snapshot was taken; re-create the snapshot", code.display())),
+        "{}",
+        stderr(&o)
+    );
+}
