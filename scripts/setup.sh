@@ -44,6 +44,10 @@ if [ -w /sys/kernel/rcu_expedited ] && [ "$(cat /sys/kernel/rcu_expedited)" != 1
     echo 1 > /sys/kernel/rcu_expedited
 fi
 
+# Cluster tests: etcd (Debian) + kube-apiserver, kube-controller-manager and kubectl
+# built from the k8s.io/kubernetes Go module, cached outside the clone (~10 min once).
+bash scripts/build-k8s.sh
+
 bash scripts/build-runtimes.sh   # Java runtime jar (build/runtimes/java), copied into the shim dir by thaw
 log "building sample functions"
 bash scripts/build-samples.sh
