@@ -53,6 +53,8 @@ enum Cmd {
     Status(thaw_node::cli::StatusArgs),
     /// Cold-start experiments: boot vs lazy/eager/REAP restores vs warm; table, JSON and SVG charts.
     Bench(thaw_bench::BenchArgs),
+    /// Simulate placement over 10..1,000 nodes: hit ratio, store bytes, p50/p99, load balance per policy.
+    Sim(thaw_cluster::cli::SimArgs),
 }
 
 #[derive(Subcommand)]
@@ -234,6 +236,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Bench(args) => {
             thaw_bench::run(args, &cli.data_dir)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Sim(args) => {
+            let stamp = thaw_bench::report::utc_stamp(std::time::SystemTime::now()).0;
+            print!("{}", thaw_cluster::cli::sim(&args, &stamp)?);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Boot { func, inv } => {
