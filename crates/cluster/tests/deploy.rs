@@ -14,6 +14,9 @@ use kube::discovery::{Discovery, Scope};
 use kube::{Api, Client};
 use serde_json::{json, Value};
 use thaw_cluster::controlplane::{binary, ControlPlane};
+use thaw_cluster::hash::Rng;
+use thaw_cluster::placement::{Policy, Reason};
+use thaw_cluster::view::{watch_nodes, ClusterView};
 
 const NS: &str = "thaw-system";
 
@@ -225,7 +228,7 @@ async fn manifests_apply_and_agents_only_write_their_own_node() {
     // The gateway reads advertisements and functions, writes nothing.
     let gw = cp.client_for_token(&cp.service_account_token(NS, "thaw-gateway", None).await.unwrap()).await.unwrap();
     let seen: Vec<String> = thawnodes(&gw).list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|o| o.metadata.name).collect();
-    assert_eq!(seen, vec!["node-a".to_string(), "node-b".to_string()]);
+    assert!(seen.contains(&"node-a".to_string()) && seen.contains(&"node-b".to_string()), "{seen:?}");
     let (code, _) = refused("gateway patches a ThawNode", thawnodes(&gw).patch_status("node-a", &mp, &status(0)).await);
     assert_eq!(code, 403);
     let (code, _) = refused("gateway deletes a ThawFunction", thawfunctions(&gw).delete("hello", &DeleteParams::default()).await);
@@ -242,4 +245,82 @@ async fn manifests_apply_and_agents_only_write_their_own_node() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(thawnodes(&admin).get_opt("node-b").await.unwrap().is_some(), "node-b's ThawNode must stay");
+}
+
+/// Installs the two CRDs (server-side apply: idempotent, the other test may do it too).
+async fn install_crds(admin: &Client) {
+    let discovery = Discovery::new(admin.clone()).run().await.unwrap();
+    for o in render("base").iter().filter(|o| o["kind"] == "CustomResourceDefinition") {
+        apply(admin, &discovery, o, false).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while thawnodes(admin).list(&ListParams::default()).await.is_err() {
+        assert!(Instant::now() < deadline, "ThawNode CRD not served after 30 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the watched view satisfies `pred`.
+async fn view_until(rx: &mut tokio::sync::watch::Receiver<std::sync::Arc<ClusterView>>, what: &str, pred: impl Fn(&ClusterView) -> bool) {
+    let r = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|v| pred(v))).await;
+    assert!(matches!(r, Ok(Ok(_))), "the gateway's view never showed: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_view_follows_advertisements() {
+    let cp = tokio::task::spawn_blocking(ControlPlane::shared).await.unwrap();
+    let admin = cp.client().await.unwrap();
+    install_crds(&admin).await;
+    let names = |v: &ClusterView| v.nodes().iter().map(|n| n.name.clone()).filter(|n| n.starts_with("view-")).collect::<Vec<_>>();
+
+    let (tx, mut rx) = tokio::sync::watch::channel(std::sync::Arc::new(ClusterView::new(vec![], Policy::Thaw, 1.25)));
+    let watcher = tokio::spawn(watch_nodes(admin.clone(), Policy::Thaw, 1.25, tx));
+    let api = thawnodes(&admin);
+    let pp = PostParams::default();
+    let publish = |warm: Vec<&'static str>, cached: Vec<&'static str>| {
+        Patch::Merge(json!({"status": {"bootId": "boot-1", "freeInstances": 8,
+            "warm": warm.iter().map(|f| json!({"function": f, "idle": 1})).collect::<Vec<_>>(),
+            "cachedSnapshots": cached.iter().map(|s| json!({"id": s, "bytes": 1})).collect::<Vec<_>>()}}))
+    };
+    for n in ["view-1", "view-2", "view-3"] {
+        // Owned by nothing here (no Node objects needed for the view).
+        let o: DynamicObject = serde_json::from_value(json!({"apiVersion": "thaw.dev/v1alpha1", "kind": "ThawNode",
+            "metadata": {"name": n}, "spec": {"endpoint": format!("http://{n}.example:9000")}})).unwrap();
+        api.create(&pp, &o).await.unwrap();
+    }
+    // Not published yet (no status): not in placement.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(names(&rx.borrow()).is_empty(), "unpublished nodes must not be placed on: {:?}", names(&rx.borrow()));
+
+    api.patch_status("view-1", &PatchParams::default(), &publish(vec![], vec![])).await.unwrap();
+    api.patch_status("view-2", &PatchParams::default(), &publish(vec!["hot"], vec![])).await.unwrap();
+    api.patch_status("view-3", &PatchParams::default(), &publish(vec![], vec!["snap-cold"])).await.unwrap();
+    view_until(&mut rx, "3 published nodes", |v| names(v).len() == 3).await;
+    {
+        let v = rx.borrow().clone();
+        let loads = vec![0u32; v.nodes().len()];
+        let mut rng = Rng::new(1);
+        let (n, d) = v.place("hot", "snap-hot", &loads[..], &mut rng).unwrap();
+        assert_eq!((n.name.as_str(), d.reason), ("view-2", Reason::Warm), "warm instance first");
+        assert_eq!(n.endpoint, "http://view-2.example:9000");
+        let (n, d) = v.place("cold", "snap-cold", &loads[..], &mut rng).unwrap();
+        assert_eq!((n.name.as_str(), d.reason), ("view-3", Reason::Cached), "then the node caching the snapshot");
+    }
+
+    // The warm instance goes away on view-2 and view-3 disappears: placement follows.
+    api.patch_status("view-2", &PatchParams::default(), &publish(vec![], vec![])).await.unwrap();
+    api.delete("view-3", &DeleteParams::default()).await.unwrap();
+    view_until(&mut rx, "view-3 gone and view-2 without warm instances", |v| {
+        names(v) == ["view-1", "view-2"] && v.nodes().iter().all(|n| n.warm.is_empty() || !n.name.starts_with("view-"))
+    })
+    .await;
+    let v = rx.borrow().clone();
+    let loads = vec![0u32; v.nodes().len()];
+    let (n, d) = v.place("cold", "snap-cold", &loads[..], &mut Rng::new(1)).unwrap();
+    assert!(matches!(d.reason, Reason::Ring(_)), "{d:?}");
+    assert_ne!(n.name, "view-3");
+    watcher.abort();
+    for n in ["view-1", "view-2"] {
+        api.delete(n, &DeleteParams::default()).await.unwrap();
+    }
 }
