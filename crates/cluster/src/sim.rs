@@ -33,7 +33,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::hash::{hash_pair, hash_str, Rng};
 use crate::placement::{Loads, Placer, Policy, Request, DEFAULT_LOAD_FACTOR};
@@ -55,7 +55,7 @@ pub enum SimError {
     Chart { path: PathBuf, msg: String },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TraceKind {
     Azure,
@@ -82,7 +82,7 @@ impl std::str::FromStr for TraceKind {
 /// working set + state) must first be fetched from the snapshot store on a local
 /// network: the lazy-from-cold-disk time to first response of the same samples
 /// (~20 ms) taken as a stand-in until the store (#13) publishes its own figure.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Costs {
     pub warm_ms: f64,
     pub local_ms: f64,
@@ -96,7 +96,7 @@ impl Default for Costs {
 }
 
 /// Parameters of one simulation run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SimConfig {
     pub nodes: usize,
     pub functions: usize,
@@ -400,7 +400,7 @@ impl Lru {
 }
 
 /// Figures of one run (the counted part of the trace).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SimReport {
     pub policy: Policy,
     pub trace: TraceKind,

@@ -37,6 +37,18 @@ fn thaw_policy_beats_oblivious_placement_and_stays_balanced() {
     // Cold-start latency reflects the hits (local restore, not remote).
     assert_eq!(thaw.cold_p50_ms, base.costs.local_ms);
     assert_eq!(random.cold_p50_ms, base.costs.remote_ms);
+
+    // --compare's output: JSON that reads back, and a chart with every policy.
+    let dir = tempfile::tempdir().unwrap();
+    let (json, svg) = thaw_cluster::sim::write_comparison(dir.path(), "test", &reports).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let back: Vec<thaw_cluster::sim::SimReport> = serde_json::from_value(v["runs"].clone()).unwrap();
+    assert_eq!(back.len(), 4);
+    assert_eq!(back[3].hits, reports[3].hits);
+    let svg = std::fs::read_to_string(svg).unwrap();
+    for p in Policy::ALL {
+        assert!(svg.contains(&format!(">{}<", p.name())) || svg.contains(p.name()), "legend lacks {p}");
+    }
 }
 
 #[test]
