@@ -141,6 +141,8 @@ pub struct ConcPoint {
     pub p90_avg_ms: f64,
     pub trials: usize,
     pub page_faults_avg: f64,
+    /// Median over trials of how many instances read the working set from disk.
+    pub ws_reads: f64,
 }
 
 /// function -> mode -> points by N.
@@ -151,15 +153,16 @@ pub fn concurrency_summary(recs: &[ConcRecord]) -> ConcSummary {
     for r in recs {
         trials.entry((r.function.clone(), r.mode.clone(), r.n, r.rep)).or_default().push(r);
     }
-    let mut by_n: BTreeMap<(String, String, u32), (Vec<f64>, Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    let mut by_n: BTreeMap<(String, String, u32), (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for ((f, m, n, _), t) in trials {
         let e = by_n.entry((f, m, n)).or_default();
         e.0.push(t.iter().map(|r| r.ttfr_ms).sum::<f64>() / t.len() as f64);
         e.1.push(t.iter().map(|r| r.ttfr_ms).fold(0.0, f64::max));
         e.2.push(t.iter().map(|r| r.page_faults as f64).sum::<f64>() / t.len() as f64);
+        e.3.push(t.iter().filter(|r| r.ws_bytes_read > 0).count() as f64);
     }
     let mut out = ConcSummary::new();
-    for ((f, m, n), (avg, mx, pfs)) in by_n {
+    for ((f, m, n), (avg, mx, pfs, reads)) in by_n {
         out.entry(f).or_default().entry(m).or_default().push(ConcPoint {
             n,
             avg_ms: stats::median(&avg).unwrap_or(f64::NAN),
@@ -167,6 +170,7 @@ pub fn concurrency_summary(recs: &[ConcRecord]) -> ConcSummary {
             p90_avg_ms: stats::p90(&avg).unwrap_or(f64::NAN),
             trials: avg.len(),
             page_faults_avg: stats::median(&pfs).unwrap_or(f64::NAN),
+            ws_reads: stats::median(&reads).unwrap_or(f64::NAN),
         });
     }
     out
@@ -349,7 +353,10 @@ pub fn summary_lines(h: &Headline, conc: &ConcSummary) -> Vec<String> {
         for (m, pts) in modes {
             out.push(format!(
                 "concurrency {f} {m}: time to first response per instance avg/max (median of trials): {}",
-                pts.iter().map(|p| format!("N={} {:.1}/{:.1} ms", p.n, p.avg_ms, p.max_ms)).collect::<Vec<_>>().join(", ")
+                pts.iter()
+                    .map(|p| format!("N={} {:.1}/{:.1} ms ({} WS reads)", p.n, p.avg_ms, p.max_ms, p.ws_reads))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
     }
@@ -503,6 +510,7 @@ mod tests {
                         first_invoke_ms: 5.0,
                         ttfr_ms: 10.0 * (i + 1) as f64,
                         page_faults: 3,
+                        ws_bytes_read: 0,
                     });
                 }
             }

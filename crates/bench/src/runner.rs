@@ -68,6 +68,10 @@ pub struct ConcRecord {
     pub first_invoke_ms: f64,
     pub ttfr_ms: f64,
     pub page_faults: u64,
+    /// Bytes this instance read from its working-set file (0 when it installed the
+    /// copy another restore of the burst had read).
+    #[serde(default)]
+    pub ws_bytes_read: u64,
 }
 
 pub struct Results {
@@ -368,9 +372,24 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
     let mut out = Vec::new();
     for &n in &cfg.concurrency {
         for rep in 0..reps {
-            let modes = if rep % 2 == 0 { ["lazy", "prefetch"] } else { ["prefetch", "lazy"] };
+            // lazy / prefetch: N copies of the snapshot (N different functions' worth of
+            // files); burst-*: N restores of ONE snapshot through one opened snapshot,
+            // as the node serves a burst of one function, with each restore reading
+            // the working set itself (today's REAP) or one read shared by the burst.
+            let mut modes = ["lazy", "prefetch", "burst-each", "burst-shared"];
+            let k = rep as usize % modes.len();
+            modes.rotate_left(k);
             for mode in modes {
-                let asked = paging(mode)?;
+                let burst = mode.starts_with("burst-");
+                let asked = if burst { Paging::Prefetch } else { paging(mode)? };
+                let shared = if burst {
+                    let mut l = LoadedSnapshot::open(&copies[0])?;
+                    l.merge_misses = false;
+                    l.single_flight = mode == "burst-shared";
+                    Some(Arc::new(l))
+                } else {
+                    None
+                };
                 for d in &copies[..n as usize] {
                     if asked.needs_ws() && !WorkingSet::exists(d) {
                         install_ws(&p.golden, d)?;
@@ -384,12 +403,19 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                         let (go, done) = (go.clone(), done.clone());
                         let dir = copies[i as usize].clone();
                         let (payload, name, reference) = (p.payload, p.name.clone(), p.reference.clone());
+                        let shared = shared.clone();
                         std::thread::spawn(move || -> Result<ConcRecord> {
                             go.wait();
                             let t0 = Instant::now();
                             let r = (|| -> Result<(ConcRecord, Instance)> {
-                                let mut loaded = LoadedSnapshot::open(&dir)?;
-                                loaded.merge_misses = false;
+                                let loaded = match shared {
+                                    Some(l) => l,
+                                    None => {
+                                        let mut l = LoadedSnapshot::open(&dir)?;
+                                        l.merge_misses = false;
+                                        Arc::new(l)
+                                    }
+                                };
                                 let mut inst = Instance::restore(&loaded, asked)?;
                                 let restore_ms = ms(t0.elapsed());
                                 if let Err(e) = check_mode(&inst, asked) {
@@ -415,6 +441,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                                     first_invoke_ms: first,
                                     ttfr_ms: ttfr,
                                     page_faults: inst.page_stats().page_faults,
+                                    ws_bytes_read: inst.prefetch_stats().filter(|p| !p.shared).map(|p| p.ws_bytes).unwrap_or(0),
                                 };
                                 Ok((rec, inst))
                             })();

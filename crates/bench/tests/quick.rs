@@ -24,7 +24,8 @@ fn thaw_bin() -> PathBuf {
         .status()
         .expect("running cargo build");
     assert!(st.success(), "building thaw failed");
-    root().join("target/release/thaw")
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+    target.join("release/thaw")
 }
 
 #[test]
@@ -86,7 +87,11 @@ fn quick_bench_on_helloworld() {
         assert!(r["ttfr_ms"].as_f64().unwrap() > 0.0, "{r}");
     }
     let conc = v["concurrency_runs"].as_array().unwrap();
-    assert_eq!(conc.len(), 2 * 2 * (1 + 2), "2 reps x 2 modes x (1 + 2) instances");
+    assert_eq!(conc.len(), 2 * 4 * (1 + 2), "2 reps x 4 modes (lazy, prefetch, burst-each, burst-shared) x (1 + 2) instances");
+    // Every burst reads the working set at least once; each-reads bursts read it once per instance.
+    for r in conc.iter().filter(|r| r["mode"] == "burst-each") {
+        assert!(r["ws_bytes_read"].as_u64().unwrap() > 0, "{r}");
+    }
     let cs = &v["summary"]["concurrency"]["helloworld"];
     for mode in ["lazy", "prefetch"] {
         let pts = cs[mode].as_array().unwrap();

@@ -20,7 +20,7 @@ use crate::image::{ImageError, SandboxRecord, Snapshot};
 use crate::inject;
 use crate::pageserver::{PageServer, PageSource, Paging, Stats};
 use crate::pageserver::PrefetchStats;
-use crate::restore::{self, Prefill, RestoreError};
+use crate::restore::{self, Prefill, RestoreError, SharedWs};
 use crate::ws::{self, WorkingSet, WsError};
 
 #[derive(Debug, Error)]
@@ -153,6 +153,11 @@ pub struct LoadedSnapshot {
     pub merge_misses: bool,
     /// Reader threads of the `parallel` variant.
     pub parallel_readers: usize,
+    /// Concurrent restores share one read of the working set (on by default; off:
+    /// each restore reads it itself, as REAP does).
+    pub single_flight: bool,
+    /// The working set in memory while a burst of restores is installing it.
+    ws_flight: std::sync::Mutex<std::sync::Weak<SharedWs>>,
 }
 
 impl LoadedSnapshot {
@@ -171,7 +176,18 @@ impl LoadedSnapshot {
         }
         let region = restore::choose_region(&image)?;
         let source = Arc::new(PageSource::new(image.pages.clone(), pages));
-        Ok(LoadedSnapshot { dir, image, source, region, id, reprofile_threshold: 0.25, merge_misses: true, parallel_readers: 4 })
+        Ok(LoadedSnapshot {
+            dir,
+            image,
+            source,
+            region,
+            id,
+            reprofile_threshold: 0.25,
+            merge_misses: true,
+            parallel_readers: 4,
+            single_flight: true,
+            ws_flight: Default::default(),
+        })
     }
 
     /// Whether a working set has been recorded for this snapshot (not yet validated).
@@ -209,13 +225,21 @@ impl LoadedSnapshot {
             Paging::Lazy | Paging::Record | Paging::Auto => (Prefill::None, paging),
             Paging::Eager => (Prefill::Eager, paging),
             Paging::Prefetch | Paging::WsCached | Paging::Parallel => {
+                // One read per burst: concurrent restores of this snapshot wait for the
+                // first one's read and install the same bytes.
+                let mut flight = self.ws_flight.lock().expect("working-set flight lock");
+                if paging != Paging::Parallel && self.single_flight {
+                    if let Some(shared) = flight.upgrade() {
+                        return (Prefill::Ws { shared, reader: false }, paging);
+                    }
+                }
                 let load = || {
                     WorkingSet::load(&self.dir, self.id).and_then(|ws| {
                         if paging == Paging::Parallel {
                             return Ok(Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers });
                         }
                         let (buf, read_ms) = ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?;
-                        Ok(Prefill::Ws { ws, buf, read_ms })
+                        Ok(Prefill::Ws { shared: Arc::new(SharedWs { ws, buf, read_ms }), reader: true })
                     })
                 };
                 // A working set being replaced (recorded or merged by another instance)
@@ -230,7 +254,12 @@ impl LoadedSnapshot {
                     loaded = load();
                 }
                 match loaded {
-                    Ok(p) => (p, paging),
+                    Ok(p) => {
+                        if let Prefill::Ws { shared, .. } = &p {
+                            *flight = Arc::downgrade(shared);
+                        }
+                        (p, paging)
+                    }
                     Err(e) => {
                         if !matches!(e, WsError::Missing { .. }) {
                             warn!(error = %e, "ignoring the working set; restoring lazily and re-recording");

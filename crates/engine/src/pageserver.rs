@@ -574,10 +574,14 @@ pub struct PrefetchStats {
     pub read_ms: f64,
     pub install_ms: f64,
     pub copies: u64,
+    /// The working set was installed from a copy another restore of the same burst
+    /// had read (single flight): nothing was read from disk for this instance.
+    pub shared: bool,
 }
 
 /// REAP prefetch: install the working set (already read into `buf`, laid out by
-/// vaddr) with one UFFDIO_COPY per contiguous run, and map its zero pages.
+/// vaddr) with one UFFDIO_COPY per contiguous run, and map its zero pages. The
+/// caller accounts the bytes read (once per burst, see `restore::SharedWs`).
 /// `vma_starts`: sorted start addresses of the VMAs; a UFFDIO_COPY must not cross one.
 pub fn install_ws(
     uffd_fd: &OwnedFd,
@@ -610,7 +614,6 @@ pub fn install_ws(
             ps.ws_zero_pages += 1;
         }
     }
-    stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
     stats.pages_installed_upfront.fetch_add(ps.ws_pages + ps.ws_zero_pages, Ordering::Relaxed);
     ps.install_ms = t0.elapsed().as_secs_f64() * 1e3;
     Ok(ps)

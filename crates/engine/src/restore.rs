@@ -83,10 +83,19 @@ pub enum Prefill {
     None,
     /// Every stored page.
     Eager,
-    /// A working set read into memory (REAP prefetch / ws-cached).
-    Ws { ws: WorkingSet, buf: AlignedBuf, read_ms: f64 },
+    /// A working set read into memory (REAP prefetch / ws-cached), shared by the
+    /// restores of a burst; `reader` is the one restore that read it from disk.
+    Ws { shared: Arc<SharedWs>, reader: bool },
     /// The traced pages, fetched by several readers from the image.
     Parallel { trace: Vec<Touch>, readers: usize },
+}
+
+/// A working set read into memory once and installed into every instance restored
+/// while it is alive (single flight; the bytes are freed when the last one is done).
+pub struct SharedWs {
+    pub ws: WorkingSet,
+    pub buf: AlignedBuf,
+    pub read_ms: f64,
 }
 
 /// What a finished restore hands to the caller.
@@ -338,10 +347,15 @@ fn restore_inner(
             pageserver::install_all(&uffd, &source, &anon_vmas, &stats).map_err(pages_err)?;
             None
         }
-        Prefill::Ws { ws, buf, read_ms } => {
+        Prefill::Ws { shared, reader } => {
             let starts: Vec<u64> = anon_vmas.iter().map(|v| v.0).collect();
-            let mut ps = pageserver::install_ws(&uffd, &ws, buf.as_ref(), &starts, &stats).map_err(pages_err)?;
-            ps.read_ms = read_ms;
+            let mut ps = pageserver::install_ws(&uffd, &shared.ws, shared.buf.as_ref(), &starts, &stats).map_err(pages_err)?;
+            if reader {
+                ps.read_ms = shared.read_ms;
+                stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
+            } else {
+                ps.shared = true;
+            }
             Some(ps)
         }
         Prefill::Parallel { trace, readers } => {
