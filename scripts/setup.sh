@@ -48,6 +48,8 @@ fi
 # built from the k8s.io/kubernetes Go module, cached outside the clone (~10 min once).
 bash scripts/build-k8s.sh
 
+log "building MinIO (the S3 server the snapshot store's tests use; cached outside the clone)"
+bash scripts/build-minio.sh >/dev/null
 bash scripts/build-runtimes.sh   # Java runtime jar (build/runtimes/java), copied into the shim dir by thaw
 log "building sample functions"
 bash scripts/build-samples.sh

@@ -87,7 +87,6 @@ impl WorkingSet {
 
     /// Load and check the trace of `dir` against the image `image_id`.
     pub fn load(dir: &Path, image_id: u32) -> Result<WorkingSet, WsError> {
-        let corrupt = |detail: String| WsError::Corrupt { dir: dir.to_path_buf(), file: TRACE_FILE, detail };
         let bytes = match std::fs::read(dir.join(TRACE_FILE)) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -95,6 +94,24 @@ impl WorkingSet {
             }
             Err(source) => return Err(WsError::Io { dir: dir.to_path_buf(), what: "reading the trace".into(), source }),
         };
+        let ws = WorkingSet::parse(dir, &bytes, image_id)?;
+        let size = std::fs::metadata(dir.join(PAGES_FILE))
+            .map_err(|_| WsError::Missing { dir: dir.to_path_buf(), file: PAGES_FILE })?
+            .len();
+        if size != ws.pages_bytes() {
+            return Err(WsError::Corrupt {
+                dir: dir.to_path_buf(),
+                file: PAGES_FILE,
+                detail: format!("size is {size} bytes, the trace needs {}", ws.pages_bytes()),
+            });
+        }
+        Ok(ws)
+    }
+
+    /// Parse and check the bytes of a trace (of the working set in `dir`, for
+    /// messages) against the image `image_id`; ws.pages is not looked at.
+    pub fn parse(dir: &Path, bytes: &[u8], image_id: u32) -> Result<WorkingSet, WsError> {
+        let corrupt = |detail: String| WsError::Corrupt { dir: dir.to_path_buf(), file: TRACE_FILE, detail };
         if bytes.len() < 28 || &bytes[..8] != MAGIC {
             return Err(corrupt("bad magic".into()));
         }
@@ -121,18 +138,7 @@ impl WorkingSet {
                 Touch { vaddr: u64_at(24 + i * 16), file_page: (fp != ZERO).then_some(fp) }
             })
             .collect();
-        let ws = WorkingSet::from_trace(trace);
-        let size = std::fs::metadata(dir.join(PAGES_FILE))
-            .map_err(|_| WsError::Missing { dir: dir.to_path_buf(), file: PAGES_FILE })?
-            .len();
-        if size != ws.pages_bytes() {
-            return Err(WsError::Corrupt {
-                dir: dir.to_path_buf(),
-                file: PAGES_FILE,
-                detail: format!("size is {size} bytes, the trace needs {}", ws.pages_bytes()),
-            });
-        }
-        Ok(ws)
+        Ok(WorkingSet::from_trace(trace))
     }
 
     /// Read ws.pages in one go (O_DIRECT unless `cached`) and verify every page

@@ -15,6 +15,8 @@ use thaw_engine::instance::{FunctionConfig, Instance, LoadedSnapshot};
 use thaw_engine::pageserver::Paging;
 use thaw_runtime::{InvokeOutcome, Runtime};
 
+mod store_cmd;
+
 /// Lambda's limit for a synchronous request payload.
 const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
 
@@ -109,6 +111,14 @@ enum SnapshotCmd {
     },
     /// Drop a snapshot's files from the page cache (for cold-start measurements).
     Evict { snapdir: PathBuf },
+    /// Publish a snapshot to an S3-compatible store (s3://BUCKET/PREFIX): content-addressed
+    /// chunks the store lacks, then the manifest. Prints a JSON report, then the stored
+    /// snapshot's s3://BUCKET/PREFIX/ID as the last line.
+    Push(store_cmd::PushArgs),
+    /// Fetch a stored snapshot (s3://BUCKET/PREFIX/ID) into a new directory, verified.
+    Pull(store_cmd::PullArgs),
+    /// Delete chunks of a store that no snapshot references (two runs a grace period apart).
+    Gc(store_cmd::GcArgs),
 }
 
 #[derive(Args)]
@@ -363,6 +373,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Snapshot(SnapshotCmd::Push(a)) => store_cmd::push(a).map(|()| ExitCode::SUCCESS),
+        Cmd::Snapshot(SnapshotCmd::Pull(a)) => store_cmd::pull(a).map(|()| ExitCode::SUCCESS),
+        Cmd::Snapshot(SnapshotCmd::Gc(a)) => store_cmd::gc(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Evict { snapdir }) => {
             thaw_bench::runner::evict_dir(&snapdir)?;
             Ok(ExitCode::SUCCESS)

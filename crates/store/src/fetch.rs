@@ -1,0 +1,159 @@
+//! Fetching a stored snapshot into a local directory: verified and atomic.
+//!
+//! The manifest is read first and checked against its name (the id); every
+//! chunk is checked against its name as it arrives. Everything is written
+//! into a temporary sibling directory that is renamed into place only once
+//! complete, checked, and synced; on any error it is removed, so a reader of
+//! the destination never sees half a snapshot or a byte the store corrupted.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use futures::{StreamExt, TryStreamExt};
+use thaw_engine::image::{Snapshot, PAGES_FILE};
+use thaw_engine::ws::{self, WorkingSet, TRACE_FILE};
+
+use crate::error::{Result, StoreError};
+use crate::manifest::Manifest;
+use crate::remote::{sha256_hex, Remote, CONCURRENCY};
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PullReport {
+    pub id: String,
+    pub dir: PathBuf,
+    /// Bytes of the snapshot's stored files.
+    pub snapshot_bytes: u64,
+    pub chunks_fetched: usize,
+    /// Bytes read from the store (manifest + chunks).
+    pub bytes_fetched: u64,
+    pub seconds: f64,
+}
+
+/// The manifest of snapshot `id`, verified against its name, with its size.
+pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
+    let key = Remote::manifest_key(id);
+    let object = remote.url.object_url(&key);
+    let bytes = remote.get(&key).await?;
+    let got = sha256_hex(&bytes);
+    if got != id {
+        return Err(StoreError::Corrupt { object, detail: format!("contents hash to {got}") });
+    }
+    Ok((Manifest::parse(&object, &bytes)?, bytes.len() as u64))
+}
+
+/// Fetch every file of `m` into the existing empty directory `dir` and rebuild
+/// its derived files. Returns (chunks, bytes) fetched.
+pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<(usize, u64)> {
+    let mut files = HashMap::new();
+    let mut wanted: HashMap<String, (u64, Vec<(usize, u64)>)> = HashMap::new();
+    for (fi, f) in m.files.iter().enumerate() {
+        let file = File::create(dir.join(&f.name)).map_err(StoreError::local(dir, format!("creating {}", f.name)))?;
+        // Zero chunks stay holes.
+        file.set_len(f.size).map_err(StoreError::local(dir, format!("sizing {}", f.name)))?;
+        files.insert(fi, file);
+        for c in &f.chunks {
+            if let Some(sha) = &c.sha256 {
+                wanted.entry(sha.clone()).or_insert_with(|| (c.len, Vec::new())).1.push((fi, c.offset));
+            }
+        }
+    }
+    let files = &files;
+    let fetched: Vec<u64> = futures::stream::iter(wanted)
+        .map(|(sha, (len, places))| async move {
+            let data = remote.get_chunk(&sha, len).await?;
+            for (fi, off) in places {
+                let name = &m.files[fi].name;
+                files[&fi].write_all_at(&data, off).map_err(StoreError::local(dir, format!("writing {name}")))?;
+            }
+            progress(len);
+            Ok::<u64, StoreError>(len)
+        })
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
+        .await?;
+    for (fi, f) in files {
+        f.sync_all().map_err(StoreError::local(dir, format!("syncing {}", m.files[*fi].name)))?;
+    }
+    derive(m, dir)?;
+    Ok((fetched.len(), fetched.iter().sum()))
+}
+
+/// Rebuild ws.pages (the working set's pages, copied out of pages.img).
+fn derive(m: &Manifest, dir: &Path) -> Result<()> {
+    if !m.derived.iter().any(|d| d == ws::PAGES_FILE) {
+        return Ok(());
+    }
+    let wse = |source| StoreError::WorkingSet { dir: dir.to_path_buf(), source };
+    let trace = std::fs::read(dir.join(TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
+    let set = WorkingSet::parse(dir, &trace, m.image_id).map_err(wse)?;
+    let pages = File::open(dir.join(PAGES_FILE)).map_err(StoreError::local(dir, "opening pages.img"))?;
+    ws::write(dir, m.image_id, &set.trace, &pages).map_err(wse)?;
+    Ok(())
+}
+
+/// A temporary directory beside `dest` (same filesystem, so it can be renamed
+/// into place), removed on drop unless kept.
+pub struct TempDir {
+    pub path: PathBuf,
+    keep: bool,
+}
+
+impl TempDir {
+    pub fn beside(dest: &Path) -> Result<TempDir> {
+        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "snapshot".into());
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let path = dest.with_file_name(format!(".{name}.partial-{}-{nanos}", std::process::id()));
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(StoreError::local(parent, "creating the directory"))?;
+        }
+        std::fs::create_dir(&path).map_err(StoreError::local(&path, "creating a temporary directory"))?;
+        Ok(TempDir { path, keep: false })
+    }
+
+    /// Check the snapshot in it, sync, and rename it to `dest` (which must not exist).
+    pub fn install(mut self, dest: &Path) -> Result<()> {
+        Snapshot::open(&self.path).map_err(|source| StoreError::Image { dir: dest.to_path_buf(), source })?;
+        if let Ok(d) = File::open(&self.path) {
+            let _ = d.sync_all();
+        }
+        if dest.exists() {
+            return Err(StoreError::Exists { dir: dest.to_path_buf() });
+        }
+        std::fs::rename(&self.path, dest).map_err(StoreError::local(dest, "renaming the fetched snapshot into place"))?;
+        self.keep = true;
+        if let Some(parent) = dest.parent().and_then(|p| File::open(p).ok()) {
+            let _ = parent.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Fetch snapshot `id` into `dest` (which must not exist).
+pub async fn pull(remote: &Remote, id: &str, dest: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<PullReport> {
+    let t0 = std::time::Instant::now();
+    if dest.exists() {
+        return Err(StoreError::Exists { dir: dest.to_path_buf() });
+    }
+    let (m, mlen) = manifest(remote, id).await?;
+    let tmp = TempDir::beside(dest)?;
+    let (chunks, bytes) = download(remote, &m, &tmp.path, progress).await?;
+    tmp.install(dest)?;
+    Ok(PullReport {
+        id: id.to_string(),
+        dir: dest.to_path_buf(),
+        snapshot_bytes: m.total_bytes(),
+        chunks_fetched: chunks,
+        bytes_fetched: bytes + mlen,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,141 @@
+//! Garbage collection of chunks no manifest references.
+//!
+//! Two phases, so that a publish in flight never loses a chunk:
+//! 1. A run *condemns* the unreferenced chunks older than the grace period and
+//!    records them with the time of the listing in `gc/condemned.json`.
+//!    Chunks an in-flight publisher uploaded are younger than the grace
+//!    period, so they are not condemned.
+//! 2. A later run, at least the grace period after that, deletes the condemned
+//!    chunks that are still unreferenced and were not written again since.
+//!
+//! A publisher skips uploading chunks the store has, except condemned ones,
+//! which it uploads again (refreshing their time). A publisher that skipped a
+//! chunk before it was condemned finishes (writes its manifest) within the
+//! grace period, so the deleting run sees the manifest and keeps the chunk.
+//! Assumption: a publish takes less than the grace period (default 1 hour).
+//! Manifests are never deleted here; deleting a snapshot = deleting its
+//! manifest, after which its chunks become orphans.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, StoreError};
+use crate::fetch::manifest;
+use crate::remote::{is_sha256_hex, Remote};
+
+pub const CONDEMNED_KEY: &str = "gc/condemned.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Condemned {
+    at_unix_ms: u64,
+    chunks: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GcReport {
+    pub manifests: usize,
+    pub chunks: usize,
+    pub referenced_chunks: usize,
+    /// Chunks deleted by this run (condemned by an earlier one).
+    pub deleted: usize,
+    pub deleted_bytes: u64,
+    /// Unreferenced chunks this run condemned (deleted by a run one grace period later).
+    pub condemned: usize,
+    /// The previous condemnation is younger than the grace period: nothing was
+    /// deleted or condemned; run again after this many seconds.
+    pub wait_seconds: Option<f64>,
+    /// Bytes of all chunks in the store after this run.
+    pub store_bytes: u64,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+async fn read_condemned(remote: &Remote) -> Result<Option<Condemned>> {
+    match remote.get(CONDEMNED_KEY).await {
+        Ok(b) => Ok(serde_json::from_slice(&b).map_err(|e| {
+            tracing::warn!("ignoring unreadable {}: {e}", remote.url.object_url(CONDEMNED_KEY));
+        }).ok()),
+        Err(StoreError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The chunks the collector has condemned (a publisher uploads these again).
+pub async fn condemned(remote: &Remote) -> Result<HashSet<String>> {
+    Ok(read_condemned(remote).await?.map(|c| c.chunks.into_iter().collect()).unwrap_or_default())
+}
+
+/// Every chunk referenced by a manifest, and how many manifests there are.
+/// A manifest that cannot be read or verified stops the collection: what it
+/// references is unknown.
+pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize)> {
+    let mut refs = HashSet::new();
+    let list = remote.list("snapshots").await?;
+    for (key, _) in &list {
+        let Some(id) = key.strip_prefix("snapshots/").and_then(|k| k.strip_suffix(".json")).filter(|i| is_sha256_hex(i)) else {
+            tracing::warn!("ignoring {} (not a manifest name)", remote.url.object_url(key));
+            continue;
+        };
+        let (m, _) = manifest(remote, id).await?;
+        refs.extend(m.unique_chunks().into_iter().map(|(s, _)| s));
+    }
+    Ok((refs, list.len()))
+}
+
+pub async fn gc(remote: &Remote, grace: Duration) -> Result<GcReport> {
+    let prev = read_condemned(remote).await?;
+    let now = SystemTime::now();
+    if let Some(p) = &prev {
+        let age = Duration::from_millis(unix_ms(now).saturating_sub(p.at_unix_ms));
+        if age < grace {
+            return Ok(GcReport { wait_seconds: Some((grace - age).as_secs_f64()), ..Default::default() });
+        }
+    }
+    // Manifests are listed before chunks: a chunk written after the manifest
+    // listing is younger than the grace period, so it is not condemned.
+    let (refs, manifests) = referenced(remote).await?;
+    let chunks = remote.list("chunks").await?;
+    let mut report = GcReport { manifests, chunks: chunks.len(), ..Default::default() };
+    let mut deleted = HashSet::new();
+    if let Some(p) = &prev {
+        let due: HashSet<&String> = p.chunks.iter().collect();
+        for (key, meta) in &chunks {
+            let sha = &key["chunks/".len()..];
+            // Written again since it was condemned (by a publisher): keep. Times
+            // from the store have 1 s resolution.
+            let rewritten = unix_ms(meta.last_modified.into()) + 1000 >= p.at_unix_ms;
+            if due.contains(&sha.to_string()) && !refs.contains(sha) && !rewritten {
+                remote.delete(key).await?;
+                report.deleted += 1;
+                report.deleted_bytes += meta.size;
+                deleted.insert(sha.to_string());
+            }
+        }
+    }
+    let cutoff = unix_ms(now).saturating_sub(grace.as_millis() as u64 + 1000);
+    let condemn: Vec<String> = chunks
+        .iter()
+        .map(|(key, meta)| (&key["chunks/".len()..], meta))
+        .filter(|(sha, meta)| {
+            !refs.contains(*sha) && !deleted.contains(*sha) && unix_ms(meta.last_modified.into()) < cutoff
+        })
+        .map(|(sha, _)| sha.to_string())
+        .collect();
+    report.referenced_chunks = chunks.iter().filter(|(k, _)| refs.contains(&k["chunks/".len()..])).count();
+    report.condemned = condemn.len();
+    report.store_bytes = chunks.iter().filter(|(k, _)| !deleted.contains(&k["chunks/".len()..])).map(|(_, m)| m.size).sum();
+    if condemn.is_empty() {
+        if prev.is_some() {
+            remote.delete(CONDEMNED_KEY).await?;
+        }
+    } else {
+        let c = Condemned { at_unix_ms: unix_ms(now), chunks: condemn };
+        remote.put(CONDEMNED_KEY, Bytes::from(serde_json::to_vec(&c).expect("serializes"))).await?;
+    }
+    Ok(report)
+}

@@ -1,0 +1,161 @@
+//! Thaw's snapshot store: snapshots published to S3-compatible object storage,
+//! content-addressed, and fetched back verified.
+//!
+//! Data flow: snapshot directory → [`publish`] (chunks, then the manifest) →
+//! S3 → [`fetch`] (verified, atomic) → snapshot directory → restore.
+//! [`remote`] is the object layer (URLs, configuration, verified objects),
+//! [`manifest`] the format of a stored snapshot, [`gc`] the collector of
+//! orphaned chunks. See README.md for the layout and the invariants.
+//!
+//! [`Store`] is a blocking facade over the async layers (it owns a small tokio
+//! runtime); do not call it from inside another tokio runtime.
+
+pub mod cache;
+pub mod error;
+pub mod fetch;
+pub mod gc;
+pub mod manifest;
+pub mod publish;
+pub mod remote;
+
+/// Re-exported for callers handling object bytes.
+pub use bytes;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub use error::{Result, StoreError};
+pub use fetch::PullReport;
+pub use gc::GcReport;
+pub use manifest::Manifest;
+pub use publish::{Plan, PushReport};
+pub use remote::{Remote, SnapshotUrl, StoreConfig, StoreUrl};
+
+/// A snapshot store at `s3://BUCKET/PREFIX`.
+pub struct Store {
+    pub remote: Remote,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Store {
+    pub fn open(url: &StoreUrl, cfg: &StoreConfig) -> Result<Store> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("thaw-store")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Local { dir: ".".into(), what: "starting the I/O runtime".into(), source: e })?;
+        // The client spawns nothing at build time, but building it inside the
+        // runtime keeps any future background task on it.
+        let remote = rt.block_on(async { Remote::new(url, cfg) })?;
+        Ok(Store { remote, rt })
+    }
+
+    pub fn url(&self) -> &StoreUrl {
+        &self.remote.url
+    }
+
+    /// The URL of snapshot `id` in this store.
+    pub fn snapshot_url(&self, id: &str) -> SnapshotUrl {
+        SnapshotUrl { store: self.remote.url.clone(), id: id.to_string() }
+    }
+
+    /// Run a future of the async layers to completion.
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    pub fn ensure_bucket(&self) -> Result<()> {
+        self.rt.block_on(self.remote.ensure_bucket())
+    }
+
+    /// Publish the snapshot in `dir`: upload the chunks the store lacks, then
+    /// the manifest. `progress(bytes)` is called as chunks land (the total is
+    /// the sum of `plan.uploads` lengths).
+    pub fn push_plan(&self, plan: &Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
+        let t0 = Instant::now();
+        let r = &self.remote;
+        let (chunks_uploaded, bytes) = self.rt.block_on(async {
+            let condemned = gc::condemned(r).await?;
+            let sent = publish::upload(r, plan, 0..plan.uploads.len(), &condemned, progress).await?;
+            publish::commit(r, plan).await?;
+            Ok::<_, StoreError>(sent)
+        })?;
+        let files = &plan.manifest.files;
+        let stored: u64 = plan.uploads.iter().map(|u| u.len).sum();
+        Ok(PushReport {
+            url: self.snapshot_url(&plan.id).to_string(),
+            id: plan.id.clone(),
+            snapshot_bytes: plan.manifest.total_bytes(),
+            chunks: files.iter().map(|f| f.chunks.len()).sum(),
+            zero_chunks: files.iter().flat_map(|f| &f.chunks).filter(|c| c.sha256.is_none()).count(),
+            chunks_uploaded,
+            bytes_uploaded: bytes + plan.manifest_bytes.len() as u64,
+            bytes_deduplicated: stored - bytes,
+            seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// [`publish::plan`] + [`Store::push_plan`].
+    pub fn push(&self, dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
+        self.push_plan(&publish::plan(dir)?, progress)
+    }
+
+    /// Fetch snapshot `id` into `dest` (verified; `dest` appears only when complete).
+    pub fn pull(&self, id: &str, dest: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<PullReport> {
+        self.rt.block_on(fetch::pull(&self.remote, id, dest, progress))
+    }
+
+    /// The verified manifest of snapshot `id`.
+    pub fn manifest(&self, id: &str) -> Result<Manifest> {
+        self.rt.block_on(fetch::manifest(&self.remote, id)).map(|(m, _)| m)
+    }
+
+    /// Collect orphaned chunks (see [`gc`]).
+    pub fn gc(&self, grace: Duration) -> Result<GcReport> {
+        self.rt.block_on(gc::gc(&self.remote, grace))
+    }
+}
+
+/// The store as the node cache's [`cache::Source`]: snapshots fetched whole
+/// and verified (chunk hashes, then the image opens).
+pub struct StoreSource<'a> {
+    pub store: &'a Store,
+    manifests: Mutex<HashMap<String, Manifest>>,
+    /// Bytes read from the store by fetches through this source.
+    pub bytes_fetched: std::sync::atomic::AtomicU64,
+}
+
+impl<'a> StoreSource<'a> {
+    pub fn new(store: &'a Store) -> StoreSource<'a> {
+        StoreSource { store, manifests: Mutex::new(HashMap::new()), bytes_fetched: Default::default() }
+    }
+
+    fn manifest(&self, id: &str) -> Result<Manifest> {
+        if let Some(m) = self.manifests.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+            return Ok(m.clone());
+        }
+        let m = self.store.manifest(id)?;
+        self.manifests.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), m.clone());
+        Ok(m)
+    }
+}
+
+impl cache::Source for StoreSource<'_> {
+    fn size(&self, id: &str) -> std::result::Result<u64, cache::SourceError> {
+        let m = self.manifest(id)?;
+        // ws.pages is rebuilt locally: at most one page per trace entry.
+        let ws = m.file(thaw_engine::ws::TRACE_FILE).map(|f| f.size.saturating_sub(28) / 16 * 4096).unwrap_or(0);
+        Ok(m.total_bytes() + ws)
+    }
+
+    fn fetch(&self, id: &str, dir: &Path) -> std::result::Result<(), cache::SourceError> {
+        let m = self.manifest(id)?;
+        let (_, bytes) = self.store.block_on(fetch::download(&self.store.remote, &m, dir, &|_| {}))?;
+        self.bytes_fetched.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        thaw_engine::image::Snapshot::open(dir).map_err(|source| StoreError::Image { dir: dir.to_path_buf(), source })?;
+        Ok(())
+    }
+}

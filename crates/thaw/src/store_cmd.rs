@@ -1,0 +1,159 @@
+//! `thaw snapshot push | pull | gc`: snapshots in an S3-compatible store
+//! (the `thaw-store` crate does the work; this is arguments and output).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use thaw_store::{SnapshotUrl, Store, StoreConfig, StoreUrl};
+
+/// How to reach the store. Credentials come from the environment only, as for
+/// the AWS tools: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN).
+#[derive(Args)]
+pub struct StoreArgs {
+    /// S3 endpoint, e.g. http://127.0.0.1:9000 for MinIO (default: AWS). Env: AWS_ENDPOINT_URL.
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    endpoint_url: Option<String>,
+    /// Region. Env: AWS_REGION.
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    region: String,
+    /// Give up on the store after this many seconds (a store that is down fails within it).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    store_timeout: u64,
+    /// Create the bucket if it does not exist (for test and demo servers).
+    #[arg(long)]
+    create_bucket: bool,
+}
+
+#[derive(Args)]
+pub struct PushArgs {
+    /// Snapshot directory made by `thaw snapshot create`.
+    snapdir: PathBuf,
+    /// Store: s3://BUCKET/PREFIX.
+    url: String,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(Args)]
+pub struct PullArgs {
+    /// Stored snapshot: s3://BUCKET/PREFIX/ID, as printed by `thaw snapshot push`.
+    url: String,
+    /// Directory to create (must not exist); appears only once complete and verified.
+    dir: PathBuf,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(Args)]
+pub struct GcArgs {
+    /// Store: s3://BUCKET/PREFIX.
+    url: String,
+    /// Orphaned chunks younger than this are kept (a publish in flight), and a
+    /// condemned chunk is deleted only by a run at least this much later.
+    /// Publishes must finish within it. Units: s, m, h.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    grace: Duration,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n.parse().map_err(|_| format!("expected a duration like 30s, 10m or 1h, got '{s}'"))?;
+    let secs = match unit {
+        "s" | "" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("unknown unit '{unit}' in '{s}' (use s, m or h)")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+fn open(url: &StoreUrl, a: &StoreArgs) -> Result<Store> {
+    let cfg = StoreConfig {
+        endpoint: a.endpoint_url.clone(),
+        region: Some(a.region.clone()),
+        timeout: Some(Duration::from_secs(a.store_timeout)),
+        ..Default::default()
+    };
+    let store = Store::open(url, &cfg)?;
+    if a.create_bucket {
+        store.ensure_bucket()?;
+    }
+    Ok(store)
+}
+
+fn bar(total: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+pub fn push(a: PushArgs) -> Result<()> {
+    let url = StoreUrl::parse(&a.url)?;
+    let store = open(&url, &a.store)?;
+    let plan = thaw_store::publish::plan(&a.snapdir)?;
+    let pb = bar(plan.uploads.iter().map(|u| u.len).sum(), "push");
+    let report = store.push_plan(&plan, &|n| pb.inc(n));
+    pb.finish_and_clear();
+    let report = report.with_context(|| format!("pushing {} to {url}", a.snapdir.display()))?;
+    eprintln!(
+        "pushed {} ({} bytes in {} chunks): uploaded {} chunks, {} bytes; {} bytes already stored; {:.2} s",
+        a.snapdir.display(),
+        report.snapshot_bytes,
+        report.chunks,
+        report.chunks_uploaded,
+        report.bytes_uploaded,
+        report.bytes_deduplicated,
+        report.seconds
+    );
+    println!("{}", serde_json::to_string(&report)?);
+    println!("{}", report.url);
+    Ok(())
+}
+
+pub fn pull(a: PullArgs) -> Result<()> {
+    let url = SnapshotUrl::parse(&a.url)?;
+    if a.dir.exists() {
+        bail!("{} already exists", a.dir.display());
+    }
+    let store = open(&url.store, &a.store)?;
+    let m = store.manifest(&url.id)?;
+    let total: u64 = m.unique_chunks().iter().map(|(_, n)| n).sum();
+    let pb = bar(total, "pull");
+    let report = store.pull(&url.id, &a.dir, &|n| pb.inc(n));
+    pb.finish_and_clear();
+    let report = report.with_context(|| format!("pulling {url}"))?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+pub fn gc(a: GcArgs) -> Result<()> {
+    let url = StoreUrl::parse(&a.url)?;
+    let store = open(&url, &a.store)?;
+    let report = store.gc(a.grace).with_context(|| format!("collecting garbage in {url}"))?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("1d").is_err() && parse_duration("h").is_err());
+    }
+}

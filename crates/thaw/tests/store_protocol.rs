@@ -1,0 +1,209 @@
+//! The snapshot store against a real MinIO (started by the tests): round trip,
+//! the commit protocol under a publisher killed after each of its objects,
+//! concurrent publishers, corruption, the store going down, the collector, and
+//! the store as the node cache's source.
+
+mod common;
+mod s3;
+
+use std::time::Duration;
+
+use common::scratch;
+use s3::minio::Minio;
+use s3::*;
+use thaw_store::{publish, Remote, StoreError};
+
+type Bytes = thaw_store::bytes::Bytes;
+
+#[test]
+fn round_trip_is_byte_identical_and_a_second_push_uploads_nothing() {
+    let m = Minio::start();
+    let s = store(&m, "s3://snaps/fleet/a");
+    let snap = hello_snapshot();
+    let counted = std::sync::atomic::AtomicU64::new(0);
+    let r = s.push(snap, &|n| {
+        counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    })
+    .unwrap();
+    assert!(r.url.starts_with("s3://snaps/fleet/a/") && r.url.ends_with(&r.id), "{}", r.url);
+    assert!(r.chunks_uploaded > 0 && r.chunks_uploaded <= r.chunks);
+    let stored: u64 = objects(&s, "chunks").iter().map(|(_, n)| n).sum();
+    assert_eq!(r.bytes_uploaded, stored + objects(&s, "snapshots")[0].1, "bytes reported = chunks + manifest in the store");
+    assert_eq!(counted.into_inner(), stored, "progress covers every chunk once");
+    // ws.pages is rebuilt on pull, not stored: the store holds less than the directory.
+    let dir_bytes: u64 = files(snap).iter().map(|(_, b)| b.len() as u64).sum();
+    assert!(stored < dir_bytes, "stored {stored} >= directory {dir_bytes}");
+
+    let again = s.push(snap, &no_progress).unwrap();
+    assert_eq!(again.id, r.id, "the id is a function of the contents");
+    assert_eq!(again.chunks_uploaded, 0);
+    assert_eq!(again.bytes_deduplicated, stored);
+
+    let dest = scratch().join("pulled-rt");
+    let p = s.pull(&r.id, &dest, &no_progress).unwrap();
+    assert_eq!(p.bytes_fetched, r.bytes_uploaded);
+    assert_eq!(files(&dest), files(snap), "pulled files (ws.pages rebuilt) equal the original");
+    let e = s.pull(&r.id, &dest, &no_progress).unwrap_err();
+    assert!(matches!(e, StoreError::Exists { .. }), "{e}");
+    let e = s.pull(&"0".repeat(64), &scratch().join("nope"), &no_progress).unwrap_err().to_string();
+    assert_eq!(e, format!("s3://snaps/fleet/a/snapshots/{}.json not found in the store", "0".repeat(64)));
+    assert!(!scratch().join("nope").exists());
+}
+
+#[test]
+fn a_publisher_killed_after_any_object_leaves_nothing_visible_and_gc_removes_the_orphans() {
+    let m = Minio::start();
+    let s = store(&m, "s3://snaps/killed");
+    let plan = publish::plan(hello_snapshot()).unwrap();
+    let none = Default::default();
+    let n = plan.uploads.len();
+    assert!(n > 50, "{n} chunks");
+    // The publisher dies after its k-th object, for every k: no manifest, nothing to restore.
+    for k in 0..=n {
+        if k > 0 {
+            s.block_on(publish::upload(&s.remote, &plan, k - 1..k, &none, &no_progress)).unwrap();
+        }
+        assert!(objects(&s, "snapshots").is_empty());
+        let e = s.pull(&plan.id, &scratch().join("killed"), &no_progress).unwrap_err();
+        assert!(matches!(e, StoreError::NotFound { .. }), "after {k} objects: {e}");
+    }
+    assert_eq!(objects(&s, "chunks").len(), n);
+    // Orphans younger than the grace period are left alone (an in-flight publish).
+    let r = s.gc(Duration::from_secs(3600)).unwrap();
+    assert_eq!((r.deleted, r.condemned, r.chunks), (0, 0, n));
+    // Older: condemned by one run, deleted by the next.
+    std::thread::sleep(Duration::from_millis(2100));
+    let r = s.gc(Duration::ZERO).unwrap();
+    assert_eq!((r.deleted, r.condemned), (0, n));
+    let r = s.gc(Duration::ZERO).unwrap();
+    assert_eq!((r.deleted, r.condemned), (n, 0));
+    assert!(objects(&s, "chunks").is_empty());
+    assert!(objects(&s, "gc").is_empty());
+}
+
+#[test]
+fn gc_keeps_what_manifests_reference_and_a_publisher_revives_condemned_chunks() {
+    let m = Minio::start();
+    let s = store(&m, "s3://snaps/gc");
+    let snap = hello_snapshot();
+    let first = s.push(snap, &no_progress).unwrap();
+    // Delete the snapshot (its manifest): its chunks become orphans.
+    s.block_on(s.remote.delete(&Remote::manifest_key(&first.id))).unwrap();
+    std::thread::sleep(Duration::from_millis(2100));
+    let r = s.gc(Duration::ZERO).unwrap();
+    assert_eq!(r.condemned, first.chunks_uploaded);
+    // A publisher of the same snapshot now uploads the condemned chunks again
+    // instead of relying on them, and the next run deletes nothing it needs.
+    let second = s.push(snap, &no_progress).unwrap();
+    assert_eq!(second.chunks_uploaded, first.chunks_uploaded);
+    let r = s.gc(Duration::ZERO).unwrap();
+    assert_eq!((r.deleted, r.referenced_chunks), (0, first.chunks_uploaded));
+    let dest = scratch().join("pulled-gc");
+    s.pull(&second.id, &dest, &no_progress).unwrap();
+    assert_eq!(files(&dest), files(snap));
+}
+
+#[test]
+fn concurrent_publishers_of_one_snapshot_produce_one_consistent_snapshot() {
+    let m = Minio::start();
+    let snap = hello_snapshot();
+    let reports: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..3)
+            .map(|_| {
+                let s = store(&m, "s3://snaps/race");
+                sc.spawn(move || s.push(snap, &no_progress).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(reports.iter().all(|r| r.id == reports[0].id));
+    let s = store(&m, "s3://snaps/race");
+    assert_eq!(objects(&s, "snapshots").len(), 1, "exactly one manifest");
+    let plan = publish::plan(snap).unwrap();
+    assert_eq!(objects(&s, "chunks").len(), plan.uploads.len(), "each chunk once");
+    let dest = scratch().join("pulled-race");
+    s.pull(&reports[0].id, &dest, &no_progress).unwrap();
+    assert_eq!(files(&dest), files(snap));
+}
+
+#[test]
+fn a_corrupt_or_truncated_object_is_named_and_nothing_is_installed() {
+    let m = Minio::start();
+    let s = store(&m, "s3://snaps/corrupt");
+    let r = s.push(hello_snapshot(), &no_progress).unwrap();
+    let (key, _) = objects(&s, "chunks").into_iter().max_by_key(|(_, n)| *n).unwrap();
+    let good = s.block_on(s.remote.get(&key)).unwrap();
+    let dest = scratch().join("pulled-corrupt");
+    let mut flipped = good.to_vec();
+    flipped[100] ^= 1;
+    for (bad, what) in [(Bytes::from(flipped), "contents hash to "), (good.slice(..good.len() - 1), "bytes, expected")] {
+        s.block_on(s.remote.put(&key, bad)).unwrap();
+        let e = s.pull(&r.id, &dest, &no_progress).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("s3://snaps/corrupt/{key} is corrupt or truncated (")) && e.contains(what), "{e}");
+        assert!(!dest.exists());
+        let leftovers: Vec<_> = std::fs::read_dir(scratch()).unwrap().filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains("pulled-corrupt")).collect();
+        assert!(leftovers.is_empty(), "temporary directory left behind");
+    }
+    // Pushing again repairs the truncated chunk (wrong size in the store).
+    assert_eq!(s.push(hello_snapshot(), &no_progress).unwrap().chunks_uploaded, 1);
+    s.pull(&r.id, &dest, &no_progress).unwrap();
+    // A manifest that does not hash to its id is refused too.
+    let mkey = Remote::manifest_key(&r.id);
+    let mut mb = s.block_on(s.remote.get(&mkey)).unwrap().to_vec();
+    mb[10] = b' ';
+    s.block_on(s.remote.put(&mkey, Bytes::from(mb))).unwrap();
+    let e = s.pull(&r.id, &scratch().join("pulled-corrupt2"), &no_progress).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("s3://snaps/corrupt/{mkey} is corrupt or truncated (contents hash to ")), "{e}");
+}
+
+#[test]
+fn store_down_is_a_clear_error_that_changes_nothing_and_recovery_is_automatic() {
+    let mut m = Minio::start();
+    let s = store(&m, "s3://snaps/down");
+    let snap = hello_snapshot();
+    let id = s.push(snap, &no_progress).unwrap().id;
+    m.stop();
+    let t0 = std::time::Instant::now();
+    let dest = scratch().join("pulled-down");
+    let e = s.pull(&id, &dest, &no_progress).unwrap_err();
+    let msg = format!("{e}: {}", std::error::Error::source(&e).map(|c| c.to_string()).unwrap_or_default());
+    assert!(msg.starts_with(&format!("GET s3://snaps/down/snapshots/{id}.json failed")), "{msg}");
+    assert!(!dest.exists());
+    let e = s.push(snap, &no_progress).unwrap_err().to_string();
+    assert!(e.contains("failed"), "{e}");
+    eprintln!("store down: two failed operations took {:.1} s", t0.elapsed().as_secs_f64());
+    m.resume();
+    s.pull(&id, &dest, &no_progress).unwrap();
+    assert_eq!(files(&dest), files(snap));
+}
+
+#[test]
+fn the_s3_store_as_the_cache_source_fetches_once_and_never_installs_corruption() {
+    let m = Minio::start();
+    let s = store(&m, "s3://snaps/cache");
+    let id = s.push(hello_snapshot(), &no_progress).unwrap().id;
+    let (key, _) = objects(&s, "chunks").into_iter().next().unwrap();
+    let good = s.block_on(s.remote.get(&key)).unwrap();
+    let mut bad = good.to_vec();
+    bad[0] ^= 0xff;
+    s.block_on(s.remote.put(&key, bad.into())).unwrap();
+
+    let t = tempfile::Builder::new().prefix("thaw-cache-").tempdir().unwrap();
+    let cache = thaw_store::cache::Cache::open(t.path(), 64 << 20).unwrap();
+    let src = thaw_store::StoreSource::new(&s);
+    let e = cache.get(&id, &src).err().unwrap();
+    let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+    assert!(chain.contains(&format!("s3://snaps/cache/{key} is corrupt or truncated")), "{chain}");
+    assert!(!cache.contains(&id) && std::fs::read_dir(t.path().join("tmp")).unwrap().next().is_none());
+
+    s.block_on(s.remote.put(&key, good)).unwrap();
+    let src = thaw_store::StoreSource::new(&s);
+    let handles: Vec<_> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4).map(|_| sc.spawn(|| cache.get(&id, &src).unwrap())).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let stored: u64 = objects(&s, "chunks").iter().map(|(_, n)| n).sum();
+    assert_eq!(src.bytes_fetched.load(std::sync::atomic::Ordering::SeqCst), stored, "four requests, one download");
+    assert_eq!(files(handles[0].dir()), files(hello_snapshot()));
+}
