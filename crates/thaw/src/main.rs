@@ -71,8 +71,12 @@ enum SnapshotCmd {
     },
     /// Restore an instance from SNAPDIR and invoke it.
     Restore {
-        /// Snapshot directory made by `thaw snapshot create`.
+        /// Snapshot directory made by `thaw snapshot create`, or a stored snapshot
+        /// s3://BUCKET/PREFIX/ID (fetched into the node cache first; store from AWS_* env).
         snapdir: PathBuf,
+        /// Byte bound of the snapshot cache (DATA_DIR/snapshot-cache) for s3:// snapshots.
+        #[arg(long, default_value_t = 10 << 30)]
+        cache_max_bytes: u64,
         #[command(flatten)]
         inv: InvokeArgs,
         /// How memory reaches the restored process. lazy: each page is read from the image on
@@ -286,13 +290,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
             }
             let t0 = Instant::now();
-            let mut snap = LoadedSnapshot::open(&snapdir)?;
+            let fetched = store_cmd::resolve(&snapdir, &cli.data_dir, cache_max_bytes)?;
+            let mut snap = LoadedSnapshot::open(fetched.dir())?;
             snap.reprofile_threshold = reprofile_threshold;
             snap.merge_misses = !no_ws_merge;
             snap.source.set_readaround(readaround_kb / 4);
@@ -330,7 +335,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             write_stats(
                 &inv.stats,
                 json!({"mode": mode.name(), "requested_mode": paging.name(), "prefetch": prefetch, "recorded_pages": recorded,
-                       "memory_peak_bytes": mem_peak,
+                       "memory_peak_bytes": mem_peak, "store": fetched.stats,
                        "open_ms": open_ms, "sandbox_ms": start.sandbox_ms, "restore_ms": restore_ms,
                        "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times,
                        "page_faults": first.page_faults, "zero_faults": first.zero_faults,

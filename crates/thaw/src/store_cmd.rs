@@ -144,6 +144,39 @@ pub fn gc(a: GcArgs) -> Result<()> {
     Ok(())
 }
 
+/// The snapshot a restore uses: a local directory, or a stored snapshot
+/// fetched into the node cache (pinned while this lives).
+pub struct Resolved {
+    dir: PathBuf,
+    _pin: Option<thaw_store::cache::Handle>,
+    /// For --stats: null for a local directory, else what the fetch did.
+    pub stats: serde_json::Value,
+}
+
+impl Resolved {
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+}
+
+/// `snap` as given to `thaw snapshot restore`: a directory, or s3://BUCKET/PREFIX/ID
+/// fetched (verified) into DATA_DIR/snapshot-cache unless cached there already.
+pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_bytes: u64) -> Result<Resolved> {
+    let Some(url) = snap.to_str().filter(|s| s.starts_with("s3://")) else {
+        return Ok(Resolved { dir: snap.to_path_buf(), _pin: None, stats: serde_json::Value::Null });
+    };
+    let url = SnapshotUrl::parse(url)?;
+    let t0 = std::time::Instant::now();
+    let store = Store::open(&url.store, &StoreConfig::default())?;
+    let cache = thaw_store::cache::Cache::open(&data_dir.join("snapshot-cache"), cache_max_bytes)?;
+    let source = thaw_store::StoreSource::new(&store);
+    let handle = cache.get(&url.id, &source).with_context(|| format!("fetching {url}"))?;
+    let bytes = source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed);
+    let stats = serde_json::json!({"url": url.to_string(), "cache_hit": bytes == 0, "cached": handle.cached(),
+        "bytes_fetched": bytes, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+    Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats })
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_duration;

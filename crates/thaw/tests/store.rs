@@ -48,6 +48,19 @@ fn push_pull_restore_round_trip() {
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     assert_eq!(st["mode"], "prefetch", "the pulled working set (ws.pages rebuilt from pages.img) is used: {st}");
 
+    // Restore straight from the store: the first fetches into the node cache, the second hits it.
+    for (i, hit) in [(1, false), (2, true)] {
+        let stats = scratch().join(format!("rt-s3-stats-{i}.json"));
+        let o = ok(thaw_s3(&m, &["snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]));
+        assert_eq!(stdout(&o), original);
+        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert_eq!(st["store"]["cache_hit"], hit, "{st}");
+        assert_eq!(st["store"]["cached"], true, "{st}");
+        let fetched = st["store"]["bytes_fetched"].as_u64().unwrap();
+        assert!(if hit { fetched == 0 } else { fetched > 1 << 20 }, "{st}");
+        eprintln!("restore from the store #{i}: {}", st["store"]);
+    }
+
     // Pulling onto an existing directory is refused and changes nothing.
     let o = thaw_s3(&m, &["snapshot", "pull", &url, pulled.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
