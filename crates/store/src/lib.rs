@@ -113,6 +113,15 @@ impl Store {
         self.rt.block_on(fetch::manifest(&self.remote, id)).map(|(m, _)| m)
     }
 
+    /// Delete snapshot `id` (its manifest; its chunks become orphans for [`Store::gc`]).
+    pub fn remove(&self, id: &str) -> Result<()> {
+        let key = Remote::manifest_key(id);
+        if self.rt.block_on(self.remote.head(&key))?.is_none() {
+            return Err(StoreError::NotFound { object: self.remote.url.object_url(&key) });
+        }
+        self.rt.block_on(self.remote.delete(&key))
+    }
+
     /// Collect orphaned chunks (see [`gc`]).
     pub fn gc(&self, grace: Duration) -> Result<GcReport> {
         self.rt.block_on(gc::gc(&self.remote, grace))

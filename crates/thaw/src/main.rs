@@ -121,6 +121,8 @@ enum SnapshotCmd {
     Push(store_cmd::PushArgs),
     /// Fetch a stored snapshot (s3://BUCKET/PREFIX/ID) into a new directory, verified.
     Pull(store_cmd::PullArgs),
+    /// Delete a stored snapshot (its manifest; `gc` then collects the chunks only it used).
+    Rm(store_cmd::RmArgs),
     /// Delete chunks of a store that no snapshot references (two runs a grace period apart).
     Gc(store_cmd::GcArgs),
 }
@@ -380,6 +382,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Snapshot(SnapshotCmd::Push(a)) => store_cmd::push(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Pull(a)) => store_cmd::pull(a).map(|()| ExitCode::SUCCESS),
+        Cmd::Snapshot(SnapshotCmd::Rm(a)) => store_cmd::rm(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Gc(a)) => store_cmd::gc(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Evict { snapdir }) => {
             thaw_bench::runner::evict_dir(&snapdir)?;

@@ -48,6 +48,14 @@ pub struct PullArgs {
 }
 
 #[derive(Args)]
+pub struct RmArgs {
+    /// Stored snapshot: s3://BUCKET/PREFIX/ID.
+    url: String,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(Args)]
 pub struct GcArgs {
     /// Store: s3://BUCKET/PREFIX.
     url: String,
@@ -133,6 +141,14 @@ pub fn pull(a: PullArgs) -> Result<()> {
     pb.finish_and_clear();
     let report = report.with_context(|| format!("pulling {url}"))?;
     println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+pub fn rm(a: RmArgs) -> Result<()> {
+    let url = SnapshotUrl::parse(&a.url)?;
+    let store = open(&url.store, &a.store)?;
+    store.remove(&url.id).with_context(|| format!("removing {url}"))?;
+    eprintln!("removed {url}; `thaw snapshot gc` collects the chunks only it used");
     Ok(())
 }
 

@@ -67,6 +67,11 @@ fn push_pull_restore_round_trip() {
     assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
     let o = thaw_s3(&m, &["snapshot", "pull", "s3://rt-bucket/fns/hello/xyz", "/tmp/never"]);
     assert!(stderr(&o).contains("the last segment must be a snapshot id"), "{}", stderr(&o));
+    // Removed: no longer pullable.
+    ok(thaw_s3(&m, &["snapshot", "rm", &url]));
+    let o = thaw_s3(&m, &["snapshot", "pull", &url, scratch().join("rt-removed").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not found in the store"), "{}", stderr(&o));
 }
 
 #[test]

@@ -88,7 +88,8 @@ fn gc_keeps_what_manifests_reference_and_a_publisher_revives_condemned_chunks() 
     let snap = hello_snapshot();
     let first = s.push(snap, &no_progress).unwrap();
     // Delete the snapshot (its manifest): its chunks become orphans.
-    s.block_on(s.remote.delete(&Remote::manifest_key(&first.id))).unwrap();
+    s.remove(&first.id).unwrap();
+    assert!(matches!(s.remove(&first.id), Err(StoreError::NotFound { .. })));
     std::thread::sleep(Duration::from_millis(2100));
     let r = s.gc(Duration::ZERO).unwrap();
     assert_eq!(r.condemned, first.chunks_uploaded);
