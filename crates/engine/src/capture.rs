@@ -123,6 +123,7 @@ fn capture_inner(
 
     // Process state visible through /proc.
     let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
+    crate::refusals::check_maps(&maps).map_err(refuse)?;
     let fields = procfs::stat(pid).map_err(ioe("reading stat"))?;
     let auxv = procfs::auxv(pid).map_err(ioe("reading auxv"))?;
     let exe = procfs::exe(pid).map_err(ioe("reading exe link"))?;

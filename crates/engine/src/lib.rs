@@ -13,6 +13,7 @@ pub mod instance;
 pub mod inject;
 pub mod pageserver;
 pub mod procfs;
+pub mod refusals;
 pub mod regs;
 pub mod restore;
 pub mod sys;

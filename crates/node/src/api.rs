@@ -294,7 +294,7 @@ fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
 }
 
 /// Validate a CreateFunction request into a spec + zip.
-fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
+pub fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
     let input: CreateInput = parse_json(body)?;
     let (name, q) = function_name(&input.function_name, None)?;
     if q.is_some() {

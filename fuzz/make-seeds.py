@@ -1,0 +1,46 @@
+"""Regenerate the hand-made seeds of fuzz/corpus (the image and working-set seeds are
+copied from a real snapshot of build/samples/python/helloworld: see README.md)."""
+import io, os, zipfile, base64, json
+
+here = os.path.dirname(os.path.abspath(__file__))
+root = os.path.dirname(here)
+
+def put(target, name, data):
+    d = os.path.join(here, 'corpus', target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), 'wb') as f:
+        f.write(data)
+
+def zip_of(entries):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, 'w', zipfile.ZIP_DEFLATED) as z:
+        for name, data, mode in entries:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = mode << 16
+            z.writestr(info, data)
+    return buf.getvalue()
+
+hello = open(os.path.join(root, 'samples/python/helloworld/handler.py'), 'rb').read()
+put('bundle_extract', 'helloworld.zip', zip_of([('handler.py', hello, 0o644)]))
+put('bundle_extract', 'nested.zip', zip_of([('pkg/', b'', 0o40755), ('pkg/__init__.py', b'', 0o644),
+                                             ('pkg/run.sh', b'#!/bin/sh\n', 0o755)]))
+put('bundle_extract', 'escape.zip', zip_of([('../evil.py', b'x', 0o644)]))
+
+# The request botocore 1.35 signed (SigV4Auth(creds, 'lambda', 'us-east-1')) in the
+# verifier's unit test, in the fuzz target's text format.
+sig = '321aa490f85c5eda41c48eef9bca8b12559a53967a97836674faddbc1c6b98aa'
+req = '\n'.join([
+    'POST', '/2015-03-31/functions/my-fn%3A%24LATEST/invocations', 'Qualifier=%24LATEST&b=x%20y',
+    'Host: 127.0.0.1:9000', 'X-Amz-Invocation-Type: RequestResponse', 'Content-Type: application/json',
+    'X-Amz-Date: 20240501T120000Z',
+    'Authorization: AWS4-HMAC-SHA256 Credential=AKIDTHAWTEST/20240501/us-east-1/lambda/aws4_request, '
+    'SignedHeaders=content-type;host;x-amz-date;x-amz-invocation-type, Signature=' + sig,
+]) + '\n\n{"name": "thaw"}'
+put('sigv4_verify', 'botocore-invoke', req.encode())
+
+create = {'FunctionName': 'hello', 'Runtime': 'python3.11', 'Handler': 'handler.handler', 'Role': 'arn:aws:iam::1:role/r',
+          'Timeout': 10, 'MemorySize': 256, 'Environment': {'Variables': {'A_B': '1'}},
+          'Code': {'ZipFile': base64.b64encode(zip_of([('handler.py', hello, 0o644)])).decode()}}
+put('api_request', 'create', b'POST\n/2015-03-31/functions\n-\n' + json.dumps(create).encode())
+put('api_request', 'invoke-arn', b'POST\n/2015-03-31/functions/arn:aws:lambda:us-east-1:123456789012:function:hello:%24LATEST/invocations\n$LATEST\n{}')
+put('api_request', 'get-config', b'GET\n/2015-03-31/functions/hello/configuration\n-\n')

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Fuzz every target of fuzz/ (cargo-fuzz, libFuzzer + AddressSanitizer) for a bounded
+# time each, starting from the checked-in seeds in fuzz/corpus/<target>.
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default: 20 s, every target)
+#
+# New inputs that grow coverage are kept in a work corpus outside the clone
+# (${THAW_FUZZ_DIR:-/var/tmp/thaw-fuzz}/<target>); crashes and hangs stop the run with
+# the reproducer in fuzz/artifacts/<target>/ and a non-zero exit. cargo-fuzz is installed
+# from crates.io into ${THAW_CACHE_DIR:-/var/cache/thaw}/cargo-fuzz-<version>/ once.
+# Stable Rust is used with RUSTC_BOOTSTRAP=1 (libFuzzer needs -Zsanitizer flags).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_PER_TARGET=${1:-20}
+shift || true
+VERSION=0.13.2
+TOOLS="${THAW_CACHE_DIR:-/var/cache/thaw}/cargo-fuzz-$VERSION"
+if [ ! -x "$TOOLS/bin/cargo-fuzz" ]; then
+    echo "fuzz: installing cargo-fuzz $VERSION into $TOOLS" >&2
+    cargo install cargo-fuzz --version "$VERSION" --locked --root "$TOOLS.partial" >&2
+    rm -rf "$TOOLS" && mv "$TOOLS.partial" "$TOOLS"
+fi
+export PATH="$TOOLS/bin:$PATH" RUSTC_BOOTSTRAP=1
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/fuzz"
+
+cd fuzz
+TARGETS=("$@")
+[ ${#TARGETS[@]} -gt 0 ] || mapfile -t TARGETS < <(cargo fuzz list)
+cargo fuzz build -O 2>&1 | tail -3 >&2 || { echo "fuzz: build failed" >&2; exit 2; }
+WORK="${THAW_FUZZ_DIR:-/var/tmp/thaw-fuzz}"
+status=0
+for t in "${TARGETS[@]}"; do
+    mkdir -p "$WORK/$t" "artifacts/$t"
+    start=$(date +%s)
+    # -timeout: one input taking over 10 s is a hang; -rss_limit_mb: a runaway allocation.
+    if cargo fuzz run -O "$t" "$WORK/$t" "corpus/$t" -- \
+        -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
+        -artifact_prefix="artifacts/$t/" -print_final_stats=1 >"$WORK/$t.log" 2>&1; then
+        runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$WORK/$t.log" | grep -o '[0-9]*$' || echo '?')
+        echo "fuzz: $t ok: $runs inputs in $(( $(date +%s) - start )) s"
+    else
+        status=1
+        echo "fuzz: $t FAILED (log $WORK/$t.log, reproducer in fuzz/artifacts/$t/):" >&2
+        grep -E 'ERROR|panicked|SUMMARY|Test unit written' "$WORK/$t.log" | head -5 >&2
+    fi
+done
+exit $status
