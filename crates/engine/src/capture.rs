@@ -347,6 +347,16 @@ fn prot_of(m: &MapEntry) -> i32 {
         | (if m.exec { libc::PROT_EXEC } else { 0 })
 }
 
+/// The madvise() advice a VMA's flags (smaps VmFlags) record and a restore must set
+/// again: dc = MADV_DONTFORK, wf = MADV_WIPEONFORK.
+fn advice_of(m: &MapEntry) -> Vec<i32> {
+    [("dc", libc::MADV_DONTFORK), ("wf", libc::MADV_WIPEONFORK)]
+        .into_iter()
+        .filter(|(flag, _)| m.has_flag(flag))
+        .map(|(_, advice)| advice)
+        .collect()
+}
+
 fn classify_vmas(pid: i32, maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<FileRef>), CaptureError> {
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
     let mut vmas = Vec::new();
@@ -391,7 +401,7 @@ fn classify_vmas(pid: i32, maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<FileRef>)
             name if name.starts_with("[anon:") => VmaKind::Anon { growsdown: m.has_flag("gd") },
             name => return Err(refuse(format!("it has a mapping the engine cannot recreate: {name}"))),
         };
-        vmas.push(Vma { start: m.start, end: m.end, prot: prot_of(m), kind });
+        vmas.push(Vma { start: m.start, end: m.end, prot: prot_of(m), kind, advice: advice_of(m) });
     }
     Ok((vmas, files))
 }
@@ -654,6 +664,7 @@ mod tests {
             end: 0x10000 + pages * PAGE_SIZE,
             prot: 1,
             kind: VmaKind::FilePrivate { file: 0, offset: off * PAGE_SIZE },
+            advice: vec![],
         };
         assert_eq!(copy_whole(&v(0, 4), &files, 2, 4), Some(VmaKind::FileCopied { file: 0, offset: 0 }));
         assert_eq!(copy_whole(&v(0, 4), &files, 1, 4), None, "under half written");

@@ -35,7 +35,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -169,6 +169,9 @@ pub struct Vma {
     /// PROT_* bits.
     pub prot: i32,
     pub kind: VmaKind,
+    /// madvise() advice set again after the mapping is recreated (MADV_DONTFORK,
+    /// MADV_WIPEONFORK): VMA flags the mapping itself does not carry.
+    pub advice: Vec<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -451,7 +454,7 @@ mod tests {
             personality: 0,
             comm: "python3".into(),
             files: vec![],
-            vmas: vec![Vma { start: 0x1000, end: 0x6000, prot: 3, kind: VmaKind::Anon { growsdown: false } }],
+            vmas: vec![Vma { start: 0x1000, end: 0x6000, prot: 3, kind: VmaKind::Anon { growsdown: false }, advice: vec![] }],
             fds: vec![
                 FdRecord { fd: 3, kind: FdKind::Control },
                 FdRecord { fd: 5, kind: FdKind::Epoll { flags: 0o2000000, items: vec![(6, 0x19, 0xd)] } },

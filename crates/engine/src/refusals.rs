@@ -26,11 +26,8 @@ pub fn refuse_mapping(m: &MapEntry) -> Option<String> {
         ));
     }
     // VMA flags the restore does not set again: losing them changes behaviour.
-    let lost = [
-        ("lo", "mlock'd memory (mlock/MCL_FUTURE): the restore would not lock it"),
-        ("wf", "memory advised MADV_WIPEONFORK: the restore would let forked children see its contents"),
-        ("dc", "memory advised MADV_DONTFORK: the restore would copy it into forked children"),
-    ];
+    // (MADV_DONTFORK and MADV_WIPEONFORK are set again: see `Vma::advice`.)
+    let lost = [("lo", "mlock'd memory (mlock/MCL_FUTURE): the restore would not lock it")];
     lost.iter()
         .find(|(flag, _)| m.has_flag(flag))
         .map(|(_, what)| format!("it has {what} at {range}"))
@@ -67,8 +64,8 @@ mod tests {
         assert!(msg(map("/dev/zero (deleted)", true, &[])).contains("shared anonymous memory (MAP_SHARED|MAP_ANONYMOUS) at 0x1000-0x3000"));
         assert!(msg(map("/SYSV00000000 (deleted)", true, &[])).contains("System V shared memory"));
         assert!(msg(map("", false, &["rd", "lo"])).contains("mlock'd memory"));
-        assert!(msg(map("", false, &["wf"])).contains("MADV_WIPEONFORK"));
-        assert!(msg(map("", false, &["dc"])).contains("MADV_DONTFORK"));
+        assert_eq!(refuse_mapping(&map("", false, &["rd", "wf"])), None, "WIPEONFORK is restored");
+        assert_eq!(refuse_mapping(&map("", false, &["rd", "dc"])), None, "DONTFORK is restored");
         assert_eq!(refuse_mapping(&map("/usr/lib/libc.so.6", false, &["rd", "mr"])), None);
         assert_eq!(refuse_mapping(&map("", false, &["rd", "wr", "gd"])), None);
         assert!(check_maps(&[map("", false, &[]), map("", false, &["lo"])]).is_err());

@@ -288,6 +288,9 @@ fn restore_inner(
             VmaKind::FileShared { file, offset } => (libc::MAP_SHARED as u64 | noreplace, file_fds[*file], *offset),
         };
         calls.push(Call::new("mmap", libc::SYS_mmap, &[v.start, len, v.prot as u64, flags, fd, off]));
+        for advice in &v.advice {
+            calls.push(Call::new("madvise", libc::SYS_madvise, &[v.start, len, *advice as u64]));
+        }
     }
     let exe_fd = *file_fds.last().expect("exe is always opened");
     let f = &img.mm.fields;
