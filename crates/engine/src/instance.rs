@@ -35,6 +35,8 @@ pub enum InstanceError {
     AfterRestore(thaw_runtime::FunctionError),
     #[error("the instance did not become ready")]
     NotReady(#[source] ChannelError),
+    #[error("function init ran out of memory: the instance was killed at its {memory_mb} MB limit (raise --memory / MemorySize)")]
+    InitOutOfMemory { memory_mb: u64, #[source] source: ChannelError },
     #[error("invocation failed{}{}", .exit.as_ref().map(|e| format!(" (instance {e})")).unwrap_or_default(), .page_server.as_ref().map(|e| format!(" (page server: {e})")).unwrap_or_default())]
     Invoke { exit: Option<String>, page_server: Option<String>, #[source] source: ChannelError },
     #[error(transparent)]
@@ -352,6 +354,9 @@ impl Instance {
         match channel.wait_ready(cfg.init_timeout) {
             Ok(notice) => record.restore_notice = notice,
             Err(ChannelError::Init(e)) => return Err(InstanceError::Init(e)),
+            Err(e) if sandbox.cgroup().oom_killed() => {
+                return Err(InstanceError::InitOutOfMemory { memory_mb: cfg.memory_mb, source: e })
+            }
             Err(e) => return Err(InstanceError::NotReady(e)),
         }
         let init_ms = t0.elapsed().as_secs_f64() * 1e3 - sandbox_ms;
@@ -511,7 +516,12 @@ impl Instance {
             if matches!(source, ChannelError::Closed { .. }) {
                 for _ in 0..50 {
                     if let Ok(Some(st)) = self.sandbox.wait_exit() {
-                        exit = Some(format!("{st:?}"));
+                        let oom = if self.oom_killed() {
+                            format!(", out of memory at its {} MB limit", self.memory_mb)
+                        } else {
+                            String::new()
+                        };
+                        exit = Some(format!("{st:?}{oom}"));
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(2));

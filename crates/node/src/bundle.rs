@@ -2,7 +2,7 @@
 //! the sandbox can mount (world-readable, no paths escaping the directory).
 
 use std::io::{Cursor, Read};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use base64::Engine;
@@ -20,6 +20,8 @@ pub enum BundleError {
     TooLarge,
     #[error("the zip entry '{0}' would be written outside the function's directory")]
     UnsafePath(String),
+    #[error("the zip entry '{0}' collides with another entry or would be written through a symbolic link")]
+    Conflict(String),
     #[error("writing {path}")]
     Write { path: PathBuf, #[source] source: std::io::Error },
     #[error("reading zip entry '{name}'")]
@@ -31,9 +33,18 @@ pub fn code_sha256(zip: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(Sha256::digest(zip))
 }
 
-/// Unpack `zip` into `dest` (created; must not exist). Directories get 0755, files
-/// 0644 (0755 if executable in the archive), so the sandbox's unprivileged user can read them.
+/// Unpack `zip` into `dest` (created; must not exist), writing at most [`MAX_UNZIPPED`]
+/// bytes. Directories get 0755, files 0644 (0755 if executable in the archive), so the
+/// sandbox's unprivileged user can read them whatever the node's umask.
 pub fn extract(zip: &[u8], dest: &Path) -> Result<u64, BundleError> {
+    extract_limited(zip, dest, MAX_UNZIPPED)
+}
+
+/// [`extract`] with an explicit limit on the bytes written. The limit counts the bytes
+/// actually decompressed, never the sizes the zip's headers claim (they can lie).
+/// Symbolic links are kept when they point inside the bundle; nothing is ever written
+/// through one.
+pub fn extract_limited(zip: &[u8], dest: &Path, limit: u64) -> Result<u64, BundleError> {
     let mut archive = zip::ZipArchive::new(Cursor::new(zip)).map_err(BundleError::NotAZip)?;
     let werr = |path: &Path| {
         let path = path.to_path_buf();
@@ -51,35 +62,89 @@ pub fn extract(zip: &[u8], dest: &Path) -> Result<u64, BundleError> {
         }
         let path = dest.join(&rel);
         if entry.is_dir() {
-            mkdirs(dest, &path)?;
+            mkdirs(dest, &rel, &name)?;
             continue;
         }
-        if let Some(parent) = path.parent() {
-            mkdirs(dest, parent)?;
+        if let Some(parent) = rel.parent() {
+            mkdirs(dest, parent, &name)?;
         }
-        total += entry.size();
-        if total > MAX_UNZIPPED {
+        let read_err = |e: std::io::Error| BundleError::Read { name: name.clone(), source: e.into() };
+        if entry.is_symlink() {
+            let mut target = String::new();
+            (&mut entry).take(4096).read_to_string(&mut target).map_err(read_err)?;
+            if !link_stays_inside(&rel, Path::new(&target)) {
+                return Err(BundleError::UnsafePath(format!("{name} -> {target}")));
+            }
+            std::os::unix::fs::symlink(&target, &path).map_err(|e| conflict_or_write(e, &name, &path))?;
+            continue;
+        }
+        let exec = entry.unix_mode().is_some_and(|m| m & 0o111 != 0);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| conflict_or_write(e, &name, &path))?;
+        // One byte more than allowed, so that going over the limit is seen.
+        let room = limit.saturating_sub(total).saturating_add(1);
+        let written = std::io::copy(&mut (&mut entry).take(room), &mut file).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::Other => read_err(e),
+            _ => BundleError::Write { path: path.clone(), source: e },
+        })?;
+        total += written;
+        if total > limit {
             return Err(BundleError::TooLarge);
         }
-        let mut data = Vec::with_capacity(entry.size() as usize);
-        entry.read_to_end(&mut data).map_err(|e| BundleError::Read { name: name.clone(), source: e.into() })?;
-        std::fs::write(&path, &data).map_err(werr(&path))?;
-        let exec = entry.unix_mode().is_some_and(|m| m & 0o111 != 0);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(if exec { 0o755 } else { 0o644 })).map_err(werr(&path))?;
     }
     Ok(total)
 }
 
-fn mkdirs(root: &Path, dir: &Path) -> Result<(), BundleError> {
-    std::fs::create_dir_all(dir).map_err(|source| BundleError::Write { path: dir.to_path_buf(), source })?;
-    let mut d = dir;
-    while d != root {
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
-            .map_err(|source| BundleError::Write { path: d.to_path_buf(), source })?;
-        match d.parent() {
-            Some(p) => d = p,
-            None => break,
+/// Whether a symlink at `rel` (relative to the bundle's root) pointing at `target`
+/// resolves inside the bundle, judged on the path alone.
+fn link_stays_inside(rel: &Path, target: &Path) -> bool {
+    let mut depth: i64 = rel.components().count() as i64 - 1;
+    for c in target.components() {
+        match c {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return false,
         }
+    }
+    !target.as_os_str().is_empty()
+}
+
+fn conflict_or_write(source: std::io::Error, name: &str, path: &Path) -> BundleError {
+    // EEXIST: the entry is in the zip twice; ELOOP: O_NOFOLLOW met a symlink.
+    match source.raw_os_error() {
+        Some(libc::EEXIST) | Some(libc::ELOOP) | Some(libc::ENOTDIR) => BundleError::Conflict(name.to_string()),
+        _ => BundleError::Write { path: path.to_path_buf(), source },
+    }
+}
+
+/// Create `dir` (relative to `root`) one component at a time with mode 0755, refusing
+/// to pass through anything that is not a real directory (a symlink from the zip).
+fn mkdirs(root: &Path, dir: &Path, entry: &str) -> Result<(), BundleError> {
+    let mut d = root.to_path_buf();
+    for c in dir.components() {
+        let Component::Normal(part) = c else { continue };
+        d.push(part);
+        match std::fs::symlink_metadata(&d) {
+            Ok(m) if m.is_dir() => continue,
+            Ok(_) => return Err(BundleError::Conflict(entry.to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(BundleError::Write { path: d, source }),
+        }
+        std::fs::create_dir(&d).map_err(|source| BundleError::Write { path: d.clone(), source })?;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+            .map_err(|source| BundleError::Write { path: d.clone(), source })?;
     }
     Ok(())
 }
@@ -117,5 +182,73 @@ mod tests {
         assert_eq!(e.to_string(), "Could not unzip uploaded file. Please check your file, then try to upload again.");
         let z = make_zip(&[("../evil.py", "")]);
         assert!(matches!(extract(&z, &dir.path().join("b")), Err(BundleError::UnsafePath(_))));
+    }
+
+    /// A zip whose headers claim `claimed` bytes for an entry of `actual` zeros.
+    fn lying_zip(actual: usize, claimed: u32) -> Vec<u8> {
+        let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        w.start_file("bomb.bin", opts).unwrap();
+        w.write_all(&vec![0u8; actual]).unwrap();
+        let mut z = w.finish().unwrap().into_inner();
+        let le = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        // Local file header: uncompressed size at offset 22.
+        assert_eq!(le(&z[0..4]), 0x0403_4b50);
+        z[22..26].copy_from_slice(&claimed.to_le_bytes());
+        // Central directory entry: uncompressed size at offset 24.
+        let cd = (0..z.len() - 4).find(|&i| le(&z[i..i + 4]) == 0x0201_4b50).unwrap();
+        z[cd + 24..cd + 28].copy_from_slice(&claimed.to_le_bytes());
+        z
+    }
+
+    #[test]
+    fn counts_bytes_written_not_the_sizes_headers_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let z = lying_zip(4 << 20, 100);
+        assert!(z.len() < 64 << 10, "the bomb is small: {} bytes", z.len());
+        let dest = dir.path().join("code");
+        let e = extract_limited(&z, &dest, 1 << 20).unwrap_err();
+        assert!(matches!(e, BundleError::TooLarge), "{e:?}");
+        let written = std::fs::metadata(dest.join("bomb.bin")).map(|m| m.len()).unwrap_or(0);
+        assert!(written <= (1 << 20) + 1, "wrote {written} bytes past a 1 MiB limit");
+        // Within the limit the same kind of entry unpacks whole.
+        let ok = lying_zip(1000, 10);
+        let n = extract_limited(&ok, &dir.path().join("ok"), 1 << 20);
+        assert!(matches!(n, Ok(1000) | Err(BundleError::Read { .. })), "{n:?}");
+    }
+
+    #[test]
+    fn symlinks_stay_inside_and_are_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let link_zip = |entries: &[(&str, Option<&str>)]| {
+            let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
+            let o = zip::write::SimpleFileOptions::default();
+            for (name, target) in entries {
+                match target {
+                    Some(t) => w.add_symlink(*name, *t, o).unwrap(),
+                    None => {
+                        w.start_file(*name, o).unwrap();
+                        w.write_all(b"data").unwrap();
+                    }
+                }
+            }
+            w.finish().unwrap().into_inner()
+        };
+        // Out of the bundle: refused.
+        let e = extract(&link_zip(&[("etc", Some("/etc"))]), &dir.path().join("a")).unwrap_err();
+        assert!(matches!(e, BundleError::UnsafePath(_)), "{e:?}");
+        let e = extract(&link_zip(&[("d/up", Some("../../x"))]), &dir.path().join("b")).unwrap_err();
+        assert!(matches!(e, BundleError::UnsafePath(_)), "{e:?}");
+        // Inside: kept; but nothing is written through it.
+        let e = extract(&link_zip(&[("real/f", None), ("alias", Some("real")), ("alias/g", None)]), &dir.path().join("c"))
+            .unwrap_err();
+        assert!(matches!(e, BundleError::Conflict(ref n) if n == "alias/g"), "{e:?}");
+        assert!(!dir.path().join("c/real/g").exists());
+        let e = extract(&link_zip(&[("f", None), ("f/g", None)]), &dir.path().join("d")).unwrap_err();
+        assert!(matches!(e, BundleError::Conflict(_)), "{e:?}");
+        let d = dir.path().join("e");
+        extract(&link_zip(&[("lib/real.py", None), ("lib/link.py", Some("real.py"))]), &d).unwrap();
+        assert_eq!(std::fs::read_link(d.join("lib/link.py")).unwrap(), Path::new("real.py"));
+        assert_eq!(std::fs::read(d.join("lib/link.py")).unwrap(), b"data");
     }
 }

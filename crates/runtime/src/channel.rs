@@ -116,6 +116,14 @@ impl Channel {
         String::from_utf8_lossy(&std::mem::take(&mut self.logs)).into_owned()
     }
 
+    /// Log output collected so far, kept for [`Channel::take_logs`]: the error that
+    /// reports a closed channel quotes the last lines, and the invocation's log (the
+    /// Lambda log tail) still holds them.
+    fn peek_logs(&mut self) -> String {
+        self.drain_log();
+        String::from_utf8_lossy(&self.logs).into_owned()
+    }
+
     fn drain_log(&mut self) {
         let mut buf = [0u8; 16384];
         loop {
@@ -141,7 +149,7 @@ impl Channel {
         frame.extend_from_slice(&body);
         match self.control.write_all(&frame) {
             Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(ChannelError::Closed { logs: self.take_logs() }),
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(ChannelError::Closed { logs: self.peek_logs() }),
             Err(e) => Err(ChannelError::Io(e)),
         }
     }
@@ -187,11 +195,11 @@ impl Channel {
             }
             if ctl {
                 match self.control.read(&mut buf) {
-                    Ok(0) => return Err(ChannelError::Closed { logs: self.take_logs() }),
+                    Ok(0) => return Err(ChannelError::Closed { logs: self.peek_logs() }),
                     Ok(n) => self.inbuf.extend_from_slice(&buf[..n]),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                        return Err(ChannelError::Closed { logs: self.take_logs() })
+                        return Err(ChannelError::Closed { logs: self.peek_logs() })
                     }
                     Err(e) => return Err(ChannelError::Io(e)),
                 }
@@ -290,6 +298,21 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["type"], "invoke");
         assert_eq!(v["request_id"], "r1");
+    }
+
+    /// A crash's last words are both in the error and in the invocation's log.
+    #[test]
+    fn logs_before_a_crash_stay_in_the_log() {
+        let (mut ch, peer, mut log) = pair();
+        log.write_all(b"line one\nlast words\n").unwrap();
+        drop(log);
+        drop(peer);
+        let req = InvokeRequest::new("r1".into(), "{}".into(), "f", 128, Duration::from_secs(3));
+        match ch.invoke(&req, Duration::from_secs(5)).unwrap_err() {
+            ChannelError::Closed { logs } => assert!(logs.ends_with("last words\n"), "{logs:?}"),
+            e => panic!("unexpected {e}"),
+        }
+        assert_eq!(ch.take_logs(), "line one\nlast words\n");
     }
 
     #[test]

@@ -70,11 +70,13 @@ fn run(status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
     fcntl(status.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).step(|| "set CLOEXEC on status fd".into())?;
     let (cfg, blob) = config::decode(&buf).map_err(|e| Fail { step: format!("decode config: {e}"), errno: libc::EINVAL })?;
 
+    // Before anything is created: the sandbox's files must not depend on the caller's
+    // umask (under 077 the mount points would be unreadable to the function's user).
+    nix::sys::stat::umask(Mode::from_bits_truncate(0o022));
     build_root(&cfg)?;
     nix::unistd::sethostname(&cfg.hostname).step(|| format!("sethostname {}", cfg.hostname))?;
     sys::loopback_up().step(|| "bring up lo".into())?;
     nix::unistd::chdir(&cfg.cwd).step(|| format!("chdir {}", cfg.cwd.display()))?;
-    nix::sys::stat::umask(Mode::from_bits_truncate(0o022));
     let null = std::fs::OpenOptions::new().read(true).open("/dev/null").step(|| "open /dev/null".into())?;
     nix::unistd::dup2(null.as_raw_fd(), 0).step(|| "dup2 /dev/null to fd 0".into())?;
     drop(null);

@@ -24,8 +24,9 @@ const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
 #[command(name = "thaw", version, about = "Thaw: serverless functions frozen to disk as memory snapshots and thawed on demand.",
     long_about = "Thaw runs functions in process sandboxes, captures a ready-to-invoke instance (runtime started, \
 function module imported) to an on-disk image, and starts later instances by restoring that image with its memory \
-served lazily by a userfaultfd page server.\n\nMust run as root. Exit codes: 0 success, 1 the function returned an \
-error (printed as JSON on stdout), 2 the platform failed (message on stderr).")]
+served lazily by a userfaultfd page server.\n\nMust run as root. Exit codes: 0 success; 1 the invocation failed: \
+the function returned an error (printed as JSON on stdout), crashed or timed out (message on stderr); 2 anything \
+else failed, including the function's init (message on stderr).")]
 struct Cli {
     /// Directory for Thaw's own files (runtime shims). Env: THAW_DATA_DIR.
     #[arg(long, global = true, env = "THAW_DATA_DIR", default_value = "/var/lib/thaw")]
@@ -90,7 +91,7 @@ enum SnapshotCmd {
         paging: Paging,
         /// Share of the touched pages a prefetch restore may need beyond the working set
         /// before the working set counts as unrepresentative and is re-recorded.
-        #[arg(long, default_value_t = 0.25)]
+        #[arg(long, default_value_t = 0.25, value_parser = parse_share)]
         reprofile_threshold: f64,
         /// Keep the working set exactly as recorded (REAP): by default a prefetch restore adds
         /// the pages it had to fault in (below the threshold) to the working set.
@@ -154,8 +155,8 @@ struct InvokeArgs {
     /// The event, as JSON text; "@FILE" reads it from FILE.
     #[arg(long, default_value = "{}")]
     payload: String,
-    /// Invocation timeout in seconds.
-    #[arg(long, default_value_t = 30)]
+    /// Invocation timeout in seconds (1 to 900, as Lambda allows).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=900))]
     timeout: u64,
     /// Write timings and paging figures as JSON to FILE.
     #[arg(long)]
@@ -163,6 +164,15 @@ struct InvokeArgs {
     /// Do not copy the function's log to stderr.
     #[arg(long)]
     quiet: bool,
+}
+
+/// A share between 0 and 1 (NaN and infinities refused).
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("expected a share between 0 and 1, got '{s}'")),
+        Err(e) => Err(format!("expected a number between 0 and 1, got '{s}': {e}")),
+    }
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -173,6 +183,10 @@ fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("__sandbox-init") {
         thaw_sandbox::sandbox_init_main();
     }
+    // Everything thaw writes (snapshots, the registry, keys, caches) is private to
+    // root whatever the caller's umask; what a sandbox must read is given its mode
+    // explicitly (runtime shims, unpacked bundles, the sandbox's own root).
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "warn".into()))
@@ -182,7 +196,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("thaw: error: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(if function_failed(&e) { 1 } else { 2 })
         }
     }
 }
@@ -238,6 +252,19 @@ fn write_stats(path: &Option<PathBuf>, v: serde_json::Value) -> Result<()> {
         std::fs::write(p, serde_json::to_vec_pretty(&v)?).with_context(|| format!("writing stats to {}", p.display()))?;
     }
     Ok(())
+}
+
+/// Whether an error is a failed invocation (exit 1: the function crashed or timed
+/// out) rather than anything else (exit 2). A page server that failed under the
+/// instance is the platform's failure.
+fn function_failed(e: &anyhow::Error) -> bool {
+    use thaw_engine::instance::InstanceError;
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<InstanceError>(),
+            Some(InstanceError::Invoke { page_server: None, .. })
+        )
+    })
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {

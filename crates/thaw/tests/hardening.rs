@@ -1,6 +1,7 @@
 //! Defects found by probing (issue "Hardening"), each checked end to end through
 //! the CLI as root: /tmp written at init, child processes at init, orphans and
-//! zombies inside an instance.
+//! zombies inside an instance, the caller's umask, crashes, out-of-memory inits and
+//! nonsense limits.
 
 mod common;
 
@@ -133,7 +134,7 @@ def handler(event, context):
 "#;
     let (snap, o) = create("forkloop", handler);
     ok(o);
-    let mut node = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+    let node = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
         .env("THAW_DATA_DIR", scratch().join("data"))
         .args(["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--payload", "{}", "--quiet"])
         .stdout(std::process::Stdio::piped())
@@ -187,4 +188,80 @@ fn a_changed_bundle_refuses_the_restore() {
         "{}",
         stderr(&o)
     );
+}
+
+/// Nothing depends on the caller's umask (defect 3): under 077, 027 and 000 a boot, a
+/// capture and a restore work, and what thaw writes (the snapshot, its data
+/// directory) is private to root whatever the umask.
+#[test]
+fn the_callers_umask_changes_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let code = common::sample("helloworld");
+    for mask in ["077", "027", "000"] {
+        let data = scratch().join(format!("data-umask-{mask}"));
+        let snap = scratch().join(format!("snap-umask-{mask}"));
+        let run = |args: &[&str]| {
+            let o = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!("umask {mask}; exec \"$0\" \"$@\""))
+                .arg(env!("CARGO_BIN_EXE_thaw"))
+                .args(args)
+                .env("THAW_DATA_DIR", &data)
+                .output()
+                .unwrap();
+            stdout(&ok(o))
+        };
+        let c = code.to_str().unwrap();
+        let out = run(&["boot", "--code", c, "--handler", "handler.handler", "--payload", r#"{"name":"umask"}"#, "--quiet"]);
+        assert!(out.contains("umask"), "umask {mask}: {out}");
+        run(&["snapshot", "create", "--code", c, "--handler", "handler.handler", "--out", snap.to_str().unwrap()]);
+        let out = run(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", r#"{"name":"again"}"#, "--quiet"]);
+        assert!(out.contains("again"), "umask {mask}: {out}");
+        let mut private = vec![data.clone(), snap.clone()];
+        private.extend(std::fs::read_dir(&snap).unwrap().map(|e| e.unwrap().path()));
+        for p in private {
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode & 0o077, 0, "umask {mask}: {} is {mode:o}", p.display());
+        }
+    }
+}
+
+/// A function that crashes mid-invocation (defect 7): the CLI exits 1 (the
+/// invocation failed, not the platform) and the error quotes the last line it printed.
+#[test]
+fn a_crash_exits_1_and_keeps_the_last_words() {
+    let code = bundle(
+        "crash",
+        &[("handler.py", "import os\n\ndef handler(event, context):\n    print('first line')\n    print('last words before the crash')\n    os.kill(os.getpid(), 11)\n")],
+    );
+    let o = thaw(&["boot", "--code", code.to_str().unwrap(), "--handler", "handler.handler"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("invocation failed (instance Signaled(11))"), "{e}");
+    assert!(e.contains("last words before the crash"), "{e}");
+}
+
+/// An init killed at its memory limit says so (defect 7).
+#[test]
+fn an_init_out_of_memory_says_so() {
+    let code = bundle("initoom", &[("handler.py", "BIG = bytearray(400 << 20)\n\ndef handler(event, context):\n    return 1\n")]);
+    let o = thaw(&["boot", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--memory", "128"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("function init ran out of memory: the instance was killed at its 128 MB limit"), "{}", stderr(&o));
+}
+
+/// Nonsense limits are refused before anything runs (defect 7).
+#[test]
+fn nonsense_limits_are_refused() {
+    let code = common::sample("helloworld");
+    let c = code.to_str().unwrap();
+    let o = thaw(&["boot", "--code", c, "--handler", "handler.handler", "--timeout", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("invalid value '0' for '--timeout <TIMEOUT>'"), "{}", stderr(&o));
+    for bad in ["NaN", "inf", "-0.5", "2"] {
+        let arg = format!("--reprofile-threshold={bad}");
+        let o = thaw(&["snapshot", "restore", "/nonexistent", &arg]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("between 0 and 1"), "{bad}: {}", stderr(&o));
+    }
 }
