@@ -48,6 +48,21 @@ const API_PREFIX: &str = "/2015-03-31/functions";
 pub struct App {
     pub node: Arc<Node>,
     pub verifier: Verifier,
+    /// Serve /metrics to any peer (default: loopback peers only, like /thaw/status).
+    pub metrics_public: bool,
+    /// Bytes of request bodies being read before their signature could be checked
+    /// (requests that do not sign `x-amz-content-sha256`), in KiB permits: bounds the
+    /// memory unauthenticated clients can make the node hold.
+    unverified_bodies: tokio::sync::Semaphore,
+}
+
+/// Most body bytes held at once for requests not yet authenticated.
+pub const UNVERIFIED_BODY_BUDGET: usize = 96 * 1024 * 1024;
+
+impl App {
+    pub fn new(node: Arc<Node>, verifier: Verifier, metrics_public: bool) -> App {
+        App { node, verifier, metrics_public, unverified_bodies: tokio::sync::Semaphore::new(UNVERIFIED_BODY_BUDGET / 1024) }
+    }
 }
 
 /// An API error in Lambda's shape.
@@ -541,6 +556,44 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
     }
 }
 
+fn too_large() -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLargeException", format!("Request must be smaller than {MAX_BODY} bytes"))
+}
+
+/// Authenticate a request, reading as little as possible of an unauthenticated
+/// one: every header check first (no body read at all for a missing or unknown
+/// key, a stale date, UNSIGNED-PAYLOAD); a request that signs its body's hash is
+/// fully verified before the body is read; any other body is read within the
+/// node-wide [`UNVERIFIED_BODY_BUDGET`] and verified afterwards.
+async fn authenticated_body(app: &App, parts: &axum::http::request::Parts, path: &str, body: Body) -> Result<Bytes, ApiError> {
+    fn signed<'a>(parts: &'a axum::http::request::Parts, path: &'a str, body: &'a [u8]) -> SignedRequest<'a> {
+        SignedRequest {
+            method: parts.method.as_str(),
+            raw_path: path,
+            raw_query: parts.uri.query(),
+            headers: parts.headers.iter().filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v))).collect(),
+            body,
+        }
+    }
+    let head = signed(parts, path, b"");
+    app.verifier.check_headers(&head, SystemTime::now())?;
+    let declared = parts.headers.get("content-length").and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY) {
+        return Err(too_large());
+    }
+    if Verifier::hash_in_headers(&head) {
+        app.verifier.verify_headers_only(&head, SystemTime::now())?;
+        let body = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| too_large())?;
+        Verifier::check_body(&signed(parts, path, &body))?;
+        return Ok(body);
+    }
+    let kib = declared.unwrap_or(MAX_BODY).div_ceil(1024).max(1) as u32;
+    let _permit = app.unverified_bodies.acquire_many(kib).await.map_err(|_| too_large())?;
+    let body = axum::body::to_bytes(body, declared.unwrap_or(MAX_BODY).min(MAX_BODY)).await.map_err(|_| too_large())?;
+    app.verifier.verify(&signed(parts, path, &body), SystemTime::now())?;
+    Ok(body)
+}
+
 fn is_loopback(peer: &SocketAddr) -> bool {
     peer.ip().is_loopback()
 }
@@ -553,6 +606,14 @@ pub async fn handle(State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<
     let span = tracing::debug_span!("request", request_id = %request_id, method = %parts.method, path = %path);
     async move {
         if parts.method == Method::GET && path == "/metrics" {
+            if !app.metrics_public && !is_loopback(&peer) {
+                return ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "AccessDeniedException",
+                    "/metrics is only served to loopback clients (start the node with --metrics-public to serve it to any peer)",
+                )
+                .into_response(&request_id);
+            }
             let mut r = app.node.metrics.render().into_response();
             r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain; version=0.0.4"));
             return r;
@@ -564,28 +625,13 @@ pub async fn handle(State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<
             }
             return json_response(StatusCode::OK, &app.node.status());
         }
-        let body = match axum::body::to_bytes(Body::new(body), MAX_BODY).await {
+        let body = match authenticated_body(&app, &parts, &path, body).await {
             Ok(b) => b,
-            Err(_) => {
-                return ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "RequestEntityTooLargeException",
-                    format!("Request must be smaller than {MAX_BODY} bytes"),
-                )
-                .into_response(&request_id)
+            Err(e) => {
+                debug!(error = %e, "request not authenticated");
+                return e.into_response(&request_id);
             }
         };
-        let signed = SignedRequest {
-            method: parts.method.as_str(),
-            raw_path: &path,
-            raw_query: parts.uri.query(),
-            headers: parts.headers.iter().filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v))).collect(),
-            body: &body,
-        };
-        if let Err(e) = app.verifier.verify(&signed, SystemTime::now()) {
-            debug!(error = %e, "request not authenticated");
-            return ApiError::from(e).into_response(&request_id);
-        }
         let Some(action) = route(&parts.method, &path) else {
             return ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method))
                 .into_response(&request_id);

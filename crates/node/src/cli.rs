@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// On SIGINT/SIGTERM, seconds to wait for in-flight invocations before stopping anyway.
     #[arg(long, default_value = "30", value_parser = parse_secs)]
     pub drain_timeout: Duration,
+    /// Serve /metrics to any peer. By default it (like /thaw/status) is served to loopback
+    /// clients only: it names every function on the node.
+    #[arg(long)]
+    pub metrics_public: bool,
 }
 
 /// Options of `thaw status`.
@@ -120,7 +124,7 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         event_concurrency: args.event_concurrency.max(1),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("thaw-node").build().context("starting the async runtime")?;
-    rt.block_on(run(cfg, listen, creds, args.drain_timeout))
+    rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public))
 }
 
 async fn shutdown_signal() {
@@ -141,10 +145,10 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run(cfg: NodeConfig, listen: SocketAddr, creds: crate::sigv4::Credentials, drain: Duration) -> Result<()> {
+async fn run(cfg: NodeConfig, listen: SocketAddr, creds: crate::sigv4::Credentials, drain: Duration, metrics_public: bool) -> Result<()> {
     let keep_alive = cfg.keep_alive;
     let node = Node::start(cfg).context("starting the node")?;
-    let app = Arc::new(App { node: node.clone(), verifier: Verifier::new("lambda", vec![creds]) });
+    let app = Arc::new(App::new(node.clone(), Verifier::new("lambda", vec![creds]), metrics_public));
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let local = listener.local_addr().context("reading the listening address")?;
     info!(%local, "thaw node listening");

@@ -47,6 +47,8 @@ pub enum SigV4Error {
     Mismatch,
     #[error("The provided x-amz-content-sha256 header does not match what was computed.")]
     PayloadHashMismatch,
+    #[error("x-amz-content-sha256: UNSIGNED-PAYLOAD is not accepted; sign the request body.")]
+    UnsignedPayload,
 }
 
 impl SigV4Error {
@@ -142,23 +144,38 @@ impl Verifier {
         Verifier { service: service.to_string(), keys }
     }
 
-    /// Check `req`'s signature at time `now`; returns the access key id on success.
-    pub fn verify(&self, req: &SignedRequest<'_>, now: SystemTime) -> Result<String, SigV4Error> {
+    /// Everything that can be checked before the body is read: the Authorization
+    /// header's form, a known access key, the service, the date within [`MAX_SKEW`],
+    /// a signed host header, and a payload hash that is not `UNSIGNED-PAYLOAD`.
+    /// A request failing here is answered without reading its body.
+    pub fn check_headers(&self, req: &SignedRequest<'_>, now: SystemTime) -> Result<(), SigV4Error> {
+        self.authenticate_headers(req, now).map(|_| ())
+    }
+
+    /// Whether the signature covers a payload hash sent in `x-amz-content-sha256`,
+    /// so that [`Verifier::verify`] can be run on the headers alone (the body is then
+    /// checked against that hash).
+    pub fn hash_in_headers(req: &SignedRequest<'_>) -> bool {
+        req.header("x-amz-content-sha256").is_some_and(|v| v != UNSIGNED_PAYLOAD)
+    }
+
+    /// The checked Authorization header, the request's X-Amz-Date and the key.
+    fn authenticate_headers(&self, req: &SignedRequest<'_>, now: SystemTime) -> Result<(OwnedAuth, String, &Credentials), SigV4Error> {
         let auth_value = req.header("authorization").ok_or(SigV4Error::Missing)?;
-        let auth = parse_auth(&auth_value)?;
+        let auth = parse_auth(&auth_value)?.owned();
         let key = self
             .keys
             .iter()
             .find(|k| k.access_key_id == auth.access_key)
-            .ok_or_else(|| SigV4Error::UnknownKey(auth.access_key.to_string()))?;
+            .ok_or_else(|| SigV4Error::UnknownKey(auth.access_key.clone()))?;
         if auth.service != self.service {
-            return Err(SigV4Error::WrongService { expected: self.service.clone(), got: auth.service.to_string() });
+            return Err(SigV4Error::WrongService { expected: self.service.clone(), got: auth.service.clone() });
         }
         let amz_date = req.header("x-amz-date").ok_or_else(|| SigV4Error::Incomplete("an X-Amz-Date header".into()))?;
         let t = NaiveDateTime::parse_from_str(&amz_date, "%Y%m%dT%H%M%SZ")
             .map_err(|_| SigV4Error::Incomplete("an X-Amz-Date in the form YYYYMMDDTHHMMSSZ".into()))?
             .and_utc();
-        if !amz_date.starts_with(auth.date) {
+        if !amz_date.starts_with(&auth.date) {
             return Err(SigV4Error::Mismatch);
         }
         let now: DateTime<Utc> = now.into();
@@ -169,29 +186,85 @@ impl Verifier {
         if t > now + skew {
             return Err(SigV4Error::NotYetCurrent { request: amz_date, latest: fmt_amz(now + skew), now: fmt_amz(now) });
         }
-        if !auth.signed_headers.contains(&"host") {
+        if !auth.signed_headers.iter().any(|h| h == "host") {
             return Err(SigV4Error::Incomplete("the host header to be signed".into()));
         }
+        if req.header("x-amz-content-sha256").is_some_and(|v| v == UNSIGNED_PAYLOAD) {
+            return Err(SigV4Error::UnsignedPayload);
+        }
+        Ok((auth, amz_date, key))
+    }
+
+    /// Check `req`'s signature at time `now`; returns the access key id on success.
+    /// With `body_checked_later`, the payload hash is taken from `x-amz-content-sha256`
+    /// (see [`Verifier::hash_in_headers`]) and the caller must compare the body with
+    /// it ([`Verifier::check_body`]); otherwise the hash is computed from `req.body`.
+    pub fn verify(&self, req: &SignedRequest<'_>, now: SystemTime) -> Result<String, SigV4Error> {
+        self.verify_inner(req, now, false)
+    }
+
+    /// [`Verifier::verify`] before the body is read: only for requests whose
+    /// signed headers carry the payload hash ([`Verifier::hash_in_headers`]).
+    pub fn verify_headers_only(&self, req: &SignedRequest<'_>, now: SystemTime) -> Result<String, SigV4Error> {
+        self.verify_inner(req, now, true)
+    }
+
+    /// The body of a request verified with [`Verifier::verify_headers_only`] must
+    /// hash to the signed `x-amz-content-sha256`.
+    pub fn check_body(req: &SignedRequest<'_>) -> Result<(), SigV4Error> {
+        match req.header("x-amz-content-sha256") {
+            Some(v) if v == hex::encode(Sha256::digest(req.body)) => Ok(()),
+            _ => Err(SigV4Error::PayloadHashMismatch),
+        }
+    }
+
+    fn verify_inner(&self, req: &SignedRequest<'_>, now: SystemTime, body_checked_later: bool) -> Result<String, SigV4Error> {
+        let (auth, amz_date, key) = self.authenticate_headers(req, now)?;
         let payload_hash = match req.header("x-amz-content-sha256") {
-            Some(v) if v == UNSIGNED_PAYLOAD => v,
+            Some(v) if body_checked_later => v,
             Some(v) => {
                 if v != hex::encode(Sha256::digest(req.body)) {
                     return Err(SigV4Error::PayloadHashMismatch);
                 }
                 v
             }
+            None if body_checked_later => return Err(SigV4Error::Incomplete("an x-amz-content-sha256 header".into())),
             None => hex::encode(Sha256::digest(req.body)),
         };
-        let canonical = canonical_request(req, &auth.signed_headers, &payload_hash)?;
+        let signed: Vec<&str> = auth.signed_headers.iter().map(String::as_str).collect();
+        let canonical = canonical_request(req, &signed, &payload_hash)?;
         let scope = format!("{}/{}/{}/aws4_request", auth.date, auth.region, auth.service);
         let string_to_sign =
             format!("{ALGORITHM}\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
-        let provided = hex::decode(auth.signature).map_err(|_| SigV4Error::Mismatch)?;
-        let signing_key = signing_key(&key.secret_access_key, auth.date, auth.region, auth.service);
+        let provided = hex::decode(&auth.signature).map_err(|_| SigV4Error::Mismatch)?;
+        let signing_key = signing_key(&key.secret_access_key, &auth.date, &auth.region, &auth.service);
         let mut mac = HmacSha256::new_from_slice(&signing_key).expect("HMAC takes any key length");
         mac.update(string_to_sign.as_bytes());
         mac.verify_slice(&provided).map_err(|_| SigV4Error::Mismatch)?;
         Ok(key.access_key_id.clone())
+    }
+}
+
+/// The checked parts of a request's Authorization header, owned.
+struct OwnedAuth {
+    access_key: String,
+    date: String,
+    region: String,
+    service: String,
+    signed_headers: Vec<String>,
+    signature: String,
+}
+
+impl AuthHeader<'_> {
+    fn owned(&self) -> OwnedAuth {
+        OwnedAuth {
+            access_key: self.access_key.to_string(),
+            date: self.date.to_string(),
+            region: self.region.to_string(),
+            service: self.service.to_string(),
+            signed_headers: self.signed_headers.iter().map(|h| h.to_string()).collect(),
+            signature: self.signature.to_string(),
+        }
     }
 }
 
@@ -366,6 +439,54 @@ mod tests {
         let (mut h, body) = botocore_request(BOTO_SIG);
         h.push(("X-Amz-Content-Sha256", "00".repeat(32)));
         assert_eq!(check(&v, &h, body, "20240501T120000Z"), Err(SigV4Error::PayloadHashMismatch));
+    }
+
+    #[test]
+    fn unsigned_payload_is_refused_before_the_body() {
+        let v = verifier("thaw/secret+key/EXAMPLE");
+        let (mut h, body) = botocore_request(BOTO_SIG);
+        h.push(("X-Amz-Content-Sha256", UNSIGNED_PAYLOAD.to_string()));
+        assert_eq!(check(&v, &h, body, "20240501T120000Z"), Err(SigV4Error::UnsignedPayload));
+        let req = SignedRequest { method: "POST", raw_path: "/", raw_query: None, headers: h.iter().map(|(k, v)| (*k, v.as_str())).collect(), body: b"" };
+        assert_eq!(v.check_headers(&req, at("20240501T120000Z")), Err(SigV4Error::UnsignedPayload));
+        // Without a body, an unknown key or a stale date is already refused.
+        let other = Verifier::new("lambda", vec![Credentials { access_key_id: "X".into(), secret_access_key: "y".into() }]);
+        let (h, _) = botocore_request(BOTO_SIG);
+        let req = SignedRequest { method: "POST", raw_path: "/", raw_query: None, headers: h.iter().map(|(k, v)| (*k, v.as_str())).collect(), body: b"" };
+        assert_eq!(other.check_headers(&req, at("20240501T120000Z")), Err(SigV4Error::UnknownKey("AKIDTHAWTEST".into())));
+        assert!(matches!(v.check_headers(&req, at("20240502T120000Z")), Err(SigV4Error::Expired { .. })));
+        assert_eq!(v.check_headers(&req, at("20240501T120000Z")), Ok(()));
+    }
+
+    /// A request whose signed headers carry the body's hash is verified before its
+    /// body is read, and the body is then held to that hash.
+    #[test]
+    fn signed_payload_hash_verifies_before_the_body() {
+        let secret = "thaw/secret+key/EXAMPLE";
+        let v = verifier(secret);
+        let body = br#"{"k": 1}"#;
+        let hash = hex::encode(Sha256::digest(body));
+        let mut headers = vec![("Host", "127.0.0.1:9000".to_string()), ("X-Amz-Date", "20240501T120000Z".to_string()), ("X-Amz-Content-Sha256", hash.clone())];
+        let signed = ["host", "x-amz-content-sha256", "x-amz-date"];
+        fn req<'a>(headers: &'a [(&'static str, String)], body: &'a [u8]) -> SignedRequest<'a> {
+            SignedRequest {
+                method: "POST",
+                raw_path: "/2015-03-31/functions/f/invocations",
+                raw_query: None,
+                headers: headers.iter().map(|(k, v)| (*k, v.as_str())).collect(),
+                body,
+            }
+        }
+        let canonical = canonical_request(&req(&headers, b""), &signed, &hash).unwrap();
+        let sts = format!("{ALGORITHM}\n20240501T120000Z\n20240501/us-east-1/lambda/aws4_request\n{}", hex::encode(Sha256::digest(canonical.as_bytes())));
+        let sig = hex::encode(hmac(&signing_key(secret, "20240501", "us-east-1", "lambda"), sts.as_bytes()));
+        headers.push(("Authorization", format!("AWS4-HMAC-SHA256 Credential=AKIDTHAWTEST/20240501/us-east-1/lambda/aws4_request, SignedHeaders={}, Signature={sig}", signed.join(";"))));
+        let now = at("20240501T120000Z");
+        assert!(Verifier::hash_in_headers(&req(&headers, b"")));
+        assert_eq!(v.verify_headers_only(&req(&headers, b""), now), Ok("AKIDTHAWTEST".into()));
+        assert_eq!(Verifier::check_body(&req(&headers, body)), Ok(()));
+        assert_eq!(Verifier::check_body(&req(&headers, b"{}")), Err(SigV4Error::PayloadHashMismatch));
+        assert_eq!(v.verify(&req(&headers, body), now), Ok("AKIDTHAWTEST".into()));
     }
 
     /// AWS's published test suite vector `get-vanilla` (service "service").

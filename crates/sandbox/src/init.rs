@@ -201,9 +201,37 @@ fn denied_syscalls() -> Vec<i64> {
         libc::SYS_quotactl,
         libc::SYS_lookup_dcookie,
         libc::SYS_syslog,
+        // Reviewed against Docker's default profile (moby profiles/seccomp/default.json):
+        // io_uring bypasses syscall filtering for the operations it submits and has been
+        // a steady source of kernel exploits; the rest need privileges a function never
+        // has, or reach other processes' memory or the NUMA placement of the host.
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_kcmp,
+        libc::SYS_move_pages,
+        libc::SYS_migrate_pages,
+        libc::SYS_mbind,
+        libc::SYS_set_mempolicy,
+        libc::SYS_clock_adjtime,
+        libc::SYS_clock_settime,
+        libc::SYS_settimeofday,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_mount_setattr,
+        libc::SYS_vhangup,
+        libc::SYS_ustat,
+        libc::SYS_sysfs,
     ];
     #[cfg(target_arch = "x86_64")]
-    v.extend([libc::SYS_iopl, libc::SYS_ioperm]);
+    v.extend([libc::SYS_iopl, libc::SYS_ioperm, libc::SYS_uselib]);
     v
 }
 
