@@ -46,6 +46,17 @@ def post_big(port, headers, answers):
         conn.close()
 
 
+def post_big_from_12(port, headers):
+    answers = []
+    threads = [threading.Thread(target=post_big, args=(port, headers, answers)) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answers) == 12
+    return answers
+
+
 def test_unauthenticated_bodies_are_not_buffered(node):
     """12 clients each sending 70 MB: without a valid key nothing is read; with a
     known key id but a wrong signature the bodies are read within a bounded budget.
@@ -56,13 +67,7 @@ def test_unauthenticated_bodies_are_not_buffered(node):
         {"Authorization": "AWS4-HMAC-SHA256 Credential=AKIDNOSUCHKEY/20240101/us-east-1/lambda/aws4_request, "
                           "SignedHeaders=host;x-amz-date, Signature=00", "X-Amz-Date": "20240101T000000Z"},
     ]:
-        answers = []
-        threads = [threading.Thread(target=post_big, args=(node.port, headers, answers)) for _ in range(12)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert len(answers) == 12
+        answers = post_big_from_12(node.port, headers)
         assert all(a == 403 or isinstance(a, str) for a in answers), answers
         assert answers.count(403) >= 1, answers
     # A known key id with a wrong signature: its body must be read to check it, but
@@ -70,12 +75,7 @@ def test_unauthenticated_bodies_are_not_buffered(node):
     signed = AWSRequest(method="POST", url=f"{node.endpoint}/2015-03-31/functions/f/invocations", data=b"{}")
     SigV4Auth(Credentials(ACCESS_KEY, "wrong-secret"), "lambda", "us-east-1").add_auth(signed)
     headers = {k: v for k, v in signed.headers.items() if k.lower() != "content-length"}
-    answers = []
-    threads = [threading.Thread(target=post_big, args=(node.port, headers, answers)) for _ in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    answers = post_big_from_12(node.port, headers)
     assert answers.count(403) == 12, answers
     grown = vm_hwm_mb(node.pid) - base
     assert grown < 300, f"the node's peak RSS grew by {grown:.0f} MB for unauthenticated bodies"
