@@ -76,7 +76,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
         ApiError { status, kind, message: message.into(), reason: None }
     }
     fn invalid(message: impl Into<String>) -> ApiError {
@@ -89,7 +89,7 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", message)
     }
 
-    fn into_response(self, request_id: &str) -> Response {
+    pub fn into_response(self, request_id: &str) -> Response {
         let kind_type = if self.status.is_server_error() { "Service" } else { "User" };
         let mut body = json!({"Type": kind_type, "message": self.message, "Message": self.message});
         if let Some(r) = self.reason {

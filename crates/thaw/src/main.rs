@@ -58,6 +58,8 @@ enum Cmd {
     Bench(thaw_bench::BenchArgs),
     /// Simulate placement over 10..1,000 nodes: hit ratio, store bytes, p50/p99, load balance per policy.
     Sim(thaw_cluster::cli::SimArgs),
+    /// Cluster gateway (skeleton): Lambda API + SigV4, each Invoke forwarded to the agent placement picks.
+    Gateway(thaw_cluster::gateway::GatewayArgs),
 }
 
 #[derive(Subcommand)]
@@ -284,6 +286,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Sim(args) => {
             let stamp = thaw_bench::report::utc_stamp(std::time::SystemTime::now()).0;
             print!("{}", thaw_cluster::cli::sim(&args, &stamp)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Gateway(args) => {
+            thaw_cluster::gateway::run(args)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Boot { func, inv } => {

@@ -1,0 +1,209 @@
+//! `thaw gateway` (skeleton): the Lambda API with SigV4 in front of the node agents.
+//!
+//! A request is authenticated with the node's own verifier (`thaw_node::sigv4`) and
+//! parsed with the node's router (`thaw_node::api::route`). An Invoke is placed by
+//! [`ClusterView::place`] over the ThawNode advertisements watched from the apiserver
+//! ([`watch_nodes`]) and forwarded unchanged (method, path, query, headers including
+//! `Host` and `Authorization`, body) to the chosen agent, which verifies the client's
+//! signature again with the same keys; its answer goes back unchanged, plus
+//! `x-thaw-node`. An agent that cannot be reached or drops the connection gives a
+//! Lambda-shaped 502 `ServiceException` at once. Loads are this gateway's own
+//! invocations in flight per node.
+//!
+//! Not yet: the other operations (CreateFunction → ThawFunction objects), retries of
+//! asynchronous invocations on another node, metrics.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use clap::Args;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::rt::TokioExecutor;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use thaw_node::api::{function_name, route, Action, ApiError, MAX_BODY};
+use thaw_node::node::error_chain;
+use thaw_node::sigv4::{Credentials, SignedRequest, Verifier};
+
+use crate::hash::Rng;
+use crate::placement::{Policy, DEFAULT_LOAD_FACTOR};
+use crate::view::{watch_nodes, ClusterView};
+
+#[derive(Args, Debug)]
+pub struct GatewayArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    pub listen: String,
+    /// Kubeconfig for the apiserver (default: in-cluster service account, or ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Access key id clients sign with (the agents accept the same keys). Env: THAW_ACCESS_KEY_ID.
+    #[arg(long, env = "THAW_ACCESS_KEY_ID")]
+    pub access_key_id: String,
+    /// Secret access key. Env: THAW_SECRET_ACCESS_KEY.
+    #[arg(long, env = "THAW_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub secret_access_key: String,
+    /// Placement policy (thaw, hash, least-loaded, random).
+    #[arg(long, default_value = "thaw")]
+    pub policy: Policy,
+    /// Load bound factor of the thaw policy.
+    #[arg(long, default_value_t = DEFAULT_LOAD_FACTOR)]
+    pub load_factor: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: Box<kube::config::KubeconfigError>,
+    },
+    #[error("connecting to the Kubernetes API")]
+    Kube(#[source] Box<kube::Error>),
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+type Http = HttpClient<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+struct Gateway {
+    view: tokio::sync::watch::Receiver<Arc<ClusterView>>,
+    verifier: Verifier,
+    http: Http,
+    in_flight: Mutex<HashMap<String, u32>>,
+    rng: Mutex<Rng>,
+}
+
+/// Runs the gateway until the process is stopped.
+pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| GatewayError::Io { what: "starting the tokio runtime".into(), source })?;
+    rt.block_on(serve(args))
+}
+
+async fn serve(args: GatewayArgs) -> Result<(), GatewayError> {
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kerr = |source| GatewayError::Kubeconfig { path: path.clone(), source: Box::new(source) };
+            let cfg = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(path).map_err(kerr)?, &KubeConfigOptions::default()).await.map_err(kerr)?;
+            kube::Client::try_from(cfg).map_err(|e| GatewayError::Kube(Box::new(e)))?
+        }
+        None => kube::Client::try_default().await.map_err(|e| GatewayError::Kube(Box::new(e)))?,
+    };
+    let (tx, rx) = tokio::sync::watch::channel(Arc::new(ClusterView::new(Vec::new(), args.policy, args.load_factor)));
+    tokio::spawn(watch_nodes(client, args.policy, args.load_factor, tx));
+    let keys = vec![Credentials { access_key_id: args.access_key_id.clone(), secret_access_key: args.secret_access_key.clone() }];
+    let gw = Arc::new(Gateway {
+        view: rx,
+        verifier: Verifier::new("lambda", keys),
+        http: HttpClient::builder(TokioExecutor::new()).build_http(),
+        in_flight: Mutex::new(HashMap::new()),
+        rng: Mutex::new(Rng::new(std::process::id().into())),
+    });
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|source| GatewayError::Io { what: format!("listening on {}", args.listen), source })?;
+    tracing::info!(listen = %args.listen, policy = %args.policy, "gateway listening");
+    axum::serve(listener, axum::Router::new().fallback(handle).with_state(gw))
+        .await
+        .map_err(|source| GatewayError::Io { what: "serving".into(), source })
+}
+
+/// Counts an invocation in flight on a node for as long as it lives.
+struct InFlight<'a>(&'a Gateway, String);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut m = self.0.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+async fn handle(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let request_id = uuid::Uuid::new_v4().to_string();
+    match forward(&gw, req, &request_id).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.status.is_server_error() {
+                tracing::warn!(error = %e, request_id, "request failed");
+            }
+            e.into_response(&request_id)
+        }
+    }
+}
+
+async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(Body::new(body), MAX_BODY)
+        .await
+        .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLargeException", format!("Request must be smaller than {MAX_BODY} bytes")))?;
+    let path = parts.uri.path();
+    let signed = SignedRequest {
+        method: parts.method.as_str(),
+        raw_path: path,
+        raw_query: parts.uri.query(),
+        headers: parts.headers.iter().filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v))).collect(),
+        body: &body,
+    };
+    gw.verifier.verify(&signed, SystemTime::now())?;
+    let name = match route(&parts.method, path) {
+        Some(Action::Invoke(name)) => name,
+        Some(other) => {
+            return Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", format!("the gateway does not serve {other:?} yet; only Invoke")))
+        }
+        None => return Err(ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method))),
+    };
+    let (function, _) = function_name(&name, None)?;
+    let view = gw.view.borrow().clone();
+    let (node, endpoint) = {
+        let mut in_flight = gw.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let loads: Vec<u32> = view.nodes().iter().map(|n| in_flight.get(&n.name).copied().unwrap_or(0)).collect();
+        let mut rng = gw.rng.lock().unwrap_or_else(|e| e.into_inner());
+        // Until snapshots have store ids (#13), agents advertise them by function name.
+        let (ad, _) = view
+            .place(&function, &function, &loads[..], &mut rng)
+            .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", "no node agent has advertised itself yet"))?;
+        *in_flight.entry(ad.name.clone()).or_insert(0) += 1;
+        (ad.name.clone(), ad.endpoint.clone())
+    };
+    let _guard = InFlight(gw, node.clone());
+    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(path);
+    let mut out = hyper::Request::builder().method(parts.method.clone()).uri(format!("{}{pq}", endpoint.trim_end_matches('/')));
+    for (k, v) in parts.headers.iter() {
+        if k != "connection" && k != "transfer-encoding" {
+            out = out.header(k, v);
+        }
+    }
+    let out = out.body(Full::new(body)).map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("building the request to {node}: {e}")))?;
+    let failed = |e: &dyn std::fmt::Display| {
+        ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("node agent {node} ({endpoint}) failed: {e} (request {request_id})"))
+    };
+    let resp = gw.http.request(out).await.map_err(|e| failed(&error_chain(&e)))?;
+    let (rparts, rbody) = resp.into_parts();
+    let bytes = rbody.collect().await.map_err(|e| failed(&e))?.to_bytes();
+    let mut r = (rparts.status, bytes).into_response();
+    for (k, v) in rparts.headers.iter() {
+        if k != "connection" && k != "transfer-encoding" && k != "content-length" {
+            r.headers_mut().append(k, v.clone());
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&node) {
+        r.headers_mut().insert("x-thaw-node", v);
+    }
+    Ok(r)
+}

@@ -1,0 +1,169 @@
+//! `thaw gateway` with a real kube-apiserver and two `thaw serve` agents: requests are
+//! authenticated at the gateway, placed from the ThawNode advertisements and forwarded
+//! with the client's own signature to the chosen agent (which verifies it again); an
+//! agent that dies gives an immediate Lambda-shaped 502, the other keeps serving.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use thaw_cluster::controlplane::{binary, ControlPlane, Options};
+use thaw_node::sigv4::{sign, Credentials, SignedRequest};
+
+const KEY: &str = "AKIDTHAWGATEWAYTEST1";
+const SECRET: &str = "gateway-test-secret/0123456789abcdef";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_port(port: u16, what: &str, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "{what} exited");
+        assert!(Instant::now() < deadline, "{what} not listening on {port} after 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kubectl(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) {
+    let mut c = Command::new(binary("kubectl").unwrap_or_else(|e| panic!("{e}")))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(s) = stdin {
+        c.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    drop(c.stdin.take());
+    let out = c.wait_with_output().unwrap();
+    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A signed Invoke through `port`: (status, headers lower-cased, body).
+fn invoke(port: u16, function: &str, secret: &str) -> (u16, Vec<(String, String)>, String) {
+    let host = format!("127.0.0.1:{port}");
+    let path = format!("/2015-03-31/functions/{function}/invocations");
+    let body = b"{\"name\": \"thaw\"}";
+    let base = vec![("host", host.as_str()), ("x-amz-invocation-type", "RequestResponse")];
+    let req = SignedRequest { method: "POST", raw_path: &path, raw_query: None, headers: base.clone(), body };
+    let key = Credentials { access_key_id: KEY.into(), secret_access_key: secret.into() };
+    let added = sign(&key, "us-east-1", "lambda", &req, SystemTime::now());
+    let mut text = format!("POST {path} HTTP/1.1\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    for (k, v) in base.iter().map(|(k, v)| (*k, v.to_string())).chain(added) {
+        text.push_str(&format!("{k}: {v}\r\n"));
+    }
+    text.push_str("\r\n");
+    let mut s = TcpStream::connect(&host).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(text.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("a complete answer (never a hang)");
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status: u16 = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+    (status, headers, body.to_string())
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+fn agent(dir: &Path, port: u16) -> Proc {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["--data-dir", dir.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}"), "--access-key-id", KEY, "--secret-access-key", SECRET])
+        .env_remove("THAW_ACCESS_KEY_ID")
+        .env_remove("THAW_SECRET_ACCESS_KEY")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_port(port, "thaw serve", &mut c);
+    Proc(c)
+}
+
+#[test]
+fn gateway_forwards_to_the_placed_agent_and_fails_fast_when_it_dies() {
+    let cp = ControlPlane::start(Options::default()).unwrap_or_else(|e| panic!("{e}"));
+    let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/crd-thawnode.yaml");
+    kubectl(&cp, &["apply", "--server-side", "-f", crd.to_str().unwrap()], None);
+    kubectl(&cp, &["wait", "--for=condition=Established", "crd/thawnodes.thaw.dev", "--timeout=30s"], None);
+
+    let tmp = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let mut agents: Vec<Option<Proc>> = ports.iter().enumerate().map(|(i, &p)| Some(agent(&tmp.path().join(format!("agent-{i}")), p))).collect();
+    // Advertise both (what the agents' publisher will do): endpoint + a published status.
+    for (i, p) in ports.iter().enumerate() {
+        let name = format!("agent-{i}");
+        let obj = format!("{{\"apiVersion\":\"thaw.dev/v1alpha1\",\"kind\":\"ThawNode\",\"metadata\":{{\"name\":\"{name}\"}},\"spec\":{{\"endpoint\":\"http://127.0.0.1:{p}\"}}}}");
+        kubectl(&cp, &["apply", "-f", "-"], Some(&obj));
+        kubectl(&cp, &["patch", "thawnode", &name, "--subresource=status", "--type=merge", "-p", "{\"status\":{\"bootId\":\"b1\",\"freeInstances\":8}}"], None);
+    }
+
+    let gport = free_port();
+    let mut g = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["gateway", "--listen", &format!("127.0.0.1:{gport}"), "--kubeconfig", cp.kubeconfig().to_str().unwrap()])
+        .env("THAW_ACCESS_KEY_ID", KEY)
+        .env("THAW_SECRET_ACCESS_KEY", SECRET)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_port(gport, "thaw gateway", &mut g);
+    let _gateway = Proc(g);
+
+    // Bad signature: refused by the gateway itself (no agent involved).
+    let (status, h, _) = invoke(gport, "f-0", "wrong-secret");
+    assert_eq!(status, 403);
+    assert_eq!(header(&h, "x-amzn-errortype"), Some("InvalidSignatureException"));
+    assert!(header(&h, "x-thaw-node").is_none());
+
+    // Functions land on both agents (consistent hashing); each agent verified the
+    // forwarded signature and answered itself (no such function deployed there: 404).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut on: [Option<String>; 2] = [None, None];
+    let mut i = 0;
+    while on.iter().any(Option::is_none) {
+        assert!(Instant::now() < deadline, "functions did not spread over both agents: {on:?}");
+        let f = format!("f-{i}");
+        i += 1;
+        let (status, h, body) = invoke(gport, &f, SECRET);
+        if status == 503 {
+            std::thread::sleep(Duration::from_millis(200)); // view not loaded yet
+            continue;
+        }
+        assert_eq!(status, 404, "{body}");
+        assert_eq!(header(&h, "x-amzn-errortype"), Some("ResourceNotFoundException"), "{body}");
+        assert!(body.contains(&format!("function:{f}")), "{body}");
+        let node = header(&h, "x-thaw-node").expect("x-thaw-node").to_string();
+        let idx: usize = node.strip_prefix("agent-").unwrap().parse().unwrap();
+        on[idx].get_or_insert(f.clone());
+        // Placement is stable: the same function goes to the same agent again.
+        let (_, h2, _) = invoke(gport, &f, SECRET);
+        assert_eq!(header(&h2, "x-thaw-node"), Some(node.as_str()));
+    }
+
+    // Agent 0 dies: its functions fail at once with a Lambda-shaped 502; agent 1 serves on.
+    drop(agents[0].take());
+    let f0 = on[0].clone().unwrap();
+    let (status, h, body) = invoke(gport, &f0, SECRET);
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(header(&h, "x-amzn-errortype"), Some("ServiceException"));
+    assert!(body.contains("node agent agent-0") && body.contains("failed"), "{body}");
+    let (status, h, _) = invoke(gport, on[1].as_ref().unwrap(), SECRET);
+    assert_eq!((status, header(&h, "x-thaw-node")), (404, Some("agent-1")));
+}
