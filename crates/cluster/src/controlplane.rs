@@ -364,9 +364,7 @@ current-context: thaw-test\n",
         let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .map_err(|source| ControlPlaneError::Kubeconfig { path: path.to_path_buf(), source: Box::new(source) })?;
-        // The workspace also links rustls with aws-lc-rs (object_store in thaw-store):
-        // with two providers compiled in, rustls cannot pick one by itself.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::install_tls_provider();
         Client::try_from(cfg).map_err(|source| ControlPlaneError::Kube { what: "building a client".into(), source: Box::new(source) })
     }
 

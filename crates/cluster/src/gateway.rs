@@ -95,6 +95,7 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
 }
 
 async fn serve(args: GatewayArgs) -> Result<(), GatewayError> {
+    crate::install_tls_provider();
     let client = match &args.kubeconfig {
         Some(path) => {
             let kerr = |source| GatewayError::Kubeconfig { path: path.clone(), source: Box::new(source) };

@@ -19,3 +19,10 @@ pub mod sim;
 pub mod view;
 
 mod chart;
+
+/// Select rustls's ring provider for every kube client of the process. The workspace
+/// also links rustls with aws-lc-rs (object_store in thaw-store), and with two
+/// providers compiled in rustls cannot pick one by itself (it panics).
+pub(crate) fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
