@@ -49,6 +49,8 @@ pub enum InstanceError {
     MissingFd(&'static str),
     #[error("I/O setting up the instance")]
     Io(#[source] std::io::Error),
+    #[error("freezing or thawing the idle instance")]
+    Freezer(#[source] Box<thaw_sandbox::CgroupError>),
 }
 
 /// What is needed to cold-boot a function.
@@ -306,6 +308,8 @@ pub struct Instance {
     function_arn: Option<String>,
     pub start: StartInfo,
     paging: Option<PagingState>,
+    /// Frozen by [`Instance::freeze`] (idle); thawed by the next invoke.
+    frozen: bool,
 }
 
 /// Per-instance REAP bookkeeping of a restored instance.
@@ -362,6 +366,7 @@ impl Instance {
         let init_ms = t0.elapsed().as_secs_f64() * 1e3 - sandbox_ms;
         info!(id = sandbox.id(), sandbox_ms, init_ms, "booted");
         Ok(Instance {
+            frozen: false,
             sandbox,
             channel,
             pageserver: None,
@@ -442,6 +447,7 @@ impl Instance {
         };
         info!(id = sandbox.id(), total_ms, mode = mode.name(), "restored");
         Ok(Instance {
+            frozen: false,
             sandbox,
             channel,
             pageserver: Some(restored.pageserver),
@@ -481,6 +487,29 @@ impl Instance {
         self.function_arn = Some(arn.to_string());
     }
 
+    /// Stop every process of the idle instance (cgroup freezer) until the next invoke,
+    /// so background threads and children burn no CPU between invocations. On error
+    /// the instance is left running (and still usable).
+    pub fn freeze(&mut self) -> Result<(), InstanceError> {
+        self.sandbox.cgroup().freeze().map_err(|e| InstanceError::Freezer(Box::new(e)))?;
+        self.frozen = true;
+        Ok(())
+    }
+
+    /// Let a frozen instance run again (done by [`Instance::invoke`] itself).
+    pub fn thaw(&mut self) -> Result<(), InstanceError> {
+        if self.frozen {
+            self.sandbox.cgroup().thaw().map_err(|e| InstanceError::Freezer(Box::new(e)))?;
+            self.frozen = false;
+        }
+        Ok(())
+    }
+
+    /// Whether the instance is frozen.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
     /// Whether the sandbox's memory limit killed something (check after a failed invoke).
     pub fn oom_killed(&self) -> bool {
         self.sandbox.cgroup().oom_killed()
@@ -502,6 +531,7 @@ impl Instance {
     /// Invoke once. A function error is an `Ok(InvokeOutcome::Error)`; an `Err`
     /// means the instance is unusable (timed out, crashed) and should be discarded.
     pub fn invoke(&mut self, request_id: &str, payload: &str, timeout: Duration) -> Result<InvokeOutcome, InstanceError> {
+        self.thaw()?;
         let mut req = InvokeRequest::new(request_id.into(), payload.into(), &self.function_name, self.memory_mb, timeout);
         if let Some(arn) = &self.function_arn {
             req.invoked_function_arn = arn.clone();

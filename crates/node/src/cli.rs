@@ -78,6 +78,11 @@ pub struct ServeArgs {
     /// clients only: it names every function on the node.
     #[arg(long)]
     pub metrics_public: bool,
+    /// Let idle instances run between invocations. By default an idle instance is frozen
+    /// (cgroup freezer, as Lambda does): its background threads and child processes use no
+    /// CPU until the next invocation thaws it.
+    #[arg(long)]
+    pub no_freeze_idle: bool,
 }
 
 /// Options of `thaw status`.
@@ -122,6 +127,7 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         event_retry_delay: args.event_retry_delay,
         event_max_retries: args.event_max_retries,
         event_concurrency: args.event_concurrency.max(1),
+        freeze_idle: !args.no_freeze_idle,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("thaw-node").build().context("starting the async runtime")?;
     rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public))

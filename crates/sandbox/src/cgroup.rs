@@ -1,7 +1,8 @@
 //! cgroup v1 and v2 behind one trait.
 //!
-//! Layout: v1 `<root>/<ctrl>/thaw/<id>` for `ctrl` in memory, cpu, pids;
-//! v2 `<root>/thaw/<id>`. The root (normally `/sys/fs/cgroup`) is a parameter so the
+//! Layout: v1 `<root>/<ctrl>/thaw/<id>` for `ctrl` in memory, cpu, pids (and
+//! freezer, created the first time the sandbox is frozen, so that spawning pays for
+//! no fourth attach); v2 `<root>/thaw/<id>`. The root (normally `/sys/fs/cgroup`) is a parameter so the
 //! logic can be unit-tested against a plain directory.
 
 use std::fmt::Debug;
@@ -19,6 +20,8 @@ use crate::spec::Limits;
 pub const THAW_GROUP: &str = "thaw";
 const CPU_PERIOD_US: u64 = 100_000;
 const RMDIR_RETRY_FOR: Duration = Duration::from_millis(500);
+/// Longest wait for the kernel to report a cgroup frozen.
+const FREEZE_WAIT: Duration = Duration::from_secs(2);
 
 /// One sandbox's cgroup(s).
 pub trait Cgroup: Send + Sync + Debug {
@@ -39,6 +42,12 @@ pub trait Cgroup: Send + Sync + Debug {
     fn oom_killed(&self) -> bool;
     /// SIGKILLs every process in the cgroup(s).
     fn kill_all(&self) -> Result<(), CgroupError>;
+    /// Stops every process in the cgroup (the cgroup freezer, as Lambda freezes idle
+    /// execution environments) and waits until the kernel reports them frozen.
+    fn freeze(&self) -> Result<(), CgroupError>;
+    /// Lets frozen processes run again; a no-op for a cgroup never frozen. A SIGKILL
+    /// sent while frozen takes effect here, before any user code runs.
+    fn thaw(&self) -> Result<(), CgroupError>;
     /// Kills what is left, then removes the directories (retrying briefly on EBUSY).
     /// Missing directories are not an error.
     fn destroy(&self) -> Result<(), CgroupError>;
@@ -123,6 +132,21 @@ fn read_procs(dir: &Path) -> Result<Vec<i32>, CgroupError> {
         .collect()
 }
 
+/// Poll `path` until `done(contents)`, for at most [`FREEZE_WAIT`].
+fn wait_for(path: &Path, done: impl Fn(&str) -> bool) -> Result<(), CgroupError> {
+    let start = Instant::now();
+    loop {
+        let text = read(path)?;
+        if done(&text) {
+            return Ok(());
+        }
+        if start.elapsed() > FREEZE_WAIT {
+            return Err(CgroupError::Parse { path: path.to_path_buf(), content: format!("still '{}' after {FREEZE_WAIT:?}", text.trim()) });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 fn kill_procs(dir: &Path) -> Result<(), CgroupError> {
     for pid in read_procs(dir)? {
         // ESRCH: it is already gone.
@@ -151,12 +175,33 @@ pub struct CgroupV1 {
     memory: PathBuf,
     cpu: PathBuf,
     pids: PathBuf,
+    freezer: PathBuf,
 }
 
 impl CgroupV1 {
     pub fn new(root: &Path, id: &str) -> Self {
         let leaf = |ctrl: &str| root.join(ctrl).join(THAW_GROUP).join(id);
-        CgroupV1 { memory: leaf("memory"), cpu: leaf("cpu"), pids: leaf("pids") }
+        CgroupV1 { memory: leaf("memory"), cpu: leaf("cpu"), pids: leaf("pids"), freezer: leaf("freezer") }
+    }
+
+    /// Move every process of the sandbox into its freezer cgroup (created on first use).
+    /// Returns how many were not there yet.
+    fn join_freezer(&self) -> Result<usize, CgroupError> {
+        if !self.freezer.exists() {
+            mkdir_leaf(&self.freezer)?;
+        }
+        let inside = read_procs(&self.freezer)?;
+        let mut moved = 0;
+        for pid in read_procs(&self.memory)?.into_iter().filter(|p| !inside.contains(p)) {
+            let procs = self.freezer.join("cgroup.procs");
+            match std::fs::write(&procs, pid.to_string()) {
+                Ok(()) => moved += 1,
+                // Exited meanwhile.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(io_err("write", &procs)(e)),
+            }
+        }
+        Ok(moved)
     }
 
     fn dirs(&self) -> [&Path; 3] {
@@ -232,8 +277,29 @@ impl Cgroup for CgroupV1 {
         Ok(())
     }
 
+    fn freeze(&self) -> Result<(), CgroupError> {
+        // A process forked while others were being moved may have missed the move:
+        // freeze, then check that nobody is outside, a few times.
+        for _ in 0..4 {
+            self.join_freezer()?;
+            let state = self.freezer.join("freezer.state");
+            write(&state, "FROZEN")?;
+            wait_for(&state, |s| s.trim() == "FROZEN")?;
+            if self.join_freezer()? == 0 {
+                return Ok(());
+            }
+        }
+        Err(CgroupError::Parse { path: self.freezer.clone(), content: "processes kept appearing outside the freezer".into() })
+    }
+
+    fn thaw(&self) -> Result<(), CgroupError> {
+        write_if_exists(&self.freezer.join("freezer.state"), "THAWED")
+    }
+
     fn destroy(&self) -> Result<(), CgroupError> {
         let killed = self.kill_all();
+        let _ = self.thaw();
+        let _ = rmdir_retry(&self.freezer);
         let mut first_err = None;
         for dir in self.dirs() {
             if let Err(e) = rmdir_retry(dir) {
@@ -320,8 +386,19 @@ impl Cgroup for CgroupV2 {
         }
     }
 
+    fn freeze(&self) -> Result<(), CgroupError> {
+        write(&self.dir.join("cgroup.freeze"), "1")?;
+        wait_for(&self.dir.join("cgroup.events"), |t| keyed_value(t, "frozen") == Some(1))
+    }
+
+    fn thaw(&self) -> Result<(), CgroupError> {
+        write_if_exists(&self.dir.join("cgroup.freeze"), "0")
+    }
+
     fn destroy(&self) -> Result<(), CgroupError> {
         let killed = self.kill_all();
+        // (cgroup.kill kills frozen processes too; thawing is for the fallback path.)
+        let _ = self.thaw();
         rmdir_retry(&self.dir)?;
         killed
     }
@@ -387,6 +464,25 @@ mod tests {
         assert!(matches!(cg.memory_usage_bytes(), Err(CgroupError::Parse { .. })));
         std::fs::write(m.join("memory.max_usage_in_bytes"), "777216\n").unwrap();
         assert_eq!(cg.memory_peak_bytes().unwrap(), 777216);
+    }
+
+    #[test]
+    fn v1_freezer_is_created_on_first_freeze() {
+        let t = tempfile::tempdir().unwrap();
+        for c in ["memory", "cpu", "pids", "freezer"] {
+            std::fs::create_dir(t.path().join(c)).unwrap();
+        }
+        let cg = CgroupV1::new(t.path(), "fz");
+        cg.create().unwrap();
+        let f = t.path().join("freezer/thaw/fz");
+        assert!(!f.exists(), "spawning creates no freezer cgroup");
+        cg.thaw().unwrap();
+        cg.add_pid(4242).unwrap();
+        cg.freeze().unwrap();
+        assert_eq!(content(f.join("cgroup.procs")), "4242");
+        assert_eq!(content(f.join("freezer.state")), "FROZEN");
+        cg.thaw().unwrap();
+        assert_eq!(content(f.join("freezer.state")), "THAWED");
     }
 
     #[test]

@@ -417,6 +417,9 @@ impl Sandbox {
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(source) => return Err(SandboxError::Sys { id: self.id.clone(), step: "kill".into(), source }),
             }
+            // A frozen sandbox dies only once thawed; the SIGKILL is already pending,
+            // so no user code runs in between.
+            let _ = self.res.cgroup.thaw();
             // If this thread traces the program (a stub not yet handed over), its exit
             // waits for us, and the init's exit waits for it: collect it first.
             // ECHILD (not traced by this thread) is the normal case.
@@ -490,7 +493,7 @@ pub fn sweep_stale(run_dir: &std::path::Path, cgroup_root: &std::path::Path) -> 
     };
     let mut removed = 0;
     let mut parents = vec![run_dir.to_path_buf()];
-    for ctrl in ["memory", "cpu", "pids"] {
+    for ctrl in ["memory", "cpu", "pids", "freezer"] {
         parents.push(cgroup_root.join(ctrl).join("thaw"));
     }
     parents.push(cgroup_root.join("thaw"));
@@ -498,7 +501,17 @@ pub fn sweep_stale(run_dir: &std::path::Path, cgroup_root: &std::path::Path) -> 
         let Ok(entries) = std::fs::read_dir(&parent) else { continue };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if e.path().is_dir() && owner_dead(&name) && std::fs::remove_dir(e.path()).is_ok() {
+            if !e.path().is_dir() || !owner_dead(&name) {
+                continue;
+            }
+            // Processes its dead node left frozen would never die (their SIGKILL from
+            // PR_SET_PDEATHSIG stays pending): thaw them first.
+            for (file, value) in [("freezer.state", "THAWED"), ("cgroup.freeze", "0")] {
+                if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(e.path().join(file)) {
+                    let _ = std::io::Write::write_all(&mut f, value.as_bytes());
+                }
+            }
+            if std::fs::remove_dir(e.path()).is_ok() {
                 tracing::info!(path = %e.path().display(), "removed a stale sandbox leftover");
                 removed += 1;
             }

@@ -144,6 +144,13 @@ fn program_descriptors() {
     let code = code_dir();
     let s = spec("fds", code.path());
     let mut sb = Sandbox::spawn(&s, Entry::Exec { argv: vec!["/usr/bin/sleep".into(), "100".into()] }).unwrap();
+    // spawn returns once the program is about to execve: look after the exec.
+    let exe = format!("/proc/{}/exe", sb.pid());
+    let t0 = std::time::Instant::now();
+    while std::fs::read_link(&exe).map(|p| p != std::path::Path::new("/usr/bin/sleep")).unwrap_or(true) {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the program never exec'd");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let dir = format!("/proc/{}/fd", sb.pid());
     let mut fds: Vec<(u32, String)> = std::fs::read_dir(&dir)
         .unwrap()
