@@ -505,6 +505,11 @@ impl Instance {
         Ok(())
     }
 
+    /// The instance's memory size (its cgroup limit), MiB.
+    pub fn memory_mb(&self) -> u64 {
+        self.memory_mb
+    }
+
     /// Whether the instance is frozen.
     pub fn is_frozen(&self) -> bool {
         self.frozen

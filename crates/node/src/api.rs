@@ -137,6 +137,10 @@ impl From<InvokeError> for ApiError {
                 reason: Some(reason),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequestsException", e.to_string())
             },
+            InvokeError::MemoryBudget { .. } => ApiError {
+                reason: Some("ConcurrentInvocationLimitExceeded"),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "TooManyRequestsException", e.to_string())
+            },
             InvokeError::ShuttingDown => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", e.to_string()),
             InvokeError::Start { .. } | InvokeError::Workers(_) => ApiError::service(error_chain(&e)),
         }

@@ -46,6 +46,11 @@ pub struct ServeArgs {
     /// Most instances on this node at once (idle instances of other functions are evicted first).
     #[arg(long, default_value_t = 32)]
     pub max_instances: usize,
+    /// Memory budget of the node in MiB: the memory sizes (MemorySize) of all live instances
+    /// together may not exceed it; idle instances of other functions are evicted to make room,
+    /// then invocations get TooManyRequestsException. Default: MemTotal less 10% (at least 512).
+    #[arg(long)]
+    pub memory_budget_mb: Option<u64>,
     /// Long-lived threads that restore, boot and kill instances (restores run in parallel up to this).
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
@@ -121,6 +126,10 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         keep_alive: args.keep_alive,
         max_per_function: args.max_instances_per_function,
         max_instances: args.max_instances,
+        memory_budget_mb: match args.memory_budget_mb {
+            Some(mb) => mb,
+            None => crate::admission::default_budget_mb().context("reading MemTotal from /proc/meminfo for the default --memory-budget-mb")?,
+        },
         instance_workers: args.workers.max(1),
         build_workers: args.build_workers.max(1),
         paging: args.paging,
@@ -235,8 +244,9 @@ pub fn status(args: StatusArgs, _data_dir: &Path) -> Result<()> {
     let v: serde_json::Value = serde_json::from_str(&body).context("parsing the status document")?;
     let n = &v["node"];
     println!(
-        "node pid {}  up {:.0}s  instances {}/{}  (per function {})  keep-alive {}s  paging {}  builds running {}  events pending {}",
+        "node pid {}  up {:.0}s  instances {}/{}  (per function {})  memory {}/{} MB  keep-alive {}s  paging {}  builds running {}  events pending {}",
         n["pid"], n["uptime_s"].as_f64().unwrap_or(0.0), n["instances_alive"], n["max_instances"], n["max_per_function"],
+        n["memory_committed_mb"], n["memory_budget_mb"],
         n["keep_alive_s"], n["paging"].as_str().unwrap_or("?"), n["builds_running"], v["events"]["pending"]
     );
     println!("state: {}", n["state_dir"].as_str().unwrap_or("?"));

@@ -106,7 +106,7 @@ async fn process(node: &Arc<Node>, ev: EventRecord) {
             finish(node, &ev.id);
             return;
         }
-        Err(InvokeError::Throttled { .. }) | Err(InvokeError::ShuttingDown) => {
+        Err(InvokeError::Throttled { .. }) | Err(InvokeError::MemoryBudget { .. }) | Err(InvokeError::ShuttingDown) => {
             // Not an attempt: try again shortly.
             let _ = node.registry.reschedule_event(&ev.id, ev.attempts, clock_ms() + 500);
             return;

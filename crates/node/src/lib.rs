@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod api;
 pub mod bundle;
 pub mod cli;

@@ -10,6 +10,7 @@
 //! | `thaw_invoke_seconds` | histogram | — (engine invoke: request written to result read) |
 //! | `thaw_request_seconds` | histogram | — (whole Invoke API call inside the node) |
 //! | `thaw_instances_alive` | gauge | — (starting + busy + idle) |
+//! | `thaw_memory_committed_bytes` | gauge | — (sum of the live instances' memory sizes, against --memory-budget-mb) |
 //! | `thaw_instances_idle` | gauge | — |
 //! | `thaw_snapshot_bytes` | gauge | — (bytes of active snapshots) |
 //! | `thaw_events_pending` | gauge | — (queued asynchronous invocations) |
@@ -30,6 +31,7 @@ pub struct Metrics {
     pub invoke_seconds: HistogramVec,
     pub request_seconds: HistogramVec,
     pub instances_alive: IntGauge,
+    pub memory_committed: IntGauge,
     pub instances_idle: IntGauge,
     pub snapshot_bytes: IntGauge,
     pub events_pending: IntGauge,
@@ -64,6 +66,7 @@ impl Metrics {
             invoke_seconds: hist("thaw_invoke_seconds", "Engine invoke time (request sent to result received)", &[]),
             request_seconds: hist("thaw_request_seconds", "Invoke API call time inside the node", &[]),
             instances_alive: gauge("thaw_instances_alive", "Instances alive (starting, busy or idle)"),
+            memory_committed: gauge("thaw_memory_committed_bytes", "Sum of the memory sizes of the live instances"),
             instances_idle: gauge("thaw_instances_idle", "Idle warm instances"),
             snapshot_bytes: gauge("thaw_snapshot_bytes", "Bytes of the snapshots functions are served from"),
             events_pending: gauge("thaw_events_pending", "Queued asynchronous invocations"),

@@ -2,9 +2,11 @@
 //! revisions and snapshots, and the per-function pools of instances.
 //!
 //! Invariants:
-//! - Every instance counts in its function's `live` and in the node's `alive`
-//!   from the moment its start is reserved until it is handed to a worker to be killed.
-//!   Reservations fail (TooManyRequests) at the per-function or per-node limit;
+//! - Every instance counts in its function's `live` and in the node's [`Admission`]
+//!   (one slot plus its revision's memory size) from the moment its start is
+//!   reserved until it is handed to a worker to be killed. Reservations fail
+//!   (TooManyRequests) at the per-function limit, or at the node's instance limit or
+//!   memory budget once no idle instance of another function is left to evict;
 //!   nothing queues.
 //! - An instance serves one invocation at a time: it is either owned by a
 //!   `Lease` (busy) or sits in its function's `idle` list.
@@ -21,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::admission::{Admission, Refused};
 use thaw_engine::instance::{FunctionConfig, Instance, InstanceError, LoadedSnapshot};
 use thaw_engine::pageserver::Paging;
 use thaw_runtime::{ChannelError, FunctionError, InvokeOutcome, Runtime};
@@ -47,6 +50,8 @@ pub struct NodeConfig {
     pub keep_alive: Duration,
     pub max_per_function: usize,
     pub max_instances: usize,
+    /// Sum of the memory sizes of all live instances may not exceed this (MiB).
+    pub memory_budget_mb: u64,
     pub instance_workers: usize,
     pub build_workers: usize,
     /// How restored instances get their memory; the one place to change the mode.
@@ -77,6 +82,8 @@ pub enum InvokeError {
     NotReady { state: String },
     #[error("Rate Exceeded.")]
     Throttled { reason: &'static str },
+    #[error("Rate Exceeded: the node's memory budget is used up ({used_mb} of {budget_mb} MB committed to live instances, {need_mb} MB needed) and no idle instance is left to evict")]
+    MemoryBudget { need_mb: u64, used_mb: u64, budget_mb: u64 },
     #[error("no instance could be started for {function}")]
     Start { function: String, #[source] source: Box<InstanceError> },
     #[error(transparent)]
@@ -125,7 +132,15 @@ pub struct Revision {
     retired: AtomicBool,
 }
 
+/// Most idle instances one start may evict to make room.
+const MAX_EVICTIONS_PER_START: usize = 64;
+
 impl Revision {
+    /// The memory size of this revision's instances (MiB).
+    pub fn memory_mb(&self) -> u64 {
+        self.boot.memory_mb
+    }
+
     fn new(rec: &RevisionRecord, name: &str, cfg: &NodeConfig) -> Revision {
         let runtime = crate::api::engine_runtime(&rec.runtime).unwrap_or(Runtime::Python3);
         let mut boot = FunctionConfig::new(runtime, &rec.handler, rec.dir.join("code"), cfg.runtime_dir.clone());
@@ -295,7 +310,7 @@ pub struct Node {
     instance_workers: WorkerPool,
     build_workers: WorkerPool,
     functions: Mutex<HashMap<String, Arc<Function>>>,
-    alive: AtomicUsize,
+    admission: Admission,
     shutting_down: AtomicBool,
     builds: AtomicUsize,
     pub events_wake: Notify,
@@ -319,12 +334,12 @@ impl Node {
         let registry = Registry::open(&cfg.state_dir.join("registry.sqlite"))?;
         let node = Arc::new(Node {
             instance_workers: WorkerPool::new("instance", cfg.instance_workers)?,
+            admission: Admission::new(cfg.max_instances, cfg.memory_budget_mb),
             build_workers: WorkerPool::new("build", cfg.build_workers)?,
             cfg,
             registry,
             metrics: Metrics::new(),
             functions: Mutex::new(HashMap::new()),
-            alive: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
             builds: AtomicUsize::new(0),
             events_wake: Notify::new(),
@@ -733,12 +748,13 @@ impl Node {
     }
 
     fn update_alive_gauge(&self) {
-        self.metrics.instances_alive.set(self.alive.load(Ordering::Acquire) as i64);
+        self.metrics.instances_alive.set(self.admission.instances() as i64);
+        self.metrics.memory_committed.set((self.admission.memory_mb() << 20) as i64);
     }
 
     /// Kill an instance on a worker thread (inline if the pool is gone) and release its slot.
     fn discard(&self, inst: Instance) {
-        self.alive.fetch_sub(1, Ordering::AcqRel);
+        self.admission.release(inst.memory_mb());
         self.update_alive_gauge();
         let slot = Arc::new(Mutex::new(Some(inst)));
         let s2 = slot.clone();
@@ -787,7 +803,7 @@ impl Node {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(InvokeError::ShuttingDown);
         }
-        let mut evicted = false;
+        let mut evicted = 0;
         let rev = loop {
             let mut st = f.lock();
             if st.deleted {
@@ -807,14 +823,20 @@ impl Node {
             if st.live >= self.cfg.max_per_function {
                 return Err(InvokeError::Throttled { reason: "ReservedFunctionConcurrentInvocationLimitExceeded" });
             }
-            let max = self.cfg.max_instances;
-            if self.alive.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).is_err() {
+            let need_mb = rev.memory_mb();
+            if let Err(refused) = self.admission.admit(need_mb) {
                 drop(st);
-                if !evicted && self.evict_one_idle(&f.name) {
-                    evicted = true;
+                // Idle instances of other functions make room, least recently used first
+                // (as many as the memory needs; each eviction frees a slot and memory).
+                let hopeless = matches!(refused, Refused::Memory { budget_mb, .. } if need_mb > budget_mb);
+                if !hopeless && evicted < MAX_EVICTIONS_PER_START && self.evict_one_idle(&f.name) {
+                    evicted += 1;
                     continue;
                 }
-                return Err(InvokeError::Throttled { reason: "ConcurrentInvocationLimitExceeded" });
+                return Err(match refused {
+                    Refused::Instances { .. } => InvokeError::Throttled { reason: "ConcurrentInvocationLimitExceeded" },
+                    Refused::Memory { need_mb, used_mb, budget_mb } => InvokeError::MemoryBudget { need_mb, used_mb, budget_mb },
+                });
             }
             st.live += 1;
             st.busy += 1;
@@ -851,7 +873,7 @@ impl Node {
             st.live -= 1;
             st.busy -= 1;
         }
-        self.alive.fetch_sub(1, Ordering::AcqRel);
+        self.admission.release(rev.memory_mb());
         self.update_alive_gauge();
         warn!(function = %f.name, error = %error_chain(&failure), "no instance could be started");
         Err(failure)
@@ -898,6 +920,7 @@ impl Node {
         let rid = request_id.to_string();
         let timeout = Duration::from_secs(timeout_s);
         let freeze = self.cfg.freeze_idle;
+        let reserved_mb = lease.inst.memory_mb();
         let joined = tokio::task::spawn_blocking(move || {
             let mut lease = lease;
             let t = Instant::now();
@@ -924,7 +947,7 @@ impl Node {
                 st.busy -= 1;
                 st.live -= 1;
                 drop(st);
-                self.alive.fetch_sub(1, Ordering::AcqRel);
+                self.admission.release(reserved_mb);
                 self.update_alive_gauge();
                 return Err(InvokeError::Start {
                     function: name.to_string(),
@@ -1045,7 +1068,7 @@ impl Node {
     }
 
     pub fn instances_alive(&self) -> usize {
-        self.alive.load(Ordering::Acquire)
+        self.admission.instances()
     }
 
     pub fn builds_running(&self) -> usize {
@@ -1095,6 +1118,8 @@ impl Node {
                 "state_dir": self.cfg.state_dir,
                 "instances_alive": self.instances_alive(),
                 "max_instances": self.cfg.max_instances,
+                "memory_committed_mb": self.admission.memory_mb(),
+                "memory_budget_mb": self.admission.budget_mb(),
                 "max_per_function": self.cfg.max_per_function,
                 "keep_alive_s": self.cfg.keep_alive.as_secs_f64(),
                 "paging": self.cfg.paging,
