@@ -38,6 +38,8 @@ pub(crate) enum RootOp {
     Proc { dst: PathBuf },
     /// MS_REMOUNT|MS_BIND|MS_RDONLY of an existing mount.
     RemountRo { dst: PathBuf },
+    /// A regular file created in the root tmpfs (mode 0644) holding `data`.
+    File { dst: PathBuf, data: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +73,10 @@ pub(crate) trait HostFs {
     fn kind(&self, p: &Path) -> std::io::Result<bool>;
     /// `Ok(Some(target))` if `p` itself is a symlink, `Ok(None)` if it is something else.
     fn symlink(&self, p: &Path) -> std::io::Result<Option<PathBuf>>;
+    /// Names in directory `p`.
+    fn list(&self, _p: &Path) -> std::io::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 pub(crate) struct RealFs;
@@ -87,6 +93,9 @@ impl HostFs for RealFs {
             Ok(None)
         }
     }
+    fn list(&self, p: &Path) -> std::io::Result<Vec<String>> {
+        std::fs::read_dir(p)?.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())).collect()
+    }
 }
 
 /// Builds the mount plan, checking every host source exists.
@@ -100,6 +109,9 @@ pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs) -> Result<Vec<RootOp>, S
     for p in &spec.ro_binds {
         let dir = fs.kind(p).map_err(host_err("ro_bind", p))?;
         ops.push(RootOp::Bind { src: p.clone(), dst: p.clone(), dir, readonly: true });
+    }
+    if spec.minimal_etc && !spec.ro_binds.iter().any(|p| p == Path::new("/etc")) {
+        ops.extend(crate::etc::plan(spec, fs));
     }
     for p in &spec.root_links {
         if spec.ro_binds.contains(p) {
@@ -212,6 +224,29 @@ mod tests {
         }
     }
 
+    #[test]
+    fn minimal_etc_has_generated_files_and_only_listed_host_entries() {
+        let mut fs = host();
+        fs.0.insert("/etc/ld.so.cache", Err(false));
+        fs.0.insert("/etc/ssl/certs", Err(true));
+        fs.0.insert("/etc/localtime", Ok(Some("/usr/share/zoneinfo/Etc/UTC")));
+        fs.0.insert("/etc/shadow", Err(false));
+        fs.0.insert("/etc/ssl/private", Err(true));
+        let spec = SandboxSpec::new("p", "/code");
+        let ops = plan(&spec, &fs).unwrap();
+        assert!(!ops.iter().any(|o| matches!(o, RootOp::Bind { src, .. } if src == Path::new("/etc"))));
+        let passwd = ops.iter().find_map(|o| match o {
+            RootOp::File { dst, data } if dst == Path::new("/etc/passwd") => Some(data.clone()),
+            _ => None,
+        });
+        assert!(passwd.unwrap().contains("sbx_user:x:65534:65534:"));
+        assert!(ops.contains(&RootOp::Bind { src: "/etc/ld.so.cache".into(), dst: "/etc/ld.so.cache".into(), dir: false, readonly: true }));
+        assert!(ops.contains(&RootOp::Bind { src: "/etc/ssl/certs".into(), dst: "/etc/ssl/certs".into(), dir: true, readonly: true }));
+        assert!(ops.contains(&RootOp::Symlink { target: "/usr/share/zoneinfo/Etc/UTC".into(), dst: "/etc/localtime".into() }));
+        let mentions = |p: &str| ops.iter().any(|o| !matches!(o, RootOp::File { .. }) && format!("{o:?}").contains(p));
+        assert!(!mentions("shadow") && !mentions("private"));
+    }
+
     fn host() -> FakeFs {
         FakeFs(HashMap::from([
             ("/usr", Err(true)),
@@ -226,7 +261,8 @@ mod tests {
 
     #[test]
     fn plan_replicates_merged_usr_and_binds_the_rest() {
-        let spec = SandboxSpec::new("p", "/code");
+        let mut spec = SandboxSpec::new("p", "/code");
+        spec.ro_binds.push("/etc".into()); // the host's /etc, whole
         let ops = plan(&spec, &host()).unwrap();
         let bind = |s: &str, d: &str| RootOp::Bind { src: s.into(), dst: d.into(), dir: true, readonly: true };
         assert_eq!(ops[0], bind("/usr", "/usr"));

@@ -157,6 +157,18 @@ fn build_root(cfg: &InitConfig) -> Result<(), Fail> {
                 mount(Some("proc"), &inside(root, dst), Some("proc"), flags, none)
                     .step(|| format!("mount proc at {}", dst.display()))?;
             }
+            RootOp::File { dst, data } => {
+                if let Some(parent) = dst.parent() {
+                    mkdir(parent)?;
+                }
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o644)
+                    .open(inside(root, dst))
+                    .and_then(|mut f| f.write_all(data.as_bytes()))
+                    .step(|| format!("write {}", dst.display()))?;
+            }
             RootOp::RemountRo { dst } => {
                 mount(none, &inside(root, dst), none, ro_flags, none)
                     .step(|| format!("remount {} read-only", dst.display()))?;

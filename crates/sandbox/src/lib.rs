@@ -57,6 +57,7 @@
 mod cgroup;
 mod config;
 mod error;
+mod etc;
 mod init;
 mod sandbox;
 mod spec;

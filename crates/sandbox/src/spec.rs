@@ -35,8 +35,11 @@ pub struct SandboxSpec {
     pub code_dir: PathBuf,
     /// Host directory bind-mounted read-only at `/var/runtime`.
     pub runtime_dir: Option<PathBuf>,
-    /// Host paths bind-mounted read-only at the same path. Default `/usr`, `/etc`.
+    /// Host paths bind-mounted read-only at the same path. Default `/usr`.
     pub ro_binds: Vec<PathBuf>,
+    /// Give the sandbox its own minimal `/etc` (see `etc.rs`) rather than none. Default
+    /// true; ignored when `ro_binds` holds `/etc` (the host's, whole).
+    pub minimal_etc: bool,
     /// Top-level paths replicated as symlinks when they are symlinks on the host
     /// (merged-/usr), else bind-mounted read-only; skipped when absent.
     /// Default `/bin`, `/lib`, `/lib64`, `/sbin`.
@@ -70,7 +73,8 @@ impl Default for SandboxSpec {
             init_args: Vec::new(),
             code_dir: PathBuf::new(),
             runtime_dir: None,
-            ro_binds: vec![PathBuf::from("/usr"), PathBuf::from("/etc")],
+            ro_binds: vec![PathBuf::from("/usr")],
+            minimal_etc: true,
             root_links: ["/bin", "/lib", "/lib64", "/sbin"].iter().map(PathBuf::from).collect(),
             tmp_size_mb: 64,
             limits: Limits::default(),
@@ -189,7 +193,8 @@ mod tests {
     fn defaults() {
         let s = SandboxSpec::new("fn-1_a", "/srv/code");
         assert_eq!(s.init_exe, PathBuf::from("/proc/self/exe"));
-        assert_eq!(s.ro_binds, vec![PathBuf::from("/usr"), PathBuf::from("/etc")]);
+        assert_eq!(s.ro_binds, vec![PathBuf::from("/usr")]);
+        assert!(s.minimal_etc);
         assert_eq!(s.tmp_size_mb, 64);
         assert_eq!(s.limits, Limits { memory_mb: 512, cpu_millis: 1000, pids_max: 256 });
         assert_eq!((s.uid, s.gid), (65534, 65534));

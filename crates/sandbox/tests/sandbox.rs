@@ -77,6 +77,11 @@ echo "umask=$(umask)"
 echo "nofile=$(ulimit -n)"
 if unshare -U true 2>/dev/null; then echo unshare=allowed; else echo unshare=denied; fi
 echo "devnull=$(ls /dev | tr '\n' ' ')"
+echo "etc=$(ls /etc | tr '\n' ' ')"
+echo "user=$(id -un)"
+echo "localhost=$(getent hosts localhost | head -n1 | cut -d' ' -f1)"
+if [ -e /etc/shadow ] || [ -e /etc/ssl/private ] || [ -e /etc/ssh ]; then echo hostsecrets=visible; else echo hostsecrets=absent; fi
+echo "certs=$(ls /etc/ssl/certs | grep -c pem)"
 echo "err line" >&2
 read line <&3; echo "ctl=$line"
 echo ok >&3
@@ -123,6 +128,17 @@ tr '\0' '\n' < /proc/2/environ | sed 's/^/env:/'
     assert_eq!(get("nofile"), "1024");
     assert_eq!(get("unshare"), "denied");
     assert_eq!(get("devnull"), "fd full null random shm stderr stdin stdout urandom zero");
+    // Its own minimal /etc: the function's user, loopback names, CA certificates, and
+    // nothing of the host's secrets.
+    let etc: Vec<&str> = get("etc").split_whitespace().collect();
+    for want in ["passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "hostname", "ld.so.cache", "ssl"] {
+        assert!(etc.contains(&want), "/etc lacks {want}: {etc:?}");
+    }
+    assert!(!etc.contains(&"shadow") && !etc.contains(&"ssh") && !etc.contains(&"machine-id"), "{etc:?}");
+    assert_eq!(get("user"), "sbx_user");
+    assert!(["127.0.0.1", "::1"].contains(&get("localhost")), "localhost resolves to {}", get("localhost"));
+    assert_eq!(get("hostsecrets"), "absent");
+    assert_ne!(get("certs"), "0", "no CA certificates");
     assert!(kv.contains_key("err line"), "stderr goes to the log pipe:\n{out}");
     assert_eq!(get("ctl"), "ping");
     env.sort();
