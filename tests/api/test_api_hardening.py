@@ -120,3 +120,22 @@ def test_metrics_are_for_loopback_unless_public(tmp_path, public):
             assert "only served to loopback clients" in body
     finally:
         assert n.stop() == 0
+
+
+def test_node_files_are_private(node, hello):
+    """Issue #9: the registry (and its WAL), the credentials, the revisions and their
+    snapshots are private to root whatever the umask the node was started with; only
+    the unpacked code is world-readable, inside a private revision directory."""
+    state = node.data_dir / "node"
+    assert state.stat().st_mode & 0o077 == 0, oct(state.stat().st_mode)
+    checked = 0
+    for p in state.rglob("*"):
+        rel = p.relative_to(state).parts
+        # revisions/<name-id>/code/...: read by the sandbox's user, reachable only
+        # through the private revisions/<name-id> directory.
+        if len(rel) >= 3 and rel[0] == "revisions" and rel[2] == "code":
+            continue
+        assert p.stat().st_mode & 0o077 == 0, f"{p} is {oct(p.stat().st_mode & 0o777)}"
+        checked += 1
+    names = {p.name for p in state.rglob("*")}
+    assert "registry.sqlite" in names and checked > 5, names
