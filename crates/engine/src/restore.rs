@@ -27,7 +27,7 @@ use std::time::Instant;
 use thiserror::Error;
 use tracing::debug;
 
-use crate::image::{FdKind, FdRecord, ProcessImage, ThreadState, VmaKind};
+use crate::image::{AltStack, FdKind, FdRecord, ProcessImage, ThreadState, VmaKind};
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
 use crate::pageserver::{self, AddressSpace, PageServer, PageServerError, PageSource, PrefetchStats, Stats};
 use crate::ws::{AlignedBuf, Touch, WorkingSet};
@@ -459,17 +459,22 @@ fn write_file_cow_pages(
 /// futex list, alternate signal stack, name. (rseq comes later, see above.)
 fn push_thread_calls(calls: &mut Vec<Call>, data: &mut DataArea, t: &ThreadState) {
     calls.push(Call::new("set_tid_address", libc::SYS_set_tid_address, &[t.tid_address]));
-    if t.robust_list.0 != 0 {
-        calls.push(Call::new("set_robust_list", libc::SYS_set_robust_list, &[t.robust_list.0, t.robust_list.1]));
-    }
-    if let Some(ss) = &t.altstack {
-        let mut b = Vec::with_capacity(24);
-        b.extend_from_slice(&ss.sp.to_le_bytes());
-        b.extend_from_slice(&(ss.flags as i64).to_le_bytes());
-        b.extend_from_slice(&ss.size.to_le_bytes());
-        let a = data.push(&b);
-        calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
-    }
+    // The thread group leader is the restore stub itself: whatever per-thread state
+    // the stub had and the image does not must be cleared, never inherited.
+    const ROBUST_LIST_HEAD_LEN: u64 = 24;
+    let (head, len) = if t.robust_list.0 != 0 { t.robust_list } else { (0, ROBUST_LIST_HEAD_LEN) };
+    calls.push(Call::new("set_robust_list", libc::SYS_set_robust_list, &[head, len]));
+    // Without this the stub's alternate signal stack (Rust's runtime installs one for
+    // stack-overflow reports) stayed registered over memory the image reuses: every
+    // SA_ONSTACK handler (CPython installs all its handlers so) then killed the
+    // restored process with SIGSEGV when its signal arrived.
+    let ss = t.altstack.clone().unwrap_or(AltStack { sp: 0, flags: libc::SS_DISABLE, size: 0 });
+    let mut b = Vec::with_capacity(24);
+    b.extend_from_slice(&ss.sp.to_le_bytes());
+    b.extend_from_slice(&(ss.flags as i64).to_le_bytes());
+    b.extend_from_slice(&ss.size.to_le_bytes());
+    let a = data.push(&b);
+    calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
     let comm = data.push_cstr(&t.comm);
     calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
 }
