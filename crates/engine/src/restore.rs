@@ -327,6 +327,16 @@ fn restore_inner(
     inj.run(&calls, &mut data).map_err(inj_err)?;
     restore_fds(&inj, img).map_err(inj_err)?;
     create_threads(&inj, &wmem, region, img, threads).map_err(inj_err)?;
+    // Resource limits last (still as root, before the credentials drop): a lowered
+    // RLIMIT_NOFILE or RLIMIT_NPROC must not refuse the descriptors and threads
+    // recreated above. They are per process, so the leader sets them for all.
+    let mut data = DataArea::new(region);
+    let mut calls = Vec::new();
+    for &(res, cur, max) in &img.rlimits {
+        let a = data.push(&[cur.to_le_bytes(), max.to_le_bytes()].concat());
+        calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, a, 0]));
+    }
+    inj.run(&calls, &mut data).map_err(inj_err)?;
     let threads: &[Tracee] = threads;
     lap("batch_b", &mut phases);
 
