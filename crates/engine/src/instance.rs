@@ -51,6 +51,8 @@ pub enum InstanceError {
     Io(#[source] std::io::Error),
     #[error("freezing or thawing the idle instance")]
     Freezer(#[source] Box<thaw_sandbox::CgroupError>),
+    #[error("reset failed; the instance was discarded")]
+    Reset(#[from] crate::reset::ResetError),
 }
 
 /// What is needed to cold-boot a function.
@@ -310,6 +312,10 @@ pub struct Instance {
     paging: Option<PagingState>,
     /// Frozen by [`Instance::freeze`] (idle); thawed by the next invoke.
     frozen: bool,
+    /// Write tracking of a restored instance, for in-place resets.
+    tracking: Option<crate::reset::Tracking>,
+    /// Identity of the snapshot this instance was restored from.
+    image_id: Option<u32>,
 }
 
 /// Per-instance REAP bookkeeping of a restored instance.
@@ -377,6 +383,8 @@ impl Instance {
             function_arn: None,
             start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![] },
             paging: None,
+            tracking: None,
+            image_id: None,
         })
     }
 
@@ -437,6 +445,7 @@ impl Instance {
             }
         }
         let mut restored = restored;
+        let tracking = restored.tracking.take();
         restored.phases.push(("after_restore", th.elapsed().as_secs_f64() * 1e3));
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         let sandbox_ms = total_ms - restored.phases.iter().map(|p| p.1).sum::<f64>();
@@ -469,7 +478,60 @@ impl Instance {
                 writer: None,
                 recorded: None,
             }),
+            tracking,
+            image_id: Some(snap.id),
         })
+    }
+
+    /// Return this restored instance, idle between invocations, to the state it was
+    /// restored into (see `reset.rs`), then tell the runtime as after a restore (it
+    /// reseeds its randomness). `snap` must be the snapshot it was restored from.
+    ///
+    /// On `Err` the instance is dead (fail closed): `kill` it and restore a fresh one.
+    pub fn reset(&mut self, snap: &LoadedSnapshot) -> Result<crate::reset::ResetStats, InstanceError> {
+        let t0 = Instant::now();
+        // A frozen instance cannot reach a ptrace stop.
+        self.thaw()?;
+        let (Some(tracking), Some(stats)) = (self.tracking.as_ref(), self.page_stats.as_ref()) else {
+            return Err(crate::reset::ResetError::NotTracked("it was not restored with write tracking".into()).into());
+        };
+        if self.image_id != Some(snap.id) {
+            let _ = self.sandbox.kill();
+            return Err(crate::reset::ResetError::NotTracked("it was restored from another snapshot".into()).into());
+        }
+        let mut st = crate::reset::reset(self.sandbox.pid(), &snap.image, &snap.source, tracking, stats)?;
+        let _ = self.channel.take_logs();
+        if self.record.restore_notice {
+            let th = Instant::now();
+            match self.channel.restored(Duration::from_secs(30)) {
+                Ok(()) => {}
+                Err(ChannelError::Init(e)) => return Err(InstanceError::AfterRestore(e)),
+                Err(e) => return Err(InstanceError::NotReady(e)),
+            }
+            st.phases.push(("after_restore", th.elapsed().as_secs_f64() * 1e3));
+        }
+        st.reset_ms = t0.elapsed().as_secs_f64() * 1e3;
+        info!(id = self.sandbox.id(), reset_ms = st.reset_ms, pages_written_back = st.pages_written_back, "reset");
+        Ok(st)
+    }
+
+    /// How many times `needle` occurs in the instance's readable memory, read from
+    /// outside through /proc/PID/mem while it is idle (an isolation check: after a
+    /// reset, nothing a previous invocation planted may be found). Lazily served
+    /// pages are faulted in from the image by the read.
+    pub fn count_in_memory(&self, needle: &[u8]) -> Result<u64, InstanceError> {
+        let pid = self.sandbox.pid();
+        let maps = crate::procfs::maps(pid).map_err(InstanceError::Io)?;
+        let mem = crate::sys::mem::ProcMem::open(pid, false).map_err(InstanceError::Io)?;
+        let mut n = 0;
+        for m in maps.iter().filter(|m| m.read && !m.name.starts_with("[v")) {
+            let mut buf = vec![0u8; m.len() as usize];
+            if mem.read_exact_at(&mut buf, m.start).is_err() {
+                continue;
+            }
+            n += buf.windows(needle.len()).filter(|w| *w == needle).count() as u64;
+        }
+        Ok(n)
     }
 
     /// Host pid of the instance's process (PID 1 of its sandbox).

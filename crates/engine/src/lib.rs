@@ -2,7 +2,7 @@
 //! image on disk, and restore new processes from it with their memory served by
 //! a userfaultfd page server.
 //!
-//! Data flow: [`capture`] → [`image`] → [`restore`] + [`pageserver`].
+//! Data flow: [`capture`] → [`image`] → [`restore`] + [`pageserver`] → [`reset`].
 //! All raw kernel interfaces live in [`sys`]; [`inject`] runs syscalls inside a
 //! stopped tracee.
 
@@ -15,6 +15,7 @@ pub mod pageserver;
 pub mod procfs;
 pub mod refusals;
 pub mod regs;
+pub mod reset;
 pub mod restore;
 pub mod sys;
 pub mod tmpfs;

@@ -118,6 +118,13 @@ pub struct Stats {
     /// While set, every fault is appended to `trace` (REAP record mode).
     pub recording: AtomicBool,
     pub trace: Mutex<Vec<Touch>>,
+    /// Set (before the process resumes) when the served ranges are registered for
+    /// userfaultfd WP-async (see `reset`): pages are installed write-protected, so
+    /// that faulting a page in is not writing it.
+    pub wp_tracking: AtomicBool,
+    /// Bumped by a reset: the server forgets what the process released since the
+    /// restore and serves every registered address from the image again.
+    pub space_epoch: AtomicU64,
 }
 
 impl Stats {
@@ -323,6 +330,9 @@ struct Serve {
     /// Serving a forked child: the pidfd is the restored process's, so the child's
     /// end is noticed by probing its address space (see [`CHILD_PROBE`]).
     child: bool,
+    /// The address space as restored, and the reset epoch `space` belongs to.
+    initial: AddressSpace,
+    epoch: u64,
 }
 
 /// How often a forked child's server checks that the child's address space still
@@ -345,6 +355,8 @@ impl PageServer {
             pidfd: Arc::new(pidfd),
             stop_rx: Arc::new(rx),
             source,
+            initial: space.clone(),
+            epoch: stats.space_epoch.load(Ordering::Acquire),
             space,
             stats: stats.clone(),
             windows_read: Default::default(),
@@ -472,6 +484,8 @@ impl Serve {
             stats: self.stats.clone(),
             windows_read: self.windows_read.clone(),
             child: true,
+            initial: self.initial.clone(),
+            epoch: self.epoch,
         };
         debug!("serving a forked child");
         std::thread::Builder::new().name("thaw-ps-child".into()).spawn(move || child.run()).map_err(PageServerError::Poll)
@@ -479,6 +493,12 @@ impl Serve {
 
     fn fault(&mut self, page: u64, buf: &mut Vec<u8>, queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
         self.stats.faults.fetch_add(1, Ordering::Relaxed);
+        let epoch = self.stats.space_epoch.load(Ordering::Acquire);
+        if epoch != self.epoch && !self.child {
+            self.space = self.initial.clone();
+            self.epoch = epoch;
+        }
+        let wp = self.stats.wp_tracking.load(Ordering::Relaxed);
         let mut counted = false;
         if self.stats.recording.load(Ordering::Relaxed) {
             if let Some(img) = self.space.resolve(page) {
@@ -494,13 +514,20 @@ impl Serve {
                     if !counted {
                         self.stats.bytes_read.fetch_add(fetched, Ordering::Relaxed);
                     }
-                    uffd::copy(self.uffd.as_fd(), page, bytes.as_ptr(), PAGE_SIZE, true)
+                    install(self.uffd.as_fd(), page, bytes, wp)
                 }
                 None => {
                     if !counted {
                         self.stats.zero_faults.fetch_add(1, Ordering::Relaxed);
                     }
-                    uffd::zeropage(self.uffd.as_fd(), page, PAGE_SIZE, true)
+                    // An image zero page is installed clean (write-protected); a page
+                    // the process released since the restore (or reset) is not: its
+                    // contents differ from the image, so a reset must rewrite it.
+                    if wp && self.space.resolve(page).is_some() {
+                        install(self.uffd.as_fd(), page, &ZERO_PAGE, true)
+                    } else {
+                        uffd::zeropage(self.uffd.as_fd(), page, PAGE_SIZE, true)
+                    }
                 }
             }
             .map_err(|source| PageServerError::Uffd { op: "install", addr: page, source })?;
@@ -532,6 +559,21 @@ impl Serve {
             }
         }
     }
+}
+
+static ZERO_PAGE: [u8; PAGE_SIZE as usize] = [0; PAGE_SIZE as usize];
+
+/// Install one page (and wake its waiters), write-protected if `wp`. A range that
+/// refuses write protection (not registered for it) gets the page unprotected,
+/// which only makes a later reset rewrite it.
+fn install(fd: std::os::fd::BorrowedFd<'_>, page: u64, bytes: &[u8], wp: bool) -> io::Result<Install> {
+    if wp {
+        match uffd::copy_wp(fd, page, bytes.as_ptr(), PAGE_SIZE, true) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            other => return other,
+        }
+    }
+    uffd::copy(fd, page, bytes.as_ptr(), PAGE_SIZE, true)
 }
 
 /// Copy `bytes` to `[dst, dst+len)` before the process runs: one UFFDIO_COPY for

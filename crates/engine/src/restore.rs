@@ -105,6 +105,8 @@ pub struct Restored {
     pub prefetch: Option<PrefetchStats>,
     /// Milliseconds per restore step, in order.
     pub phases: Vec<(&'static str, f64)>,
+    /// Write tracking and baseline for in-place resets (None: cannot be reset).
+    pub tracking: Option<crate::reset::Tracking>,
 }
 
 /// Address of a `syscall` instruction inside the vDSO (identical in every
@@ -342,7 +344,8 @@ fn restore_inner(
 
     // ---- From the node: userfaultfd, copy-on-write pages, up-front pages.
     let uffd = mem::pidfd_getfd(pidfd.as_fd(), UFFD_KEEP_FD as i32).map_err(ioe("pidfd_getfd(userfaultfd)"))?;
-    let features = uffd::FEATURE_EVENT_FORK | uffd::FEATURE_EVENT_REMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP;
+    let features = uffd::FEATURE_EVENT_FORK | uffd::FEATURE_EVENT_REMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP
+        | uffd::FEATURE_WP_ASYNC;
     uffd::api(uffd.as_fd(), features).map_err(ioe("UFFDIO_API"))?;
     for &(a, b) in &anon_ranges {
         uffd::register_missing(uffd.as_fd(), a, b - a).map_err(ioe(&format!("UFFDIO_REGISTER {a:#x}-{b:#x}")))?;
@@ -421,6 +424,11 @@ fn restore_inner(
         t.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
         t.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
     }
+    // Write tracking for in-place resets; an instance that cannot be tracked is
+    // still a good instance, it just cannot be reset (see reset.rs).
+    let tracking = crate::reset::arm(pid, &uffd, img, &stats)
+        .map_err(|e| tracing::warn!(pid, error = %e, "write tracking unavailable; this instance cannot be reset"))
+        .ok();
     let server_pidfd = mem::pidfd_open(pid).map_err(ioe("pidfd_open"))?;
     let space = AddressSpace::identity(&anon_ranges);
     let pageserver = PageServer::start(uffd, server_pidfd, source, space, stats.clone()).map_err(ioe("starting the page server"))?;
@@ -432,7 +440,7 @@ fn restore_inner(
     }
     lap("resume", &mut phases);
     debug!(pid, ?phases, upfront = stats.pages_installed_upfront.load(Ordering::Relaxed), "restored");
-    Ok(Restored { pageserver, stats, prefetch, phases })
+    Ok(Restored { pageserver, stats, prefetch, phases, tracking })
 }
 
 /// Pages of private file mappings that the process had written (relocations,

@@ -108,6 +108,22 @@ enum SnapshotCmd {
         /// Number of invocations to run on the restored instance (the same payload each time).
         #[arg(long, default_value_t = 1)]
         invocations: u32,
+        /// Reset the instance in place between invocations (each sees the state it was
+        /// restored into, nothing of the previous one). A reset that cannot prove the
+        /// state restored discards the instance and restores a fresh one. `--stats`
+        /// reports reset_ms and the pages written back per invocation.
+        #[arg(long)]
+        reset: bool,
+        /// After the last invocation (and, with --reset, a reset after it), count the
+        /// occurrences of this string in the idle instance's memory, read from outside,
+        /// and report them in `--stats` as memory_matches (an isolation check).
+        #[arg(long, value_name = "STRING")]
+        search_memory: Option<String>,
+        /// After the invocations, reset the idle instance this many times in a row
+        /// (nothing runs in between: no-op resets) and report each in `--stats`
+        /// (noop_resets); the instance then answers once more to show it still works.
+        #[arg(long, default_value_t = 0, requires = "reset")]
+        noop_resets: u32,
     },
     /// Print a summary of a snapshot as JSON.
     Inspect {
@@ -325,7 +341,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, reset, search_memory, noop_resets }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
@@ -342,7 +358,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut times = Vec::new();
             let mut first_stats = None;
             let mut ok = true;
+            let mut resets = Vec::new();
             for i in 0..invocations {
+                if reset && i > 0 {
+                    let t = Instant::now();
+                    match inst.reset(&snap) {
+                        Ok(st) => resets.push(json!({"invocation": i + 1, "reset_ms": st.reset_ms, "pages_written": st.pages_written,
+                            "pages_written_back": st.pages_written_back, "mappings_unmapped": st.mappings_unmapped,
+                            "fds_closed": st.fds_closed, "tmp_reset": st.tmp_reset,
+                            "phases_ms": st.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()})),
+                        Err(e) => {
+                            // Fail closed: discard, and serve the next invocation from a fresh restore.
+                            let reason = format!("{:#}", anyhow::Error::from(e));
+                            tracing::warn!(error = %reason, "reset refused; restoring a fresh instance");
+                            inst.kill();
+                            inst = Instance::restore(&snap, paging)?;
+                            resets.push(json!({"invocation": i + 1, "reset_ms": null, "discarded": reason, "restore_ms": ms(t.elapsed())}));
+                        }
+                    }
+                }
                 let t = Instant::now();
                 let out = inst.invoke(&format!("restore-{}", i + 1), &payload, Duration::from_secs(inv.timeout));
                 times.push(ms(t.elapsed()));
@@ -358,6 +392,36 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     }
                 }
             }
+            let mut noop = Vec::new();
+            let mut matches = None;
+            if reset && (noop_resets > 0 || search_memory.is_some()) {
+                for _ in 0..noop_resets.max(1) {
+                    match inst.reset(&snap) {
+                        Ok(st) => noop.push(json!({"reset_ms": st.reset_ms, "pages_written": st.pages_written, "pages_written_back": st.pages_written_back})),
+                        Err(e) => {
+                            inst.kill();
+                            return Err(anyhow::Error::from(e).context("a reset with nothing run since the previous one failed"));
+                        }
+                    }
+                }
+                if let Some(s) = &search_memory {
+                    matches = Some(inst.count_in_memory(s.as_bytes())?);
+                }
+                if noop_resets > 0 {
+                    let out = inst.invoke("restore-after-noop-resets", &payload, Duration::from_secs(inv.timeout));
+                    print_logs(&mut inst, inv.quiet);
+                    match out {
+                        Ok(o) => ok &= emit(&o),
+                        Err(e) => {
+                            inst.kill();
+                            return Err(e.into());
+                        }
+                    }
+                }
+            }
+            if let (Some(s), false) = (&search_memory, reset) {
+                matches = Some(inst.count_in_memory(s.as_bytes())?);
+            }
             let total = restore_ms + times[0];
             let first = first_stats.unwrap_or_default();
             let all = inst.page_stats();
@@ -372,7 +436,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 json!({"mode": mode.name(), "requested_mode": paging.name(), "prefetch": prefetch, "recorded_pages": recorded,
                        "memory_peak_bytes": mem_peak, "store": fetched.stats,
                        "open_ms": open_ms, "sandbox_ms": start.sandbox_ms, "restore_ms": restore_ms,
-                       "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times,
+                       "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times, "resets": resets,
+                       "noop_resets": noop, "memory_matches": matches,
                        "page_faults": first.page_faults, "zero_faults": first.zero_faults,
                        "bytes_read_from_image": first.bytes_read_from_image,
                        "pages_installed_upfront": first.pages_installed_upfront,

@@ -7,6 +7,7 @@
 //! the rest of the crate is written in safe Rust on top of these modules.
 
 pub mod mem;
+pub mod pagemap;
 pub mod ptrace;
 pub mod uffd;
 

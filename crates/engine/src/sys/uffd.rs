@@ -16,13 +16,20 @@ const UFFDIO_REGISTER: libc::c_ulong = 0xC020_AA00;
 const UFFDIO_WAKE: libc::c_ulong = 0x8010_AA02;
 const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xC020_AA04;
+const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xC018_AA06;
 
 pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
-const REGISTER_MODE_MISSING: u64 = 1;
+/// Write faults on write-protected pages are resolved by the kernel itself (the page
+/// is unprotected and the write goes on); PAGEMAP_SCAN then reports it as written.
+pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
+pub const REGISTER_MODE_MISSING: u64 = 1;
+pub const REGISTER_MODE_WP: u64 = 2;
 const COPY_MODE_DONTWAKE: u64 = 1;
+const COPY_MODE_WP: u64 = 2;
+const WRITEPROTECT_MODE_WP: u64 = 1;
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
 pub const EVENT_FORK: u8 = 0x13;
@@ -57,6 +64,11 @@ struct UffdioCopy {
     copy: i64,
 }
 #[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+#[repr(C)]
 struct UffdioZeropage {
     range: UffdioRange,
     mode: u64,
@@ -68,6 +80,7 @@ const _: () = assert!(std::mem::size_of::<UffdioApi>() == 24);
 const _: () = assert!(std::mem::size_of::<UffdioRegister>() == 32);
 const _: () = assert!(std::mem::size_of::<UffdioCopy>() == 40);
 const _: () = assert!(std::mem::size_of::<UffdioZeropage>() == 32);
+const _: () = assert!(std::mem::size_of::<UffdioWriteprotect>() == 24);
 const _: () = assert!(std::mem::size_of::<RawMsg>() == 32);
 
 /// `struct uffd_msg` as read from the descriptor.
@@ -126,6 +139,32 @@ pub fn api(fd: BorrowedFd<'_>, features: u64) -> io::Result<u64> {
 pub fn register_missing(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<()> {
     let mut r = UffdioRegister { range: UffdioRange { start, len }, mode: REGISTER_MODE_MISSING, ioctls: 0 };
     ioctl(fd, UFFDIO_REGISTER, &mut r)
+}
+
+/// Register `[start, start+len)` with the given `REGISTER_MODE_*` bits. Registering
+/// a range this descriptor already covers replaces its modes.
+pub fn register(fd: BorrowedFd<'_>, start: u64, len: u64, mode: u64) -> io::Result<()> {
+    let mut r = UffdioRegister { range: UffdioRange { start, len }, mode, ioctls: 0 };
+    ioctl(fd, UFFDIO_REGISTER, &mut r)
+}
+
+/// Write-protect (`protect`) or unprotect `[start, start+len)` of a range
+/// registered in write-protect mode. With WP-async, protecting is what re-arms the
+/// written-page tracking that PAGEMAP_SCAN reports.
+pub fn writeprotect(fd: BorrowedFd<'_>, start: u64, len: u64, protect: bool) -> io::Result<()> {
+    let mut w = UffdioWriteprotect { range: UffdioRange { start, len }, mode: if protect { WRITEPROTECT_MODE_WP } else { 0 } };
+    ioctl(fd, UFFDIO_WRITEPROTECT, &mut w)
+}
+
+/// Like [`copy`], but the installed pages are write-protected (faulting a page in is
+/// not writing it; see `reset`). Needs a range registered in write-protect mode.
+pub fn copy_wp(fd: BorrowedFd<'_>, dst: u64, src: *const u8, len: u64, wake: bool) -> io::Result<Install> {
+    let mode = COPY_MODE_WP | if wake { 0 } else { COPY_MODE_DONTWAKE };
+    let mut c = UffdioCopy { dst, src: src as u64, len, mode, copy: 0 };
+    match ioctl(fd, UFFDIO_COPY, &mut c) {
+        Ok(()) => Ok(Install::Done),
+        Err(e) => classify(e, c.copy),
+    }
 }
 
 fn classify(e: io::Error, copied: i64) -> io::Result<Install> {

@@ -1,0 +1,404 @@
+//! In-place reset: return a live restored instance to the state it was restored
+//! into, so that whoever runs next sees nothing of whoever ran before.
+//!
+//! Tracking ([`arm`], at the end of a restore, before the process resumes): every
+//! anonymous/copied range is registered with the page server's userfaultfd in
+//! MISSING + WP mode and every file mapping in WP mode, on a descriptor set up
+//! with WP-async; everything is then write-protected. The page server installs
+//! pages write-protected (`UFFDIO_COPY_MODE_WP`), so faulting in is not writing.
+//! The layout (maps), descriptor table and cwd at that point are the baseline.
+//!
+//! Reset ([`reset`]): seize every thread; anything we cannot put back is refused
+//! with a [`ResetError`] and the instance is killed (fail closed: the caller
+//! restores a fresh one). Otherwise: unmap mappings created since, restore brk,
+//! close new descriptors, rewind file offsets, cwd, umask, a fresh /tmp; the
+//! page server forgets released ranges; PAGEMAP_SCAN lists written pages, which
+//! are rewritten from the image (or from the mapped file, or zero) and
+//! write-protected again; every thread's registers, FPU/SIMD state and signal mask
+//! are loaded from the image; detach.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use serde::Serialize;
+use thiserror::Error;
+use tracing::debug;
+
+use crate::image::{ProcessImage, VmaKind};
+use crate::inject::{self, Call, InjectError};
+use crate::pageserver::{PageServerError, PageSource, Stats};
+use crate::procfs::{self, MapEntry};
+use crate::regs;
+use crate::sys::mem::ProcMem;
+use crate::sys::pagemap::Pagemap;
+use crate::sys::ptrace::{self, Tracee};
+use crate::sys::{uffd, PAGE_SIZE};
+
+#[derive(Debug, Error)]
+pub enum ResetError {
+    #[error("this instance is not tracked for reset: {0}")]
+    NotTracked(String),
+    #[error("instance {pid}: {what}")]
+    Io { pid: i32, what: String, #[source] source: io::Error },
+    #[error("instance {pid}: {found} threads, the snapshot had {expected} (threads started since are not reset)")]
+    Threads { pid: i32, expected: usize, found: usize },
+    #[error("instance {pid}: child processes were created since the restore")]
+    Children { pid: i32 },
+    #[error("instance {pid}: signals are pending (thread {pending:#x}, process {shared:#x})")]
+    PendingSignals { pid: i32, pending: u64, shared: u64 },
+    #[error("instance {pid}: the memory layout changed in a way a reset cannot rebuild: {what}")]
+    Layout { pid: i32, what: String },
+    #[error("instance {pid}: descriptor {fd} ({target}): {what}")]
+    Fd { pid: i32, fd: i32, target: String, what: &'static str },
+    #[error("instance {pid}: a written page at {addr:#x} belongs to a shared file mapping (the write reached the file)")]
+    SharedWrite { pid: i32, addr: u64 },
+    #[error("instance {pid}: reading image pages")]
+    Pages { pid: i32, #[source] source: PageServerError },
+    #[error("instance {pid}")]
+    Inject { pid: i32, #[source] source: InjectError },
+    #[error("instance {pid}: restoring /tmp")]
+    Tmp { pid: i32, #[source] source: crate::tmpfs::TmpfsError },
+}
+
+/// What a restore recorded for later resets.
+pub struct Tracking {
+    /// A duplicate of the page server's userfaultfd.
+    uffd: OwnedFd,
+    /// Registered ranges: (start, end, served by the page server, image VMA index).
+    ranges: Vec<Range>,
+    /// /proc/PID/maps right after the restore.
+    maps: Vec<MapEntry>,
+    /// Descriptor table right after the restore: fd -> link target.
+    fds: HashMap<i32, String>,
+    cwd: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Range {
+    start: u64,
+    end: u64,
+    vma: usize,
+}
+
+/// Figures of one reset.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ResetStats {
+    pub reset_ms: f64,
+    /// Pages reported written since the last reset (or the restore).
+    pub pages_written: u64,
+    /// Pages rewritten from the image, the file or zeros.
+    pub pages_written_back: u64,
+    pub mappings_unmapped: u64,
+    pub fds_closed: u64,
+    pub tmp_reset: bool,
+    pub phases: Vec<(&'static str, f64)>,
+}
+
+/// Register the restored process's memory for write tracking on the page server's
+/// userfaultfd (already set up with WP-async) and write-protect it; record the
+/// baseline. The process is stopped and not yet resumed; `anon` are the ranges the
+/// page server serves (registered MISSING already).
+pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Result<Tracking, ResetError> {
+    let ioe = |what: String| move |source| ResetError::Io { pid, what, source };
+    let mut ranges = Vec::new();
+    for (i, v) in img.vmas.iter().enumerate() {
+        let mode = match v.kind {
+            VmaKind::Anon { .. } | VmaKind::FileCopied { .. } => uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
+            VmaKind::FilePrivate { .. } => uffd::REGISTER_MODE_WP,
+            // Read-only shared file mappings cannot become writable (the file was
+            // opened read-only to map them, see restore.rs); writable ones write the
+            // file itself, which a reset cannot take back.
+            VmaKind::FileShared { .. } if v.prot & libc::PROT_WRITE == 0 => continue,
+            VmaKind::FileShared { .. } => {
+                return Err(ResetError::NotTracked(format!("{:#x}-{:#x} is a writable shared file mapping", v.start, v.end)))
+            }
+            VmaKind::Special { .. } => continue,
+        };
+        uffd::register(uffd_fd.as_fd(), v.start, v.end - v.start, mode)
+            .map_err(ioe(format!("UFFDIO_REGISTER(WP) {:#x}-{:#x}", v.start, v.end)))?;
+        ranges.push(Range { start: v.start, end: v.end, vma: i });
+    }
+    for r in &ranges {
+        uffd::writeprotect(uffd_fd.as_fd(), r.start, r.end - r.start, true)
+            .map_err(ioe(format!("UFFDIO_WRITEPROTECT {:#x}-{:#x}", r.start, r.end)))?;
+    }
+    stats.wp_tracking.store(true, Ordering::Release);
+    let maps = procfs::maps(pid).map_err(ioe("reading maps".into()))?;
+    let fds = procfs::fds(pid).map_err(ioe("reading descriptors".into()))?.into_iter().map(|f| (f.fd, f.target)).collect();
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(ioe("reading cwd".into()))?;
+    let uffd = uffd_fd.try_clone().map_err(ioe("dup(userfaultfd)".into()))?;
+    Ok(Tracking { uffd, ranges, maps, fds, cwd })
+}
+
+fn same_map(a: &MapEntry, b: &MapEntry) -> bool {
+    (a.start, a.end, a.read, a.write, a.exec, a.shared, a.offset, a.inode, &a.dev, &a.name)
+        == (b.start, b.end, b.read, b.write, b.exec, b.shared, b.offset, b.inode, &b.dev, &b.name)
+}
+
+/// Kinds of descriptors a reset may close when the tenant opened them.
+fn closable(target: &str) -> bool {
+    target.starts_with('/')
+        || ["pipe:[", "socket:[", "anon_inode:[eventfd]", "anon_inode:[eventpoll]", "anon_inode:[signalfd]", "anon_inode:[timerfd]", "anon_inode:inotify"]
+            .iter()
+            .any(|p| target.starts_with(p))
+}
+
+/// Reset the instance `pid` (not traced, idle between invocations) to `img`. On
+/// error the process has been killed (and its threads reaped): the caller discards
+/// the instance. Must run on one thread from start to end (it becomes the tracer).
+pub fn reset(pid: i32, img: &ProcessImage, source: &PageSource, t: &Tracking, stats: &Stats) -> Result<ResetStats, ResetError> {
+    let mut traced = Vec::new();
+    let r = reset_inner(pid, img, source, t, stats, &mut traced);
+    match &r {
+        Ok(_) => {}
+        Err(e) => {
+            debug!(pid, error = %e, "reset failed; killing the instance");
+            ptrace::kill_and_reap(pid, &traced);
+        }
+    }
+    r
+}
+
+fn reset_inner(
+    pid: i32,
+    img: &ProcessImage,
+    source: &PageSource,
+    t: &Tracking,
+    stats: &Stats,
+    traced: &mut Vec<Tracee>,
+) -> Result<ResetStats, ResetError> {
+    let t0 = Instant::now();
+    let mut out = ResetStats::default();
+    let mut lap = t0;
+    let mut phase = |name: &'static str, out: &mut ResetStats| {
+        out.phases.push((name, lap.elapsed().as_secs_f64() * 1e3));
+        lap = Instant::now();
+    };
+    let ioe = |what: &str| {
+        let what = what.to_string();
+        move |source| ResetError::Io { pid, what, source }
+    };
+    let inj = |source| ResetError::Inject { pid, source };
+
+    // ---- Stop every thread; the set of threads must be the image's.
+    let tids = procfs::tids(pid).map_err(ioe("listing threads"))?;
+    for &tid in &tids {
+        traced.push(Tracee::seize_and_stop(tid).map_err(ioe(&format!("seizing thread {tid} (is another tracer attached?)")))?);
+    }
+    // A thread may have started between the listing and the stops.
+    let again = procfs::tids(pid).map_err(ioe("listing threads"))?;
+    if again.len() != img.threads.len() || tids.len() != img.threads.len() {
+        return Err(ResetError::Threads { pid, expected: img.threads.len(), found: again.len().max(tids.len()) });
+    }
+    let mut by_thread = Vec::with_capacity(tids.len());
+    for (tr, &tid) in traced.iter().zip(&tids) {
+        let st = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
+        let ns_tid = *st.nspid.last().unwrap_or(&tid);
+        let image = img.threads.iter().find(|x| x.tid == ns_tid).ok_or(ResetError::Threads {
+            pid,
+            expected: img.threads.len(),
+            found: tids.len(),
+        })?;
+        if st.sig_pending != 0 || st.shared_pending != 0 {
+            return Err(ResetError::PendingSignals { pid, pending: st.sig_pending, shared: st.shared_pending });
+        }
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).map_err(ioe("reading children"))?;
+        if !children.trim().is_empty() {
+            return Err(ResetError::Children { pid });
+        }
+        by_thread.push((*tr, image));
+    }
+    let main = traced[0];
+    phase("stop", &mut out);
+
+    // ---- Layout: what is new goes, the rest must be exactly the baseline.
+    let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
+    let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or_else(|| ResetError::Layout { pid, what: "no [vdso]".into() })?;
+    let mem = ProcMem::open(pid, true).map_err(ioe("opening /proc/PID/mem"))?;
+    let mut text = vec![0u8; vdso.len() as usize];
+    mem.read_exact_at(&mut text, vdso.start).map_err(ioe("reading the vDSO"))?;
+    let insn = vdso.start
+        + text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or_else(|| ResetError::Layout { pid, what: "no syscall in the vDSO".into() })? as u64;
+    let mut calls = Vec::new();
+    let mut brk = false;
+    for m in &maps {
+        if t.maps.iter().any(|b| same_map(b, m)) {
+            continue;
+        }
+        // Heap growth is a VMA of its own (a registered VMA does not merge with an
+        // unregistered one): brk takes it back, munmap would leave brk stale.
+        if m.name == "[heap]" {
+            brk = true;
+            continue;
+        }
+        let overlaps = t.maps.iter().find(|b| b.start < m.end && m.start < b.end);
+        match overlaps {
+            None => {
+                debug!(pid, start = m.start, end = m.end, name = %m.name, "unmapping a mapping created since the restore");
+                calls.push(Call::new("munmap(new mapping)", libc::SYS_munmap, &[m.start, m.len()]));
+                out.mappings_unmapped += 1;
+            }
+            Some(b) => {
+                return Err(ResetError::Layout {
+                    pid,
+                    what: format!("{:#x}-{:#x} {} is now {:#x}-{:#x} {}", b.start, b.end, b.name, m.start, m.end, m.name),
+                })
+            }
+        }
+    }
+    if let Some(b) = t.maps.iter().find(|b| !maps.iter().any(|m| same_map(b, m)) && b.name != "[heap]") {
+        return Err(ResetError::Layout { pid, what: format!("{:#x}-{:#x} {} was unmapped or changed", b.start, b.end, b.name) });
+    }
+    if brk || !maps.iter().any(|m| m.name == "[heap]") && t.maps.iter().any(|b| b.name == "[heap]") {
+        calls.push(Call::new("brk", libc::SYS_brk, &[img.mm.brk]));
+    }
+
+    // ---- Descriptors: new ones closed, the snapshot's rewound; anything else refused.
+    let fds = procfs::fds(pid).map_err(ioe("reading descriptors"))?;
+    for f in &fds {
+        match t.fds.get(&f.fd) {
+            Some(target) if *target == f.target => {}
+            Some(_) => return Err(ResetError::Fd { pid, fd: f.fd, target: f.target.clone(), what: "replaced since the restore" }),
+            None if closable(&f.target) => {
+                calls.push(Call::new("close(new fd)", libc::SYS_close, &[f.fd as u64]));
+                out.fds_closed += 1;
+            }
+            None => return Err(ResetError::Fd { pid, fd: f.fd, target: f.target.clone(), what: "a kind a reset cannot close safely" }),
+        }
+    }
+    if let Some((&fd, target)) = t.fds.iter().find(|(fd, _)| !fds.iter().any(|f| f.fd == **fd)) {
+        return Err(ResetError::Fd { pid, fd, target: target.clone(), what: "closed since the restore" });
+    }
+    for r in &img.fds {
+        if let crate::image::FdKind::Path { pos, .. } = &r.kind {
+            let now = fds.iter().find(|f| f.fd == r.fd).map(|f| f.pos);
+            if now != Some(*pos) {
+                calls.push(Call::new("lseek", libc::SYS_lseek, &[r.fd as u64, *pos, libc::SEEK_SET as u64]));
+            }
+        }
+    }
+    let status = procfs::status(pid).map_err(ioe("reading status"))?;
+    if status.umask != img.umask {
+        calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
+    }
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(ioe("reading cwd"))?;
+    if cwd != t.cwd {
+        // The path goes below the red zone of the main thread's stack; the page is
+        // reported written and rewritten from the image below.
+        let rsp = main.get_regs().map_err(ioe("GETREGS"))?.rsp;
+        let at = (rsp - 1024 - img.cwd.len() as u64) & !15;
+        if !t.maps.iter().any(|m| m.write && m.start <= at && at + img.cwd.len() as u64 + 1 <= m.end) {
+            return Err(ResetError::Layout { pid, what: "no writable stack below the stack pointer".into() });
+        }
+        let mut s = img.cwd.as_bytes().to_vec();
+        s.push(0);
+        mem.write_all_at(&s, at).map_err(ioe("writing the cwd path"))?;
+        calls.push(Call::new("chdir", libc::SYS_chdir, &[at]));
+    }
+    for c in calls {
+        let r = inject::single(&main, insn, c).map_err(inj)?;
+        if c.nr == libc::SYS_brk && r as u64 != img.mm.brk {
+            return Err(ResetError::Layout { pid, what: format!("brk({:#x}) returned {r:#x}", img.mm.brk) });
+        }
+    }
+    let now = procfs::maps(pid).map_err(ioe("reading maps"))?;
+    if now.len() != t.maps.len() || now.iter().zip(&t.maps).any(|(a, b)| !same_map(a, b)) {
+        return Err(ResetError::Layout { pid, what: "the layout differs from the restored one after unmapping new mappings".into() });
+    }
+    phase("layout_fds", &mut out);
+
+    // ---- /tmp and /dev/shm: as in the image.
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let same_tmp = matches!(crate::tmpfs::capture(&root), Ok(now) if now == img.tmp);
+    if !same_tmp {
+        for m in crate::tmpfs::MOUNTS {
+            let dir = root.join(m.trim_start_matches('/'));
+            let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+            for e in rd.flatten() {
+                let p = e.path();
+                let r = if e.file_type().map(|t| t.is_dir()).unwrap_or(false) { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+                r.map_err(ioe(&format!("removing {}", p.display())))?;
+            }
+        }
+        crate::tmpfs::restore(&root, &img.tmp).map_err(|source| ResetError::Tmp { pid, source })?;
+        out.tmp_reset = true;
+    }
+    phase("tmp", &mut out);
+
+    // ---- Memory: the page server forgets releases; written pages are rewritten.
+    stats.space_epoch.fetch_add(1, Ordering::AcqRel);
+    let pm = Pagemap::open(pid).map_err(ioe("opening pagemap"))?;
+    let mut files: HashMap<usize, std::fs::File> = HashMap::new();
+    let mut buf = Vec::new();
+    for r in &t.ranges {
+        let mut written = Vec::new();
+        pm.written(r.start, r.end, &mut written).map_err(|e| match e.raw_os_error() {
+            Some(libc::EPERM) => ResetError::Layout { pid, what: format!("{:#x}-{:#x} lost its write tracking", r.start, r.end) },
+            _ => ResetError::Io { pid, what: "PAGEMAP_SCAN".into(), source: e },
+        })?;
+        let v = &img.vmas[r.vma];
+        for &(s, e) in &written {
+            let n = ((e - s) / PAGE_SIZE) as usize;
+            out.pages_written += n as u64;
+            if let VmaKind::FileShared { .. } = v.kind {
+                return Err(ResetError::SharedWrite { pid, addr: s });
+            }
+            let populated = pm.populated(s, n).map_err(ioe("reading pagemap"))?;
+            for (k, &present) in populated.iter().enumerate() {
+                let addr = s + k as u64 * PAGE_SIZE;
+                let stored = source.index.lookup(addr);
+                let page = PAGE_SIZE as usize;
+                buf.resize(page, 0);
+                match (&v.kind, stored, present) {
+                    // Not populated: the next touch faults it in from the image (anonymous)
+                    // or from the file, which is what the image holds there.
+                    (_, None, false) | (VmaKind::Anon { .. } | VmaKind::FileCopied { .. }, _, false) => continue,
+                    (_, Some(fp), _) => source.read_page(addr, fp, &mut buf).map_err(|source| ResetError::Pages { pid, source })?,
+                    (VmaKind::FilePrivate { file, offset }, None, true) => {
+                        let f = match files.entry(*file) {
+                            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                            std::collections::hash_map::Entry::Vacant(slot) => {
+                                let path = root.join(img.files[*file].path.trim_start_matches('/'));
+                                slot.insert(std::fs::File::open(&path).map_err(ioe(&format!("opening {}", path.display())))?)
+                            }
+                        };
+                        buf.fill(0);
+                        let at = offset + (addr - v.start);
+                        let mut got = 0;
+                        while got < page {
+                            let n = f.read_at(&mut buf[got..], at + got as u64).map_err(ioe("reading a mapped file"))?;
+                            if n == 0 {
+                                break;
+                            }
+                            got += n;
+                        }
+                    }
+                    (_, None, true) => buf.fill(0),
+                }
+                mem.write_all_at(&buf, addr).map_err(ioe(&format!("writing back {addr:#x}")))?;
+                out.pages_written_back += 1;
+            }
+            uffd::writeprotect(t.uffd.as_fd(), s, e - s, true).map_err(ioe(&format!("UFFDIO_WRITEPROTECT {s:#x}-{e:#x}")))?;
+        }
+    }
+    phase("memory", &mut out);
+
+    // ---- Registers, FPU/SIMD state, signal masks; then let go.
+    for (tr, st) in &by_thread {
+        tr.set_regs(&regs::from_array(&st.regs)).map_err(ioe("SETREGS"))?;
+        tr.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
+        tr.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
+    }
+    for tr in traced.iter().rev() {
+        tr.detach().map_err(ioe("PTRACE_DETACH"))?;
+    }
+    phase("registers", &mut out);
+    out.reset_ms = t0.elapsed().as_secs_f64() * 1e3;
+    debug!(pid, ?out, "reset");
+    Ok(out)
+}
