@@ -292,7 +292,7 @@ fn reset_inner(
         // reported written and rewritten from the image below.
         let rsp = main.get_regs().map_err(ioe("GETREGS"))?.rsp;
         let at = (rsp - 1024 - img.cwd.len() as u64) & !15;
-        if !t.maps.iter().any(|m| m.write && m.start <= at && at + img.cwd.len() as u64 + 1 <= m.end) {
+        if !t.maps.iter().any(|m| m.write && m.start <= at && at + (img.cwd.len() as u64) < m.end) {
             return Err(ResetError::Layout { pid, what: "no writable stack below the stack pointer".into() });
         }
         let mut s = img.cwd.as_bytes().to_vec();
