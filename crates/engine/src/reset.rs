@@ -71,8 +71,12 @@ pub struct Tracking {
     uffd: OwnedFd,
     /// Registered ranges: (start, end, served by the page server, image VMA index).
     ranges: Vec<Range>,
-    /// /proc/PID/maps right after the restore.
+    /// /proc/PID/maps right after the restore, as text (a reset that finds the same
+    /// text has no layout work) and parsed.
+    maps_text: String,
     maps: Vec<MapEntry>,
+    /// Address of a `syscall` instruction in the process's vDSO (for injection).
+    syscall_insn: u64,
     /// Descriptor table right after the restore: fd -> link target.
     fds: HashMap<i32, String>,
     cwd: PathBuf,
@@ -128,11 +132,20 @@ pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Re
             .map_err(ioe(format!("UFFDIO_WRITEPROTECT {:#x}-{:#x}", r.start, r.end)))?;
     }
     stats.wp_tracking.store(true, Ordering::Release);
-    let maps = procfs::maps(pid).map_err(ioe("reading maps".into()))?;
+    let maps_text = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(ioe("reading maps".into()))?;
+    let maps = procfs::parse_maps(&maps_text)
+        .ok_or_else(|| ResetError::Io { pid, what: "parsing maps".into(), source: io::ErrorKind::InvalidData.into() })?;
+    let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or_else(|| ResetError::NotTracked("no [vdso] mapping".into()))?;
+    let mut text = vec![0u8; vdso.len() as usize];
+    ProcMem::open(pid, false)
+        .and_then(|m| m.read_exact_at(&mut text, vdso.start))
+        .map_err(ioe("reading the vDSO".into()))?;
+    let syscall_insn = vdso.start
+        + text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or_else(|| ResetError::NotTracked("no syscall instruction in the vDSO".into()))? as u64;
     let fds = procfs::fds(pid).map_err(ioe("reading descriptors".into()))?.into_iter().map(|f| (f.fd, f.target)).collect();
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(ioe("reading cwd".into()))?;
     let uffd = uffd_fd.try_clone().map_err(ioe("dup(userfaultfd)".into()))?;
-    Ok(Tracking { uffd, ranges, maps, fds, cwd })
+    Ok(Tracking { uffd, ranges, maps_text, maps, syscall_insn, fds, cwd })
 }
 
 fn same_map(a: &MapEntry, b: &MapEntry) -> bool {
@@ -196,6 +209,7 @@ fn reset_inner(
         return Err(ResetError::Threads { pid, expected: img.threads.len(), found: again.len().max(tids.len()) });
     }
     let mut by_thread = Vec::with_capacity(tids.len());
+    let mut main_umask = img.umask;
     for (tr, &tid) in traced.iter().zip(&tids) {
         let st = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
         let ns_tid = *st.nspid.last().unwrap_or(&tid);
@@ -204,6 +218,9 @@ fn reset_inner(
             expected: img.threads.len(),
             found: tids.len(),
         })?;
+        if tid == pid {
+            main_umask = st.umask;
+        }
         if st.sig_pending != 0 || st.shared_pending != 0 {
             return Err(ResetError::PendingSignals { pid, pending: st.sig_pending, shared: st.shared_pending });
         }
@@ -217,15 +234,17 @@ fn reset_inner(
     phase("stop", &mut out);
 
     // ---- Layout: what is new goes, the rest must be exactly the baseline.
-    let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
-    let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or_else(|| ResetError::Layout { pid, what: "no [vdso]".into() })?;
+    let maps_text = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(ioe("reading maps"))?;
+    let maps = if maps_text == t.maps_text {
+        Vec::new()
+    } else {
+        procfs::parse_maps(&maps_text).ok_or_else(|| ResetError::Layout { pid, what: "unparsable maps".into() })?
+    };
     let mem = ProcMem::open(pid, true).map_err(ioe("opening /proc/PID/mem"))?;
-    let mut text = vec![0u8; vdso.len() as usize];
-    mem.read_exact_at(&mut text, vdso.start).map_err(ioe("reading the vDSO"))?;
-    let insn = vdso.start
-        + text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or_else(|| ResetError::Layout { pid, what: "no syscall in the vDSO".into() })? as u64;
+    let insn = t.syscall_insn;
     let mut calls = Vec::new();
     let mut brk = false;
+    let mut layout_calls = false;
     for m in &maps {
         if t.maps.iter().any(|b| same_map(b, m)) {
             continue;
@@ -251,39 +270,44 @@ fn reset_inner(
             }
         }
     }
-    if let Some(b) = t.maps.iter().find(|b| !maps.iter().any(|m| same_map(b, m)) && b.name != "[heap]") {
+    if let Some(b) = t.maps.iter().find(|b| !maps.is_empty() && !maps.iter().any(|m| same_map(b, m)) && b.name != "[heap]") {
         return Err(ResetError::Layout { pid, what: format!("{:#x}-{:#x} {} was unmapped or changed", b.start, b.end, b.name) });
     }
-    if brk || !maps.iter().any(|m| m.name == "[heap]") && t.maps.iter().any(|b| b.name == "[heap]") {
+    if brk || !maps.is_empty() && !maps.iter().any(|m| m.name == "[heap]") && t.maps.iter().any(|b| b.name == "[heap]") {
         calls.push(Call::new("brk", libc::SYS_brk, &[img.mm.brk]));
     }
+    layout_calls |= !calls.is_empty() || !maps.is_empty();
 
     // ---- Descriptors: new ones closed, the snapshot's rewound; anything else refused.
-    let fds = procfs::fds(pid).map_err(ioe("reading descriptors"))?;
-    for f in &fds {
-        match t.fds.get(&f.fd) {
-            Some(target) if *target == f.target => {}
-            Some(_) => return Err(ResetError::Fd { pid, fd: f.fd, target: f.target.clone(), what: "replaced since the restore" }),
-            None if closable(&f.target) => {
-                calls.push(Call::new("close(new fd)", libc::SYS_close, &[f.fd as u64]));
+    let mut fds = Vec::new();
+    for ent in std::fs::read_dir(format!("/proc/{pid}/fd")).map_err(ioe("listing descriptors"))? {
+        let ent = ent.map_err(ioe("listing descriptors"))?;
+        let Ok(fd) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let target = std::fs::read_link(ent.path()).map_err(ioe("reading a descriptor"))?.to_string_lossy().into_owned();
+        match t.fds.get(&fd) {
+            Some(known) if *known == target => {}
+            Some(_) => return Err(ResetError::Fd { pid, fd, target, what: "replaced since the restore" }),
+            None if closable(&target) => {
+                calls.push(Call::new("close(new fd)", libc::SYS_close, &[fd as u64]));
                 out.fds_closed += 1;
             }
-            None => return Err(ResetError::Fd { pid, fd: f.fd, target: f.target.clone(), what: "a kind a reset cannot close safely" }),
+            None => return Err(ResetError::Fd { pid, fd, target, what: "a kind a reset cannot close safely" }),
         }
+        fds.push(fd);
     }
-    if let Some((&fd, target)) = t.fds.iter().find(|(fd, _)| !fds.iter().any(|f| f.fd == **fd)) {
+    if let Some((&fd, target)) = t.fds.iter().find(|(fd, _)| !fds.contains(fd)) {
         return Err(ResetError::Fd { pid, fd, target: target.clone(), what: "closed since the restore" });
     }
     for r in &img.fds {
         if let crate::image::FdKind::Path { pos, .. } = &r.kind {
-            let now = fds.iter().find(|f| f.fd == r.fd).map(|f| f.pos);
-            if now != Some(*pos) {
+            let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", r.fd)).map_err(ioe("reading fdinfo"))?;
+            let now = procfs::parse_fdinfo(&info).0;
+            if now != *pos {
                 calls.push(Call::new("lseek", libc::SYS_lseek, &[r.fd as u64, *pos, libc::SEEK_SET as u64]));
             }
         }
     }
-    let status = procfs::status(pid).map_err(ioe("reading status"))?;
-    if status.umask != img.umask {
+    if main_umask != img.umask {
         calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
     }
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(ioe("reading cwd"))?;
@@ -306,9 +330,11 @@ fn reset_inner(
             return Err(ResetError::Layout { pid, what: format!("brk({:#x}) returned {r:#x}", img.mm.brk) });
         }
     }
-    let now = procfs::maps(pid).map_err(ioe("reading maps"))?;
-    if now.len() != t.maps.len() || now.iter().zip(&t.maps).any(|(a, b)| !same_map(a, b)) {
-        return Err(ResetError::Layout { pid, what: "the layout differs from the restored one after unmapping new mappings".into() });
+    if layout_calls {
+        let now = procfs::maps(pid).map_err(ioe("reading maps"))?;
+        if now.len() != t.maps.len() || now.iter().zip(&t.maps).any(|(a, b)| !same_map(a, b)) {
+            return Err(ResetError::Layout { pid, what: "the layout differs from the restored one after unmapping new mappings".into() });
+        }
     }
     phase("layout_fds", &mut out);
 
