@@ -15,7 +15,7 @@ use thiserror::Error;
 use tracing::{debug, info};
 
 use crate::image::{
-    AltStack, Creds, FdKind, FdRecord, FileRef, ImageError, MmState, PageIndex, ProcessImage, Rseq, SandboxRecord,
+    AltStack, Creds, FdKind, FdRecord, FileRef, ImageError, MmState, PageIndex, ProcAttrs, ProcessImage, Rseq, SandboxRecord,
     SigAction, SnapshotWriter, ThreadState, Vma, VmaKind,
 };
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
@@ -182,6 +182,10 @@ fn capture_inner(
         fds,
         pages,
         tmp,
+        attrs: ProcAttrs {
+            oom_score_adj: std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0),
+            ..injected.attrs
+        },
     };
     stats.vmas = image.vmas.len();
     let dir = writer.finish(&image)?;
@@ -348,9 +352,10 @@ fn prot_of(m: &MapEntry) -> i32 {
 }
 
 /// The madvise() advice a VMA's flags (smaps VmFlags) record and a restore must set
-/// again: dc = MADV_DONTFORK, wf = MADV_WIPEONFORK.
+/// again: dc = MADV_DONTFORK, wf = MADV_WIPEONFORK, hg = MADV_HUGEPAGE,
+/// nh = MADV_NOHUGEPAGE.
 fn advice_of(m: &MapEntry) -> Vec<i32> {
-    [("dc", libc::MADV_DONTFORK), ("wf", libc::MADV_WIPEONFORK)]
+    [("dc", libc::MADV_DONTFORK), ("wf", libc::MADV_WIPEONFORK), ("hg", libc::MADV_HUGEPAGE), ("nh", libc::MADV_NOHUGEPAGE)]
         .into_iter()
         .filter(|(flag, _)| m.has_flag(flag))
         .map(|(_, advice)| advice)
@@ -501,7 +506,11 @@ struct Injected {
     brk: u64,
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
+    attrs: ProcAttrs,
 }
+
+/// Bytes of CPU mask read (1024 CPUs).
+const AFFINITY_LEN: u64 = 128;
 
 const PR_GET_TID_ADDRESS: u64 = 40;
 const SS_DISABLE: i32 = 2;
@@ -574,7 +583,35 @@ fn injected_state(
     let cwd = data.reserve(4096);
     let cwd_call = calls.len();
     calls.push(Call::new("getcwd", libc::SYS_getcwd, &[cwd, 4096]));
+    // Process attributes, as the process itself sees them (ids in its pid namespace).
+    let attr_call = calls.len();
+    let affinity = data.reserve(AFFINITY_LEN as usize);
+    let subreaper = data.reserve(8);
+    calls.extend([
+        Call::new("getpriority", libc::SYS_getpriority, &[libc::PRIO_PROCESS as u64, 0]),
+        Call::new("sched_getaffinity", libc::SYS_sched_getaffinity, &[0, AFFINITY_LEN, affinity]),
+        Call::new("prctl(PR_GET_TIMERSLACK)", libc::SYS_prctl, &[libc::PR_GET_TIMERSLACK as u64]),
+        Call::new("prctl(PR_GET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_GET_THP_DISABLE as u64]),
+        Call::new("prctl(PR_GET_CHILD_SUBREAPER)", libc::SYS_prctl, &[libc::PR_GET_CHILD_SUBREAPER as u64, subreaper]),
+        Call::new("prctl(PR_GET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_GET_DUMPABLE as u64]),
+        Call::new("getpid", libc::SYS_getpid, &[]),
+        Call::new("getpgid", libc::SYS_getpgid, &[0]),
+        Call::new("getsid", libc::SYS_getsid, &[0]),
+    ]);
     let res = inj.run(&calls, &mut data)?;
+    let r = |i: usize| res[attr_call + i];
+    let attrs = ProcAttrs {
+        // The raw syscall returns 20 - nice.
+        nice: 20 - r(0) as i32,
+        affinity: data.bytes(affinity, r(1) as usize).to_vec(),
+        timer_slack_ns: r(2) as u64,
+        thp_disable: r(3) != 0,
+        child_subreaper: data.u32_at(subreaper) != 0,
+        dumpable: r(5) as u32,
+        oom_score_adj: 0,
+        session_leader: r(8) == r(6),
+        group_leader: r(7) == r(6),
+    };
 
     let u64_at = |addr: u64, i: usize| data.u64_at(addr, i);
     let mut sigactions = Vec::new();
@@ -637,6 +674,7 @@ fn injected_state(
         brk: res[brk_call] as u64,
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),
+        attrs,
     })
 }
 

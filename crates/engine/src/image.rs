@@ -35,7 +35,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -170,7 +170,7 @@ pub struct Vma {
     pub prot: i32,
     pub kind: VmaKind,
     /// madvise() advice set again after the mapping is recreated (MADV_DONTFORK,
-    /// MADV_WIPEONFORK): VMA flags the mapping itself does not carry.
+    /// MADV_WIPEONFORK, MADV_(NO)HUGEPAGE): VMA flags the mapping itself does not carry.
     pub advice: Vec<i32>,
 }
 
@@ -267,6 +267,28 @@ pub struct ProcessImage {
     pub pages: PageIndex,
     /// Contents of the sandbox's private tmpfs mounts (`/tmp`, `/dev/shm`).
     pub tmp: Vec<crate::tmpfs::Entry>,
+    /// Scheduling and prctl attributes of the process (its leader thread).
+    pub attrs: ProcAttrs,
+}
+
+/// Process attributes set again at restore (read from the leader thread at capture).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcAttrs {
+    /// Nice value (-20..19).
+    pub nice: i32,
+    /// CPU affinity mask as the kernel reports it (sched_getaffinity bytes).
+    pub affinity: Vec<u8>,
+    /// PR_GET_TIMERSLACK, ns.
+    pub timer_slack_ns: u64,
+    pub thp_disable: bool,
+    pub child_subreaper: bool,
+    /// PR_GET_DUMPABLE.
+    pub dumpable: u32,
+    /// /proc/PID/oom_score_adj.
+    pub oom_score_adj: i32,
+    /// The process leads its own session (setsid) / process group (setpgid(0, 0)).
+    pub session_leader: bool,
+    pub group_leader: bool,
 }
 
 /// Encode `img` into the framed state format.
@@ -469,6 +491,7 @@ mod tests {
                 gid: 65534,
                 mtime: (1, 2),
             }],
+            attrs: ProcAttrs { nice: 5, affinity: vec![1, 0, 0, 0, 0, 0, 0, 0], session_leader: true, ..Default::default() },
         }
     }
 

@@ -27,7 +27,7 @@ use std::time::Instant;
 use thiserror::Error;
 use tracing::debug;
 
-use crate::image::{AltStack, FdKind, FdRecord, ProcessImage, ThreadState, VmaKind};
+use crate::image::{AltStack, FdKind, FdRecord, ProcAttrs, ProcessImage, ThreadState, VmaKind};
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
 use crate::pageserver::{self, AddressSpace, PageServer, PageServerError, PageSource, PrefetchStats, Stats};
 use crate::ws::{AlignedBuf, Touch, WorkingSet};
@@ -338,7 +338,11 @@ fn restore_inner(
         let a = data.push(&[cur.to_le_bytes(), max.to_le_bytes()].concat());
         calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, a, 0]));
     }
+    push_attr_calls(&mut calls, &mut data, &img.attrs);
     inj.run(&calls, &mut data).map_err(inj_err)?;
+    // Lowering it needs privilege the process no longer has: the node writes it.
+    std::fs::write(format!("/proc/{pid}/oom_score_adj"), img.attrs.oom_score_adj.to_string())
+        .map_err(ioe("writing oom_score_adj"))?;
     let threads: &[Tracee] = threads;
     lap("batch_b", &mut phases);
 
@@ -404,6 +408,9 @@ fn restore_inner(
             // Changing credentials clears the parent-death signal: set it again, so the
             // process dies with the node that serves its memory.
             calls.push(Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, libc::SIGKILL as u64]));
+            // So does dumpability (to suid_dumpable, 0 here): without this the process's
+            // own /proc/self files (environ, mem, ...) became unreadable to it.
+            calls.push(Call::new("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as u64, img.attrs.dumpable as u64]));
         }
         ti.run(&calls, &mut data).map_err(inj_err)?;
     }
@@ -495,6 +502,30 @@ fn push_thread_calls(calls: &mut Vec<Call>, data: &mut DataArea, t: &ThreadState
     calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
     let comm = data.push_cstr(&t.comm);
     calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
+}
+
+/// Scheduling and prctl attributes of the process, its session and process group
+/// (run by the leader before the credentials drop).
+fn push_attr_calls(calls: &mut Vec<Call>, data: &mut DataArea, a: &ProcAttrs) {
+    calls.push(Call::new("setpriority", libc::SYS_setpriority, &[libc::PRIO_PROCESS as u64, 0, a.nice as i64 as u64]));
+    if !a.affinity.is_empty() {
+        let mask = data.push(&a.affinity);
+        calls.push(Call::new("sched_setaffinity", libc::SYS_sched_setaffinity, &[0, a.affinity.len() as u64, mask]));
+    }
+    if a.timer_slack_ns != 0 {
+        calls.push(Call::new("prctl(PR_SET_TIMERSLACK)", libc::SYS_prctl, &[libc::PR_SET_TIMERSLACK as u64, a.timer_slack_ns]));
+    }
+    if a.thp_disable {
+        calls.push(Call::new("prctl(PR_SET_THP_DISABLE)", libc::SYS_prctl, &[libc::PR_SET_THP_DISABLE as u64, 1, 0, 0, 0]));
+    }
+    if a.child_subreaper {
+        calls.push(Call::new("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[libc::PR_SET_CHILD_SUBREAPER as u64, 1]));
+    }
+    if a.session_leader {
+        calls.push(Call::new("setsid", libc::SYS_setsid, &[]));
+    } else if a.group_leader {
+        calls.push(Call::new("setpgid", libc::SYS_setpgid, &[0, 0]));
+    }
 }
 
 fn push_cred_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage) {
