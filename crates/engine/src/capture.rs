@@ -598,8 +598,16 @@ fn injected_state(
         Call::new("getpgid", libc::SYS_getpgid, &[0]),
         Call::new("getsid", libc::SYS_getsid, &[0]),
     ]);
+    let itimers: Vec<u64> = (0..3u64)
+        .map(|which| {
+            let out = data.reserve(32);
+            calls.push(Call::new("getitimer", libc::SYS_getitimer, &[which, out]));
+            out
+        })
+        .collect();
     let res = inj.run(&calls, &mut data)?;
     let r = |i: usize| res[attr_call + i];
+    let itimer = |i: usize| [0, 1, 2, 3].map(|w| data.u64_at(itimers[i], w) as i64);
     let attrs = ProcAttrs {
         // The raw syscall returns 20 - nice.
         nice: 20 - r(0) as i32,
@@ -611,6 +619,7 @@ fn injected_state(
         oom_score_adj: 0,
         session_leader: r(8) == r(6),
         group_leader: r(7) == r(6),
+        itimers: [itimer(0), itimer(1), itimer(2)],
     };
 
     let u64_at = |addr: u64, i: usize| data.u64_at(addr, i);

@@ -35,7 +35,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -289,6 +289,10 @@ pub struct ProcAttrs {
     /// The process leads its own session (setsid) / process group (setpgid(0, 0)).
     pub session_leader: bool,
     pub group_leader: bool,
+    /// Interval timers (ITIMER_REAL, VIRTUAL, PROF) as `struct itimerval` words:
+    /// interval s, interval µs, value (left) s, value µs. A timer is re-armed with what
+    /// was left at capture (time stands still while the snapshot is on disk).
+    pub itimers: [[i64; 4]; 3],
 }
 
 /// Encode `img` into the framed state format.
@@ -491,7 +495,13 @@ mod tests {
                 gid: 65534,
                 mtime: (1, 2),
             }],
-            attrs: ProcAttrs { nice: 5, affinity: vec![1, 0, 0, 0, 0, 0, 0, 0], session_leader: true, ..Default::default() },
+            attrs: ProcAttrs {
+                nice: 5,
+                affinity: vec![1, 0, 0, 0, 0, 0, 0, 0],
+                session_leader: true,
+                itimers: [[0, 0, 3600, 5], [0; 4], [60, 0, 60, 0]],
+                ..Default::default()
+            },
         }
     }
 

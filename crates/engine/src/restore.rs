@@ -504,8 +504,8 @@ fn push_thread_calls(calls: &mut Vec<Call>, data: &mut DataArea, t: &ThreadState
     calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
 }
 
-/// Scheduling and prctl attributes of the process, its session and process group
-/// (run by the leader before the credentials drop).
+/// Scheduling and prctl attributes of the process, its interval timers, its session
+/// and process group (run by the leader before the credentials drop).
 fn push_attr_calls(calls: &mut Vec<Call>, data: &mut DataArea, a: &ProcAttrs) {
     calls.push(Call::new("setpriority", libc::SYS_setpriority, &[libc::PRIO_PROCESS as u64, 0, a.nice as i64 as u64]));
     if !a.affinity.is_empty() {
@@ -520,6 +520,12 @@ fn push_attr_calls(calls: &mut Vec<Call>, data: &mut DataArea, a: &ProcAttrs) {
     }
     if a.child_subreaper {
         calls.push(Call::new("prctl(PR_SET_CHILD_SUBREAPER)", libc::SYS_prctl, &[libc::PR_SET_CHILD_SUBREAPER as u64, 1]));
+    }
+    for (which, t) in a.itimers.iter().enumerate() {
+        if t.iter().any(|&w| w != 0) {
+            let v = data.push(&t.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>());
+            calls.push(Call::new("setitimer", libc::SYS_setitimer, &[which as u64, v, 0]));
+        }
     }
     if a.session_leader {
         calls.push(Call::new("setsid", libc::SYS_setsid, &[]));

@@ -28,11 +28,6 @@ const PENDING_ENGINE_FIX: &[(&str, &str)] = &[
     ("fd_dup_shared_offset.dup", "dup'd descriptors are reopened separately: they no longer share one offset"),
     ("fd_dup_shared_offset.dup2", "dup'd descriptors are reopened separately: they no longer share one offset"),
     ("mem_sysv_shm.detached", "a SysV segment not attached at capture is lost with the IPC namespace (not visible in the process's maps)"),
-    ("sig_itimer.real", "interval timers (setitimer/alarm) are neither captured nor refused: the restored process has none"),
-    ("sig_itimer.virtual", "interval timers (setitimer/alarm) are neither captured nor refused: the restored process has none"),
-    ("sig_itimer.prof", "interval timers (setitimer/alarm) are neither captured nor refused: the restored process has none"),
-    ("sig_itimer.alarm", "interval timers (setitimer/alarm) are neither captured nor refused: the restored process has none"),
-    ("timers_fire.itimer", "interval timers (setitimer/alarm) are neither captured nor refused: the restored process has none"),
 ];
 
 /// Probes run at once (the machine has 2 cores).
