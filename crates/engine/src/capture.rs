@@ -153,6 +153,15 @@ fn capture_inner(
             return Err(CaptureError::Inject { pid, source: e });
         }
     };
+    if injected.sysv_segments > 0 {
+        // Attached ones were refused with the maps; these live only in the sandbox's
+        // IPC namespace, which dies with it.
+        writer.abandon();
+        return Err(refuse(format!(
+            "it created {} System V shared memory segment(s) (shmget) that are not attached; SysV shm is not carried across a snapshot",
+            injected.sysv_segments
+        )));
+    }
     let mut fds = fds;
     for (fd, bytes) in injected.pipe_data {
         if let Some(FdRecord { kind: FdKind::Pipe { buffered, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
@@ -507,6 +516,8 @@ struct Injected {
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
     attrs: ProcAttrs,
+    /// System V shared memory segments in the process's IPC namespace.
+    sysv_segments: i32,
 }
 
 /// Bytes of CPU mask read (1024 CPUs).
@@ -605,6 +616,10 @@ fn injected_state(
             out
         })
         .collect();
+    // shmctl(SHM_INFO): struct shm_info starts with `int used_ids`.
+    const SHM_INFO: u64 = 14;
+    let shm_info = data.reserve(64);
+    calls.push(Call::new("shmctl(SHM_INFO)", libc::SYS_shmctl, &[0, SHM_INFO, shm_info]));
     let res = inj.run(&calls, &mut data)?;
     let r = |i: usize| res[attr_call + i];
     let itimer = |i: usize| [0, 1, 2, 3].map(|w| data.u64_at(itimers[i], w) as i64);
@@ -684,6 +699,7 @@ fn injected_state(
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),
         attrs,
+        sysv_segments: data.u32_at(shm_info) as i32,
     })
 }
 

@@ -27,7 +27,6 @@ const MODES: [&str; 4] = ["lazy", "eager", "record", "prefetch"];
 const PENDING_ENGINE_FIX: &[(&str, &str)] = &[
     ("fd_dup_shared_offset.dup", "dup'd descriptors are reopened separately: they no longer share one offset"),
     ("fd_dup_shared_offset.dup2", "dup'd descriptors are reopened separately: they no longer share one offset"),
-    ("mem_sysv_shm.detached", "a SysV segment not attached at capture is lost with the IPC namespace (not visible in the process's maps)"),
 ];
 
 /// Probes run at once (the machine has 2 cores).
