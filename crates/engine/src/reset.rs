@@ -51,6 +51,8 @@ pub enum ResetError {
     Children { pid: i32 },
     #[error("instance {pid}: signals are pending (thread {pending:#x}, process {shared:#x})")]
     PendingSignals { pid: i32, pending: u64, shared: u64 },
+    #[error("instance {pid}: changed since the restore, and not put back by a reset: {what}")]
+    Attributes { pid: i32, what: String },
     #[error("instance {pid}: the memory layout changed in a way a reset cannot rebuild: {what}")]
     Layout { pid: i32, what: String },
     #[error("instance {pid}: descriptor {fd} ({target}): {what}")]
@@ -80,6 +82,18 @@ pub struct Tracking {
     /// Descriptor table right after the restore: fd -> link target.
     fds: HashMap<i32, String>,
     cwd: PathBuf,
+    /// Process attributes a reset does not put back, as /proc/PID/status shows them
+    /// right after the restore: a difference refuses the reset.
+    guarded: Vec<String>,
+}
+
+/// /proc/PID/status lines a reset refuses to see changed: signal dispositions
+/// (ignored / caught), seccomp, no-new-privs, capabilities.
+const GUARDED: [&str; 6] = ["SigIgn:", "SigCgt:", "Seccomp:", "NoNewPrivs:", "CapEff:", "CapBnd:"];
+
+fn guarded(pid: i32) -> io::Result<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(text.lines().filter(|l| GUARDED.iter().any(|g| l.starts_with(g))).map(str::to_string).collect())
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -144,8 +158,9 @@ pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Re
         + text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or_else(|| ResetError::NotTracked("no syscall instruction in the vDSO".into()))? as u64;
     let fds = procfs::fds(pid).map_err(ioe("reading descriptors".into()))?.into_iter().map(|f| (f.fd, f.target)).collect();
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(ioe("reading cwd".into()))?;
+    let guarded = guarded(pid).map_err(ioe("reading status".into()))?;
     let uffd = uffd_fd.try_clone().map_err(ioe("dup(userfaultfd)".into()))?;
-    Ok(Tracking { uffd, ranges, maps_text, maps, syscall_insn, fds, cwd })
+    Ok(Tracking { uffd, ranges, maps_text, maps, syscall_insn, fds, cwd, guarded })
 }
 
 fn same_map(a: &MapEntry, b: &MapEntry) -> bool {
@@ -231,6 +246,15 @@ fn reset_inner(
         by_thread.push((*tr, image));
     }
     let main = traced[0];
+    let now = guarded(pid).map_err(ioe("reading status"))?;
+    if now != t.guarded {
+        let what: Vec<String> = now.iter().filter(|l| !t.guarded.contains(l)).cloned().collect();
+        return Err(ResetError::Attributes { pid, what: what.join(", ") });
+    }
+    let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
+    if !timers.trim().is_empty() {
+        return Err(ResetError::Attributes { pid, what: "POSIX timers were created".into() });
+    }
     phase("stop", &mut out);
 
     // ---- Layout: what is new goes, the rest must be exactly the baseline.

@@ -73,6 +73,9 @@ def handler(event, context):
         threading.Thread(target=lambda: threading.Event().wait(), daemon=True).start()
     elif extra == "pidfd":
         FDS.append(os.pidfd_open(os.getpid()))
+    elif extra == "signal":
+        import signal
+        signal.signal(signal.SIGUSR2, lambda *a: None)
     return seen
 "#;
 
@@ -167,7 +170,7 @@ fn consecutive_and_noop_resets_leave_the_instance_answering_identically() {
 
 #[test]
 fn what_a_reset_cannot_take_back_is_refused_and_a_fresh_restore_answers() {
-    for (extra, reason) in [("thread", "threads"), ("pidfd", "anon_inode:[pidfd]")] {
+    for (extra, reason) in [("thread", "threads"), ("pidfd", "anon_inode:[pidfd]"), ("signal", "SigCgt")] {
         let (answers, stats) = run(&payload(Some(extra)), &["--invocations", "3", "--reset"]);
         assert_eq!(answers.len(), 3, "{extra}: every invocation answered");
         assert!(answers.iter().all(|a| a == &answers[0]), "{extra}: {answers:?}");
