@@ -280,6 +280,25 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
         if fd >= HIGH_FD_BASE {
             return Err(refuse(format!("descriptor {fd} is numbered {HIGH_FD_BASE} or higher; the engine reserves that range")));
         }
+        // A dup of a descriptor already recorded shares its open file description
+        // (one offset): recorded as such, restored with dup3 (kcmp(KCMP_FILE) decides).
+        let mut dup_of = None;
+        for r in out.iter().filter(|r: &&FdRecord| !matches!(r.kind, FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. })) {
+            if list.iter().any(|g| g.fd == r.fd && g.target == f.target)
+                && crate::sys::kcmp::same_file(pid, r.fd, fd).map_err(|source| CaptureError::Io {
+                    pid,
+                    what: format!("comparing descriptors {} and {fd} (kcmp)", r.fd),
+                    source,
+                })?
+            {
+                dup_of = Some(r.fd);
+                break;
+            }
+        }
+        if let Some(of) = dup_of {
+            out.push(FdRecord { fd, kind: FdKind::Dup { of, flags } });
+            continue;
+        }
         let kind = match (fd, t) {
             (0, "/dev/null") => FdKind::Null,
             (1 | 2, t) if t.starts_with("pipe:") && flags & libc::O_ACCMODE == libc::O_WRONLY && is_log_pipe(&list, t) => FdKind::Log,

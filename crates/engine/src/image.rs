@@ -35,7 +35,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -193,6 +193,9 @@ pub enum FdKind {
     Epoll { flags: i32, items: Vec<(i32, u32, u64)> },
     /// A signalfd and the signals it accepts.
     SignalFd { mask: u64, flags: i32 },
+    /// A descriptor sharing one open file description (offset, status flags) with
+    /// descriptor `of` (dup/dup2 of it); `flags` carries its own O_CLOEXEC.
+    Dup { of: i32, flags: i32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

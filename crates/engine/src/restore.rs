@@ -550,8 +550,12 @@ fn push_cred_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImag
 /// 3. dup3 each into its recorded number, then close the high range,
 /// 4. restore offsets, O_NONBLOCK on pipe ends, and epoll registrations.
 fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError> {
-    let recs: Vec<&FdRecord> =
-        img.fds.iter().filter(|r| !matches!(r.kind, FdKind::Null | FdKind::Log | FdKind::Control)).collect();
+    let dups: Vec<&FdRecord> = img.fds.iter().filter(|r| matches!(r.kind, FdKind::Dup { .. })).collect();
+    let recs: Vec<&FdRecord> = img
+        .fds
+        .iter()
+        .filter(|r| !matches!(r.kind, FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. }))
+        .collect();
     if recs.is_empty() {
         return Ok(());
     }
@@ -601,7 +605,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("signalfd4", libc::SYS_signalfd4, &[u64::MAX, m, 8, *flags as u64 & (nonblock | cloexec)]));
                 Src::Call(calls.len() - 1)
             }
-            FdKind::Null | FdKind::Log | FdKind::Control => unreachable!("filtered above"),
+            FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } => unreachable!("filtered above"),
         };
         sources.push(src);
     }
@@ -632,6 +636,13 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         } as u64;
         calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[high + i as u64, r.fd as u64, flags & cloexec]));
         calls.push(Call::new("close(high fd)", libc::SYS_close, &[high + i as u64]));
+    }
+    // Dups share their original's open file description: dup3 from its final number
+    // (every original is in place now; a dup's own number is no other record's).
+    for r in &dups {
+        if let FdKind::Dup { of, flags } = &r.kind {
+            calls.push(Call::new("dup3(dup)", libc::SYS_dup3, &[*of as u64, r.fd as u64, *flags as u64 & cloexec]));
+        }
     }
     // Step 4.
     for r in &recs {

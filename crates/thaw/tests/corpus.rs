@@ -25,8 +25,6 @@ const MODES: [&str; 4] = ["lazy", "eager", "record", "prefetch"];
 /// are left out of the default run, and the runner prints them; set
 /// THAW_CORPUS_PENDING=1 to run them too. Remove an entry when its fix lands.
 const PENDING_ENGINE_FIX: &[(&str, &str)] = &[
-    ("fd_dup_shared_offset.dup", "dup'd descriptors are reopened separately: they no longer share one offset"),
-    ("fd_dup_shared_offset.dup2", "dup'd descriptors are reopened separately: they no longer share one offset"),
 ];
 
 /// Probes run at once (the machine has 2 cores).

@@ -3,9 +3,10 @@
 //! Everything here is a thin, typed wrapper around one kernel interface:
 //! [`ptrace`] (stop, inspect and drive a tracee), [`uffd`] (userfaultfd ioctls
 //! and messages), [`mem`] (reading/writing another process's memory, pidfds,
-//! mmap of image files). Every `unsafe` block carries a `// SAFETY:` comment;
+//! mmap of image files), [`kcmp`] (do two descriptors share a file). Every `unsafe` block carries a `// SAFETY:` comment;
 //! the rest of the crate is written in safe Rust on top of these modules.
 
+pub mod kcmp;
 pub mod mem;
 pub mod pagemap;
 pub mod ptrace;
