@@ -162,6 +162,10 @@ pub struct LoadedSnapshot {
     /// Concurrent restores share one read of the working set (on by default; off:
     /// each restore reads it itself, as REAP does).
     pub single_flight: bool,
+    /// Arm write tracking (userfaultfd WP-async) on restored instances so they can be
+    /// reset in place. Off by default: it costs every restore ~1.5 ms and the first
+    /// invocation a write-protect fault per page it writes (measured, helloworld).
+    pub track_writes: bool,
     /// The working set in memory while a burst of restores is installing it.
     ws_flight: std::sync::Mutex<std::sync::Weak<SharedWs>>,
 }
@@ -192,6 +196,7 @@ impl LoadedSnapshot {
             merge_misses: true,
             parallel_readers: 4,
             single_flight: true,
+            track_writes: false,
             ws_flight: Default::default(),
         })
     }
@@ -416,7 +421,7 @@ impl Instance {
                 }
             };
             let pidfd = sandbox.pidfd().try_clone_to_owned().map_err(InstanceError::Io)?;
-            let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), || {
+            let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), snap.track_writes, || {
                 let (prefill, m) = loader.join().unwrap_or((Prefill::None, Paging::Record));
                 mode = m;
                 // Faults are logged while recording, and after a prefetch whose misses are merged.

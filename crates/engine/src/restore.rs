@@ -136,10 +136,11 @@ pub fn restore_into(
     region: u64,
     img: &ProcessImage,
     source: Arc<PageSource>,
+    track_writes: bool,
     prefill: impl FnOnce() -> (Prefill, bool),
 ) -> Result<Restored, RestoreError> {
     let mut threads = Vec::new();
-    let result = restore_inner(pid, pidfd, region, img, source, prefill, &mut threads);
+    let result = restore_inner(pid, pidfd, region, img, source, track_writes, prefill, &mut threads);
     if result.is_err() {
         crate::sys::ptrace::kill_and_reap(pid, &threads);
     }
@@ -153,6 +154,7 @@ fn restore_inner(
     region: u64,
     img: &ProcessImage,
     source: Arc<PageSource>,
+    track_writes: bool,
     prefill: impl FnOnce() -> (Prefill, bool),
     threads: &mut Vec<Tracee>,
 ) -> Result<Restored, RestoreError> {
@@ -431,11 +433,15 @@ fn restore_inner(
         t.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
         t.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
     }
-    // Write tracking for in-place resets; an instance that cannot be tracked is
-    // still a good instance, it just cannot be reset (see reset.rs).
-    let tracking = crate::reset::arm(pid, &uffd, img, &stats)
-        .map_err(|e| tracing::warn!(pid, error = %e, "write tracking unavailable; this instance cannot be reset"))
-        .ok();
+    // Write tracking for in-place resets, when asked for; an instance that cannot be
+    // tracked is still a good instance, it just cannot be reset (see reset.rs).
+    let tracking = if track_writes {
+        crate::reset::arm(pid, &uffd, img, &stats)
+            .map_err(|e| tracing::warn!(pid, error = %e, "write tracking unavailable; this instance cannot be reset"))
+            .ok()
+    } else {
+        None
+    };
     let server_pidfd = mem::pidfd_open(pid).map_err(ioe("pidfd_open"))?;
     let space = AddressSpace::identity(&anon_ranges);
     let pageserver = PageServer::start(uffd, server_pidfd, source, space, stats.clone()).map_err(ioe("starting the page server"))?;

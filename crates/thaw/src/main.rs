@@ -350,6 +350,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let fetched = store_cmd::resolve(&snapdir, &cli.data_dir, cache_max_bytes)?;
             let mut snap = LoadedSnapshot::open(fetched.dir())?;
             snap.reprofile_threshold = reprofile_threshold;
+            snap.track_writes = reset;
             snap.merge_misses = !no_ws_merge;
             snap.source.set_readaround(readaround_kb / 4);
             let open_ms = ms(t0.elapsed());
