@@ -32,17 +32,20 @@ WORK="${THAW_FUZZ_DIR:-/var/tmp/thaw-fuzz}"
 status=0
 for t in "${TARGETS[@]}"; do
     mkdir -p "$WORK/$t" "artifacts/$t"
+    LOG="$WORK/$t.$$.log"   # per run: a long campaign and the suite's short run may share $WORK
     start=$(date +%s)
-    # -timeout: one input taking over 10 s is a hang; -rss_limit_mb: a runaway allocation.
+    # -timeout: one input taking over 10 s (THAW_FUZZ_TIMEOUT) is a hang; -rss_limit_mb: a
+    # runaway allocation. The timeout is wall-clock: a campaign at idle priority on a
+    # busy machine needs a larger one (a starved process looks hung; reproduce to check).
     if cargo fuzz run -O "$t" "$WORK/$t" "corpus/$t" -- \
-        -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
-        -artifact_prefix="artifacts/$t/" -print_final_stats=1 >"$WORK/$t.log" 2>&1; then
-        runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$WORK/$t.log" | grep -o '[0-9]*$' || echo '?')
+        -max_total_time="$SECONDS_PER_TARGET" -timeout="${THAW_FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 \
+        -artifact_prefix="artifacts/$t/" -print_final_stats=1 >"$LOG" 2>&1; then
+        runs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$LOG" | grep -o '[0-9]*$' || echo '?')
         echo "fuzz: $t ok: $runs inputs in $(( $(date +%s) - start )) s"
     else
         status=1
-        echo "fuzz: $t FAILED (log $WORK/$t.log, reproducer in fuzz/artifacts/$t/):" >&2
-        grep -E 'ERROR|panicked|SUMMARY|Test unit written' "$WORK/$t.log" | head -5 >&2
+        echo "fuzz: $t FAILED (log $LOG, reproducer in fuzz/artifacts/$t/):" >&2
+        grep -E 'ERROR|panicked|SUMMARY|Test unit written' "$LOG" | head -5 >&2
     fi
 done
 exit $status

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the whole test suite (as root): set-up, Rust unit + integration tests, Python tests.
+# Run the whole test suite (as root): set-up, Rust unit + integration tests, Python tests,
+# a bounded fuzzing run of every fuzz target.
 #
 #   bash scripts/test.sh
 set -uo pipefail
@@ -16,7 +17,14 @@ echo "== Python tests (runtime shims, benchmark harness, Lambda API through boto
 .venv/bin/python -m pytest -q runtimes bench tests/api
 py=$?
 
-if [ $rust -ne 0 ] || [ $py -ne 0 ]; then
-    echo "test: FAILED (cargo exit $rust, pytest exit $py)" >&2
+# Every fuzz target (fuzz/README.md) for a bounded time on its seed corpus. The sanitizer
+# build is cached outside the clone (its dependencies build once; ~10 min on 2 cores).
+secs="${THAW_FUZZ_SECONDS:-15}"
+echo "== Fuzzing (cargo-fuzz + AddressSanitizer, $secs s per target)"
+CARGO_TARGET_DIR="${THAW_CACHE_DIR:-/var/cache/thaw}/fuzz-target" bash scripts/fuzz.sh "$secs"
+fz=$?
+
+if [ $rust -ne 0 ] || [ $py -ne 0 ] || [ $fz -ne 0 ]; then
+    echo "test: FAILED (cargo exit $rust, pytest exit $py, fuzz exit $fz)" >&2
     exit 1
 fi

@@ -591,6 +591,9 @@ async function main() {
       switch (msg.type) {
         case 'invoke': {
           const reply = await invoke(fn, msg); // runs the event loop until the handler is done
+          // The node takes a reply only with its request's nonce (anything else on the
+          // channel is stale or was written by the function itself).
+          if (msg.nonce !== undefined) reply.nonce = msg.nonce;
           send(reply);
           if (exitAfterReply !== null) exitNow(exitAfterReply);
           break;
@@ -606,6 +609,7 @@ async function main() {
             const p = errorParts(e);
             reply = { type: 'error', errorType: p.errorType, errorMessage: `${stage} failed: ${p.errorMessage}`, stackTrace: p.stackTrace };
           }
+          if (msg.nonce !== undefined) reply.nonce = msg.nonce;
           send(reply);
           break;
         }

@@ -271,6 +271,14 @@ def _invoke(fn, msg):
     return {"type": "result", "ok": True, "result": text}
 
 
+def _echo_nonce(msg, reply):
+    """The node takes a reply only with its request's nonce (anything else on the
+    channel is stale or was written by the function itself)."""
+    if "nonce" in msg:
+        reply["nonce"] = msg["nonce"]
+    return reply
+
+
 def _restored():
     """A restored clone: reseed, run the after-restore hooks; reply ok/error."""
     try:
@@ -308,11 +316,11 @@ def main():
             if kind == "invoke":
                 reply = _invoke(fn, msg)
                 _flush_logs()
-                _send(reply)
+                _send(_echo_nonce(msg, reply))
             elif kind == "restored":
                 reply = _restored()
                 _flush_logs()
-                _send(reply)
+                _send(_echo_nonce(msg, reply))
             elif kind == "shutdown":
                 _flush_logs()
                 return 0

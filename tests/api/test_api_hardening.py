@@ -3,6 +3,7 @@ buffer their bodies, UNSIGNED-PAYLOAD is refused, and /metrics is not served to
 remote peers unless asked for."""
 
 import http.client
+import stat
 import subprocess
 import threading
 
@@ -11,7 +12,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from thaw_node_harness import ACCESS_KEY, SECRET_KEY, NodeProcess
+from thaw_node_harness import ACCESS_KEY, SECRET_KEY, NodeProcess, create, invoke_json, zip_bytes
 
 BIG = 70 * 1024 * 1024
 
@@ -139,3 +140,44 @@ def test_node_files_are_private(node, hello):
         checked += 1
     names = {p.name for p in state.rglob("*")}
     assert "registry.sqlite" in names and checked > 5, names
+
+
+SECRET_ENV = "pw-7f3a9c-TopSecret"
+
+
+def test_secrets_are_sealed_at_rest(tmp_path):
+    """Issue #9: with its node key (created on first start, 0600), the node stores no
+    environment value in clear: not in the registry or its WAL, not in the snapshot
+    (memory pages, /tmp written at init) nor its working set. A restart reads them back."""
+    n = NodeProcess(tmp_path / "node")
+    try:
+        c = n.client()
+        code = zip_bytes({"handler.py": (
+            "import os\nTOKEN = os.environ['DB_PASSWORD']\n"
+            "open('/tmp/t', 'w').write(TOKEN)\n"
+            "def handler(event, context):\n    return {'pw': TOKEN, 'tmp': open('/tmp/t').read()}\n")})
+        create(c, "sealed", code, Environment={"Variables": {"DB_PASSWORD": SECRET_ENV}})
+        for _ in range(3):  # a recorded restore, then prefetch from the working set
+            _, body = invoke_json(c, "sealed")
+            assert body == {"pw": SECRET_ENV, "tmp": SECRET_ENV}
+        key = n.data_dir / "node.key"
+        assert key.is_file() and stat.S_IMODE(key.stat().st_mode) == 0o600
+        assert n.stop() == 0
+        n = NodeProcess(tmp_path / "node")
+        c = n.client()
+        _, body = invoke_json(c, "sealed")
+        assert body["pw"] == SECRET_ENV
+        cfg = c.get_function(FunctionName="sealed")["Configuration"]
+        assert cfg["Environment"]["Variables"] == {"DB_PASSWORD": SECRET_ENV}
+        n.stop()
+        holding, scanned = [], 0
+        for p in (tmp_path / "node").rglob("*"):
+            if p.is_file() and not p.name.startswith("node-") and "code" not in p.relative_to(tmp_path / "node").parts:
+                scanned += 1
+                if SECRET_ENV.encode() in p.read_bytes():
+                    holding.append(str(p))
+        names = {p.name for p in (tmp_path / "node").rglob("*")}
+        assert {"registry.sqlite", "pages.img", "state.bin", "ws.pages"} <= names, names
+        assert holding == [], f"the secret is in clear in {holding} ({scanned} files scanned)"
+    finally:
+        n.stop()

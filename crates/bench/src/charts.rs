@@ -21,6 +21,8 @@ pub fn mode_color(mode: &str) -> RGBColor {
         "ws-cached" => RGBColor(23, 190, 207),
         "prefetch" => RGBColor(31, 119, 180),
         "warm" => RGBColor(44, 160, 44),
+        "prefetch-sealed" => RGBColor(106, 61, 154),
+        "lazy-sealed" => RGBColor(177, 89, 40),
         _ => RGBColor(0, 0, 0),
     }
 }
@@ -36,6 +38,8 @@ fn short(mode: &str) -> &str {
         "parallel" => "par",
         "ws-cached" => "wsc",
         "prefetch" => "REAP",
+        "prefetch-sealed" => "REAP+enc",
+        "lazy-sealed" => "lazy+enc",
         other => other,
     }
 }

@@ -21,7 +21,10 @@ pub const DEFAULT_FUNCTIONS: &str = "helloworld,pyaes,jsonserde,htmlrender,image
 /// Every mode, in table order. `record` feeds the record-overhead figure.
 /// `lazy` reads a 128 KiB read-around window per missing fault (a mapped memory
 /// file's kernel behaviour); `lazy-page` reads exactly one page per fault.
-pub const MODES: [&str; 9] = ["boot", "lazy", "lazy-page", "eager", "record", "parallel", "ws-cached", "prefetch", "warm"];
+/// `*-sealed`: the same paging mode on a snapshot sealed at rest (AES-256-GCM, see
+/// engine/src/seal.rs), captured and recorded like the clear one in the same run.
+pub const MODES: [&str; 11] =
+    ["boot", "lazy", "lazy-page", "eager", "record", "parallel", "ws-cached", "prefetch", "warm", "prefetch-sealed", "lazy-sealed"];
 
 /// A count, where an empty value means 0 (`--concurrency ""` skips the experiment).
 fn count_or_empty(s: &str) -> Result<u32, String> {

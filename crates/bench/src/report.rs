@@ -87,6 +87,10 @@ pub struct Headline {
     /// record / lazy median first invocation - 1.
     pub record_overhead: BTreeMap<String, f64>,
     pub record_overhead_avg: Option<f64>,
+    /// Encryption at rest: prefetch-sealed / prefetch median restore - 1, and the
+    /// same for lazy (time to first response: lazy decrypts on every fault).
+    pub seal_overhead_prefetch: BTreeMap<String, f64>,
+    pub seal_overhead_lazy: BTreeMap<String, f64>,
 }
 
 pub fn headline(runs: &[RunRecord], pf: &PerFunction, disk_mib_s: &[f64]) -> Headline {
@@ -109,6 +113,16 @@ pub fn headline(runs: &[RunRecord], pf: &PerFunction, disk_mib_s: &[f64]) -> Hea
         }
         if let Some(b) = med(pf, f, "prefetch", "ws_read_mib_s") {
             h.ws_read_mib_s.insert(f.clone(), b);
+        }
+        let sealed = [
+            (&mut h.seal_overhead_prefetch, "prefetch", "restore_ms"),
+            (&mut h.seal_overhead_lazy, "lazy", "ttfr_ms"),
+        ];
+        for (map, mode, metric) in sealed {
+            let sealed_mode = format!("{mode}-sealed");
+            if let Some(o) = med(pf, f, mode, metric).zip(med(pf, f, &sealed_mode, metric)).and_then(|(c, s)| stats::overhead(c, s)) {
+                map.insert(f.clone(), o);
+            }
         }
         if let (Some(l), Some(r)) = (med(pf, f, "lazy", "first_invoke_ms"), med(pf, f, "record", "first_invoke_ms")) {
             if let Some(o) = stats::overhead(l, r) {
@@ -348,6 +362,11 @@ pub fn summary_lines(h: &Headline, conc: &ConcSummary) -> Vec<String> {
         per(&h.record_overhead, &|v| format!("{:+.1}%", v * 100.0)),
         h.record_overhead_avg.map(|v| format!("{:+.1}%", v * 100.0)).unwrap_or("-".into()),
         PAPER_RECORD_OVERHEAD * 100.0
+    ));
+    out.push(format!(
+        "encryption at rest (same run, medians): prefetch restore {}; lazy time to first response {}",
+        per(&h.seal_overhead_prefetch, &|v| format!("{:+.1}%", v * 100.0)),
+        per(&h.seal_overhead_lazy, &|v| format!("{:+.1}%", v * 100.0)),
     ));
     for (f, modes) in conc {
         for (m, pts) in modes {

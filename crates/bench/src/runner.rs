@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thaw_engine::instance::{FunctionConfig, Instance, LoadedSnapshot};
 use thaw_engine::pageserver::Paging;
+use thaw_engine::seal::{self, NodeKey};
 use thaw_engine::ws::{self, WorkingSet};
 use thaw_runtime::{InvokeOutcome, Runtime};
 
@@ -88,10 +89,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The engine's paging mode of a bench mode (`*-sealed` modes page as their base).
 fn paging(mode: &str) -> Result<Paging> {
-    match mode {
+    match mode.trim_end_matches("-sealed") {
         "lazy-page" => Ok(Paging::Lazy),
-        _ => mode.parse::<Paging>().map_err(|e| anyhow!("{e}")),
+        m => m.parse::<Paging>().map_err(|e| anyhow!("{e}")),
     }
 }
 
@@ -171,11 +173,14 @@ struct Prepared {
     payload: &'static str,
     snap: PathBuf,
     golden: PathBuf,
+    /// The same function captured sealed at rest (the `*-sealed` modes), and its working set.
+    sealed_snap: PathBuf,
+    sealed_golden: PathBuf,
     cfg: FunctionConfig,
     reference: Value,
 }
 
-fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &str) -> Result<Prepared> {
+fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &str, key: &Arc<NodeKey>) -> Result<Prepared> {
     let (runtime, rel, handler) = crate::function_spec(name);
     let code = std::fs::canonicalize(args.samples.join(&rel))
         .with_context(|| format!("sample {name} not found under {} (run scripts/build-samples.sh)", args.samples.display()))?;
@@ -186,9 +191,26 @@ fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &
     fcfg.function_name = name.to_string();
     let dir = work.join(name);
     std::fs::create_dir_all(&dir)?;
-    let snap = dir.join("snap");
     let t = Instant::now();
-    let inst = Instance::boot_for_snapshot(&fcfg).with_context(|| format!("{name}: cold boot for the snapshot"))?;
+    // The node key decides whether a capture is sealed: none for the clear snapshot,
+    // the run's key for the sealed one (which stays installed to open it).
+    seal::install(None);
+    let (snap, golden, reference) = snapshot_and_ws(&fcfg, &dir, "", name)?;
+    seal::install(Some(key.clone()));
+    let (sealed_snap, sealed_golden, sealed_reference) = snapshot_and_ws(&fcfg, &dir, "-sealed", name)?;
+    check_output(&reference, &sealed_reference, name, "record (sealed)")?;
+    if thaw_engine::image::Snapshot::open(&sealed_snap)?.image.seal.is_none() {
+        bail!("{name}: the snapshot for the sealed modes was not sealed");
+    }
+    eprintln!("bench: {name}: snapshots (clear and sealed) + working sets ready ({:.0} ms)", ms(t.elapsed()));
+    Ok(Prepared { name: name.to_string(), payload: payload_for(name), snap, golden, sealed_snap, sealed_golden, cfg: fcfg, reference })
+}
+
+/// Capture `dir/snap{suffix}` and record its reference working set (kept in
+/// `dir/ws-golden{suffix}`) with the first invocation of a fresh restore.
+fn snapshot_and_ws(fcfg: &FunctionConfig, dir: &Path, suffix: &str, name: &str) -> Result<(PathBuf, PathBuf, Value)> {
+    let snap = dir.join(format!("snap{suffix}"));
+    let inst = Instance::boot_for_snapshot(fcfg).with_context(|| format!("{name}: cold boot for the snapshot"))?;
     inst.capture(&snap).with_context(|| format!("{name}: capturing the snapshot"))?;
     // Record the reference working set with the first invocation of a fresh restore.
     evict_dir(&snap)?;
@@ -206,13 +228,12 @@ fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &
     if !WorkingSet::exists(&snap) {
         bail!("{name}: recording did not leave a working set in {}", snap.display());
     }
-    let golden = dir.join("ws-golden");
+    let golden = dir.join(format!("ws-golden{suffix}"));
     std::fs::create_dir_all(&golden)?;
     for f in WS_FILES {
         copy_synced(&snap.join(f), &golden.join(f))?;
     }
-    eprintln!("bench: {name}: snapshot + working set ready ({:.0} ms)", ms(t.elapsed()));
-    Ok(Prepared { name: name.to_string(), payload: payload_for(name), snap, golden, cfg: fcfg, reference })
+    Ok((snap, golden, reference))
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -332,23 +353,28 @@ fn one_mode(p: &Prepared, mode: &str, run: usize) -> Result<(RunRecord, Value)> 
             install_ws(&p.golden, &p.snap)?;
             r
         }
-        "parallel" | "ws-cached" | "prefetch" => {
-            if !WorkingSet::exists(&p.snap) {
-                install_ws(&p.golden, &p.snap)?;
-            }
-            let r = restore_once(p, &p.snap, mode, run);
-            let invalidated = !WorkingSet::exists(&p.snap);
-            if invalidated {
-                eprintln!("bench: {}: the engine dropped the working set after a {mode} run (misprediction); putting it back", p.name);
-                install_ws(&p.golden, &p.snap)?;
-            }
-            r.map(|(mut rec, v)| {
-                rec.ws_invalidated = invalidated;
-                (rec, v)
-            })
-        }
+        "parallel" | "ws-cached" | "prefetch" => with_ws(p, &p.snap, &p.golden, mode, run),
+        "prefetch-sealed" => with_ws(p, &p.sealed_snap, &p.sealed_golden, mode, run),
+        "lazy-sealed" => restore_once(p, &p.sealed_snap, mode, run),
         _ => restore_once(p, &p.snap, mode, run),
     }
+}
+
+/// A run of a mode that installs the reference working set of `snap` (from `golden`).
+fn with_ws(p: &Prepared, snap: &Path, golden: &Path, mode: &str, run: usize) -> Result<(RunRecord, Value)> {
+    if !WorkingSet::exists(snap) {
+        install_ws(golden, snap)?;
+    }
+    let r = restore_once(p, snap, mode, run);
+    let invalidated = !WorkingSet::exists(snap);
+    if invalidated {
+        eprintln!("bench: {}: the engine dropped the working set after a {mode} run (misprediction); putting it back", p.name);
+        install_ws(golden, snap)?;
+    }
+    r.map(|(mut rec, v)| {
+        rec.ws_invalidated = invalidated;
+        (rec, v)
+    })
 }
 
 /// Concurrent cold starts of copies of one function's snapshot.
@@ -515,8 +541,9 @@ fn run_in(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, started:
     }
     let mut prepared = Vec::new();
     let mut snapshot_bytes = BTreeMap::new();
+    let key = Arc::new(NodeKey::generate().context("generating the run's node key for the sealed modes")?);
     for name in &names {
-        let p = prepare(cfg, args, data_dir, work, name)?;
+        let p = prepare(cfg, args, data_dir, work, name, &key)?;
         snapshot_bytes.insert(name.clone(), dir_bytes(&p.snap));
         prepared.push(p);
     }
@@ -555,4 +582,18 @@ fn run_in(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, started:
         }
     }
     Ok(Results { runs, concurrency: conc, disk_mib_s, snapshot_bytes, started, meta: Value::Null })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_restore_mode_names_a_paging_mode() {
+        for mode in MODES.iter().filter(|m| !["boot", "warm"].contains(m)) {
+            assert!(paging(mode).is_ok(), "{mode}");
+        }
+        assert_eq!(paging("prefetch-sealed").unwrap(), Paging::Prefetch);
+        assert_eq!(paging("lazy-sealed").unwrap(), Paging::Lazy);
+    }
 }

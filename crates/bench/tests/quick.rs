@@ -62,7 +62,7 @@ fn quick_bench_on_helloworld() {
     assert!(!out.read_dir().unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".work")), "scratch left behind");
 
     let pf = &v["summary"]["per_function"]["helloworld"];
-    for mode in ["boot", "lazy", "lazy-page", "eager", "record", "parallel", "ws-cached", "prefetch", "warm"] {
+    for mode in thaw_bench::MODES {
         for metric in ["ttfr_ms", "first_invoke_ms", "restore_ms", "page_faults", "bytes_read"] {
             let s = &pf[mode][metric];
             assert!(s["median"].is_number() && s["p90"].is_number(), "{mode} {metric}: {s}");
@@ -70,7 +70,7 @@ fn quick_bench_on_helloworld() {
         assert_eq!(pf[mode]["ttfr_ms"]["n"], 2, "{mode}");
         assert!(pf[mode]["ttfr_ms"]["median"].as_f64().unwrap() > 0.0, "{mode}");
     }
-    for mode in ["parallel", "ws-cached", "prefetch"] {
+    for mode in ["parallel", "ws-cached", "prefetch", "prefetch-sealed"] {
         assert!(pf[mode]["ws_bytes"]["median"].as_f64().unwrap() > 0.0, "{mode} has no working set");
     }
     let lazy_faults = pf["lazy"]["page_faults"]["median"].as_f64().unwrap();
@@ -82,7 +82,9 @@ fn quick_bench_on_helloworld() {
     assert!(bytes("lazy-page") < bytes("lazy"), "lazy-page {} vs lazy {}", bytes("lazy-page"), bytes("lazy"));
 
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 18, "9 modes x 2 runs");
+    assert_eq!(runs.len(), 2 * thaw_bench::MODES.len(), "every mode x 2 runs");
+    // The encryption-at-rest comparison is reported.
+    assert!(v["summary"]["headline"]["seal_overhead_prefetch"]["helloworld"].is_number(), "{}", v["summary"]["headline"]);
     for r in runs {
         assert!(r["ttfr_ms"].as_f64().unwrap() > 0.0, "{r}");
     }

@@ -191,6 +191,8 @@ fn capture_inner(
         fds,
         pages,
         tmp,
+        // Set by the writer when it seals the image.
+        seal: None,
         attrs: ProcAttrs {
             oom_score_adj: std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             ..injected.attrs
@@ -327,6 +329,23 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 semaphore: procfs::fdinfo_field(&f.info, "eventfd-semaphore").as_deref() == Some("1"),
                 flags,
             },
+            (_, "anon_inode:[timerfd]") => {
+                let pair = |k: &str| -> Option<(i64, i64)> {
+                    let v = procfs::fdinfo_field(&f.info, k)?;
+                    let (a, b) = v.trim_matches(|c| c == '(' || c == ')').split_once(',')?;
+                    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+                };
+                match (procfs::fdinfo_field(&f.info, "clockid").and_then(|v| v.parse().ok()), pair("it_value"), pair("it_interval")) {
+                    (Some(clockid), Some(value), Some(interval)) => FdKind::TimerFd {
+                        clockid,
+                        flags,
+                        ticks: procfs::fdinfo_field(&f.info, "ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
+                        value,
+                        interval,
+                    },
+                    _ => return Err(refuse(format!("descriptor {fd} is a timerfd whose settings cannot be read: {}", f.info.trim()))),
+                }
+            }
             (_, "anon_inode:[eventpoll]") => FdKind::Epoll { flags, items: procfs::parse_epoll_items(&f.info) },
             (_, "anon_inode:[signalfd]") => FdKind::SignalFd {
                 mask: procfs::fdinfo_field(&f.info, "sigmask").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0),
@@ -513,8 +532,7 @@ fn dump_pages(
                     stats.pages_zero_skipped += 1;
                     continue;
                 }
-                index.push(addr + k as u64 * PAGE_SIZE, crc32fast::hash(page));
-                writer.write_pages(page)?;
+                writer.store_page(&mut index, addr + k as u64 * PAGE_SIZE, page)?;
                 stats.pages_stored += 1;
             }
             i = j;

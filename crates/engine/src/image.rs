@@ -22,6 +22,11 @@
 //!
 //! Pages absent from the index are pages the process never touched (or that were
 //! entirely zero): they are served as zero pages.
+//!
+//! A *sealed* image (captured by a process holding a node key, see `seal.rs`) has
+//! every stored page encrypted in place with AES-256-GCM, its tag in
+//! `PageIndex::tags`, and its captured /tmp file contents encrypted in `state.bin`;
+//! `ProcessImage::seal` names the key. The CRCs cover the stored (sealed) bytes.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -35,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 9;
+pub const FORMAT_VERSION: u32 = 12;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -55,6 +60,12 @@ pub enum ImageError {
     Write { dir: PathBuf, file: String, #[source] source: io::Error },
     #[error("snapshot {dir} already exists")]
     Exists { dir: PathBuf },
+    #[error("snapshot {dir} cannot be opened")]
+    Sealed { dir: PathBuf, #[source] source: crate::seal::OpenError },
+    #[error("snapshot {dir}: {what} does not authenticate under the node key (tampered with or corrupt)")]
+    Forged { dir: PathBuf, what: String },
+    #[error("snapshot {dir}: cannot seal it")]
+    Seal { dir: PathBuf, #[source] source: crate::seal::SealError },
 }
 
 /// How the node recreates the sandbox the process lived in.
@@ -189,6 +200,10 @@ pub enum FdKind {
     Pipe { pipe: u64, write: bool, flags: i32, buffered: Vec<u8> },
     /// An eventfd with its counter.
     EventFd { count: u64, semaphore: bool, flags: i32 },
+    /// A timerfd: its clock, expirations not yet read, and what was left of its
+    /// current period at capture (re-armed relative, like the interval timers) and
+    /// its interval, as (seconds, nanoseconds).
+    TimerFd { clockid: i32, flags: i32, ticks: u64, value: (i64, i64), interval: (i64, i64) },
     /// An epoll instance and its registrations (target fd, events, data).
     Epoll { flags: i32, items: Vec<(i32, u32, u64)> },
     /// A signalfd and the signals it accepts.
@@ -217,8 +232,10 @@ pub struct PageRun {
 pub struct PageIndex {
     /// Sorted by vaddr, non-overlapping.
     pub runs: Vec<PageRun>,
-    /// CRC32 of each stored page, indexed by file page.
+    /// CRC32 of each stored page (the bytes in pages.img), indexed by file page.
     pub crcs: Vec<u32>,
+    /// GCM tag of each stored page of a sealed image (empty otherwise).
+    pub tags: Vec<[u8; crate::seal::TAG_LEN]>,
 }
 
 impl PageIndex {
@@ -272,6 +289,8 @@ pub struct ProcessImage {
     pub tmp: Vec<crate::tmpfs::Entry>,
     /// Scheduling and prctl attributes of the process (its leader thread).
     pub attrs: ProcAttrs,
+    /// Set when pages.img and the /tmp contents are encrypted (see `seal.rs`).
+    pub seal: Option<crate::seal::SealInfo>,
 }
 
 /// Process attributes set again at restore (read from the leader thread at capture).
@@ -347,15 +366,44 @@ pub struct Snapshot {
     pub pages: File,
     /// Identity of this image (the CRC of its state), which working sets refer to.
     pub id: u32,
+    /// The ciphers of a sealed image (`image.tmp` is already decrypted).
+    pub sealer: Option<std::sync::Arc<crate::seal::Sealer>>,
 }
 
 impl Snapshot {
+    /// Open with this process's node key (see `seal::install`).
     pub fn open(dir: &Path) -> Result<Snapshot, ImageError> {
+        Snapshot::open_with(dir, crate::seal::node_key().as_deref())
+    }
+
+    /// Open with `key` (needed only if the image is sealed).
+    pub fn open_with(dir: &Path, key: Option<&crate::seal::NodeKey>) -> Result<Snapshot, ImageError> {
         let io = |file: &'static str| move |source| ImageError::Io { dir: dir.to_path_buf(), file, source };
         let mut bytes = Vec::new();
         File::open(dir.join(STATE_FILE)).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(io(STATE_FILE))?;
-        let image = decode_state(dir, &bytes)?;
+        let mut image = decode_state(dir, &bytes)?;
         let id = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().expect("4 bytes"));
+        let sealer = match &image.seal {
+            None => None,
+            Some(info) => {
+                let s = crate::seal::Sealer::open(info, key).map_err(|source| ImageError::Sealed { dir: dir.to_path_buf(), source })?;
+                if image.pages.tags.len() != image.pages.crcs.len() {
+                    return Err(ImageError::Corrupt {
+                        dir: dir.to_path_buf(),
+                        file: STATE_FILE,
+                        detail: format!("{} page tags for {} pages", image.pages.tags.len(), image.pages.crcs.len()),
+                    });
+                }
+                for (n, e) in image.tmp.iter_mut().enumerate() {
+                    if let crate::tmpfs::EntryKind::File { data } = &mut e.kind {
+                        if !s.open_data(n as u64, data) {
+                            return Err(ImageError::Forged { dir: dir.to_path_buf(), what: format!("the captured {}", e.path) });
+                        }
+                    }
+                }
+                Some(std::sync::Arc::new(s))
+            }
+        };
         let pages = File::open(dir.join(PAGES_FILE)).map_err(io(PAGES_FILE))?;
         let size = pages.metadata().map_err(io(PAGES_FILE))?.len();
         let want = image.pages.stored_pages() * PAGE_SIZE;
@@ -366,7 +414,7 @@ impl Snapshot {
                 detail: format!("size is {size} bytes, the index needs {want}"),
             });
         }
-        Ok(Snapshot { dir: dir.to_path_buf(), image, pages, id })
+        Ok(Snapshot { dir: dir.to_path_buf(), image, pages, id, sealer })
     }
 }
 
@@ -376,10 +424,23 @@ pub struct SnapshotWriter {
     final_dir: PathBuf,
     tmp_dir: PathBuf,
     pages: io::BufWriter<File>,
+    /// Set when this process holds a node key: the image is sealed with it.
+    sealer: Option<crate::seal::Sealer>,
+    buf: Vec<u8>,
 }
 
 impl SnapshotWriter {
+    /// Create a writer that seals the image when this process holds a node key.
     pub fn create(dir: &Path) -> Result<SnapshotWriter, ImageError> {
+        let sealer = match crate::seal::node_key() {
+            Some(key) => Some(crate::seal::Sealer::new(&key).map_err(|source| ImageError::Seal { dir: dir.to_path_buf(), source })?),
+            None => None,
+        };
+        SnapshotWriter::create_with(dir, sealer)
+    }
+
+    /// Create a writer that seals with `sealer` (or not).
+    pub fn create_with(dir: &Path, sealer: Option<crate::seal::Sealer>) -> Result<SnapshotWriter, ImageError> {
         if dir.exists() {
             return Err(ImageError::Exists { dir: dir.to_path_buf() });
         }
@@ -393,7 +454,13 @@ impl SnapshotWriter {
         let _ = std::fs::remove_dir_all(&tmp_dir);
         std::fs::create_dir_all(&tmp_dir).map_err(werr("."))?;
         let pages = File::create(tmp_dir.join(PAGES_FILE)).map_err(werr(PAGES_FILE))?;
-        Ok(SnapshotWriter { final_dir: dir.to_path_buf(), tmp_dir, pages: io::BufWriter::with_capacity(4 << 20, pages) })
+        Ok(SnapshotWriter {
+            final_dir: dir.to_path_buf(),
+            tmp_dir,
+            pages: io::BufWriter::with_capacity(4 << 20, pages),
+            sealer,
+            buf: Vec::new(),
+        })
     }
 
     fn werr(&self, file: &str) -> impl FnOnce(io::Error) -> ImageError {
@@ -402,10 +469,21 @@ impl SnapshotWriter {
         move |source| ImageError::Write { dir, file, source }
     }
 
-    /// Append page contents (a multiple of the page size).
-    pub fn write_pages(&mut self, data: &[u8]) -> Result<(), ImageError> {
-        debug_assert_eq!(data.len() as u64 % PAGE_SIZE, 0);
-        self.pages.write_all(data).map_err(self.werr(PAGES_FILE))
+    /// Append the contents of the page at `vaddr` to pages.img (sealed when the
+    /// writer seals) and record it in `index`.
+    pub fn store_page(&mut self, index: &mut PageIndex, vaddr: u64, page: &[u8]) -> Result<(), ImageError> {
+        debug_assert_eq!(page.len() as u64, PAGE_SIZE);
+        let stored = match &self.sealer {
+            None => page,
+            Some(s) => {
+                self.buf.clear();
+                self.buf.extend_from_slice(page);
+                index.tags.push(s.seal_page(index.stored_pages(), &mut self.buf));
+                &self.buf[..]
+            }
+        };
+        index.push(vaddr, crc32fast::hash(stored));
+        self.pages.write_all(stored).map_err(self.werr(PAGES_FILE))
     }
 
     /// Write the state, fsync everything and move the directory into place.
@@ -420,8 +498,21 @@ impl SnapshotWriter {
             move |source| ImageError::Write { dir, file, source }
         };
         pages.sync_all().map_err(werr(PAGES_FILE))?;
+        let state = match &self.sealer {
+            None => encode_state(img),
+            Some(s) => {
+                let mut img = img.clone();
+                img.seal = Some(s.info().clone());
+                for (n, e) in img.tmp.iter_mut().enumerate() {
+                    if let crate::tmpfs::EntryKind::File { data } = &mut e.kind {
+                        s.seal_data(n as u64, data);
+                    }
+                }
+                encode_state(&img)
+            }
+        };
         let mut st = File::create(self.tmp_dir.join(STATE_FILE)).map_err(werr(STATE_FILE))?;
-        st.write_all(&encode_state(img)).map_err(werr(STATE_FILE))?;
+        st.write_all(&state).map_err(werr(STATE_FILE))?;
         st.sync_all().map_err(werr(STATE_FILE))?;
         if self.final_dir.exists() {
             let _ = std::fs::remove_dir_all(&self.tmp_dir);
@@ -492,12 +583,13 @@ mod tests {
             pages,
             tmp: vec![crate::tmpfs::Entry {
                 path: "/tmp/x".into(),
-                kind: crate::tmpfs::EntryKind::File { data: b"x".to_vec() },
+                kind: crate::tmpfs::EntryKind::File { data: b"TMP-SECRET-DATA".to_vec() },
                 mode: 0o600,
                 uid: 65534,
                 gid: 65534,
                 mtime: (1, 2),
             }],
+            seal: None,
             attrs: ProcAttrs {
                 nice: 5,
                 affinity: vec![1, 0, 0, 0, 0, 0, 0, 0],
@@ -549,7 +641,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("snap");
         let mut w = SnapshotWriter::create(&dir).unwrap();
-        w.write_pages(&[1u8; 4096 * 3]).unwrap();
+        let mut idx = PageIndex::default();
+        for a in [0x1000, 0x2000, 0x5000] {
+            w.store_page(&mut idx, a, &[1u8; 4096]).unwrap();
+        }
+        assert!(idx.tags.is_empty(), "no node key: not sealed");
         assert!(!dir.exists());
         w.finish(&sample()).unwrap();
         let s = Snapshot::open(&dir).unwrap();
@@ -560,5 +656,45 @@ mod tests {
         f.set_len(4096).unwrap();
         let e = Snapshot::open(&dir).err().unwrap().to_string();
         assert!(e.ends_with("pages.img is truncated or corrupt (size is 4096 bytes, the index needs 12288)"), "{e}");
+    }
+
+    #[test]
+    fn a_sealed_image_opens_only_with_its_key_and_hides_pages_and_tmp() {
+        use crate::seal::{NodeKey, Sealer};
+        let key = NodeKey::generate().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("snap");
+        let mut w = SnapshotWriter::create_with(&dir, Some(Sealer::new(&key).unwrap())).unwrap();
+        let mut img = sample();
+        img.pages = PageIndex::default();
+        let secret = |i: u8| -> Vec<u8> { (0..4096).map(|k| if k < 12 { b"SECRET-VALUE"[k] } else { i }).collect() };
+        for (i, a) in [0x1000u64, 0x2000, 0x5000].into_iter().enumerate() {
+            w.store_page(&mut img.pages, a, &secret(i as u8)).unwrap();
+        }
+        assert_eq!(img.pages.tags.len(), 3);
+        w.finish(&img).unwrap();
+        for f in [PAGES_FILE, STATE_FILE] {
+            let raw = std::fs::read(dir.join(f)).unwrap();
+            assert!(!raw.windows(12).any(|w| w == b"SECRET-VALUE"), "{f} holds the page in clear");
+            assert!(!raw.windows(10).any(|w| w == b"TMP-SECRET"), "{f} holds /tmp in clear");
+        }
+        // No key, or another key: refused, naming the key the image needs.
+        let chain = |e: ImageError| format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default());
+        let e = chain(Snapshot::open_with(&dir, None).err().unwrap());
+        assert!(e.contains(&format!("encrypted with node key {}", key.id())) && e.contains("no node key"), "{e}");
+        let other = NodeKey::generate().unwrap();
+        let e = chain(Snapshot::open_with(&dir, Some(&other)).err().unwrap());
+        assert!(e.contains(&format!("not with this process's node key {}", other.id())), "{e}");
+        // With the key: /tmp in clear again, every page decrypts at its index only.
+        let s = Snapshot::open_with(&dir, Some(&key)).unwrap();
+        assert_eq!(s.image.tmp, sample().tmp);
+        let sealer = s.sealer.as_ref().unwrap();
+        for fp in 0..3u64 {
+            let mut page = vec![0u8; 4096];
+            std::os::unix::fs::FileExt::read_exact_at(&s.pages, &mut page, fp * 4096).unwrap();
+            assert_eq!(crc32fast::hash(&page), s.image.pages.crcs[fp as usize], "CRCs cover the stored bytes");
+            assert!(sealer.open_page(fp, &mut page, &s.image.pages.tags[fp as usize]));
+            assert_eq!(page, secret(fp as u8));
+        }
     }
 }

@@ -165,14 +165,25 @@ pub struct LoadedSnapshot {
     /// Arm write tracking (userfaultfd WP-async) on restored instances so they can be
     /// reset in place. Off by default: it costs every restore ~1.5 ms and the first
     /// invocation a write-protect fault per page it writes (measured, helloworld).
-    pub track_writes: bool,
+    /// Atomic: a node switches it when a function asks for isolation (see
+    /// [`LoadedSnapshot::set_track_writes`]).
+    track_writes: std::sync::atomic::AtomicBool,
     /// The working set in memory while a burst of restores is installing it.
     ws_flight: std::sync::Mutex<std::sync::Weak<SharedWs>>,
 }
 
 impl LoadedSnapshot {
+    /// Arm write tracking on instances restored from now on (they can then be reset).
+    pub fn set_track_writes(&self, on: bool) {
+        self.track_writes.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn tracks_writes(&self) -> bool {
+        self.track_writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn open(dir: &Path) -> Result<LoadedSnapshot, InstanceError> {
-        let Snapshot { dir, image, pages, id } = Snapshot::open(dir)?;
+        let Snapshot { dir, image, pages, id, sealer } = Snapshot::open(dir)?;
         let code = &image.sandbox.code_dir;
         let now = crate::fingerprint::of_dir(code).map_err(|e| {
             RestoreError::Incompatible(format!("the function bundle {} cannot be read: {e}", code.display()))
@@ -185,7 +196,7 @@ impl LoadedSnapshot {
             .into());
         }
         let region = restore::choose_region(&image)?;
-        let source = Arc::new(PageSource::new(image.pages.clone(), pages));
+        let source = Arc::new(PageSource::new(image.pages.clone(), pages).sealed(sealer));
         Ok(LoadedSnapshot {
             dir,
             image,
@@ -196,7 +207,7 @@ impl LoadedSnapshot {
             merge_misses: true,
             parallel_readers: 4,
             single_flight: true,
-            track_writes: false,
+            track_writes: std::sync::atomic::AtomicBool::new(false),
             ws_flight: Default::default(),
         })
     }
@@ -249,7 +260,13 @@ impl LoadedSnapshot {
                         if paging == Paging::Parallel {
                             return Ok(Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers });
                         }
-                        let (buf, read_ms) = ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?;
+                        let t = Instant::now();
+                        let (mut buf, mut read_ms) = ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?;
+                        if let Some(sealer) = self.source.sealer() {
+                            // Decrypting is part of reading a sealed working set (once per burst).
+                            ws.unseal(&self.dir, sealer, &self.source.index, &mut buf)?;
+                            read_ms = t.elapsed().as_secs_f64() * 1e3;
+                        }
                         Ok(Prefill::Ws { shared: Arc::new(SharedWs { ws, buf, read_ms }), reader: true })
                     })
                 };
@@ -301,6 +318,10 @@ pub struct PageStats {
     pub zero_faults: u64,
     pub bytes_read_from_image: u64,
     pub pages_installed_upfront: u64,
+    /// CPU time the page server spent serving this instance, and how long its fault
+    /// budget held the server back (see `pageserver::FaultBudget`).
+    pub server_cpu_ms: f64,
+    pub throttled_ms: f64,
 }
 
 pub struct Instance {
@@ -421,7 +442,7 @@ impl Instance {
                 }
             };
             let pidfd = sandbox.pidfd().try_clone_to_owned().map_err(InstanceError::Io)?;
-            let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), snap.track_writes, || {
+            let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), snap.tracks_writes(), || {
                 let (prefill, m) = loader.join().unwrap_or((Prefill::None, Paging::Record));
                 mode = m;
                 // Faults are logged while recording, and after a prefetch whose misses are merged.
@@ -506,6 +527,12 @@ impl Instance {
         }
         let mut st = crate::reset::reset(self.sandbox.pid(), &snap.image, &snap.source, tracking, stats)?;
         let _ = self.channel.take_logs();
+        // Whatever the previous tenant left on the control channel is dropped (and any
+        // frame it could still produce lacks the next request's nonce).
+        if let Err(e) = self.channel.discard_pending() {
+            let _ = self.sandbox.kill();
+            return Err(InstanceError::NotReady(e));
+        }
         if self.record.restore_notice {
             let th = Instant::now();
             match self.channel.restored(Duration::from_secs(30)) {
@@ -720,6 +747,8 @@ impl Instance {
                 zero_faults: s.zero_faults.load(Ordering::Relaxed),
                 bytes_read_from_image: s.bytes_read.load(Ordering::Relaxed),
                 pages_installed_upfront: s.pages_installed_upfront.load(Ordering::Relaxed),
+                server_cpu_ms: s.cpu_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                throttled_ms: s.throttled_ns.load(Ordering::Relaxed) as f64 / 1e6,
             },
             None => PageStats::default(),
         }

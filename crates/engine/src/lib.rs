@@ -2,7 +2,7 @@
 //! image on disk, and restore new processes from it with their memory served by
 //! a userfaultfd page server.
 //!
-//! Data flow: [`capture`] → [`image`] → [`restore`] + [`pageserver`] → [`reset`].
+//! Data flow: [`capture`] → [`image`] (sealed at rest by [`seal`]) → [`restore`] + [`pageserver`] → [`reset`].
 //! All raw kernel interfaces live in [`sys`]; [`inject`] runs syscalls inside a
 //! stopped tracee.
 
@@ -17,6 +17,7 @@ pub mod refusals;
 pub mod regs;
 pub mod reset;
 pub mod restore;
+pub mod seal;
 pub mod sys;
 pub mod tmpfs;
 pub mod ws;

@@ -21,12 +21,13 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 use tracing::{debug, error, warn};
 
 use crate::image::PageIndex;
+use crate::seal::Sealer;
 use crate::sys::mem::{self, Mapped};
 use crate::sys::uffd::{self, Event, Install};
 use crate::sys::PAGE_SIZE;
@@ -36,6 +37,8 @@ use crate::ws::{Touch, WorkingSet};
 pub enum PageServerError {
     #[error("page at {addr:#x} (image page {file_page}) failed its checksum: the image is corrupt")]
     Checksum { addr: u64, file_page: u64 },
+    #[error("page at {addr:#x} (image page {file_page}) does not authenticate under the node key: the image was tampered with")]
+    Forged { addr: u64, file_page: u64 },
     #[error("reading image page {file_page} for {addr:#x}")]
     Read { addr: u64, file_page: u64, #[source] source: io::Error },
     #[error("userfaultfd {op} at {addr:#x}")]
@@ -125,9 +128,56 @@ pub struct Stats {
     /// Bumped by a reset: the server forgets what the process released since the
     /// restore and serves every registered address from the image again.
     pub space_epoch: AtomicU64,
+    /// CPU time the server threads of this instance spent (serving faults is work
+    /// done for the instance, outside its cgroup), and how long they were held back
+    /// by the instance's fault budget.
+    pub cpu_ns: AtomicU64,
+    pub throttled_ns: AtomicU64,
+    budget: Mutex<Option<FaultBudget>>,
 }
 
+/// Bounds the CPU the page server spends on one instance (a madvise/touch loop
+/// would otherwise keep a node core busy outside the instance's CPU limit): a token
+/// bucket of CPU time refilled at `rate` CPU-seconds per second (a share of the
+/// instance's CPU limit) holding at most one [`FAULT_WINDOW`] of it. When it runs
+/// dry the server waits before serving more: the faulting threads wait too, using
+/// no CPU. Spinning for the next fault is CPU spent for the instance and counts.
+#[derive(Debug)]
+struct FaultBudget {
+    rate: f64,
+    tokens_ns: f64,
+    refilled: Instant,
+}
+
+/// The rate is an average over this long: a server may spend `rate * FAULT_WINDOW`
+/// at once, so a lazy cold start (a burst of faults well under a second) never waits.
+pub const FAULT_WINDOW: Duration = Duration::from_secs(1);
+/// The server charges its CPU time to the budget every this many faults.
+const CHARGE_EVERY: u32 = 32;
+
 impl Stats {
+    /// Stats whose servers may use `cores` CPUs on average (after a burst); `None`
+    /// or a non-positive value: unbounded (the time is still accounted).
+    pub fn with_fault_budget(cores: Option<f64>) -> Stats {
+        let budget = cores
+            .filter(|c| *c > 0.0)
+            .map(|rate| FaultBudget { rate, tokens_ns: rate * FAULT_WINDOW.as_nanos() as f64, refilled: Instant::now() });
+        Stats { budget: Mutex::new(budget), ..Default::default() }
+    }
+
+    /// Charge `cpu_ns` of server CPU time; returns how long the server must wait.
+    fn charge(&self, cpu_ns: u64) -> Option<Duration> {
+        self.cpu_ns.fetch_add(cpu_ns, Ordering::Relaxed);
+        let mut b = self.budget.lock().expect("budget lock");
+        let b = b.as_mut()?;
+        let now = Instant::now();
+        let burst = b.rate * FAULT_WINDOW.as_nanos() as f64;
+        b.tokens_ns = (b.tokens_ns + now.duration_since(b.refilled).as_nanos() as f64 * b.rate).min(burst) - cpu_ns as f64;
+        b.refilled = now;
+        // Waiting out the deficit refills the bucket to zero (at most a second per step).
+        (b.tokens_ns < 0.0).then(|| Duration::from_nanos((-b.tokens_ns / b.rate).min(1e9) as u64))
+    }
+
     fn fail(&self, e: &PageServerError) {
         let mut msg = e.to_string();
         let mut src = std::error::Error::source(e);
@@ -145,6 +195,11 @@ impl Stats {
 /// read_ahead_kb so that measurements compare across hosts.
 pub const DEFAULT_READAROUND_PAGES: u64 = 32;
 
+/// Default bound of the page server's CPU per instance: half the instance's own CPU
+/// limit, averaged over [`FAULT_WINDOW`] (a fault storm costs the node at most 1.5x
+/// the instance's limit, instead of an extra full core whatever the limit).
+pub const DEFAULT_FAULT_CPU_SHARE: f64 = 0.5;
+
 /// The image pages of one snapshot, shared by every instance restored from it.
 pub struct PageSource {
     pub index: PageIndex,
@@ -152,6 +207,11 @@ pub struct PageSource {
     /// Lazy faults read the aligned window of this many stored pages around the
     /// faulting page (1 = exactly one page per fault).
     readaround: AtomicU64,
+    /// The image is sealed: every page read is decrypted (and authenticated) with this.
+    sealer: Option<Arc<Sealer>>,
+    /// CPU the page server may spend on one instance, as a share of the instance's
+    /// CPU limit (f64 bits; 0 = unbounded). See [`FaultBudget`].
+    fault_cpu_share: AtomicU64,
 }
 
 impl PageSource {
@@ -159,7 +219,59 @@ impl PageSource {
     /// would be (the lazy baseline REAP measures): a fault that misses reads its
     /// read-around window with one request, as the kernel's filemap fault does.
     pub fn new(index: PageIndex, file: File) -> PageSource {
-        PageSource { index, file, readaround: AtomicU64::new(DEFAULT_READAROUND_PAGES) }
+        PageSource {
+            index,
+            file,
+            readaround: AtomicU64::new(DEFAULT_READAROUND_PAGES),
+            sealer: None,
+            fault_cpu_share: AtomicU64::new(DEFAULT_FAULT_CPU_SHARE.to_bits()),
+        }
+    }
+
+    /// Bound the page server's CPU per instance to `share` of the instance's CPU
+    /// limit (after a burst); 0 = unbounded.
+    pub fn set_fault_cpu_share(&self, share: f64) {
+        self.fault_cpu_share.store(share.max(0.0).to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn fault_cpu_share(&self) -> f64 {
+        f64::from_bits(self.fault_cpu_share.load(Ordering::Relaxed))
+    }
+
+    /// The pages of a sealed image: decrypted with `sealer` as they are read.
+    pub fn sealed(mut self, sealer: Option<Arc<Sealer>>) -> PageSource {
+        self.sealer = sealer;
+        self
+    }
+
+    /// Check stored page `file_page` (read for `addr`) against its CRC and, for a
+    /// sealed image, decrypt it in place. Every page read from the image passes here.
+    pub fn open_page(&self, addr: u64, file_page: u64, page: &mut [u8]) -> Result<(), PageServerError> {
+        self.verify_page(addr, file_page, page)?;
+        if let Some(s) = &self.sealer {
+            if !s.open_page(file_page, page, &self.index.tags[file_page as usize]) {
+                return Err(PageServerError::Forged { addr, file_page });
+            }
+        }
+        Ok(())
+    }
+
+    /// Check stored page `file_page` against its CRC (the stored bytes; no decryption).
+    pub fn verify_page(&self, addr: u64, file_page: u64, page: &[u8]) -> Result<(), PageServerError> {
+        if crc32fast::hash(page) != self.index.crcs[file_page as usize] {
+            return Err(PageServerError::Checksum { addr, file_page });
+        }
+        Ok(())
+    }
+
+    /// The ciphers of a sealed image.
+    pub fn sealer(&self) -> Option<&Sealer> {
+        self.sealer.as_deref()
+    }
+
+    /// Whether pages must be decrypted (they cannot be installed straight from the file).
+    pub fn is_sealed(&self) -> bool {
+        self.sealer.is_some()
     }
 
     /// Set the read-around window of lazy faults, in pages (at least 1).
@@ -198,11 +310,8 @@ impl PageSource {
             .read_exact_at(buf, first * PAGE_SIZE)
             .map_err(|source| PageServerError::Read { addr, file_page, source })?;
         let at = (file_page - first) as usize * page;
-        let bytes = &buf[at..at + page];
-        if crc32fast::hash(bytes) != self.index.crcs[file_page as usize] {
-            return Err(PageServerError::Checksum { addr, file_page });
-        }
-        Ok((bytes, npages * PAGE_SIZE))
+        self.open_page(addr, file_page, &mut buf[at..at + page])?;
+        Ok((&buf[at..at + page], npages * PAGE_SIZE))
     }
 
     /// Read and verify one stored page into `buf`.
@@ -216,11 +325,8 @@ impl PageSource {
         self.file
             .read_exact_at(buf, file_page * PAGE_SIZE)
             .map_err(|source| PageServerError::Read { addr, file_page, source })?;
-        for (k, page) in buf.chunks_exact(PAGE_SIZE as usize).enumerate() {
-            let fp = file_page + k as u64;
-            if crc32fast::hash(page) != self.index.crcs[fp as usize] {
-                return Err(PageServerError::Checksum { addr: addr + k as u64 * PAGE_SIZE, file_page: fp });
-            }
+        for (k, page) in buf.chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
+            self.open_page(addr + k as u64 * PAGE_SIZE, file_page + k as u64, page)?;
         }
         Ok(())
     }
@@ -333,6 +439,16 @@ struct Serve {
     /// The address space as restored, and the reset epoch `space` belongs to.
     initial: AddressSpace,
     epoch: u64,
+    /// This thread's CPU time when it was last charged, and faults served since.
+    cpu_mark: u64,
+    since_charge: u32,
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
 }
 
 /// How often a forked child's server checks that the child's address space still
@@ -361,6 +477,8 @@ impl PageServer {
             stats: stats.clone(),
             windows_read: Default::default(),
             child: false,
+            cpu_mark: 0,
+            since_charge: 0,
         };
         let thread = std::thread::Builder::new().name("thaw-pageserver".into()).spawn(move || serve.run())?;
         Ok(PageServer { stop_tx: Some(tx), thread: Some(thread), stats })
@@ -383,7 +501,9 @@ impl Drop for PageServer {
 
 impl Serve {
     fn run(mut self) {
+        self.cpu_mark = thread_cpu_ns();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
+        self.charge_cpu();
         let err = match result {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e,
@@ -436,6 +556,7 @@ impl Serve {
                 self.read_into(&mut queue)?;
                 if queue.is_empty() {
                     if idle_since.elapsed() > SPIN {
+                        self.charge_cpu();
                         break;
                     }
                     std::hint::spin_loop();
@@ -453,6 +574,24 @@ impl Serve {
             }
         }
         Ok(())
+    }
+
+    /// Account this thread's CPU time to the instance and, when its fault budget
+    /// is spent, wait (waking early if the server is stopped or the process exits).
+    fn charge_cpu(&mut self) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        self.since_charge = 0;
+        let now = thread_cpu_ns();
+        let used = now.saturating_sub(self.cpu_mark);
+        self.cpu_mark = now;
+        if let Some(wait) = self.stats.charge(used) {
+            let t0 = Instant::now();
+            let mut fds = [PollFd::new(self.stop_rx.as_fd(), PollFlags::POLLIN), PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+            let ms = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
+            let _ = poll(&mut fds, PollTimeout::from(ms));
+            self.stats.throttled_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            self.cpu_mark = thread_cpu_ns();
+        }
     }
 
     fn read_into(&self, queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
@@ -486,6 +625,8 @@ impl Serve {
             child: true,
             initial: self.initial.clone(),
             epoch: self.epoch,
+            cpu_mark: 0,
+            since_charge: 0,
         };
         debug!("serving a forked child");
         std::thread::Builder::new().name("thaw-ps-child".into()).spawn(move || child.run()).map_err(PageServerError::Poll)
@@ -493,6 +634,10 @@ impl Serve {
 
     fn fault(&mut self, page: u64, buf: &mut Vec<u8>, queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
         self.stats.faults.fetch_add(1, Ordering::Relaxed);
+        self.since_charge += 1;
+        if self.since_charge >= CHARGE_EVERY {
+            self.charge_cpu();
+        }
         let epoch = self.stats.space_epoch.load(Ordering::Acquire);
         if epoch != self.epoch && !self.child {
             self.space = self.initial.clone();
@@ -744,6 +889,7 @@ pub fn install_all(
     let map = Mapped::map(source.file(), len as usize)
         .map_err(|e| PageServerError::Read { addr: 0, file_page: 0, source: e })?;
     let mut installed = 0;
+    let mut plain = Vec::new();
     for run in &source.index.runs {
         let run_end = run.vaddr + run.npages * PAGE_SIZE;
         for &(a, b) in ranges {
@@ -754,12 +900,21 @@ pub fn install_all(
             }
             let fp = run.file_page + (s - run.vaddr) / PAGE_SIZE;
             let n = (e - s) / PAGE_SIZE;
-            let bytes = map.slice((fp * PAGE_SIZE) as usize, (n * PAGE_SIZE) as usize);
-            for (k, page) in bytes.chunks_exact(PAGE_SIZE as usize).enumerate() {
-                if crc32fast::hash(page) != source.index.crcs[(fp + k as u64) as usize] {
-                    return Err(PageServerError::Checksum { addr: s + k as u64 * PAGE_SIZE, file_page: fp + k as u64 });
+            let stored = map.slice((fp * PAGE_SIZE) as usize, (n * PAGE_SIZE) as usize);
+            let bytes = if source.is_sealed() {
+                // Decrypted into a private buffer: the mapping is the file, read-only.
+                plain.clear();
+                plain.extend_from_slice(stored);
+                for (k, page) in plain.chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
+                    source.open_page(s + k as u64 * PAGE_SIZE, fp + k as u64, page)?;
                 }
-            }
+                &plain[..]
+            } else {
+                for (k, page) in stored.chunks_exact(PAGE_SIZE as usize).enumerate() {
+                    source.verify_page(s + k as u64 * PAGE_SIZE, fp + k as u64, page)?;
+                }
+                stored
+            };
             installed += copy_run(uffd_fd, s, bytes)?;
         }
     }

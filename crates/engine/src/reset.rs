@@ -81,10 +81,16 @@ pub struct Tracking {
     syscall_insn: u64,
     /// Descriptor table right after the restore: fd -> link target.
     fds: HashMap<i32, String>,
+    /// The kernel state of snapshot eventfds, epolls and signalfds right after the
+    /// restore (fdinfo: counter, registrations, mask, flags): a reset refuses a change.
+    fd_state: HashMap<i32, String>,
     cwd: PathBuf,
     /// Process attributes a reset does not put back, as /proc/PID/status shows them
     /// right after the restore: a difference refuses the reset.
     guarded: Vec<String>,
+    /// /proc/PID/limits right after the restore: a difference puts the image's
+    /// resource limits back.
+    limits: String,
 }
 
 /// /proc/PID/status lines a reset refuses to see changed: signal dispositions
@@ -94,6 +100,22 @@ const GUARDED: [&str; 6] = ["SigIgn:", "SigCgt:", "Seccomp:", "NoNewPrivs:", "Ca
 fn guarded(pid: i32) -> io::Result<Vec<String>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     Ok(text.lines().filter(|l| GUARDED.iter().any(|g| l.starts_with(g))).map(str::to_string).collect())
+}
+
+/// Arguments for injected syscalls, laid out to be written in one go.
+#[derive(Default)]
+struct Scratch {
+    bytes: Vec<u8>,
+}
+
+impl Scratch {
+    /// Append `b` (16-byte aligned); returns its offset.
+    fn push(&mut self, b: &[u8]) -> usize {
+        let off = self.bytes.len();
+        self.bytes.extend_from_slice(b);
+        self.bytes.resize(self.bytes.len().next_multiple_of(16), 0);
+        off
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -114,6 +136,8 @@ pub struct ResetStats {
     pub mappings_unmapped: u64,
     pub fds_closed: u64,
     pub tmp_reset: bool,
+    /// The tenant changed resource limits; the image's were put back.
+    pub limits_reset: bool,
     pub phases: Vec<(&'static str, f64)>,
 }
 
@@ -156,16 +180,33 @@ pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Re
         .map_err(ioe("reading the vDSO".into()))?;
     let syscall_insn = vdso.start
         + text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or_else(|| ResetError::NotTracked("no syscall instruction in the vDSO".into()))? as u64;
-    let fds = procfs::fds(pid).map_err(ioe("reading descriptors".into()))?.into_iter().map(|f| (f.fd, f.target)).collect();
+    let all = procfs::fds(pid).map_err(ioe("reading descriptors".into()))?;
+    let fd_state = all.iter().filter_map(|f| watched_state(&f.target, &f.info).map(|s| (f.fd, s))).collect();
+    let fds = all.into_iter().map(|f| (f.fd, f.target)).collect();
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(ioe("reading cwd".into()))?;
     let guarded = guarded(pid).map_err(ioe("reading status".into()))?;
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).map_err(ioe("reading limits".into()))?;
     let uffd = uffd_fd.try_clone().map_err(ioe("dup(userfaultfd)".into()))?;
-    Ok(Tracking { uffd, ranges, maps_text, maps, syscall_insn, fds, cwd, guarded })
+    Ok(Tracking { uffd, ranges, maps_text, maps, syscall_insn, fds, fd_state, cwd, guarded, limits })
 }
 
 fn same_map(a: &MapEntry, b: &MapEntry) -> bool {
     (a.start, a.end, a.read, a.write, a.exec, a.shared, a.offset, a.inode, &a.dev, &a.name)
         == (b.start, b.end, b.read, b.write, b.exec, b.shared, b.offset, b.inode, &b.dev, &b.name)
+}
+
+/// The part of a descriptor's fdinfo that a tenant can change and a reset does not
+/// put back, for the kinds where it is data (an eventfd's counter, an epoll's
+/// registrations, a signalfd's mask) — `None` for other kinds.
+fn watched_state(target: &str, info: &str) -> Option<String> {
+    let watched = ["anon_inode:[eventfd]", "anon_inode:[eventpoll]", "anon_inode:[signalfd]"].contains(&target);
+    // `pos` moves without meaning anything for these; `eventfd-id`/`mnt_id`/`ino` are identities.
+    watched.then(|| {
+        info.lines()
+            .filter(|l| !["pos:", "mnt_id:", "ino:", "eventfd-id:"].iter().any(|p| l.starts_with(p)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
 }
 
 /// Kinds of descriptors a reset may close when the tenant opened them.
@@ -304,12 +345,35 @@ fn reset_inner(
 
     // ---- Descriptors: new ones closed, the snapshot's rewound; anything else refused.
     let mut fds = Vec::new();
+    // (fd, reads that drain it, counter to write back)
+    let mut eventfd_fixes: Vec<(i32, u64, u64)> = Vec::new();
     for ent in std::fs::read_dir(format!("/proc/{pid}/fd")).map_err(ioe("listing descriptors"))? {
         let ent = ent.map_err(ioe("listing descriptors"))?;
         let Ok(fd) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
         let target = std::fs::read_link(ent.path()).map_err(ioe("reading a descriptor"))?.to_string_lossy().into_owned();
         match t.fds.get(&fd) {
-            Some(known) if *known == target => {}
+            Some(known) if *known == target => {
+                if let Some(before) = t.fd_state.get(&fd) {
+                    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).map_err(ioe("reading fdinfo"))?;
+                    let now = watched_state(&target, &info);
+                    if now.as_ref() != Some(before) {
+                        // An eventfd whose counter alone changed gets its counter back
+                        // (drained, then the restored value written); anything else refuses.
+                        let count = |s: &str| procfs::fdinfo_field(s, "eventfd-count").and_then(|v| v.parse::<u64>().ok());
+                        let rest = |s: &str| s.lines().filter(|l| !l.starts_with("eventfd-count:")).collect::<Vec<_>>().join("\n");
+                        match (now.as_deref().map(|n| (count(n), rest(n))), count(before)) {
+                            (Some((Some(have), r)), Some(want)) if r == rest(before) => {
+                                let semaphore = procfs::fdinfo_field(&info, "eventfd-semaphore").as_deref() == Some("1");
+                                if semaphore && have > 64 {
+                                    return Err(ResetError::Fd { pid, fd, target, what: "a semaphore eventfd counted up too far to drain" });
+                                }
+                                eventfd_fixes.push((fd, if semaphore { have } else { u64::from(have > 0) }, want));
+                            }
+                            _ => return Err(ResetError::Fd { pid, fd, target, what: "changed since the restore (registrations, mask or flags)" }),
+                        }
+                    }
+                }
+            }
             Some(_) => return Err(ResetError::Fd { pid, fd, target, what: "replaced since the restore" }),
             None if closable(&target) => {
                 calls.push(Call::new("close(new fd)", libc::SYS_close, &[fd as u64]));
@@ -334,26 +398,97 @@ fn reset_inner(
     if main_umask != img.umask {
         calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
     }
+    // Arguments of the calls below (cwd path, itimervals, stack_ts, rlimits) go below
+    // the red zone of the main thread's stack; those pages are reported written and
+    // rewritten from the image in the memory step below.
+    let mut scratch = Scratch::default();
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(ioe("reading cwd"))?;
-    if cwd != t.cwd {
-        // The path goes below the red zone of the main thread's stack; the page is
-        // reported written and rewritten from the image below.
-        let rsp = main.get_regs().map_err(ioe("GETREGS"))?.rsp;
-        let at = (rsp - 1024 - img.cwd.len() as u64) & !15;
-        if !t.maps.iter().any(|m| m.write && m.start <= at && at + (img.cwd.len() as u64) < m.end) {
-            return Err(ResetError::Layout { pid, what: "no writable stack below the stack pointer".into() });
-        }
+    let cwd_at = (cwd != t.cwd).then(|| {
         let mut s = img.cwd.as_bytes().to_vec();
         s.push(0);
-        mem.write_all_at(&s, at).map_err(ioe("writing the cwd path"))?;
-        calls.push(Call::new("chdir", libc::SYS_chdir, &[at]));
+        scratch.push(&s)
+    });
+    // Interval timers (alarm() included) as restored: a tenant's alarm must not fire
+    // in the next tenant's invocation.
+    let timers: Vec<usize> = img.attrs.itimers.iter().map(|t| scratch.push(&t.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())).collect();
+    // Every thread's signal alternate stack as in the image (none: disabled).
+    let altstacks: Vec<usize> = by_thread
+        .iter()
+        .map(|(_, th)| {
+            let ss = th.altstack.clone().unwrap_or(crate::image::AltStack { sp: 0, flags: libc::SS_DISABLE, size: 0 });
+            scratch.push(&[ss.sp.to_le_bytes(), (ss.flags as i64).to_le_bytes(), ss.size.to_le_bytes()].concat())
+        })
+        .collect();
+    // Eventfd counters as restored: an 8-byte buffer to read into, one per value to write.
+    let drain_buf = scratch.push(&[0u8; 8]);
+    let counters: Vec<usize> = eventfd_fixes.iter().map(|&(_, _, want)| scratch.push(&want.to_le_bytes())).collect();
+    // Snapshot timerfds re-armed as restored (what was left at capture, relative) and
+    // their unread expirations set back, as the restore did: always, since a timer's
+    // remaining time cannot be compared with a baseline.
+    let timerfds: Vec<(i32, usize, u64, usize)> = img
+        .fds
+        .iter()
+        .filter_map(|r| match &r.kind {
+            crate::image::FdKind::TimerFd { value, interval, ticks, .. } => {
+                let its = scratch.push(&[interval.0, interval.1, value.0, value.1].iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>());
+                Some((r.fd, its, *ticks, scratch.push(&ticks.to_le_bytes())))
+            }
+            _ => None,
+        })
+        .collect();
+    // Resource limits, when the tenant changed any (the node may raise them back).
+    let limits_now = std::fs::read_to_string(format!("/proc/{pid}/limits")).map_err(ioe("reading limits"))?;
+    let rlimits: Vec<(u32, usize)> = if limits_now == t.limits {
+        Vec::new()
+    } else {
+        img.rlimits.iter().map(|&(res, cur, max)| (res, scratch.push(&[cur.to_le_bytes(), max.to_le_bytes()].concat()))).collect()
+    };
+    let rsp = main.get_regs().map_err(ioe("GETREGS"))?.rsp;
+    let at = (rsp - 1024 - scratch.bytes.len() as u64) & !15;
+    if !t.maps.iter().any(|m| m.write && m.start <= at && at + (scratch.bytes.len() as u64) < m.end) {
+        return Err(ResetError::Layout { pid, what: "no writable stack below the stack pointer".into() });
+    }
+    mem.write_all_at(&scratch.bytes, at).map_err(ioe("writing syscall arguments"))?;
+    let arg = |off: usize| at + off as u64;
+    if let Some(off) = cwd_at {
+        calls.push(Call::new("chdir", libc::SYS_chdir, &[arg(off)]));
+    }
+    for (which, &off) in timers.iter().enumerate() {
+        calls.push(Call::new("setitimer", libc::SYS_setitimer, &[which as u64, arg(off), 0]));
+    }
+    for &(res, off) in &rlimits {
+        calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, arg(off), 0]));
+    }
+    for &(fd, its, ticks, ticks_at) in &timerfds {
+        calls.push(Call::new("timerfd_settime", libc::SYS_timerfd_settime, &[fd as u64, 0, arg(its), 0]));
+        if ticks > 0 {
+            calls.push(Call::new("ioctl(TFD_IOC_SET_TICKS)", libc::SYS_ioctl, &[fd as u64, crate::restore::TFD_IOC_SET_TICKS, arg(ticks_at)]));
+        }
+    }
+    for (&(fd, reads, want), &off) in eventfd_fixes.iter().zip(&counters) {
+        for _ in 0..reads {
+            calls.push(Call::new("read(eventfd)", libc::SYS_read, &[fd as u64, arg(drain_buf), 8]));
+        }
+        if want > 0 {
+            calls.push(Call::new("write(eventfd)", libc::SYS_write, &[fd as u64, arg(off), 8]));
+        }
     }
     for c in calls {
         let r = inject::single(&main, insn, c).map_err(inj)?;
         if c.nr == libc::SYS_brk && r as u64 != img.mm.brk {
             return Err(ResetError::Layout { pid, what: format!("brk({:#x}) returned {r:#x}", img.mm.brk) });
         }
+        if c.nr != libc::SYS_brk && c.nr != libc::SYS_close && r < 0 {
+            return Err(ResetError::Layout { pid, what: format!("{} failed with errno {}", c.name, -r) });
+        }
     }
+    for ((tr, _), &off) in by_thread.iter().zip(&altstacks) {
+        let r = inject::single(tr, insn, Call::new("sigaltstack", libc::SYS_sigaltstack, &[arg(off), 0])).map_err(inj)?;
+        if r < 0 {
+            return Err(ResetError::Layout { pid, what: format!("sigaltstack failed with errno {}", -r) });
+        }
+    }
+    out.limits_reset = !rlimits.is_empty();
     if layout_calls {
         let now = procfs::maps(pid).map_err(ioe("reading maps"))?;
         if now.len() != t.maps.len() || now.iter().zip(&t.maps).any(|(a, b)| !same_map(a, b)) {

@@ -356,7 +356,8 @@ fn restore_inner(
     for &(a, b) in &anon_ranges {
         uffd::register_missing(uffd.as_fd(), a, b - a).map_err(ioe(&format!("UFFDIO_REGISTER {a:#x}-{b:#x}")))?;
     }
-    let stats = Arc::new(Stats::default());
+    let share = source.fault_cpu_share();
+    let stats = Arc::new(Stats::with_fault_budget((share > 0.0).then(|| share * img.sandbox.cpu_millis as f64 / 1000.0)));
     write_file_cow_pages(pid, &wmem, img, &source, &stats)?;
     let pages_err = |source| RestoreError::Pages { pid, source };
     let (prefill, record) = prefill();
@@ -602,6 +603,10 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("eventfd2", libc::SYS_eventfd2, &[*count, f]));
                 Src::Call(calls.len() - 1)
             }
+            FdKind::TimerFd { clockid, flags, .. } => {
+                calls.push(Call::new("timerfd_create", libc::SYS_timerfd_create, &[*clockid as u64, *flags as u64 & (nonblock | cloexec)]));
+                Src::Call(calls.len() - 1)
+            }
             FdKind::Epoll { flags, .. } => {
                 calls.push(Call::new("epoll_create1", libc::SYS_epoll_create1, &[*flags as u64 & cloexec]));
                 Src::Call(calls.len() - 1)
@@ -637,7 +642,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     for (i, r) in recs.iter().enumerate() {
         let flags = match &r.kind {
             FdKind::Path { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
-            FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } => *flags,
+            FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } | FdKind::TimerFd { flags, .. } => *flags,
             _ => 0,
         } as u64;
         calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[high + i as u64, r.fd as u64, flags & cloexec]));
@@ -658,6 +663,19 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             }
             FdKind::Pipe { flags, .. } if *flags as u64 & nonblock != 0 => {
                 calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
+            }
+            FdKind::TimerFd { ticks, value, interval, .. } => {
+                // Re-armed with what was left of its period, relative; then the
+                // expirations not yet read (settime clears them, so it goes first).
+                if *value != (0, 0) {
+                    let its: Vec<u8> = [interval.0, interval.1, value.0, value.1].iter().flat_map(|w| w.to_le_bytes()).collect();
+                    let a = data.push(&its);
+                    calls.push(Call::new("timerfd_settime", libc::SYS_timerfd_settime, &[r.fd as u64, 0, a, 0]));
+                }
+                if *ticks > 0 {
+                    let t = data.push(&ticks.to_le_bytes());
+                    calls.push(Call::new("ioctl(TFD_IOC_SET_TICKS)", libc::SYS_ioctl, &[r.fd as u64, TFD_IOC_SET_TICKS, t]));
+                }
             }
             _ => {}
         }
@@ -686,6 +704,9 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     }
     inj.run(&calls, &mut data).map(|_| ())
 }
+
+/// `_IOW('T', 0, u64)`: set a timerfd's count of expirations (CONFIG_CHECKPOINT_RESTORE).
+pub(crate) const TFD_IOC_SET_TICKS: u64 = (1 << 30) | (8 << 16) | ((b'T' as u64) << 8);
 
 const CLONE_THREAD_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_FS

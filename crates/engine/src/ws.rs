@@ -24,6 +24,7 @@ use std::time::Instant;
 use thiserror::Error;
 
 use crate::image::PageIndex;
+use crate::seal::Sealer;
 use crate::sys::PAGE_SIZE;
 
 pub const TRACE_FILE: &str = "ws.trace";
@@ -178,6 +179,27 @@ impl WorkingSet {
             }
         }
         Ok((buf, read_ms))
+    }
+
+    /// Decrypt in place the pages [`WorkingSet::read_pages`] read from the working
+    /// set of a sealed image (`ws.pages` holds copies of the sealed image pages).
+    pub fn unseal(&self, dir: &Path, sealer: &Sealer, index: &PageIndex, buf: &mut AlignedBuf) -> Result<(), WsError> {
+        for (i, page) in buf.as_mut().chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
+            let (vaddr, fp) = self.layout[i];
+            let tag = index.tags.get(fp as usize).ok_or_else(|| WsError::Corrupt {
+                dir: dir.to_path_buf(),
+                file: PAGES_FILE,
+                detail: format!("page for {vaddr:#x} has no tag in the image"),
+            })?;
+            if !sealer.open_page(fp, page, tag) {
+                return Err(WsError::Corrupt {
+                    dir: dir.to_path_buf(),
+                    file: PAGES_FILE,
+                    detail: format!("page for {vaddr:#x} does not authenticate under the node key"),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

@@ -21,8 +21,14 @@ use serde_json::{json, Value};
 use thiserror::Error;
 use tracing::{debug, warn, Instrument};
 
+mod settings;
+mod url;
+mod versions;
+
+use versions::Target;
+
 use crate::events;
-use crate::node::{error_chain, DeployError, FunctionSpec, InvokeError, Node, Outcome};
+use crate::node::{error_chain, ConfigChange, DeployError, FunctionSpec, InvokeError, Node, Outcome};
 use crate::registry::FunctionRecord;
 use crate::sigv4::{SigV4Error, SignedRequest, Verifier};
 
@@ -123,7 +129,8 @@ impl From<DeployError> for ApiError {
                 crate::bundle::BundleError::Write { .. } => ApiError::service(error_chain(&e)),
                 _ => ApiError::invalid(e.to_string()),
             },
-            DeployError::Registry(_) | DeployError::Join(_) => ApiError::service(error_chain(&e)),
+            DeployError::Registry(_) | DeployError::Join(_) | DeployError::Copy { .. } => ApiError::service(error_chain(&e)),
+            DeployError::RevisionMismatch => ApiError::new(StatusCode::PRECONDITION_FAILED, "PreconditionFailedException", e.to_string()),
         }
     }
 }
@@ -155,12 +162,40 @@ pub enum Action {
     GetFunction(String),
     GetFunctionConfiguration(String),
     UpdateFunctionCode(String),
+    UpdateFunctionConfiguration(String),
+    PublishVersion(String),
+    ListVersionsByFunction(String),
+    CreateAlias(String),
+    ListAliases(String),
+    /// (function, alias)
+    GetAlias(String, String),
+    UpdateAlias(String, String),
+    DeleteAlias(String, String),
+    PutProvisionedConcurrency(String),
+    GetProvisionedConcurrency(String),
+    DeleteProvisionedConcurrency(String),
     DeleteFunction(String),
     Invoke(String),
+    GetAccountSettings,
+    /// Tag operations name the function by its ARN.
+    TagResource(String),
+    UntagResource(String),
+    ListTags(String),
+    PutFunctionConcurrency(String),
+    GetFunctionConcurrency(String),
+    DeleteFunctionConcurrency(String),
+    CreateFunctionUrlConfig(String),
+    GetFunctionUrlConfig(String),
+    UpdateFunctionUrlConfig(String),
+    DeleteFunctionUrlConfig(String),
+    ListFunctionUrlConfigs(String),
 }
 
 /// Map method + raw path to an action (None: unknown operation).
 pub fn route(method: &Method, raw_path: &str) -> Option<Action> {
+    if let Some(a) = settings::route(method, raw_path).or_else(|| url::route(method, raw_path)) {
+        return Some(a);
+    }
     let rest = raw_path.strip_prefix(API_PREFIX)?;
     let rest = rest.strip_prefix('/').unwrap_or(rest);
     let segs: Vec<&str> = if rest.is_empty() { vec![] } else { rest.split('/').collect() };
@@ -172,6 +207,14 @@ pub fn route(method: &Method, raw_path: &str) -> Option<Action> {
         ("DELETE", [n]) => Some(Action::DeleteFunction(name(n))),
         ("GET", [n, "configuration"]) => Some(Action::GetFunctionConfiguration(name(n))),
         ("PUT", [n, "code"]) => Some(Action::UpdateFunctionCode(name(n))),
+        ("PUT", [n, "configuration"]) => Some(Action::UpdateFunctionConfiguration(name(n))),
+        ("POST", [n, "versions"]) => Some(Action::PublishVersion(name(n))),
+        ("GET", [n, "versions"]) => Some(Action::ListVersionsByFunction(name(n))),
+        ("POST", [n, "aliases"]) => Some(Action::CreateAlias(name(n))),
+        ("GET", [n, "aliases"]) => Some(Action::ListAliases(name(n))),
+        ("GET", [n, "aliases", a]) => Some(Action::GetAlias(name(n), name(a))),
+        ("PUT", [n, "aliases", a]) => Some(Action::UpdateAlias(name(n), name(a))),
+        ("DELETE", [n, "aliases", a]) => Some(Action::DeleteAlias(name(n), name(a))),
         ("POST", [n, "invocations"]) => Some(Action::Invoke(name(n))),
         _ => None,
     }
@@ -283,6 +326,20 @@ struct CreateInput {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
+struct UpdateConfigInput {
+    runtime: Option<String>,
+    role: Option<String>,
+    handler: Option<String>,
+    description: Option<String>,
+    timeout: Option<i64>,
+    memory_size: Option<i64>,
+    environment: Option<EnvInput>,
+    revision_id: Option<String>,
+    layers: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
 struct UpdateCodeInput {
     zip_file: Option<String>,
     s3_bucket: Option<String>,
@@ -326,14 +383,36 @@ pub fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
         return Err(ApiError::invalid("Only the x86_64 architecture is supported by this node."));
     }
     let runtime = input.runtime.ok_or_else(|| ApiError::invalid("Runtime is required for .zip deployment packages."))?;
-    let Some(engine) = engine_runtime(&runtime) else {
+    let handler = input.handler.ok_or_else(|| ApiError::invalid("Handler is required for .zip deployment packages."))?;
+    check_handler(&runtime, &handler)?;
+    let timeout_s = check_timeout(input.timeout.unwrap_or(3))?;
+    let memory_mb = check_memory(input.memory_size.unwrap_or(128))?;
+    let env = input.environment.and_then(|e| e.variables).unwrap_or_default();
+    check_env(&env)?;
+    let code = input.code.unwrap_or_default();
+    let zip = decode_zip(code.zip_file, code.s3_bucket, code.image_uri)?;
+    let spec = FunctionSpec {
+        name,
+        runtime,
+        role: input.role.unwrap_or_else(|| "arn:aws:iam::000000000000:role/thaw".into()),
+        handler,
+        description: input.description.unwrap_or_default(),
+        timeout_s,
+        memory_mb,
+        env,
+    };
+    Ok((spec, zip))
+}
+
+/// A supported runtime and a handler of the form it expects.
+fn check_handler(runtime: &str, handler: &str) -> Result<(), ApiError> {
+    let Some(engine) = engine_runtime(runtime) else {
         return Err(ApiError::invalid(format!(
             "The runtime parameter of {runtime} is not supported by this node (supported: {}).",
             RUNTIMES.join(", ")
         )));
     };
-    let handler = input.handler.ok_or_else(|| ApiError::invalid("Handler is required for .zip deployment packages."))?;
-    if engine.check_handler(&handler).is_err() || handler.len() > 128 {
+    if engine.check_handler(handler).is_err() || handler.len() > 128 {
         let expected = match engine {
             thaw_runtime::Runtime::Python3 => "module.function",
             thaw_runtime::Runtime::Nodejs20 => "file.function",
@@ -341,15 +420,24 @@ pub fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
         };
         return Err(ApiError::invalid(format!("Value '{handler}' at 'handler' failed to satisfy constraint: expected {expected} for {runtime}")));
     }
-    let timeout_s = input.timeout.unwrap_or(3);
-    if !(1..=900).contains(&timeout_s) {
-        return Err(ApiError::invalid(format!("Value '{timeout_s}' at 'timeout' failed to satisfy constraint: Member must have value between 1 and 900")));
+    Ok(())
+}
+
+fn check_timeout(t: i64) -> Result<u64, ApiError> {
+    if !(1..=900).contains(&t) {
+        return Err(ApiError::invalid(format!("Value '{t}' at 'timeout' failed to satisfy constraint: Member must have value between 1 and 900")));
     }
-    let memory_mb = input.memory_size.unwrap_or(128);
-    if !(128..=10240).contains(&memory_mb) {
-        return Err(ApiError::invalid(format!("Value '{memory_mb}' at 'memorySize' failed to satisfy constraint: Member must have value between 128 and 10240")));
+    Ok(t as u64)
+}
+
+fn check_memory(m: i64) -> Result<u64, ApiError> {
+    if !(128..=10240).contains(&m) {
+        return Err(ApiError::invalid(format!("Value '{m}' at 'memorySize' failed to satisfy constraint: Member must have value between 128 and 10240")));
     }
-    let env = input.environment.and_then(|e| e.variables).unwrap_or_default();
+    Ok(m as u64)
+}
+
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
     let reserved: Vec<&str> = env.keys().filter(|k| RESERVED_ENV.contains(&k.as_str())).map(String::as_str).collect();
     if !reserved.is_empty() {
         return Err(ApiError::invalid(format!(
@@ -363,19 +451,34 @@ pub fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
     }) {
         return Err(ApiError::invalid(format!("Environment variable name '{bad}' is not valid: use letters, digits and '_', starting with a letter.")));
     }
-    let code = input.code.unwrap_or_default();
-    let zip = decode_zip(code.zip_file, code.s3_bucket, code.image_uri)?;
-    let spec = FunctionSpec {
-        name,
-        runtime,
-        role: input.role.unwrap_or_else(|| "arn:aws:iam::000000000000:role/thaw".into()),
-        handler,
-        description: input.description.unwrap_or_default(),
-        timeout_s: timeout_s as u64,
-        memory_mb: memory_mb as u64,
+    Ok(())
+}
+
+/// UpdateFunctionConfiguration's input, validated (fields absent are unchanged).
+fn config_change(body: &[u8], current_runtime: &str, current_handler: &str) -> Result<ConfigChange, ApiError> {
+    let input: UpdateConfigInput = parse_json(body)?;
+    if input.layers.as_ref().is_some_and(|l| !l.is_empty()) {
+        return Err(ApiError::invalid("Layers are not supported by this node yet."));
+    }
+    let runtime = input.runtime.clone().unwrap_or_else(|| current_runtime.to_string());
+    let handler = input.handler.clone().unwrap_or_else(|| current_handler.to_string());
+    if input.runtime.is_some() || input.handler.is_some() {
+        check_handler(&runtime, &handler)?;
+    }
+    let env = input.environment.map(|e| e.variables.unwrap_or_default());
+    if let Some(env) = &env {
+        check_env(env)?;
+    }
+    Ok(ConfigChange {
+        runtime: input.runtime,
+        handler: input.handler,
+        memory_mb: input.memory_size.map(check_memory).transpose()?,
+        timeout_s: input.timeout.map(check_timeout).transpose()?,
         env,
-    };
-    Ok((spec, zip))
+        description: input.description,
+        role: input.role,
+        revision_id: input.revision_id,
+    })
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response {
@@ -384,12 +487,6 @@ fn json_response(status: StatusCode, v: &Value) -> Response {
     r
 }
 
-fn latest_only(name: &str, node: &Node, q: &Option<String>) -> Result<(), ApiError> {
-    match q.as_deref() {
-        None | Some("$LATEST") => Ok(()),
-        Some(q) => Err(ApiError::not_found(format!("Function not found: {}:{q}", node.arn(name)))),
-    }
-}
 
 /// The Lambda-style log tail: START/END/REPORT around the function's output, last 4 KB.
 fn log_tail(inv: &crate::node::Invocation) -> String {
@@ -424,7 +521,7 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
     let t0 = Instant::now();
     let node = &app.node;
     let (name, q) = function_name(&name, qualifier.as_deref())?;
-    latest_only(&name, node, &q)?;
+    let version = versions::version_of(node, &name, &versions::target(node, &name, q.as_deref())?)?;
     let kind = header(headers, "x-amz-invocation-type").unwrap_or("RequestResponse");
     let limit = if kind == "Event" { events::MAX_EVENT_PAYLOAD } else { MAX_PAYLOAD };
     if body.len() > limit {
@@ -461,6 +558,7 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
             r.headers_mut().insert("x-amzn-requestid", rid);
             Ok(r)
         }
+        "Event" if version.is_some() => Err(ApiError::invalid("Asynchronous invocation of a published version is not supported by this node yet.")),
         "Event" => {
             node.check_invocable(&name)?;
             events::enqueue(node, request_id, &name, payload.into_bytes()).map_err(|e| ApiError::service(error_chain(&e)))?;
@@ -469,7 +567,7 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
             Ok(r)
         }
         "RequestResponse" => {
-            let inv = node.invoke(&name, request_id, payload).await?;
+            let inv = node.invoke_version(&name, version, request_id, payload).await?;
             let (body, error) = match &inv.outcome {
                 Outcome::Ok(text) => (text.clone(), false),
                 Outcome::Error(e, _) => (serde_json::to_string(e).expect("serializable"), true),
@@ -478,7 +576,8 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
             let h = r.headers_mut();
             h.insert("content-type", HeaderValue::from_static("application/json"));
             h.insert("x-amzn-requestid", rid);
-            h.insert("x-amz-executed-version", HeaderValue::from_static("$LATEST"));
+            let executed = version.map_or_else(|| "$LATEST".to_string(), |v| v.to_string());
+            h.insert("x-amz-executed-version", HeaderValue::from_str(&executed).expect("a version is a header value"));
             if error {
                 h.insert("x-amz-function-error", HeaderValue::from_static("Unhandled"));
             }
@@ -509,7 +608,12 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
         Action::Invoke(name) => invoke(app, name, qualifier, headers, body, request_id).await,
         Action::CreateFunction => {
             let (spec, zip) = create_spec(&body)?;
+            let tags = parse_json::<CreateTags>(&body)?.tags;
+            crate::node::check_tags(&tags)?;
             let rec = node.create_function(spec, zip).await?;
+            if !tags.is_empty() {
+                node.tag(&rec.name, &tags)?;
+            }
             Ok(json_response(StatusCode::CREATED, &configuration(node, &rec)))
         }
         Action::ListFunctions => {
@@ -529,18 +633,34 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
         }
         Action::GetFunction(n) => {
             let (name, q) = function_name(&n, qualifier.as_deref())?;
-            latest_only(&name, node, &q)?;
+            let target = versions::target(node, &name, q.as_deref())?;
             let rec = node.record(&name).ok_or_else(|| ApiError::not_found(format!("Function not found: {}", node.arn(&name))))?;
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({"Configuration": configuration(node, &rec), "Code": {"RepositoryType": "S3", "Location": ""}}),
-            ))
+            let cfg = versions::configuration_of(node, &rec, &target)?;
+            let mut v = json!({"Configuration": cfg, "Code": {"RepositoryType": "S3", "Location": ""}});
+            settings::extend_get_function(node, &name, &mut v);
+            Ok(json_response(StatusCode::OK, &v))
         }
         Action::GetFunctionConfiguration(n) => {
             let (name, q) = function_name(&n, qualifier.as_deref())?;
-            latest_only(&name, node, &q)?;
+            let target = versions::target(node, &name, q.as_deref())?;
             let rec = node.record(&name).ok_or_else(|| ApiError::not_found(format!("Function not found: {}", node.arn(&name))))?;
-            Ok(json_response(StatusCode::OK, &configuration(node, &rec)))
+            Ok(json_response(StatusCode::OK, &versions::configuration_of(node, &rec, &target)?))
+        }
+        Action::PublishVersion(n) => {
+            let (name, _) = function_name(&n, None)?;
+            versions::publish(node, &name, &body)
+        }
+        Action::ListVersionsByFunction(n) => {
+            let (name, _) = function_name(&n, None)?;
+            versions::list(node, &name)
+        }
+        Action::CreateAlias(n) => versions::put_alias(node, &function_name(&n, None)?.0, None, &body),
+        Action::UpdateAlias(n, a) => versions::put_alias(node, &function_name(&n, None)?.0, Some(&a), &body),
+        Action::GetAlias(n, a) => versions::get_alias(node, &function_name(&n, None)?.0, &a),
+        Action::DeleteAlias(n, a) => versions::delete_alias(node, &function_name(&n, None)?.0, &a),
+        Action::ListAliases(n) => {
+            let fv = query_param(raw_query, "FunctionVersion");
+            versions::list_aliases(node, &function_name(&n, None)?.0, fv.as_deref())
         }
         Action::UpdateFunctionCode(n) => {
             let (name, _) = function_name(&n, None)?;
@@ -549,15 +669,46 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
             let rec = node.update_code(&name, zip).await?;
             Ok(json_response(StatusCode::OK, &configuration(node, &rec)))
         }
+        Action::UpdateFunctionConfiguration(n) => {
+            let (name, _) = function_name(&n, None)?;
+            let rec = node.record(&name).ok_or_else(|| ApiError::not_found(format!("Function not found: {}", node.arn(&name))))?;
+            let change = config_change(&body, &rec.runtime, &rec.handler)?;
+            let rec = node.update_configuration(&name, change).await?;
+            Ok(json_response(StatusCode::OK, &configuration(node, &rec)))
+        }
         Action::DeleteFunction(n) => {
             let (name, q) = function_name(&n, qualifier.as_deref())?;
-            if q.as_deref().is_some_and(|q| q != "$LATEST") {
-                return Err(ApiError::not_found(format!("Function not found: {}:{}", node.arn(&name), q.unwrap_or_default())));
+            match versions::target(node, &name, q.as_deref())? {
+                Target::Version(v) => return versions::delete(node, &name, v),
+                Target::Alias(a) => return Err(ApiError::invalid(format!("Deleting a function by alias ({a}) is not possible; use DeleteAlias."))),
+                Target::Latest => {}
             }
             node.delete_function(&name)?;
             Ok(StatusCode::NO_CONTENT.into_response())
         }
+        a @ (Action::GetAccountSettings
+        | Action::TagResource(_)
+        | Action::UntagResource(_)
+        | Action::ListTags(_)
+        | Action::PutFunctionConcurrency(_)
+        | Action::GetFunctionConcurrency(_)
+        | Action::DeleteFunctionConcurrency(_)) => settings::dispatch(node, a, raw_query, &body),
+        a @ (Action::CreateFunctionUrlConfig(_)
+        | Action::GetFunctionUrlConfig(_)
+        | Action::UpdateFunctionUrlConfig(_)
+        | Action::DeleteFunctionUrlConfig(_)
+        | Action::ListFunctionUrlConfigs(_)) => url::dispatch(node, a, headers, &body),
+        a @ (Action::PutProvisionedConcurrency(_) | Action::GetProvisionedConcurrency(_) | Action::DeleteProvisionedConcurrency(_)) => {
+            versions::provisioned(node, a, raw_query, &body)
+        }
     }
+}
+
+/// CreateFunction's `Tags` (the rest of its input is `create_spec`'s).
+#[derive(Deserialize)]
+struct CreateTags {
+    #[serde(rename = "Tags", default)]
+    tags: BTreeMap<String, String>,
 }
 
 fn too_large() -> ApiError {
@@ -628,6 +779,10 @@ pub async fn handle(State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<
                     .into_response(&request_id);
             }
             return json_response(StatusCode::OK, &app.node.status());
+        }
+        // Function URLs authenticate (or not) by their own AuthType.
+        if path.starts_with(url::URL_PREFIX) {
+            return url::serve(&app, parts, body, peer, &request_id).await;
         }
         let body = match authenticated_body(&app, &parts, &path, body).await {
             Ok(b) => b,

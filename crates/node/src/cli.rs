@@ -88,6 +88,24 @@ pub struct ServeArgs {
     /// CPU until the next invocation thaws it.
     #[arg(long)]
     pub no_freeze_idle: bool,
+    /// Keep snapshots and stored environment values in clear. By default the node seals
+    /// them at rest (AES-256-GCM) with its node key: THAW_NODE_KEY, --key-file, or
+    /// DATA_DIR/node.key, created (mode 0600) on first start.
+    #[arg(long)]
+    pub no_encryption: bool,
+    /// CPU the page server may spend serving one instance's page faults, as a share of the
+    /// instance's CPU limit averaged over a second; 0 = unbounded. Faults beyond it wait.
+    #[arg(long, default_value_t = thaw_engine::pageserver::DEFAULT_FAULT_CPU_SHARE, value_parser = parse_share)]
+    pub fault_cpu_share: f64,
+}
+
+/// A share between 0 and 1 (NaN and infinities refused).
+pub fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("expected a share between 0 and 1, got '{s}'")),
+        Err(e) => Err(format!("expected a number between 0 and 1, got '{s}': {e}")),
+    }
 }
 
 /// Options of `thaw status`.
@@ -137,6 +155,7 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         event_max_retries: args.event_max_retries,
         event_concurrency: args.event_concurrency.max(1),
         freeze_idle: !args.no_freeze_idle,
+        fault_cpu_share: args.fault_cpu_share,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("thaw-node").build().context("starting the async runtime")?;
     rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public))
@@ -178,7 +197,10 @@ async fn run(cfg: NodeConfig, listen: SocketAddr, creds: crate::sigv4::Credentia
         tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    _ = tokio::time::sleep(tick) => node.reap_idle(),
+                    _ = tokio::time::sleep(tick) => {
+                        node.reap_idle();
+                        node.provision();
+                    }
                     _ = stop.changed() => break,
                 }
             }

@@ -5,6 +5,7 @@
 //! | `thaw_invocations_total` | counter | function, outcome (ok, function_error, timeout, oom, crash, throttled) |
 //! | `thaw_errors_total` | counter | function, kind |
 //! | `thaw_starts_total` | counter | kind (boot, restore-lazy, restore-prefetch, restore-eager, warm) |
+//! | `thaw_resets_total` | counter | `outcome` (done / refused: in-place resets of `thaw:isolation=invocation` functions) |
 //! | `thaw_restore_fallbacks_total` | counter | — (restores that failed and fell back to a cold boot) |
 //! | `thaw_start_seconds` | histogram | kind (time to a ready instance; restore or boot) |
 //! | `thaw_invoke_seconds` | histogram | — (engine invoke: request written to result read) |
@@ -26,6 +27,7 @@ pub struct Metrics {
     pub invocations: IntCounterVec,
     pub errors: IntCounterVec,
     pub starts: IntCounterVec,
+    pub resets: IntCounterVec,
     pub restore_fallbacks: IntCounter,
     pub start_seconds: HistogramVec,
     pub invoke_seconds: HistogramVec,
@@ -61,6 +63,7 @@ impl Metrics {
             invocations: counter("thaw_invocations_total", "Invocations by function and outcome", &["function", "outcome"]),
             errors: counter("thaw_errors_total", "Failed invocations by function and kind", &["function", "kind"]),
             starts: counter("thaw_starts_total", "How invocations got their instance: boot, restore-<paging> or warm", &["kind"]),
+            resets: counter("thaw_resets_total", "In-place resets after invocations of functions tagged thaw:isolation=invocation: done, or refused (instance discarded)", &["outcome"]),
             restore_fallbacks,
             start_seconds: hist("thaw_start_seconds", "Time to a ready instance (restore or boot)", &["kind"]),
             invoke_seconds: hist("thaw_invoke_seconds", "Engine invoke time (request sent to result received)", &[]),

@@ -32,7 +32,16 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
-use crate::registry::{FunctionRecord, Registry, RegistryError, RevisionRecord};
+use crate::registry::{FunctionRecord, FunctionSettings, Registry, RegistryError, RevisionRecord};
+
+mod settings;
+mod provisioned;
+mod update;
+mod versions;
+pub use settings::{check_tags, AccountSettings, SettingsError};
+pub use update::ConfigChange;
+pub use provisioned::ProvisionedView;
+pub use versions::{VersionError, VersionView, LATEST};
 use crate::workers::{WorkerError, WorkerPool};
 
 /// How long a function's init may take while its snapshot is built.
@@ -61,6 +70,8 @@ pub struct NodeConfig {
     pub event_concurrency: usize,
     /// Freeze idle instances (cgroup freezer) between invocations, as Lambda does.
     pub freeze_idle: bool,
+    /// CPU the page server may spend per instance, as a share of its CPU limit (0: unbounded).
+    pub fault_cpu_share: f64,
 }
 
 #[derive(Debug, Error)]
@@ -107,6 +118,10 @@ pub enum DeployError {
     Registry(#[from] RegistryError),
     #[error("unpacking the bundle")]
     Join(#[source] tokio::task::JoinError),
+    #[error("The Revision Id provided does not match the latest Revision Id. Call the GetFunction/GetAlias API to retrieve the latest Revision Id")]
+    RevisionMismatch,
+    #[error("copying the code of {name} for its new configuration")]
+    Copy { name: String, #[source] source: std::io::Error },
 }
 
 /// A validated deployment (code + configuration baked into the snapshot).
@@ -130,6 +145,7 @@ pub struct Revision {
     snapshot: OnceLock<Result<Arc<LoadedSnapshot>, String>>,
     pub snapshot_bytes: AtomicU64,
     retired: AtomicBool,
+    fault_cpu_share: f64,
 }
 
 /// Most idle instances one start may evict to make room.
@@ -158,6 +174,7 @@ impl Revision {
             snapshot: OnceLock::new(),
             snapshot_bytes: AtomicU64::new(rec.snapshot_bytes.unwrap_or(0)),
             retired: AtomicBool::new(false),
+            fault_cpu_share: cfg.fault_cpu_share,
         }
     }
 
@@ -168,7 +185,11 @@ impl Revision {
     /// The opened snapshot (opened on first use, shared afterwards).
     fn loaded(&self) -> Result<Arc<LoadedSnapshot>, String> {
         self.snapshot
-            .get_or_init(|| LoadedSnapshot::open(&self.snapshot_dir()).map(Arc::new).map_err(|e| error_chain(&e)))
+            .get_or_init(|| {
+                let snap = LoadedSnapshot::open(&self.snapshot_dir()).map_err(|e| error_chain(&e))?;
+                snap.source.set_fault_cpu_share(self.fault_cpu_share);
+                Ok(Arc::new(snap))
+            })
             .clone()
     }
 
@@ -223,6 +244,10 @@ pub struct FunctionCounters {
     pub events_done: u64,
     pub events_dropped: u64,
     pub peak_instances: usize,
+    /// In-place resets after an invocation (`thaw:isolation=invocation`), and resets refused
+    /// (the instance was discarded instead).
+    pub resets: u64,
+    pub resets_refused: u64,
 }
 
 struct FnState {
@@ -235,6 +260,13 @@ struct FnState {
     building: Option<PathBuf>,
     deleted: bool,
     counters: FunctionCounters,
+    /// Reserved concurrency and tags (see `node/settings.rs`).
+    settings: FunctionSettings,
+    /// Published versions and aliases (see `node/versions.rs`).
+    versions: BTreeMap<u64, versions::Published>,
+    aliases: BTreeMap<String, crate::registry::AliasRecord>,
+    /// Provisioned concurrency per version (see `node/provisioned.rs`).
+    provisioned: BTreeMap<u64, provisioned::Provisioned>,
 }
 
 pub struct Function {
@@ -252,6 +284,8 @@ impl Function {
 pub struct Lease {
     inst: Instance,
     rev: Arc<Revision>,
+    /// Reset the instance in place after the invocation (tag `thaw:isolation=invocation`).
+    isolate: bool,
     /// "warm", "boot", "restore-lazy", ...
     pub kind: &'static str,
     /// Time to get the instance ready (0 for warm).
@@ -313,6 +347,8 @@ pub struct Node {
     admission: Admission,
     shutting_down: AtomicBool,
     builds: AtomicUsize,
+    /// Serialises reserved-concurrency changes (the sum over functions is checked).
+    reserving: Mutex<()>,
     pub events_wake: Notify,
     pub started: Instant,
 }
@@ -342,6 +378,7 @@ impl Node {
             functions: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
             builds: AtomicUsize::new(0),
+            reserving: Mutex::new(()),
             events_wake: Notify::new(),
             started: Instant::now(),
         });
@@ -362,7 +399,12 @@ impl Node {
                     _ => {}
                 }
             }
-            let keep: Vec<i64> = [rec.active_revision, resume.as_ref().map(|r| r.id)].into_iter().flatten().collect();
+            let versions = self.load_versions(&rec.name, active.as_ref())?;
+            let keep: Vec<i64> = [rec.active_revision, resume.as_ref().map(|r| r.id)]
+                .into_iter()
+                .flatten()
+                .chain(versions.values().map(|p| p.rec.revision))
+                .collect();
             for (id, dir) in self.registry.other_revisions(&rec.name, &keep)? {
                 let _ = std::fs::remove_dir_all(&dir);
                 self.registry.delete_revision(id)?;
@@ -394,6 +436,10 @@ impl Node {
                     building: resume.as_ref().map(|r| r.dir.clone()),
                     deleted: false,
                     counters: FunctionCounters::default(),
+                    settings: self.registry.get_settings(&name)?,
+                    versions,
+                    aliases: self.load_aliases(&name)?,
+                    provisioned: self.load_provisioned(&name)?,
                 }),
             });
             self.functions_map().insert(name.clone(), f.clone());
@@ -524,6 +570,10 @@ impl Node {
                     building: Some(dir.clone()),
                     deleted: false,
                     counters: FunctionCounters::default(),
+                    settings: FunctionSettings::default(),
+                    versions: BTreeMap::new(),
+                    aliases: BTreeMap::new(),
+                    provisioned: BTreeMap::new(),
                 }),
             });
             map.insert(spec.name.clone(), f.clone());
@@ -559,6 +609,22 @@ impl Node {
         let sha = crate::bundle::code_sha256(&zip);
         let size = zip.len() as u64;
         let (dir, _) = self.unpack(name, Arc::new(zip)).await?;
+        self.start_revision(f, dir, sha, size, |_| {})
+    }
+
+    /// Register a new revision of `f` (its code unpacked in `dir`, its configuration
+    /// the current one changed by `change`) and build its snapshot in the background;
+    /// the active revision keeps serving until the new one is ready. `dir` is removed
+    /// on failure.
+    fn start_revision(
+        self: &Arc<Self>,
+        f: Arc<Function>,
+        dir: PathBuf,
+        sha: String,
+        size: u64,
+        change: impl FnOnce(&mut FunctionSpec),
+    ) -> Result<FunctionRecord, DeployError> {
+        let name = f.name.as_str();
         let mut st = f.lock();
         if st.deleted {
             drop(st);
@@ -570,7 +636,7 @@ impl Node {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(DeployError::InProgress(self.arn(name)));
         }
-        let spec = FunctionSpec {
+        let mut spec = FunctionSpec {
             name: name.to_string(),
             runtime: st.rec.runtime.clone(),
             role: st.rec.role.clone(),
@@ -580,6 +646,7 @@ impl Node {
             memory_mb: st.rec.memory_mb,
             env: st.rec.env.clone(),
         };
+        change(&mut spec);
         let mut rev = Self::revision_record(&spec, dir.clone(), &sha, size);
         let res = self.registry.insert_revision(&rev);
         let id = match res {
@@ -592,6 +659,13 @@ impl Node {
         };
         rev.id = id;
         let prev = st.rec.clone();
+        st.rec.runtime = spec.runtime;
+        st.rec.role = spec.role;
+        st.rec.handler = spec.handler;
+        st.rec.description = spec.description;
+        st.rec.timeout_s = spec.timeout_s;
+        st.rec.memory_mb = spec.memory_mb;
+        st.rec.env = spec.env;
         st.rec.code_sha256 = sha;
         st.rec.code_size = size;
         st.rec.latest_revision = Some(id);
@@ -615,8 +689,8 @@ impl Node {
         st.building = Some(dir);
         let rec = st.rec.clone();
         drop(st);
-        info!(function = %name, revision = id, "code updated; building its snapshot");
-        self.spawn_build(f, rev);
+        info!(function = %name, revision = id, "function updated; building its snapshot");
+        self.spawn_build(f.clone(), rev);
         Ok(rec)
     }
 
@@ -628,6 +702,9 @@ impl Node {
             st.deleted = true;
             let idle: Vec<Idle> = st.idle.drain(..).collect();
             st.live -= idle.len();
+            for p in std::mem::take(&mut st.versions).into_values() {
+                p.rev.retire();
+            }
             (idle, st.active.take(), st.building.clone())
         };
         self.metrics.instances_idle.sub(idle.len() as i64);
@@ -709,7 +786,11 @@ impl Node {
                 st.rec.active_revision = Some(rec.id);
                 self.metrics.snapshot_bytes.add(bytes as i64);
                 let old = st.active.replace(rev);
-                let stale: Vec<Idle> = st.idle.drain(..).collect();
+                // The old revision's idle instances go, unless a published version still
+                // serves from it (its revision then stays).
+                let old = old.filter(|o| !st.versions.values().any(|p| Arc::ptr_eq(&p.rev, o)));
+                let (stale, keep): (Vec<Idle>, Vec<Idle>) = st.idle.drain(..).partition(|i| old.as_ref().is_some_and(|o| Arc::ptr_eq(&i.rev, o)));
+                st.idle = keep;
                 st.live -= stale.len();
                 if let Err(e) = self.registry.update_function(&st.rec) {
                     warn!(function = %f.name, error = %error_chain(&e), "persisting the function");
@@ -776,7 +857,8 @@ impl Node {
         let mut best: Option<(Arc<Function>, Instant)> = None;
         for f in fs {
             let st = f.lock();
-            if let Some(oldest) = st.idle.first().map(|i| i.since) {
+            let held = provisioned::protected(&st);
+            if let Some(oldest) = st.idle.iter().zip(&held).find(|(_, h)| !**h).map(|(i, _)| i.since) {
                 if best.as_ref().is_none_or(|(_, t)| oldest < *t) {
                     drop(st);
                     best = Some((f, oldest));
@@ -786,11 +868,10 @@ impl Node {
         let Some((f, _)) = best else { return false };
         let victim = {
             let mut st = f.lock();
-            if st.idle.is_empty() {
-                return false;
-            }
+            let held = provisioned::protected(&st);
+            let Some(at) = held.iter().position(|h| !h) else { return false };
             st.live -= 1;
-            st.idle.remove(0)
+            st.idle.remove(at)
         };
         self.metrics.instances_idle.dec();
         debug!(function = %f.name, "evicting an idle instance to make room");
@@ -799,26 +880,31 @@ impl Node {
     }
 
     /// Get an instance: a warm one, or reserve a slot and restore one.
-    pub async fn acquire(&self, f: &Arc<Function>) -> Result<Lease, InvokeError> {
+    pub async fn acquire(&self, f: &Arc<Function>, version: Option<u64>) -> Result<Lease, InvokeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(InvokeError::ShuttingDown);
         }
         let mut evicted = 0;
-        let rev = loop {
+        let (rev, isolate) = loop {
             let mut st = f.lock();
             if st.deleted {
                 return Err(InvokeError::NotFound(self.arn(&f.name)));
             }
-            let Some(rev) = st.active.clone() else {
-                return Err(InvokeError::NotReady { state: st.rec.state.clone() });
+            let rev = match version {
+                None => st.active.clone().ok_or_else(|| InvokeError::NotReady { state: st.rec.state.clone() })?,
+                Some(v) => st.versions.get(&v).map(|p| p.rev.clone()).ok_or_else(|| InvokeError::NotFound(format!("{}:{v}", self.arn(&f.name))))?,
             };
-            if let Some(idle) = st.idle.pop() {
+            let isolate = st.settings.isolation();
+            if st.settings.reserved_concurrency.is_some_and(|r| st.busy >= r as usize) {
+                return Err(InvokeError::Throttled { reason: "ReservedFunctionConcurrentInvocationLimitExceeded" });
+            }
+            if let Some(idle) = st.idle.iter().rposition(|i| Arc::ptr_eq(&i.rev, &rev)).map(|at| st.idle.remove(at)) {
                 st.busy += 1;
                 st.counters.starts_warm += 1;
                 drop(st);
                 self.metrics.instances_idle.dec();
                 self.metrics.starts.with_label_values(&["warm"]).inc();
-                return Ok(Lease { inst: idle.inst, rev: idle.rev, kind: "warm", start_ms: 0.0 });
+                return Ok(Lease { inst: idle.inst, rev: idle.rev, kind: "warm", start_ms: 0.0, isolate });
             }
             if st.live >= self.cfg.max_per_function {
                 return Err(InvokeError::Throttled { reason: "ReservedFunctionConcurrentInvocationLimitExceeded" });
@@ -842,7 +928,7 @@ impl Node {
             st.busy += 1;
             st.counters.starts_cold += 1;
             st.counters.peak_instances = st.counters.peak_instances.max(st.live);
-            break rev;
+            break (rev, isolate);
         };
         self.update_alive_gauge();
         let t0 = Instant::now();
@@ -852,7 +938,7 @@ impl Node {
         let job_rev = rev.clone();
         let started = self
             .instance_workers
-            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, &arn) })
+            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, &arn, isolate) })
             .await;
         let start_ms = t0.elapsed().as_secs_f64() * 1e3;
         let failure = match started {
@@ -863,7 +949,7 @@ impl Node {
                 let kind = inst.start.kind;
                 self.metrics.starts.with_label_values(&[kind]).inc();
                 self.metrics.start_seconds.with_label_values(&[kind]).observe(start_ms / 1e3);
-                return Ok(Lease { inst, rev, kind, start_ms });
+                return Ok(Lease { inst, rev, kind, start_ms, isolate });
             }
             Ok((Err(e), _)) => InvokeError::Start { function: f.name.clone(), source: Box::new(e) },
             Err(e) => InvokeError::Workers(e),
@@ -883,7 +969,7 @@ impl Node {
     pub fn release(&self, f: &Arc<Function>, lease: Lease, healthy: bool) {
         let mut st = f.lock();
         st.busy -= 1;
-        let current = st.active.as_ref().is_some_and(|a| Arc::ptr_eq(a, &lease.rev));
+        let current = st.active.as_ref().is_some_and(|a| Arc::ptr_eq(a, &lease.rev)) || st.versions.values().any(|p| Arc::ptr_eq(&p.rev, &lease.rev));
         if healthy && current && !st.deleted && !self.shutting_down.load(Ordering::Acquire) {
             st.idle.push(Idle { inst: lease.inst, rev: lease.rev, since: Instant::now() });
             drop(st);
@@ -900,8 +986,13 @@ impl Node {
     /// Runs as its own task, so a caller that goes away (client disconnect) cannot
     /// strand an instance or its slot half-way through.
     pub async fn invoke(self: &Arc<Self>, name: &str, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
+        self.invoke_version(name, None, request_id, payload).await
+    }
+
+    /// [`Node::invoke`] of a published version (`None`: $LATEST).
+    pub async fn invoke_version(self: &Arc<Self>, name: &str, version: Option<u64>, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
         let (node, name, rid) = (self.clone(), name.to_string(), request_id.to_string());
-        match tokio::spawn(async move { node.invoke_inner(&name, &rid, payload).await }).await {
+        match tokio::spawn(async move { node.invoke_inner(&name, version, &rid, payload).await }).await {
             Ok(r) => r,
             Err(e) => Err(InvokeError::Start {
                 function: request_id.to_string(),
@@ -910,13 +1001,16 @@ impl Node {
         }
     }
 
-    async fn invoke_inner(&self, name: &str, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
+    async fn invoke_inner(&self, name: &str, version: Option<u64>, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
         let f = self.function(name).ok_or_else(|| InvokeError::NotFound(self.arn(name)))?;
         let (timeout_s, memory_mb) = {
             let st = f.lock();
-            (st.rec.timeout_s, st.rec.memory_mb)
+            match version.and_then(|v| st.versions.get(&v)) {
+                Some(p) => (p.rec.timeout_s, p.rev.memory_mb()),
+                None => (st.rec.timeout_s, st.rec.memory_mb),
+            }
         };
-        let lease = self.acquire(&f).await?;
+        let lease = self.acquire(&f, version).await?;
         let rid = request_id.to_string();
         let timeout = Duration::from_secs(timeout_s);
         let freeze = self.cfg.freeze_idle;
@@ -929,17 +1023,27 @@ impl Node {
             let oom = r.is_err() && lease.inst.oom_killed();
             let logs = lease.inst.take_logs();
             let mem = lease.inst.memory_peak_bytes().unwrap_or(0);
+            // Isolation: nothing of this invocation may reach the next one. A reset the
+            // engine cannot prove complete kills the instance (it is then discarded and
+            // the next call restores a fresh one).
+            let reset = (lease.isolate && r.is_ok()).then(|| {
+                let done = lease.rev.loaded().map_err(|e| e.to_string()).and_then(|snap| lease.inst.reset(&snap).map_err(|e| error_chain(&e)));
+                if let Err(e) = &done {
+                    warn!(error = %e, "reset after the invocation refused; discarding the instance");
+                }
+                done.is_ok()
+            });
             // Idle from here on: its threads and children stop until the next invoke
             // thaws it (~0.2 ms each way, measured). A failed freeze leaves it running.
-            if freeze && r.is_ok() {
+            if freeze && r.is_ok() && reset != Some(false) {
                 if let Err(e) = lease.inst.freeze() {
                     warn!(error = %error_chain(&e), "cannot freeze the idle instance; it keeps running");
                 }
             }
-            (lease, r, invoke_ms, oom, logs, mem)
+            (lease, r, invoke_ms, oom, logs, mem, reset)
         })
         .await;
-        let (lease, result, invoke_ms, oom, logs, mem) = match joined {
+        let (lease, result, invoke_ms, oom, logs, mem, reset) = match joined {
             Ok(v) => v,
             Err(e) => {
                 // The blocking task panicked: the instance is lost with it; free its slot.
@@ -980,7 +1084,17 @@ impl Node {
         };
         let start_kind = lease.kind;
         let start_ms = lease.start_ms;
-        self.release(&f, lease, healthy);
+        if let Some(ok) = reset {
+            let mut st = f.lock();
+            if ok {
+                st.counters.resets += 1;
+            } else {
+                st.counters.resets_refused += 1;
+            }
+            drop(st);
+            self.metrics.resets.with_label_values(&[if ok { "done" } else { "refused" }]).inc();
+        }
+        self.release(&f, lease, healthy && reset != Some(false));
         let label = match &outcome {
             Outcome::Ok(_) => "ok",
             Outcome::Error(_, k) => k.label(),
@@ -1030,7 +1144,9 @@ impl Node {
             let expired: Vec<Idle> = {
                 let mut st = f.lock();
                 let keep = self.cfg.keep_alive;
-                let (old, fresh): (Vec<Idle>, Vec<Idle>) = st.idle.drain(..).partition(|i| i.since.elapsed() >= keep);
+                let mut held = provisioned::protected(&st).into_iter();
+                let (old, fresh): (Vec<Idle>, Vec<Idle>) =
+                    st.idle.drain(..).partition(|i| !held.next().unwrap_or(false) && i.since.elapsed() >= keep);
                 st.idle = fresh;
                 st.live -= old.len();
                 old
@@ -1133,16 +1249,19 @@ impl Node {
 }
 
 /// Restore an instance (falling back to a cold boot). Runs on an instance worker.
-fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str) -> (Result<Instance, InstanceError>, bool) {
+fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, isolate: bool) -> (Result<Instance, InstanceError>, bool) {
     match rev.loaded() {
-        Ok(snap) => match Instance::restore(&snap, paging) {
-            Ok(mut inst) => {
-                inst.set_function_name(name);
-                inst.set_function_arn(arn);
-                return (Ok(inst), false);
+        Ok(snap) => {
+            snap.set_track_writes(isolate);
+            match Instance::restore(&snap, paging) {
+                Ok(mut inst) => {
+                    inst.set_function_name(name);
+                    inst.set_function_arn(arn);
+                    return (Ok(inst), false);
+                }
+                Err(e) => warn!(function = name, revision = rev.id, error = %error_chain(&e), "restore failed; falling back to a cold boot"),
             }
-            Err(e) => warn!(function = name, revision = rev.id, error = %error_chain(&e), "restore failed; falling back to a cold boot"),
-        },
+        }
         Err(e) => warn!(function = name, revision = rev.id, error = %e, "snapshot unavailable; falling back to a cold boot"),
     }
     let r = Instance::boot(&rev.boot).map(|mut i| {

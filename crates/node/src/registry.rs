@@ -8,9 +8,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
+use thaw_engine::seal::{self, NodeKey};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -23,6 +24,8 @@ pub enum RegistryError {
     Exists(String),
     #[error("corrupt registry row for {what}: {detail}")]
     Corrupt { what: String, detail: String },
+    #[error("sealing an environment: {0}")]
+    Seal(String),
 }
 
 fn q(what: &'static str) -> impl FnOnce(rusqlite::Error) -> RegistryError {
@@ -55,6 +58,38 @@ pub struct FunctionRecord {
     pub active_revision: Option<i64>,
 }
 
+/// A function's settings that are not baked into its snapshot: reserved concurrency
+/// (Put/Get/DeleteFunctionConcurrency) and tags (Tag/Untag/ListTags).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FunctionSettings {
+    pub reserved_concurrency: Option<u32>,
+    pub tags: BTreeMap<String, String>,
+    /// The function URL, if one was created (CreateFunctionUrlConfig).
+    pub url: Option<UrlConfig>,
+}
+
+/// A function URL's configuration (`api/url.rs` serves it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct UrlConfig {
+    /// `NONE` or `AWS_IAM`.
+    pub auth_type: String,
+    /// Lambda's `Cors` object as given (AllowOrigins, AllowMethods, ...).
+    pub cors: Option<serde_json::Value>,
+    pub creation_time: String,
+    pub last_modified_time: String,
+}
+
+/// The tag by which a function asks for isolation between invocations: with the
+/// value `invocation` (request isolation, as in Groundhog), the node resets an instance in place after every invocation (or
+/// discards it when the reset cannot prove the state restored).
+pub const ISOLATION_TAG: &str = "thaw:isolation";
+
+impl FunctionSettings {
+    pub fn isolation(&self) -> bool {
+        self.tags.get(ISOLATION_TAG).is_some_and(|v| v == "invocation")
+    }
+}
+
 /// One deployed bundle and its snapshot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RevisionRecord {
@@ -73,6 +108,31 @@ pub struct RevisionRecord {
     pub status: String,
     pub error: Option<String>,
     pub snapshot_bytes: Option<u64>,
+}
+
+/// A published version: an immutable pointer to a revision (code, handler, memory,
+/// environment and its snapshot) plus the settings that are not in the snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VersionRecord {
+    pub function: String,
+    pub version: u64,
+    pub revision: i64,
+    pub description: String,
+    pub timeout_s: u64,
+    pub revision_id: String,
+    pub last_modified: String,
+}
+
+/// An alias: a name for a version, optionally sending a weighted share of the calls
+/// to other versions (`RoutingConfig.AdditionalVersionWeights`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AliasRecord {
+    pub function: String,
+    pub name: String,
+    pub version: u64,
+    pub description: String,
+    pub weights: BTreeMap<u64, f64>,
+    pub revision_id: String,
 }
 
 /// A queued asynchronous (InvocationType=Event) invocation.
@@ -124,6 +184,38 @@ CREATE TABLE IF NOT EXISTS revisions (
     snapshot_bytes INTEGER,
     runtime TEXT NOT NULL DEFAULT 'python3.12'
 );
+CREATE TABLE IF NOT EXISTS function_settings (
+    name TEXT PRIMARY KEY,
+    reserved_concurrency INTEGER,
+    tags_json TEXT NOT NULL,
+    url_json TEXT
+);
+CREATE TABLE IF NOT EXISTS versions (
+    function TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    revision INTEGER NOT NULL,
+    description TEXT NOT NULL,
+    timeout_s INTEGER NOT NULL,
+    revision_id TEXT NOT NULL,
+    last_modified TEXT NOT NULL,
+    PRIMARY KEY (function, version)
+);
+CREATE TABLE IF NOT EXISTS aliases (
+    function TEXT NOT NULL,
+    name TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    description TEXT NOT NULL,
+    weights_json TEXT NOT NULL,
+    revision_id TEXT NOT NULL,
+    PRIMARY KEY (function, name)
+);
+CREATE TABLE IF NOT EXISTS provisioned (
+    function TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    requested INTEGER NOT NULL,
+    last_modified TEXT NOT NULL,
+    PRIMARY KEY (function, version)
+);
 CREATE TABLE IF NOT EXISTS events (
     id TEXT PRIMARY KEY,
     function TEXT NOT NULL,
@@ -139,12 +231,28 @@ const FN_COLS: &str = "name, runtime, role, handler, description, timeout_s, mem
     revision_id, code_sha256, code_size, latest_revision, active_revision";
 const REV_COLS: &str = "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime";
 
-fn env_from(json: &str, what: &str) -> Result<BTreeMap<String, String>, RegistryError> {
-    serde_json::from_str(json).map_err(|e| RegistryError::Corrupt { what: what.to_string(), detail: e.to_string() })
+/// Environment values are secrets: with a node key they are stored sealed
+/// (`seal::seal_value`, AES-256-GCM), never in clear in the database or its WAL.
+fn env_from(key: Option<&NodeKey>, stored: &str, what: &str) -> Result<BTreeMap<String, String>, RegistryError> {
+    let corrupt = |detail: String| RegistryError::Corrupt { what: what.to_string(), detail };
+    let plain;
+    let json = if stored.starts_with("v1:") {
+        let key = key.ok_or_else(|| corrupt("the environment is sealed and the node has no node key".into()))?;
+        plain = seal::open_value(key, stored)
+            .ok_or_else(|| corrupt(format!("the environment does not open with node key {}", key.id())))?;
+        std::str::from_utf8(&plain).map_err(|e| corrupt(e.to_string()))?
+    } else {
+        stored
+    };
+    serde_json::from_str(json).map_err(|e| corrupt(e.to_string()))
 }
 
-fn env_json(env: &BTreeMap<String, String>) -> String {
-    serde_json::to_string(env).expect("a string map serializes")
+fn env_json(key: Option<&NodeKey>, env: &BTreeMap<String, String>) -> Result<String, RegistryError> {
+    let json = serde_json::to_string(env).expect("a string map serializes");
+    match key {
+        Some(k) if !env.is_empty() => seal::seal_value(k, json.as_bytes()).map_err(|e| RegistryError::Seal(e.to_string())),
+        _ => Ok(json),
+    }
 }
 
 fn function_row(r: &Row<'_>) -> rusqlite::Result<(FunctionRecord, String)> {
@@ -197,6 +305,8 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<(RevisionRecord, String)> {
 
 pub struct Registry {
     conn: Mutex<Connection>,
+    /// Seals stored environment values (the process's node key at open).
+    key: Option<Arc<NodeKey>>,
 }
 
 impl Registry {
@@ -216,15 +326,28 @@ impl Registry {
     fn init(conn: Connection, path: &Path) -> Result<Registry, RegistryError> {
         let open = |source| RegistryError::Open { path: path.to_path_buf(), source };
         conn.execute_batch(SCHEMA).map_err(open)?;
-        // Registries written before revisions recorded their runtime held Python functions only.
-        let has_runtime: bool = conn
-            .query_row("SELECT COUNT(*) FROM pragma_table_info('revisions') WHERE name='runtime'", [], |r| r.get::<_, i64>(0))
-            .map_err(open)?
-            > 0;
-        if !has_runtime {
-            conn.execute_batch("ALTER TABLE revisions ADD COLUMN runtime TEXT NOT NULL DEFAULT 'python3.12';").map_err(open)?;
+        // Columns added since a registry was first written: registries written before
+        // revisions recorded their runtime held Python functions only.
+        for (table, column, ddl) in [
+            ("revisions", "runtime", "ALTER TABLE revisions ADD COLUMN runtime TEXT NOT NULL DEFAULT 'python3.12';"),
+            ("function_settings", "url_json", "ALTER TABLE function_settings ADD COLUMN url_json TEXT;"),
+        ] {
+            let present: i64 = conn
+                .query_row("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name=?2", [table, column], |r| r.get(0))
+                .map_err(open)?;
+            if present == 0 {
+                conn.execute_batch(ddl).map_err(open)?;
+            }
         }
-        Ok(Registry { conn: Mutex::new(conn) })
+        // Deleted rows (old environments among them) are overwritten, not left in free pages.
+        conn.execute_batch("PRAGMA secure_delete = ON;").map_err(open)?;
+        Ok(Registry { conn: Mutex::new(conn), key: seal::node_key() })
+    }
+
+    /// Seal environment values with `key` instead of the process's node key.
+    pub fn with_key(mut self, key: Option<Arc<NodeKey>>) -> Registry {
+        self.key = key;
+        self
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -239,7 +362,7 @@ impl Registry {
             .execute(
                 &format!("INSERT OR IGNORE INTO functions ({FN_COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"),
                 params![
-                    f.name, f.runtime, f.role, f.handler, f.description, f.timeout_s, f.memory_mb, env_json(&f.env),
+                    f.name, f.runtime, f.role, f.handler, f.description, f.timeout_s, f.memory_mb, env_json(self.key.as_deref(), &f.env)?,
                     f.state, f.state_reason, f.state_reason_code, f.last_update_status, f.last_update_status_reason,
                     f.last_update_status_reason_code, f.last_modified, f.revision_id, f.code_sha256, f.code_size,
                     f.latest_revision, f.active_revision
@@ -261,7 +384,7 @@ impl Registry {
                  last_update_status_reason_code=?14, last_modified=?15, revision_id=?16, code_sha256=?17, code_size=?18, \
                  latest_revision=?19, active_revision=?20 WHERE name=?1",
                 params![
-                    f.name, f.runtime, f.role, f.handler, f.description, f.timeout_s, f.memory_mb, env_json(&f.env),
+                    f.name, f.runtime, f.role, f.handler, f.description, f.timeout_s, f.memory_mb, env_json(self.key.as_deref(), &f.env)?,
                     f.state, f.state_reason, f.state_reason_code, f.last_update_status, f.last_update_status_reason,
                     f.last_update_status_reason_code, f.last_modified, f.revision_id, f.code_sha256, f.code_size,
                     f.latest_revision, f.active_revision
@@ -278,7 +401,7 @@ impl Registry {
             .optional()
             .map_err(q("get function"))?;
         row.map(|(mut f, env)| {
-            f.env = env_from(&env, &f.name)?;
+            f.env = env_from(self.key.as_deref(), &env, &f.name)?;
             Ok(f)
         })
         .transpose()
@@ -292,7 +415,7 @@ impl Registry {
         let mut out = Vec::new();
         for r in rows {
             let (mut f, env) = r.map_err(q("list functions"))?;
-            f.env = env_from(&env, &f.name)?;
+            f.env = env_from(self.key.as_deref(), &env, &f.name)?;
             out.push(f);
         }
         Ok(out)
@@ -310,8 +433,40 @@ impl Registry {
         let n = tx.execute("DELETE FROM functions WHERE name=?1", [name]).map_err(q("delete function"))?;
         tx.execute("DELETE FROM revisions WHERE function=?1", [name]).map_err(q("delete function"))?;
         tx.execute("DELETE FROM events WHERE function=?1", [name]).map_err(q("delete function"))?;
+        tx.execute("DELETE FROM function_settings WHERE name=?1", [name]).map_err(q("delete function"))?;
+        tx.execute("DELETE FROM versions WHERE function=?1", [name]).map_err(q("delete function"))?;
+        tx.execute("DELETE FROM aliases WHERE function=?1", [name]).map_err(q("delete function"))?;
+        tx.execute("DELETE FROM provisioned WHERE function=?1", [name]).map_err(q("delete function"))?;
         tx.commit().map_err(q("delete function"))?;
         Ok((n > 0).then_some(dirs))
+    }
+
+    /// A function's settings outside its snapshot (defaults if none were stored).
+    pub fn get_settings(&self, name: &str) -> Result<FunctionSettings, RegistryError> {
+        let c = self.conn();
+        let row: Option<(Option<u32>, String, Option<String>)> = c
+            .query_row("SELECT reserved_concurrency, tags_json, url_json FROM function_settings WHERE name=?1", [name], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+            .map_err(q("get settings"))?;
+        let Some((reserved_concurrency, tags, url)) = row else { return Ok(FunctionSettings::default()) };
+        let corrupt = |what: &str, e: serde_json::Error| RegistryError::Corrupt { what: format!("{what} of {name}"), detail: e.to_string() };
+        let tags = serde_json::from_str(&tags).map_err(|e| corrupt("tags", e))?;
+        let url = url.map(|u| serde_json::from_str(&u)).transpose().map_err(|e| corrupt("URL config", e))?;
+        Ok(FunctionSettings { reserved_concurrency, tags, url })
+    }
+
+    pub fn put_settings(&self, name: &str, s: &FunctionSettings) -> Result<(), RegistryError> {
+        let tags = serde_json::to_string(&s.tags).expect("a string map serializes");
+        let url = s.url.as_ref().map(|u| serde_json::to_string(u).expect("a URL config serializes"));
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO function_settings (name, reserved_concurrency, tags_json, url_json) VALUES (?1, ?2, ?3, ?4)",
+                params![name, s.reserved_concurrency, tags, url],
+            )
+            .map_err(q("put settings"))?;
+        Ok(())
     }
 
     /// Insert a revision (its `id` is ignored) and return the new id.
@@ -321,7 +476,7 @@ impl Registry {
             "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime) \
              VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
             params![
-                r.function, r.code_sha256, r.code_size, r.dir.to_string_lossy(), r.handler, r.memory_mb, env_json(&r.env),
+                r.function, r.code_sha256, r.code_size, r.dir.to_string_lossy(), r.handler, r.memory_mb, env_json(self.key.as_deref(), &r.env)?,
                 r.status, r.error, r.snapshot_bytes, r.runtime
             ],
         )
@@ -347,7 +502,7 @@ impl Registry {
             .optional()
             .map_err(q("get revision"))?;
         row.map(|(mut r, env)| {
-            r.env = env_from(&env, &format!("revision {}", r.id))?;
+            r.env = env_from(self.key.as_deref(), &env, &format!("revision {}", r.id))?;
             Ok(r)
         })
         .transpose()
@@ -362,6 +517,102 @@ impl Registry {
             .map_err(q("list revisions"))?;
         let all = rows.collect::<Result<Vec<_>, _>>().map_err(q("list revisions"))?;
         Ok(all.into_iter().filter(|(id, _)| !keep.contains(id)).collect())
+    }
+
+    pub fn insert_version(&self, v: &VersionRecord) -> Result<(), RegistryError> {
+        self.conn()
+            .execute(
+                "INSERT INTO versions (function, version, revision, description, timeout_s, revision_id, last_modified) \
+                 VALUES (?1,?2,?3,?4,?5,?6,?7)",
+                params![v.function, v.version, v.revision, v.description, v.timeout_s, v.revision_id, v.last_modified],
+            )
+            .map_err(q("insert version"))?;
+        Ok(())
+    }
+
+    /// A function's published versions, oldest first.
+    pub fn list_versions(&self, function: &str) -> Result<Vec<VersionRecord>, RegistryError> {
+        let c = self.conn();
+        let mut st = c
+            .prepare("SELECT function, version, revision, description, timeout_s, revision_id, last_modified FROM versions WHERE function=?1 ORDER BY version")
+            .map_err(q("list versions"))?;
+        let rows = st
+            .query_map([function], |r| {
+                Ok(VersionRecord {
+                    function: r.get(0)?,
+                    version: r.get(1)?,
+                    revision: r.get(2)?,
+                    description: r.get(3)?,
+                    timeout_s: r.get(4)?,
+                    revision_id: r.get(5)?,
+                    last_modified: r.get(6)?,
+                })
+            })
+            .map_err(q("list versions"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(q("list versions"))
+    }
+
+    /// Insert or replace an alias.
+    pub fn put_alias(&self, a: &AliasRecord) -> Result<(), RegistryError> {
+        let weights: BTreeMap<String, f64> = a.weights.iter().map(|(v, w)| (v.to_string(), *w)).collect();
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO aliases (function, name, version, description, weights_json, revision_id) VALUES (?1,?2,?3,?4,?5,?6)",
+                params![a.function, a.name, a.version, a.description, serde_json::to_string(&weights).expect("serializable"), a.revision_id],
+            )
+            .map_err(q("put alias"))?;
+        Ok(())
+    }
+
+    pub fn list_aliases(&self, function: &str) -> Result<Vec<AliasRecord>, RegistryError> {
+        let c = self.conn();
+        let mut st = c
+            .prepare("SELECT function, name, version, description, weights_json, revision_id FROM aliases WHERE function=?1 ORDER BY name")
+            .map_err(q("list aliases"))?;
+        let rows = st
+            .query_map([function], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get(2)?, r.get(3)?, r.get::<_, String>(4)?, r.get(5)?)))
+            .map_err(q("list aliases"))?;
+        let mut out = vec![];
+        for row in rows {
+            let (function, name, version, description, weights, revision_id) = row.map_err(q("list aliases"))?;
+            let w: BTreeMap<String, f64> = serde_json::from_str(&weights)
+                .map_err(|e| RegistryError::Corrupt { what: format!("alias {function}:{name}"), detail: e.to_string() })?;
+            let weights = w.into_iter().filter_map(|(k, v)| Some((k.parse().ok()?, v))).collect();
+            out.push(AliasRecord { function, name, version, description, weights, revision_id });
+        }
+        Ok(out)
+    }
+
+    /// Provisioned concurrency per version: (version, requested, last modified).
+    pub fn list_provisioned(&self, function: &str) -> Result<Vec<(u64, usize, String)>, RegistryError> {
+        let c = self.conn();
+        let mut st = c.prepare("SELECT version, requested, last_modified FROM provisioned WHERE function=?1").map_err(q("list provisioned"))?;
+        let rows = st.query_map([function], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as usize, r.get(2)?))).map_err(q("list provisioned"))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(q("list provisioned"))
+    }
+
+    /// Set (`Some`) or remove provisioned concurrency of a version.
+    pub fn put_provisioned(&self, function: &str, version: u64, requested: Option<(usize, &str)>) -> Result<(), RegistryError> {
+        let c = self.conn();
+        match requested {
+            Some((n, at)) => c.execute(
+                "INSERT OR REPLACE INTO provisioned (function, version, requested, last_modified) VALUES (?1,?2,?3,?4)",
+                params![function, version, n as i64, at],
+            ),
+            None => c.execute("DELETE FROM provisioned WHERE function=?1 AND version=?2", params![function, version]),
+        }
+        .map_err(q("put provisioned"))?;
+        Ok(())
+    }
+
+    pub fn delete_alias(&self, function: &str, name: &str) -> Result<(), RegistryError> {
+        self.conn().execute("DELETE FROM aliases WHERE function=?1 AND name=?2", [function, name]).map_err(q("delete alias"))?;
+        Ok(())
+    }
+
+    pub fn delete_version(&self, function: &str, version: u64) -> Result<(), RegistryError> {
+        self.conn().execute("DELETE FROM versions WHERE function=?1 AND version=?2", params![function, version]).map_err(q("delete version"))?;
+        Ok(())
     }
 
     pub fn delete_revision(&self, id: i64) -> Result<(), RegistryError> {
@@ -543,5 +794,45 @@ mod tests {
         let path = dir.path().join("r.sqlite");
         Registry::open(&path).unwrap().insert_function(&func("p")).unwrap();
         assert_eq!(Registry::open(&path).unwrap().get_function("p").unwrap(), Some(func("p")));
+    }
+
+    #[test]
+    fn environment_values_are_sealed_on_disk_and_open_only_with_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sqlite");
+        let key = Arc::new(NodeKey::generate().unwrap());
+        let mut f = func("s");
+        f.env = BTreeMap::from([("DB_PASSWORD".to_string(), "TOPSECRET-4711".to_string())]);
+        let reg = Registry::open(&path).unwrap().with_key(Some(key.clone()));
+        reg.insert_function(&f).unwrap();
+        assert_eq!(reg.get_function("s").unwrap(), Some(f.clone()));
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            assert!(!bytes.windows(14).any(|w| w == b"TOPSECRET-4711"), "the secret is in clear on disk");
+        }
+        drop(reg);
+        assert_eq!(Registry::open(&path).unwrap().with_key(Some(key.clone())).get_function("s").unwrap(), Some(f));
+        let e = Registry::open(&path).unwrap().with_key(None).get_function("s").unwrap_err().to_string();
+        assert!(e.contains("sealed and the node has no node key"), "{e}");
+        let other = Arc::new(NodeKey::generate().unwrap());
+        let e = Registry::open(&path).unwrap().with_key(Some(other)).get_function("s").unwrap_err().to_string();
+        assert!(e.contains("does not open with node key"), "{e}");
+        // Rows written in clear before the node had a key still read.
+        let plain = Registry::open(&path).unwrap().with_key(None);
+        plain.insert_function(&func("old")).unwrap();
+        assert_eq!(Registry::open(&path).unwrap().with_key(Some(key)).get_function("old").unwrap(), Some(func("old")));
+    }
+
+    #[test]
+    fn settings_round_trip_and_go_with_the_function() {
+        let reg = Registry::open_in_memory().unwrap();
+        reg.insert_function(&func("s")).unwrap();
+        assert_eq!(reg.get_settings("s").unwrap(), FunctionSettings::default());
+        let url = UrlConfig { auth_type: "NONE".into(), cors: None, creation_time: "t".into(), last_modified_time: "t".into() };
+        let set = FunctionSettings { reserved_concurrency: Some(3), tags: BTreeMap::from([("team".to_string(), "a".to_string())]), url: Some(url) };
+        reg.put_settings("s", &set).unwrap();
+        assert_eq!(reg.get_settings("s").unwrap(), set);
+        reg.delete_function("s").unwrap();
+        assert_eq!(reg.get_settings("s").unwrap(), FunctionSettings::default());
     }
 }

@@ -94,16 +94,17 @@ pub struct Verifier {
     keys: Vec<Credentials>,
 }
 
-struct AuthHeader<'a> {
-    access_key: &'a str,
-    date: &'a str,
-    region: &'a str,
-    service: &'a str,
-    signed_headers: Vec<&'a str>,
-    signature: &'a str,
+/// The parts of a request's Authorization header.
+struct AuthHeader {
+    access_key: String,
+    date: String,
+    region: String,
+    service: String,
+    signed_headers: Vec<String>,
+    signature: String,
 }
 
-fn parse_auth(value: &str) -> Result<AuthHeader<'_>, SigV4Error> {
+fn parse_auth(value: &str) -> Result<AuthHeader, SigV4Error> {
     let rest = value
         .strip_prefix(ALGORITHM)
         .ok_or_else(|| SigV4Error::Incomplete(format!("the {ALGORITHM} algorithm")))?;
@@ -126,12 +127,12 @@ fn parse_auth(value: &str) -> Result<AuthHeader<'_>, SigV4Error> {
         return Err(SigV4Error::Incomplete("a Credential of the form KEY/DATE/REGION/SERVICE/aws4_request".into()));
     }
     Ok(AuthHeader {
-        access_key: parts[0],
-        date: parts[1],
-        region: parts[2],
-        service: parts[3],
-        signed_headers: signed.split(';').collect(),
-        signature,
+        access_key: parts[0].to_string(),
+        date: parts[1].to_string(),
+        region: parts[2].to_string(),
+        service: parts[3].to_string(),
+        signed_headers: signed.split(';').map(str::to_string).collect(),
+        signature: signature.to_string(),
     })
 }
 
@@ -160,9 +161,9 @@ impl Verifier {
     }
 
     /// The checked Authorization header, the request's X-Amz-Date and the key.
-    fn authenticate_headers(&self, req: &SignedRequest<'_>, now: SystemTime) -> Result<(OwnedAuth, String, &Credentials), SigV4Error> {
+    fn authenticate_headers(&self, req: &SignedRequest<'_>, now: SystemTime) -> Result<(AuthHeader, String, &Credentials), SigV4Error> {
         let auth_value = req.header("authorization").ok_or(SigV4Error::Missing)?;
-        let auth = parse_auth(&auth_value)?.owned();
+        let auth = parse_auth(&auth_value)?;
         let key = self
             .keys
             .iter()
@@ -242,29 +243,6 @@ impl Verifier {
         mac.update(string_to_sign.as_bytes());
         mac.verify_slice(&provided).map_err(|_| SigV4Error::Mismatch)?;
         Ok(key.access_key_id.clone())
-    }
-}
-
-/// The checked parts of a request's Authorization header, owned.
-struct OwnedAuth {
-    access_key: String,
-    date: String,
-    region: String,
-    service: String,
-    signed_headers: Vec<String>,
-    signature: String,
-}
-
-impl AuthHeader<'_> {
-    fn owned(&self) -> OwnedAuth {
-        OwnedAuth {
-            access_key: self.access_key.to_string(),
-            date: self.date.to_string(),
-            region: self.region.to_string(),
-            service: self.service.to_string(),
-            signed_headers: self.signed_headers.iter().map(|h| h.to_string()).collect(),
-            signature: self.signature.to_string(),
-        }
     }
 }
 

@@ -1,6 +1,11 @@
 //! The node side of the control channel (fd 3 in the sandbox) plus the log
 //! pipe (fd 1/2). Reads from both are multiplexed with poll so a function that
 //! logs a lot can never block on a full pipe while we wait for its reply.
+//!
+//! Every request (`invoke`, `restored`) carries a fresh random `nonce` that the
+//! shim echoes in its reply; a frame with any other nonce (or none) is stale or
+//! forged — a function can write to fd 3 itself, and a previous tenant's frames
+//! may still be queued — and is dropped, never taken as the answer.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -54,6 +59,19 @@ pub struct InvokeRequest {
     pub function_version: String,
     pub memory_limit_mb: u64,
     pub invoked_function_arn: String,
+    /// Echoed by the shim in its reply (see the module documentation).
+    pub nonce: String,
+}
+
+/// A fresh request nonce: 128 random bits, hex.
+fn new_nonce() -> String {
+    let mut b = [0u8; 16];
+    // Without the kernel's randomness a nonce is still unique within the process.
+    if getrandom::fill(&mut b).is_err() {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        b[..8].copy_from_slice(&N.fetch_add(1, std::sync::atomic::Ordering::Relaxed).to_le_bytes());
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 impl InvokeRequest {
@@ -68,6 +86,7 @@ impl InvokeRequest {
             function_version: "$LATEST".into(),
             memory_limit_mb: memory_mb,
             invoked_function_arn: format!("arn:aws:lambda:local:000000000000:function:{function_name}"),
+            nonce: new_nonce(),
         }
     }
 }
@@ -91,6 +110,8 @@ struct Reply {
     result: Option<String>,
     #[serde(default)]
     error: Option<FunctionError>,
+    #[serde(default)]
+    nonce: Option<String>,
     #[serde(flatten)]
     rest: serde_json::Map<String, serde_json::Value>,
 }
@@ -100,6 +121,8 @@ pub struct Channel {
     log: std::fs::File,
     inbuf: Vec<u8>,
     logs: Vec<u8>,
+    /// Frames dropped because they did not carry the request's nonce.
+    pub stale_frames: u64,
 }
 
 impl Channel {
@@ -107,7 +130,7 @@ impl Channel {
         let control = UnixStream::from(control);
         let log = std::fs::File::from(log);
         nix::fcntl::fcntl(std::os::fd::AsRawFd::as_raw_fd(&log), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
-        Ok(Channel { control, log, inbuf: Vec::new(), logs: Vec::new() })
+        Ok(Channel { control, log, inbuf: Vec::new(), logs: Vec::new(), stale_frames: 0 })
     }
 
     /// Log output collected so far (and forget it).
@@ -223,12 +246,51 @@ impl Channel {
         }
     }
 
+    /// Read frames until one carries `nonce` (dropping the others), within `timeout`.
+    fn recv_reply(&mut self, nonce: &str, timeout: Duration) -> Result<Reply, ChannelError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let r = self.recv(left).map_err(|e| match e {
+                ChannelError::Timeout(_) => ChannelError::Timeout(timeout),
+                e => e,
+            })?;
+            if r.nonce.as_deref() == Some(nonce) {
+                return Ok(r);
+            }
+            self.stale_frames += 1;
+            tracing::warn!(kind = %r.kind, "dropped a control frame without this request's nonce (stale or written by the function)");
+        }
+    }
+
+    /// Drop everything queued on the control channel (the runtime is idle: whatever
+    /// is there was written by a previous tenant). Called before an instance is reused
+    /// by someone else, so that half a frame cannot desynchronise the next reply.
+    pub fn discard_pending(&mut self) -> Result<usize, ChannelError> {
+        self.drain_log();
+        let mut dropped = std::mem::take(&mut self.inbuf).len();
+        self.control.set_nonblocking(true).map_err(ChannelError::Io)?;
+        let mut buf = [0u8; 16384];
+        let r = loop {
+            match self.control.read(&mut buf) {
+                Ok(0) => break Err(ChannelError::Closed { logs: self.peek_logs() }),
+                Ok(n) => dropped += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(dropped),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(ChannelError::Io(e)),
+            }
+        };
+        self.control.set_nonblocking(false).map_err(ChannelError::Io)?;
+        r
+    }
+
     /// Tell a restored runtime it is a new clone (it reseeds and runs its
     /// after-restore hooks) and wait for its `ok`. A hook failure is an
     /// `Init` error: the instance must be discarded.
     pub fn restored(&mut self, timeout: Duration) -> Result<(), ChannelError> {
-        self.send(&serde_json::json!({"type": "restored"}))?;
-        let r = self.recv(timeout)?;
+        let nonce = new_nonce();
+        self.send(&serde_json::json!({"type": "restored", "nonce": nonce}))?;
+        let r = self.recv_reply(&nonce, timeout)?;
         match r.kind.as_str() {
             "ok" => Ok(()),
             "error" => {
@@ -243,7 +305,7 @@ impl Channel {
     /// Send one invocation and wait for its result.
     pub fn invoke(&mut self, req: &InvokeRequest, timeout: Duration) -> Result<InvokeOutcome, ChannelError> {
         self.send(req)?;
-        let r = self.recv(timeout)?;
+        let r = self.recv_reply(&req.nonce, timeout)?;
         if r.kind != "result" {
             return Err(ChannelError::Protocol(format!("expected result, got '{}'", r.kind)));
         }
@@ -286,8 +348,8 @@ mod tests {
         peer.write_all(&frame(serde_json::json!({"type":"ready","restore_notice":false}))).unwrap();
         assert!(!ch.wait_ready(Duration::from_secs(5)).unwrap());
         log.write_all(b"hello log\n").unwrap();
-        peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"{\"a\":1}"}))).unwrap();
         let req = InvokeRequest::new("r1".into(), "{}".into(), "f", 128, Duration::from_secs(3));
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"{\"a\":1}","nonce":req.nonce}))).unwrap();
         assert_eq!(ch.invoke(&req, Duration::from_secs(5)).unwrap(), InvokeOutcome::Ok("{\"a\":1}".into()));
         assert_eq!(ch.take_logs(), "hello log\n");
         // The request reached the peer as a frame.
@@ -298,6 +360,32 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["type"], "invoke");
         assert_eq!(v["request_id"], "r1");
+        assert_eq!(v["nonce"], req.nonce.as_str());
+    }
+
+    /// Frames without the request's nonce (a function writing to fd 3, a previous
+    /// tenant's leftovers) are dropped; queued junk is discarded before reuse.
+    #[test]
+    fn stale_or_forged_frames_are_never_the_answer() {
+        let (mut ch, mut peer, _log) = pair();
+        let req = InvokeRequest::new("r1".into(), "{}".into(), "f", 128, Duration::from_secs(3));
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"\"forged\""}))).unwrap();
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"\"old\"","nonce":"0123"}))).unwrap();
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"\"real\"","nonce":req.nonce}))).unwrap();
+        assert_eq!(ch.invoke(&req, Duration::from_secs(5)).unwrap(), InvokeOutcome::Ok("\"real\"".into()));
+        assert_eq!(ch.stale_frames, 2);
+        // Half a frame left behind would swallow the next reply: discarded before reuse.
+        peer.write_all(&[0, 0, 1, 0, b'{']).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(ch.discard_pending().unwrap(), 5);
+        let req = InvokeRequest::new("r2".into(), "{}".into(), "f", 128, Duration::from_secs(3));
+        assert_ne!(req.nonce, InvokeRequest::new("r2".into(), "{}".into(), "f", 128, Duration::from_secs(3)).nonce);
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"2","nonce":req.nonce}))).unwrap();
+        assert_eq!(ch.invoke(&req, Duration::from_secs(5)).unwrap(), InvokeOutcome::Ok("2".into()));
+        // Only stale frames until the deadline: a timeout, not a stale answer.
+        let req = InvokeRequest::new("r3".into(), "{}".into(), "f", 128, Duration::from_secs(3));
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":true,"result":"\"forged\""}))).unwrap();
+        assert!(matches!(ch.invoke(&req, Duration::from_millis(200)), Err(ChannelError::Timeout(_))));
     }
 
     /// A crash's last words are both in the error and in the invocation's log.
@@ -321,8 +409,8 @@ mod tests {
         peer.write_all(&frame(serde_json::json!({"type":"init_error","errorType":"Runtime.ImportModuleError","errorMessage":"Unable to import module 'x'","stackTrace":[]}))).unwrap();
         let e = ch.wait_ready(Duration::from_secs(5)).unwrap_err();
         assert_eq!(e.to_string(), "function init failed: Runtime.ImportModuleError: Unable to import module 'x'");
-        peer.write_all(&frame(serde_json::json!({"type":"result","ok":false,"error":{"errorType":"ValueError","errorMessage":"bad","stackTrace":["x"]}}))).unwrap();
         let req = InvokeRequest::new("r2".into(), "{}".into(), "f", 128, Duration::from_secs(3));
+        peer.write_all(&frame(serde_json::json!({"type":"result","ok":false,"error":{"errorType":"ValueError","errorMessage":"bad","stackTrace":["x"]},"nonce":req.nonce}))).unwrap();
         match ch.invoke(&req, Duration::from_secs(5)).unwrap() {
             InvokeOutcome::Error(e) => assert_eq!((e.error_type.as_str(), e.error_message.as_str()), ("ValueError", "bad")),
             other => panic!("unexpected {other:?}"),
@@ -332,19 +420,40 @@ mod tests {
         assert!(matches!(e, ChannelError::Closed { .. }), "{e}");
     }
 
+    /// A peer that answers each of `replies` to the next request, echoing its nonce.
+    fn echo_peer(mut peer: UnixStream, replies: Vec<serde_json::Value>) -> std::thread::JoinHandle<Vec<serde_json::Value>> {
+        std::thread::spawn(move || {
+            let mut seen = vec![];
+            for mut reply in replies {
+                let mut len = [0u8; 4];
+                peer.read_exact(&mut len).unwrap();
+                let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+                peer.read_exact(&mut body).unwrap();
+                let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                reply["nonce"] = req["nonce"].clone();
+                peer.write_all(&frame(reply)).unwrap();
+                seen.push(req);
+            }
+            seen
+        })
+    }
+
     #[test]
     fn restored_handshake() {
-        let (mut ch, mut peer, _log) = pair();
-        peer.write_all(&frame(serde_json::json!({"type":"ok"}))).unwrap();
+        let (mut ch, peer, _log) = pair();
+        let t = echo_peer(
+            peer,
+            vec![
+                serde_json::json!({"type":"ok"}),
+                serde_json::json!({"type":"error","errorType":"HookError","errorMessage":"boom","stackTrace":[]}),
+            ],
+        );
         ch.restored(Duration::from_secs(5)).unwrap();
-        let mut len = [0u8; 4];
-        peer.read_exact(&mut len).unwrap();
-        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-        peer.read_exact(&mut body).unwrap();
-        assert_eq!(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["type"], "restored");
-        peer.write_all(&frame(serde_json::json!({"type":"error","errorType":"HookError","errorMessage":"boom","stackTrace":[]}))).unwrap();
         let e = ch.restored(Duration::from_secs(5)).unwrap_err();
         assert_eq!(e.to_string(), "function init failed: HookError: boom");
+        let seen = t.join().unwrap();
+        assert_eq!(seen[0]["type"], "restored");
+        assert_ne!(seen[0]["nonce"], seen[1]["nonce"], "a fresh nonce per request");
     }
 
     #[test]

@@ -77,6 +77,11 @@ pub(crate) trait HostFs {
     fn list(&self, _p: &Path) -> std::io::Result<Vec<String>> {
         Ok(Vec::new())
     }
+    /// The minimal /etc planned as `ops`, staged as one host directory (see
+    /// `etc::stage`); `None`: mount it entry by entry.
+    fn stage_etc(&self, _spec: &SandboxSpec, _ops: &[RootOp]) -> Option<PathBuf> {
+        None
+    }
 }
 
 pub(crate) struct RealFs;
@@ -96,6 +101,21 @@ impl HostFs for RealFs {
     fn list(&self, p: &Path) -> std::io::Result<Vec<String>> {
         std::fs::read_dir(p)?.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())).collect()
     }
+    fn stage_etc(&self, spec: &SandboxSpec, ops: &[RootOp]) -> Option<PathBuf> {
+        // The entry-by-entry mounts, for comparison (bench/etc_staging.py).
+        if std::env::var_os("THAW_NO_ETC_STAGING").is_some() {
+            return None;
+        }
+        // Beside the sandboxes' directory (not in it: stale sandboxes are swept there).
+        let base = spec.run_dir.parent().unwrap_or(Path::new("/run/thaw")).join("etc");
+        match crate::etc::stage(ops, &base) {
+            Ok(dir) => Some(dir),
+            Err(e) => {
+                tracing::warn!(error = %e, cause = %e.source, "cannot stage the minimal /etc; binding it entry by entry");
+                None
+            }
+        }
+    }
 }
 
 /// Builds the mount plan, checking every host source exists.
@@ -111,7 +131,11 @@ pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs) -> Result<Vec<RootOp>, S
         ops.push(RootOp::Bind { src: p.clone(), dst: p.clone(), dir, readonly: true });
     }
     if spec.minimal_etc && !spec.ro_binds.iter().any(|p| p == Path::new("/etc")) {
-        ops.extend(crate::etc::plan(spec, fs));
+        let etc = crate::etc::plan(spec, fs);
+        match fs.stage_etc(spec, &etc) {
+            Some(src) => ops.push(RootOp::Bind { src, dst: PathBuf::from("/etc"), dir: true, readonly: true }),
+            None => ops.extend(etc),
+        }
     }
     for p in &spec.root_links {
         if spec.ro_binds.contains(p) {
@@ -245,6 +269,41 @@ mod tests {
         assert!(ops.contains(&RootOp::Symlink { target: "/usr/share/zoneinfo/Etc/UTC".into(), dst: "/etc/localtime".into() }));
         let mentions = |p: &str| ops.iter().any(|o| !matches!(o, RootOp::File { .. }) && format!("{o:?}").contains(p));
         assert!(!mentions("shadow") && !mentions("private"));
+    }
+
+    /// `FakeFs` whose minimal /etc stages to `/run/thaw/etc/k` (counting the calls).
+    struct StagingFs(FakeFs, std::cell::Cell<usize>);
+    impl HostFs for StagingFs {
+        fn kind(&self, p: &Path) -> std::io::Result<bool> {
+            self.0.kind(p)
+        }
+        fn symlink(&self, p: &Path) -> std::io::Result<Option<PathBuf>> {
+            self.0.symlink(p)
+        }
+        fn stage_etc(&self, _spec: &SandboxSpec, ops: &[RootOp]) -> Option<PathBuf> {
+            assert!(ops.iter().any(|o| matches!(o, RootOp::File { dst, .. } if dst == Path::new("/etc/passwd"))));
+            self.1.set(self.1.get() + 1);
+            Some("/run/thaw/etc/k".into())
+        }
+    }
+
+    #[test]
+    fn staged_minimal_etc_is_one_readonly_bind_unless_the_host_etc_is_bound() {
+        let mut fs = host();
+        fs.0.insert("/etc/ld.so.cache", Err(false));
+        fs.0.insert("/etc/ssl/certs", Err(true));
+        let fs = StagingFs(fs, Default::default());
+        let ops = plan(&SandboxSpec::new("p", "/code"), &fs).unwrap();
+        let on_etc: Vec<_> = ops.iter().filter(|o| format!("{o:?}").contains("\"/etc")).collect();
+        assert_eq!(on_etc, [&RootOp::Bind { src: "/run/thaw/etc/k".into(), dst: "/etc".into(), dir: true, readonly: true }]);
+        assert_eq!(fs.1.get(), 1);
+
+        // The host's /etc bound explicitly: no minimal one, staged or not.
+        let mut spec = SandboxSpec::new("p", "/code");
+        spec.ro_binds.push("/etc".into());
+        let ops = plan(&spec, &fs).unwrap();
+        assert!(!ops.iter().any(|o| format!("{o:?}").contains("/run/thaw/etc")));
+        assert_eq!(fs.1.get(), 1, "not staged");
     }
 
     fn host() -> FakeFs {

@@ -19,6 +19,17 @@ pub enum CgroupError {
     Parse { path: PathBuf, content: String },
 }
 
+/// Staging the minimal /etc as a host directory (`etc::stage`) failed: `op` on
+/// `path`. The sandbox then gets the minimal /etc entry by entry instead.
+#[derive(Debug, thiserror::Error)]
+#[error("staging the minimal /etc: {op} {path}")]
+pub struct EtcStageError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
 /// Errors from [`crate::Sandbox`] operations.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {

@@ -64,7 +64,7 @@ mod spec;
 mod sys;
 
 pub use cgroup::{for_sandbox as cgroup_for_sandbox, is_v2 as cgroup_is_v2, Cgroup, CgroupV1, CgroupV2};
-pub use error::{CgroupError, SandboxError};
+pub use error::{CgroupError, EtcStageError, SandboxError};
 pub use init::sandbox_init_main;
 pub use sandbox::{sweep_stale, ExitStatus, Sandbox};
 pub use spec::{Entry, Limits, SandboxSpec};

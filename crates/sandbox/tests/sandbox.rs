@@ -206,8 +206,8 @@ fn memory_limit_oom_kills() {
     let mut s = spec("oom", code.path());
     s.limits = Limits { memory_mb: 64, ..Limits::default() };
     let argv = vec!["/usr/bin/python3".into(), "-c".into(), "x = b'a' * (256 << 20)\nprint('survived')".into()];
+    // (No oom_killed() check before the kill: the process may be killed before it runs.)
     let mut sb = Sandbox::spawn(&s, Entry::Exec { argv }).unwrap();
-    assert!(!sb.cgroup().oom_killed());
     let out = read_all(sb.take_log().unwrap());
     assert_eq!(sb.wait().unwrap(), ExitStatus::Signaled(libc::SIGKILL), "{out}");
     assert!(!out.contains("survived"));
@@ -215,6 +215,13 @@ fn memory_limit_oom_kills() {
     let cg = sb.cgroup().paths();
     sb.kill().unwrap();
     assert_gone(sb.pid(), &cg, &run_dir(&s));
+    // Within its limit: not reported as killed by it.
+    let s = spec("oom-not", code.path());
+    let mut sb = Sandbox::spawn(&s, Entry::Exec { argv: vec!["/usr/bin/python3".into(), "-c".into(), "print('fine')".into()] }).unwrap();
+    let out = read_all(sb.take_log().unwrap());
+    assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(0), "{out}");
+    assert!(!sb.cgroup().oom_killed());
+    sb.kill().unwrap();
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
-use thaw_engine::instance::{FunctionConfig, Instance, LoadedSnapshot};
+use thaw_engine::instance::{FunctionConfig, Instance, InstanceError, LoadedSnapshot};
 use thaw_engine::pageserver::Paging;
 use thaw_runtime::{InvokeOutcome, Runtime};
 
@@ -34,6 +34,11 @@ struct Cli {
     /// Log filter, e.g. "info" or "thaw_engine=debug". Env: THAW_LOG.
     #[arg(long, global = true, env = "THAW_LOG", default_value = "warn")]
     log: String,
+    /// Node key file (64 hex digits, mode 0600) that seals snapshots at rest (AES-256-GCM)
+    /// and opens sealed ones. Default: THAW_NODE_KEY if set, else DATA_DIR/node.key if it
+    /// exists (`thaw serve` creates it). Without a key, snapshots are written in clear.
+    #[arg(long, global = true, env = "THAW_KEY_FILE", value_name = "PATH")]
+    key_file: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -93,7 +98,7 @@ enum SnapshotCmd {
         paging: Paging,
         /// Share of the touched pages a prefetch restore may need beyond the working set
         /// before the working set counts as unrepresentative and is re-recorded.
-        #[arg(long, default_value_t = 0.25, value_parser = parse_share)]
+        #[arg(long, default_value_t = 0.25, value_parser = thaw_node::cli::parse_share)]
         reprofile_threshold: f64,
         /// Keep the working set exactly as recorded (REAP): by default a prefetch restore adds
         /// the pages it had to fault in (below the threshold) to the working set.
@@ -105,6 +110,10 @@ enum SnapshotCmd {
         /// per fault.
         #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(4..=65536))]
         readaround_kb: u64,
+        /// CPU the page server may spend on this instance's page faults, as a share of its
+        /// CPU limit averaged over a second; 0 = unbounded. Faults beyond it wait.
+        #[arg(long, default_value_t = thaw_engine::pageserver::DEFAULT_FAULT_CPU_SHARE, value_parser = thaw_node::cli::parse_share)]
+        fault_cpu_share: f64,
         /// Number of invocations to run on the restored instance (the same payload each time).
         #[arg(long, default_value_t = 1)]
         invocations: u32,
@@ -184,14 +193,6 @@ struct InvokeArgs {
     quiet: bool,
 }
 
-/// A share between 0 and 1 (NaN and infinities refused).
-fn parse_share(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        Ok(_) => Err(format!("expected a share between 0 and 1, got '{s}'")),
-        Err(e) => Err(format!("expected a number between 0 and 1, got '{s}': {e}")),
-    }
-}
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("expected KEY=VALUE, got '{s}'"))
@@ -276,7 +277,6 @@ fn write_stats(path: &Option<PathBuf>, v: serde_json::Value) -> Result<()> {
 /// out) rather than anything else (exit 2). A page server that failed under the
 /// instance is the platform's failure.
 fn function_failed(e: &anyhow::Error) -> bool {
-    use thaw_engine::instance::InstanceError;
     e.chain().any(|c| {
         matches!(
             c.downcast_ref::<InstanceError>(),
@@ -285,7 +285,39 @@ fn function_failed(e: &anyhow::Error) -> bool {
     })
 }
 
+/// Install this process's node key (see `--key-file`); `thaw serve` creates the
+/// default key file unless it runs with `--no-encryption`.
+fn install_node_key(cli: &Cli) -> Result<()> {
+    use thaw_engine::seal::{self, NodeKey};
+    let serving = match &cli.cmd {
+        Cmd::Serve(a) if a.no_encryption => return Ok(()),
+        Cmd::Serve(_) => true,
+        _ => false,
+    };
+    let key = if let Some(k) = NodeKey::from_env()? {
+        Some(k)
+    } else if let Some(path) = &cli.key_file {
+        Some(NodeKey::load_or_create(path)?)
+    } else {
+        let path = cli.data_dir.join("node.key");
+        if serving {
+            std::fs::create_dir_all(&cli.data_dir).with_context(|| format!("creating data directory {}", cli.data_dir.display()))?;
+            Some(NodeKey::load_or_create(&path)?)
+        } else if path.exists() {
+            Some(NodeKey::read_file(&path)?)
+        } else {
+            None
+        }
+    };
+    if let Some(k) = &key {
+        tracing::info!(key_id = k.id(), "snapshots are sealed with the node key");
+    }
+    seal::install(key.map(std::sync::Arc::new));
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
+    install_node_key(&cli)?;
     match cli.cmd {
         Cmd::Serve(args) => {
             thaw_node::cli::serve(args, &cli.data_dir)?;
@@ -341,7 +373,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, reset, search_memory, noop_resets }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, noop_resets }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
@@ -350,9 +382,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let fetched = store_cmd::resolve(&snapdir, &cli.data_dir, cache_max_bytes)?;
             let mut snap = LoadedSnapshot::open(fetched.dir())?;
             snap.reprofile_threshold = reprofile_threshold;
-            snap.track_writes = reset;
+            snap.set_track_writes(reset);
             snap.merge_misses = !no_ws_merge;
             snap.source.set_readaround(readaround_kb / 4);
+            snap.source.set_fault_cpu_share(fault_cpu_share);
             let open_ms = ms(t0.elapsed());
             let mut inst = Instance::restore(&snap, paging)?;
             let restore_ms = ms(t0.elapsed());
@@ -366,7 +399,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     match inst.reset(&snap) {
                         Ok(st) => resets.push(json!({"invocation": i + 1, "reset_ms": st.reset_ms, "pages_written": st.pages_written,
                             "pages_written_back": st.pages_written_back, "mappings_unmapped": st.mappings_unmapped,
-                            "fds_closed": st.fds_closed, "tmp_reset": st.tmp_reset,
+                            "fds_closed": st.fds_closed, "tmp_reset": st.tmp_reset, "limits_reset": st.limits_reset,
                             "phases_ms": st.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()})),
                         Err(e) => {
                             // Fail closed: discard, and serve the next invocation from a fresh restore.
@@ -384,14 +417,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 if first_stats.is_none() {
                     first_stats = Some(inst.page_stats());
                 }
-                print_logs(&mut inst, inv.quiet);
-                match out {
-                    Ok(o) => ok &= emit(&o),
-                    Err(e) => {
-                        inst.kill();
-                        return Err(e.into());
-                    }
-                }
+                let (live, success) = report(inst, out, inv.quiet)?;
+                inst = live;
+                ok &= success;
             }
             let mut noop = Vec::new();
             let mut matches = None;
@@ -411,14 +439,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 if noop_resets > 0 {
                     let out = inst.invoke("restore-after-noop-resets", &payload, Duration::from_secs(inv.timeout));
-                    print_logs(&mut inst, inv.quiet);
-                    match out {
-                        Ok(o) => ok &= emit(&o),
-                        Err(e) => {
-                            inst.kill();
-                            return Err(e.into());
-                        }
-                    }
+                    let (live, success) = report(inst, out, inv.quiet)?;
+                    inst = live;
+                    ok &= success;
                 }
             }
             if let (Some(s), false) = (&search_memory, reset) {
@@ -444,6 +467,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                        "bytes_read_from_image": first.bytes_read_from_image,
                        "pages_installed_upfront": first.pages_installed_upfront,
                        "page_faults_all": all.page_faults, "bytes_read_from_image_all": all.bytes_read_from_image,
+                       "server_cpu_ms": all.server_cpu_ms, "throttled_ms": all.throttled_ms,
                        "phases_ms": start.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()}),
             )?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -469,6 +493,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 "threads": img.threads.len(), "vmas": img.vmas.len(), "vma_kinds": kinds, "files": img.files.len(),
                 "stored_pages": img.pages.stored_pages(), "page_runs": img.pages.runs.len(),
                 "stored_bytes": img.pages.stored_pages() * 4096, "fds": img.fds, "sigactions": img.sigactions.len(),
+                "sealed_with_key": img.seal.as_ref().map(|s| &s.key_id),
             });
             let mut v = v;
             if verbose {
@@ -487,6 +512,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Snapshot(SnapshotCmd::Evict { snapdir }) => {
             thaw_bench::runner::evict_dir(&snapdir)?;
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Print the function's logs and the outcome of an invocation; returns the instance
+/// and whether the function succeeded. A failed invocation kills the instance.
+fn report(mut inst: Instance, out: Result<InvokeOutcome, InstanceError>, quiet: bool) -> Result<(Instance, bool)> {
+    print_logs(&mut inst, quiet);
+    match out {
+        Ok(o) => Ok((inst, emit(&o))),
+        Err(e) => {
+            inst.kill();
+            Err(e.into())
         }
     }
 }

@@ -14,12 +14,49 @@ use common::{bundle, ok, scratch, stdout, thaw};
 /// plants new ones: its canary is the reversed `tag`, so the payload itself never
 /// holds the string searched for.
 const HANDLER: &str = r#""""Plants canaries everywhere it can, after reporting what it sees of earlier ones."""
+import ctypes
 import os
+import resource
+import signal
 import threading
 
 STATE = {"g": None}
+LIBC = ctypes.CDLL(None, use_errno=True)
+EFD = os.eventfd(0, os.EFD_NONBLOCK)
+
+
+class Itimerspec(ctypes.Structure):
+    _fields_ = [("i_s", ctypes.c_long), ("i_ns", ctypes.c_long), ("v_s", ctypes.c_long), ("v_ns", ctypes.c_long)]
+
+
+TFD = LIBC.timerfd_create(1, 0o4000)  # CLOCK_MONOTONIC, TFD_NONBLOCK; disarmed at the snapshot
+
+
+def tfd_left():
+    cur = Itimerspec()
+    LIBC.timerfd_gettime(TFD, ctypes.byref(cur))
+    return cur.v_s
+EP = __import__("select").epoll()
+
+
+def efd_value():
+    try:
+        return os.eventfd_read(EFD)
+    except BlockingIOError:
+        return 0
+
+
+class StackT(ctypes.Structure):
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+
+def altstack():
+    old = StackT()
+    LIBC.sigaltstack(None, ctypes.byref(old))
+    return [old.ss_sp or 0, old.ss_flags, old.ss_size]
 CACHE = {}
 BIG = []
+ALT = []
 FDS = []
 
 
@@ -34,8 +71,13 @@ def handler(event, context):
         "cwd": os.getcwd(),
         "fds": sorted(os.listdir("/proc/self/fd")),
         "umask": os.umask(0o022),
+        "itimer": list(signal.getitimer(signal.ITIMER_VIRTUAL)),
+        "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+        "altstack": altstack(),
+        "eventfd": efd_value(),
+        "timerfd": tfd_left(),
     }
-    do = event.get("do", "gcbfetdwu")
+    do = event.get("do", "gcbfetdwuirav")
     if "g" in do:
         STATE["g"] = c
     if "c" in do:
@@ -68,13 +110,26 @@ def handler(event, context):
         os.chdir("/tmp")
     if "u" in do:
         os.umask(0o077)
+    if "i" in do:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 1000, 1000)
+    if "r" in do:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    if "v" in do:
+        os.eventfd_write(EFD, 7)
+        LIBC.timerfd_settime(TFD, 0, ctypes.byref(Itimerspec(0, 0, 1000, 0)), None)
+    if "a" in do:
+        ALT.append(ctypes.create_string_buffer(1 << 16))
+        new = StackT(ctypes.addressof(ALT[-1]), 0, 1 << 16)
+        if LIBC.sigaltstack(ctypes.byref(new), None) != 0:
+            raise OSError(ctypes.get_errno(), "sigaltstack")
     extra = event.get("extra")
     if extra == "thread":
         threading.Thread(target=lambda: threading.Event().wait(), daemon=True).start()
     elif extra == "pidfd":
         FDS.append(os.pidfd_open(os.getpid()))
+    elif extra == "epoll":
+        EP.register(os.eventfd(0))
     elif extra == "signal":
-        import signal
         signal.signal(signal.SIGUSR2, lambda *a: None)
     return seen
 "#;
@@ -125,6 +180,11 @@ fn without_reset_the_canaries_are_seen_and_found_in_memory() {
     assert_eq!(second["big"], 1, "{second}");
     assert_eq!(second["tmp"], serde_json::json!(["canary-file"]), "{second}");
     assert_eq!(second["cwd"], "/tmp", "{second}");
+    assert!(second["itimer"][0].as_f64().unwrap() > 0.0, "{second}");
+    assert_eq!(second["nofile"][0], 100, "{second}");
+    assert_eq!(second["altstack"][2], 1 << 16, "{second}");
+    assert_eq!(second["eventfd"], 7, "{second}");
+    assert!(second["timerfd"].as_i64().unwrap() > 900, "{second}");
     assert!(stats["memory_matches"].as_u64().unwrap() > 1000, "{stats}");
 }
 
@@ -135,6 +195,11 @@ fn after_a_reset_no_canary_is_seen_or_left_in_memory() {
     let first = &answers[0];
     assert_eq!(first["g"], serde_json::Value::Null, "{first}");
     assert_eq!(first["cwd"], "/var/task", "{first}");
+    assert_eq!(first["itimer"], serde_json::json!([0.0, 0.0]), "{first}");
+    assert_ne!(first["nofile"][0], 100, "{first}");
+    assert_ne!(first["altstack"][2], 1 << 16, "{first}");
+    assert_eq!(first["eventfd"], 0, "{first}");
+    assert_eq!(first["timerfd"], 0, "{first}");
     for (i, a) in answers.iter().enumerate() {
         assert_eq!(a, first, "invocation {} saw something of the one before", i + 1);
     }
@@ -145,6 +210,7 @@ fn after_a_reset_no_canary_is_seen_or_left_in_memory() {
         assert!(r["pages_written_back"].as_u64().unwrap() > 0, "{r}");
         assert!(r["fds_closed"].as_u64().unwrap() >= 3, "file + pipe ends: {r}");
         assert_eq!(r["tmp_reset"], true, "{r}");
+        assert_eq!(r["limits_reset"], true, "{r}");
     }
     // Searched in the idle instance after a reset following the last invocation.
     assert_eq!(stats["memory_matches"], 0, "the canary survived in memory: {stats}");
@@ -170,7 +236,7 @@ fn consecutive_and_noop_resets_leave_the_instance_answering_identically() {
 
 #[test]
 fn what_a_reset_cannot_take_back_is_refused_and_a_fresh_restore_answers() {
-    for (extra, reason) in [("thread", "threads"), ("pidfd", "anon_inode:[pidfd]"), ("signal", "SigCgt")] {
+    for (extra, reason) in [("thread", "threads"), ("pidfd", "anon_inode:[pidfd]"), ("signal", "SigCgt"), ("epoll", "registrations")] {
         let (answers, stats) = run(&payload(Some(extra)), &["--invocations", "3", "--reset"]);
         assert_eq!(answers.len(), 3, "{extra}: every invocation answered");
         assert!(answers.iter().all(|a| a == &answers[0]), "{extra}: {answers:?}");
@@ -180,4 +246,61 @@ fn what_a_reset_cannot_take_back_is_refused_and_a_fresh_restore_answers() {
             assert_eq!(r["reset_ms"], serde_json::Value::Null);
         }
     }
+}
+
+/// The same canaries from a Node.js function: module state, a large buffer, the
+/// environment, /tmp, cwd and umask, a descriptor, an interval timer left pending
+/// is not (the event loop must be idle when the invocation ends).
+const NODE_HANDLER: &str = r#"
+const fs = require('fs');
+const state = { g: null, big: [], fds: [] };
+exports.handler = async (event) => {
+  const c = event.tag.split('').reverse().join('');
+  const seen = {
+    g: state.g, big: state.big.length, env: process.env.THAW_CANARY || null,
+    tmp: fs.readdirSync('/tmp').sort(), cwd: process.cwd(), umask: process.umask(0o022),
+    fds: fs.readdirSync('/proc/self/fd').length,
+  };
+  state.g = c;
+  state.big.push(Buffer.from(c.repeat((8 << 20) / c.length)));
+  process.env.THAW_CANARY = c;
+  fs.writeFileSync('/tmp/canary-file', c);
+  state.fds.push(fs.openSync('/tmp/canary-file', 'r'));
+  process.chdir('/tmp');
+  process.umask(0o077);
+  return seen;
+};
+"#;
+
+#[test]
+fn nodejs_instances_reset_to_a_clean_state_too() {
+    let code = bundle("node-canary", &[("index.js", NODE_HANDLER)]);
+    let snap = scratch().join("snap-node-canary");
+    ok(thaw(&[
+        "snapshot", "create", "--runtime", "nodejs20.x", "--code", code.to_str().unwrap(), "--handler", "index.handler",
+        "--memory", "256", "--out", snap.to_str().unwrap(),
+    ]));
+    let restore = |extra: &[&str]| -> (Vec<serde_json::Value>, serde_json::Value) {
+        let f = scratch().join(format!("node-stats-{}.json", extra.len()));
+        let p = payload(None);
+        let mut args = vec!["snapshot", "restore", snap.to_str().unwrap(), "--payload", &p, "--quiet", "--stats", f.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = stdout(&ok(thaw(&args)));
+        (out.lines().map(|l| serde_json::from_str(l).unwrap()).collect(), serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap())
+    };
+    // Control: without a reset the second invocation sees the first one's canaries.
+    let (answers, stats) = restore(&["--invocations", "2", "--search-memory", CANARY]);
+    assert_eq!(answers[1]["g"], CANARY, "{answers:?}");
+    assert_eq!(answers[1]["env"], CANARY);
+    assert_eq!(answers[1]["cwd"], "/tmp");
+    assert!(stats["memory_matches"].as_u64().unwrap() > 0, "{stats}");
+    // With resets: every invocation sees the restored state, and no canary is left.
+    let (answers, stats) = restore(&["--invocations", "3", "--reset", "--search-memory", CANARY]);
+    assert_eq!(answers[0]["g"], serde_json::Value::Null, "{answers:?}");
+    assert_eq!(answers[0]["cwd"], "/var/task");
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    for r in stats["resets"].as_array().unwrap() {
+        assert!(r.get("discarded").is_none(), "a Node.js reset was refused: {r}");
+    }
+    assert_eq!(stats["memory_matches"], 0, "{stats}");
 }

@@ -133,6 +133,15 @@ public final class Bootstrap {
         return msg;
     }
 
+    /** The node takes a reply only with its request's nonce (anything else on the
+     *  channel is stale or was written by the function itself). */
+    static ObjectNode echoNonce(JsonNode msg, ObjectNode reply) {
+        if (msg.has("nonce")) {
+            reply.set("nonce", msg.get("nonce"));
+        }
+        return reply;
+    }
+
     static void send(ObjectNode msg) throws ChannelClosed, IOException {
         byte[] body = FRAMES.writeValueAsBytes(msg);
         if (body.length > MAX_FRAME) {
@@ -641,7 +650,7 @@ public final class Bootstrap {
                     case "invoke": {
                         ObjectNode reply = invoke(inv, msg);
                         flushLogs();
-                        send(reply);
+                        send(echoNonce(msg, reply));
                         if (exitAfterReply) {
                             return 1;
                         }
@@ -659,7 +668,7 @@ public final class Bootstrap {
                             reply.setAll(errorBody(shown.getClass().getName(), "afterRestore failed: " + shown.getMessage(), stackTrace(shown)));
                         }
                         flushLogs();
-                        send(reply);
+                        send(echoNonce(msg, reply));
                         break;
                     }
                     case "shutdown":

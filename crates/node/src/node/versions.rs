@@ -1,0 +1,307 @@
+//! Published versions (issue #16): PublishVersion freezes the function's active
+//! revision — its code, handler, memory, environment and snapshot — together with
+//! its timeout and description under the next version number; invocations with that
+//! qualifier are served from that revision's snapshot (Thaw snapshots every version:
+//! SnapStart's `ApplyOn: PublishedVersions` is what it always does). A revision stays
+//! on disk while a version points at it, after $LATEST has moved on.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use thiserror::Error;
+use tracing::{info, warn};
+
+use super::{timestamp, Node, NodeError, Revision};
+use crate::registry::{AliasRecord, RegistryError, RevisionRecord, VersionRecord};
+
+/// A version as the node serves it.
+pub(super) struct Published {
+    pub(super) rec: VersionRecord,
+    pub(super) rev: Arc<Revision>,
+}
+
+#[derive(Debug, Error)]
+pub enum VersionError {
+    #[error("Function not found: {0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Precondition(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// What GetFunction / ListVersionsByFunction report of a version.
+#[derive(Debug, Clone)]
+pub struct VersionView {
+    pub version: VersionRecord,
+    pub revision: RevisionRecord,
+}
+
+impl Node {
+    /// The published versions of `name` at start-up (their revisions kept on disk).
+    pub(super) fn load_versions(&self, name: &str, active: Option<&Arc<Revision>>) -> Result<BTreeMap<u64, Published>, NodeError> {
+        let mut out = BTreeMap::new();
+        for v in self.registry.list_versions(name)? {
+            let rev = match active {
+                Some(a) if a.id == v.revision => a.clone(),
+                _ => match self.registry.get_revision(v.revision)? {
+                    Some(r) => Arc::new(Revision::new(&r, name, &self.cfg)),
+                    None => {
+                        warn!(function = name, version = v.version, revision = v.revision, "version without its revision; dropped");
+                        self.registry.delete_version(name, v.version)?;
+                        continue;
+                    }
+                },
+            };
+            out.insert(v.version, Published { rec: v, rev });
+        }
+        Ok(out)
+    }
+
+    /// PublishVersion: the active revision as the next version (or the latest version
+    /// again when nothing changed since it was published, as Lambda does).
+    pub fn publish_version(&self, name: &str, description: Option<String>, code_sha256: Option<&str>, revision_id: Option<&str>) -> Result<VersionView, VersionError> {
+        let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
+        let mut st = f.lock();
+        let conflict = || VersionError::Conflict(format!("The operation cannot be performed at this time. An update is in progress for resource: {}", self.arn(name)));
+        if st.building.is_some() {
+            return Err(conflict());
+        }
+        let Some(active) = st.active.clone() else { return Err(conflict()) };
+        if code_sha256.is_some_and(|c| c != st.rec.code_sha256) {
+            return Err(VersionError::Precondition(format!(
+                "CodeSHA256 ({}) is different from current CodeSHA256 in $LATEST ({}). Please try again with the CodeSHA256 in $LATEST.",
+                code_sha256.unwrap_or_default(),
+                st.rec.code_sha256
+            )));
+        }
+        if revision_id.is_some_and(|r| r != st.rec.revision_id) {
+            return Err(VersionError::Precondition(
+                "The Revision Id provided does not match the latest Revision Id. Call the GetFunction/GetAlias API to retrieve the latest Revision Id".into(),
+            ));
+        }
+        let unchanged = st.versions.values().next_back().filter(|p| {
+            p.rec.revision == active.id && p.rec.timeout_s == st.rec.timeout_s && description.as_deref().is_none_or(|d| d == p.rec.description)
+        });
+        if let Some(p) = unchanged {
+            let version = p.rec.clone();
+            drop(st);
+            return self.view(version);
+        }
+        let rec = VersionRecord {
+            function: name.to_string(),
+            version: st.versions.keys().next_back().map_or(1, |v| v + 1),
+            revision: active.id,
+            description: description.unwrap_or_else(|| st.rec.description.clone()),
+            timeout_s: st.rec.timeout_s,
+            revision_id: uuid::Uuid::new_v4().to_string(),
+            last_modified: timestamp(),
+        };
+        self.registry.insert_version(&rec)?;
+        st.versions.insert(rec.version, Published { rec: rec.clone(), rev: active });
+        drop(st);
+        info!(function = name, version = rec.version, revision = rec.revision, "version published");
+        self.view(rec)
+    }
+
+    fn view(&self, version: VersionRecord) -> Result<VersionView, VersionError> {
+        let revision = self
+            .registry
+            .get_revision(version.revision)?
+            .ok_or_else(|| VersionError::NotFound(format!("{}:{}", self.arn(&version.function), version.version)))?;
+        Ok(VersionView { version, revision })
+    }
+
+    /// One published version.
+    pub fn version(&self, name: &str, version: u64) -> Result<VersionView, VersionError> {
+        let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
+        let rec = f.lock().versions.get(&version).map(|p| p.rec.clone());
+        self.view(rec.ok_or_else(|| VersionError::NotFound(format!("{}:{version}", self.arn(name))))?)
+    }
+
+    /// Every published version, oldest first.
+    pub fn versions(&self, name: &str) -> Result<Vec<VersionView>, VersionError> {
+        let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
+        let recs: Vec<VersionRecord> = f.lock().versions.values().map(|p| p.rec.clone()).collect();
+        recs.into_iter().map(|r| self.view(r)).collect()
+    }
+
+    /// DeleteFunction with a version qualifier: that version only. Its revision goes
+    /// too when neither $LATEST nor another version uses it.
+    pub fn delete_version(&self, name: &str, version: u64) -> Result<(), VersionError> {
+        let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
+        let mut st = f.lock();
+        let users: Vec<String> =
+            st.aliases.values().filter(|a| a.version == version || a.weights.contains_key(&version)).map(|a| a.name.clone()).collect();
+        if !users.is_empty() {
+            return Err(VersionError::Conflict(format!(
+                "Unable to delete version because the following aliases reference it: [{}]",
+                users.join(", ")
+            )));
+        }
+        let p = st.versions.remove(&version).ok_or_else(|| VersionError::NotFound(format!("{}:{version}", self.arn(name))))?;
+        if let Err(e) = self.registry.delete_version(name, version) {
+            st.versions.insert(version, p);
+            return Err(e.into());
+        }
+        if st.provisioned.remove(&version).is_some() {
+            self.registry.put_provisioned(name, version, None)?;
+        }
+        let used = st.active.as_ref().is_some_and(|a| Arc::ptr_eq(a, &p.rev)) || st.versions.values().any(|o| Arc::ptr_eq(&o.rev, &p.rev));
+        if !used {
+            let (stale, keep): (Vec<_>, Vec<_>) = st.idle.drain(..).partition(|i| Arc::ptr_eq(&i.rev, &p.rev));
+            st.idle = keep;
+            st.live -= stale.len();
+            drop(st);
+            self.metrics.instances_idle.sub(stale.len() as i64);
+            for i in stale {
+                self.discard(i.inst);
+            }
+            let _ = self.registry.delete_revision(p.rev.id);
+            p.rev.retire();
+        }
+        info!(function = name, version, "version deleted");
+        Ok(())
+    }
+}
+
+/// The version number an alias of `$LATEST` records.
+pub const LATEST: u64 = 0;
+
+/// At most this many extra versions in an alias's routing, as Lambda allows.
+const MAX_ADDITIONAL_VERSIONS: usize = 1;
+
+fn alias_name_ok(a: &str) -> bool {
+    (1..=128).contains(&a.len())
+        && a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !a.bytes().all(|b| b.is_ascii_digit())
+}
+
+impl Node {
+    pub(super) fn load_aliases(&self, name: &str) -> Result<BTreeMap<String, AliasRecord>, NodeError> {
+        Ok(self.registry.list_aliases(name)?.into_iter().map(|a| (a.name.clone(), a)).collect())
+    }
+
+    fn check_alias(&self, st: &super::FnState, name: &str, version: u64, weights: &BTreeMap<u64, f64>) -> Result<(), VersionError> {
+        let missing = |v: u64| VersionError::NotFound(format!("{}:{v}", self.arn(name)));
+        if version == LATEST {
+            return match weights.is_empty() {
+                true => Ok(()),
+                false => Err(VersionError::Invalid("RoutingConfig is not supported for an alias of $LATEST.".into())),
+            };
+        }
+        if !st.versions.contains_key(&version) {
+            return Err(missing(version));
+        }
+        if weights.len() > MAX_ADDITIONAL_VERSIONS {
+            return Err(VersionError::Invalid(format!("RoutingConfig may name at most {MAX_ADDITIONAL_VERSIONS} additional version.")));
+        }
+        for (&v, &w) in weights {
+            if !(0.0..=1.0).contains(&w) || w.is_nan() {
+                return Err(VersionError::Invalid(format!(
+                    "1 validation error detected: Value '{w}' at 'routingConfig.additionalVersionWeights' failed to satisfy constraint: Member must have value between 0.0 and 1.0"
+                )));
+            }
+            if v == version {
+                return Err(VersionError::Invalid("The additional version in RoutingConfig must differ from the alias's FunctionVersion.".into()));
+            }
+            if !st.versions.contains_key(&v) {
+                return Err(missing(v));
+            }
+        }
+        Ok(())
+    }
+
+    /// CreateAlias (`create`) or UpdateAlias (fields `None` are kept).
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_alias(
+        &self,
+        name: &str,
+        alias: &str,
+        version: Option<u64>,
+        description: Option<String>,
+        weights: Option<BTreeMap<u64, f64>>,
+        revision_id: Option<&str>,
+        create: bool,
+    ) -> Result<AliasRecord, VersionError> {
+        if !alias_name_ok(alias) {
+            return Err(VersionError::Invalid(format!(
+                "1 validation error detected: Value '{alias}' at 'name' failed to satisfy constraint: Member must satisfy regular expression pattern: (?!^[0-9]+$)([a-zA-Z0-9-_]+)"
+            )));
+        }
+        let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
+        let mut st = f.lock();
+        let old = st.aliases.get(alias).cloned();
+        let rec = match (old, create) {
+            (Some(_), true) => return Err(VersionError::Conflict(format!("Alias already exists: {}:{alias}", self.arn(name)))),
+            (None, false) => return Err(VersionError::NotFound(format!("Alias not found: {}:{alias}", self.arn(name)))),
+            (Some(old), false) => {
+                if revision_id.is_some_and(|r| r != old.revision_id) {
+                    return Err(VersionError::Precondition(
+                        "The Revision Id provided does not match the latest Revision Id. Call the GetFunction/GetAlias API to retrieve the latest Revision Id".into(),
+                    ));
+                }
+                AliasRecord {
+                    version: version.unwrap_or(old.version),
+                    description: description.unwrap_or(old.description),
+                    weights: weights.unwrap_or(old.weights),
+                    revision_id: uuid::Uuid::new_v4().to_string(),
+                    ..old
+                }
+            }
+            (None, true) => AliasRecord {
+                function: name.to_string(),
+                name: alias.to_string(),
+                version: version.ok_or_else(|| VersionError::Invalid("FunctionVersion is required".into()))?,
+                description: description.unwrap_or_default(),
+                weights: weights.unwrap_or_default(),
+                revision_id: uuid::Uuid::new_v4().to_string(),
+            },
+        };
+        self.check_alias(&st, name, rec.version, &rec.weights)?;
+        self.registry.put_alias(&rec)?;
+        st.aliases.insert(alias.to_string(), rec.clone());
+        Ok(rec)
+    }
+
+    pub fn alias(&self, name: &str, alias: &str) -> Result<AliasRecord, VersionError> {
+        let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
+        let a = f.lock().aliases.get(alias).cloned();
+        a.ok_or_else(|| VersionError::NotFound(format!("Function not found: {}:{alias}", self.arn(name))))
+    }
+
+    pub fn aliases(&self, name: &str) -> Result<Vec<AliasRecord>, VersionError> {
+        let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
+        let a = f.lock().aliases.values().cloned().collect();
+        Ok(a)
+    }
+
+    pub fn delete_alias(&self, name: &str, alias: &str) -> Result<(), VersionError> {
+        let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
+        let mut st = f.lock();
+        if st.aliases.contains_key(alias) {
+            self.registry.delete_alias(name, alias)?;
+            st.aliases.remove(alias);
+        }
+        Ok(())
+    }
+
+    /// The version an invocation through `alias` runs: its version, or an additional
+    /// one with its weight's probability.
+    pub fn route_alias(&self, name: &str, alias: &str) -> Result<u64, VersionError> {
+        let a = self.alias(name, alias)?;
+        let r = (uuid::Uuid::new_v4().as_u128() >> 75) as f64 / (1u64 << 53) as f64;
+        let mut acc = 0.0;
+        for (&v, &w) in &a.weights {
+            acc += w;
+            if r < acc {
+                return Ok(v);
+            }
+        }
+        Ok(a.version)
+    }
+}

@@ -1,0 +1,134 @@
+//! Encryption at rest (issue "Hardening"): with a node key, a snapshot holds no
+//! secret in clear (environment values in memory pages, /tmp written at init,
+//! working-set copies), restores in every paging mode with the key, is refused
+//! without it or with another key, and a page moved within the image is refused
+//! rather than run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{bundle, ok, scratch, stderr, stdout, thaw};
+
+const SECRET: &str = "S3cr3t-Value-4711";
+
+const HANDLER: &str = r#"
+import os
+TOKEN = os.environ['SECRET']
+with open('/tmp/token.txt', 'w') as f:
+    f.write('tmp:' + TOKEN)
+
+def handler(event, context):
+    return {'env': TOKEN, 'tmp': open('/tmp/token.txt').read()}
+"#;
+
+fn key_file(name: &str) -> PathBuf {
+    let dir = scratch().join("keys");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// `thaw [--key-file KEY] snapshot create` of the secret-holding function into `out`.
+fn create(out: &Path, key: Option<&Path>) {
+    // One bundle per snapshot: tests run in parallel, and rewriting a bundle changes it.
+    let name = format!("code-{}", out.file_name().unwrap().to_string_lossy());
+    let code = bundle(&name, &[("handler.py", HANDLER)]);
+    let mut args = vec![];
+    if let Some(k) = key {
+        args.extend(["--key-file", k.to_str().unwrap()]);
+    }
+    let env = format!("SECRET={SECRET}");
+    args.extend(["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler"]);
+    args.extend(["--env", &env, "--out", out.to_str().unwrap()]);
+    ok(thaw(&args));
+}
+
+fn restore(snap: &Path, key: Option<&Path>, paging: &str) -> std::process::Output {
+    let mut args = vec![];
+    if let Some(k) = key {
+        args.extend(["--key-file", k.to_str().unwrap()]);
+    }
+    args.extend(["snapshot", "restore", snap.to_str().unwrap(), "--paging", paging, "--payload", "{}", "--quiet"]);
+    thaw(&args)
+}
+
+/// Files of `dir` whose bytes contain `needle`.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() && std::fs::read(&p).unwrap().windows(needle.len()).any(|w| w == needle) {
+            out.push(p.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_sealed_snapshot_holds_no_secret_and_restores_only_with_its_key() {
+    // The same function without a key: the secret is in clear (what sealing must prevent).
+    let clear = scratch().join("snap-clear");
+    create(&clear, None);
+    ok(restore(&clear, None, "record"));
+    let found = files_holding(&clear, SECRET.as_bytes());
+    assert!(found.contains(&"pages.img".to_string()) && found.contains(&"state.bin".to_string()), "{found:?}");
+
+    let key = key_file("a.key");
+    let snap = scratch().join("snap-sealed");
+    create(&snap, Some(&key));
+    let mode = std::fs::metadata(&key).unwrap().permissions();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600, "a created key file is private");
+    let want = format!(r#"{{"env": "{SECRET}", "tmp": "tmp:{SECRET}"}}"#);
+    for paging in ["record", "prefetch", "lazy", "eager", "parallel", "ws-cached"] {
+        assert_eq!(stdout(&ok(restore(&snap, Some(&key), paging))).trim(), want, "paging {paging}");
+    }
+    assert!(snap.join("ws.pages").is_file(), "a working set was recorded");
+    assert_eq!(files_holding(&snap, SECRET.as_bytes()), Vec::<String>::new(), "no file of a sealed snapshot holds the secret");
+
+    let inspect: serde_json::Value =
+        serde_json::from_str(&stdout(&ok(thaw(&["--key-file", key.to_str().unwrap(), "snapshot", "inspect", snap.to_str().unwrap()]))))
+            .unwrap();
+    let key_id = inspect["sealed_with_key"].as_str().expect("inspect names the sealing key").to_string();
+    assert_eq!(key_id.len(), 16);
+
+    // Without a key, or with another one: refused (exit 2), naming the key it needs.
+    let o = restore(&snap, None, "prefetch");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("encrypted with node key {key_id}, and this process has no node key")), "{}", stderr(&o));
+    let o = restore(&snap, Some(&key_file("b.key")), "lazy");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("encrypted with node key {key_id}, not with this process's node key")), "{}", stderr(&o));
+    // THAW_NODE_KEY works like the key file.
+    let hex = std::fs::read_to_string(&key).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .env("THAW_DATA_DIR", scratch().join("data"))
+        .env("THAW_NODE_KEY", hex.trim())
+        .args(["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--payload", "{}", "--quiet"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&ok(o)).trim(), want);
+}
+
+/// Two stored pages swapped (their CRCs swapped too, so only the encryption can
+/// tell): the restore refuses the image instead of running on memory it did not provide.
+#[test]
+fn a_page_moved_within_a_sealed_image_is_refused() {
+    use thaw_engine::image::{decode_state, encode_state, PAGES_FILE, STATE_FILE};
+    let key = key_file("c.key");
+    let snap = scratch().join("snap-forged");
+    create(&snap, Some(&key));
+    let mut img = decode_state(&snap, &std::fs::read(snap.join(STATE_FILE)).unwrap()).unwrap();
+    assert!(img.pages.crcs.len() > 2);
+    let (a, b) = (0usize, 1usize);
+    let mut pages = std::fs::read(snap.join(PAGES_FILE)).unwrap();
+    let pa: Vec<u8> = pages[a * 4096..(a + 1) * 4096].to_vec();
+    pages.copy_within(b * 4096..(b + 1) * 4096, a * 4096);
+    pages[b * 4096..(b + 1) * 4096].copy_from_slice(&pa);
+    img.pages.crcs.swap(a, b);
+    std::fs::write(snap.join(PAGES_FILE), &pages).unwrap();
+    std::fs::write(snap.join(STATE_FILE), encode_state(&img)).unwrap();
+    let o = restore(&snap, Some(&key), "eager");
+    assert!(!o.status.success(), "a forged image ran: {}", stdout(&o));
+    assert!(stderr(&o).contains("does not authenticate under the node key"), "{}", stderr(&o));
+}
