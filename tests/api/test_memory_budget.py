@@ -22,7 +22,9 @@ def small_node(tmp_path):
 def test_instances_are_admitted_by_memory(small_node):
     node, client = small_node, small_node.client()
     code = zip_bytes({"handler.py": SLEEPER})
-    create(client, "big", code, MemorySize=512)
+    # A timeout well above the sleep below: a busy instance that timed out would be
+    # killed, and the budget check at the end would see nothing committed.
+    create(client, "big", code, MemorySize=512, Timeout=30)
     create(client, "small", code, MemorySize=256)
     create(client, "huge", code, MemorySize=1024)
 
@@ -37,7 +39,8 @@ def test_instances_are_admitted_by_memory(small_node):
     assert st["node"]["memory_committed_mb"] == 256
 
     # While big is busy (nothing idle to evict), small cannot start a second instance...
-    busy = threading.Thread(target=invoke_json, args=(client, "big", {"sleep": 3}))
+    busy_result = []
+    busy = threading.Thread(target=lambda: busy_result.append(invoke_json(client, "big", {"sleep": 3})))
     busy.start()
     try:
         # big's start evicts small's idle instance: 512 MB committed, all busy.
@@ -50,6 +53,7 @@ def test_instances_are_admitted_by_memory(small_node):
     else:
         err = None
     busy.join()
+    assert [body for _, body in busy_result] == [{"ok": True}], "the busy invocation itself must succeed"
     assert err is not None, "a start over the memory budget was admitted"
     assert err.response["ResponseMetadata"]["HTTPStatusCode"] == 429
     assert err.response["Error"]["Code"] == "TooManyRequestsException"
