@@ -36,14 +36,14 @@ def free_port():
 class NodeProcess:
     """One `thaw serve` process."""
 
-    def __init__(self, data_dir, *extra, keys=True, keep_alive="2", listen_host="127.0.0.1"):
+    def __init__(self, data_dir, *extra, keys=True, keep_alive="2", listen_host="127.0.0.1", env=None):
         self.data_dir = Path(data_dir)
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         args = [str(THAW), "--data-dir", str(self.data_dir), "--log", os.environ.get("THAW_TEST_LOG", "warn"),
                 "serve", "--listen", f"{listen_host}:{self.port}", "--keep-alive", keep_alive,
                 "--event-retry-delay", "0.2", *extra]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("THAW_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("THAW_")} | (env or {})
         if keys:
             args += ["--access-key-id", ACCESS_KEY, "--secret-access-key", SECRET_KEY]
         self.log_path = self.data_dir / f"node-{self.port}.log"

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use crate::api::{self, App};
 use crate::keys::{self, KeySource};
-use crate::node::{Node, NodeConfig};
+use crate::node::{Node, NodeConfig, SnapshotStore};
 use crate::sigv4::Verifier;
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
@@ -97,6 +97,29 @@ pub struct ServeArgs {
     /// instance's CPU limit averaged over a second; 0 = unbounded. Faults beyond it wait.
     #[arg(long, default_value_t = thaw_engine::pageserver::DEFAULT_FAULT_CPU_SHARE, value_parser = parse_share)]
     pub fault_cpu_share: f64,
+    /// Publish every snapshot this node builds to an S3-compatible store, s3://BUCKET/PREFIX,
+    /// and keep only a bounded cache of them here (DATA_DIR/node/snapshot-cache,
+    /// --cache-max-bytes); a snapshot not in the cache is fetched back on its next start.
+    /// Store credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (/ AWS_SESSION_TOKEN).
+    #[arg(long, env = "THAW_SNAPSHOT_STORE")]
+    pub snapshot_store: Option<String>,
+    /// S3 endpoint of --snapshot-store, e.g. http://127.0.0.1:9000 for MinIO (default: AWS).
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub store_endpoint_url: Option<String>,
+    /// Region of --snapshot-store (default: AWS_REGION, else us-east-1).
+    #[arg(long)]
+    pub store_region: Option<String>,
+    /// Seconds after which a request to the store gives up: a start that misses the cache
+    /// while the store is down falls back to a cold boot within about this long.
+    #[arg(long, default_value = "10", value_parser = parse_secs)]
+    pub store_timeout: Duration,
+    /// Byte bound of the snapshot cache with --snapshot-store (least recently used
+    /// snapshots not in use are evicted; one larger than the cache is served uncached).
+    #[arg(long, default_value_t = 10 << 30)]
+    pub cache_max_bytes: u64,
+    /// Create the --snapshot-store bucket at start if it is missing (test and demo servers).
+    #[arg(long)]
+    pub create_bucket: bool,
 }
 
 /// A share between 0 and 1 (NaN and infinities refused).
@@ -136,7 +159,9 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
     if args.max_instances == 0 || args.max_instances_per_function == 0 {
         bail!("--max-instances and --max-instances-per-function must be at least 1");
     }
+    let snapshot_store = open_snapshot_store(&args, &state_dir)?;
     let cfg = NodeConfig {
+        snapshot_store: snapshot_store.clone(),
         state_dir,
         runtime_dir,
         region: args.region.clone(),
@@ -158,7 +183,36 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         fault_cpu_share: args.fault_cpu_share,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("thaw-node").build().context("starting the async runtime")?;
-    rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public))
+    let result = rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public));
+    // The store owns a runtime of its own, which may not be dropped inside the node's:
+    // the node's runtime goes first, so the last reference is this one.
+    drop(rt);
+    drop(snapshot_store);
+    result
+}
+
+/// `--snapshot-store`: the store and this node's cache of it (no request is made: a
+/// store that is down at start does not stop the node).
+fn open_snapshot_store(args: &ServeArgs, state_dir: &Path) -> Result<Option<Arc<SnapshotStore>>> {
+    let Some(url) = &args.snapshot_store else { return Ok(None) };
+    let url = thaw_store::StoreUrl::parse(url).context("--snapshot-store")?;
+    let cfg = thaw_store::StoreConfig {
+        endpoint: args.store_endpoint_url.clone(),
+        region: args.store_region.clone(),
+        timeout: Some(args.store_timeout.max(Duration::from_secs(1))),
+        ..Default::default()
+    };
+    let cache_dir = state_dir.join("snapshot-cache");
+    let store = SnapshotStore::open(&url, &cfg, &cache_dir, args.cache_max_bytes)
+        .with_context(|| format!("opening the snapshot store {url} (cache {})", cache_dir.display()))?;
+    if args.create_bucket {
+        // The store may be down now; the node starts anyway (misses boot cold meanwhile).
+        if let Err(e) = store.ensure_bucket() {
+            warn!(store = %url, error = %crate::node::error_chain(&e), "cannot create the bucket (is the store up?); continuing");
+        }
+    }
+    info!(store = %url, cache = %cache_dir.display(), cache_max_bytes = args.cache_max_bytes, "snapshot store");
+    Ok(Some(Arc::new(store)))
 }
 
 async fn shutdown_signal() {
@@ -272,6 +326,16 @@ pub fn status(args: StatusArgs, _data_dir: &Path) -> Result<()> {
         n["keep_alive_s"], n["paging"].as_str().unwrap_or("?"), n["builds_running"], v["events"]["pending"]
     );
     println!("state: {}", n["state_dir"].as_str().unwrap_or("?"));
+    if let Some(st) = v["snapshot_store"].as_object() {
+        let c = &st["cache"];
+        println!(
+            "snapshot store: {}  published {} (failed {})  fetched {} ({:.1} MiB, failed {})  cache {:.1}/{:.1} MiB, {} entries, {} pinned, {} hits, {} evictions",
+            st["url"].as_str().unwrap_or("?"), st["published"], st["publish_failures"], st["fetches"],
+            st["bytes_fetched"].as_f64().unwrap_or(0.0) / 1048576.0, st["fetch_failures"],
+            c["used_bytes"].as_f64().unwrap_or(0.0) / 1048576.0, c["max_bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
+            c["entries"], c["pinned"], c["hits"], c["evictions"]
+        );
+    }
     let funcs = v["functions"].as_array().cloned().unwrap_or_default();
     if funcs.is_empty() {
         println!("no functions");
@@ -284,10 +348,11 @@ pub fn status(args: StatusArgs, _data_dir: &Path) -> Result<()> {
     for f in funcs {
         let snap = match f["snapshot"].as_object() {
             Some(s) => format!(
-                "rev {} {:.1} MiB{}",
+                "rev {} {:.1} MiB{}{}",
                 s["revision"],
                 s["bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
-                if s["loaded"].as_bool() == Some(true) { " (open)" } else { "" }
+                if s["loaded"].as_bool() == Some(true) { " (open)" } else { "" },
+                if s["stored"].is_string() { " stored" } else { "" }
             ),
             None => "-".into(),
         };

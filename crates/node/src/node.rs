@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::admission::{Admission, Refused};
@@ -38,6 +38,9 @@ mod settings;
 mod provisioned;
 mod update;
 mod versions;
+mod snapstore;
+pub use snapstore::{SnapStoreError, SnapshotStore};
+use snapstore::SnapshotSlot;
 pub use settings::{check_tags, AccountSettings, SettingsError};
 pub use update::ConfigChange;
 pub use provisioned::ProvisionedView;
@@ -72,6 +75,9 @@ pub struct NodeConfig {
     pub freeze_idle: bool,
     /// CPU the page server may spend per instance, as a share of its CPU limit (0: unbounded).
     pub fault_cpu_share: f64,
+    /// Where snapshots are published and fetched from (`--snapshot-store`), with this
+    /// node's cache of them; None: snapshots stay in the revisions' directories.
+    pub snapshot_store: Option<Arc<SnapshotStore>>,
 }
 
 #[derive(Debug, Error)]
@@ -142,10 +148,9 @@ pub struct Revision {
     pub id: i64,
     pub dir: PathBuf,
     boot: FunctionConfig,
-    snapshot: OnceLock<Result<Arc<LoadedSnapshot>, String>>,
+    snapshot: SnapshotSlot,
     pub snapshot_bytes: AtomicU64,
     retired: AtomicBool,
-    fault_cpu_share: f64,
 }
 
 /// Most idle instances one start may evict to make room.
@@ -171,10 +176,9 @@ impl Revision {
             id: rec.id,
             dir: rec.dir.clone(),
             boot,
-            snapshot: OnceLock::new(),
+            snapshot: SnapshotSlot::new(rec.dir.join("snapshot"), rec.snapshot_id.clone(), cfg.snapshot_store.clone(), cfg.fault_cpu_share),
             snapshot_bytes: AtomicU64::new(rec.snapshot_bytes.unwrap_or(0)),
             retired: AtomicBool::new(false),
-            fault_cpu_share: cfg.fault_cpu_share,
         }
     }
 
@@ -182,15 +186,10 @@ impl Revision {
         self.dir.join("snapshot")
     }
 
-    /// The opened snapshot (opened on first use, shared afterwards).
+    /// The opened snapshot (opened, or fetched from the store, on first use; shared
+    /// afterwards). Blocks: call from worker threads.
     fn loaded(&self) -> Result<Arc<LoadedSnapshot>, String> {
-        self.snapshot
-            .get_or_init(|| {
-                let snap = LoadedSnapshot::open(&self.snapshot_dir()).map_err(|e| error_chain(&e))?;
-                snap.source.set_fault_cpu_share(self.fault_cpu_share);
-                Ok(Arc::new(snap))
-            })
-            .clone()
+        self.snapshot.get()
     }
 
     pub fn snapshot_bytes(&self) -> u64 {
@@ -205,6 +204,7 @@ impl Revision {
 impl Drop for Revision {
     fn drop(&mut self) {
         if self.retired.load(Ordering::Acquire) {
+            self.snapshot.retire();
             match std::fs::remove_dir_all(&self.dir) {
                 Ok(()) => debug!(dir = %self.dir.display(), "removed retired revision"),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -406,6 +406,7 @@ impl Node {
                 .chain(versions.values().map(|p| p.rec.revision))
                 .collect();
             for (id, dir) in self.registry.other_revisions(&rec.name, &keep)? {
+                self.forget_stored(id);
                 let _ = std::fs::remove_dir_all(&dir);
                 self.registry.delete_revision(id)?;
             }
@@ -449,6 +450,7 @@ impl Node {
             }
         }
         self.metrics.events_pending.set(self.registry.pending_events()? as i64);
+        self.publish_pending();
         Ok(())
     }
 
@@ -518,6 +520,7 @@ impl Node {
             status: "building".into(),
             error: None,
             snapshot_bytes: None,
+            snapshot_id: None,
         }
     }
 
@@ -742,18 +745,22 @@ impl Node {
         let job_rev = rev.clone();
         let result = self
             .build_workers
-            .run(move || -> Result<u64, InstanceError> {
+            .run(move || -> Result<(u64, Option<String>), InstanceError> {
                 let snapdir = job_rev.snapshot_dir();
                 let _ = std::fs::remove_dir_all(&snapdir);
                 let inst = Instance::boot_for_snapshot(&job_rev.boot)?;
                 let (dir, stats) = inst.capture(&snapdir)?;
                 let bytes = dir_size(&dir);
+                info!(boot_capture_ms = t0.elapsed().as_secs_f64() * 1e3, pages = stats.pages_stored, bytes, "snapshot captured");
+                let stored = job_rev.snapshot.publish().and_then(|r| {
+                    r.inspect_err(|e| warn!(error = %error_chain(e), "publishing the snapshot failed; it serves from this node's disk and is published at the next start"))
+                        .ok()
+                });
                 // Open it here so the first invocation does not pay for it.
                 if let Err(e) = job_rev.loaded() {
                     warn!(error = %e, "opening the new snapshot");
                 }
-                info!(boot_capture_ms = t0.elapsed().as_secs_f64() * 1e3, pages = stats.pages_stored, bytes, "snapshot captured");
-                Ok(bytes)
+                Ok((bytes, stored))
             })
             .await;
         let result = match result {
@@ -774,8 +781,11 @@ impl Node {
             return;
         }
         match result {
-            Ok(bytes) => {
+            Ok((bytes, stored)) => {
                 let _ = self.registry.finish_revision(rec.id, "ready", None, Some(bytes));
+                if let Some(id) = &stored {
+                    let _ = self.registry.set_snapshot_id(rec.id, Some(id));
+                }
                 rev.snapshot_bytes.store(bytes, Ordering::Release);
                 st.rec.state = "Active".into();
                 st.rec.state_reason = None;
@@ -1158,6 +1168,15 @@ impl Node {
                     self.discard(i.inst);
                 }
             }
+            if self.cfg.snapshot_store.is_some() {
+                // Unpin cached snapshots nothing has used for a keep-alive period.
+                let st = f.lock();
+                for rev in st.active.iter().chain(st.versions.values().map(|p| &p.rev)) {
+                    if rev.snapshot.close_if_unused(self.cfg.keep_alive) {
+                        debug!(function = %f.name, revision = rev.id, "closed an unused stored snapshot");
+                    }
+                }
+            }
         }
     }
 
@@ -1209,7 +1228,8 @@ impl Node {
                         "revision": a.id,
                         "dir": a.dir.join("snapshot"),
                         "bytes": a.snapshot_bytes(),
-                        "loaded": a.snapshot.get().is_some_and(|r| r.is_ok()),
+                        "loaded": a.snapshot.is_open(),
+                        "stored": a.snapshot.stored_id(),
                     })
                 });
                 serde_json::json!({
@@ -1243,6 +1263,7 @@ impl Node {
                 "shutting_down": self.is_shutting_down(),
             },
             "events": {"pending": self.registry.pending_events().unwrap_or(0)},
+            "snapshot_store": self.cfg.snapshot_store.as_ref().map(|s| s.status()),
             "functions": funcs,
         })
     }

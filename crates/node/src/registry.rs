@@ -108,6 +108,8 @@ pub struct RevisionRecord {
     pub status: String,
     pub error: Option<String>,
     pub snapshot_bytes: Option<u64>,
+    /// Id of the snapshot in the node's snapshot store, once published (#13).
+    pub snapshot_id: Option<String>,
 }
 
 /// A published version: an immutable pointer to a revision (code, handler, memory,
@@ -182,7 +184,8 @@ CREATE TABLE IF NOT EXISTS revisions (
     status TEXT NOT NULL,
     error TEXT,
     snapshot_bytes INTEGER,
-    runtime TEXT NOT NULL DEFAULT 'python3.12'
+    runtime TEXT NOT NULL DEFAULT 'python3.12',
+    snapshot_id TEXT
 );
 CREATE TABLE IF NOT EXISTS function_settings (
     name TEXT PRIMARY KEY,
@@ -229,7 +232,7 @@ CREATE INDEX IF NOT EXISTS events_due ON events(next_attempt_ms);
 const FN_COLS: &str = "name, runtime, role, handler, description, timeout_s, memory_mb, env_json, state, state_reason, \
     state_reason_code, last_update_status, last_update_status_reason, last_update_status_reason_code, last_modified, \
     revision_id, code_sha256, code_size, latest_revision, active_revision";
-const REV_COLS: &str = "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime";
+const REV_COLS: &str = "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id";
 
 /// Environment values are secrets: with a node key they are stored sealed
 /// (`seal::seal_value`, AES-256-GCM), never in clear in the database or its WAL.
@@ -298,6 +301,7 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<(RevisionRecord, String)> {
             error: r.get(9)?,
             snapshot_bytes: r.get(10)?,
             runtime: r.get(11)?,
+            snapshot_id: r.get(12)?,
         },
         r.get(7)?,
     ))
@@ -331,6 +335,7 @@ impl Registry {
         for (table, column, ddl) in [
             ("revisions", "runtime", "ALTER TABLE revisions ADD COLUMN runtime TEXT NOT NULL DEFAULT 'python3.12';"),
             ("function_settings", "url_json", "ALTER TABLE function_settings ADD COLUMN url_json TEXT;"),
+            ("revisions", "snapshot_id", "ALTER TABLE revisions ADD COLUMN snapshot_id TEXT;"),
         ] {
             let present: i64 = conn
                 .query_row("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name=?2", [table, column], |r| r.get(0))
@@ -473,11 +478,11 @@ impl Registry {
     pub fn insert_revision(&self, r: &RevisionRecord) -> Result<i64, RegistryError> {
         let c = self.conn();
         c.execute(
-            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime) \
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)",
+            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id) \
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
             params![
                 r.function, r.code_sha256, r.code_size, r.dir.to_string_lossy(), r.handler, r.memory_mb, env_json(self.key.as_deref(), &r.env)?,
-                r.status, r.error, r.snapshot_bytes, r.runtime
+                r.status, r.error, r.snapshot_bytes, r.runtime, r.snapshot_id
             ],
         )
         .map_err(q("insert revision"))?;
@@ -492,6 +497,14 @@ impl Registry {
                 params![id, status, error, snapshot_bytes],
             )
             .map_err(q("finish revision"))?;
+        Ok(())
+    }
+
+    /// Record where revision `id`'s snapshot is stored (None: only on this node's disk).
+    pub fn set_snapshot_id(&self, id: i64, snapshot_id: Option<&str>) -> Result<(), RegistryError> {
+        self.conn()
+            .execute("UPDATE revisions SET snapshot_id=?2 WHERE id=?1", params![id, snapshot_id])
+            .map_err(q("record snapshot id"))?;
         Ok(())
     }
 
@@ -735,7 +748,10 @@ mod tests {
         )
         .unwrap();
         let reg = Registry::init(conn, Path::new(":memory:")).unwrap();
-        assert_eq!(reg.get_revision(1).unwrap().unwrap().runtime, "python3.12");
+        let got = reg.get_revision(1).unwrap().unwrap();
+        assert_eq!((got.runtime.as_str(), got.snapshot_id), ("python3.12", None));
+        reg.set_snapshot_id(1, Some("abc")).unwrap();
+        assert_eq!(reg.get_revision(1).unwrap().unwrap().snapshot_id.as_deref(), Some("abc"));
     }
 
     #[test]
@@ -755,6 +771,7 @@ mod tests {
             status: "building".into(),
             error: None,
             snapshot_bytes: None,
+            snapshot_id: None,
         };
         let a = reg.insert_revision(&rev).unwrap();
         let b = reg.insert_revision(&RevisionRecord { dir: "/tmp/r2".into(), ..rev.clone() }).unwrap();

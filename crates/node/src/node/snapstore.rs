@@ -1,0 +1,390 @@
+//! The node's snapshot store (issue #13): `thaw serve --snapshot-store s3://BUCKET/PREFIX`.
+//!
+//! With a store configured, a snapshot's home is the store, and this node keeps
+//! copies in its bounded cache (`DATA_DIR/snapshot-cache`, `--cache-max-bytes`;
+//! see `thaw_store::cache`) instead of in the revision's directory:
+//!
+//! - **Build.** The captured snapshot is published (chunks, then the manifest),
+//!   its id recorded with the revision, and the local files are moved into the
+//!   cache (no second copy). A publish that fails (store down) leaves the
+//!   snapshot in the revision's directory, served exactly as without a store,
+//!   and is retried when the node next starts.
+//! - **Restore.** A revision's opened snapshot pins its cache entry. A miss
+//!   (evicted, or the local copy lost) fetches it from the store, verified and
+//!   once for concurrent starts. If that fails (store down, a corrupt or
+//!   truncated object), the start falls back to a cold boot and the next start
+//!   tries again; a cached copy that does not open is purged.
+//! - **Unload.** A store-backed snapshot that no instance has used for the
+//!   keep-alive period is closed, unpinning its entry so the cache may evict it.
+//! - **Delete.** When a revision is retired (function deleted, code or
+//!   configuration replaced), its stored snapshot's manifest is deleted; its
+//!   chunks become orphans for `thaw snapshot gc` (they may be shared).
+//!
+//! The store's client is blocking (it owns a small runtime): every call here is
+//! made from worker threads, never from the node's async tasks.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use thaw_engine::instance::LoadedSnapshot;
+
+use thaw_store::cache::{self, Cache, CacheError, Handle, Source, SourceError};
+use thaw_store::{Store, StoreConfig, StoreError, StoreSource, StoreUrl};
+use thiserror::Error;
+use tracing::{info, warn};
+
+#[derive(Debug, Error)]
+pub enum SnapStoreError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+/// Counters shown by `thaw status` (and its JSON).
+#[derive(Debug, Default)]
+struct Counters {
+    published: AtomicU64,
+    publish_failures: AtomicU64,
+    bytes_uploaded: AtomicU64,
+    fetches: AtomicU64,
+    fetch_failures: AtomicU64,
+    bytes_fetched: AtomicU64,
+    removed: AtomicU64,
+}
+
+/// The store plus this node's cache of it.
+pub struct SnapshotStore {
+    store: Store,
+    cache: Arc<Cache>,
+    n: Counters,
+}
+
+impl std::fmt::Debug for SnapshotStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotStore").field("url", &self.store.url().to_string()).finish_non_exhaustive()
+    }
+}
+
+impl SnapshotStore {
+    /// Open the store at `url` (no request is made yet: a store that is down does not
+    /// stop the node) and the cache at `cache_dir`, bounded to `max_bytes`.
+    pub fn open(url: &StoreUrl, cfg: &StoreConfig, cache_dir: &Path, max_bytes: u64) -> Result<SnapshotStore, SnapStoreError> {
+        let store = Store::open(url, cfg)?;
+        let cache = Cache::open(cache_dir, max_bytes)?;
+        Ok(SnapshotStore { store, cache, n: Counters::default() })
+    }
+
+    pub fn url(&self) -> &StoreUrl {
+        self.store.url()
+    }
+
+    /// Create the bucket if it is missing (test and demo servers).
+    pub fn ensure_bucket(&self) -> Result<(), SnapStoreError> {
+        Ok(self.store.ensure_bucket()?)
+    }
+
+    /// Publish the snapshot in `snapdir` (chunks, then the manifest); returns its id.
+    pub fn push(&self, snapdir: &Path) -> Result<String, SnapStoreError> {
+        let report = match self.store.push(snapdir, &|_| {}) {
+            Ok(r) => r,
+            Err(e) => {
+                self.n.publish_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(e.into());
+            }
+        };
+        self.n.published.fetch_add(1, Ordering::Relaxed);
+        self.n.bytes_uploaded.fetch_add(report.bytes_uploaded, Ordering::Relaxed);
+        info!(
+            snapshot = %report.url, chunks = report.chunks, uploaded = report.chunks_uploaded,
+            bytes_uploaded = report.bytes_uploaded, deduplicated = report.bytes_deduplicated,
+            ms = report.seconds * 1e3, "snapshot published"
+        );
+        Ok(report.id)
+    }
+
+    /// Move the published snapshot in `snapdir` into the cache as entry `id` (pinned).
+    /// `snapdir` is removed either way; None if the move failed (the next use fetches it).
+    pub fn adopt(&self, id: &str, snapdir: &Path) -> Option<Handle> {
+        let handle = self
+            .cache
+            .get(id, &Adopt { dir: snapdir.to_path_buf() })
+            .inspect_err(|e| warn!(error = %crate::node::error_chain(e), "moving a published snapshot into the cache"))
+            .ok();
+        let _ = std::fs::remove_dir_all(snapdir);
+        handle
+    }
+
+    /// Stored snapshot `id`, from the cache or fetched from the store (pinned until dropped).
+    pub fn get(&self, id: &str) -> Result<Handle, SnapStoreError> {
+        let source = StoreSource::new(&self.store);
+        let got = self.cache.get(id, &source);
+        let fetched = source.bytes_fetched.load(Ordering::Relaxed);
+        if fetched > 0 || got.is_err() {
+            self.n.fetches.fetch_add(1, Ordering::Relaxed);
+            self.n.bytes_fetched.fetch_add(fetched, Ordering::Relaxed);
+        }
+        match got {
+            Ok(h) => {
+                if fetched > 0 {
+                    info!(snapshot = %self.store.snapshot_url(id), bytes = fetched, cached = h.cached(), "snapshot fetched from the store");
+                }
+                Ok(h)
+            }
+            Err(e) => {
+                self.n.fetch_failures.fetch_add(1, Ordering::Relaxed);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Drop the cached copy of `id` (it did not open); the next use fetches it again.
+    pub fn purge(&self, id: &str) {
+        self.cache.purge(id);
+    }
+
+    /// Delete stored snapshot `id` in the background (its manifest; the chunks are
+    /// collected by `thaw snapshot gc`), and its cached copy once unpinned.
+    pub fn remove_later(self: &Arc<Self>, id: String) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new().name("thaw-store-rm".into()).spawn(move || {
+            me.cache.purge(&id);
+            match me.store.remove(&id) {
+                Ok(()) | Err(StoreError::NotFound { .. }) => {
+                    me.n.removed.fetch_add(1, Ordering::Relaxed);
+                    info!(snapshot = %me.store.snapshot_url(&id), "stored snapshot deleted");
+                }
+                Err(e) => warn!(
+                    snapshot = %me.store.snapshot_url(&id), error = %crate::node::error_chain(&e),
+                    "deleting a stored snapshot failed; `thaw snapshot rm` removes it by hand"
+                ),
+            }
+        });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start a thread to delete a stored snapshot");
+        }
+    }
+
+    /// For `thaw status`.
+    pub fn status(&self) -> serde_json::Value {
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "url": self.store.url().to_string(),
+            "published": c(&self.n.published),
+            "publish_failures": c(&self.n.publish_failures),
+            "bytes_uploaded": c(&self.n.bytes_uploaded),
+            "fetches": c(&self.n.fetches),
+            "fetch_failures": c(&self.n.fetch_failures),
+            "bytes_fetched": c(&self.n.bytes_fetched),
+            "removed": c(&self.n.removed),
+            "cache": self.cache.stats(),
+        })
+    }
+}
+
+/// A cache source that moves a freshly captured snapshot's files in (same file
+/// system: renames; otherwise copies).
+struct Adopt {
+    dir: PathBuf,
+}
+
+impl Source for Adopt {
+    fn size(&self, _id: &str) -> Result<u64, SourceError> {
+        Ok(cache::dir_bytes(&self.dir)?)
+    }
+
+    fn fetch(&self, _id: &str, dest: &Path) -> Result<(), SourceError> {
+        for e in std::fs::read_dir(&self.dir)? {
+            let e = e?;
+            let to = dest.join(e.file_name());
+            if std::fs::rename(e.path(), &to).is_err() {
+                // Another file system (or a directory entry): copy, leaving the original.
+                if e.file_type()?.is_dir() {
+                    return Err(format!("unexpected directory {} in a snapshot", e.path().display()).into());
+                }
+                std::fs::copy(e.path(), &to)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a revision holds its opened snapshot: opened on first use and shared by
+/// its instances; with a store, pinned in the cache while open and closed again
+/// when unused (see the module docs).
+pub(super) struct SnapshotSlot {
+    state: Mutex<Slot>,
+    /// The snapshot's id in the store, once published.
+    stored: Mutex<Option<String>>,
+    store: Option<Arc<SnapshotStore>>,
+    /// Where the snapshot is captured, and kept when there is no store.
+    local_dir: PathBuf,
+    fault_cpu_share: f64,
+}
+
+enum Slot {
+    Closed,
+    Open { snap: Arc<LoadedSnapshot>, _pin: Option<Handle>, last_use: Instant },
+    /// A local snapshot that does not open (never retried: it will not change).
+    Failed(String),
+}
+
+impl SnapshotSlot {
+    pub(super) fn new(local_dir: PathBuf, stored: Option<String>, store: Option<Arc<SnapshotStore>>, fault_cpu_share: f64) -> SnapshotSlot {
+        SnapshotSlot { state: Mutex::new(Slot::Closed), stored: Mutex::new(stored), store, local_dir, fault_cpu_share }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn stored_id(&self) -> Option<String> {
+        self.stored.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The opened snapshot. Blocks while it is fetched: call from worker threads.
+    pub(super) fn get(&self) -> Result<Arc<LoadedSnapshot>, String> {
+        let mut st = self.lock();
+        match &mut *st {
+            Slot::Open { snap, last_use, .. } => {
+                *last_use = Instant::now();
+                return Ok(snap.clone());
+            }
+            Slot::Failed(e) => return Err(e.clone()),
+            Slot::Closed => {}
+        }
+        let (snap, pin) = match (&self.store, self.stored_id()) {
+            (Some(store), Some(id)) => {
+                let h = store.get(&id).map_err(|e| crate::node::error_chain(&e))?;
+                match LoadedSnapshot::open(h.dir()) {
+                    Ok(s) => (s, Some(h)),
+                    Err(e) => {
+                        // Verified when fetched, so damaged since: fetch it again next time.
+                        drop(h);
+                        store.purge(&id);
+                        return Err(format!("cached snapshot {id} does not open (purged): {}", crate::node::error_chain(&e)));
+                    }
+                }
+            }
+            _ => match LoadedSnapshot::open(&self.local_dir) {
+                Ok(s) => (s, None),
+                Err(e) => {
+                    let e = crate::node::error_chain(&e);
+                    *st = Slot::Failed(e.clone());
+                    return Err(e);
+                }
+            },
+        };
+        snap.source.set_fault_cpu_share(self.fault_cpu_share);
+        let snap = Arc::new(snap);
+        *st = Slot::Open { snap: snap.clone(), _pin: pin, last_use: Instant::now() };
+        Ok(snap)
+    }
+
+    /// Publish the captured snapshot (if the node has a store and it is not
+    /// published yet) and move it into the cache. Returns the stored id. On failure
+    /// the local snapshot stays and serves. Call from worker threads.
+    pub(super) fn publish(&self) -> Option<Result<String, SnapStoreError>> {
+        let store = self.store.as_ref()?;
+        if let Some(id) = self.stored_id() {
+            return Some(Ok(id));
+        }
+        if !matches!(*self.lock(), Slot::Closed) || !self.local_dir.join(thaw_engine::image::STATE_FILE).exists() {
+            return None; // in use from its local files (or none): at the next start
+        }
+        // Not holding the slot while uploading: a start meanwhile opens the local files.
+        let pushed = match store.push(&self.local_dir) {
+            Ok(id) => id,
+            Err(e) => return Some(Err(e)),
+        };
+        *self.stored.lock().unwrap_or_else(|p| p.into_inner()) = Some(pushed.clone());
+        let mut st = self.lock();
+        if matches!(*st, Slot::Closed) {
+            // Its home is the store now: the local files move into the cache.
+            if let Some(h) = store.adopt(&pushed, &self.local_dir) {
+                match LoadedSnapshot::open(h.dir()) {
+                    Ok(s) => {
+                        s.source.set_fault_cpu_share(self.fault_cpu_share);
+                        *st = Slot::Open { snap: Arc::new(s), _pin: Some(h), last_use: Instant::now() };
+                    }
+                    Err(e) => warn!(error = %crate::node::error_chain(&e), "opening a published snapshot"),
+                }
+            }
+        }
+        Some(Ok(pushed))
+    }
+
+    pub(super) fn is_open(&self) -> bool {
+        self.state.try_lock().map(|s| matches!(*s, Slot::Open { .. })).unwrap_or(true)
+    }
+
+    /// Close a store-backed snapshot no instance has used for `idle` (unpinning its
+    /// cache entry). Never blocks: a slot in use is left alone.
+    pub(super) fn close_if_unused(&self, idle: Duration) -> bool {
+        let Ok(mut st) = self.state.try_lock() else { return false };
+        let unused = match &*st {
+            Slot::Open { snap, _pin: Some(_), last_use } => {
+                Arc::strong_count(snap) == 1 && Arc::strong_count(&snap.source) == 1 && last_use.elapsed() >= idle
+            }
+            _ => false,
+        };
+        if unused {
+            *st = Slot::Closed;
+        }
+        unused
+    }
+
+    /// The revision is gone: delete its stored snapshot.
+    pub(super) fn retire(&self) {
+        if let (Some(store), Some(id)) = (&self.store, self.stored_id()) {
+            store.remove_later(id);
+        }
+    }
+}
+
+impl super::Node {
+    /// At start, with a store: publish the ready revisions whose publish failed (or
+    /// that were built before the node had a store), in the background.
+    pub(super) fn publish_pending(self: &Arc<Self>) {
+        if self.cfg.snapshot_store.is_none() {
+            return;
+        }
+        let revs: Vec<Arc<super::Revision>> = self
+            .functions_map()
+            .values()
+            .flat_map(|f| {
+                let st = f.lock();
+                st.active.iter().cloned().chain(st.versions.values().map(|p| p.rev.clone())).collect::<Vec<_>>()
+            })
+            .filter(|r| r.snapshot.stored_id().is_none())
+            .collect();
+        for rev in revs {
+            let node = self.clone();
+            let queued = self.build_workers.spawn(move || match rev.snapshot.publish() {
+                Some(Ok(id)) => {
+                    if let Err(e) = node.registry.set_snapshot_id(rev.id, Some(&id)) {
+                        warn!(revision = rev.id, error = %crate::node::error_chain(&e), "recording a published snapshot");
+                    }
+                }
+                Some(Err(e)) => warn!(revision = rev.id, error = %crate::node::error_chain(&e), "publishing a snapshot failed; retried at the next start"),
+                None => {}
+            });
+            if let Err(e) = queued {
+                warn!(error = %e, "queueing a snapshot publish");
+            }
+        }
+    }
+
+    /// Revision `id` is being forgotten at start: delete its stored snapshot too.
+    pub(super) fn forget_stored(&self, id: i64) {
+        if let Some(store) = &self.cfg.snapshot_store {
+            if let Ok(Some(rec)) = self.registry.get_revision(id) {
+                if let Some(sid) = rec.snapshot_id {
+                    store.remove_later(sid);
+                }
+            }
+        }
+    }
+}

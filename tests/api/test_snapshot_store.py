@@ -1,0 +1,173 @@
+"""Issue #13: `thaw serve --snapshot-store s3://BUCKET/PREFIX` against a real MinIO.
+
+A node publishes every snapshot it builds, keeps only a bounded cache of them, fetches a
+snapshot it lost back from the store (a restore, not a cold boot), falls back to a cold
+boot while the store is down and recovers by itself once it is back, and deletes a
+function's stored snapshot with the function."""
+
+import re
+import shutil
+import time
+
+import pytest
+
+from minio_harness import Minio
+from thaw_node_harness import NodeProcess, create, invoke_json, sample_zip
+
+BUCKET = "node-snaps"
+
+
+@pytest.fixture(scope="module")
+def minio(tmp_path_factory):
+    m = Minio(tmp_path_factory.mktemp("minio"))
+    yield m
+    m.stop()
+
+
+def store_node(data, minio, *extra, prefix="fns"):
+    return NodeProcess(data, "--snapshot-store", f"s3://{BUCKET}/{prefix}", "--store-endpoint-url", minio.endpoint,
+                       "--create-bucket", "--store-timeout", "3", *extra, env=minio.env())
+
+
+def metric(node, name):
+    """Sum of a counter over its labels."""
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", node.metrics(), re.M))
+
+
+def starts(node, kind):
+    m = re.search(rf'^thaw_starts_total{{kind="{kind}"}} (\S+)$', node.metrics(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def restores(node):
+    return sum(float(v) for v in re.findall(r'^thaw_starts_total{kind="restore-[^"]*"} (\S+)$', node.metrics(), re.M))
+
+
+def wait_for(cond, what, timeout=30):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def cold(node, name):
+    """Wait until `name` has no instance left (keep-alive 2 s), so the next call is a cold start."""
+    wait_for(lambda: node.function_status(name)["instances"]["live"] == 0, f"{name}'s instances to expire")
+
+
+def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
+    data = tmp_path / "node"
+    node = store_node(data, minio)
+    client = node.client()
+    create(client, "hello", sample_zip("helloworld"))
+    snap = node.function_status("hello")["snapshot"]
+    sid = snap["stored"]
+    assert sid and re.fullmatch(r"[0-9a-f]{64}", sid), snap
+    assert f"fns/snapshots/{sid}.json" in minio.keys(BUCKET, "fns/snapshots/")
+    assert minio.keys(BUCKET, "fns/chunks/"), "the chunks are stored"
+    # The local copy lives in the bounded cache, not in the revision's directory.
+    entry = data / "node" / "snapshot-cache" / "entries" / sid
+    assert (entry / "state.bin").is_file()
+    assert not list((data / "node").glob("revisions/*/snapshot/state.bin")), "no second local copy"
+
+    _, body = invoke_json(client, "hello", {"name": "store"})
+    assert body == {"message": "hello, store"}
+    assert restores(node) == 1 and metric(node, "thaw_restore_fallbacks_total") == 0
+    assert node.stop() == 0
+
+    # The node loses its local snapshot: the next start fetches it back and restores.
+    shutil.rmtree(data / "node" / "snapshot-cache" / "entries")
+    node = store_node(data, minio)
+    client = node.client()
+    _, body = invoke_json(client, "hello", {"name": "again"})
+    assert body == {"message": "hello, again"}
+    st = node.status()["snapshot_store"]
+    assert st["fetches"] == 1 and st["fetch_failures"] == 0 and st["bytes_fetched"] > 1 << 20, st
+    assert restores(node) == 1 and starts(node, "boot") == 0, node.metrics()
+    assert (entry / "state.bin").is_file(), "fetched into the cache"
+
+    # The store goes down and the cache is lost: starts fall back to a cold boot, in bounded time.
+    cold(node, "hello")
+    assert node.stop() == 0
+    shutil.rmtree(data / "node" / "snapshot-cache" / "entries")
+    minio.stop()
+    try:
+        node = store_node(data, minio)
+        client = node.client()
+        t0 = time.time()
+        _, body = invoke_json(client, "hello", {"name": "down"})
+        assert body == {"message": "hello, down"}
+        assert time.time() - t0 < 30, "a miss while the store is down falls back within the store timeout"
+        assert starts(node, "boot") == 1 and metric(node, "thaw_restore_fallbacks_total") == 1
+        assert node.status()["snapshot_store"]["fetch_failures"] >= 1
+        cold(node, "hello")
+    finally:
+        minio.resume()
+    # ...and recover by themselves once it is back.
+    _, body = invoke_json(client, "hello", {"name": "back"})
+    assert body == {"message": "hello, back"}
+    assert restores(node) == 1, node.metrics()
+    assert node.status()["snapshot_store"]["bytes_fetched"] > 1 << 20
+
+    # Deleting the function deletes its stored snapshot (its manifest; chunks go to `thaw snapshot gc`).
+    client.delete_function(FunctionName="hello")
+    wait_for(lambda: f"fns/snapshots/{sid}.json" not in minio.keys(BUCKET, "fns/snapshots/"), "the manifest to be deleted")
+    wait_for(lambda: not entry.exists(), "the cached copy to be removed")
+    assert node.stop() == 0
+
+
+def test_a_publish_that_failed_is_retried_at_start(minio, tmp_path):
+    data = tmp_path / "node"
+    minio.stop()
+    try:
+        node = store_node(data, minio, prefix="retry")
+        client = node.client()
+        create(client, "hello", sample_zip("helloworld"))
+        snap = node.function_status("hello")["snapshot"]
+        assert snap["stored"] is None, snap
+        _, body = invoke_json(client, "hello", {"name": "local"})
+        assert body == {"message": "hello, local"}, "served from this node's disk meanwhile"
+        assert restores(node) == 1
+        assert node.status()["snapshot_store"]["publish_failures"] == 1
+        assert node.stop() == 0
+    finally:
+        minio.resume()
+    node = store_node(data, minio, prefix="retry")
+    wait_for(lambda: node.function_status("hello")["snapshot"]["stored"] is not None, "the snapshot to be published")
+    sid = node.function_status("hello")["snapshot"]["stored"]
+    assert f"retry/snapshots/{sid}.json" in minio.keys(BUCKET, "retry/snapshots/")
+    _, body = invoke_json(node.client(), "hello", {"name": "stored"})
+    assert body == {"message": "hello, stored"}
+    assert restores(node) == 1 and starts(node, "boot") == 0
+    assert node.stop() == 0
+
+
+def test_the_cache_is_bounded(minio, tmp_path):
+    data = tmp_path / "node"
+    node = store_node(data, minio, prefix="bounded")
+    client = node.client()
+    for name in ["one", "two"]:
+        create(client, name, sample_zip("helloworld"))
+        invoke_json(client, name, {})  # records the working set (kept in the cached copy)
+    sizes = [node.function_status(n)["snapshot"]["bytes"] for n in ["one", "two"]]
+    used = node.status()["snapshot_store"]["cache"]["used_bytes"]
+    assert node.stop() == 0
+    # Restarted with room for one snapshot, not two: the index rebuilt at start is cut down to it.
+    bound = used * 3 // 4
+    assert bound > max(sizes), (sizes, used)
+    node = store_node(data, minio, "--cache-max-bytes", str(bound), prefix="bounded")
+    client = node.client()
+    assert node.status()["snapshot_store"]["cache"]["entries"] == 1
+    for _ in range(2):
+        for name in ["one", "two"]:
+            _, body = invoke_json(client, name, {"name": name})
+            assert body == {"message": f"hello, {name}"}
+            cache = node.status()["snapshot_store"]["cache"]
+            assert cache["used_bytes"] + cache["reserved_bytes"] <= cache["max_bytes"], cache
+            cold(node, name)
+            # Closed (unpinned) once unused for a keep-alive period: evictable.
+            wait_for(lambda: not node.function_status(name)["snapshot"]["loaded"], f"{name}'s snapshot to be closed")
+    st = node.status()["snapshot_store"]
+    assert st["cache"]["evictions"] >= 3 and st["fetches"] >= 3, st
+    assert metric(node, "thaw_restore_fallbacks_total") == 0 and starts(node, "boot") == 0, node.metrics()
+    assert node.stop() == 0
