@@ -5,6 +5,7 @@ snapshot it lost back from the store (a restore, not a cold boot), falls back to
 boot while the store is down and recovers by itself once it is back, and deletes a
 function's stored snapshot with the function."""
 
+import json
 import re
 import shutil
 import time
@@ -171,3 +172,28 @@ def test_the_cache_is_bounded(minio, tmp_path):
     assert st["cache"]["evictions"] >= 3 and st["fetches"] >= 3, st
     assert metric(node, "thaw_restore_fallbacks_total") == 0 and starts(node, "boot") == 0, node.metrics()
     assert node.stop() == 0
+
+
+def test_a_corrupt_object_is_never_restored_from(minio, tmp_path):
+    data = tmp_path / "node"
+    node = store_node(data, minio, prefix="corrupt")
+    client = node.client()
+    create(client, "hello", sample_zip("helloworld"))
+    sid = node.function_status("hello")["snapshot"]["stored"]
+    assert node.stop() == 0
+    shutil.rmtree(data / "node" / "snapshot-cache" / "entries")
+    # Flip the bytes of one chunk the manifest names (same length, same name).
+    manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"corrupt/snapshots/{sid}.json")["Body"].read())
+    sha = next(c["sha256"] for f in manifest["files"] for c in f["chunks"] if c["sha256"])
+    key = f"corrupt/chunks/{sha}"
+    good = minio.s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    minio.s3().put_object(Bucket=BUCKET, Key=key, Body=bytes(b ^ 0xFF for b in good))
+
+    node = store_node(data, minio, prefix="corrupt")
+    _, body = invoke_json(node.client(), "hello", {"name": "corrupt"})
+    assert body == {"message": "hello, corrupt"}, "the call is served by a cold boot"
+    assert starts(node, "boot") == 1 and restores(node) == 0 and metric(node, "thaw_restore_fallbacks_total") == 1
+    assert node.status()["snapshot_store"]["fetch_failures"] == 1
+    assert not list((data / "node" / "snapshot-cache" / "entries").iterdir()), "nothing was installed"
+    assert node.stop() == 0
+    assert f"chunks/{sha} is corrupt or truncated" in node.log_path.read_text(), "the log names the object"
