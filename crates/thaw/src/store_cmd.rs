@@ -183,14 +183,35 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     };
     let url = SnapshotUrl::parse(url)?;
     let t0 = std::time::Instant::now();
-    let store = Store::open(&url.store, &StoreConfig::default())?;
     let cache = thaw_store::cache::Cache::open(&data_dir.join("snapshot-cache"), cache_max_bytes)?;
+    // A hit needs no store: the client (an I/O runtime, TLS roots) is built only on a miss.
+    if cache.contains(&url.id) {
+        if let Ok(handle) = cache.get(&url.id, &Unreachable) {
+            let stats = serde_json::json!({"url": url.to_string(), "cache_hit": true, "cached": handle.cached(),
+                "bytes_fetched": 0, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+            return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats });
+        }
+    }
+    let store = Store::open(&url.store, &StoreConfig::default())?;
     let source = thaw_store::StoreSource::new(&store);
     let handle = cache.get(&url.id, &source).with_context(|| format!("fetching {url}"))?;
     let bytes = source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed);
     let stats = serde_json::json!({"url": url.to_string(), "cache_hit": bytes == 0, "cached": handle.cached(),
         "bytes_fetched": bytes, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
     Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats })
+}
+
+/// The source of a lookup expected to hit (a miss is an error, and the caller
+/// then opens the store).
+struct Unreachable;
+
+impl thaw_store::cache::Source for Unreachable {
+    fn size(&self, id: &str) -> Result<u64, thaw_store::cache::SourceError> {
+        Err(format!("snapshot {id} left the cache").into())
+    }
+    fn fetch(&self, id: &str, _dir: &std::path::Path) -> Result<(), thaw_store::cache::SourceError> {
+        Err(format!("snapshot {id} left the cache").into())
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Remote snapshots against local ones (issue #13, the thesis's Table 6.2 on our engine).
+
+    bench/store.py [--functions helloworld,pyaes,lrserving] [--runs 5] [--links loopback,1gbit,100mbit]
+
+For each function, in one sitting and interleaved run by run (the order rotates):
+  boot          `thaw boot` (sandbox + runtime start + init + first response)
+  local         `thaw snapshot restore DIR` (REAP prefetch; page cache of the image evicted)
+  remote-cold   `thaw snapshot restore s3://...` with an empty node cache (fetch, verify, restore)
+  remote-warm   the same with the snapshot in the node cache (page cache of the entry evicted)
+Time to first response is the restore's `total_ms` (it includes the fetch); the
+remote modes also report bytes fetched and time spent fetching.
+
+The store is a real MinIO (scripts/build-minio.sh builds it). `loopback` runs it on
+127.0.0.1; `1gbit` / `100mbit` run it in a network namespace behind a veth pair whose
+both directions are shaped with `tc tbf`, since loopback flatters a remote store.
+Prints a table of medians and writes JSON and an SVG chart to --out (bench/results).
+Needs root and build/samples (scripts/build-samples.sh).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "api"))
+from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
+
+MODES = ("boot", "local", "remote-cold", "remote-warm")
+NS = "thaw-bench-s3"
+HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, check=check, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+class Store:
+    """MinIO on loopback, or in a network namespace behind a shaped veth pair."""
+
+    def __init__(self, tmp, link):
+        self.link, self.tmp = link, tmp
+        data = tmp / f"minio-{link}"
+        data.mkdir()
+        env = dict(os.environ, MINIO_ROOT_USER=ACCESS_KEY, MINIO_ROOT_PASSWORD=SECRET_KEY,
+                   MINIO_BROWSER="off", MINIO_UPDATE="off")
+        cmd = [str(minio_bin()), "server", "--quiet"]
+        if link == "loopback":
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            self.endpoint = f"http://127.0.0.1:{port}"
+            cmd += ["--address", f"127.0.0.1:{port}", str(data)]
+        else:
+            self._netns(link)
+            self.endpoint = f"http://{NS_IP}:9000"
+            cmd = ["ip", "netns", "exec", NS] + cmd + ["--address", f"{NS_IP}:9000", str(data)]
+        self.log = open(data / "minio.log", "wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=self.log)
+        self.env = dict(os.environ, AWS_ENDPOINT_URL=self.endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY,
+                        AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION="us-east-1")
+        deadline = time.time() + 30
+        while subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", self.endpoint + "/"],
+                             capture_output=True, text=True).stdout != "403":
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"MinIO did not start ({link}): {(data / 'minio.log').read_text()}")
+            time.sleep(0.1)
+
+    def _netns(self, rate):
+        sh("ip", "netns", "del", NS, check=False)
+        sh("ip", "link", "del", "thawb-h", check=False)
+        sh("ip", "netns", "add", NS)
+        sh("ip", "link", "add", "thawb-h", "type", "veth", "peer", "name", "thawb-m")
+        sh("ip", "link", "set", "thawb-m", "netns", NS)
+        sh("ip", "addr", "add", f"{HOST_IP}/30", "dev", "thawb-h")
+        sh("ip", "link", "set", "thawb-h", "up")
+        sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{NS_IP}/30", "dev", "thawb-m")
+        sh("ip", "netns", "exec", NS, "ip", "link", "set", "thawb-m", "up")
+        sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+        # Both directions: requests leave through thawb-h, responses through thawb-m.
+        tbf = ["root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
+        sh("tc", "qdisc", "add", "dev", "thawb-h", *tbf)
+        sh("ip", "netns", "exec", NS, "tc", "qdisc", "add", "dev", "thawb-m", *tbf)
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+        if self.link != "loopback":
+            sh("ip", "link", "del", "thawb-h", check=False)
+            sh("ip", "netns", "del", NS, check=False)
+
+
+def evict(path):
+    """Drop a directory's files from the page cache (cold-start conditions)."""
+    for p in Path(path).rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def run_thaw(thaw, env, args, stats):
+    r = subprocess.run([thaw, *args, "--quiet", "--stats", str(stats)], env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"thaw {' '.join(args)} failed ({r.returncode}): {r.stderr}")
+    return json.loads(stats.read_text())
+
+
+def bench_function(thaw, fn, store, runs, tmp):
+    code = ROOT / "build" / "samples" / "python" / fn
+    data = tmp / f"data-{store.link}-{fn}"
+    env = dict(store.env, THAW_DATA_DIR=str(data))
+    snap = tmp / f"{store.link}-{fn}.snap"
+    stats = tmp / "stats.json"
+    subprocess.run([thaw, "snapshot", "create", "--code", str(code), "--handler", "handler.handler", "--out", str(snap)],
+                   env=env, check=True, capture_output=True)
+    run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)  # records the working set
+    push = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}", "--create-bucket"],
+                          env=env, check=True, capture_output=True, text=True)
+    url = push.stdout.strip().splitlines()[-1]
+    cache = data / "snapshot-cache" / "entries"
+    rows = []
+    for i in range(runs):
+        order = MODES[i % len(MODES):] + MODES[:i % len(MODES)]
+        for mode in order:
+            if mode == "boot":
+                st = run_thaw(thaw, env, ["boot", "--code", str(code), "--handler", "handler.handler"], stats)
+            elif mode == "local":
+                evict(snap)
+                st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
+            elif mode == "remote-cold":
+                shutil.rmtree(cache, ignore_errors=True)
+                st = run_thaw(thaw, env, ["snapshot", "restore", url], stats)
+                assert st["store"]["cache_hit"] is False, st["store"]
+            else:
+                if not cache.is_dir() or not any(cache.iterdir()):
+                    run_thaw(thaw, env, ["snapshot", "restore", url], stats)
+                evict(cache)
+                st = run_thaw(thaw, env, ["snapshot", "restore", url], stats)
+                assert st["store"]["cache_hit"] is True, st["store"]
+            s = st.get("store") or {}
+            rows.append({"function": fn, "link": store.link, "mode": mode, "run": i, "total_ms": st["total_ms"],
+                         "paging": st["mode"], "bytes_fetched": s.get("bytes_fetched", 0),
+                         "fetch_ms": s.get("fetch_ms", 0.0) if mode.startswith("remote") else 0.0})
+    return rows
+
+
+def medians(rows):
+    out = {}
+    for r in rows:
+        out.setdefault((r["link"], r["function"], r["mode"]), []).append(r)
+    return {k: {"total_ms": statistics.median(x["total_ms"] for x in v),
+                "fetch_ms": statistics.median(x["fetch_ms"] for x in v),
+                "bytes_fetched": statistics.median(x["bytes_fetched"] for x in v),
+                "paging": v[0]["paging"], "n": len(v)} for k, v in out.items()}
+
+
+def chart(med, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    groups = sorted({(link, fn) for link, fn, _ in med})
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+    w = 0.8 / len(MODES)
+    for j, mode in enumerate(MODES):
+        ys = [med.get((link, fn, mode), {}).get("total_ms", 0) for link, fn in groups]
+        ax.bar([i + j * w for i in range(len(groups))], ys, w, label=mode)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{fn}\n{link}" for link, fn in groups], fontsize=8)
+    ax.set_ylabel("time to first response, ms (median)")
+    ax.set_yscale("log")
+    ax.set_title("Remote snapshots vs local (MinIO)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--functions", default="helloworld,pyaes,lrserving")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--links", default="loopback,1gbit,100mbit",
+                    help="loopback and/or tc rates (e.g. 1gbit, 100mbit) of a veth pair to the store")
+    ap.add_argument("--thaw", default=str(ROOT / "target/release/thaw"))
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="thaw-store-bench-") as tmp:
+        tmp = Path(tmp)
+        for link in a.links.split(","):
+            store = Store(tmp, link)
+            try:
+                for fn in a.functions.split(","):
+                    rows += bench_function(a.thaw, fn, store, a.runs, tmp)
+            finally:
+                store.stop()
+    med = medians(rows)
+    print(f"{'link':9s} {'function':11s} {'mode':12s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} {'fetch %':>8s} {'MB fetched':>10s}")
+    for (link, fn, mode), m in sorted(med.items(), key=lambda kv: (kv[0][0], kv[0][1], MODES.index(kv[0][2]))):
+        local = med[(link, fn, "local")]["total_ms"]
+        share = 100 * m["fetch_ms"] / m["total_ms"] if m["fetch_ms"] else 0
+        print(f"{link:9s} {fn:11s} {mode:12s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
+              f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = out / f"store-{stamp}.json"
+    path.write_text(json.dumps({"runs": a.runs, "links": a.links, "medians": {"/".join(k): v for k, v in med.items()},
+                                "samples": rows}, indent=1))
+    svg = chart(med, out / f"store-{stamp}.svg")
+    print(f"wrote {path}" + (f" and {svg}" if svg else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""bench/store.py end to end, once, on loopback (a real MinIO and the real thaw binary):
+every mode runs and the remote ones fetch what they should."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_store_bench_runs_every_mode(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "store.py"), "--functions", "helloworld", "--runs", "1",
+                        "--links", "loopback", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(next(tmp_path.glob("store-*.json")).read_text())
+    rows = {s["mode"]: s for s in data["samples"]}
+    assert set(rows) == {"boot", "local", "remote-cold", "remote-warm"}
+    assert rows["remote-cold"]["bytes_fetched"] > 1 << 20, rows["remote-cold"]
+    assert rows["remote-warm"]["bytes_fetched"] == 0, "a warm cache fetches nothing"
+    assert rows["local"]["paging"] == "prefetch" and rows["remote-cold"]["paging"] == "prefetch", rows
+    assert "remote-cold" in r.stdout
