@@ -1,7 +1,10 @@
 """Issue #16: published versions through boto3. A version freezes the code, handler,
 memory and environment (and its snapshot) of $LATEST when published; qualified
 invocations keep using it after $LATEST moves on, across a node restart; deleting a
-version deletes only that version; aliases are answered as unknown qualifiers."""
+version deletes only that version; aliases route to versions; asynchronous invocations
+run the version they name."""
+
+import time
 
 import pytest
 from botocore.exceptions import ClientError
@@ -182,3 +185,43 @@ def test_an_alias_of_latest_follows_it(client):
         client.put_provisioned_concurrency_config(FunctionName="latestalias", Qualifier="dev", ProvisionedConcurrentExecutions=1)
     assert code(e) == "InvalidParameterValueException"
     client.delete_function(FunctionName="latestalias")
+
+
+FLAKY_V1 = """
+def handler(event, context):
+    raise RuntimeError("version 1 always fails")
+"""
+
+
+def test_async_invocations_run_the_version_they_name(tmp_path):
+    """An Event invocation with a Qualifier runs that version (v1 fails, $LATEST succeeds):
+    the qualified event is retried and dropped, the unqualified one is done."""
+    node = NodeProcess(tmp_path / "node")
+    try:
+        client = node.client()
+        create(client, "asyncv", zip_bytes({"handler.py": FLAKY_V1}))
+        assert client.publish_version(FunctionName="asyncv")["Version"] == "1"
+        client.update_function_code(FunctionName="asyncv", ZipFile=zip_bytes({"handler.py": CODE % "b"}))
+        wait_updated(client, "asyncv")
+        client.create_alias(FunctionName="asyncv", Name="old", FunctionVersion="1")
+
+        def counters():
+            return node.function_status("asyncv")["counters"]
+
+        def wait(cond, what):
+            deadline = time.time() + 20
+            while not cond(counters()):
+                assert time.time() < deadline, f"{what}: {counters()}"
+                time.sleep(0.05)
+
+        assert client.invoke(FunctionName="asyncv", InvocationType="Event", Payload=b"{}")["StatusCode"] == 202
+        wait(lambda c: c["events_done"] == 1, "the $LATEST event was not done")
+        assert counters()["events_dropped"] == 0
+        for qualifier in ("1", "old"):
+            resp = client.invoke(FunctionName="asyncv", InvocationType="Event", Qualifier=qualifier, Payload=b"{}")
+            assert resp["StatusCode"] == 202
+        wait(lambda c: c["events_dropped"] == 2, "the version-1 events were not retried and dropped")
+        assert counters()["events_done"] == 1, "nothing of version 1 ran as $LATEST"
+        assert node.status()["events"]["pending"] == 0
+    finally:
+        node.stop()

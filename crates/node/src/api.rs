@@ -558,10 +558,10 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
             r.headers_mut().insert("x-amzn-requestid", rid);
             Ok(r)
         }
-        "Event" if version.is_some() => Err(ApiError::invalid("Asynchronous invocation of a published version is not supported by this node yet.")),
         "Event" => {
             node.check_invocable(&name)?;
-            events::enqueue(node, request_id, &name, payload.into_bytes()).map_err(|e| ApiError::service(error_chain(&e)))?;
+            // A version (an alias's weighted pick included) is resolved now and kept with the event.
+            events::enqueue(node, request_id, &name, version, payload.into_bytes()).map_err(|e| ApiError::service(error_chain(&e)))?;
             let mut r = StatusCode::ACCEPTED.into_response();
             r.headers_mut().insert("x-amzn-requestid", rid);
             Ok(r)

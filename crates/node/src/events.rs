@@ -27,10 +27,11 @@ pub enum EventError {
 }
 
 /// Persist an event; the dispatcher picks it up.
-pub fn enqueue(node: &Node, id: &str, function: &str, payload: Vec<u8>) -> Result<(), EventError> {
+pub fn enqueue(node: &Node, id: &str, function: &str, version: Option<u64>, payload: Vec<u8>) -> Result<(), EventError> {
     node.registry.enqueue_event(&EventRecord {
         id: id.to_string(),
         function: function.to_string(),
+        version,
         payload,
         attempts: 0,
         next_attempt_ms: clock_ms(),
@@ -92,7 +93,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
 async fn process(node: &Arc<Node>, ev: EventRecord) {
     let payload = String::from_utf8_lossy(&ev.payload).into_owned();
     let attempt = ev.attempts + 1;
-    let failure = match node.invoke(&ev.function, &ev.id, payload).await {
+    let failure = match node.invoke_version(&ev.function, ev.version, &ev.id, payload).await {
         Ok(inv) => match inv.outcome {
             Outcome::Ok(_) => {
                 debug!(request_id = %ev.id, function = %ev.function, attempt, "event done");

@@ -142,6 +142,8 @@ pub struct AliasRecord {
 pub struct EventRecord {
     pub id: String,
     pub function: String,
+    /// The published version to run (None: $LATEST), resolved when the event was queued.
+    pub version: Option<u64>,
     pub payload: Vec<u8>,
     pub attempts: u32,
     pub next_attempt_ms: i64,
@@ -224,7 +226,8 @@ CREATE TABLE IF NOT EXISTS events (
     function TEXT NOT NULL,
     payload BLOB NOT NULL,
     attempts INTEGER NOT NULL,
-    next_attempt_ms INTEGER NOT NULL
+    next_attempt_ms INTEGER NOT NULL,
+    version INTEGER
 );
 CREATE INDEX IF NOT EXISTS events_due ON events(next_attempt_ms);
 ";
@@ -336,6 +339,7 @@ impl Registry {
             ("revisions", "runtime", "ALTER TABLE revisions ADD COLUMN runtime TEXT NOT NULL DEFAULT 'python3.12';"),
             ("function_settings", "url_json", "ALTER TABLE function_settings ADD COLUMN url_json TEXT;"),
             ("revisions", "snapshot_id", "ALTER TABLE revisions ADD COLUMN snapshot_id TEXT;"),
+            ("events", "version", "ALTER TABLE events ADD COLUMN version INTEGER;"),
         ] {
             let present: i64 = conn
                 .query_row("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name=?2", [table, column], |r| r.get(0))
@@ -636,8 +640,8 @@ impl Registry {
     pub fn enqueue_event(&self, e: &EventRecord) -> Result<(), RegistryError> {
         self.conn()
             .execute(
-                "INSERT INTO events (id, function, payload, attempts, next_attempt_ms) VALUES (?1,?2,?3,?4,?5)",
-                params![e.id, e.function, e.payload, e.attempts, e.next_attempt_ms],
+                "INSERT INTO events (id, function, payload, attempts, next_attempt_ms, version) VALUES (?1,?2,?3,?4,?5,?6)",
+                params![e.id, e.function, e.payload, e.attempts, e.next_attempt_ms, e.version],
             )
             .map_err(q("enqueue event"))?;
         Ok(())
@@ -648,7 +652,7 @@ impl Registry {
         let c = self.conn();
         let mut st = c
             .prepare(
-                "SELECT id, function, payload, attempts, next_attempt_ms FROM events WHERE next_attempt_ms <= ?1 \
+                "SELECT id, function, payload, attempts, next_attempt_ms, version FROM events WHERE next_attempt_ms <= ?1 \
                  ORDER BY next_attempt_ms LIMIT ?2",
             )
             .map_err(q("due events"))?;
@@ -660,6 +664,7 @@ impl Registry {
                     payload: r.get(2)?,
                     attempts: r.get(3)?,
                     next_attempt_ms: r.get(4)?,
+                    version: r.get(5)?,
                 })
             })
             .map_err(q("due events"))?;
@@ -780,7 +785,7 @@ mod tests {
         let got = reg.get_revision(a).unwrap().unwrap();
         assert_eq!((got.status.as_str(), got.snapshot_bytes, got.runtime.as_str()), ("ready", Some(4096), "java17"));
         assert_eq!(reg.other_revisions("f", &[b]).unwrap(), vec![(a, PathBuf::from("/tmp/r1"))]);
-        reg.enqueue_event(&EventRecord { id: "e".into(), function: "f".into(), payload: b"{}".to_vec(), attempts: 0, next_attempt_ms: 5 })
+        reg.enqueue_event(&EventRecord { id: "e".into(), function: "f".into(), version: Some(3), payload: b"{}".to_vec(), attempts: 0, next_attempt_ms: 5 })
             .unwrap();
         let dirs = reg.delete_function("f").unwrap().unwrap();
         assert_eq!(dirs.len(), 2);
@@ -791,16 +796,16 @@ mod tests {
     #[test]
     fn events_queue() {
         let reg = Registry::open_in_memory().unwrap();
-        for (id, t) in [("late", 100), ("early", 10)] {
-            reg.enqueue_event(&EventRecord { id: id.into(), function: "f".into(), payload: b"1".to_vec(), attempts: 0, next_attempt_ms: t })
+        for (id, t, version) in [("late", 100, None), ("early", 10, Some(2))] {
+            reg.enqueue_event(&EventRecord { id: id.into(), function: "f".into(), version, payload: b"1".to_vec(), attempts: 0, next_attempt_ms: t })
                 .unwrap();
         }
         assert_eq!(reg.next_event_ms().unwrap(), Some(10));
         let due: Vec<_> = reg.due_events(50, 10).unwrap().into_iter().map(|e| e.id).collect();
         assert_eq!(due, ["early"]);
         reg.reschedule_event("early", 1, 200).unwrap();
-        let due: Vec<_> = reg.due_events(1000, 10).unwrap().into_iter().map(|e| (e.id, e.attempts)).collect();
-        assert_eq!(due, [("late".to_string(), 0), ("early".to_string(), 1)]);
+        let due: Vec<_> = reg.due_events(1000, 10).unwrap().into_iter().map(|e| (e.id, e.attempts, e.version)).collect();
+        assert_eq!(due, [("late".to_string(), 0, None), ("early".to_string(), 1, Some(2))], "the version is kept");
         reg.delete_event("late").unwrap();
         assert_eq!(reg.pending_events().unwrap(), 1);
     }
