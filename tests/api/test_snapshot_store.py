@@ -56,6 +56,17 @@ def cold(node, name):
     wait_for(lambda: node.function_status(name)["instances"]["live"] == 0, f"{name}'s instances to expire")
 
 
+def deployed_then_evicted(data, minio, prefix):
+    """Deploy helloworld on a node, stop it and drop its cached snapshots: the next
+    node on `data` must fetch it. Returns the stored snapshot id."""
+    node = store_node(data, minio, prefix=prefix)
+    create(node.client(), "hello", sample_zip("helloworld"))
+    sid = node.function_status("hello")["snapshot"]["stored"]
+    assert sid and node.stop() == 0
+    shutil.rmtree(data / "node" / "snapshot-cache" / "entries")
+    return sid
+
+
 def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     data = tmp_path / "node"
     node = store_node(data, minio)
@@ -74,6 +85,10 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     _, body = invoke_json(client, "hello", {"name": "store"})
     assert body == {"message": "hello, store"}
     assert restores(node) == 1 and metric(node, "thaw_restore_fallbacks_total") == 0
+    # The first restore recorded the working set; the node publishes it beside the snapshot.
+    assert starts(node, "restore-lazy") == 1, node.metrics()  # recording pages lazily
+    wait_for(lambda: f"fns/ws/{sid}.trace" in minio.keys(BUCKET, "fns/ws/"), "the working set to be published")
+    assert node.status()["snapshot_store"]["working_sets_published"] >= 1
     assert node.stop() == 0
 
     # The node loses its local snapshot: the next start fetches it back and restores.
@@ -85,7 +100,8 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     st = node.status()["snapshot_store"]
     assert st["fetches"] == 1 and st["fetch_failures"] == 0 and st["bytes_fetched"] > 1 << 20, st
     assert restores(node) == 1 and starts(node, "boot") == 0, node.metrics()
-    assert (entry / "state.bin").is_file(), "fetched into the cache"
+    assert starts(node, "restore-prefetch") == 1, "the fetched snapshot came with its working set"
+    assert (entry / "state.bin").is_file() and (entry / "ws.pages").is_file(), "fetched into the cache"
 
     # The store goes down and the cache is lost: starts fall back to a cold boot, in bounded time.
     cold(node, "hello")
@@ -113,6 +129,7 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     # Deleting the function deletes its stored snapshot (its manifest; chunks go to `thaw snapshot gc`).
     client.delete_function(FunctionName="hello")
     wait_for(lambda: f"fns/snapshots/{sid}.json" not in minio.keys(BUCKET, "fns/snapshots/"), "the manifest to be deleted")
+    assert f"fns/ws/{sid}.trace" not in minio.keys(BUCKET, "fns/ws/"), "and its working set"
     wait_for(lambda: not entry.exists(), "the cached copy to be removed")
     assert node.stop() == 0
 
@@ -176,12 +193,7 @@ def test_the_cache_is_bounded(minio, tmp_path):
 
 def test_a_corrupt_object_is_never_restored_from(minio, tmp_path):
     data = tmp_path / "node"
-    node = store_node(data, minio, prefix="corrupt")
-    client = node.client()
-    create(client, "hello", sample_zip("helloworld"))
-    sid = node.function_status("hello")["snapshot"]["stored"]
-    assert node.stop() == 0
-    shutil.rmtree(data / "node" / "snapshot-cache" / "entries")
+    sid = deployed_then_evicted(data, minio, "corrupt")
     # Flip the bytes of one chunk the manifest names (same length, same name).
     manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"corrupt/snapshots/{sid}.json")["Body"].read())
     sha = next(c["sha256"] for f in manifest["files"] for c in f["chunks"] if c["sha256"])
@@ -197,3 +209,18 @@ def test_a_corrupt_object_is_never_restored_from(minio, tmp_path):
     assert not list((data / "node" / "snapshot-cache" / "entries").iterdir()), "nothing was installed"
     assert node.stop() == 0
     assert f"chunks/{sha} is corrupt or truncated" in node.log_path.read_text(), "the log names the object"
+
+
+def test_a_bad_recorded_working_set_is_ignored(minio, tmp_path):
+    """The published working set is advisory: one that does not match its snapshot is
+    skipped (the restore records a new one), never a reason to fail or boot."""
+    data = tmp_path / "node"
+    sid = deployed_then_evicted(data, minio, "badws")
+    minio.s3().put_object(Bucket=BUCKET, Key=f"badws/ws/{sid}.trace", Body=b"THAWWS" + bytes(64))
+
+    node = store_node(data, minio, prefix="badws")
+    _, body = invoke_json(node.client(), "hello", {"name": "ws"})
+    assert body == {"message": "hello, ws"}
+    assert restores(node) == 1 and starts(node, "restore-lazy") == 1 and starts(node, "boot") == 0, node.metrics()
+    assert node.stop() == 0
+    assert "ignoring a recorded working set" in node.log_path.read_text()

@@ -1149,6 +1149,9 @@ impl Node {
 
     /// Destroy instances idle for longer than the keep-alive.
     pub fn reap_idle(&self) {
+        if self.cfg.snapshot_store.is_some() {
+            self.publish_working_sets();
+        }
         let fs: Vec<Arc<Function>> = self.functions_map().values().cloned().collect();
         for f in fs {
             let expired: Vec<Idle> = {
@@ -1169,7 +1172,8 @@ impl Node {
                 }
             }
             if self.cfg.snapshot_store.is_some() {
-                // Unpin cached snapshots nothing has used for a keep-alive period.
+                // Unpin cached snapshots nothing has used for a keep-alive period (after
+                // publishing any working set a restore recorded in them).
                 let st = f.lock();
                 for rev in st.active.iter().chain(st.versions.values().map(|p| &p.rev)) {
                     if rev.snapshot.close_if_unused(self.cfg.keep_alive) {

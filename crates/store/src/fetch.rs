@@ -80,6 +80,36 @@ pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn
     Ok((fetched.len(), fetched.iter().sum()))
 }
 
+/// The working set a node recorded for snapshot `id` after publishing it
+/// (`ws/<id>.trace`), installed into `dir` (which holds the fetched snapshot) as
+/// ws.trace + ws.pages, unless the manifest carries one. Advisory: it only says
+/// which of the verified image's pages to prefetch, so one that is missing,
+/// unreadable or does not match the image is skipped (the first restore then
+/// records one). Returns the bytes read from the store.
+pub async fn working_set(remote: &Remote, m: &Manifest, id: &str, dir: &Path) -> u64 {
+    if m.file(TRACE_FILE).is_some() {
+        return 0;
+    }
+    let key = Remote::ws_key(id);
+    let trace = match remote.get(&key).await {
+        Ok(t) => t,
+        Err(StoreError::NotFound { .. }) => return 0,
+        Err(e) => {
+            tracing::warn!(object = %remote.url.object_url(&key), error = %e, "cannot read the recorded working set; the first restore records one");
+            return 0;
+        }
+    };
+    let installed = WorkingSet::parse(dir, &trace, m.image_id)
+        .map_err(|e| e.to_string())
+        .and_then(|set| File::open(dir.join(PAGES_FILE)).map(|f| (set, f)).map_err(|e| e.to_string()))
+        .and_then(|(set, pages)| ws::write(dir, m.image_id, &set.trace, &pages).map_err(|e| e.to_string()));
+    if let Err(e) = installed {
+        tracing::warn!(object = %remote.url.object_url(&key), error = %e, "ignoring a recorded working set that does not match its snapshot");
+        ws::invalidate(dir);
+    }
+    trace.len() as u64
+}
+
 /// Rebuild ws.pages (the working set's pages, copied out of pages.img).
 fn derive(m: &Manifest, dir: &Path) -> Result<()> {
     if !m.derived.iter().any(|d| d == ws::PAGES_FILE) {

@@ -113,13 +113,27 @@ impl Store {
         self.rt.block_on(fetch::manifest(&self.remote, id)).map(|(m, _)| m)
     }
 
-    /// Delete snapshot `id` (its manifest; its chunks become orphans for [`Store::gc`]).
+    /// Delete snapshot `id` (its manifest and recorded working set; its chunks
+    /// become orphans for [`Store::gc`]).
     pub fn remove(&self, id: &str) -> Result<()> {
         let key = Remote::manifest_key(id);
         if self.rt.block_on(self.remote.head(&key))?.is_none() {
             return Err(StoreError::NotFound { object: self.remote.url.object_url(&key) });
         }
+        match self.rt.block_on(self.remote.delete(&Remote::ws_key(id))) {
+            Ok(()) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
         self.rt.block_on(self.remote.delete(&key))
+    }
+
+    /// Publish the working set recorded in `dir` (ws.trace) for stored snapshot
+    /// `id`, replacing any earlier one. Returns its size.
+    pub fn put_working_set(&self, id: &str, dir: &Path) -> Result<u64> {
+        let trace = std::fs::read(dir.join(thaw_engine::ws::TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
+        let n = trace.len() as u64;
+        self.rt.block_on(self.remote.put(&Remote::ws_key(id), bytes::Bytes::from(trace)))?;
+        Ok(n)
     }
 
     /// Collect orphaned chunks (see [`gc`]).
@@ -163,7 +177,8 @@ impl cache::Source for StoreSource<'_> {
     fn fetch(&self, id: &str, dir: &Path) -> std::result::Result<(), cache::SourceError> {
         let m = self.manifest(id)?;
         let (_, bytes) = self.store.block_on(fetch::download(&self.store.remote, &m, dir, &|_| {}))?;
-        self.bytes_fetched.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        let ws = self.store.block_on(fetch::working_set(&self.store.remote, &m, id, dir));
+        self.bytes_fetched.fetch_add(bytes + ws, std::sync::atomic::Ordering::Relaxed);
         thaw_engine::image::Snapshot::open(dir).map_err(|source| StoreError::Image { dir: dir.to_path_buf(), source })?;
         Ok(())
     }

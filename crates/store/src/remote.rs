@@ -187,6 +187,11 @@ impl Remote {
         format!("snapshots/{id}.json")
     }
 
+    /// The working set recorded for snapshot `id` after it was published (advisory: see fetch::working_set).
+    pub fn ws_key(id: &str) -> String {
+        format!("ws/{id}.trace")
+    }
+
     fn remote_err(&self, op: &'static str, key: &str) -> impl FnOnce(object_store::Error) -> StoreError {
         let object = self.url.object_url(key);
         move |source| match source {

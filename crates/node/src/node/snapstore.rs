@@ -26,7 +26,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use thaw_engine::instance::LoadedSnapshot;
 
@@ -53,6 +53,7 @@ struct Counters {
     fetch_failures: AtomicU64,
     bytes_fetched: AtomicU64,
     removed: AtomicU64,
+    working_sets: AtomicU64,
 }
 
 /// The store plus this node's cache of it.
@@ -140,6 +141,14 @@ impl SnapshotStore {
         }
     }
 
+    /// Publish the working set recorded in `dir` for stored snapshot `id`.
+    pub fn put_working_set(&self, id: &str, dir: &Path) -> Result<(), SnapStoreError> {
+        let n = self.store.put_working_set(id, dir)?;
+        self.n.working_sets.fetch_add(1, Ordering::Relaxed);
+        info!(snapshot = %self.store.snapshot_url(id), bytes = n, "recorded working set published");
+        Ok(())
+    }
+
     /// Drop the cached copy of `id` (it did not open); the next use fetches it again.
     pub fn purge(&self, id: &str) {
         self.cache.purge(id);
@@ -179,6 +188,7 @@ impl SnapshotStore {
             "fetch_failures": c(&self.n.fetch_failures),
             "bytes_fetched": c(&self.n.bytes_fetched),
             "removed": c(&self.n.removed),
+            "working_sets_published": c(&self.n.working_sets),
             "cache": self.cache.stats(),
         })
     }
@@ -222,6 +232,8 @@ pub(super) struct SnapshotSlot {
     /// Where the snapshot is captured, and kept when there is no store.
     local_dir: PathBuf,
     fault_cpu_share: f64,
+    /// Modification time of the recorded working set last published (or being published).
+    ws_published: Mutex<Option<SystemTime>>,
 }
 
 enum Slot {
@@ -233,7 +245,14 @@ enum Slot {
 
 impl SnapshotSlot {
     pub(super) fn new(local_dir: PathBuf, stored: Option<String>, store: Option<Arc<SnapshotStore>>, fault_cpu_share: f64) -> SnapshotSlot {
-        SnapshotSlot { state: Mutex::new(Slot::Closed), stored: Mutex::new(stored), store, local_dir, fault_cpu_share }
+        SnapshotSlot {
+            state: Mutex::new(Slot::Closed),
+            stored: Mutex::new(stored),
+            store,
+            local_dir,
+            fault_cpu_share,
+            ws_published: Mutex::new(None),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Slot> {
@@ -336,6 +355,29 @@ impl SnapshotSlot {
         unused
     }
 
+    /// A working set recorded (or extended) in the cached copy since it was last
+    /// published: (store, stored id, cached directory). Marks it as being published;
+    /// [`ws_publish_failed`](Self::ws_publish_failed) undoes that. Never blocks.
+    pub(super) fn working_set_to_publish(&self) -> Option<(Arc<SnapshotStore>, String, PathBuf)> {
+        let store = self.store.as_ref()?;
+        let st = self.state.try_lock().ok()?;
+        let Slot::Open { _pin: Some(h), .. } = &*st else { return None };
+        let dir = h.dir().to_path_buf();
+        let id = h.id().to_string();
+        drop(st);
+        let mtime = std::fs::metadata(dir.join(thaw_engine::ws::TRACE_FILE)).and_then(|m| m.modified()).ok()?;
+        let mut published = self.ws_published.lock().unwrap_or_else(|p| p.into_inner());
+        if *published == Some(mtime) {
+            return None;
+        }
+        *published = Some(mtime);
+        Some((store.clone(), id, dir))
+    }
+
+    pub(super) fn ws_publish_failed(&self) {
+        *self.ws_published.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// The revision is gone: delete its stored snapshot.
     pub(super) fn retire(&self) {
         if let (Some(store), Some(id)) = (&self.store, self.stored_id()) {
@@ -351,15 +393,7 @@ impl super::Node {
         if self.cfg.snapshot_store.is_none() {
             return;
         }
-        let revs: Vec<Arc<super::Revision>> = self
-            .functions_map()
-            .values()
-            .flat_map(|f| {
-                let st = f.lock();
-                st.active.iter().cloned().chain(st.versions.values().map(|p| p.rev.clone())).collect::<Vec<_>>()
-            })
-            .filter(|r| r.snapshot.stored_id().is_none())
-            .collect();
+        let revs: Vec<Arc<super::Revision>> = self.serving_revisions().into_iter().filter(|r| r.snapshot.stored_id().is_none()).collect();
         for rev in revs {
             let node = self.clone();
             let queued = self.build_workers.spawn(move || match rev.snapshot.publish() {
@@ -375,6 +409,36 @@ impl super::Node {
                 warn!(error = %e, "queueing a snapshot publish");
             }
         }
+    }
+
+    /// Publish the working sets that restores recorded in cached snapshots since they
+    /// were published (reaper tick; the uploads run on the build workers).
+    pub(super) fn publish_working_sets(&self) {
+        let revs = self.serving_revisions();
+        for rev in revs {
+            let Some((store, id, dir)) = rev.snapshot.working_set_to_publish() else { continue };
+            let job_rev = rev.clone();
+            let queued = self.build_workers.spawn(move || {
+                if let Err(e) = store.put_working_set(&id, &dir) {
+                    warn!(revision = job_rev.id, error = %crate::node::error_chain(&e), "publishing a recorded working set failed; retried later");
+                    job_rev.snapshot.ws_publish_failed();
+                }
+            });
+            if queued.is_err() {
+                rev.snapshot.ws_publish_failed();
+            }
+        }
+    }
+
+    /// The revisions functions serve from: active ones and those of published versions.
+    fn serving_revisions(&self) -> Vec<Arc<super::Revision>> {
+        self.functions_map()
+            .values()
+            .flat_map(|f| {
+                let st = f.lock();
+                st.active.iter().cloned().chain(st.versions.values().map(|p| p.rev.clone())).collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// Revision `id` is being forgotten at start: delete its stored snapshot too.
