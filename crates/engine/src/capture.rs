@@ -21,6 +21,7 @@ use crate::image::{
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
 use crate::procfs::{self, MapEntry};
 use crate::regs;
+use crate::sockdiag;
 use crate::sys::mem::ProcMem;
 use crate::sys::ptrace::{self, Tracee};
 use crate::sys::PAGE_SIZE;
@@ -168,6 +169,35 @@ fn capture_inner(
             *buffered = bytes;
         }
     }
+    if !injected.socket_data.is_empty() {
+        // Everything queued must have been read out: a peer still charged for unread
+        // data (an empty record taken for end of stream, say) would lose it.
+        let socks = sockdiag::unix_sockets(pid).map_err(|source| CaptureError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?;
+        for r in &fds {
+            if let FdKind::SocketPair { .. } = r.kind {
+                let ino = std::fs::read_link(format!("/proc/{pid}/fd/{}", r.fd)).ok().and_then(|t| {
+                    t.to_string_lossy().trim_start_matches("socket:[").trim_end_matches(']').parse::<u32>().ok()
+                });
+                if ino.and_then(|i| socks.get(&i)).is_none_or(|s| s.wqueue > 0) {
+                    writer.abandon();
+                    return Err(refuse(format!("descriptor {} is a unix socketpair end whose sent data could not all be read out", r.fd)));
+                }
+            }
+        }
+    }
+    for (fd, drained) in injected.socket_data {
+        match drained {
+            Drained::Messages(m) => {
+                if let Some(FdRecord { kind: FdKind::SocketPair { queued, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
+                    *queued = m;
+                }
+            }
+            Drained::Refused(what) => {
+                writer.abandon();
+                return Err(refuse(format!("descriptor {fd} is a unix socketpair end on which {what}")));
+            }
+        }
+    }
     for (t, (tid_address, altstack)) in threads.iter_mut().zip(injected.per_thread) {
         t.tid_address = tid_address;
         t.altstack = altstack;
@@ -272,11 +302,34 @@ fn seize_all(pid: i32, tracees: &mut Vec<Tracee>) -> Result<Vec<Tracee>, Capture
     }
 }
 
+/// The socket with inode `ino` as one end of a socketpair whose other end the
+/// process holds too: (peer inode, the socket). Err(Some(why)) for a unix socket
+/// that is not one; Err(None) for a socket that is not unix at all.
+fn socketpair_end(unix: &std::collections::HashMap<u32, sockdiag::UnixSock>, list: &[procfs::FdInfo], ino: u64) -> Result<(u64, sockdiag::UnixSock), Option<String>> {
+    let s = *u32::try_from(ino).ok().and_then(|i| unix.get(&i)).ok_or(None)?;
+    if s.named {
+        return Err(Some("bound to a name (a server or client endpoint)".into()));
+    }
+    if ![libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_SEQPACKET].contains(&(s.sock_type as i32)) {
+        return Err(Some(format!("of type {}", s.sock_type)));
+    }
+    if s.peer == 0 || s.state != 1 {
+        return Err(Some("that is not connected".into()));
+    }
+    let peer = format!("socket:[{}]", s.peer);
+    if !list.iter().any(|g| g.target == peer) {
+        return Err(Some(format!("whose peer ({peer}) is outside the process")));
+    }
+    Ok((s.peer as u64, s))
+}
+
 fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
     let list = procfs::fds(pid).map_err(|source| CaptureError::Io { pid, what: "listing descriptors".into(), source })?;
     let mut out = Vec::new();
     let pipe_ino = |t: &str| t.strip_prefix("pipe:[").and_then(|x| x.strip_suffix(']')).and_then(|x| x.parse::<u64>().ok());
+    // The unix sockets of the process's network namespace, read once if it has sockets.
+    let mut unix: Option<std::collections::HashMap<u32, sockdiag::UnixSock>> = None;
     for f in &list {
         let (fd, t, flags) = (f.fd, f.target.as_str(), f.flags as i32);
         if fd >= HIGH_FD_BASE {
@@ -307,11 +360,27 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
             (3, t) if t.starts_with("socket:") => FdKind::Control,
             (_, t) if t.starts_with("socket:") => {
                 let ino: u64 = t.trim_start_matches("socket:[").trim_end_matches(']').parse().unwrap_or(0);
-                let what = procfs::describe_socket(pid, ino).unwrap_or_else(|| format!("socket {t}"));
-                return Err(refuse(format!(
-                    "descriptor {fd} is an open {what}; network connections cannot be carried across a snapshot \
-                     (open them in the handler, not at import time)"
-                )));
+                if unix.is_none() {
+                    unix = Some(sockdiag::unix_sockets(pid).map_err(|source| CaptureError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?);
+                }
+                match socketpair_end(unix.as_ref().expect("set above"), &list, ino) {
+                    Ok((peer, s)) => FdKind::SocketPair {
+                        pair: ino.min(peer),
+                        first: ino < peer,
+                        sock_type: s.sock_type as i32,
+                        flags,
+                        shutdown: s.shutdown,
+                        queued: Vec::new(),
+                    },
+                    Err(Some(why)) => return Err(refuse(format!("descriptor {fd} is a unix socket {why}; only socketpairs whose both ends the process holds are carried across a snapshot"))),
+                    Err(None) => {
+                        let what = procfs::describe_socket(pid, ino).unwrap_or_else(|| format!("socket {t}"));
+                        return Err(refuse(format!(
+                            "descriptor {fd} is an open {what}; network connections cannot be carried across a snapshot \
+                             (open them in the handler, not at import time)"
+                        )));
+                    }
+                }
             }
             (_, t) if t.starts_with("pipe:") => {
                 let ino = pipe_ino(t).unwrap_or(0);
@@ -549,6 +618,8 @@ struct Injected {
     per_thread: Vec<(u64, Option<AltStack>)>,
     /// Bytes buffered in each non-empty pipe (by read-end descriptor).
     pipe_data: Vec<(i32, Vec<u8>)>,
+    /// What waited to be read on each socketpair end (by descriptor).
+    socket_data: Vec<(i32, Drained)>,
     brk: u64,
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
@@ -556,6 +627,63 @@ struct Injected {
     /// System V shared memory segments in the process's IPC namespace.
     sysv_segments: i32,
 }
+
+/// What draining one socketpair end found.
+enum Drained {
+    /// The messages, in order (a stream's bytes as one or more pieces).
+    Messages(Vec<Vec<u8>>),
+    /// Something that cannot be carried (named in the refusal).
+    Refused(&'static str),
+}
+
+/// Read out everything waiting on socketpair end `fd` (the process is never
+/// resumed, so reading it is harmless), message by message with recvmsg, until
+/// EAGAIN. Ancillary data (passed descriptors, credentials) and messages larger
+/// than what may travel are refused, never dropped.
+fn drain_socket(inj: &Injector<'_>, region: u64, fd: i32, sock_type: i32, rcv_shutdown: bool) -> Result<Drained, InjectError> {
+    const CTL: usize = 256;
+    let mut msgs = Vec::new();
+    let mut total = 0usize;
+    for _ in 0..SOCKET_MSGS_MAX {
+        let room = PIPE_DATA_MAX - total;
+        if room == 0 {
+            return Ok(Drained::Refused("more queued bytes than a snapshot carries"));
+        }
+        let mut d = DataArea::new(region);
+        let buf = d.reserve(room);
+        let ctl = d.reserve(CTL);
+        let iov = d.push(&[buf.to_le_bytes(), (room as u64).to_le_bytes()].concat());
+        // struct msghdr: name, namelen(+pad), iov, iovlen, control, controllen, flags(+pad).
+        let hdr: Vec<u8> = [0u64, 0, iov, 1, ctl, CTL as u64, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
+        let msg = d.push(&hdr);
+        let call = Call::new("recvmsg(socketpair)", libc::SYS_recvmsg, &[fd as u64, msg, libc::MSG_DONTWAIT as u64]);
+        let got = match inj.run(&[call], &mut d) {
+            Ok(r) => r[0] as usize,
+            Err(InjectError::Syscall { err, .. }) if err.raw_os_error() == Some(libc::EAGAIN) => return Ok(Drained::Messages(msgs)),
+            Err(e) => return Err(e),
+        };
+        let (controllen, flags) = (d.u64_at(msg, 5), d.u32_at(msg + 48) as i32);
+        if controllen > 0 || flags & libc::MSG_CTRUNC != 0 {
+            return Ok(Drained::Refused("a queued message carries ancillary data (passed descriptors or credentials)"));
+        }
+        if flags & libc::MSG_TRUNC != 0 {
+            return Ok(Drained::Refused("a queued message is larger than a snapshot carries"));
+        }
+        // 0 is the end of a stream (its peer shut its sending side down: kept as
+        // shutdown state), or an empty record; a record socket shut down for
+        // receiving cannot tell them apart (the capture's final check refuses
+        // whatever was left unread).
+        if got == 0 && (sock_type == libc::SOCK_STREAM || sock_type == libc::SOCK_SEQPACKET && rcv_shutdown) {
+            return Ok(Drained::Messages(msgs));
+        }
+        total += got;
+        msgs.push(d.bytes(buf, got).to_vec());
+    }
+    Ok(Drained::Refused("more queued messages than a snapshot carries"))
+}
+
+/// Most messages a socketpair end may hold at capture.
+const SOCKET_MSGS_MAX: usize = 1024;
 
 /// Bytes of CPU mask read (1024 CPUs).
 const AFFINITY_LEN: u64 = 128;
@@ -706,6 +834,12 @@ fn injected_state(
             pipe_data.push((fd, pd.bytes(buf, n).to_vec()));
         }
     }
+    let mut socket_data = Vec::new();
+    for r in fds {
+        if let FdKind::SocketPair { sock_type, shutdown, .. } = r.kind {
+            socket_data.push((r.fd, drain_socket(&inj, region, r.fd, sock_type, shutdown & 1 != 0)?));
+        }
+    }
     // Per-thread attributes only each thread can report.
     let mut per_thread = Vec::with_capacity(tracees.len());
     for t in tracees {
@@ -732,6 +866,7 @@ fn injected_state(
         sigactions,
         per_thread,
         pipe_data,
+        socket_data,
         brk: res[brk_call] as u64,
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),

@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 12;
+pub const FORMAT_VERSION: u32 = 13;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -211,6 +211,12 @@ pub enum FdKind {
     /// A descriptor sharing one open file description (offset, status flags) with
     /// descriptor `of` (dup/dup2 of it); `flags` carries its own O_CLOEXEC.
     Dup { of: i32, flags: i32 },
+    /// One end of a unix socketpair whose both ends the process holds (`pair`
+    /// identifies it; `first` is the end socketpair(2) returns first). `queued` is
+    /// what was waiting to be read on this end (one entry per message; one for a
+    /// stream), sent again from the other end at restore; `shutdown` the
+    /// RCV_SHUTDOWN (1) / SEND_SHUTDOWN (2) bits of this end.
+    SocketPair { pair: u64, first: bool, sock_type: i32, flags: i32, shutdown: u8, queued: Vec<Vec<u8>> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,6 +18,7 @@ pub mod regs;
 pub mod reset;
 pub mod restore;
 pub mod seal;
+pub mod sockdiag;
 pub mod sys;
 pub mod tmpfs;
 pub mod ws;

@@ -209,6 +209,38 @@ fn watched_state(target: &str, info: &str) -> Option<String> {
     })
 }
 
+/// A reset does not rewind socketpairs: one that holds unread data (the tenant's,
+/// or the snapshot's, which the tenant may have read) or whose shutdown state
+/// changed refuses the reset.
+fn socketpairs_untouched(pid: i32, img: &ProcessImage, t: &Tracking) -> Result<(), ResetError> {
+    let ends: Vec<(i32, u8, bool)> = img
+        .fds
+        .iter()
+        .filter_map(|r| match &r.kind {
+            crate::image::FdKind::SocketPair { shutdown, queued, .. } => Some((r.fd, *shutdown, !queued.is_empty())),
+            _ => None,
+        })
+        .collect();
+    if ends.is_empty() {
+        return Ok(());
+    }
+    let socks = crate::sockdiag::unix_sockets(pid).map_err(|source| ResetError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?;
+    for (fd, shutdown, had_data) in ends {
+        let target = t.fds.get(&fd).cloned().unwrap_or_default();
+        let ino = target.trim_start_matches("socket:[").trim_end_matches(']').parse::<u32>().ok();
+        let now = ino.and_then(|i| socks.get(&i));
+        let what = match now {
+            None => "a socketpair end that cannot be inspected",
+            Some(_) if had_data => "a socketpair that held data at the snapshot (not rewound)",
+            Some(s) if s.rqueue > 0 || s.wqueue > 0 => "a socketpair holding data a tenant left",
+            Some(s) if s.shutdown != shutdown => "a socketpair shut down since the restore",
+            Some(_) => continue,
+        };
+        return Err(ResetError::Fd { pid, fd, target, what });
+    }
+    Ok(())
+}
+
 /// Kinds of descriptors a reset may close when the tenant opened them.
 fn closable(target: &str) -> bool {
     target.starts_with('/')
@@ -386,6 +418,7 @@ fn reset_inner(
     if let Some((&fd, target)) = t.fds.iter().find(|(fd, _)| !fds.contains(fd)) {
         return Err(ResetError::Fd { pid, fd, target: target.clone(), what: "closed since the restore" });
     }
+    socketpairs_untouched(pid, img, t)?;
     for r in &img.fds {
         if let crate::image::FdKind::Path { pos, .. } = &r.kind {
             let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", r.fd)).map_err(ioe("reading fdinfo"))?;

@@ -578,6 +578,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     let mut calls = Vec::new();
     let mut sources = Vec::new();
     let mut pipes: Vec<(u64, u64)> = Vec::new(); // (pipe id, address of int[2])
+    let mut pairs: Vec<(u64, u64)> = Vec::new(); // (socketpair id, address of int[2])
     for r in &recs {
         let src = match &r.kind {
             FdKind::Path { path, flags, .. } => {
@@ -616,6 +617,19 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("signalfd4", libc::SYS_signalfd4, &[u64::MAX, m, 8, *flags as u64 & (nonblock | cloexec)]));
                 Src::Call(calls.len() - 1)
             }
+            FdKind::SocketPair { pair, first, sock_type, .. } => {
+                let at = match pairs.iter().find(|p| p.0 == *pair) {
+                    Some(p) => p.1,
+                    None => {
+                        let at = data.reserve(8);
+                        let ty = *sock_type as u64 | libc::SOCK_CLOEXEC as u64;
+                        calls.push(Call::new("socketpair", libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, at]));
+                        pairs.push((*pair, at));
+                        at
+                    }
+                };
+                Src::PipeEnd(if *first { at } else { at + 4 })
+            }
             FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } => unreachable!("filtered above"),
         };
         sources.push(src);
@@ -643,6 +657,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         let flags = match &r.kind {
             FdKind::Path { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
             FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } | FdKind::TimerFd { flags, .. } => *flags,
+            FdKind::SocketPair { flags, .. } => *flags,
             _ => 0,
         } as u64;
         calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[high + i as u64, r.fd as u64, flags & cloexec]));
@@ -661,7 +676,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             FdKind::Path { pos, .. } if *pos != 0 => {
                 calls.push(Call::new("lseek", libc::SYS_lseek, &[r.fd as u64, *pos, libc::SEEK_SET as u64]));
             }
-            FdKind::Pipe { flags, .. } if *flags as u64 & nonblock != 0 => {
+            FdKind::Pipe { flags, .. } | FdKind::SocketPair { flags, .. } if *flags as u64 & nonblock != 0 => {
                 calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
             }
             FdKind::TimerFd { ticks, value, interval, .. } => {
@@ -689,6 +704,32 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             if let Some(w) = w {
                 let a = data.push(buffered);
                 calls.push(Call::new("write(pipe)", libc::SYS_write, &[w.fd as u64, a, buffered.len() as u64]));
+            }
+        }
+    }
+    // What waited to be read on a socketpair end is sent again from its other end
+    // (message by message), then each end's shutdown state is put back.
+    for r in &recs {
+        if let FdKind::SocketPair { pair, first, queued, .. } = &r.kind {
+            let peer = recs.iter().find(|x| matches!(&x.kind, FdKind::SocketPair { pair: p, first: f, .. } if p == pair && f != first));
+            if let Some(peer) = peer.filter(|_| !queued.is_empty()) {
+                for m in queued {
+                    let a = data.push(m);
+                    calls.push(Call::new("sendto(socketpair)", libc::SYS_sendto, &[peer.fd as u64, a, m.len() as u64, libc::MSG_DONTWAIT as u64, 0, 0]));
+                }
+            }
+        }
+    }
+    for r in &recs {
+        if let FdKind::SocketPair { shutdown, .. } = &r.kind {
+            let how = match shutdown & 3 {
+                1 => Some(libc::SHUT_RD),
+                2 => Some(libc::SHUT_WR),
+                3 => Some(libc::SHUT_RDWR),
+                _ => None,
+            };
+            if let Some(how) = how {
+                calls.push(Call::new("shutdown(socketpair)", libc::SYS_shutdown, &[r.fd as u64, how as u64]));
             }
         }
     }

@@ -37,6 +37,15 @@ def tfd_left():
     LIBC.timerfd_gettime(TFD, ctypes.byref(cur))
     return cur.v_s
 EP = __import__("select").epoll()
+SP_A, SP_B = __import__("socket").socketpair()
+SP_B.setblocking(False)
+
+
+def sock_unread():
+    try:
+        return SP_B.recv(100).decode()
+    except BlockingIOError:
+        return None
 
 
 def efd_value():
@@ -76,6 +85,7 @@ def handler(event, context):
         "altstack": altstack(),
         "eventfd": efd_value(),
         "timerfd": tfd_left(),
+        "socketpair": sock_unread(),
     }
     do = event.get("do", "gcbfetdwuirav")
     if "g" in do:
@@ -131,6 +141,8 @@ def handler(event, context):
         EP.register(os.eventfd(0))
     elif extra == "signal":
         signal.signal(signal.SIGUSR2, lambda *a: None)
+    elif extra == "sockdata":
+        SP_A.send(c.encode())
     return seen
 "#;
 
@@ -236,7 +248,13 @@ fn consecutive_and_noop_resets_leave_the_instance_answering_identically() {
 
 #[test]
 fn what_a_reset_cannot_take_back_is_refused_and_a_fresh_restore_answers() {
-    for (extra, reason) in [("thread", "threads"), ("pidfd", "anon_inode:[pidfd]"), ("signal", "SigCgt"), ("epoll", "registrations")] {
+    for (extra, reason) in [
+        ("thread", "threads"),
+        ("pidfd", "anon_inode:[pidfd]"),
+        ("signal", "SigCgt"),
+        ("epoll", "registrations"),
+        ("sockdata", "socketpair holding data"),
+    ] {
         let (answers, stats) = run(&payload(Some(extra)), &["--invocations", "3", "--reset"]);
         assert_eq!(answers.len(), 3, "{extra}: every invocation answered");
         assert!(answers.iter().all(|a| a == &answers[0]), "{extra}: {answers:?}");

@@ -1,0 +1,68 @@
+# kind: descriptors (unix socketpair state beyond queued bytes: a shut-down side, datagram boundaries and order, an empty datagram, non-blocking ends, an asyncio event loop's self-pipe)
+# variants: shutdown messages emptydgram emptyrecord nonblock asyncio
+# refusal-names: socket
+from _probe import *
+import socket
+if VARIANT == 'shutdown':
+    a, b = socket.socketpair()
+    a.send(b'last words')
+    a.shutdown(socket.SHUT_WR)
+elif VARIANT == 'messages':
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for i in range(5):
+        a.send(b'm%d' % i * (i + 1))
+    b.send(b'the other way')
+elif VARIANT == 'emptydgram':
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.send(b'')
+    a.send(b'after')
+elif VARIANT == 'emptyrecord':
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    a.send(b'')
+    a.send(b'after')
+elif VARIANT == 'nonblock':
+    a, b = socket.socketpair()
+    a.setblocking(False)
+elif VARIANT == 'asyncio':
+    import asyncio
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+
+def check():
+    if VARIANT == 'shutdown':
+        b.settimeout(5)
+        expect(b.recv(100) == b'last words', 'queued bytes lost')
+        expect(b.recv(100) == b'', 'the shut-down side is open again (no end of stream)')
+        try:
+            a.send(b'x')
+            expect(False, 'sending on a shut-down side works again')
+        except BrokenPipeError:
+            pass
+        b.send(b'still open this way')
+        a.settimeout(5)
+        expect(a.recv(100) == b'still open this way', 'the other direction is broken')
+    elif VARIANT == 'messages':
+        b.settimeout(5)
+        got = [b.recv(100) for _ in range(5)]
+        expect(got == [b'm%d' % i * (i + 1) for i in range(5)], f'datagrams merged, lost or reordered: {got}')
+        a.settimeout(5)
+        expect(a.recv(100) == b'the other way', 'the other direction lost its datagram')
+    elif VARIANT in ('emptydgram', 'emptyrecord'):
+        b.settimeout(5)
+        expect(b.recv(100) == b'', 'the empty datagram was lost')
+        expect(b.recv(100) == b'after', 'the datagram after it was lost')
+    elif VARIANT == 'nonblock':
+        expect(a.getblocking() is False and b.getblocking() is True, 'O_NONBLOCK not restored per end')
+        try:
+            a.recv(1)
+            expect(False, 'a non-blocking recv on an empty socket returned')
+        except BlockingIOError:
+            pass
+    elif VARIANT == 'asyncio':
+        async def work():
+            await asyncio.sleep(0.01)
+            fut = loop.create_future()
+            loop.call_soon_threadsafe(fut.set_result, 'woken')  # writes to the self-pipe socketpair
+            return await asyncio.wait_for(fut, 5)
+        expect(loop.run_until_complete(work()) == 'woken', 'the event loop did not run')
