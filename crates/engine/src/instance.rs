@@ -549,17 +549,30 @@ impl Instance {
 
     /// How many times `needle` occurs in the instance's readable memory, read from
     /// outside through /proc/PID/mem while it is idle (an isolation check: after a
-    /// reset, nothing a previous invocation planted may be found). Lazily served
-    /// pages are faulted in from the image by the read.
+    /// reset, nothing a previous invocation planted may be found). A page that
+    /// cannot be read is one of a userfaultfd range never touched since the restore
+    /// (/proc/PID/mem cannot fault those in): it holds nothing anyone wrote, so it
+    /// is skipped alone (read as zeros), never its whole mapping.
     pub fn count_in_memory(&self, needle: &[u8]) -> Result<u64, InstanceError> {
+        const CHUNK: usize = 64 << 10;
         let pid = self.sandbox.pid();
         let maps = crate::procfs::maps(pid).map_err(InstanceError::Io)?;
         let mem = crate::sys::mem::ProcMem::open(pid, false).map_err(InstanceError::Io)?;
+        let page = crate::sys::PAGE_SIZE as usize;
         let mut n = 0;
         for m in maps.iter().filter(|m| m.read && !m.name.starts_with("[v")) {
             let mut buf = vec![0u8; m.len() as usize];
             if mem.read_exact_at(&mut buf, m.start).is_err() {
-                continue;
+                for (i, chunk) in buf.chunks_mut(CHUNK).enumerate() {
+                    let at = m.start + (i * CHUNK) as u64;
+                    if mem.read_exact_at(chunk, at).is_err() {
+                        for (j, p) in chunk.chunks_mut(page).enumerate() {
+                            if mem.read_exact_at(p, at + (j * page) as u64).is_err() {
+                                p.fill(0);
+                            }
+                        }
+                    }
+                }
             }
             n += buf.windows(needle.len()).filter(|w| *w == needle).count() as u64;
         }

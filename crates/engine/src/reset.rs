@@ -481,6 +481,19 @@ fn reset_inner(
     if !t.maps.iter().any(|m| m.write && m.start <= at && at + (scratch.bytes.len() as u64) < m.end) {
         return Err(ResetError::Layout { pid, what: "no writable stack below the stack pointer".into() });
     }
+    // Fault the pages in from inside the process first: /proc/PID/mem cannot fault
+    // in a page of a userfaultfd-registered range that was never touched (EIO; a
+    // JVM's primordial thread has such stack pages), but the process's own write
+    // (clock_gettime's result) is served by the page server like any fault.
+    let end = at + scratch.bytes.len() as u64;
+    let mut p = at;
+    while p < end {
+        let r = inject::single(&main, insn, Call::new("clock_gettime(touch)", libc::SYS_clock_gettime, &[libc::CLOCK_MONOTONIC as u64, p])).map_err(inj)?;
+        if r < 0 {
+            return Err(ResetError::Layout { pid, what: format!("touching the stack below the stack pointer failed with errno {}", -r) });
+        }
+        p = (p & !(PAGE_SIZE - 1)) + PAGE_SIZE;
+    }
     mem.write_all_at(&scratch.bytes, at).map_err(ioe("writing syscall arguments"))?;
     let arg = |off: usize| at + off as u64;
     if let Some(off) = cwd_at {

@@ -175,6 +175,15 @@ fn run(payload: &str, extra: &[&str]) -> (Vec<serde_json::Value>, serde_json::Va
     (answers, serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap())
 }
 
+/// Restore `snap` with `payload` and `extra` options: (answers, --stats).
+fn restore_with(snap: &std::path::Path, name: &str, payload: &str, extra: &[&str]) -> (Vec<serde_json::Value>, serde_json::Value) {
+    let f = scratch().join(format!("{name}-stats-{}.json", extra.len()));
+    let mut args = vec!["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet", "--stats", f.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = stdout(&ok(thaw(&args)));
+    (out.lines().map(|l| serde_json::from_str(l).unwrap()).collect(), serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap())
+}
+
 fn payload(extra: Option<&str>) -> String {
     match extra {
         Some(x) => format!(r#"{{"tag":"{TAG}","extra":"{x}"}}"#),
@@ -298,14 +307,7 @@ fn nodejs_instances_reset_to_a_clean_state_too() {
         "snapshot", "create", "--runtime", "nodejs20.x", "--code", code.to_str().unwrap(), "--handler", "index.handler",
         "--memory", "256", "--out", snap.to_str().unwrap(),
     ]));
-    let restore = |extra: &[&str]| -> (Vec<serde_json::Value>, serde_json::Value) {
-        let f = scratch().join(format!("node-stats-{}.json", extra.len()));
-        let p = payload(None);
-        let mut args = vec!["snapshot", "restore", snap.to_str().unwrap(), "--payload", &p, "--quiet", "--stats", f.to_str().unwrap()];
-        args.extend_from_slice(extra);
-        let out = stdout(&ok(thaw(&args)));
-        (out.lines().map(|l| serde_json::from_str(l).unwrap()).collect(), serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap())
-    };
+    let restore = |extra: &[&str]| restore_with(&snap, "node", &payload(None), extra);
     // Control: without a reset the second invocation sees the first one's canaries.
     let (answers, stats) = restore(&["--invocations", "2", "--search-memory", CANARY]);
     assert_eq!(answers[1]["g"], CANARY, "{answers:?}");
@@ -321,4 +323,68 @@ fn nodejs_instances_reset_to_a_clean_state_too() {
         assert!(r.get("discarded").is_none(), "a Node.js reset was refused: {r}");
     }
     assert_eq!(stats["memory_matches"], 0, "{stats}");
+}
+
+/// The same from a Java function: static fields, a large array on the heap and a
+/// system property; compiled here with javac (a static `Class::method` handler needs
+/// no library on the class path).
+const JAVA_HANDLER: &str = r#"
+package example;
+
+import java.util.*;
+
+public class Canary {
+    static String g = null;
+    static final List<byte[]> BIG = new ArrayList<>();
+
+    public static Map<String, Object> handle(Map<String, Object> event) {
+        String c = new StringBuilder((String) event.get("tag")).reverse().toString();
+        Map<String, Object> seen = new TreeMap<>();
+        seen.put("g", g);
+        seen.put("big", BIG.size());
+        seen.put("prop", System.getProperty("thaw.canary"));
+        g = c;
+        // Within the heap the JVM committed at start; "grow" makes it commit more
+        // (new protections in its reserved range: a layout a reset refuses).
+        int size = Boolean.TRUE.equals(event.get("grow")) ? 32 << 20 : 256 << 10;
+        BIG.add(c.repeat(size / c.length()).getBytes());
+        System.setProperty("thaw.canary", c);
+        return seen;
+    }
+}
+"#;
+
+#[test]
+fn java_instances_reset_to_a_clean_state_too() {
+    let src = bundle("java-canary-src", &[("Canary.java", JAVA_HANDLER)]);
+    let code = scratch().join("java-canary");
+    let javac = std::process::Command::new("javac")
+        .args(["--release", "17", "-d", code.to_str().unwrap(), src.join("Canary.java").to_str().unwrap()])
+        .output()
+        .expect("running javac");
+    assert!(javac.status.success(), "javac: {}", String::from_utf8_lossy(&javac.stderr));
+    let snap = scratch().join("snap-java-canary");
+    ok(thaw(&[
+        "snapshot", "create", "--runtime", "java17", "--code", code.to_str().unwrap(), "--handler", "example.Canary::handle",
+        "--memory", "512", "--out", snap.to_str().unwrap(),
+    ]));
+    let restore = |extra: &[&str]| restore_with(&snap, "java", &payload(None), extra);
+    // Control: without a reset the second invocation sees the first one's canaries.
+    let (answers, stats) = restore(&["--invocations", "2", "--search-memory", CANARY]);
+    assert_eq!((answers[1]["g"].as_str(), answers[1]["prop"].as_str(), answers[1]["big"].as_u64()), (Some(CANARY), Some(CANARY), Some(1)), "{answers:?}");
+    assert!(stats["memory_matches"].as_u64().unwrap() > 0, "{stats}");
+    // With resets: every invocation sees the restored state, and no canary is left.
+    let (answers, stats) = restore(&["--invocations", "3", "--reset", "--search-memory", CANARY]);
+    assert_eq!((answers[0]["g"].clone(), answers[0]["big"].as_u64()), (serde_json::Value::Null, Some(0)), "{answers:?}");
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    for r in stats["resets"].as_array().unwrap() {
+        assert!(r.get("discarded").is_none(), "a Java reset was refused: {r}");
+    }
+    assert_eq!(stats["memory_matches"], 0, "{stats}");
+    // A JVM that commits more heap changes its mappings: the reset refuses (fails
+    // closed) and the next invocation is answered by a fresh restore.
+    let (answers, stats) = restore_with(&snap, "java-grow", &format!(r#"{{"tag":"{TAG}","grow":true}}"#), &["--invocations", "2", "--reset"]);
+    assert_eq!(answers[1]["g"], serde_json::Value::Null, "{answers:?}");
+    let why = stats["resets"][0]["discarded"].as_str().unwrap_or_else(|| panic!("the reset was not refused: {stats}"));
+    assert!(why.contains("memory layout changed"), "{why}");
 }
