@@ -15,7 +15,7 @@ use thiserror::Error;
 use tracing::{debug, info};
 
 use crate::image::{
-    AltStack, Creds, FdKind, FdRecord, FileRef, ImageError, MmState, PageIndex, ProcAttrs, ProcessImage, Rseq, SandboxRecord,
+    AltStack, Creds, FdKind, FdRecord, FileRef, ImageError, MmState, PageIndex, PosixTimer, ProcAttrs, ProcessImage, Rseq, SandboxRecord,
     SigAction, SnapshotWriter, ThreadState, Vma, VmaKind,
 };
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
@@ -86,9 +86,7 @@ fn capture_inner(
     if status.shared_pending != 0 {
         return Err(refuse(format!("signals are pending for the process ({:#x})", status.shared_pending)));
     }
-    if std::fs::read_to_string(format!("/proc/{pid}/timers")).map(|t| !t.trim().is_empty()).unwrap_or(false) {
-        return Err(refuse("it has POSIX timers (timer_create), which the engine cannot recreate yet".into()));
-    }
+    let timers = posix_timers(pid)?;
 
     // Thread state visible through ptrace.
     let mut threads = Vec::with_capacity(tracees.len());
@@ -147,7 +145,7 @@ fn capture_inner(
     };
 
     // State only the process can report: inject syscalls.
-    let injected = match injected_state(&tracees, &mem, &maps, &fds) {
+    let injected = match injected_state(&tracees, &mem, &maps, &fds, timers) {
         Ok(x) => x,
         Err(e) => {
             writer.abandon();
@@ -695,11 +693,39 @@ const PIPE_DATA_MAX: usize = 64 * 1024;
 /// RLIMIT_CPU .. RLIMIT_RTTIME.
 const RLIMIT_COUNT: u32 = 16;
 
+/// The process's POSIX timers from /proc/PID/timers, their targets as ids in the
+/// instance's pid namespace (the time left is read by injection). A timer that
+/// signals anything but the process or one of its threads is refused.
+fn posix_timers(pid: i32) -> Result<Vec<PosixTimer>, CaptureError> {
+    let refuse = |reason: String| CaptureError::Refused { pid, reason };
+    let text = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
+    let infos = procfs::parse_timers(&text).ok_or_else(|| refuse(format!("its POSIX timers cannot be read: {}", text.trim())))?;
+    let mut out = Vec::with_capacity(infos.len());
+    for t in infos {
+        if t.notify & !libc::SIGEV_THREAD_ID != libc::SIGEV_SIGNAL && t.notify != libc::SIGEV_NONE {
+            return Err(refuse(format!("POSIX timer {} has a notification the engine does not recreate ({})", t.id, t.notify)));
+        }
+        let tid = if t.notify & libc::SIGEV_THREAD_ID != 0 {
+            match procfs::thread_status(pid, t.target) {
+                Ok(st) => *st.nspid.last().unwrap_or(&t.target),
+                Err(_) => return Err(refuse(format!("POSIX timer {} signals thread {}, which is not one of the process's", t.id, t.target))),
+            }
+        } else if t.target != pid {
+            return Err(refuse(format!("POSIX timer {} signals process {}, not the instance", t.id, t.target)));
+        } else {
+            0
+        };
+        out.push(PosixTimer { id: t.id, clockid: t.clockid, signo: t.signo, sigval: t.sigval, notify: t.notify, tid, value: (0, 0), interval: (0, 0) });
+    }
+    Ok(out)
+}
+
 fn injected_state(
     tracees: &[Tracee],
     mem: &ProcMem,
     maps: &[MapEntry],
     fds: &[FdRecord],
+    mut posix_timers: Vec<PosixTimer>,
 ) -> Result<Injected, InjectError> {
     let tracee = &tracees[0];
     let pid = tracee.pid.as_raw();
@@ -781,6 +807,14 @@ fn injected_state(
             out
         })
         .collect();
+    let timer_outs: Vec<u64> = posix_timers
+        .iter()
+        .map(|t| {
+            let out = data.reserve(32);
+            calls.push(Call::new("timer_gettime", libc::SYS_timer_gettime, &[t.id as u64, out]));
+            out
+        })
+        .collect();
     // shmctl(SHM_INFO): struct shm_info starts with `int used_ids`.
     const SHM_INFO: u64 = 14;
     let shm_info = data.reserve(64);
@@ -788,6 +822,11 @@ fn injected_state(
     let res = inj.run(&calls, &mut data)?;
     let r = |i: usize| res[attr_call + i];
     let itimer = |i: usize| [0, 1, 2, 3].map(|w| data.u64_at(itimers[i], w) as i64);
+    for (t, &out) in posix_timers.iter_mut().zip(&timer_outs) {
+        // struct itimerspec: interval {s, ns}, value {s, ns}.
+        t.interval = (data.u64_at(out, 0) as i64, data.u64_at(out, 1) as i64);
+        t.value = (data.u64_at(out, 2) as i64, data.u64_at(out, 3) as i64);
+    }
     let attrs = ProcAttrs {
         // The raw syscall returns 20 - nice.
         nice: 20 - r(0) as i32,
@@ -800,6 +839,7 @@ fn injected_state(
         session_leader: r(8) == r(6),
         group_leader: r(7) == r(6),
         itimers: [itimer(0), itimer(1), itimer(2)],
+        posix_timers,
     };
 
     let u64_at = |addr: u64, i: usize| data.u64_at(addr, i);

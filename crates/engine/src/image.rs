@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 13;
+pub const FORMAT_VERSION: u32 = 14;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -321,6 +321,26 @@ pub struct ProcAttrs {
     /// interval s, interval µs, value (left) s, value µs. A timer is re-armed with what
     /// was left at capture (time stands still while the snapshot is on disk).
     pub itimers: [[i64; 4]; 3],
+    /// POSIX timers (timer_create), recreated with their ids.
+    pub posix_timers: Vec<PosixTimer>,
+}
+
+/// A POSIX timer: recreated with the same id (PR_TIMER_CREATE_RESTORE_IDS), clock,
+/// notification and value, and re-armed with what was left of its period (relative,
+/// like the interval timers). Overruns are not carried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PosixTimer {
+    pub id: i32,
+    pub clockid: i32,
+    pub signo: i32,
+    pub sigval: u64,
+    /// SIGEV_SIGNAL / SIGEV_NONE, with SIGEV_THREAD_ID for a thread target.
+    pub notify: i32,
+    /// The target thread's id in the instance's pid namespace (SIGEV_THREAD_ID).
+    pub tid: i32,
+    /// Left of the current period, and the interval, as (seconds, nanoseconds).
+    pub value: (i64, i64),
+    pub interval: (i64, i64),
 }
 
 /// Encode `img` into the framed state format.
@@ -601,6 +621,7 @@ mod tests {
                 affinity: vec![1, 0, 0, 0, 0, 0, 0, 0],
                 session_leader: true,
                 itimers: [[0, 0, 3600, 5], [0; 4], [60, 0, 60, 0]],
+                posix_timers: vec![PosixTimer { id: 3, clockid: 1, signo: 10, sigval: 7, notify: 4, tid: 2, value: (5, 0), interval: (0, 0) }],
                 ..Default::default()
             },
         }

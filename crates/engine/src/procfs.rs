@@ -281,6 +281,58 @@ pub fn parse_epoll_items(info: &str) -> Vec<(i32, u32, u64)> {
 }
 
 /// A `key: value` field of an fdinfo text, parsed with `parse`.
+/// One POSIX timer as /proc/PID/timers shows it (the time left comes from timer_gettime).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerInfo {
+    pub id: i32,
+    pub signo: i32,
+    /// sigev_value as the kernel holds it.
+    pub sigval: u64,
+    /// SIGEV_SIGNAL (0), SIGEV_NONE (1), with SIGEV_THREAD_ID (4) or'ed in for a thread target.
+    pub notify: i32,
+    /// The thread or process signalled, as a pid in the reader's namespace.
+    pub target: i32,
+    pub clockid: i32,
+}
+
+/// Parse /proc/PID/timers (blocks of `ID:`, `signal: SIGNO/SIGVAL`, `notify: KIND/pid|tid.N`, `ClockID:`).
+pub fn parse_timers(text: &str) -> Option<Vec<TimerInfo>> {
+    let mut out = Vec::new();
+    let mut cur: Option<TimerInfo> = None;
+    for line in text.lines() {
+        let (k, v) = line.split_once(':')?;
+        let v = v.trim();
+        match k {
+            "ID" => {
+                out.extend(cur.take());
+                cur = Some(TimerInfo { id: v.parse().ok()?, signo: 0, sigval: 0, notify: 0, target: 0, clockid: 0 });
+            }
+            "signal" => {
+                let t = cur.as_mut()?;
+                let (signo, val) = v.split_once('/')?;
+                t.signo = signo.parse().ok()?;
+                t.sigval = u64::from_str_radix(val.trim_start_matches("0x"), 16).ok()?;
+            }
+            "notify" => {
+                let t = cur.as_mut()?;
+                let (kind, who) = v.split_once('/')?;
+                let (scope, n) = who.split_once('.')?;
+                t.notify = match kind {
+                    "signal" => libc::SIGEV_SIGNAL,
+                    "none" => libc::SIGEV_NONE,
+                    "thread" => libc::SIGEV_THREAD,
+                    _ => return None,
+                } | if scope == "tid" { libc::SIGEV_THREAD_ID } else { 0 };
+                t.target = n.parse().ok()?;
+            }
+            "ClockID" => cur.as_mut()?.clockid = v.parse().ok()?,
+            _ => {}
+        }
+    }
+    out.extend(cur);
+    Some(out)
+}
+
 pub fn fdinfo_field(info: &str, key: &str) -> Option<String> {
     info.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
 }
@@ -387,5 +439,16 @@ mod tests {
     #[test]
     fn parses_fdinfo() {
         assert_eq!(parse_fdinfo("pos:\t12\nflags:\t02100002\nmnt_id:\t5\n"), (12, 0o2100002));
+    }
+
+    #[test]
+    fn timers_parse() {
+        let t = "ID: 5\nsignal: 10/0000000000000000\nnotify: signal/pid.8309\nClockID: 1\nID: 7\nsignal: 34/00007f00000000aa\nnotify: signal/tid.12\nClockID: 0\n";
+        let got = parse_timers(t).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0], TimerInfo { id: 5, signo: 10, sigval: 0, notify: libc::SIGEV_SIGNAL, target: 8309, clockid: 1 });
+        assert_eq!((got[1].sigval, got[1].notify, got[1].target), (0x7f00000000aa, libc::SIGEV_THREAD_ID, 12));
+        assert_eq!(parse_timers("").unwrap(), vec![]);
+        assert!(parse_timers("ID: x\n").is_none());
     }
 }

@@ -325,6 +325,9 @@ fn reset_inner(
         return Err(ResetError::Attributes { pid, what: what.join(", ") });
     }
     let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
+    if !img.attrs.posix_timers.is_empty() {
+        return Err(ResetError::Attributes { pid, what: "POSIX timers of the snapshot (a reset does not rewind them)".into() });
+    }
     if !timers.trim().is_empty() {
         return Err(ResetError::Attributes { pid, what: "POSIX timers were created".into() });
     }

@@ -341,6 +341,7 @@ fn restore_inner(
         calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, a, 0]));
     }
     push_attr_calls(&mut calls, &mut data, &img.attrs);
+    push_timer_calls(&mut calls, &mut data, &img.attrs.posix_timers);
     inj.run(&calls, &mut data).map_err(inj_err)?;
     // Lowering it needs privilege the process no longer has: the node writes it.
     std::fs::write(format!("/proc/{pid}/oom_score_adj"), img.attrs.oom_score_adj.to_string())
@@ -538,6 +539,37 @@ fn push_attr_calls(calls: &mut Vec<Call>, data: &mut DataArea, a: &ProcAttrs) {
         calls.push(Call::new("setsid", libc::SYS_setsid, &[]));
     } else if a.group_leader {
         calls.push(Call::new("setpgid", libc::SYS_setpgid, &[0, 0]));
+    }
+}
+
+/// `prctl(PR_TIMER_CREATE_RESTORE_IDS)`: timer_create takes the id to give the timer
+/// from its `created_timer_id` argument (Linux 6.16).
+const PR_TIMER_CREATE_RESTORE_IDS: u64 = 77;
+
+/// POSIX timers with their ids (after the threads exist: a timer may target one),
+/// then armed with what was left of their period.
+fn push_timer_calls(calls: &mut Vec<Call>, data: &mut DataArea, timers: &[crate::image::PosixTimer]) {
+    if timers.is_empty() {
+        return;
+    }
+    calls.push(Call::new("prctl(PR_TIMER_CREATE_RESTORE_IDS, on)", libc::SYS_prctl, &[PR_TIMER_CREATE_RESTORE_IDS, 1, 0, 0, 0]));
+    for t in timers {
+        // struct sigevent: sigev_value, sigev_signo, sigev_notify, then _tid (64 bytes in all).
+        let mut ev = Vec::with_capacity(64);
+        ev.extend_from_slice(&t.sigval.to_le_bytes());
+        ev.extend_from_slice(&t.signo.to_le_bytes());
+        ev.extend_from_slice(&t.notify.to_le_bytes());
+        ev.extend_from_slice(&t.tid.to_le_bytes());
+        ev.resize(64, 0);
+        let ev = data.push(&ev);
+        let id = data.push(&(t.id as i64).to_le_bytes());
+        calls.push(Call::new("timer_create", libc::SYS_timer_create, &[t.clockid as u64, ev, id]));
+    }
+    calls.push(Call::new("prctl(PR_TIMER_CREATE_RESTORE_IDS, off)", libc::SYS_prctl, &[PR_TIMER_CREATE_RESTORE_IDS, 0, 0, 0, 0]));
+    for t in timers.iter().filter(|t| t.value != (0, 0)) {
+        let its: Vec<u8> = [t.interval.0, t.interval.1, t.value.0, t.value.1].iter().flat_map(|w| w.to_le_bytes()).collect();
+        let its = data.push(&its);
+        calls.push(Call::new("timer_settime", libc::SYS_timer_settime, &[t.id as u64, 0, its, 0]));
     }
 }
 
