@@ -27,6 +27,12 @@ impl MapEntry {
     pub fn len(&self) -> u64 {
         self.end - self.start
     }
+
+    /// Permissions as /proc/PID/maps writes them (`rw-p`).
+    pub fn perms(&self) -> String {
+        let f = |on: bool, c: char| if on { c } else { '-' };
+        [f(self.read, 'r'), f(self.write, 'w'), f(self.exec, 'x'), if self.shared { 's' } else { 'p' }].iter().collect()
+    }
     pub fn is_empty(&self) -> bool {
         self.end == self.start
     }

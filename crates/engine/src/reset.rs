@@ -129,6 +129,8 @@ struct Range {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ResetStats {
     pub reset_ms: f64,
+    /// Snapshot mappings whose protection was put back (pieces re-protected since).
+    pub mappings_reprotected: u64,
     /// Pages reported written since the last reset (or the restore).
     pub pages_written: u64,
     /// Pages rewritten from the image, the file or zeros.
@@ -188,6 +190,39 @@ pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Re
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).map_err(ioe("reading limits".into()))?;
     let uffd = uffd_fd.try_clone().map_err(ioe("dup(userfaultfd)".into()))?;
     Ok(Tracking { uffd, ranges, maps_text, maps, syscall_insn, fds, fd_state, cwd, guarded, limits })
+}
+
+/// Whether `m` (now) covers only baseline mappings of private anonymous memory under
+/// write tracking, with no gap: its bounds moved because part of it (or of a
+/// neighbour) changed protection, which a reset can put back.
+fn reprotectable(m: &MapEntry, baseline: &[MapEntry], ranges: &[Range]) -> bool {
+    let anon = |x: &MapEntry| x.name.is_empty() && x.inode == 0 && !x.shared;
+    if !anon(m) {
+        return false;
+    }
+    let mut at = m.start;
+    for b in baseline.iter().filter(|b| b.start < m.end && m.start < b.end) {
+        if b.start > at || !anon(b) || !covered(b.start, b.end, ranges) {
+            return false;
+        }
+        at = b.end;
+    }
+    at >= m.end
+}
+
+/// Whether tracked ranges cover `start..end` with no gap (adjacent image VMAs may
+/// show as one mapping).
+fn covered(start: u64, end: u64, ranges: &[Range]) -> bool {
+    let mut rs: Vec<&Range> = ranges.iter().filter(|r| r.start < end && start < r.end).collect();
+    rs.sort_by_key(|r| r.start);
+    let mut at = start;
+    for r in rs {
+        if r.start > at {
+            return false;
+        }
+        at = at.max(r.end);
+    }
+    at >= end
 }
 
 fn same_map(a: &MapEntry, b: &MapEntry) -> bool {
@@ -345,6 +380,8 @@ fn reset_inner(
     let mut calls = Vec::new();
     let mut brk = false;
     let mut layout_calls = false;
+    let mut reprotect: Vec<&MapEntry> = Vec::new();
+    let mut pieces: Vec<(u64, u64, &MapEntry)> = Vec::new();
     for m in &maps {
         if t.maps.iter().any(|b| same_map(b, m)) {
             continue;
@@ -362,6 +399,20 @@ fn reset_inner(
                 calls.push(Call::new("munmap(new mapping)", libc::SYS_munmap, &[m.start, m.len()]));
                 out.mappings_unmapped += 1;
             }
+            // A piece of a tracked anonymous mapping whose protection changed (glibc
+            // growing an arena, a JVM committing reserved memory by mprotect, a
+            // tenant's guard page): the mapping's protection is put back below (the
+            // pieces merge again), its written pages are rewritten in the memory step.
+            Some(_) if reprotectable(m, &t.maps, &t.ranges) => {
+                for b in t.maps.iter().filter(|b| b.start < m.end && m.start < b.end) {
+                    if !reprotect.iter().any(|x: &&MapEntry| x.start == b.start) {
+                        reprotect.push(b);
+                    }
+                    if (m.read, m.write, m.exec) != (b.read, b.write, b.exec) {
+                        pieces.push((m.start.max(b.start), m.end.min(b.end), b));
+                    }
+                }
+            }
             Some(b) => {
                 return Err(ResetError::Layout {
                     pid,
@@ -370,7 +421,25 @@ fn reset_inner(
             }
         }
     }
-    if let Some(b) = t.maps.iter().find(|b| !maps.is_empty() && !maps.iter().any(|m| same_map(b, m)) && b.name != "[heap]") {
+    // Each re-protected piece is replaced by fresh memory with the mapping's own
+    // protection (mprotect back leaves a piece that no longer merges: it gained an
+    // anon_vma and write-protect markers), registered with the page server again
+    // below; the page server serves it from the image like the rest.
+    for &(start, end, b) in &pieces {
+        let prot = [(b.read, libc::PROT_READ), (b.write, libc::PROT_WRITE), (b.exec, libc::PROT_EXEC)]
+            .iter()
+            .filter(|(on, _)| *on)
+            .fold(0, |p, (_, bit)| p | bit);
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | if b.flags.iter().any(|f| f == "nr") { libc::MAP_NORESERVE } else { 0 };
+        calls.push(Call::new("munmap(re-protected piece)", libc::SYS_munmap, &[start, end - start]));
+        calls.push(Call::new("mmap(piece back)", libc::SYS_mmap, &[start, end - start, prot as u64, flags as u64, u64::MAX, 0]));
+    }
+    out.mappings_reprotected = reprotect.len() as u64;
+    if let Some(b) = t
+        .maps
+        .iter()
+        .find(|b| !maps.is_empty() && !maps.iter().any(|m| same_map(b, m)) && b.name != "[heap]" && !reprotect.iter().any(|x| x.start == b.start))
+    {
         return Err(ResetError::Layout { pid, what: format!("{:#x}-{:#x} {} was unmapped or changed", b.start, b.end, b.name) });
     }
     if brk || !maps.is_empty() && !maps.iter().any(|m| m.name == "[heap]") && t.maps.iter().any(|b| b.name == "[heap]") {
@@ -488,14 +557,15 @@ fn reset_inner(
     // in a page of a userfaultfd-registered range that was never touched (EIO; a
     // JVM's primordial thread has such stack pages), but the process's own write
     // (clock_gettime's result) is served by the page server like any fault.
+    // (Every page: one reported present can still refuse the write, EIO.)
     let end = at + scratch.bytes.len() as u64;
-    let mut p = at;
-    while p < end {
+    let first_page = at & !(PAGE_SIZE - 1);
+    for k in 0..(end - first_page).div_ceil(PAGE_SIZE) {
+        let p = (first_page + k * PAGE_SIZE).max(at);
         let r = inject::single(&main, insn, Call::new("clock_gettime(touch)", libc::SYS_clock_gettime, &[libc::CLOCK_MONOTONIC as u64, p])).map_err(inj)?;
         if r < 0 {
             return Err(ResetError::Layout { pid, what: format!("touching the stack below the stack pointer failed with errno {}", -r) });
         }
-        p = (p & !(PAGE_SIZE - 1)) + PAGE_SIZE;
     }
     mem.write_all_at(&scratch.bytes, at).map_err(ioe("writing syscall arguments"))?;
     let arg = |off: usize| at + off as u64;
@@ -527,9 +597,17 @@ fn reset_inner(
         if c.nr == libc::SYS_brk && r as u64 != img.mm.brk {
             return Err(ResetError::Layout { pid, what: format!("brk({:#x}) returned {r:#x}", img.mm.brk) });
         }
+        if c.nr == libc::SYS_mmap && r as u64 != c.args[0] {
+            return Err(ResetError::Layout { pid, what: format!("putting memory back at {:#x} returned {r:#x}", c.args[0]) });
+        }
         if c.nr != libc::SYS_brk && c.nr != libc::SYS_close && r < 0 {
             return Err(ResetError::Layout { pid, what: format!("{} failed with errno {}", c.name, -r) });
         }
+    }
+    for &(start, end, _) in &pieces {
+        uffd::register(t.uffd.as_fd(), start, end - start, uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP)
+            .and_then(|()| uffd::writeprotect(t.uffd.as_fd(), start, end - start, true))
+            .map_err(ioe(&format!("UFFDIO_REGISTER {start:#x}-{end:#x} (a re-protected piece put back)")))?;
     }
     for ((tr, _), &off) in by_thread.iter().zip(&altstacks) {
         let r = inject::single(tr, insn, Call::new("sigaltstack", libc::SYS_sigaltstack, &[arg(off), 0])).map_err(inj)?;
@@ -541,7 +619,13 @@ fn reset_inner(
     if layout_calls {
         let now = procfs::maps(pid).map_err(ioe("reading maps"))?;
         if now.len() != t.maps.len() || now.iter().zip(&t.maps).any(|(a, b)| !same_map(a, b)) {
-            return Err(ResetError::Layout { pid, what: "the layout differs from the restored one after unmapping new mappings".into() });
+            let first = now.iter().zip(&t.maps).find(|(a, b)| !same_map(a, b)).map(|(a, b)| {
+                format!(": {:#x}-{:#x} {} is {:#x}-{:#x} {} ({} mappings, {} after the restore)", b.start, b.end, b.perms(), a.start, a.end, a.perms(), now.len(), t.maps.len())
+            });
+            return Err(ResetError::Layout {
+                pid,
+                what: format!("the layout differs from the restored one after putting it back{}", first.unwrap_or_default()),
+            });
         }
     }
     phase("layout_fds", &mut out);
