@@ -72,10 +72,6 @@ impl Drop for NodeKey {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn random<const N: usize>() -> Result<[u8; N], SealError> {
     let mut b = [0u8; N];
     getrandom::fill(&mut b).map_err(SealError::Random)?;
@@ -84,7 +80,7 @@ fn random<const N: usize>() -> Result<[u8; N], SealError> {
 
 impl NodeKey {
     pub fn from_bytes(bytes: [u8; 32]) -> NodeKey {
-        let id = hex(&Sha256::new().chain_update(b"thaw node key id v1").chain_update(bytes).finalize()[..8]);
+        let id = hex::encode(&Sha256::new().chain_update(b"thaw node key id v1").chain_update(bytes).finalize()[..8]);
         NodeKey { bytes, id }
     }
 
@@ -100,13 +96,11 @@ impl NodeKey {
             what: what.to_string(),
             got: if t.len() == 64 { "non-hex digits".into() } else { format!("{} characters", t.len()) },
         };
-        if t.len() != 64 || !t.is_ascii() {
+        if t.len() != 64 {
             return Err(bad());
         }
         let mut bytes = [0u8; 32];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
+        hex::decode_to_slice(t, &mut bytes).map_err(|_| bad())?;
         Ok(NodeKey::from_bytes(bytes))
     }
 
@@ -141,7 +135,7 @@ impl NodeKey {
         let key = NodeKey::generate()?;
         let tmp = path.with_extension(format!("new-{}", std::process::id()));
         let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(kerr)?;
-        f.write_all(format!("{}\n", hex(&key.bytes)).as_bytes()).and_then(|()| f.sync_all()).map_err(kerr)?;
+        f.write_all(format!("{}\n", hex::encode(key.bytes)).as_bytes()).and_then(|()| f.sync_all()).map_err(kerr)?;
         // hard_link fails if another process created the key meanwhile: use theirs.
         let linked = std::fs::hard_link(&tmp, path);
         let _ = std::fs::remove_file(&tmp);
@@ -284,7 +278,7 @@ pub fn seal_value(key: &NodeKey, plain: &[u8]) -> Result<String, SealError> {
     let n: [u8; 12] = random()?;
     let mut data = plain.to_vec();
     let tag = gcm.0.seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::empty(), &mut data).expect("below GCM's limit");
-    Ok(format!("v1:{}{}{}", hex(&n), hex(&data), hex(tag.as_ref())))
+    Ok(format!("v1:{}{}{}", hex::encode(n), hex::encode(&data), hex::encode(tag.as_ref())))
 }
 
 /// Reverse of [`seal_value`]; `None` if it is not such a value or does not
@@ -294,7 +288,7 @@ pub fn open_value(key: &NodeKey, sealed: &str) -> Option<Vec<u8>> {
     if h.len() % 2 != 0 || h.len() < 2 * (12 + TAG_LEN) || !h.is_ascii() {
         return None;
     }
-    let bytes: Vec<u8> = (0..h.len() / 2).map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16)).collect::<Result<_, _>>().ok()?;
+    let bytes = hex::decode(h).ok()?;
     let (n, rest) = bytes.split_at(12);
     let (ct, tag) = rest.split_at(rest.len() - TAG_LEN);
     let mut data = ct.to_vec();
