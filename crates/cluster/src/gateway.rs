@@ -10,6 +10,10 @@
 //! Lambda-shaped 502 `ServiceException` at once. Loads are this gateway's own
 //! invocations in flight per node.
 //!
+//! Function URLs (`/url/<function>/...`) are placed like an Invoke of their function
+//! and forwarded without a signature check at the gateway (the agent enforces the
+//! URL's AuthType).
+//!
 //! Not yet: the other operations (CreateFunction → ThawFunction objects), retries of
 //! asynchronous invocations on another node, metrics.
 
@@ -27,7 +31,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use thaw_node::api::{function_name, route, Action, ApiError, MAX_BODY};
+use thaw_node::api::{function_name, route, Action, ApiError, MAX_BODY, URL_PREFIX};
 use thaw_node::node::error_chain;
 use thaw_node::sigv4::{Credentials, SignedRequest, Verifier};
 
@@ -154,6 +158,13 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         .await
         .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLargeException", format!("Request must be smaller than {MAX_BODY} bytes")))?;
     let path = parts.uri.path();
+    // A function URL (`/url/<function>/...`) is placed like an Invoke of its function
+    // and forwarded unverified: its agent enforces the URL's AuthType (an AWS_IAM URL
+    // checks the signature there, a NONE URL is open by design).
+    if let Some(rest) = path.strip_prefix(URL_PREFIX) {
+        let function = rest.split('/').next().unwrap_or_default().to_string();
+        return send(gw, &parts, body, &function, request_id).await;
+    }
     let signed = SignedRequest {
         method: parts.method.as_str(),
         raw_path: path,
@@ -170,6 +181,13 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         None => return Err(ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method))),
     };
     let (function, _) = function_name(&name, None)?;
+    send(gw, &parts, body, &function, request_id).await
+}
+
+/// Place `function` and forward the request to its agent; the answer comes back
+/// unchanged, plus `x-thaw-node`.
+async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, function: &str, request_id: &str) -> Result<Response, ApiError> {
+    let path = parts.uri.path();
     let view = gw.view.borrow().clone();
     let (node, endpoint) = {
         let mut in_flight = gw.in_flight.lock().unwrap_or_else(|e| e.into_inner());
@@ -177,7 +195,7 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         let mut rng = gw.rng.lock().unwrap_or_else(|e| e.into_inner());
         // Until snapshots have store ids (#13), agents advertise them by function name.
         let (ad, _) = view
-            .place(&function, &function, &loads[..], &mut rng)
+            .place(function, function, &loads[..], &mut rng)
             .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", "no node agent has advertised itself yet"))?;
         *in_flight.entry(ad.name.clone()).or_insert(0) += 1;
         (ad.name.clone(), ad.endpoint.clone())

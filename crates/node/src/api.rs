@@ -23,6 +23,7 @@ use tracing::{debug, warn, Instrument};
 
 mod settings;
 mod url;
+pub use url::URL_PREFIX;
 mod versions;
 
 use versions::Target;

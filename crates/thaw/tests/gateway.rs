@@ -69,9 +69,14 @@ fn invoke(port: u16, function: &str, secret: &str) -> (u16, Vec<(String, String)
     }
     text.push_str("\r\n");
     let mut s = TcpStream::connect(&host).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(text.as_bytes()).unwrap();
     s.write_all(body).unwrap();
+    answer(s)
+}
+
+/// Read a whole `connection: close` answer: (status, headers lower-cased, body).
+fn answer(mut s: TcpStream) -> (u16, Vec<(String, String)>, String) {
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).expect("a complete answer (never a hang)");
     let (head, body) = resp.split_once("\r\n\r\n").unwrap();
@@ -79,6 +84,13 @@ fn invoke(port: u16, function: &str, secret: &str) -> (u16, Vec<(String, String)
     let status: u16 = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
     let headers = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
     (status, headers, body.to_string())
+}
+
+/// An unsigned GET of `path` through `port`: (status, headers lower-cased, body).
+fn get(port: u16, path: &str) -> (u16, Vec<(String, String)>, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n").as_bytes()).unwrap();
+    answer(s)
 }
 
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -155,6 +167,16 @@ fn gateway_forwards_to_the_placed_agent_and_fails_fast_when_it_dies() {
         // Placement is stable: the same function goes to the same agent again.
         let (_, h2, _) = invoke(gport, &f, SECRET);
         assert_eq!(header(&h2, "x-thaw-node"), Some(node.as_str()));
+    }
+
+    // A function URL needs no signature at the gateway (its agent enforces the URL's
+    // AuthType) and goes where an Invoke of its function goes; no URL is configured
+    // here, so the agent itself answers 404.
+    for f in on.iter().flatten() {
+        let (_, h, _) = invoke(gport, f, SECRET);
+        let (status, uh, body) = get(gport, &format!("/url/{f}/some/path?x=1"));
+        assert_eq!(status, 404, "{body}");
+        assert_eq!(header(&uh, "x-thaw-node"), header(&h, "x-thaw-node"), "a URL of {f} was placed elsewhere");
     }
 
     // Agent 0 dies: its functions fail at once with a Lambda-shaped 502; agent 1 serves on.

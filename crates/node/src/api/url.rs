@@ -23,7 +23,7 @@ use crate::node::{InvokeError, Node, Outcome};
 use crate::registry::UrlConfig;
 
 /// Paths of function URLs on the node.
-pub(super) const URL_PREFIX: &str = "/url/";
+pub const URL_PREFIX: &str = "/url/";
 
 /// The URL configuration operations' routes.
 pub(super) fn route(method: &Method, raw_path: &str) -> Option<Action> {
