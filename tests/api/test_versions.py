@@ -79,6 +79,9 @@ def test_versions_freeze_code_and_configuration(tmp_path):
         assert code(e) == "ResourceNotFoundException"
         assert call(client, "ver", "2")[1]["mark"] == "two"
         assert [v["Version"] for v in client.list_versions_by_function(FunctionName="ver")["Versions"]] == ["$LATEST", "2"]
+        # Lambda never reuses a version number, not even the newest one's once deleted.
+        client.delete_function(FunctionName="ver", Qualifier="2")
+        assert client.publish_version(FunctionName="ver")["Version"] == "3"
         client.delete_function(FunctionName="ver")
     finally:
         node.stop()

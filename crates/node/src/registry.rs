@@ -205,6 +205,10 @@ CREATE TABLE IF NOT EXISTS versions (
     last_modified TEXT NOT NULL,
     PRIMARY KEY (function, version)
 );
+CREATE TABLE IF NOT EXISTS version_counters (
+    function TEXT PRIMARY KEY,
+    last INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS aliases (
     function TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -444,6 +448,7 @@ impl Registry {
         tx.execute("DELETE FROM events WHERE function=?1", [name]).map_err(q("delete function"))?;
         tx.execute("DELETE FROM function_settings WHERE name=?1", [name]).map_err(q("delete function"))?;
         tx.execute("DELETE FROM versions WHERE function=?1", [name]).map_err(q("delete function"))?;
+        tx.execute("DELETE FROM version_counters WHERE function=?1", [name]).map_err(q("delete function"))?;
         tx.execute("DELETE FROM aliases WHERE function=?1", [name]).map_err(q("delete function"))?;
         tx.execute("DELETE FROM provisioned WHERE function=?1", [name]).map_err(q("delete function"))?;
         tx.commit().map_err(q("delete function"))?;
@@ -536,15 +541,34 @@ impl Registry {
         Ok(all.into_iter().filter(|(id, _)| !keep.contains(id)).collect())
     }
 
+    /// Record a published version, and raise the function's highest version number
+    /// ever published (which survives deleting that version, as Lambda's does).
     pub fn insert_version(&self, v: &VersionRecord) -> Result<(), RegistryError> {
+        let mut c = self.conn();
+        let tx = c.transaction().map_err(q("insert version"))?;
+        tx.execute(
+            "INSERT INTO versions (function, version, revision, description, timeout_s, revision_id, last_modified) \
+             VALUES (?1,?2,?3,?4,?5,?6,?7)",
+            params![v.function, v.version, v.revision, v.description, v.timeout_s, v.revision_id, v.last_modified],
+        )
+        .map_err(q("insert version"))?;
+        tx.execute(
+            "INSERT INTO version_counters (function, last) VALUES (?1, ?2) \
+             ON CONFLICT(function) DO UPDATE SET last = max(last, excluded.last)",
+            params![v.function, v.version],
+        )
+        .map_err(q("insert version"))?;
+        tx.commit().map_err(q("insert version"))
+    }
+
+    /// The highest version number `function` ever published (0: none; registries from
+    /// before the counter existed report 0 and rely on the versions still present).
+    pub fn last_version(&self, function: &str) -> Result<u64, RegistryError> {
         self.conn()
-            .execute(
-                "INSERT INTO versions (function, version, revision, description, timeout_s, revision_id, last_modified) \
-                 VALUES (?1,?2,?3,?4,?5,?6,?7)",
-                params![v.function, v.version, v.revision, v.description, v.timeout_s, v.revision_id, v.last_modified],
-            )
-            .map_err(q("insert version"))?;
-        Ok(())
+            .query_row("SELECT last FROM version_counters WHERE function=?1", [function], |r| r.get(0))
+            .optional()
+            .map(|v| v.unwrap_or(0))
+            .map_err(q("last version"))
     }
 
     /// A function's published versions, oldest first.

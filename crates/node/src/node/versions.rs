@@ -92,9 +92,11 @@ impl Node {
             drop(st);
             return self.view(version);
         }
+        // Never a number used before, even by a deleted version (as Lambda numbers them).
+        let last = st.versions.keys().next_back().copied().unwrap_or(0).max(self.registry.last_version(name)?);
         let rec = VersionRecord {
             function: name.to_string(),
-            version: st.versions.keys().next_back().map_or(1, |v| v + 1),
+            version: last + 1,
             revision: active.id,
             description: description.unwrap_or_else(|| st.rec.description.clone()),
             timeout_s: st.rec.timeout_s,
