@@ -13,7 +13,7 @@ import time
 import pytest
 
 from minio_harness import Minio
-from thaw_node_harness import NodeProcess, create, invoke_json, sample_zip
+from thaw_node_harness import NodeProcess, create, invoke_json, sample_zip, zip_bytes
 
 BUCKET = "node-snaps"
 
@@ -224,3 +224,22 @@ def test_a_bad_recorded_working_set_is_ignored(minio, tmp_path):
     assert restores(node) == 1 and starts(node, "restore-lazy") == 1 and starts(node, "boot") == 0, node.metrics()
     assert node.stop() == 0
     assert "ignoring a recorded working set" in node.log_path.read_text()
+
+
+def test_the_node_collects_what_no_snapshot_references(minio, tmp_path):
+    """Deleting a function deletes its manifest; the node's collector then deletes its
+    chunks (two runs a grace period apart), and keeps those another snapshot uses."""
+    node = store_node(tmp_path / "node", minio, "--store-gc-interval", "1", "--store-gc-grace", "1", prefix="gc")
+    client = node.client()
+    create(client, "keep", sample_zip("helloworld"))
+    keep = node.function_status("keep")["snapshot"]["stored"]
+    manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"gc/snapshots/{keep}.json")["Body"].read())
+    kept = {f"gc/chunks/{c['sha256']}" for f in manifest["files"] for c in f["chunks"] if c["sha256"]}
+    create(client, "gone", zip_bytes({"handler.py": "def handler(event, context):\n    return {'gone': True}\n"}))
+    assert set(minio.keys(BUCKET, "gc/chunks/")) > kept
+    client.delete_function(FunctionName="gone")
+    wait_for(lambda: set(minio.keys(BUCKET, "gc/chunks/")) == kept, "the deleted function's chunks to be collected", timeout=60)
+    assert node.status()["snapshot_store"]["gc_chunks_deleted"] > 0
+    _, body = invoke_json(client, "keep", {"name": "kept"})
+    assert body == {"message": "hello, kept"}
+    assert node.stop() == 0

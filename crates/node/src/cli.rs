@@ -120,6 +120,15 @@ pub struct ServeArgs {
     /// Create the --snapshot-store bucket at start if it is missing (test and demo servers).
     #[arg(long)]
     pub create_bucket: bool,
+    /// Seconds between runs of the --snapshot-store collector, which deletes chunks no
+    /// stored snapshot references (after deleted functions and replaced code); 0 = never
+    /// (`thaw snapshot gc` by hand). Several nodes may collect one store.
+    #[arg(long, default_value = "3600", value_parser = parse_secs)]
+    pub store_gc_interval: Duration,
+    /// An unreferenced chunk is deleted only by a collection at least this many seconds
+    /// after the one that found it (publishes in flight must finish within it).
+    #[arg(long, default_value = "3600", value_parser = parse_secs)]
+    pub store_gc_grace: Duration,
 }
 
 /// A share between 0 and 1 (NaN and infinities refused).
@@ -183,6 +192,16 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         fault_cpu_share: args.fault_cpu_share,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("thaw-node").build().context("starting the async runtime")?;
+    if let Some(store) = snapshot_store.clone().filter(|_| !args.store_gc_interval.is_zero()) {
+        let (interval, grace) = (args.store_gc_interval, args.store_gc_grace);
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let s = store.clone();
+                let _ = tokio::task::spawn_blocking(move || s.collect(grace)).await;
+            }
+        });
+    }
     let result = rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public));
     // The store owns a runtime of its own, which may not be dropped inside the node's:
     // the node's runtime goes first, so the last reference is this one.

@@ -18,7 +18,8 @@
 //!   keep-alive period is closed, unpinning its entry so the cache may evict it.
 //! - **Delete.** When a revision is retired (function deleted, code or
 //!   configuration replaced), its stored snapshot's manifest is deleted; its
-//!   chunks become orphans for `thaw snapshot gc` (they may be shared).
+//!   chunks become orphans (they may be shared), collected every
+//!   `--store-gc-interval` by [`SnapshotStore::collect`] or by `thaw snapshot gc`.
 //!
 //! The store's client is blocking (it owns a small runtime): every call here is
 //! made from worker threads, never from the node's async tasks.
@@ -54,6 +55,7 @@ struct Counters {
     bytes_fetched: AtomicU64,
     removed: AtomicU64,
     working_sets: AtomicU64,
+    gc_deleted: AtomicU64,
 }
 
 /// The store plus this node's cache of it.
@@ -149,6 +151,19 @@ impl SnapshotStore {
         Ok(())
     }
 
+    /// One run of the store's collector (two phases a grace period apart, see
+    /// `thaw_store::gc`): chunks no manifest references any more go. Safe with other
+    /// nodes collecting the same store. Blocks: call from a blocking thread.
+    pub fn collect(&self, grace: Duration) {
+        match self.store.gc(grace) {
+            Ok(r) => {
+                self.n.gc_deleted.fetch_add(r.deleted as u64, Ordering::Relaxed);
+                info!(store = %self.store.url(), deleted = r.deleted, deleted_bytes = r.deleted_bytes, condemned = r.condemned, "snapshot store collected");
+            }
+            Err(e) => warn!(store = %self.store.url(), error = %crate::node::error_chain(&e), "collecting the snapshot store failed; retried at the next interval"),
+        }
+    }
+
     /// Drop the cached copy of `id` (it did not open); the next use fetches it again.
     pub fn purge(&self, id: &str) {
         self.cache.purge(id);
@@ -189,6 +204,7 @@ impl SnapshotStore {
             "bytes_fetched": c(&self.n.bytes_fetched),
             "removed": c(&self.n.removed),
             "working_sets_published": c(&self.n.working_sets),
+            "gc_chunks_deleted": c(&self.n.gc_deleted),
             "cache": self.cache.stats(),
         })
     }
