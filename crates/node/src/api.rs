@@ -200,23 +200,22 @@ pub fn route(method: &Method, raw_path: &str) -> Option<Action> {
     let rest = raw_path.strip_prefix(API_PREFIX)?;
     let rest = rest.strip_prefix('/').unwrap_or(rest);
     let segs: Vec<&str> = if rest.is_empty() { vec![] } else { rest.split('/').collect() };
-    let name = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
     match (method.as_str(), segs.as_slice()) {
         ("POST", []) => Some(Action::CreateFunction),
         ("GET", []) => Some(Action::ListFunctions),
-        ("GET", [n]) => Some(Action::GetFunction(name(n))),
-        ("DELETE", [n]) => Some(Action::DeleteFunction(name(n))),
-        ("GET", [n, "configuration"]) => Some(Action::GetFunctionConfiguration(name(n))),
-        ("PUT", [n, "code"]) => Some(Action::UpdateFunctionCode(name(n))),
-        ("PUT", [n, "configuration"]) => Some(Action::UpdateFunctionConfiguration(name(n))),
-        ("POST", [n, "versions"]) => Some(Action::PublishVersion(name(n))),
-        ("GET", [n, "versions"]) => Some(Action::ListVersionsByFunction(name(n))),
-        ("POST", [n, "aliases"]) => Some(Action::CreateAlias(name(n))),
-        ("GET", [n, "aliases"]) => Some(Action::ListAliases(name(n))),
-        ("GET", [n, "aliases", a]) => Some(Action::GetAlias(name(n), name(a))),
-        ("PUT", [n, "aliases", a]) => Some(Action::UpdateAlias(name(n), name(a))),
-        ("DELETE", [n, "aliases", a]) => Some(Action::DeleteAlias(name(n), name(a))),
-        ("POST", [n, "invocations"]) => Some(Action::Invoke(name(n))),
+        ("GET", [n]) => Some(Action::GetFunction(decode(n))),
+        ("DELETE", [n]) => Some(Action::DeleteFunction(decode(n))),
+        ("GET", [n, "configuration"]) => Some(Action::GetFunctionConfiguration(decode(n))),
+        ("PUT", [n, "code"]) => Some(Action::UpdateFunctionCode(decode(n))),
+        ("PUT", [n, "configuration"]) => Some(Action::UpdateFunctionConfiguration(decode(n))),
+        ("POST", [n, "versions"]) => Some(Action::PublishVersion(decode(n))),
+        ("GET", [n, "versions"]) => Some(Action::ListVersionsByFunction(decode(n))),
+        ("POST", [n, "aliases"]) => Some(Action::CreateAlias(decode(n))),
+        ("GET", [n, "aliases"]) => Some(Action::ListAliases(decode(n))),
+        ("GET", [n, "aliases", a]) => Some(Action::GetAlias(decode(n), decode(a))),
+        ("PUT", [n, "aliases", a]) => Some(Action::UpdateAlias(decode(n), decode(a))),
+        ("DELETE", [n, "aliases", a]) => Some(Action::DeleteAlias(decode(n), decode(a))),
+        ("POST", [n, "invocations"]) => Some(Action::Invoke(decode(n))),
         _ => None,
     }
 }
@@ -247,11 +246,30 @@ pub fn function_name(input: &str, qualifier: Option<&str>) -> Result<(String, Op
     Ok((name.to_string(), q))
 }
 
+/// A percent-encoded path segment or query value, decoded.
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned()
+}
+
+/// The segments of a request path (leading and trailing slashes ignored).
+fn segments(raw_path: &str) -> Vec<&str> {
+    raw_path.trim_start_matches('/').trim_end_matches('/').split('/').collect()
+}
+
+/// Every value of `key` in a query string (`tagKeys=a&tagKeys=b`), decoded.
+fn query_values(raw: Option<&str>, key: &str) -> Vec<String> {
+    raw.unwrap_or("")
+        .split('&')
+        .filter_map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k == key).then(|| decode(v))
+        })
+        .collect()
+}
+
+/// The first value of `key` in a query string, decoded.
 fn query_param(raw: Option<&str>, key: &str) -> Option<String> {
-    raw?.split('&').find_map(|p| {
-        let (k, v) = p.split_once('=').unwrap_or((p, ""));
-        (k == key).then(|| percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
-    })
+    query_values(raw, key).into_iter().next()
 }
 
 /// Lambda's FunctionConfiguration for a record.

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{function_name, json_response, parse_json, Action, ApiError};
+use super::{decode, function_name, json_response, parse_json, query_values, segments, Action, ApiError};
 use crate::node::{Node, SettingsError};
 
 impl From<SettingsError> for ApiError {
@@ -25,8 +25,7 @@ impl From<SettingsError> for ApiError {
 
 /// The settings operations' routes (None: not one of them).
 pub(super) fn route(method: &Method, raw_path: &str) -> Option<Action> {
-    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
-    let segs: Vec<&str> = raw_path.trim_start_matches('/').trim_end_matches('/').split('/').collect();
+    let segs = segments(raw_path);
     match (method.as_str(), segs.as_slice()) {
         ("GET", ["2016-08-19", "account-settings"]) => Some(Action::GetAccountSettings),
         ("POST", ["2017-03-31", "tags", arn]) => Some(Action::TagResource(decode(arn))),
@@ -52,17 +51,6 @@ struct TagInput {
 struct ConcurrencyInput {
     #[serde(rename = "ReservedConcurrentExecutions")]
     reserved: Option<i64>,
-}
-
-/// Every value of `key` in a query string (`tagKeys=a&tagKeys=b`).
-fn query_values(raw: Option<&str>, key: &str) -> Vec<String> {
-    raw.unwrap_or("")
-        .split('&')
-        .filter_map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (k == key).then(|| percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
-        })
-        .collect()
 }
 
 /// A tagged resource is a function, named by its (unqualified) ARN.

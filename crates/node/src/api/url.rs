@@ -18,7 +18,7 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{authenticated_body, function_name, json_response, parse_json, Action, ApiError, App, MAX_PAYLOAD};
+use super::{authenticated_body, decode, function_name, json_response, parse_json, segments, Action, ApiError, App, MAX_PAYLOAD};
 use crate::node::{InvokeError, Node, Outcome};
 use crate::registry::UrlConfig;
 
@@ -27,8 +27,7 @@ pub const URL_PREFIX: &str = "/url/";
 
 /// The URL configuration operations' routes.
 pub(super) fn route(method: &Method, raw_path: &str) -> Option<Action> {
-    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
-    let segs: Vec<&str> = raw_path.trim_start_matches('/').trim_end_matches('/').split('/').collect();
+    let segs = segments(raw_path);
     match (method.as_str(), segs.as_slice()) {
         ("POST", ["2021-10-31", "functions", n, "url"]) => Some(Action::CreateFunctionUrlConfig(decode(n))),
         ("GET", ["2021-10-31", "functions", n, "url"]) => Some(Action::GetFunctionUrlConfig(decode(n))),
@@ -248,7 +247,7 @@ pub(super) async fn serve(app: &App, parts: axum::http::request::Parts, body: Bo
     let path = parts.uri.path().to_string();
     let rest = &path[URL_PREFIX.len()..];
     let (raw_name, sub) = rest.split_once('/').map(|(n, s)| (n, format!("/{s}"))).unwrap_or((rest, "/".to_string()));
-    let name = percent_encoding::percent_decode_str(raw_name).decode_utf8_lossy().into_owned();
+    let name = decode(raw_name);
     let node = &app.node;
     let Some(url) = node.settings(&name).ok().and_then(|s| s.url) else {
         return plain(StatusCode::NOT_FOUND, "Not Found");
