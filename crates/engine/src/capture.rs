@@ -173,9 +173,7 @@ fn capture_inner(
         let socks = sockdiag::unix_sockets(pid).map_err(|source| CaptureError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?;
         for r in &fds {
             if let FdKind::SocketPair { .. } = r.kind {
-                let ino = std::fs::read_link(format!("/proc/{pid}/fd/{}", r.fd)).ok().and_then(|t| {
-                    t.to_string_lossy().trim_start_matches("socket:[").trim_end_matches(']').parse::<u32>().ok()
-                });
+                let ino = std::fs::read_link(format!("/proc/{pid}/fd/{}", r.fd)).ok().and_then(|t| sockdiag::inode_of(&t.to_string_lossy()));
                 if ino.and_then(|i| socks.get(&i)).is_none_or(|s| s.wqueue > 0) {
                     writer.abandon();
                     return Err(refuse(format!("descriptor {} is a unix socketpair end whose sent data could not all be read out", r.fd)));
@@ -303,8 +301,8 @@ fn seize_all(pid: i32, tracees: &mut Vec<Tracee>) -> Result<Vec<Tracee>, Capture
 /// The socket with inode `ino` as one end of a socketpair whose other end the
 /// process holds too: (peer inode, the socket). Err(Some(why)) for a unix socket
 /// that is not one; Err(None) for a socket that is not unix at all.
-fn socketpair_end(unix: &std::collections::HashMap<u32, sockdiag::UnixSock>, list: &[procfs::FdInfo], ino: u64) -> Result<(u64, sockdiag::UnixSock), Option<String>> {
-    let s = *u32::try_from(ino).ok().and_then(|i| unix.get(&i)).ok_or(None)?;
+fn socketpair_end(unix: &std::collections::HashMap<u32, sockdiag::UnixSock>, list: &[procfs::FdInfo], ino: u32) -> Result<(u32, sockdiag::UnixSock), Option<String>> {
+    let s = *unix.get(&ino).ok_or(None)?;
     if s.named {
         return Err(Some("bound to a name (a server or client endpoint)".into()));
     }
@@ -318,7 +316,7 @@ fn socketpair_end(unix: &std::collections::HashMap<u32, sockdiag::UnixSock>, lis
     if !list.iter().any(|g| g.target == peer) {
         return Err(Some(format!("whose peer ({peer}) is outside the process")));
     }
-    Ok((s.peer as u64, s))
+    Ok((s.peer, s))
 }
 
 fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
@@ -357,13 +355,13 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
             (1 | 2, t) if t.starts_with("pipe:") && flags & libc::O_ACCMODE == libc::O_WRONLY && is_log_pipe(&list, t) => FdKind::Log,
             (3, t) if t.starts_with("socket:") => FdKind::Control,
             (_, t) if t.starts_with("socket:") => {
-                let ino: u64 = t.trim_start_matches("socket:[").trim_end_matches(']').parse().unwrap_or(0);
+                let ino = sockdiag::inode_of(t).unwrap_or(0);
                 if unix.is_none() {
                     unix = Some(sockdiag::unix_sockets(pid).map_err(|source| CaptureError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?);
                 }
                 match socketpair_end(unix.as_ref().expect("set above"), &list, ino) {
                     Ok((peer, s)) => FdKind::SocketPair {
-                        pair: ino.min(peer),
+                        pair: u64::from(ino.min(peer)),
                         first: ino < peer,
                         sock_type: s.sock_type as i32,
                         flags,
@@ -372,7 +370,7 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                     },
                     Err(Some(why)) => return Err(refuse(format!("descriptor {fd} is a unix socket {why}; only socketpairs whose both ends the process holds are carried across a snapshot"))),
                     Err(None) => {
-                        let what = procfs::describe_socket(pid, ino).unwrap_or_else(|| format!("socket {t}"));
+                        let what = procfs::describe_socket(pid, u64::from(ino)).unwrap_or_else(|| format!("socket {t}"));
                         return Err(refuse(format!(
                             "descriptor {fd} is an open {what}; network connections cannot be carried across a snapshot \
                              (open them in the handler, not at import time)"

@@ -262,7 +262,7 @@ fn socketpairs_untouched(pid: i32, img: &ProcessImage, t: &Tracking) -> Result<(
     let socks = crate::sockdiag::unix_sockets(pid).map_err(|source| ResetError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?;
     for (fd, shutdown, had_data) in ends {
         let target = t.fds.get(&fd).cloned().unwrap_or_default();
-        let ino = target.trim_start_matches("socket:[").trim_end_matches(']').parse::<u32>().ok();
+        let ino = crate::sockdiag::inode_of(&target);
         let now = ino.and_then(|i| socks.get(&i));
         let what = match now {
             None => "a socketpair end that cannot be inspected",

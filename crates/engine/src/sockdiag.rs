@@ -36,6 +36,12 @@ pub struct UnixSock {
     pub shutdown: u8,
 }
 
+/// The inode of a socket from its descriptor's link target (`socket:[12345]`), as
+/// sock_diag numbers it.
+pub fn inode_of(link_target: &str) -> Option<u32> {
+    link_target.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
 /// Every unix socket in the network namespace of `pid`, by inode.
 pub fn unix_sockets(pid: i32) -> io::Result<HashMap<u32, UnixSock>> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
@@ -112,8 +118,7 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     fn inode(fd: i32) -> u32 {
-        let t = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
-        t.to_string_lossy().trim_start_matches("socket:[").trim_end_matches(']').parse().unwrap()
+        inode_of(&std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap().to_string_lossy()).unwrap()
     }
 
     #[test]
