@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "api"))
 from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
+
 MODES = ("boot", "local", "remote-cold", "remote-warm")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
@@ -99,18 +102,6 @@ class Store:
             sh("ip", "netns", "del", NS, check=False)
 
 
-def evict(path):
-    """Drop a directory's files from the page cache (cold-start conditions)."""
-    for p in Path(path).rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def run_thaw(thaw, env, args, stats):
     r = subprocess.run([thaw, *args, "--quiet", "--stats", str(stats)], env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -138,7 +129,7 @@ def bench_function(thaw, fn, store, runs, tmp):
             if mode == "boot":
                 st = run_thaw(thaw, env, ["boot", "--code", str(code), "--handler", "handler.handler"], stats)
             elif mode == "local":
-                evict(snap)
+                evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
             elif mode == "remote-cold":
                 shutil.rmtree(cache, ignore_errors=True)
@@ -147,7 +138,7 @@ def bench_function(thaw, fn, store, runs, tmp):
             else:
                 if not cache.is_dir() or not any(cache.iterdir()):
                     run_thaw(thaw, env, ["snapshot", "restore", url], stats)
-                evict(cache)
+                evict_page_cache(str(cache))
                 st = run_thaw(thaw, env, ["snapshot", "restore", url], stats)
                 assert st["store"]["cache_hit"] is True, st["store"]
             s = st.get("store") or {}
