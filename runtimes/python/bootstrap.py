@@ -290,7 +290,47 @@ def _restored():
     return {"type": "ok"}
 
 
+def _wait_as_base():
+    """THAW_BASE=1: this runtime is captured as a *base* (started, no function
+    loaded; see the engine's layers.rs). Say so, then wait for the node to name the
+    function: a "load" frame carries its whole environment (_HANDLER included).
+    Returns False if the node said shutdown instead."""
+    gc.collect()
+    _flush_logs()
+    _send({"type": "ready", "base": True, "restore_notice": True})
+    while True:
+        # <- the engine snapshots a base blocked in this read
+        msg = _recv()
+        kind = msg.get("type")
+        if kind == "load":
+            break
+        if kind == "restored":
+            _send(_echo_nonce(msg, _restored()))
+        elif kind == "shutdown":
+            return False
+        else:
+            raise ProtocolError("a base expects load, got %r" % (kind,))
+    env = msg.get("env")
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ProtocolError("load carries no environment object of strings")
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        os.environ[key] = value
+    return True
+
+
 def main():
+    if os.environ.get("THAW_BASE") == "1":
+        try:
+            if not _wait_as_base():
+                return 0
+        except (_ChannelClosed, BrokenPipeError, ConnectionResetError):
+            return 0
+        except ProtocolError as e:
+            sys.stderr.write("thaw runtime: protocol error: %s\n" % e)
+            _flush_logs()
+            return 2
     fn, init_error = _init()
     _flush_logs()
     if init_error is not None:

@@ -46,6 +46,8 @@ pub struct CaptureStats {
     pub pages_zero_skipped: u64,
     /// Private file mappings stored whole (see `VmaKind::FileCopied`).
     pub vmas_copied_whole: u64,
+    /// Pages of a diff equal to its base's page at the same address (not stored).
+    pub pages_from_base: u64,
     pub bytes_written: u64,
     pub capture_ms: f64,
 }
@@ -59,8 +61,25 @@ const DUMP_CHUNK_PAGES: u64 = 256;
 /// Capture the process `pid` (PID 2 of its sandbox, the runtime, waiting in its
 /// control-channel read) into `out`.
 pub fn capture(pid: i32, sandbox: SandboxRecord, out: &Path) -> Result<(PathBuf, CaptureStats), CaptureError> {
+    capture_with(pid, sandbox, out, Layer::Full)
+}
+
+/// What a capture makes (see `layers.rs`).
+#[derive(Clone, Copy)]
+pub enum Layer<'a> {
+    /// A full image (sealed when this process holds a node key).
+    Full,
+    /// A base: a full image, never sealed (it holds nothing of any function).
+    Base,
+    /// A diff: pages equal to the base's page at the same address are not stored
+    /// but taken from the base.
+    Diff(&'a crate::layers::Comparer),
+}
+
+/// [`capture`] one kind of layer.
+pub fn capture_with(pid: i32, sandbox: SandboxRecord, out: &Path, layer: Layer<'_>) -> Result<(PathBuf, CaptureStats), CaptureError> {
     let mut seized = Vec::new();
-    let result = capture_inner(pid, sandbox, out, &mut seized);
+    let result = capture_inner(pid, sandbox, out, layer, &mut seized);
     // Whatever happened, the process is not resumed: kill it and reap the threads
     // we trace (a traced thread's exit waits for its tracer, and the leader's
     // exit waits for its threads).
@@ -72,6 +91,7 @@ fn capture_inner(
     pid: i32,
     sandbox: SandboxRecord,
     out: &Path,
+    layer: Layer<'_>,
     seized: &mut Vec<Tracee>,
 ) -> Result<(PathBuf, CaptureStats), CaptureError> {
     let t0 = Instant::now();
@@ -135,8 +155,19 @@ fn capture_inner(
 
     let (mut vmas, files) = classify_vmas(pid, &maps)?;
     let mem = ProcMem::open(pid, false).map_err(ioe("opening /proc/PID/mem"))?;
-    let mut writer = SnapshotWriter::create(out)?;
-    let (pages, mut stats) = match dump_pages(pid, &mem, &mut vmas, &files, &mut writer) {
+    let base = match layer {
+        Layer::Diff(b) => Some(b),
+        _ => None,
+    };
+    let mut writer = match layer {
+        Layer::Base => SnapshotWriter::create_with(out, None)?,
+        _ => SnapshotWriter::create(out)?,
+    };
+    if base.is_some() && writer.seals() {
+        writer.abandon();
+        return Err(refuse("a sealed image cannot be a diff on a base (capture it with --no-base)".into()));
+    }
+    let (pages, base_pages, mut stats) = match dump_pages(pid, &mem, &mut vmas, &files, base, &mut writer) {
         Ok(x) => x,
         Err(e) => {
             writer.abandon();
@@ -219,6 +250,7 @@ fn capture_inner(
         tmp,
         // Set by the writer when it seals the image.
         seal: None,
+        base: base.map(|b| b.base_ref(&base_pages)),
         attrs: ProcAttrs {
             oom_score_adj: std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             ..injected.attrs
@@ -328,6 +360,11 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
     let mut unix: Option<std::collections::HashMap<u32, sockdiag::UnixSock>> = None;
     for f in &list {
         let (fd, t, flags) = (f.fd, f.target.as_str(), f.flags as i32);
+        if fd as u64 == crate::restore::UFFD_KEEP_FD && t == "anon_inode:[userfaultfd]" {
+            // A restored process (a base restored for a diff): the restore's own
+            // userfaultfd, which every restore makes again.
+            continue;
+        }
         if fd >= HIGH_FD_BASE {
             return Err(refuse(format!("descriptor {fd} is numbered {HIGH_FD_BASE} or higher; the engine reserves that range")));
         }
@@ -556,12 +593,14 @@ fn dump_pages(
     mem: &ProcMem,
     vmas: &mut [Vma],
     files: &[FileRef],
+    base: Option<&crate::layers::Comparer>,
     writer: &mut SnapshotWriter,
-) -> Result<(PageIndex, CaptureStats), CaptureError> {
+) -> Result<(PageIndex, Vec<u64>, CaptureStats), CaptureError> {
     use std::os::unix::fs::FileExt;
     let ioe = |what: String| move |source| CaptureError::Io { pid, what, source };
     let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).map_err(ioe("opening pagemap".into()))?;
     let mut index = PageIndex::default();
+    let mut base_pages = Vec::new();
     let mut stats = CaptureStats::default();
     let mut buf = vec![0u8; (DUMP_CHUNK_PAGES * PAGE_SIZE) as usize];
     for v in vmas {
@@ -597,6 +636,12 @@ fn dump_pages(
                     stats.pages_zero_skipped += 1;
                     continue;
                 }
+                let at = addr + k as u64 * PAGE_SIZE;
+                if base.is_some_and(|b| b.same(at, page)) {
+                    base_pages.push(at);
+                    stats.pages_from_base += 1;
+                    continue;
+                }
                 writer.store_page(&mut index, addr + k as u64 * PAGE_SIZE, page)?;
                 stats.pages_stored += 1;
             }
@@ -604,8 +649,8 @@ fn dump_pages(
         }
     }
     stats.bytes_written = stats.pages_stored * PAGE_SIZE;
-    debug!(pid, pages = stats.pages_stored, zero = stats.pages_zero_skipped, "pages dumped");
-    Ok((index, stats))
+    debug!(pid, pages = stats.pages_stored, zero = stats.pages_zero_skipped, from_base = stats.pages_from_base, "pages dumped");
+    Ok((index, base_pages, stats))
 }
 
 struct Injected {

@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 14;
+pub const FORMAT_VERSION: u32 = 15;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -297,6 +297,31 @@ pub struct ProcessImage {
     pub attrs: ProcAttrs,
     /// Set when pages.img and the /tmp contents are encrypted (see `seal.rs`).
     pub seal: Option<crate::seal::SealInfo>,
+    /// Set for a diff: the base image it was captured against and the pages it takes
+    /// from it (see `layers.rs`).
+    pub base: Option<BaseRef>,
+}
+
+/// The base a diff image was captured against. A page of the diff comes from, in this
+/// order: its own `pages` index; the base's page at the same address, if the address
+/// lies in `runs`; a zero page (or, in a private file mapping, the file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseRef {
+    /// The base's content id (sha256 of its state.bin and pages.img, hex).
+    pub id: String,
+    /// Where the base was when the diff was captured (`BASES/<id>`).
+    pub dir: PathBuf,
+    /// CRC of the base's state.bin (its `Snapshot::id`): checked before any page is
+    /// taken from it; each base page is then checked against the base's own CRC.
+    pub state_crc: u32,
+    /// Address ranges (start, pages) whose contents are the base's, sorted, disjoint.
+    pub runs: Vec<(u64, u64)>,
+}
+
+impl BaseRef {
+    pub fn pages(&self) -> u64 {
+        self.runs.iter().map(|r| r.1).sum()
+    }
 }
 
 /// Process attributes set again at restore (read from the leader thread at capture).
@@ -495,6 +520,11 @@ impl SnapshotWriter {
         move |source| ImageError::Write { dir, file, source }
     }
 
+    /// Whether this writer seals the image.
+    pub fn seals(&self) -> bool {
+        self.sealer.is_some()
+    }
+
     /// Append the contents of the page at `vaddr` to pages.img (sealed when the
     /// writer seals) and record it in `index`.
     pub fn store_page(&mut self, index: &mut PageIndex, vaddr: u64, page: &[u8]) -> Result<(), ImageError> {
@@ -616,6 +646,7 @@ mod tests {
                 mtime: (1, 2),
             }],
             seal: None,
+            base: None,
             attrs: ProcAttrs {
                 nice: 5,
                 affinity: vec![1, 0, 0, 0, 0, 0, 0, 0],

@@ -53,6 +53,14 @@ pub enum InstanceError {
     Freezer(#[source] Box<thaw_sandbox::CgroupError>),
     #[error("reset failed; the instance was discarded")]
     Reset(#[from] crate::reset::ResetError),
+    #[error(transparent)]
+    Layer(#[from] Box<crate::layers::LayerError>),
+}
+
+impl From<crate::layers::LayerError> for InstanceError {
+    fn from(e: crate::layers::LayerError) -> InstanceError {
+        InstanceError::Layer(Box::new(e))
+    }
 }
 
 /// What is needed to cold-boot a function.
@@ -89,7 +97,7 @@ impl FunctionConfig {
         }
     }
 
-    fn record(&self) -> SandboxRecord {
+    pub fn record(&self) -> SandboxRecord {
         SandboxRecord {
             runtime: self.runtime.name().into(),
             handler: self.handler.clone(),
@@ -140,6 +148,16 @@ fn spec_for(rec: &SandboxRecord, kind: &str) -> SandboxSpec {
 
 /// Set to "1" in the environment of an instance booted to be captured.
 pub const SNAPSHOT_ENV: &str = "THAW_SNAPSHOT";
+/// Set to "1" in the environment of a runtime booted as a base: it starts, says
+/// `ready` with `"base": true` and waits for `load` before importing any function.
+pub const BASE_ENV: &str = "THAW_BASE";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Boot {
+    Plain,
+    ForSnapshot,
+    Base,
+}
 
 /// A snapshot opened once and shared by every instance restored from it.
 pub struct LoadedSnapshot {
@@ -196,7 +214,8 @@ impl LoadedSnapshot {
             .into());
         }
         let region = restore::choose_region(&image)?;
-        let source = Arc::new(PageSource::new(image.pages.clone(), pages).sealed(sealer));
+        let (index, files) = crate::layers::page_source(&dir, &image, pages)?;
+        let source = Arc::new(PageSource::new(index, files).sealed(sealer));
         Ok(LoadedSnapshot {
             dir,
             image,
@@ -234,7 +253,7 @@ impl LoadedSnapshot {
         for v in self.image.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. })) {
             let first = index.runs.partition_point(|r| r.vaddr + r.npages * 4096 <= v.start);
             for r in index.runs[first..].iter().take_while(|r| r.vaddr < v.end) {
-                crate::sys::mem::fadvise_willneed(self.source.file(), r.file_page * 4096, r.npages * 4096);
+                self.source.file().willneed(r.file_page, r.npages);
             }
         }
     }
@@ -361,7 +380,7 @@ struct PagingState {
 impl Instance {
     /// Cold boot: new sandbox, start the runtime, import the function, wait for READY.
     pub fn boot(cfg: &FunctionConfig) -> Result<Instance, InstanceError> {
-        Self::boot_inner(cfg, false)
+        Self::boot_inner(cfg, Boot::Plain)
     }
 
     /// Cold-boot an instance that is going to be captured. The runtime is told so
@@ -369,26 +388,54 @@ impl Instance {
     /// which restored instances then inherit; a plain cold boot skips that work,
     /// which would only delay its first response.
     pub fn boot_for_snapshot(cfg: &FunctionConfig) -> Result<Instance, InstanceError> {
-        Self::boot_inner(cfg, true)
+        Self::boot_inner(cfg, Boot::ForSnapshot)
     }
 
-    fn boot_inner(cfg: &FunctionConfig, for_snapshot: bool) -> Result<Instance, InstanceError> {
-        cfg.runtime.check_handler(&cfg.handler)?;
+    /// Boot `cfg`'s runtime as a base (see `layers.rs`): in a sandbox whose
+    /// /var/task is `placeholder` (empty), with no function environment, started and
+    /// waiting for [`Instance::load_function`]. Only runtimes whose shim can wait so
+    /// are accepted.
+    pub fn boot_base(cfg: &FunctionConfig, placeholder: &Path) -> Result<Instance, InstanceError> {
+        let mut base_cfg = FunctionConfig::new(cfg.runtime, "", placeholder.to_path_buf(), cfg.runtime_dir.clone());
+        base_cfg.function_name = String::new();
+        base_cfg.memory_mb = cfg.memory_mb;
+        base_cfg.cpu_millis = cfg.cpu_millis;
+        base_cfg.pids_max = cfg.pids_max;
+        base_cfg.tmp_size_mb = cfg.tmp_size_mb;
+        base_cfg.init_timeout = cfg.init_timeout;
+        Self::boot_inner(&base_cfg, Boot::Base)
+    }
+
+    fn boot_inner(cfg: &FunctionConfig, how: Boot) -> Result<Instance, InstanceError> {
+        if how != Boot::Base {
+            cfg.runtime.check_handler(&cfg.handler)?;
+        }
         let t0 = Instant::now();
         let mut record = cfg.record();
         let mut spec = spec_for(&record, "boot");
         spec.env = cfg.runtime.env(&cfg.handler, &cfg.function_name, cfg.memory_mb, &cfg.env);
-        spec.env.retain(|(k, _)| k != SNAPSHOT_ENV);
-        if for_snapshot {
+        spec.env.retain(|(k, _)| k != SNAPSHOT_ENV && k != BASE_ENV);
+        if how != Boot::Plain {
             spec.env.push((SNAPSHOT_ENV.into(), "1".into()));
+        }
+        if how == Boot::Base {
+            spec.env.push((BASE_ENV.into(), "1".into()));
         }
         let mut sandbox = Sandbox::spawn(&spec, Entry::Exec { argv: cfg.runtime.argv() })?;
         let sandbox_ms = t0.elapsed().as_secs_f64() * 1e3;
         let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;
         let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
         let mut channel = Channel::new(control, log).map_err(InstanceError::Io)?;
-        match channel.wait_ready(cfg.init_timeout) {
-            Ok(notice) => record.restore_notice = notice,
+        match channel.wait_ready_as(cfg.init_timeout) {
+            Ok(r) if how == Boot::Base && !r.base => {
+                let _ = sandbox.kill();
+                return Err(crate::layers::LayerError::Unsupported {
+                    runtime: cfg.runtime.name().into(),
+                    why: "its shim loaded a function instead of waiting as a base",
+                }
+                .into());
+            }
+            Ok(r) => record.restore_notice = r.restore_notice,
             Err(ChannelError::Init(e)) => return Err(InstanceError::Init(e)),
             Err(e) if sandbox.cgroup().oom_killed() => {
                 return Err(InstanceError::InitOutOfMemory { memory_mb: cfg.memory_mb, source: e })
@@ -420,9 +467,14 @@ impl Instance {
     /// With a working-set mode, the working set is read on a helper thread while
     /// the sandbox is being created, so its I/O overlaps sandbox set-up.
     pub fn restore(snap: &LoadedSnapshot, paging: Paging) -> Result<Instance, InstanceError> {
+        Self::restore_as(snap, paging, snap.image.sandbox.clone())
+    }
+
+    /// [`Instance::restore`] into a sandbox made from `record` instead of the
+    /// snapshot's own: a base restored for a function (its code at /var/task).
+    pub fn restore_as(snap: &LoadedSnapshot, paging: Paging, record: SandboxRecord) -> Result<Instance, InstanceError> {
         let t0 = Instant::now();
         let requested = snap.resolve(paging);
-        let record = snap.image.sandbox.clone();
         let spec = spec_for(&record, "restore");
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
         let (mut sandbox, restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
@@ -769,14 +821,40 @@ impl Instance {
 
     /// Capture this (booted, ready, never invoked) instance into `out`. The
     /// instance is consumed: after capture no process of it is left.
-    pub fn capture(mut self, out: &Path) -> Result<(PathBuf, CaptureStats), InstanceError> {
+    pub fn capture(self, out: &Path) -> Result<(PathBuf, CaptureStats), InstanceError> {
+        self.capture_as(out, capture::Layer::Full)
+    }
+
+    /// [`Instance::capture`] as a base or a diff (see `layers.rs`).
+    pub fn capture_as(mut self, out: &Path, layer: capture::Layer<'_>) -> Result<(PathBuf, CaptureStats), InstanceError> {
         let mut record = self.record.clone();
         record.code_fingerprint = crate::fingerprint::of_dir(&record.code_dir).map_err(InstanceError::Io)?;
-        let result = capture::capture(self.sandbox.pid(), record, out);
+        let result = capture::capture_with(self.sandbox.pid(), record, out, layer);
         if let Err(e) = self.sandbox.kill() {
             warn!(error = %e, "cleaning up the captured sandbox");
         }
         Ok(result?)
+    }
+
+    /// Tell an instance of a base (booted with [`Instance::boot_base`], or restored
+    /// from a base into `cfg`'s sandbox) which function it is: the runtime takes
+    /// `cfg`'s environment and runs the function's init, as a boot would.
+    pub fn load_function(&mut self, cfg: &FunctionConfig) -> Result<(), InstanceError> {
+        cfg.runtime.check_handler(&cfg.handler)?;
+        let mut env = cfg.runtime.env(&cfg.handler, &cfg.function_name, cfg.memory_mb, &cfg.env);
+        env.retain(|(k, _)| k != SNAPSHOT_ENV && k != BASE_ENV);
+        env.push((SNAPSHOT_ENV.into(), "1".into()));
+        match self.channel.load(&env, cfg.init_timeout) {
+            Ok(r) => {
+                self.record.restore_notice = r.restore_notice;
+                self.record.handler = cfg.handler.clone();
+                self.function_name = cfg.function_name.clone();
+                Ok(())
+            }
+            Err(ChannelError::Init(e)) => Err(InstanceError::Init(e)),
+            Err(e) if self.sandbox.cgroup().oom_killed() => Err(InstanceError::InitOutOfMemory { memory_mb: cfg.memory_mb, source: e }),
+            Err(e) => Err(InstanceError::NotReady(e)),
+        }
     }
 
     /// Kill the instance and clean up its sandbox (waits for a working-set writer).

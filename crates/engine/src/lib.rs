@@ -2,7 +2,8 @@
 //! image on disk, and restore new processes from it with their memory served by
 //! a userfaultfd page server.
 //!
-//! Data flow: [`capture`] → [`image`] (sealed at rest by [`seal`]) → [`restore`] + [`pageserver`] → [`reset`].
+//! Data flow: [`capture`] → [`image`] (sealed at rest by [`seal`]; a diff on a
+//! shared base by [`layers`]) → [`restore`] + [`pageserver`] (reading [`pagefiles`]) → [`reset`].
 //! All raw kernel interfaces live in [`sys`]; [`inject`] runs syscalls inside a
 //! stopped tracee.
 
@@ -10,7 +11,9 @@ pub mod capture;
 pub mod fingerprint;
 pub mod image;
 pub mod instance;
+pub mod layers;
 pub mod inject;
+pub mod pagefiles;
 pub mod pageserver;
 pub mod procfs;
 pub mod refusals;

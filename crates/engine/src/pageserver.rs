@@ -14,10 +14,8 @@
 //! on memory the image did not provide.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -27,8 +25,9 @@ use thiserror::Error;
 use tracing::{debug, error, warn};
 
 use crate::image::PageIndex;
+use crate::pagefiles::PageFiles;
 use crate::seal::Sealer;
-use crate::sys::mem::{self, Mapped};
+use crate::sys::mem;
 use crate::sys::uffd::{self, Event, Install};
 use crate::sys::PAGE_SIZE;
 use crate::ws::{Touch, WorkingSet};
@@ -203,7 +202,7 @@ pub const DEFAULT_FAULT_CPU_SHARE: f64 = 0.5;
 /// The image pages of one snapshot, shared by every instance restored from it.
 pub struct PageSource {
     pub index: PageIndex,
-    file: File,
+    file: PageFiles,
     /// Lazy faults read the aligned window of this many stored pages around the
     /// faulting page (1 = exactly one page per fault).
     readaround: AtomicU64,
@@ -218,10 +217,10 @@ impl PageSource {
     /// Pages are read through the page cache, as a memory file mapped by a VMM
     /// would be (the lazy baseline REAP measures): a fault that misses reads its
     /// read-around window with one request, as the kernel's filemap fault does.
-    pub fn new(index: PageIndex, file: File) -> PageSource {
+    pub fn new(index: PageIndex, file: impl Into<PageFiles>) -> PageSource {
         PageSource {
             index,
-            file,
+            file: file.into(),
             readaround: AtomicU64::new(DEFAULT_READAROUND_PAGES),
             sealer: None,
             fault_cpu_share: AtomicU64::new(DEFAULT_FAULT_CPU_SHARE.to_bits()),
@@ -248,7 +247,8 @@ impl PageSource {
     /// sealed image, decrypt it in place. Every page read from the image passes here.
     pub fn open_page(&self, addr: u64, file_page: u64, page: &mut [u8]) -> Result<(), PageServerError> {
         self.verify_page(addr, file_page, page)?;
-        if let Some(s) = &self.sealer {
+        // A diff's base is never sealed (it holds nothing of any function).
+        if let Some(s) = self.sealer.as_ref().filter(|_| file_page < self.file.own_pages()) {
             if !s.open_page(file_page, page, &self.index.tags[file_page as usize]) {
                 return Err(PageServerError::Forged { addr, file_page });
             }
@@ -331,7 +331,7 @@ impl PageSource {
         Ok(())
     }
 
-    pub fn file(&self) -> &File {
+    pub fn file(&self) -> &PageFiles {
         &self.file
     }
 }
@@ -885,8 +885,9 @@ pub fn install_all(
     stats: &Stats,
 ) -> Result<u64, PageServerError> {
     let t0 = Instant::now();
-    let len = source.index.stored_pages() * PAGE_SIZE;
-    let map = Mapped::map(source.file(), len as usize)
+    let map = source
+        .file()
+        .map(source.index.stored_pages())
         .map_err(|e| PageServerError::Read { addr: 0, file_page: 0, source: e })?;
     let mut installed = 0;
     let mut plain = Vec::new();
@@ -900,7 +901,7 @@ pub fn install_all(
             }
             let fp = run.file_page + (s - run.vaddr) / PAGE_SIZE;
             let n = (e - s) / PAGE_SIZE;
-            let stored = map.slice((fp * PAGE_SIZE) as usize, (n * PAGE_SIZE) as usize);
+            let stored = map.pages(fp, n);
             let bytes = if source.is_sealed() {
                 // Decrypted into a private buffer: the mapping is the file, read-only.
                 plain.clear();
@@ -927,6 +928,7 @@ pub fn install_all(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
 
     /// A page source of `n` pages (page k filled with byte k) backing 0x10000.. .
     fn source(n: u64) -> (tempfile::NamedTempFile, PageSource) {

@@ -206,7 +206,7 @@ impl WorkingSet {
 /// Add the pages of `touched` that the working set of `dir` lacks (in the order
 /// they were touched, after the recorded ones) and rewrite it. Returns how many
 /// entries were added (0: nothing to do, files untouched).
-pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &File) -> Result<usize, WsError> {
+pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &crate::pagefiles::PageFiles) -> Result<usize, WsError> {
     let ws = match WorkingSet::load(dir, image_id) {
         Ok(ws) => ws,
         // Dropped meanwhile (by another instance's misprediction): the next restore records.
@@ -226,7 +226,7 @@ pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &File) -> Resu
 
 /// Write the trace and the WS pages for `trace` beside the image, atomically
 /// (temporary names, then rename: a reader never sees half a working set).
-pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &File) -> Result<WorkingSet, WsError> {
+pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &crate::pagefiles::PageFiles) -> Result<WorkingSet, WsError> {
     let ws = WorkingSet::from_trace(trace.to_vec());
     let ioe = |what: &str| {
         let what = what.to_string();
@@ -318,10 +318,10 @@ mod tests {
     }
 
     /// A fake image of 4 pages in `dir` (page i filled with byte i+1): its bytes and the open file.
-    fn fake_image(dir: &Path) -> (Vec<u8>, File) {
+    fn fake_image(dir: &Path) -> (Vec<u8>, crate::pagefiles::PageFiles) {
         let img: Vec<u8> = (0..4u8).flat_map(|i| vec![i + 1; 4096]).collect();
         std::fs::write(dir.join("pages.img"), &img).unwrap();
-        (img, File::open(dir.join("pages.img")).unwrap())
+        (img, File::open(dir.join("pages.img")).unwrap().into())
     }
 
     #[test]

@@ -125,6 +125,15 @@ pub struct Channel {
     pub stale_frames: u64,
 }
 
+/// What a runtime's `ready` frame says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready {
+    /// A restored clone must be sent `restored` (absent means yes).
+    pub restore_notice: bool,
+    /// The runtime waits as a base: started, no function loaded (see [`Channel::load`]).
+    pub base: bool,
+}
+
 impl Channel {
     pub fn new(control: OwnedFd, log: OwnedFd) -> io::Result<Channel> {
         let control = UnixStream::from(control);
@@ -234,9 +243,15 @@ impl Channel {
     /// Returns whether a restored clone must be sent `restored` (the shim says
     /// so with `restore_notice`; absent means yes).
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<bool, ChannelError> {
+        self.wait_ready_as(timeout).map(|r| r.restore_notice)
+    }
+
+    /// [`Channel::wait_ready`], with everything the `ready` frame says.
+    pub fn wait_ready_as(&mut self, timeout: Duration) -> Result<Ready, ChannelError> {
         let r = self.recv(timeout)?;
+        let flag = |k: &str| r.rest.get(k).and_then(|v| v.as_bool());
         match r.kind.as_str() {
-            "ready" => Ok(r.rest.get("restore_notice").and_then(|v| v.as_bool()).unwrap_or(true)),
+            "ready" => Ok(Ready { restore_notice: flag("restore_notice").unwrap_or(true), base: flag("base").unwrap_or(false) }),
             "init_error" => {
                 let v = serde_json::Value::Object(r.rest);
                 let e: FunctionError = serde_json::from_value(v).map_err(|e| ChannelError::Protocol(format!("init_error: {e}")))?;
@@ -282,6 +297,15 @@ impl Channel {
         };
         self.control.set_nonblocking(false).map_err(ChannelError::Io)?;
         r
+    }
+
+    /// Tell a runtime waiting as a base (`ready` with `base`) which function it is:
+    /// its environment (`_HANDLER` names the handler). The runtime imports it and
+    /// answers as a booting runtime does (`ready` or `init_error`).
+    pub fn load(&mut self, env: &[(String, String)], timeout: Duration) -> Result<Ready, ChannelError> {
+        let env: serde_json::Map<String, serde_json::Value> = env.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
+        self.send(&serde_json::json!({"type": "load", "env": env}))?;
+        self.wait_ready_as(timeout)
     }
 
     /// Tell a restored runtime it is a new clone (it reseeds and runs its

@@ -102,7 +102,7 @@ pub async fn working_set(remote: &Remote, m: &Manifest, id: &str, dir: &Path) ->
     let installed = WorkingSet::parse(dir, &trace, m.image_id)
         .map_err(|e| e.to_string())
         .and_then(|set| File::open(dir.join(PAGES_FILE)).map(|f| (set, f)).map_err(|e| e.to_string()))
-        .and_then(|(set, pages)| ws::write(dir, m.image_id, &set.trace, &pages).map_err(|e| e.to_string()));
+        .and_then(|(set, pages)| ws::write(dir, m.image_id, &set.trace, &pages.into()).map_err(|e| e.to_string()));
     if let Err(e) = installed {
         tracing::warn!(object = %remote.url.object_url(&key), error = %e, "ignoring a recorded working set that does not match its snapshot");
         ws::invalidate(dir);
@@ -119,7 +119,7 @@ fn derive(m: &Manifest, dir: &Path) -> Result<()> {
     let trace = std::fs::read(dir.join(TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
     let set = WorkingSet::parse(dir, &trace, m.image_id).map_err(wse)?;
     let pages = File::open(dir.join(PAGES_FILE)).map_err(StoreError::local(dir, "opening pages.img"))?;
-    ws::write(dir, m.image_id, &set.trace, &pages).map_err(wse)?;
+    ws::write(dir, m.image_id, &set.trace, &pages.into()).map_err(wse)?;
     Ok(())
 }
 

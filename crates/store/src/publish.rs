@@ -94,6 +94,12 @@ fn chunk_name(data: &[u8]) -> Option<String> {
 /// Cut the snapshot in `dir` into chunks and build its manifest (reads every byte once).
 pub fn plan(dir: &Path) -> Result<Plan> {
     let snap = Snapshot::open(dir).map_err(|e| StoreError::Snapshot { dir: dir.to_path_buf(), detail: format!("{e}") })?;
+    if let Some(b) = &snap.image.base {
+        return Err(StoreError::Snapshot {
+            dir: dir.to_path_buf(),
+            detail: format!("it is a diff on base {} and a store holds full images only so far (re-create it with --no-base)", b.id),
+        });
+    }
     let io = |what: &str| StoreError::local(dir, what.to_string());
     let mut files = Vec::new();
 

@@ -15,6 +15,7 @@ use thaw_engine::instance::{FunctionConfig, Instance, InstanceError, LoadedSnaps
 use thaw_engine::pageserver::Paging;
 use thaw_runtime::{InvokeOutcome, Runtime};
 
+mod base_cmd;
 mod store_cmd;
 
 /// Lambda's limit for a synchronous request payload.
@@ -55,6 +56,9 @@ enum Cmd {
     /// Create, restore and inspect snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Build, list and remove runtime bases (layered snapshots: a base per runtime, a diff per function).
+    #[command(subcommand)]
+    Base(base_cmd::BaseCmd),
     /// Run the node: a Lambda-compatible HTTP API serving functions from snapshots.
     Serve(thaw_node::cli::ServeArgs),
     /// Show a running node's functions, instances and snapshot cache.
@@ -69,13 +73,20 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum SnapshotCmd {
-    /// Boot the function until it is ready to invoke, then capture it into OUT.
+    /// Boot the function until it is ready to invoke, then capture it into OUT. When a base
+    /// exists for its runtime and memory class (`thaw base build`), the snapshot is a diff
+    /// on it: the base is restored, the function's init runs in it, and only the pages that
+    /// differ from the base are stored. If that fails for a reason other than the
+    /// function's own init, a full image is made instead (with a warning).
     Create {
         #[command(flatten)]
         func: FunctionArgs,
         /// Snapshot directory to create (must not exist).
         #[arg(long)]
         out: PathBuf,
+        /// Make a full image even if a base exists.
+        #[arg(long)]
+        no_base: bool,
     },
     /// Restore an instance from SNAPDIR and invoke it.
     Restore {
@@ -361,15 +372,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
             )?;
             Ok(if emit(&out) { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Cmd::Snapshot(SnapshotCmd::Create { func, out }) => {
+        Cmd::Snapshot(SnapshotCmd::Create { func, out, no_base }) => {
             let cfg = function_config(&cli.data_dir, &func)?;
             let t0 = Instant::now();
+            let base = if no_base { None } else { base_cmd::default_base(&cfg, &cli.data_dir)? };
+            if let Some(base) = base {
+                match thaw_engine::layers::create_diff(&cfg, &base, &out) {
+                    Ok((dir, stats)) => {
+                        let v = json!({"snapshot": dir, "base": base.id, "create_ms": ms(t0.elapsed()), "capture": stats});
+                        println!("{}", serde_json::to_string(&v)?);
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    Err(e @ (InstanceError::Init(_) | InstanceError::InitOutOfMemory { .. })) => return Err(e.into()),
+                    Err(e) => eprintln!("warning: no diff on base {}: {:#}; making a full image", base.id, anyhow::Error::from(e)),
+                }
+            }
             let inst = Instance::boot_for_snapshot(&cfg)?;
             let boot_ms = ms(t0.elapsed());
             let (dir, stats) = inst.capture(&out)?;
             println!(
                 "{}",
-                serde_json::to_string(&json!({"snapshot": dir, "boot_ms": boot_ms, "capture": stats}))?
+                serde_json::to_string(&json!({"snapshot": dir, "base": null, "boot_ms": boot_ms, "capture": stats}))?
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -495,7 +518,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 "stored_bytes": img.pages.stored_pages() * 4096, "fds": img.fds, "sigactions": img.sigactions.len(),
                 "sealed_with_key": img.seal.as_ref().map(|s| &s.key_id),
             });
+            let layers = thaw_engine::layers::LayerSizes::of(img);
             let mut v = v;
+            v["base"] = json!(layers.base);
+            v["diff_bytes"] = json!(layers.diff_bytes);
+            v["base_bytes"] = json!(layers.base_bytes);
+            v["full_equivalent_bytes"] = json!(layers.full_equivalent_bytes);
+            v["pages_by_source"] = json!({"diff": layers.pages_from_diff, "base": layers.pages_from_base, "zero": layers.pages_zero});
             if verbose {
                 v["vma_list"] = json!(img.vmas.iter().map(|m| format!("{:#x}-{:#x} prot={} {:?}", m.start, m.end, m.prot, m.kind)).collect::<Vec<_>>());
                 v["page_run_list"] = json!(img.pages.runs.iter().map(|r| format!("{:#x} x{} @{}", r.vaddr, r.npages, r.file_page)).collect::<Vec<_>>());
@@ -505,6 +534,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Base(cmd) => base_cmd::run(cmd, &cli.data_dir).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Push(a)) => store_cmd::push(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Pull(a)) => store_cmd::pull(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Rm(a)) => store_cmd::rm(a).map(|()| ExitCode::SUCCESS),

@@ -1,0 +1,437 @@
+//! Layered snapshots (SnapFaaS): one base image per runtime, a small diff per function.
+//!
+//! A **base** is an ordinary image of a runtime that started in a sandbox whose
+//! /var/task is an empty placeholder and that waits, before loading any function
+//! code, for the node to name its function (the shim's `load` message). Nothing of a
+//! function is in it: no code path, handler, environment value or secret. It lives in
+//! `BASES/<id>/` (state.bin, pages.img, base.json), where `id` is the sha256 of its
+//! state.bin and pages.img. A base is keyed by what the runtime sizes itself by
+//! ([`BaseKey`]): runtime, shim version, memory class, CPU, image format.
+//!
+//! A **diff** is the image of an instance restored from the base (eagerly, so every
+//! base page is present) after the function's init ran in it. Its state is complete
+//! (registers, the whole memory map, descriptors, ...); of its pages it stores only
+//! those whose contents differ from the base's page at the same address, and
+//! [`BaseRef::runs`] lists the addresses whose contents are the base's. A page the
+//! function released (MADV_DONTNEED, munmap, brk shrink) is in neither and reads as
+//! zeros, exactly as anonymous memory must. Because the comparison is by content, a
+//! page the function rewrote with the same bytes is not stored either.
+//!
+//! Restore merges the two indexes into one numbering of stored pages ([`PageFiles`]:
+//! the diff's pages, then the base's), so the page server, working sets, eager
+//! installs and resets work on a diff exactly as on a full image. Each base page is
+//! checked against the base's CRC as it is read, and the base's state.bin CRC must be
+//! the one the diff recorded: a diff is never restored over another base.
+//!
+//! A base still named by a diff is never removed: each diff leaves a reference in
+//! `BASES/<id>/refs/`, checked (the diff still exists and names this base) by
+//! [`remove`].
+//!
+//! Not (yet) done: base pages are copied into each instance by the page server like
+//! a full image's pages (shared in the host page cache, not mapped copy-on-write),
+//! so layering saves storage and eager bytes, not instance memory; sealed images are
+//! never layered.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use tracing::info;
+
+use crate::image::{BaseRef, ImageError, PageIndex, PageRun, ProcessImage, SandboxRecord, Snapshot, FORMAT_VERSION, PAGES_FILE, STATE_FILE};
+use crate::pagefiles::{MappedPages, PageFiles};
+use crate::sys::PAGE_SIZE;
+
+/// A base's description, beside its image.
+pub const META_FILE: &str = "base.json";
+const REFS_DIR: &str = "refs";
+/// The empty directory mounted at /var/task while a base boots.
+pub const PLACEHOLDER_DIR: &str = ".placeholder-task";
+
+#[derive(Debug, Error)]
+pub enum LayerError {
+    #[error("{what} {}", path.display())]
+    Io { path: PathBuf, what: &'static str, #[source] source: io::Error },
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error("the diff {diff} cannot be restored over base {base}: {why}")]
+    Mismatch { diff: PathBuf, base: String, why: String },
+    #[error("base {id} is still used by {} diff snapshot(s), e.g. {}; remove them (or re-create them with --no-base) first", .diffs.len(), .diffs[0].display())]
+    InUse { id: String, diffs: Vec<PathBuf> },
+    #[error("no base {id} in {}", dir.display())]
+    NotFound { id: String, dir: PathBuf },
+    #[error("runtime {runtime} cannot have a base yet: {why}")]
+    Unsupported { runtime: String, why: &'static str },
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What a base is built for: a diff only ever goes on a base with the same key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseKey {
+    pub runtime: String,
+    /// The shim directory's name (`runtimes-<content hash>`): a new shim is a new base.
+    pub shims: String,
+    pub memory_mb: u64,
+    pub cpu_millis: u64,
+    pub format: u32,
+}
+
+impl BaseKey {
+    pub fn of(rec: &SandboxRecord) -> BaseKey {
+        BaseKey {
+            runtime: rec.runtime.clone(),
+            shims: rec.runtime_dir.as_deref().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            memory_mb: rec.memory_mb,
+            cpu_millis: rec.cpu_millis,
+            format: FORMAT_VERSION,
+        }
+    }
+}
+
+/// `BASES/<id>/base.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseMeta {
+    pub id: String,
+    pub key: BaseKey,
+    pub created_unix_ms: u64,
+    pub stored_pages: u64,
+    pub bytes: u64,
+    /// Set by [`list`]: where the base is.
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+fn io_err(path: &Path, what: &'static str) -> impl FnOnce(io::Error) -> LayerError {
+    let path = path.to_path_buf();
+    move |source| LayerError::Io { path, what, source }
+}
+
+/// The content id of the image in `dir`: sha256 over state.bin, then pages.img.
+pub fn content_id(dir: &Path) -> Result<String, LayerError> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for name in [STATE_FILE, PAGES_FILE] {
+        let path = dir.join(name);
+        let mut f = File::open(&path).map_err(io_err(&path, "opening"))?;
+        loop {
+            let n = f.read(&mut buf).map_err(io_err(&path, "reading"))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The empty directory a base's sandbox mounts at /var/task (created if needed).
+pub fn placeholder(bases: &Path) -> Result<PathBuf, LayerError> {
+    let dir = bases.join(PLACEHOLDER_DIR);
+    std::fs::create_dir_all(&dir).map_err(io_err(&dir, "creating"))?;
+    if std::fs::read_dir(&dir).map_err(io_err(&dir, "listing"))?.next().is_some() {
+        return Err(LayerError::Refused(format!("the base placeholder {} must be empty", dir.display())));
+    }
+    Ok(dir)
+}
+
+/// Move a freshly captured base image from `captured` to `BASES/<id>` and describe
+/// it. An identical base already there is kept (and `captured` removed).
+pub fn install(captured: &Path, bases: &Path, key: BaseKey) -> Result<BaseMeta, LayerError> {
+    let id = content_id(captured)?;
+    let snap = Snapshot::open_with(captured, None)?;
+    if snap.image.seal.is_some() || snap.image.base.is_some() {
+        let _ = std::fs::remove_dir_all(captured);
+        return Err(LayerError::Refused("a base must be a clear, full image".into()));
+    }
+    let stored_pages = snap.image.pages.stored_pages();
+    let meta = BaseMeta {
+        id: id.clone(),
+        key,
+        created_unix_ms: snap.image.created_unix_ms,
+        stored_pages,
+        bytes: stored_pages * PAGE_SIZE,
+        dir: bases.join(&id),
+    };
+    let json = serde_json::to_vec_pretty(&meta).expect("BaseMeta serializes");
+    let meta_path = captured.join(META_FILE);
+    std::fs::write(&meta_path, json).map_err(io_err(&meta_path, "writing"))?;
+    if meta.dir.join(META_FILE).is_file() {
+        let _ = std::fs::remove_dir_all(captured);
+        return Ok(meta);
+    }
+    std::fs::rename(captured, &meta.dir).map_err(io_err(&meta.dir, "installing the base as"))?;
+    info!(id = %meta.id, runtime = %meta.key.runtime, pages = stored_pages, "base installed");
+    Ok(meta)
+}
+
+/// Every base in `bases` (directories without a readable base.json are skipped).
+pub fn list(bases: &Path) -> Result<Vec<BaseMeta>, LayerError> {
+    let rd = match std::fs::read_dir(bases) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(LayerError::Io { path: bases.to_path_buf(), what: "listing", source: e }),
+    };
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let dir = entry.path();
+        let Ok(bytes) = std::fs::read(dir.join(META_FILE)) else { continue };
+        if let Ok(mut m) = serde_json::from_slice::<BaseMeta>(&bytes) {
+            m.dir = dir;
+            out.push(m);
+        }
+    }
+    out.sort_by(|a, b| (&a.key.runtime, a.created_unix_ms).cmp(&(&b.key.runtime, b.created_unix_ms)));
+    Ok(out)
+}
+
+/// The newest base built for `key`, if any.
+pub fn find(bases: &Path, key: &BaseKey) -> Result<Option<BaseMeta>, LayerError> {
+    Ok(list(bases)?.into_iter().filter(|m| &m.key == key).max_by_key(|m| m.created_unix_ms))
+}
+
+/// The diffs that still name base `meta` (their reference files, checked).
+pub fn users(meta: &BaseMeta) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(meta.dir.join(REFS_DIR)) else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let Ok(target) = std::fs::read_to_string(entry.path()) else { continue };
+        let diff = PathBuf::from(target.trim_end());
+        let names_it = Snapshot::open_with(&diff, None)
+            .map(|s| s.image.base.is_some_and(|b| b.id == meta.id))
+            // A sealed diff cannot be opened without its key: count it as a user.
+            .unwrap_or_else(|e| matches!(e, ImageError::Sealed { .. }));
+        if names_it {
+            out.push(diff);
+        } else {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    out
+}
+
+/// Remove base `id` unless a diff still names it.
+pub fn remove(bases: &Path, id: &str) -> Result<(), LayerError> {
+    let meta = list(bases)?
+        .into_iter()
+        .find(|m| m.id == id || (id.len() >= 8 && m.id.starts_with(id)))
+        .ok_or_else(|| LayerError::NotFound { id: id.into(), dir: bases.to_path_buf() })?;
+    let diffs = users(&meta);
+    if !diffs.is_empty() {
+        return Err(LayerError::InUse { id: meta.id, diffs });
+    }
+    std::fs::remove_dir_all(&meta.dir).map_err(io_err(&meta.dir, "removing"))
+}
+
+/// Record that the diff at `diff` names base `meta` (see [`users`]).
+pub fn add_user(meta: &BaseMeta, diff: &Path) -> Result<(), LayerError> {
+    let refs = meta.dir.join(REFS_DIR);
+    std::fs::create_dir_all(&refs).map_err(io_err(&refs, "creating"))?;
+    let abs = std::fs::canonicalize(diff).map_err(io_err(diff, "resolving"))?;
+    let name = hex::encode(&Sha256::digest(abs.as_os_str().as_encoded_bytes())[..12]);
+    let path = refs.join(name);
+    std::fs::write(&path, abs.as_os_str().as_encoded_bytes()).map_err(io_err(&path, "writing"))
+}
+
+/// A base's pages, compared with a diff's while it is captured.
+pub struct Comparer {
+    meta: BaseMeta,
+    state_crc: u32,
+    index: PageIndex,
+    map: MappedPages,
+}
+
+impl Comparer {
+    pub fn open(meta: &BaseMeta) -> Result<Comparer, LayerError> {
+        let snap = Snapshot::open_with(&meta.dir, None)?;
+        let n = snap.image.pages.stored_pages();
+        let files = PageFiles::from(snap.pages);
+        let map = files.map(n).map_err(io_err(&meta.dir, "mapping the pages of base"))?;
+        Ok(Comparer { meta: meta.clone(), state_crc: snap.id, index: snap.image.pages, map })
+    }
+
+    /// Whether the base's page at `vaddr` holds exactly `page`.
+    pub fn same(&self, vaddr: u64, page: &[u8]) -> bool {
+        self.index.lookup(vaddr).is_some_and(|fp| self.map.pages(fp, 1) == page)
+    }
+
+    /// The reference a diff stores, for the addresses `pages` (sorted) taken from the base.
+    pub fn base_ref(&self, pages: &[u64]) -> BaseRef {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &a in pages {
+            match runs.last_mut() {
+                Some((s, n)) if *s + *n * PAGE_SIZE == a => *n += 1,
+                _ => runs.push((a, 1)),
+            }
+        }
+        BaseRef { id: self.meta.id.clone(), dir: self.meta.dir.clone(), state_crc: self.state_crc, runs }
+    }
+
+    pub fn meta(&self) -> &BaseMeta {
+        &self.meta
+    }
+}
+
+/// Where a restore reads the pages of `image` (opened from `dir`, its pages.img
+/// `own`): for a full image that file alone; for a diff, the merged index over the
+/// diff's pages and its base's (see the module docs). Fails closed if the base is
+/// missing, is another base, or lacks a page the diff takes from it.
+pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageIndex, PageFiles), LayerError> {
+    let Some(bref) = &image.base else { return Ok((image.pages.clone(), own.into())) };
+    let mismatch = |why: String| LayerError::Mismatch { diff: dir.to_path_buf(), base: bref.id.clone(), why };
+    if image.seal.is_some() {
+        return Err(mismatch("a sealed image cannot be a diff".into()));
+    }
+    let base = match Snapshot::open_with(&bref.dir, None) {
+        Ok(b) => b,
+        Err(ImageError::Io { .. }) => return Err(mismatch(format!("the base is not at {} (rebuild it with `thaw base build`, or re-create the snapshot)", bref.dir.display()))),
+        Err(e) => return Err(mismatch(format!("the base at {} cannot be opened: {e}", bref.dir.display()))),
+    };
+    if base.id != bref.state_crc || base.image.base.is_some() || base.image.seal.is_some() {
+        return Err(mismatch(format!("the image at {} is another base (it changed since the diff was captured)", bref.dir.display())));
+    }
+    let own_pages = image.pages.stored_pages();
+    let mut runs: Vec<PageRun> = image.pages.runs.clone();
+    for &(start, n) in &bref.runs {
+        for k in 0..n {
+            let vaddr = start + k * PAGE_SIZE;
+            let fp = base.image.pages.lookup(vaddr).ok_or_else(|| mismatch(format!("the base has no page at {vaddr:#x}")))? + own_pages;
+            match runs.last_mut() {
+                Some(r) if r.file_page >= own_pages && r.vaddr + r.npages * PAGE_SIZE == vaddr && r.file_page + r.npages == fp => r.npages += 1,
+                _ => runs.push(PageRun { vaddr, npages: 1, file_page: fp }),
+            }
+        }
+    }
+    runs.sort_by_key(|r| r.vaddr);
+    if runs.windows(2).any(|w| w[0].vaddr + w[0].npages * PAGE_SIZE > w[1].vaddr) {
+        return Err(LayerError::Image(ImageError::Corrupt {
+            dir: dir.to_path_buf(),
+            file: STATE_FILE,
+            detail: "a page is both stored and taken from the base".into(),
+        }));
+    }
+    let mut crcs = image.pages.crcs.clone();
+    crcs.extend_from_slice(&base.image.pages.crcs);
+    let index = PageIndex { runs, crcs, tags: Vec::new() };
+    Ok((index, PageFiles::layered(own, own_pages, base.pages)))
+}
+
+/// Sizes of a diff, for `thaw snapshot inspect`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerSizes {
+    pub base: Option<String>,
+    pub diff_bytes: u64,
+    pub base_bytes: u64,
+    /// What a full image of the same state stores: the diff's pages plus the base pages it takes.
+    pub full_equivalent_bytes: u64,
+    pub pages_from_diff: u64,
+    pub pages_from_base: u64,
+    /// Pages of anonymous memory stored in neither: they read as zeros.
+    pub pages_zero: u64,
+}
+
+/// Pages of `[start, end)` covered by `runs` (sorted, disjoint (address, pages)).
+fn covered(runs: &[(u64, u64)], start: u64, end: u64) -> u64 {
+    let first = runs.partition_point(|&(a, n)| a + n * PAGE_SIZE <= start);
+    runs[first..]
+        .iter()
+        .take_while(|&&(a, _)| a < end)
+        .map(|&(a, n)| ((a + n * PAGE_SIZE).min(end) - a.max(start)) / PAGE_SIZE)
+        .sum()
+}
+
+impl LayerSizes {
+    pub fn of(image: &ProcessImage) -> LayerSizes {
+        let own = image.pages.stored_pages();
+        let from_base = image.base.as_ref().map_or(0, BaseRef::pages);
+        let base_bytes = image
+            .base
+            .as_ref()
+            .and_then(|b| Snapshot::open_with(&b.dir, None).ok())
+            .map_or(0, |s| s.image.pages.stored_pages() * PAGE_SIZE);
+        let own_runs: Vec<(u64, u64)> = image.pages.runs.iter().map(|r| (r.vaddr, r.npages)).collect();
+        let base_runs = image.base.as_ref().map_or(&[][..], |b| &b.runs[..]);
+        let pages_zero = image
+            .vmas
+            .iter()
+            .filter(|v| matches!(v.kind, crate::image::VmaKind::Anon { .. } | crate::image::VmaKind::FileCopied { .. }))
+            .map(|v| (v.end - v.start) / PAGE_SIZE - covered(&own_runs, v.start, v.end) - covered(base_runs, v.start, v.end))
+            .sum();
+        LayerSizes {
+            pages_zero,
+            base: image.base.as_ref().map(|b| b.id.clone()),
+            diff_bytes: own * PAGE_SIZE,
+            base_bytes,
+            full_equivalent_bytes: (own + from_base) * PAGE_SIZE,
+            pages_from_diff: own,
+            pages_from_base: from_base,
+        }
+    }
+}
+
+/// Build (or find) the base for `cfg`'s runtime and sandbox shape in `bases`: boot
+/// the runtime with an empty /var/task and no function environment, capture it
+/// waiting for its function, install it under its content id.
+pub fn build_base(cfg: &crate::instance::FunctionConfig, bases: &Path) -> Result<BaseMeta, crate::instance::InstanceError> {
+    supported(cfg.runtime)?;
+    let placeholder = placeholder(bases)?;
+    let inst = crate::instance::Instance::boot_base(cfg, &placeholder)?;
+    let key = BaseKey::of(&inst_record(cfg, &placeholder));
+    let tmp = bases.join(format!(".building-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let (dir, _) = inst.capture_as(&tmp, crate::capture::Layer::Base)?;
+    Ok(install(&dir, bases, key)?)
+}
+
+/// The sandbox record of `cfg` booted as a base over `placeholder`.
+fn inst_record(cfg: &crate::instance::FunctionConfig, placeholder: &Path) -> SandboxRecord {
+    let mut rec = cfg.record();
+    rec.code_dir = placeholder.to_path_buf();
+    rec.handler.clear();
+    rec
+}
+
+/// The base key `cfg` would be layered on.
+pub fn key_for(cfg: &crate::instance::FunctionConfig) -> BaseKey {
+    BaseKey::of(&cfg.record())
+}
+
+/// Whether `runtime` can have a base, and if not why.
+pub fn supported(runtime: thaw_runtime::Runtime) -> Result<(), LayerError> {
+    match runtime {
+        thaw_runtime::Runtime::Python3 => Ok(()),
+        other => Err(LayerError::Unsupported {
+            runtime: other.name().into(),
+            why: "its shim loads the handler as the VM starts and cannot yet wait for a function after start-up; its snapshots are full images",
+        }),
+    }
+}
+
+/// Create a diff snapshot of `cfg` in `out` on `base`: restore the base eagerly into
+/// the function's sandbox, let the runtime load the function (its init), capture
+/// what differs from the base.
+pub fn create_diff(
+    cfg: &crate::instance::FunctionConfig,
+    base: &BaseMeta,
+    out: &Path,
+) -> Result<(PathBuf, crate::capture::CaptureStats), crate::instance::InstanceError> {
+    use crate::instance::{Instance, LoadedSnapshot};
+    let key = key_for(cfg);
+    if key != base.key {
+        return Err(LayerError::Refused(format!("base {} was built for {:?}, not {:?}", base.id, base.key, key)).into());
+    }
+    let comparer = Comparer::open(base)?;
+    let snap = LoadedSnapshot::open(&base.dir)?;
+    let mut inst = Instance::restore_as(&snap, crate::pageserver::Paging::Eager, cfg.record())?;
+    if let Err(e) = inst.load_function(cfg) {
+        inst.kill();
+        return Err(e);
+    }
+    let (dir, stats) = inst.capture_as(out, crate::capture::Layer::Diff(&comparer))?;
+    add_user(base, &dir)?;
+    info!(dir = %dir.display(), base = %base.id, stored = stats.pages_stored, from_base = stats.pages_from_base, "diff captured");
+    Ok((dir, stats))
+}

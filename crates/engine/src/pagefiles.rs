@@ -1,0 +1,141 @@
+//! The files an image's stored pages live in.
+//!
+//! A full image stores its pages in one file (pages.img). A diff image (see
+//! `layers.rs`) stores its own pages in its pages.img and takes the rest from its
+//! base's pages.img; the page server sees one numbering of "file pages": the diff's
+//! pages first, `0..own_pages`, then the base's, `own_pages..`. Everything that reads
+//! pages by file page number (faults, working sets, eager installs, resets) goes
+//! through [`PageFiles`] and never learns which file a page came from.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+use crate::sys::mem::{self, Mapped};
+use crate::sys::PAGE_SIZE;
+
+/// One image's page files, numbered one after the other.
+pub struct PageFiles {
+    own: File,
+    /// Pages of `own`; file pages at and past this number are in `base`.
+    own_pages: u64,
+    base: Option<File>,
+}
+
+impl From<File> for PageFiles {
+    fn from(own: File) -> PageFiles {
+        PageFiles { own, own_pages: u64::MAX, base: None }
+    }
+}
+
+impl PageFiles {
+    /// A diff's pages (`own_pages` of them in `own`), then its base's.
+    pub fn layered(own: File, own_pages: u64, base: File) -> PageFiles {
+        PageFiles { own, own_pages, base: Some(base) }
+    }
+
+    /// Number of the first base page (`u64::MAX` for a single file).
+    pub fn own_pages(&self) -> u64 {
+        self.own_pages
+    }
+
+    /// The file holding `file_page`, and the page's number in it.
+    fn locate(&self, file_page: u64) -> (&File, u64) {
+        match &self.base {
+            Some(b) if file_page >= self.own_pages => (b, file_page - self.own_pages),
+            _ => (&self.own, file_page),
+        }
+    }
+
+    /// Read `buf.len()` bytes at byte `offset` of the combined numbering (a read may
+    /// span both files).
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let at = offset + done as u64;
+            let (file, page) = self.locate(at / PAGE_SIZE);
+            let in_page = at % PAGE_SIZE;
+            // Bytes left in this file before the numbering switches files.
+            let left_in_file = match &self.base {
+                Some(_) if at / PAGE_SIZE < self.own_pages => (self.own_pages * PAGE_SIZE - at) as usize,
+                _ => usize::MAX,
+            };
+            let n = (buf.len() - done).min(left_in_file);
+            file.read_exact_at(&mut buf[done..done + n], page * PAGE_SIZE + in_page)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Start reading `npages` stored pages from `file_page` into the page cache.
+    pub fn willneed(&self, file_page: u64, npages: u64) {
+        let (file, page) = self.locate(file_page);
+        mem::fadvise_willneed(file, page * PAGE_SIZE, npages * PAGE_SIZE);
+    }
+
+    /// Map every stored page (`total` of them) read-only.
+    pub fn map(&self, total: u64) -> io::Result<MappedPages> {
+        let own = total.min(self.own_pages);
+        Ok(MappedPages {
+            own: Mapped::map(&self.own, (own * PAGE_SIZE) as usize)?,
+            own_pages: self.own_pages,
+            base: match &self.base {
+                Some(b) => Some(Mapped::map(b, ((total - own) * PAGE_SIZE) as usize)?),
+                None => None,
+            },
+        })
+    }
+}
+
+/// The stored pages mapped into our address space.
+pub struct MappedPages {
+    own: Mapped,
+    own_pages: u64,
+    base: Option<Mapped>,
+}
+
+impl MappedPages {
+    /// `n` consecutive stored pages from `file_page`, all in one file (the runs of a
+    /// page index never cross from a diff's pages to its base's).
+    pub fn pages(&self, file_page: u64, n: u64) -> &[u8] {
+        let len = (n * PAGE_SIZE) as usize;
+        match &self.base {
+            Some(b) if file_page >= self.own_pages => b.slice(((file_page - self.own_pages) * PAGE_SIZE) as usize, len),
+            _ => self.own.slice((file_page * PAGE_SIZE) as usize, len),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file_of(pages: &[u8]) -> (tempfile::NamedTempFile, File) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        for &b in pages {
+            f.write_all(&[b; PAGE_SIZE as usize]).unwrap();
+        }
+        let h = File::open(f.path()).unwrap();
+        (f, h)
+    }
+
+    #[test]
+    fn numbering_continues_into_the_base() {
+        let (_a, own) = file_of(&[1, 2]);
+        let (_b, base) = file_of(&[7, 8, 9]);
+        let files = PageFiles::layered(own, 2, base);
+        let p = PAGE_SIZE as usize;
+        let mut buf = vec![0u8; 3 * p];
+        // A read that starts in the diff's file and ends in the base's.
+        files.read_exact_at(&mut buf, PAGE_SIZE).unwrap();
+        assert!(buf[..p].iter().all(|&b| b == 2));
+        assert!(buf[p..2 * p].iter().all(|&b| b == 7));
+        assert!(buf[2 * p..].iter().all(|&b| b == 8));
+        let m = files.map(5).unwrap();
+        assert!(m.pages(4, 1).iter().all(|&b| b == 9));
+        assert!(m.pages(0, 2)[p..].iter().all(|&b| b == 2));
+        let mut one = vec![0u8; p];
+        assert!(files.read_exact_at(&mut one, 5 * PAGE_SIZE).is_err(), "past the base's end");
+    }
+}

@@ -1,0 +1,91 @@
+//! `thaw base build | list | rm`: the runtime bases layered snapshots sit on
+//! (the engine's `layers` module does the work; this is arguments and output).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use serde_json::json;
+use thaw_engine::instance::FunctionConfig;
+use thaw_engine::layers::{self, BaseMeta};
+use thaw_runtime::Runtime;
+
+#[derive(Subcommand)]
+pub enum BaseCmd {
+    /// Build the base of a runtime for a sandbox shape (the runtime started with an empty
+    /// /var/task, captured before any function code loads), unless it exists. Prints its
+    /// description as JSON. `thaw snapshot create` then captures only what a function's
+    /// init adds on top of it.
+    Build {
+        /// Language runtime (python3; nodejs20.x and java17 cannot have a base yet).
+        #[arg(long, default_value = "python3")]
+        runtime: String,
+        /// Memory limit in MiB of the sandboxes it serves (a base serves one memory class).
+        #[arg(long, default_value_t = 512)]
+        memory: u64,
+    },
+    /// List the bases on this machine as JSON lines (id, runtime, shape, size, diffs using it).
+    List,
+    /// Remove a base (by id or an id prefix of at least 8 digits); refused while a diff
+    /// snapshot still names it.
+    Rm { id: String },
+}
+
+/// Where the bases of a data directory live.
+pub fn bases_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("bases")
+}
+
+fn describe(m: &BaseMeta) -> serde_json::Value {
+    json!({
+        "id": m.id, "runtime": m.key.runtime, "shims": m.key.shims, "memory_mb": m.key.memory_mb,
+        "cpu_millis": m.key.cpu_millis, "format": m.key.format, "bytes": m.bytes, "stored_pages": m.stored_pages,
+        "created_unix_ms": m.created_unix_ms, "dir": m.dir, "diffs": layers::users(m).len(),
+    })
+}
+
+pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
+    let bases = bases_dir(data_dir);
+    match cmd {
+        BaseCmd::Build { runtime, memory } => {
+            let runtime = Runtime::parse(&runtime)?;
+            layers::supported(runtime)?;
+            std::fs::create_dir_all(&bases).with_context(|| format!("creating {}", bases.display()))?;
+            let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir)?;
+            let mut cfg = FunctionConfig::new(runtime, "", bases.clone(), runtime_dir);
+            cfg.memory_mb = memory;
+            let meta = match layers::find(&bases, &layers::key_for(&cfg))? {
+                Some(m) => m,
+                None => {
+                    eprintln!("building the {} base ({memory} MB)...", runtime.name());
+                    layers::build_base(&cfg, &bases)?
+                }
+            };
+            println!("{}", describe(&meta));
+        }
+        BaseCmd::List => {
+            for m in layers::list(&bases)? {
+                println!("{}", describe(&m));
+            }
+        }
+        BaseCmd::Rm { id } => {
+            layers::remove(&bases, &id)?;
+            eprintln!("removed base {id}");
+        }
+    }
+    Ok(())
+}
+
+/// The base a snapshot of `cfg` goes on by default: one built for its runtime and
+/// sandbox shape, when the runtime can be layered and images are not sealed.
+pub fn default_base(cfg: &FunctionConfig, data_dir: &Path) -> Result<Option<BaseMeta>> {
+    if let Err(e) = layers::supported(cfg.runtime) {
+        tracing::info!("{e}");
+        return Ok(None);
+    }
+    if thaw_engine::seal::node_key().is_some() {
+        tracing::info!("images are sealed with the node key: a full image, not a diff on a base");
+        return Ok(None);
+    }
+    Ok(layers::find(&bases_dir(data_dir), &layers::key_for(cfg))?)
+}
