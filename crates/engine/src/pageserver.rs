@@ -929,6 +929,7 @@ pub fn install_all(
 mod tests {
     use super::*;
     use std::fs::File;
+    use std::os::unix::fs::FileExt;
 
     /// A page source of `n` pages (page k filled with byte k) backing 0x10000.. .
     fn source(n: u64) -> (tempfile::NamedTempFile, PageSource) {

@@ -2,7 +2,8 @@
 //! probe in tests/corpus/probes sets up one kind of kernel-visible state at init and
 //! checks it after a restore. Each probe (× variant) is cold-booted once (the probe's
 //! own check must pass without any snapshot), captured once, then restored and invoked
-//! in every paging mode. The only acceptable outcomes are `pass` and a capture-time
+//! in every paging mode, and captured again as a diff on the Python base (layered
+//! snapshots, issue #11) and restored from base + diff. The only acceptable outcomes are `pass` and a capture-time
 //! refusal whose message names the refused state; anything else is a FAIL: a silent
 //! mis-restore. Prints the probe × mode table and writes it as JSON to
 //! `$CARGO_TARGET_TMPDIR/corpus.json`.
@@ -18,6 +19,10 @@ use common::{root, scratch, stderr, stdout, thaw};
 /// Restore modes every probe runs in, in this order: `record` writes the working
 /// set that `prefetch` then uses.
 const MODES: [&str; 4] = ["lazy", "eager", "record", "prefetch"];
+
+/// Layered modes (issue #11): the probe captured as a diff on the Python base and
+/// restored eagerly, lazily recording a working set, and prefetching it.
+const LAYERED: [(&str, &str); 3] = [("layered-eager", "eager"), ("layered-record", "record"), ("layered-prefetch", "prefetch")];
 
 /// Probes (`file.variant`) that FAIL (a silent mis-restore) on main until the engine
 /// fix named with them lands: restoring the state properly belongs in restore.rs
@@ -139,7 +144,7 @@ fn run(p: &Probe) -> BTreeMap<String, Outcome> {
     res.insert("boot".to_string(), boot.clone());
     let snap = scratch().join("snaps").join(p.id());
     let _ = std::fs::remove_dir_all(&snap);
-    let mut args = vec!["snapshot", "create"];
+    let mut args = vec!["snapshot", "create", "--no-base"];
     args.extend(common);
     args.extend(["--out", snap.to_str().unwrap()]);
     let o = thaw(&args);
@@ -153,7 +158,7 @@ fn run(p: &Probe) -> BTreeMap<String, Outcome> {
         } else {
             Outcome::Fail(format!("capture failed without naming {:?}: {}", p.refusal_names, err.trim()))
         };
-        for m in MODES {
+        for m in MODES.into_iter().chain(LAYERED.map(|l| l.0)) {
             res.insert(m.to_string(), outcome.clone());
         }
         assert!(!snap.exists(), "{}: a refused capture left {} behind", p.id(), snap.display());
@@ -164,6 +169,30 @@ fn run(p: &Probe) -> BTreeMap<String, Outcome> {
         res.insert(m.to_string(), verdict(&o, &format!("restore ({m})")));
     }
     let _ = std::fs::remove_dir_all(&snap);
+
+    // The same state as a diff on the base (built by the test before any probe runs).
+    let diff = scratch().join("snaps").join(format!("{}.diff", p.id()));
+    let _ = std::fs::remove_dir_all(&diff);
+    let mut args = vec!["snapshot", "create"];
+    args.extend(common);
+    args.extend(["--out", diff.to_str().unwrap()]);
+    let o = thaw(&args);
+    let created: Option<serde_json::Value> = serde_json::from_str(stdout(&o).trim()).ok();
+    let layered = created.as_ref().is_some_and(|v| v["base"].is_string());
+    if !o.status.success() || !layered {
+        // The full image was captured: a diff of the same state must be too (a fall back
+        // to a full image says why on stderr).
+        let outcome = Outcome::Fail(format!("no diff on the base: exit {:?}: {}", o.status.code(), stderr(&o).trim()));
+        for (m, _) in LAYERED {
+            res.insert(m.to_string(), outcome.clone());
+        }
+    } else {
+        for (m, paging) in LAYERED {
+            let o = thaw(&["snapshot", "restore", diff.to_str().unwrap(), "--paging", paging, "--payload", "{}", "--quiet", "--timeout", "60"]);
+            res.insert(m.to_string(), verdict(&o, &format!("restore ({m})")));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&diff);
     res
 }
 
@@ -185,6 +214,8 @@ fn every_probe_passes_or_is_refused_by_name_in_every_mode() {
         .filter(|p| pending_all || !is_pending(p))
         .filter(|p| only.is_empty() || only.iter().any(|o| p.id().starts_with(o.as_str())))
         .collect();
+    let base = thaw(&["base", "build", "--runtime", "python3"]);
+    assert!(base.status.success(), "building the Python base: {}", stderr(&base));
     let results: Mutex<BTreeMap<String, BTreeMap<String, Outcome>>> = Mutex::new(BTreeMap::new());
     let next = Mutex::new(0usize);
     std::thread::scope(|s| {
@@ -203,15 +234,15 @@ fn every_probe_passes_or_is_refused_by_name_in_every_mode() {
     });
     let results = results.into_inner().unwrap();
 
-    let cols: Vec<&str> = std::iter::once("boot").chain(MODES).collect();
+    let cols: Vec<&str> = std::iter::once("boot").chain(MODES).chain(LAYERED.map(|l| l.0)).collect();
     let width = results.keys().map(String::len).max().unwrap_or(5).max(5);
-    let mut table = format!("{:width$}  {}\n", "probe", cols.iter().map(|c| format!("{c:8}")).collect::<String>());
+    let mut table = format!("{:width$}  {}\n", "probe", cols.iter().map(|c| format!("{c:w$} ", w = c.len().max(8))).collect::<String>());
     let mut fails = Vec::new();
     let mut json = serde_json::Map::new();
     let (mut pass, mut refused) = (0, 0);
     for p in &todo {
         let r = &results[&p.id()];
-        table.push_str(&format!("{:width$}  {}", p.id(), cols.iter().map(|c| format!("{:8}", r[*c].cell())).collect::<String>()));
+        table.push_str(&format!("{:width$}  {}", p.id(), cols.iter().map(|c| format!("{:w$} ", r[*c].cell(), w = c.len().max(8))).collect::<String>()));
         if let Some(Outcome::Refused(why)) = r.get("lazy") {
             table.push_str(&format!("  {why}"));
             refused += 1;

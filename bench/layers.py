@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Layered snapshots (issue #11): base + diff against today's full image, same run.
+
+For each function: a full image (`--no-base`, today) and a diff on the Python base
+(`thaw base build`) are created, each records its working set once (REAP), then
+RUNS rounds, interleaved, each from a cold page cache (every snapshot file and the
+base evicted): cold boot, full image + REAP prefetch (today), base + diff eager
+(the whole diff and its base pages installed before resuming: SnapFaaS- on our
+engine), base + diff + working set (prefetch). Reported per mode: medians of
+restore_ms (A+B: process state and eager memory), first_invoke_ms (C+D: first
+response after restore), total_ms; per function: bytes of base, diff, full image,
+working set, and the create time of each kind.
+
+    python3 bench/layers.py [--thaw PATH] [--functions helloworld,pyaes] [--runs 7]
+
+Writes JSON (default bench/results/layers.json) and prints a table.
+Not measured yet: memory with N instances (base pages are copied into each instance
+like any image's, so per-instance memory is today's; see ARCHITECTURE.md).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import coldstart  # noqa: E402  (evict_page_cache)
+import reset as reset_bench  # noqa: E402  (function_spec, run_stats)
+
+
+def thaw_json(thaw, args, env):
+    p = subprocess.run([thaw, *args], check=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return json.loads(p.stdout.decode().strip().splitlines()[-1])
+
+
+def dir_bytes(path, names=("pages.img",)):
+    return sum(os.path.getsize(os.path.join(path, n)) for n in names if os.path.exists(os.path.join(path, n)))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--thaw", default=os.environ.get("THAW", "target/release/thaw"))
+    ap.add_argument("--samples", default="build/samples/python")
+    ap.add_argument("--functions", default="helloworld,pyaes,jsonserde,lrserving")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--out", default="bench/results/layers.json")
+    args = ap.parse_args(argv)
+    thaw = os.path.abspath(args.thaw)
+    work = tempfile.mkdtemp(prefix="thaw-layers-")
+    env = dict(os.environ, THAW_DATA_DIR=os.path.join(work, "data"))
+    env.pop("THAW_LOG", None)
+    base = thaw_json(thaw, ["base", "build", "--runtime", "python3"], env)
+    results = {"base": {"id": base["id"], "bytes": base["bytes"]}, "runs": args.runs, "functions": {}}
+    for fn in [f for f in args.functions.split(",") if f]:
+        runtime, code, handler, payload = reset_bench.function_spec(fn, args.samples)
+        payload = payload or "{}"
+        common = ["--code", code, "--handler", handler, "--runtime", runtime]
+        snaps = {k: os.path.join(work, "%s.%s" % (fn.replace("/", "_"), k)) for k in ("full", "diff")}
+        t = time.perf_counter()
+        full = thaw_json(thaw, ["snapshot", "create", "--no-base", *common, "--out", snaps["full"]], env)
+        full_ms = (time.perf_counter() - t) * 1e3
+        t = time.perf_counter()
+        diff = thaw_json(thaw, ["snapshot", "create", *common, "--out", snaps["diff"]], env)
+        diff_ms = (time.perf_counter() - t) * 1e3
+        layered = diff.get("base") is not None
+        for k in snaps:
+            reset_bench.run_stats(thaw, ["snapshot", "restore", snaps[k], "--paging", "record", "--payload", payload], env)
+        modes = {
+            "boot": ["boot", *common, "--payload", payload],
+            "full-prefetch": ["snapshot", "restore", snaps["full"], "--paging", "prefetch", "--payload", payload],
+            "diff-eager": ["snapshot", "restore", snaps["diff"], "--paging", "eager", "--payload", payload],
+            "diff-prefetch": ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--payload", payload],
+        }
+        samples = {m: [] for m in modes}
+        for _ in range(args.runs):
+            for m, a in modes.items():
+                for d in (*snaps.values(), base["dir"]):
+                    coldstart.evict_page_cache(d)
+                samples[m].append(reset_bench.run_stats(thaw, a, env))
+        med = lambda m, k: statistics.median(s.get(k) or 0.0 for s in samples[m])  # noqa: E731
+        res = {
+            "layered": layered,
+            "bytes": {
+                "base": base["bytes"],
+                "full": dir_bytes(snaps["full"]),
+                "diff": dir_bytes(snaps["diff"]),
+                "ws_full": dir_bytes(snaps["full"], ("ws.pages",)),
+                "ws_diff": dir_bytes(snaps["diff"], ("ws.pages",)),
+            },
+            "create_ms": {"full": full_ms, "diff": diff_ms},
+            "pages_from_base": diff["capture"].get("pages_from_base"),
+            "modes": {m: {k: med(m, k) for k in ("restore_ms", "first_invoke_ms", "total_ms")} for m in modes},
+        }
+        res["bytes"]["diff_over_full"] = res["bytes"]["diff"] / res["bytes"]["full"]
+        res["diff_prefetch_over_full_prefetch"] = res["modes"]["diff-prefetch"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"]
+        results["functions"][fn] = res
+        print("%-12s diff %6.2f MB / full %6.2f MB (%3.0f%%)  ws %5.2f / %5.2f MB  total ms: boot %6.1f  full+REAP %6.1f  diff eager %6.1f  diff+WS %6.1f (%.2fx)" % (
+            fn, res["bytes"]["diff"] / 1e6, res["bytes"]["full"] / 1e6, 100 * res["bytes"]["diff_over_full"],
+            res["bytes"]["ws_diff"] / 1e6, res["bytes"]["ws_full"] / 1e6,
+            res["modes"]["boot"]["total_ms"], res["modes"]["full-prefetch"]["total_ms"],
+            res["modes"]["diff-eager"]["total_ms"], res["modes"]["diff-prefetch"]["total_ms"],
+            res["diff_prefetch_over_full_prefetch"]), flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print("base %s: %.2f MB; written %s" % (base["id"][:12], base["bytes"] / 1e6, args.out))
+    subprocess.run(["rm", "-rf", work])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+//! Layered snapshots (issue #11) through the `thaw` CLI, as root: a base per runtime,
+//! a diff per function. A diff restores to what a full image and a cold boot give;
+//! layout churn between base and diff (released base pages, brk shrink and regrow,
+//! mremap, mprotect, munmap, a new thread, a library from the bundle) restores
+//! exactly; a base holds nothing of any function and never changes; a diff is never
+//! restored over another base; a base a diff names is never removed.
+//! (The corpus, tests/corpus.rs, also restores every probe from base + diff.)
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use common::{bundle, ok, sample, scratch, stderr, stdout, thaw};
+
+/// The tests share one base, and one of them swaps its files for a moment: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The Python base of this test binary's data directory (built once).
+fn base() -> &'static (String, PathBuf) {
+    static BASE: OnceLock<(String, PathBuf)> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let o = ok(thaw(&["base", "build", "--runtime", "python3"]));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        (v["id"].as_str().unwrap().to_string(), PathBuf::from(v["dir"].as_str().unwrap()))
+    })
+}
+
+/// `thaw snapshot create` of `code` into a fresh `out`; returns the create report.
+fn create(code: &Path, handler: &str, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let _ = std::fs::remove_dir_all(out);
+    let mut args = vec!["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", handler, "--out", out.to_str().unwrap()];
+    args.extend(extra);
+    serde_json::from_str(stdout(&ok(thaw(&args))).trim()).unwrap()
+}
+
+fn restore(snap: &Path, paging: &str, payload: &str, invocations: u32) -> String {
+    let n = invocations.to_string();
+    stdout(&ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--paging", paging, "--payload", payload, "--invocations", &n, "--quiet"])))
+}
+
+fn sha256_of(files: &[PathBuf]) -> String {
+    use std::process::Command;
+    let cat = files.iter().map(|f| format!("'{}'", f.display())).collect::<Vec<_>>().join(" ");
+    let o = Command::new("sh").arg("-c").arg(format!("cat {cat} | sha256sum")).output().unwrap();
+    String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap().to_string()
+}
+
+fn inspect(snap: &Path) -> serde_json::Value {
+    serde_json::from_str(&stdout(&ok(thaw(&["snapshot", "inspect", snap.to_str().unwrap()])))).unwrap()
+}
+
+#[test]
+fn a_diff_restores_what_a_full_image_and_a_boot_give() {
+    let _one = serial();
+    let (id, _) = base();
+    for (name, payload) in [("helloworld", r#"{"name":"layers"}"#), ("counter", "{}"), ("jsonserde", "{}"), ("pyaes", "{}")] {
+        let code = sample(name);
+        let diff = scratch().join(format!("{name}.diff"));
+        let full = scratch().join(format!("{name}.full"));
+        let d = create(&code, "handler.handler", &diff, &[]);
+        assert_eq!(d["base"].as_str(), Some(id.as_str()), "{name}: a base exists, so the snapshot is a diff on it: {d}");
+        let f = create(&code, "handler.handler", &full, &["--no-base"]);
+        assert!(f["base"].is_null(), "{name}: --no-base makes a full image");
+
+        let booted = stdout(&ok(thaw(&["boot", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--payload", payload, "--quiet"])));
+        let want = restore(&full, "eager", payload, 3);
+        assert!(want.starts_with(booted.trim_end()), "{name}: the full image answers as a boot: {want:?} vs {booted:?}");
+        for paging in ["lazy", "eager", "record", "prefetch"] {
+            assert_eq!(restore(&diff, paging, payload, 3), want, "{name}: base + diff ({paging}) answers as the full image");
+        }
+
+        // Sizes: the diff stores only what differs from the base; together they hold
+        // what the full image holds.
+        let (di, fi) = (inspect(&diff), inspect(&full));
+        let by = &di["pages_by_source"];
+        assert!(by["base"].as_u64().unwrap() > 0 && by["diff"].as_u64().unwrap() > 0, "{name}: {di}");
+        assert_eq!(di["diff_bytes"], di["stored_bytes"]);
+        assert!(di["diff_bytes"].as_u64() < fi["stored_bytes"].as_u64(), "{name}: diff {} vs full {}", di["diff_bytes"], fi["stored_bytes"]);
+        assert_eq!(fi["base"], serde_json::Value::Null);
+        assert_eq!(fi["full_equivalent_bytes"], fi["stored_bytes"]);
+    }
+    // Every instance starts from the snapshot's state: a write in one is not seen by the next.
+    let counter = scratch().join("counter.diff");
+    assert!(restore(&counter, "lazy", "{}", 2).contains(r#""count": 2"#));
+    let again = restore(&counter, "lazy", "{}", 1);
+    assert!(again.contains(r#""count": 1"#) && !again.contains(r#""count": 2"#), "{again}");
+}
+
+/// Churns the memory layout at init, between the base and the diff, and checks at
+/// every invocation that the restored process sees exactly what init left.
+const CHURN: &str = r#""""Layout churn between base and diff (issue #11)."""
+import ctypes
+import mmap
+import os
+import threading
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.sbrk.restype = ctypes.c_void_p
+LIBC.sbrk.argtypes = [ctypes.c_long]
+LIBC.mremap.restype = ctypes.c_void_p
+LIBC.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+LIBC.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+PAGE = 4096
+PROT_RW, MAP_PRIVATE_ANON, MADV_DONTNEED = 3, 0x22, 4
+
+
+def stack_range():
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if line.rstrip().endswith("[stack]"):
+                a, b = line.split()[0].split("-")
+                return int(a, 16), int(b, 16)
+
+
+# 1. Release pages of the base: the part of the main stack that runtime start-up used
+# deeply and nothing uses now (more than 64 KiB below its top, which init is far
+# from). The base stores them (non-zero); after release they must read as zeros.
+lo, hi = stack_range()
+REL_LO, REL_HI = max(lo, hi - 512 * 1024), hi - 64 * 1024
+RELEASED_NONZERO = sum(1 for a in range(REL_LO, REL_HI, PAGE) if any(ctypes.string_at(a, PAGE)))
+LIBC.madvise(REL_LO, REL_HI - REL_LO, MADV_DONTNEED)
+
+# 2. brk: grow by 64 pages, fill, shrink by 32, grow by 16 (the regrown pages are new: zero).
+BRK0 = LIBC.sbrk(0)
+LIBC.sbrk(64 * PAGE)
+ctypes.memset(BRK0, 0x5A, 64 * PAGE)
+LIBC.sbrk(-32 * PAGE)
+LIBC.sbrk(16 * PAGE)
+
+# 3. mmap, fill, mremap (moved and grown), mprotect part read-only, munmap a hole.
+A = LIBC.mmap(None, 8 * PAGE, PROT_RW, MAP_PRIVATE_ANON, -1, 0)
+ctypes.memset(A, 0x33, 8 * PAGE)
+B = LIBC.mremap(A, 8 * PAGE, 32 * PAGE, 1)  # MREMAP_MAYMOVE
+ctypes.memset(B + 8 * PAGE, 0x44, 4 * PAGE)
+LIBC.mprotect(B, 2 * PAGE, 1)  # PROT_READ
+LIBC.munmap(B + 16 * PAGE, 4 * PAGE)
+MAPS_AT_INIT = [l.split()[0] for l in open("/proc/self/maps") if "rw" in l or "r--p" in l]
+
+# 4. A thread that waits, and a library loaded from the bundle.
+EV = threading.Event()
+T = threading.Thread(target=EV.wait, daemon=True, name="churn-waiter")
+T.start()
+ZLIB = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "lib", "libz.so.1"))
+ZLIB.zlibVersion.restype = ctypes.c_char_p
+ZVER = ZLIB.zlibVersion().decode()
+
+
+def handler(event, context):
+    errors = []
+    if RELEASED_NONZERO == 0:
+        errors.append("setup: the released stack range held no base data")
+    back = sum(1 for a in range(REL_LO, REL_HI, PAGE) if any(ctypes.string_at(a, PAGE)))
+    if back:
+        errors.append("%d released pages read non-zero" % back)
+    if LIBC.sbrk(0) != BRK0 + 48 * PAGE:
+        errors.append("brk moved")
+    data = ctypes.string_at(BRK0, 48 * PAGE)
+    if data[: 32 * PAGE] != b"\x5a" * (32 * PAGE) or any(data[32 * PAGE :]):
+        errors.append("brk contents differ")
+    if ctypes.string_at(B, 8 * PAGE) != b"\x33" * (8 * PAGE) or ctypes.string_at(B + 8 * PAGE, 4 * PAGE) != b"\x44" * (4 * PAGE):
+        errors.append("remapped contents differ")
+    if any(ctypes.string_at(B + 12 * PAGE, 4 * PAGE)):
+        errors.append("grown part not zero")
+    maps = {l.split()[0]: l.split()[1] for l in open("/proc/self/maps")}
+    if maps.get("%x-%x" % (B, B + 2 * PAGE)) != "r--p":
+        errors.append("mprotect lost: %r" % maps.get("%x-%x" % (B, B + 2 * PAGE)))
+    if any(k.startswith("%x-" % (B + 16 * PAGE)) for k in maps):
+        errors.append("the munmapped hole is mapped")
+    if not T.is_alive() or "churn-waiter" not in [t.name for t in threading.enumerate()]:
+        errors.append("thread lost")
+    if ZLIB.zlibVersion().decode() != ZVER:
+        errors.append("library from the bundle differs")
+    return "PASS" if not errors else "FAIL: " + "; ".join(errors)
+"#;
+
+#[test]
+fn layout_churn_between_base_and_diff_restores_exactly() {
+    let _one = serial();
+    base();
+    let code = bundle("churn", &[("handler.py", CHURN)]);
+    std::fs::create_dir_all(code.join("lib")).unwrap();
+    let zlib = ["/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1"].into_iter().find(|p| Path::new(p).exists()).unwrap();
+    std::fs::copy(zlib, code.join("lib/libz.so.1")).unwrap();
+    let booted = stdout(&ok(thaw(&["boot", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--quiet"])));
+    assert_eq!(booted.trim(), r#""PASS""#, "the churn function passes on a cold boot");
+    let diff = scratch().join("churn.diff");
+    let d = create(&code, "handler.handler", &diff, &[]);
+    assert!(d["base"].is_string(), "{d}");
+    for paging in ["lazy", "eager", "record", "prefetch"] {
+        let out = restore(&diff, paging, "{}", 2);
+        assert_eq!(out.lines().collect::<Vec<_>>(), [r#""PASS""#, r#""PASS""#], "base + diff ({paging})");
+    }
+}
+
+#[test]
+fn a_base_holds_nothing_of_a_function_and_never_changes() {
+    let _one = serial();
+    let (id, dir) = base();
+    let files = [dir.join("state.bin"), dir.join("pages.img")];
+    assert_eq!(&sha256_of(&files), id, "a base's id is the sha256 of its state.bin and pages.img");
+    let code = bundle("sentinel_fn_7c1e", &[("sentinel_mod_7c1e.py", "SECRET = __import__('os').environ['SENTINEL_SECRET']\ndef handler(e, c):\n    return {'n': len(SECRET)}\n")]);
+    let diff = scratch().join("sentinel.diff");
+    let d = create(&code, "sentinel_mod_7c1e.handler", &diff, &["--env", "SENTINEL_SECRET=s3cr3t-7c1e-value", "--name", "sentinel-name-7c1e"]);
+    assert!(d["base"].is_string(), "{d}");
+    let contains = |path: &Path, needle: &str| {
+        let bytes = std::fs::read(path).unwrap();
+        bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+    };
+    // The search finds the sentinels where they are (the diff), so their absence from the base means something.
+    assert!(contains(&diff.join("pages.img"), "s3cr3t-7c1e-value"), "the secret is in the diff's memory");
+    for f in files.iter().chain([&dir.join("base.json")]) {
+        for needle in ["s3cr3t-7c1e-value", "sentinel-name-7c1e", "sentinel_mod_7c1e", "sentinel_fn_7c1e"] {
+            assert!(!contains(f, needle), "{} holds {needle}", f.display());
+        }
+    }
+    for _ in 0..5 {
+        assert!(restore(&diff, "lazy", "{}", 2).contains(r#""n": 17"#));
+    }
+    assert_eq!(&sha256_of(&files), id, "restores never change the base");
+}
+
+#[test]
+fn a_diff_is_refused_over_another_base_and_a_named_base_is_kept() {
+    let _one = serial();
+    let (id, dir) = base();
+    let diff = scratch().join("refuse.diff");
+    create(&sample("helloworld"), "handler.handler", &diff, &[]);
+    let rm = thaw(&["base", "rm", id]);
+    assert!(!rm.status.success() && stderr(&rm).contains("still used by"), "{}", stderr(&rm));
+    assert!(dir.join("pages.img").is_file());
+
+    // Another image in the base's place: refused before anything runs.
+    let full = scratch().join("refuse.full");
+    create(&sample("counter"), "handler.handler", &full, &["--no-base"]);
+    let saved: Vec<(&str, Vec<u8>)> = ["state.bin", "pages.img"].map(|f| (f, std::fs::read(dir.join(f)).unwrap())).into();
+    for (f, _) in &saved {
+        std::fs::copy(full.join(f), dir.join(f)).unwrap();
+    }
+    let o = thaw(&["snapshot", "restore", diff.to_str().unwrap(), "--paging", "lazy", "--quiet"]);
+    for (f, bytes) in &saved {
+        std::fs::write(dir.join(f), bytes).unwrap();
+    }
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("cannot be restored over base") && stderr(&o).contains("another base"), "{}", stderr(&o));
+    assert!(restore(&diff, "lazy", "{}", 1).contains("hello"), "with its base back, the diff restores");
+
+    // A base no diff names is removed.
+    let other: serde_json::Value = serde_json::from_str(stdout(&ok(thaw(&["base", "build", "--runtime", "python3", "--memory", "256"]))).trim()).unwrap();
+    assert_ne!(other["id"].as_str(), Some(id.as_str()), "another memory class is another base");
+    ok(thaw(&["base", "rm", other["id"].as_str().unwrap()]));
+    assert!(!Path::new(other["dir"].as_str().unwrap()).exists());
+    let listed = stdout(&ok(thaw(&["base", "list"])));
+    assert!(listed.contains(id.as_str()) && !listed.contains(other["id"].as_str().unwrap()), "{listed}");
+
+    // Runtimes that cannot be layered say why.
+    let node = thaw(&["base", "build", "--runtime", "nodejs20.x"]);
+    assert!(!node.status.success() && stderr(&node).contains("cannot have a base yet"), "{}", stderr(&node));
+}
