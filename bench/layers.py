@@ -93,7 +93,7 @@ def main(argv=None):
             },
             "create_ms": {"full": full_ms, "diff": diff_ms},
             "pages_from_base": diff["capture"].get("pages_from_base"),
-            "modes": {m: {k: med(m, k) for k in ("restore_ms", "first_invoke_ms", "total_ms")} for m in modes},
+            "modes": {m: {k: med(m, k) for k in ("restore_ms", "first_invoke_ms", "total_ms", "memory_peak_bytes")} for m in modes},
         }
         res["bytes"]["diff_over_full"] = res["bytes"]["diff"] / res["bytes"]["full"]
         res["diff_prefetch_over_full_prefetch"] = res["modes"]["diff-prefetch"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"]

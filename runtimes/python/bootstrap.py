@@ -296,6 +296,10 @@ def _wait_as_base():
     function: a "load" frame carries its whole environment (_HANDLER included).
     Returns False if the node said shutdown instead."""
     gc.collect()
+    # The runtime's objects go to the permanent generation now, so the collections
+    # of the function's init do not relink (write) every object of the base: its
+    # pages stay equal to the base's and out of the diff.
+    gc.freeze()
     _flush_logs()
     _send({"type": "ready", "base": True, "restore_notice": True})
     while True:

@@ -1,0 +1,25 @@
+"""bench/layers.py end to end, once (the real thaw binary): a base is built, the
+function is layered on it, and every mode runs from base + diff or the full image."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_layers_bench_runs_every_mode(tmp_path):
+    out = tmp_path / "layers.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "layers.py"), "--thaw", str(ROOT / "target" / "release" / "thaw"),
+                        "--samples", str(ROOT / "build" / "samples" / "python"), "--functions", "helloworld", "--runs", "1",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    fn = data["functions"]["helloworld"]
+    assert fn["layered"], "a base exists, so the snapshot is a diff"
+    assert set(fn["modes"]) == {"boot", "full-prefetch", "diff-eager", "diff-prefetch"}
+    b = fn["bytes"]
+    assert 0 < b["diff"] < b["full"] and b["base"] > 0 and b["ws_diff"] > 0, b
+    assert fn["pages_from_base"] > 0
+    assert all(m["total_ms"] > 0 for m in fn["modes"].values())
