@@ -13,9 +13,12 @@ working set, and the create time of each kind.
 
     python3 bench/layers.py [--thaw PATH] [--functions helloworld,pyaes] [--runs 7]
 
+Memory: for N instances (--instances, default 1,8,16) of one function alive
+together, each invoked once (`thaw snapshot memory`): mean per-instance USS, PSS and
+RSS, the base/diff pages mapped from the shared memory file, and MemAvailable's drop
+per instance (noisy: page cache), for the full image and for the diff.
+
 Writes JSON (default bench/results/layers.json) and prints a table.
-Not measured yet: memory with N instances (base pages are copied into each instance
-like any image's, so per-instance memory is today's; see ARCHITECTURE.md).
 """
 
 import argparse
@@ -37,6 +40,11 @@ def thaw_json(thaw, args, env):
     return json.loads(p.stdout.decode().strip().splitlines()[-1])
 
 
+def thaw_json_all(thaw, args, env):
+    p = subprocess.run([thaw, *args], check=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return json.loads(p.stdout.decode())
+
+
 def dir_bytes(path, names=("pages.img",)):
     return sum(os.path.getsize(os.path.join(path, n)) for n in names if os.path.exists(os.path.join(path, n)))
 
@@ -47,6 +55,7 @@ def main(argv=None):
     ap.add_argument("--samples", default="build/samples/python")
     ap.add_argument("--functions", default="helloworld,pyaes,jsonserde,lrserving")
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--instances", default="1,8,16", help="instance counts of the memory measurement")
     ap.add_argument("--out", default="bench/results/layers.json")
     args = ap.parse_args(argv)
     thaw = os.path.abspath(args.thaw)
@@ -95,6 +104,13 @@ def main(argv=None):
             "pages_from_base": diff["capture"].get("pages_from_base"),
             "modes": {m: {k: med(m, k) for k in ("restore_ms", "first_invoke_ms", "total_ms", "memory_peak_bytes")} for m in modes},
         }
+        # Memory: N instances alive together, each invoked once (prefetch restores).
+        res["memory"] = {}
+        for n in [int(x) for x in args.instances.split(",") if x]:
+            for k in snaps:
+                m = thaw_json_all(thaw, ["snapshot", "memory", snaps[k], "--instances", str(n), "--paging", "prefetch", "--payload", payload], env)
+                res["memory"]["%s-%d" % (k, n)] = {"instances": n, "shared": m["shared_memory"] is not None,
+                                                   "host_added_per_instance_bytes": m["host_mem_added_per_instance_bytes"], **m["mean"]}
         res["bytes"]["diff_over_full"] = res["bytes"]["diff"] / res["bytes"]["full"]
         res["diff_prefetch_over_full_prefetch"] = res["modes"]["diff-prefetch"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"]
         results["functions"][fn] = res
@@ -104,6 +120,10 @@ def main(argv=None):
             res["modes"]["boot"]["total_ms"], res["modes"]["full-prefetch"]["total_ms"],
             res["modes"]["diff-eager"]["total_ms"], res["modes"]["diff-prefetch"]["total_ms"],
             res["diff_prefetch_over_full_prefetch"]), flush=True)
+        for key in sorted(res["memory"], key=lambda k: (res["memory"][k]["instances"], k)):
+            m = res["memory"][key]
+            print("    %-10s USS %6.2f MB  PSS %6.2f MB  RSS %6.2f MB  shared pages %5d  host +%.2f MB/instance" % (
+                key, m["uss"] / 1e6, m["pss"] / 1e6, m["rss"] / 1e6, m["pages_shared"], m["host_added_per_instance_bytes"] / 1e6), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

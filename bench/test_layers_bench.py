@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_layers_bench_runs_every_mode(tmp_path):
     out = tmp_path / "layers.json"
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "layers.py"), "--thaw", str(ROOT / "target" / "release" / "thaw"),
-                        "--samples", str(ROOT / "build" / "samples" / "python"), "--functions", "helloworld", "--runs", "1",
+                        "--samples", str(ROOT / "build" / "samples" / "python"), "--functions", "helloworld", "--runs", "1", "--instances", "2",
                         "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
@@ -23,3 +23,6 @@ def test_layers_bench_runs_every_mode(tmp_path):
     assert 0 < b["diff"] < b["full"] and b["base"] > 0 and b["ws_diff"] > 0, b
     assert fn["pages_from_base"] > 0
     assert all(m["total_ms"] > 0 for m in fn["modes"].values())
+    mem = fn["memory"]
+    assert mem["diff-2"]["shared"] and not mem["full-2"]["shared"], mem
+    assert mem["diff-2"]["pages_shared"] > 0 and mem["full-2"]["pages_shared"] == 0, mem

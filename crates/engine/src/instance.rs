@@ -215,7 +215,15 @@ impl LoadedSnapshot {
         }
         let region = restore::choose_region(&image)?;
         let (index, files) = crate::layers::page_source(&dir, &image, pages)?;
-        let source = Arc::new(PageSource::new(index, files).sealed(sealer));
+        let mut source = PageSource::new(index, files).sealed(sealer);
+        // Instances of a layered snapshot share the pages they do not write.
+        if image.base.is_some() {
+            if let Some(mem) = crate::sharedmem::SharedMemory::create() {
+                let ranges = crate::sharedmem::shareable(&image, &source.index);
+                source = source.with_shared(mem, ranges);
+            }
+        }
+        let source = Arc::new(source);
         Ok(LoadedSnapshot {
             dir,
             image,
@@ -341,6 +349,8 @@ pub struct PageStats {
     /// budget held the server back (see `pageserver::FaultBudget`).
     pub server_cpu_ms: f64,
     pub throttled_ms: f64,
+    /// Pages mapped from the snapshot's shared memory file instead of copied (see `sharedmem.rs`).
+    pub pages_shared: u64,
 }
 
 pub struct Instance {
@@ -475,7 +485,10 @@ impl Instance {
     pub fn restore_as(snap: &LoadedSnapshot, paging: Paging, record: SandboxRecord) -> Result<Instance, InstanceError> {
         let t0 = Instant::now();
         let requested = snap.resolve(paging);
-        let spec = spec_for(&record, "restore");
+        let mut spec = spec_for(&record, "restore");
+        if let Some((file, _)) = snap.source.shared().filter(|_| !snap.tracks_writes()) {
+            spec.ro_binds.extend(file.parent().map(Path::to_path_buf));
+        }
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
         let (mut sandbox, restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
             let loader = s.spawn(|| {
@@ -814,6 +827,7 @@ impl Instance {
                 pages_installed_upfront: s.pages_installed_upfront.load(Ordering::Relaxed),
                 server_cpu_ms: s.cpu_ns.load(Ordering::Relaxed) as f64 / 1e6,
                 throttled_ms: s.throttled_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                pages_shared: s.pages_shared.load(Ordering::Relaxed),
             },
             None => PageStats::default(),
         }

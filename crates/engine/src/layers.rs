@@ -27,9 +27,7 @@
 //! `BASES/<id>/refs/`, checked (the diff still exists and names this base) by
 //! [`remove`].
 //!
-//! Not (yet) done: base pages are copied into each instance by the page server like
-//! a full image's pages (shared in the host page cache, not mapped copy-on-write),
-//! so layering saves storage and eager bytes, not instance memory; sealed images are
+//! Instances of a diff share its memory through `sharedmem.rs`. Sealed images are
 //! never layered.
 
 use std::fs::File;

@@ -21,6 +21,7 @@ pub mod regs;
 pub mod reset;
 pub mod restore;
 pub mod seal;
+pub mod sharedmem;
 pub mod sockdiag;
 pub mod sys;
 pub mod tmpfs;

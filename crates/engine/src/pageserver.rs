@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
+use std::path::Path;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -124,6 +125,12 @@ pub struct Stats {
     /// userfaultfd WP-async (see `reset`): pages are installed write-protected, so
     /// that faulting a page in is not writing it.
     pub wp_tracking: AtomicBool,
+    /// Set (before the process resumes) when this instance maps its base's pages from
+    /// the shared base file (see `layers.rs`): base pages are mapped with
+    /// UFFDIO_CONTINUE, not copied.
+    pub shared_base: AtomicBool,
+    /// Base pages mapped shared (CONTINUE) rather than copied.
+    pub pages_shared: AtomicU64,
     /// Bumped by a reset: the server forgets what the process released since the
     /// restore and serves every registered address from the image again.
     pub space_epoch: AtomicU64,
@@ -211,6 +218,10 @@ pub struct PageSource {
     /// CPU the page server may spend on one instance, as a share of the instance's
     /// CPU limit (f64 bits; 0 = unbounded). See [`FaultBudget`].
     fault_cpu_share: AtomicU64,
+    /// Image address ranges restored as mappings of `shared_mem` (sorted; see
+    /// `sharedmem.rs`): a stored page there is put in the file and mapped, not copied.
+    shared: Vec<(u64, u64)>,
+    shared_mem: Option<crate::sharedmem::SharedMemory>,
 }
 
 impl PageSource {
@@ -224,7 +235,42 @@ impl PageSource {
             readaround: AtomicU64::new(DEFAULT_READAROUND_PAGES),
             sealer: None,
             fault_cpu_share: AtomicU64::new(DEFAULT_FAULT_CPU_SHARE.to_bits()),
+            shared: Vec::new(),
+            shared_mem: None,
         }
+    }
+
+    /// Share this snapshot's memory between its instances through `mem` (see
+    /// `sharedmem.rs`): the stored pages of `ranges` (image addresses, whole VMAs).
+    pub fn with_shared(mut self, mem: crate::sharedmem::SharedMemory, ranges: Vec<(u64, u64)>) -> PageSource {
+        self.shared_mem = Some(mem);
+        self.shared = ranges;
+        self
+    }
+
+    /// The shared memory file instances map, and the ranges they map from it.
+    pub fn shared(&self) -> Option<(&Path, &[(u64, u64)])> {
+        self.shared_mem.as_ref().map(|m| (m.path(), &self.shared[..]))
+    }
+
+    /// Whether the stored page of image address `img` is served from the shared memory
+    /// file (for an instance that maps it, `stats.shared_base`).
+    pub fn is_shared(&self, img: u64, stats: &Stats) -> bool {
+        self.shared_mem.is_some() && stats.shared_base.load(Ordering::Relaxed) && {
+            let i = self.shared.partition_point(|r| r.1 <= img);
+            self.shared.get(i).is_some_and(|r| r.0 <= img)
+        }
+    }
+
+    /// Put verified page bytes of image addresses from `img` into the shared memory file.
+    fn fill_shared(&self, img: u64, file_page: u64, bytes: &[u8]) -> Result<(), PageServerError> {
+        let mem = self.shared_mem.as_ref().expect("is_shared checked");
+        mem.fill(img, bytes).map_err(|source| PageServerError::Read { addr: img, file_page, source })
+    }
+
+    /// Whether the page of image address `img` is already in the shared memory file.
+    fn in_shared_file(&self, img: u64) -> bool {
+        self.shared_mem.as_ref().is_some_and(|m| m.has(img))
     }
 
     /// Bound the page server's CPU per instance to `share` of the instance's CPU
@@ -652,9 +698,23 @@ impl Serve {
             }
         }
         loop {
-            let stored = self.space.resolve(page).and_then(|img| self.source.index.lookup(img));
+            let img = self.space.resolve(page);
+            let stored = img.and_then(|img| self.source.index.lookup(img).map(|fp| (img, fp)));
             let r = match stored {
-                Some(fp) => {
+                Some((img, fp)) if self.source.is_shared(img, &self.stats) => {
+                    // Into the shared file once, then mapped from it (the VMA keeps the file
+                    // offset it was restored with, also after a mremap).
+                    if !self.source.in_shared_file(img) {
+                        let (bytes, fetched) = self.source.read_for_fault(page, fp, buf, &mut self.windows_read)?;
+                        if !counted {
+                            self.stats.bytes_read.fetch_add(fetched, Ordering::Relaxed);
+                        }
+                        self.source.fill_shared(img, fp, bytes)?;
+                    }
+                    self.stats.pages_shared.fetch_add(u64::from(!counted), Ordering::Relaxed);
+                    uffd::continue_(self.uffd.as_fd(), page, PAGE_SIZE, true)
+                }
+                Some((_, fp)) => {
                     let (bytes, fetched) = self.source.read_for_fault(page, fp, buf, &mut self.windows_read)?;
                     if !counted {
                         self.stats.bytes_read.fetch_add(fetched, Ordering::Relaxed);
@@ -752,6 +812,31 @@ fn copy_run(uffd_fd: &OwnedFd, dst: u64, bytes: &[u8]) -> Result<u64, PageServer
     Ok(installed / PAGE_SIZE)
 }
 
+/// Map `npages` base pages at `dst` from the shared base file (UFFDIO_CONTINUE), before
+/// the process runs. Returns the pages mapped.
+fn continue_run(uffd_fd: &OwnedFd, dst: u64, npages: u64, stats: &Stats) -> Result<u64, PageServerError> {
+    let len = npages * PAGE_SIZE;
+    let mut done = 0;
+    while done < len {
+        let r = uffd::continue_(uffd_fd.as_fd(), dst + done, len - done, false)
+            .map_err(|source| PageServerError::Uffd { op: "continue", addr: dst + done, source })?;
+        match r {
+            Install::Done => done = len,
+            Install::Exists => done += PAGE_SIZE,
+            Install::Again { copied } if copied > 0 => done += copied,
+            other => {
+                return Err(PageServerError::Uffd {
+                    op: "continue",
+                    addr: dst + done,
+                    source: io::Error::other(format!("unexpected {other:?} before the process ran")),
+                })
+            }
+        }
+    }
+    stats.pages_shared.fetch_add(npages, Ordering::Relaxed);
+    Ok(npages)
+}
+
 /// Figures of a working-set prefetch.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct PrefetchStats {
@@ -775,21 +860,29 @@ pub fn install_ws(
     ws: &WorkingSet,
     buf: &[u8],
     vma_starts: &[u64],
+    source: &PageSource,
     stats: &Stats,
 ) -> Result<PrefetchStats, PageServerError> {
     let t0 = Instant::now();
     let mut ps = PrefetchStats { ws_bytes: buf.len() as u64, ..Default::default() };
+    let shared = |k: usize| source.is_shared(ws.layout[k].0, stats);
     let mut i = 0;
     while i < ws.layout.len() {
         let mut j = i + 1;
         while j < ws.layout.len()
             && ws.layout[j].0 == ws.layout[j - 1].0 + PAGE_SIZE
             && vma_starts.binary_search(&ws.layout[j].0).is_err()
+            && shared(j) == shared(i)
         {
             j += 1;
         }
         let bytes = &buf[i * PAGE_SIZE as usize..j * PAGE_SIZE as usize];
-        ps.ws_pages += copy_run(uffd_fd, ws.layout[i].0, bytes)?;
+        if shared(i) {
+            source.fill_shared(ws.layout[i].0, ws.layout[i].1, bytes)?;
+            ps.ws_pages += continue_run(uffd_fd, ws.layout[i].0, (j - i) as u64, stats)?;
+        } else {
+            ps.ws_pages += copy_run(uffd_fd, ws.layout[i].0, bytes)?;
+        }
         ps.copies += 1;
         i = j;
     }
@@ -827,7 +920,12 @@ pub fn install_parallel(
                         match t.file_page {
                             Some(fp) => {
                                 source.read_page(t.vaddr, fp, &mut buf)?;
-                                pages += copy_run(uffd_fd, t.vaddr, &buf)?;
+                                if source.is_shared(t.vaddr, stats) {
+                                    source.fill_shared(t.vaddr, fp, &buf)?;
+                                    pages += continue_run(uffd_fd, t.vaddr, 1, stats)?;
+                                } else {
+                                    pages += copy_run(uffd_fd, t.vaddr, &buf)?;
+                                }
                             }
                             None => {
                                 let r = uffd::zeropage(uffd_fd.as_fd(), t.vaddr, PAGE_SIZE, false)
@@ -861,6 +959,12 @@ pub fn install_pages(uffd_fd: &OwnedFd, source: &PageSource, pages: &[u64], stat
     let mut buf = vec![0u8; PAGE_SIZE as usize];
     for &page in pages {
         let r = match source.index.lookup(page) {
+            Some(fp) if source.is_shared(page, stats) => {
+                source.read_page(page, fp, &mut buf)?;
+                source.fill_shared(page, fp, &buf)?;
+                stats.pages_shared.fetch_add(1, Ordering::Relaxed);
+                uffd::continue_(uffd_fd.as_fd(), page, PAGE_SIZE, false)
+            }
             Some(fp) => {
                 source.read_page(page, fp, &mut buf)?;
                 stats.bytes_read.fetch_add(PAGE_SIZE, Ordering::Relaxed);
@@ -916,7 +1020,13 @@ pub fn install_all(
                 }
                 stored
             };
-            installed += copy_run(uffd_fd, s, bytes)?;
+            if source.is_shared(s, stats) {
+                // `ranges` are single VMAs: the whole piece is shared or not.
+                source.fill_shared(s, fp, bytes)?;
+                installed += continue_run(uffd_fd, s, n, stats)?;
+            } else {
+                installed += copy_run(uffd_fd, s, bytes)?;
+            }
         }
     }
     stats.bytes_read.fetch_add(installed * PAGE_SIZE, Ordering::Relaxed);

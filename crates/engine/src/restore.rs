@@ -158,6 +158,14 @@ fn restore_inner(
     prefill: impl FnOnce() -> (Prefill, bool),
     threads: &mut Vec<Tracee>,
 ) -> Result<Restored, RestoreError> {
+    // Memory ranges mapped privately from the snapshot's shared memory file (see
+    // `sharedmem.rs`): never together with write tracking (a reset works on anonymous
+    // memory).
+    let (shared_base, shared_ranges) = match source.shared() {
+        Some((path, ranges)) if !track_writes => (Some(path.to_path_buf()), ranges.to_vec()),
+        _ => (None, Vec::new()),
+    };
+    let is_shared = |v: &crate::image::Vma| shared_ranges.binary_search(&(v.start, v.end)).is_ok();
     let mut phases = Vec::new();
     let mut t = Instant::now();
     let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64)>| {
@@ -256,6 +264,10 @@ fn restore_inner(
     calls.push(Call::new("userfaultfd", libc::SYS_userfaultfd, &[uffd_flags]));
     let mut paths: Vec<&str> = img.files.iter().map(|f| f.path.as_str()).collect();
     paths.push(img.mm.exe.as_str());
+    let base_path = shared_base.filter(|_| !shared_ranges.is_empty()).map(|p| p.to_string_lossy().into_owned());
+    if let Some(p) = &base_path {
+        paths.push(p.as_str());
+    }
     let open_idx = calls.len();
     for p in &paths {
         let a = data.push_cstr(p);
@@ -263,7 +275,9 @@ fn restore_inner(
     }
     let res = inj.run(&calls, &mut data).map_err(inj_err)?;
     let uffd_tmp = res[uffd_idx] as u64;
-    let file_fds: Vec<u64> = res[open_idx..].iter().map(|&r| r as u64).collect();
+    let mut file_fds: Vec<u64> = res[open_idx..].iter().map(|&r| r as u64).collect();
+    let base_fd = if base_path.is_some() { file_fds.pop() } else { None };
+    let all_fds: Vec<u64> = file_fds.iter().copied().chain(base_fd).collect();
     lap("batch_a", &mut phases);
 
     // ---- Batch B: the image's address space and process attributes.
@@ -271,7 +285,8 @@ fn restore_inner(
     let mut calls = Vec::new();
     calls.push(Call::new("dup3(uffd)", libc::SYS_dup3, &[uffd_tmp, UFFD_KEEP_FD, libc::O_CLOEXEC as u64]));
     calls.push(Call::new("close(uffd)", libc::SYS_close, &[uffd_tmp]));
-    let mut anon_ranges: Vec<(u64, u64)> = Vec::new();
+    // (start, end, mapped from the shared memory file): registered with the page server.
+    let mut anon_ranges: Vec<(u64, u64, bool)> = Vec::new();
     let mut anon_vmas: Vec<(u64, u64)> = Vec::new();
     for v in &img.vmas {
         let len = v.end - v.start;
@@ -281,12 +296,20 @@ fn restore_inner(
             // Served by the page server: anonymous memory and file mappings stored whole.
             VmaKind::Anon { .. } | VmaKind::FileCopied { .. } => {
                 anon_vmas.push((v.start, v.end));
+                let shared = base_fd.is_some() && is_shared(v);
                 match anon_ranges.last_mut() {
-                    Some(last) if last.1 == v.start => last.1 = v.end,
-                    _ => anon_ranges.push((v.start, v.end)),
+                    Some(last) if last.1 == v.start && last.2 == shared => last.1 = v.end,
+                    _ => anon_ranges.push((v.start, v.end, shared)),
                 }
-                let gd = if matches!(v.kind, VmaKind::Anon { growsdown: true }) { libc::MAP_GROWSDOWN as u64 } else { 0 };
-                ((libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | gd | noreplace, u64::MAX, 0)
+                match base_fd {
+                    // Private mapping of the shared memory file at offset = address: pages
+                    // no instance writes exist once on the node; a write copies the page.
+                    Some(fd) if shared => (libc::MAP_PRIVATE as u64 | noreplace, fd, v.start),
+                    _ => {
+                        let gd = if matches!(v.kind, VmaKind::Anon { growsdown: true }) { libc::MAP_GROWSDOWN as u64 } else { 0 };
+                        ((libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | gd | noreplace, u64::MAX, 0)
+                    }
+                }
             }
             VmaKind::FilePrivate { file, offset } => (libc::MAP_PRIVATE as u64 | noreplace, file_fds[*file], *offset),
             VmaKind::FileShared { file, offset } => (libc::MAP_SHARED as u64 | noreplace, file_fds[*file], *offset),
@@ -312,7 +335,7 @@ fn restore_inner(
     const PR_SET_MM: u64 = 35;
     const PR_SET_MM_MAP: u64 = 14;
     calls.push(Call::new("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, mm_map_addr, 104]));
-    for fd in &file_fds {
+    for fd in &all_fds {
         calls.push(Call::new("close(file)", libc::SYS_close, &[*fd]));
     }
     push_thread_calls(&mut calls, &mut data, thread);
@@ -351,14 +374,21 @@ fn restore_inner(
 
     // ---- From the node: userfaultfd, copy-on-write pages, up-front pages.
     let uffd = mem::pidfd_getfd(pidfd.as_fd(), UFFD_KEEP_FD as i32).map_err(ioe("pidfd_getfd(userfaultfd)"))?;
-    let features = uffd::FEATURE_EVENT_FORK | uffd::FEATURE_EVENT_REMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP
+    let mut features = uffd::FEATURE_EVENT_FORK | uffd::FEATURE_EVENT_REMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP
         | uffd::FEATURE_WP_ASYNC;
+    if base_fd.is_some() {
+        features |= uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_MINOR_SHMEM;
+    }
     uffd::api(uffd.as_fd(), features).map_err(ioe("UFFDIO_API"))?;
-    for &(a, b) in &anon_ranges {
-        uffd::register_missing(uffd.as_fd(), a, b - a).map_err(ioe(&format!("UFFDIO_REGISTER {a:#x}-{b:#x}")))?;
+    for &(a, b, shared) in &anon_ranges {
+        // A mapped page the process released (MADV_DONTNEED) is still in the file: the
+        // next touch is a minor fault, answered with zeros (anonymous semantics).
+        let mode = uffd::REGISTER_MODE_MISSING | if shared { uffd::REGISTER_MODE_MINOR } else { 0 };
+        uffd::register(uffd.as_fd(), a, b - a, mode).map_err(ioe(&format!("UFFDIO_REGISTER {a:#x}-{b:#x}")))?;
     }
     let share = source.fault_cpu_share();
     let stats = Arc::new(Stats::with_fault_budget((share > 0.0).then(|| share * img.sandbox.cpu_millis as f64 / 1000.0)));
+    stats.shared_base.store(base_fd.is_some(), Ordering::Relaxed);
     write_file_cow_pages(pid, &wmem, img, &source, &stats)?;
     let pages_err = |source| RestoreError::Pages { pid, source };
     let (prefill, record) = prefill();
@@ -373,7 +403,7 @@ fn restore_inner(
         }
         Prefill::Ws { shared, reader } => {
             let starts: Vec<u64> = anon_vmas.iter().map(|v| v.0).collect();
-            let mut ps = pageserver::install_ws(&uffd, &shared.ws, shared.buf.as_ref(), &starts, &stats).map_err(pages_err)?;
+            let mut ps = pageserver::install_ws(&uffd, &shared.ws, shared.buf.as_ref(), &starts, &source, &stats).map_err(pages_err)?;
             if reader {
                 ps.read_ms = shared.read_ms;
                 stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
@@ -445,7 +475,7 @@ fn restore_inner(
         None
     };
     let server_pidfd = mem::pidfd_open(pid).map_err(ioe("pidfd_open"))?;
-    let space = AddressSpace::identity(&anon_ranges);
+    let space = AddressSpace::identity(&anon_ranges.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>());
     let pageserver = PageServer::start(uffd, server_pidfd, source, space, stats.clone()).map_err(ioe("starting the page server"))?;
     if std::env::var_os("THAW_DEBUG_RESTORE").is_some() {
         debug_follow(&tracee);

@@ -16,6 +16,7 @@ use thaw_engine::pageserver::Paging;
 use thaw_runtime::{InvokeOutcome, Runtime};
 
 mod base_cmd;
+mod memory_cmd;
 mod store_cmd;
 
 /// Lambda's limit for a synchronous request payload.
@@ -154,6 +155,10 @@ enum SnapshotCmd {
     },
     /// Drop a snapshot's files from the page cache (for cold-start measurements).
     Evict { snapdir: PathBuf },
+    /// Restore N instances of SNAPDIR, invoke each once, keep them all alive and print
+    /// what they cost the host as JSON: per-instance RSS, PSS and USS (smaps_rollup),
+    /// cgroup charge, and the drop in MemAvailable.
+    Memory(memory_cmd::MemoryArgs),
     /// Publish a snapshot to an S3-compatible store (s3://BUCKET/PREFIX): content-addressed
     /// chunks the store lacks, then the manifest. Prints a JSON report, then the stored
     /// snapshot's s3://BUCKET/PREFIX/ID as the last line.
@@ -534,6 +539,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Snapshot(SnapshotCmd::Memory(a)) => memory_cmd::run(a).map(|()| ExitCode::SUCCESS),
         Cmd::Base(cmd) => base_cmd::run(cmd, &cli.data_dir).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Push(a)) => store_cmd::push(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Pull(a)) => store_cmd::pull(a).map(|()| ExitCode::SUCCESS),

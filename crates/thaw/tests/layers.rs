@@ -154,8 +154,37 @@ ZLIB.zlibVersion.restype = ctypes.c_char_p
 ZVER = ZLIB.zlibVersion().decode()
 
 
+LIBC.malloc.restype = ctypes.c_void_p
+LIBC.malloc.argtypes = [ctypes.c_size_t]
+
+
+def released_after_restore():
+    """A page of an area mapped from the snapshot's shared memory file, holding data
+    from the image, written and then released (MADV_DONTNEED) after the restore must
+    read as zeros, never as the file's page."""
+    shared = [tuple(int(x, 16) for x in l.split()[0].split("-")) for l in open("/proc/self/maps") if "shared-mem" in l]
+    if not shared:
+        return "no memory area is mapped from the shared memory file"
+    for size in (1 << 16, 1 << 15, 1 << 14, 3 * PAGE, 1 << 17):
+        for _ in range(40):
+            p = LIBC.malloc(size)
+            page = (p + PAGE - 1) & ~(PAGE - 1)
+            while page + PAGE <= p + size:
+                if any(a <= page < b for a, b in shared) and any(ctypes.string_at(page, PAGE)):
+                    ctypes.memset(page, 0x77, PAGE)
+                    LIBC.madvise(page, PAGE, MADV_DONTNEED)
+                    back = ctypes.string_at(page, PAGE)
+                    return None if not any(back) else "a released page reads %r" % back[:16]
+                page += PAGE
+    return "setup: no non-zero page of a shared memory area found"
+
+
 def handler(event, context):
     errors = []
+    if isinstance(event, dict) and event.get("shared"):
+        e = released_after_restore()
+        if e:
+            errors.append(e)
     if RELEASED_NONZERO == 0:
         errors.append("setup: the released stack range held no base data")
     back = sum(1 for a in range(REL_LO, REL_HI, PAGE) if any(ctypes.string_at(a, PAGE)))
@@ -196,7 +225,9 @@ fn layout_churn_between_base_and_diff_restores_exactly() {
     let d = create(&code, "handler.handler", &diff, &[]);
     assert!(d["base"].is_string(), "{d}");
     for paging in ["lazy", "eager", "record", "prefetch"] {
-        let out = restore(&diff, paging, "{}", 2);
+        // The restored instance maps its memory from the snapshot's shared memory file:
+        // a page released after the restore reads as zeros too.
+        let out = restore(&diff, paging, r#"{"shared": true}"#, 2);
         assert_eq!(out.lines().collect::<Vec<_>>(), [r#""PASS""#, r#""PASS""#], "base + diff ({paging})");
     }
 }
@@ -264,4 +295,32 @@ fn a_diff_is_refused_over_another_base_and_a_named_base_is_kept() {
     // Runtimes that cannot be layered say why.
     let node = thaw(&["base", "build", "--runtime", "nodejs20.x"]);
     assert!(!node.status.success() && stderr(&node).contains("cannot have a base yet"), "{}", stderr(&node));
+}
+
+#[test]
+fn instances_of_a_diff_share_the_pages_they_do_not_write() {
+    let _one = serial();
+    base();
+    let code = sample("pyaes");
+    let (diff, full) = (scratch().join("share.diff"), scratch().join("share.full"));
+    create(&code, "handler.handler", &diff, &[]);
+    create(&code, "handler.handler", &full, &["--no-base"]);
+    let memory = |snap: &Path| -> serde_json::Value {
+        restore(snap, "record", "{}", 1);
+        let o = ok(thaw(&["snapshot", "memory", snap.to_str().unwrap(), "--instances", "4"]));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let (d, f) = (memory(&diff), memory(&full));
+    assert!(d["shared_memory"].is_string() && f["shared_memory"].is_null(), "{d}\n{f}");
+    assert!(d["mean"]["pages_shared"].as_u64().unwrap() > 0, "{d}");
+    assert_eq!(f["mean"]["pages_shared"].as_u64(), Some(0));
+    // Pages mapped from the shared file and never written are not the instance's own.
+    let uss = |v: &serde_json::Value| v["mean"]["uss"].as_u64().unwrap();
+    assert!(uss(&d) < uss(&f), "private memory per instance: diff {} vs full {}", uss(&d), uss(&f));
+    // A closed snapshot's shared memory file is gone: none is left by a finished process.
+    let left: Vec<String> = std::fs::read_dir("/run/thaw/shared-mem")
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    let dead = |n: &String| n.split('-').next().and_then(|p| p.parse::<u32>().ok()).is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
+    assert!(!left.iter().any(dead), "{left:?}");
 }

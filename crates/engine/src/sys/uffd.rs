@@ -17,16 +17,22 @@ const UFFDIO_WAKE: libc::c_ulong = 0x8010_AA02;
 const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xC020_AA04;
 const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xC018_AA06;
+const UFFDIO_CONTINUE: libc::c_ulong = 0xC020_AA07;
 
 pub const FEATURE_EVENT_FORK: u64 = 1 << 1;
 pub const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 pub const FEATURE_EVENT_REMOVE: u64 = 1 << 3;
+pub const FEATURE_MISSING_SHMEM: u64 = 1 << 5;
 pub const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
+/// Minor faults on shmem mappings: the page is in the file's page cache but not
+/// mapped; [`continue_`] maps it (read-only in a private mapping: a write copies it).
+pub const FEATURE_MINOR_SHMEM: u64 = 1 << 10;
 /// Write faults on write-protected pages are resolved by the kernel itself (the page
 /// is unprotected and the write goes on); PAGEMAP_SCAN then reports it as written.
 pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
 pub const REGISTER_MODE_MISSING: u64 = 1;
 pub const REGISTER_MODE_WP: u64 = 2;
+pub const REGISTER_MODE_MINOR: u64 = 4;
 const COPY_MODE_DONTWAKE: u64 = 1;
 const COPY_MODE_WP: u64 = 2;
 const WRITEPROTECT_MODE_WP: u64 = 1;
@@ -69,6 +75,12 @@ struct UffdioWriteprotect {
     mode: u64,
 }
 #[repr(C)]
+struct UffdioContinue {
+    range: UffdioRange,
+    mode: u64,
+    mapped: i64,
+}
+#[repr(C)]
 struct UffdioZeropage {
     range: UffdioRange,
     mode: u64,
@@ -81,6 +93,7 @@ const _: () = assert!(std::mem::size_of::<UffdioRegister>() == 32);
 const _: () = assert!(std::mem::size_of::<UffdioCopy>() == 40);
 const _: () = assert!(std::mem::size_of::<UffdioZeropage>() == 32);
 const _: () = assert!(std::mem::size_of::<UffdioWriteprotect>() == 24);
+const _: () = assert!(std::mem::size_of::<UffdioContinue>() == 32);
 const _: () = assert!(std::mem::size_of::<RawMsg>() == 32);
 
 /// `struct uffd_msg` as read from the descriptor.
@@ -182,6 +195,16 @@ pub fn copy(fd: BorrowedFd<'_>, dst: u64, src: *const u8, len: u64, wake: bool) 
     match ioctl(fd, UFFDIO_COPY, &mut c) {
         Ok(()) => Ok(Install::Done),
         Err(e) => classify(e, c.copy),
+    }
+}
+
+/// Map the file's own pages at `[dst, dst+len)` of a shmem mapping registered for
+/// minor faults (in a private mapping they are shared, read-only, until written).
+pub fn continue_(fd: BorrowedFd<'_>, dst: u64, len: u64, wake: bool) -> io::Result<Install> {
+    let mut c = UffdioContinue { range: UffdioRange { start: dst, len }, mode: if wake { 0 } else { COPY_MODE_DONTWAKE }, mapped: 0 };
+    match ioctl(fd, UFFDIO_CONTINUE, &mut c) {
+        Ok(()) => Ok(Install::Done),
+        Err(e) => classify(e, c.mapped),
     }
 }
 

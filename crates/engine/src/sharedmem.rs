@@ -1,0 +1,162 @@
+//! Memory shared by the instances of one snapshot (layered snapshots, issue #11).
+//!
+//! A page the page server copies in with UFFDIO_COPY belongs to one instance: N
+//! instances of a function hold N copies of every page they touch, even those none
+//! of them ever writes. For a snapshot opened with sharing, the node keeps a
+//! **shared memory file**: a sparse tmpfs file (shmem, so userfaultfd minor faults
+//! work on it) in which each image page lives at the offset of its address. Every
+//! private memory area that holds image pages ([`shareable`]: not stacks, which must
+//! be anonymous growsdown mappings) is restored as a private mapping of that file at
+//! offset = its start, registered for missing *and* minor faults:
+//!
+//! * a stored page (base or diff) is written into the file the first time any
+//!   instance needs it (verified, from the image, once per node) and mapped with
+//!   UFFDIO_CONTINUE: read-only and shared until the instance writes it, when the
+//!   kernel copies it (copy on write) into the instance's own memory;
+//! * a zero page is UFFDIO_ZEROPAGE'd, as in an anonymous mapping;
+//! * a page the process released (MADV_DONTNEED, munmap) would refill from the file:
+//!   the page server sees the removal (UFFD_EVENT_REMOVE / UNMAP) and answers the next
+//!   fault there with zeros, so anonymous-memory semantics hold exactly.
+//!
+//! The file is filled lazily by faults and working-set installs (a cold start reads
+//! no more of the image than without sharing), is charged to the node (the writer),
+//! not to the instances, and is unlinked when the snapshot is closed (instances still
+//! running keep their mappings). Instances that track writes for in-place resets are
+//! not shared (a reset works on anonymous memory). `THAW_SHARE_MEMORY=0` turns
+//! sharing off.
+//!
+//! What a process can tell: /proc/PID/maps names the file for those areas, and
+//! madvise advice that only anonymous memory accepts (MADV_FREE, MADV_WIPEONFORK)
+//! fails there with EINVAL after the restore (glibc and CPython use neither; an area
+//! that had MADV_WIPEONFORK at capture stays anonymous). That is why sharing is for
+//! layered (Python) snapshots only so far.
+//!
+//! Why by hand: no crate maps a userfaultfd-served shmem file; this is the engine's
+//! own page-serving policy on top of `sys/uffd.rs`.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use tracing::{debug, warn};
+
+use crate::image::{PageIndex, ProcessImage, VmaKind};
+use crate::sys::PAGE_SIZE;
+
+/// The tmpfs the shared memory files live in (mounted on first use if the directory
+/// is not a tmpfs already). Sandboxes of shared restores see it read-only at the
+/// same path.
+pub const DIR: &str = "/run/thaw/shared-mem";
+/// Size of a shared memory file: the whole user address space (sparse).
+const FILE_LEN: u64 = 1 << 47;
+
+/// One snapshot's shared memory file.
+pub struct SharedMemory {
+    path: PathBuf,
+    file: File,
+    /// Image addresses whose page is in the file.
+    filled: Mutex<HashSet<u64>>,
+}
+
+impl SharedMemory {
+    /// A new, empty shared memory file, or `None` (logged) when sharing is off or the
+    /// file cannot be made: restores then copy pages, as without sharing.
+    pub fn create() -> Option<SharedMemory> {
+        if std::env::var("THAW_SHARE_MEMORY").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        match Self::try_create() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(error = %e, dir = DIR, "cannot make a shared memory file; instances get their own copies of every page");
+                None
+            }
+        }
+    }
+
+    fn try_create() -> io::Result<SharedMemory> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = Path::new(DIR);
+        std::fs::create_dir_all(dir)?;
+        let fs = nix::sys::statfs::statfs(dir)?;
+        if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+            let flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV | nix::mount::MsFlags::MS_NOEXEC;
+            nix::mount::mount(Some("tmpfs"), dir, Some("tmpfs"), flags, Some("mode=0755"))?;
+        }
+        sweep(dir);
+        let path = dir.join(format!("{}-{}.mem", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+        file.set_len(FILE_LEN)?;
+        // Readable by the restore (root, before it drops privileges); written only here.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))?;
+        debug!(path = %path.display(), "shared memory file created");
+        Ok(SharedMemory { path, file, filled: Mutex::default() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the page of image address `img` is in the file.
+    pub fn has(&self, img: u64) -> bool {
+        self.filled.lock().expect("filled lock").contains(&img)
+    }
+
+    /// Put `bytes` (whole, verified image pages of consecutive image addresses from
+    /// `img`) into the file, skipping pages already there.
+    pub fn fill(&self, img: u64, bytes: &[u8]) -> io::Result<()> {
+        for (k, page) in bytes.chunks_exact(PAGE_SIZE as usize).enumerate() {
+            let at = img + k as u64 * PAGE_SIZE;
+            if self.has(at) {
+                continue;
+            }
+            self.file.write_all_at(page, at)?;
+            self.filled.lock().expect("filled lock").insert(at);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Remove the files of processes that are gone (`<pid>-<n>.mem`).
+fn sweep(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.split('-').next().and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The image address ranges (whole VMAs) restored as mappings of the shared memory
+/// file: private anonymous memory (not stacks: a growsdown mapping must be anonymous;
+/// not MADV_WIPEONFORK memory, which must be too) and file mappings stored whole,
+/// holding at least one stored page of `index`.
+pub fn shareable(image: &ProcessImage, index: &PageIndex) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = image
+        .vmas
+        .iter()
+        .filter(|v| matches!(v.kind, VmaKind::Anon { growsdown: false } | VmaKind::FileCopied { .. }))
+        // MADV_WIPEONFORK is refused on anything but anonymous memory.
+        .filter(|v| !v.advice.contains(&libc::MADV_WIPEONFORK))
+        .filter(|v| {
+            let i = index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= v.start);
+            index.runs.get(i).is_some_and(|r| r.vaddr < v.end)
+        })
+        .map(|v| (v.start, v.end))
+        .collect();
+    out.sort();
+    out
+}

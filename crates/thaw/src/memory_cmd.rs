@@ -1,0 +1,86 @@
+//! `thaw snapshot memory`: restore N instances of a snapshot, invoke each once, keep
+//! them all alive and report what they cost the host (per-instance RSS, PSS, USS from
+//! /proc/PID/smaps_rollup, their cgroups' charge, and the drop of MemAvailable).
+//! Base pages mapped from a shared base file (layered snapshots) count once in PSS.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use thaw_engine::instance::{Instance, LoadedSnapshot};
+use thaw_engine::pageserver::Paging;
+
+#[derive(Args)]
+pub struct MemoryArgs {
+    /// Snapshot directory made by `thaw snapshot create`.
+    snapdir: PathBuf,
+    /// Instances restored and kept alive together.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    instances: u32,
+    /// Paging mode of the restores (see `thaw snapshot restore --help`).
+    #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<Paging>())]
+    paging: Paging,
+    /// The event each instance is invoked with once, as JSON text.
+    #[arg(long, default_value = "{}")]
+    payload: String,
+}
+
+/// `key: N kB` lines of a /proc file, in bytes.
+fn kb_fields(text: &str, keys: &[&str]) -> Vec<u64> {
+    keys.iter()
+        .map(|k| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix(':')))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        })
+        .collect()
+}
+
+fn mem_available() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    Ok(kb_fields(&text, &["MemAvailable"])[0])
+}
+
+pub fn run(a: MemoryArgs) -> Result<()> {
+    let snap = LoadedSnapshot::open(&a.snapdir)?;
+    let before = mem_available()?;
+    let mut insts: Vec<Instance> = Vec::new();
+    let result = (|| -> Result<serde_json::Value> {
+        for k in 0..a.instances {
+            let mut inst = Instance::restore(&snap, a.paging)?;
+            let out = inst.invoke(&format!("memory-{k}"), &a.payload, Duration::from_secs(60));
+            insts.push(inst);
+            out?;
+        }
+        for i in &mut insts {
+            i.finish_background();
+        }
+        let after = mem_available()?;
+        let keys = ["Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty"];
+        let mut per = Vec::new();
+        for i in &insts {
+            let text = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", i.pid())).context("reading smaps_rollup")?;
+            let f = kb_fields(&text, &keys);
+            per.push(json!({"rss": f[0], "pss": f[1], "shared_clean": f[2], "shared_dirty": f[3], "uss": f[4] + f[5],
+                            "cgroup_bytes": i.memory_usage_bytes(), "pages_shared": i.page_stats().pages_shared}));
+        }
+        let mean = |k: &str| per.iter().map(|p| p[k].as_u64().unwrap_or(0)).sum::<u64>() / per.len().max(1) as u64;
+        Ok(json!({
+            "snapshot": a.snapdir, "instances": a.instances, "shared_memory": snap.source.shared().map(|s| s.0.to_path_buf()),
+            "host_mem_added_bytes": before.saturating_sub(after),
+            "host_mem_added_per_instance_bytes": before.saturating_sub(after) / u64::from(a.instances),
+            "mean": {"rss": mean("rss"), "pss": mean("pss"), "uss": mean("uss"), "shared_clean": mean("shared_clean"),
+                     "cgroup_bytes": mean("cgroup_bytes"), "pages_shared": mean("pages_shared")},
+            "per_instance": per,
+        }))
+    })();
+    for i in insts {
+        i.kill();
+    }
+    println!("{}", serde_json::to_string_pretty(&result?)?);
+    Ok(())
+}
