@@ -58,7 +58,13 @@ fn inspect(snap: &Path) -> serde_json::Value {
 fn a_diff_restores_what_a_full_image_and_a_boot_give() {
     let _one = serial();
     let (id, _) = base();
-    for (name, payload) in [("helloworld", r#"{"name":"layers"}"#), ("counter", "{}"), ("jsonserde", "{}"), ("pyaes", "{}")] {
+    // Every Python sample that answers (error and initerror fail on purpose), with its
+    // manifest payload.
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(common::root().join("samples/manifest.json")).unwrap()).unwrap();
+    let names = ["helloworld", "counter", "jsonserde", "pyaes", "bigheap", "htmlrender", "imagerotate", "lrserving", "multiinput", "stdlib", "heavyimports"];
+    for name in names {
+        let payload = manifest["functions"][name].get("payload").map_or("{}".to_string(), |p| p.to_string());
+        let payload = payload.as_str();
         let code = sample(name);
         let diff = scratch().join(format!("{name}.diff"));
         let full = scratch().join(format!("{name}.full"));
