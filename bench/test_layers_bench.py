@@ -18,7 +18,7 @@ def test_layers_bench_runs_every_mode(tmp_path):
     data = json.loads(out.read_text())
     fn = data["functions"]["helloworld"]
     assert fn["layered"], "a base exists, so the snapshot is a diff"
-    assert set(fn["modes"]) == {"boot", "full-prefetch", "diff-eager", "diff-prefetch"}
+    assert set(fn["modes"]) == {"boot", "full-prefetch", "diff-eager", "diff-prefetch", "diff-prefetch-noshare"}
     b = fn["bytes"]
     assert 0 < b["diff"] < b["full"] and b["base"] > 0 and b["ws_diff"] > 0, b
     assert fn["pages_from_base"] > 0
@@ -26,3 +26,4 @@ def test_layers_bench_runs_every_mode(tmp_path):
     mem = fn["memory"]
     assert mem["diff-2"]["shared"] and not mem["full-2"]["shared"], mem
     assert mem["diff-2"]["pages_shared"] > 0 and mem["full-2"]["pages_shared"] == 0, mem
+    assert mem["diff-2"]["first_restore_ms"] > 0 and mem["diff-2"]["later_restore_ms_median"] > 0, mem
