@@ -18,7 +18,7 @@ def test_layers_bench_runs_every_mode(tmp_path):
     data = json.loads(out.read_text())
     fn = data["functions"]["helloworld"]
     assert fn["layered"], "a base exists, so the snapshot is a diff"
-    assert set(fn["modes"]) == {"boot", "full-prefetch", "diff-eager", "diff-prefetch", "diff-prefetch-noshare"}
+    assert set(fn["modes"]) == {"boot", "full-prefetch", "diff-eager", "diff-prefetch", "diff-prefetch-shared"}
     b = fn["bytes"]
     assert 0 < b["diff"] < b["full"] and b["base"] > 0 and b["ws_diff"] > 0, b
     assert fn["pages_from_base"] > 0

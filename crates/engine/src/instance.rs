@@ -201,6 +201,14 @@ impl LoadedSnapshot {
     }
 
     pub fn open(dir: &Path) -> Result<LoadedSnapshot, InstanceError> {
+        Self::open_with(dir, false)
+    }
+
+    /// [`LoadedSnapshot::open`]; with `share_memory`, the instances restored from a
+    /// layered snapshot map the pages they do not write from one shared copy (see
+    /// `sharedmem.rs`). Worth it for a process that restores many instances; a single
+    /// restore only pays for filling the copy.
+    pub fn open_with(dir: &Path, share_memory: bool) -> Result<LoadedSnapshot, InstanceError> {
         let Snapshot { dir, image, pages, id, sealer } = Snapshot::open(dir)?;
         let code = &image.sandbox.code_dir;
         let now = crate::fingerprint::of_dir(code).map_err(|e| {
@@ -216,8 +224,10 @@ impl LoadedSnapshot {
         let region = restore::choose_region(&image)?;
         let (index, files) = crate::layers::page_source(&dir, &image, pages)?;
         let mut source = PageSource::new(index, files).sealed(sealer);
-        // Instances of a layered snapshot share the pages they do not write.
-        if image.base.is_some() {
+        if share_memory && image.base.is_none() {
+            info!(dir = %dir.display(), "not a layered snapshot: its instances do not share memory");
+        }
+        if share_memory && image.base.is_some() {
             if let Some(mem) = crate::sharedmem::SharedMemory::create() {
                 let ranges = crate::sharedmem::shareable(&image, &source.index);
                 source = source.with_shared(mem, ranges);

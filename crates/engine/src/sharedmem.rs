@@ -2,7 +2,8 @@
 //!
 //! A page the page server copies in with UFFDIO_COPY belongs to one instance: N
 //! instances of a function hold N copies of every page they touch, even those none
-//! of them ever writes. For a snapshot opened with sharing, the node keeps a
+//! of them ever writes. For a snapshot opened with sharing
+//! (`LoadedSnapshot::open_with(dir, true)`), the process keeps a
 //! **shared memory file**: a sparse tmpfs file (shmem, so userfaultfd minor faults
 //! work on it) in which each image page lives at the offset of its address. Every
 //! private memory area that holds image pages ([`shareable`]: not stacks, which must

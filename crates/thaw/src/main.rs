@@ -145,6 +145,11 @@ enum SnapshotCmd {
         /// (noop_resets); the instance then answers once more to show it still works.
         #[arg(long, default_value_t = 0, requires = "reset")]
         noop_resets: u32,
+        /// Map the pages of a layered snapshot from a shared memory file, as a process
+        /// restoring many instances does (see `thaw snapshot memory`); one restore gains
+        /// nothing from it but pays for filling the file.
+        #[arg(long)]
+        share_memory: bool,
     },
     /// Print a summary of a snapshot as JSON.
     Inspect {
@@ -401,14 +406,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, noop_resets }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, noop_resets, share_memory }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
             }
             let t0 = Instant::now();
             let fetched = store_cmd::resolve(&snapdir, &cli.data_dir, cache_max_bytes)?;
-            let mut snap = LoadedSnapshot::open(fetched.dir())?;
+            let mut snap = LoadedSnapshot::open_with(fetched.dir(), share_memory)?;
             snap.reprofile_threshold = reprofile_threshold;
             snap.set_track_writes(reset);
             snap.merge_misses = !no_ws_merge;

@@ -1,7 +1,8 @@
 //! `thaw snapshot memory`: restore N instances of a snapshot, invoke each once, keep
 //! them all alive and report what they cost the host (per-instance RSS, PSS, USS from
 //! /proc/PID/smaps_rollup, their cgroups' charge, and the drop of MemAvailable).
-//! Base pages mapped from a shared base file (layered snapshots) count once in PSS.
+//! The instances of a layered snapshot share the pages they do not write (see the
+//! engine's sharedmem.rs) unless --no-share-memory.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,6 +26,10 @@ pub struct MemoryArgs {
     /// The event each instance is invoked with once, as JSON text.
     #[arg(long, default_value = "{}")]
     payload: String,
+    /// Give each instance its own copy of every page (no shared memory file), as a
+    /// single `thaw snapshot restore` does.
+    #[arg(long)]
+    no_share_memory: bool,
 }
 
 /// `key: N kB` lines of a /proc file, in bytes.
@@ -46,7 +51,7 @@ fn mem_available() -> Result<u64> {
 }
 
 pub fn run(a: MemoryArgs) -> Result<()> {
-    let snap = LoadedSnapshot::open(&a.snapdir)?;
+    let snap = LoadedSnapshot::open_with(&a.snapdir, !a.no_share_memory)?;
     let before = mem_available()?;
     let mut insts: Vec<Instance> = Vec::new();
     let result = (|| -> Result<serde_json::Value> {

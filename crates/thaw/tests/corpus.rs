@@ -21,7 +21,8 @@ use common::{root, scratch, stderr, stdout, thaw};
 const MODES: [&str; 4] = ["lazy", "eager", "record", "prefetch"];
 
 /// Layered modes (issue #11): the probe captured as a diff on the Python base and
-/// restored eagerly, lazily recording a working set, and prefetching it.
+/// restored (its memory mapped from a shared memory file) eagerly, lazily recording a
+/// working set, and prefetching it.
 const LAYERED: [(&str, &str); 3] = [("layered-eager", "eager"), ("layered-record", "record"), ("layered-prefetch", "prefetch")];
 
 /// Probes (`file.variant`) that FAIL (a silent mis-restore) on main until the engine
@@ -188,7 +189,8 @@ fn run(p: &Probe) -> BTreeMap<String, Outcome> {
         }
     } else {
         for (m, paging) in LAYERED {
-            let o = thaw(&["snapshot", "restore", diff.to_str().unwrap(), "--paging", paging, "--payload", "{}", "--quiet", "--timeout", "60"]);
+            // Restored as a node restores many instances: memory mapped from the shared file.
+            let o = thaw(&["snapshot", "restore", diff.to_str().unwrap(), "--paging", paging, "--share-memory", "--payload", "{}", "--quiet", "--timeout", "60"]);
             res.insert(m.to_string(), verdict(&o, &format!("restore ({m})")));
         }
     }

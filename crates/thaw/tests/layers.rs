@@ -79,6 +79,9 @@ fn a_diff_restores_what_a_full_image_and_a_boot_give() {
         for paging in ["lazy", "eager", "record", "prefetch"] {
             assert_eq!(restore(&diff, paging, payload, 3), want, "{name}: base + diff ({paging}) answers as the full image");
         }
+        let n = "3";
+        let shared = stdout(&ok(thaw(&["snapshot", "restore", diff.to_str().unwrap(), "--share-memory", "--payload", payload, "--invocations", n, "--quiet"])));
+        assert_eq!(shared, want, "{name}: base + diff with shared memory answers as the full image");
 
         // Sizes: the diff stores only what differs from the base; together they hold
         // what the full image holds.
@@ -233,8 +236,10 @@ fn layout_churn_between_base_and_diff_restores_exactly() {
     for paging in ["lazy", "eager", "record", "prefetch"] {
         // The restored instance maps its memory from the snapshot's shared memory file:
         // a page released after the restore reads as zeros too.
-        let out = restore(&diff, paging, r#"{"shared": true}"#, 2);
-        assert_eq!(out.lines().collect::<Vec<_>>(), [r#""PASS""#, r#""PASS""#], "base + diff ({paging})");
+        let shared = stdout(&ok(thaw(&["snapshot", "restore", diff.to_str().unwrap(), "--paging", paging, "--share-memory", "--payload", r#"{"shared": true}"#, "--invocations", "2", "--quiet"])));
+        assert_eq!(shared.lines().collect::<Vec<_>>(), [r#""PASS""#, r#""PASS""#], "base + diff, shared memory ({paging})");
+        let own = restore(&diff, paging, "{}", 2);
+        assert_eq!(own.lines().collect::<Vec<_>>(), [r#""PASS""#, r#""PASS""#], "base + diff ({paging})");
     }
 }
 
