@@ -163,10 +163,6 @@ fn capture_inner(
         Layer::Base => SnapshotWriter::create_with(out, None)?,
         _ => SnapshotWriter::create(out)?,
     };
-    if base.is_some() && writer.seals() {
-        writer.abandon();
-        return Err(refuse("a sealed image cannot be a diff on a base (capture it with --no-base)".into()));
-    }
     let (pages, base_pages, mut stats) = match dump_pages(pid, &mem, &mut vmas, &files, base, &mut writer) {
         Ok(x) => x,
         Err(e) => {

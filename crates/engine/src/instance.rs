@@ -225,7 +225,7 @@ impl LoadedSnapshot {
         let (index, files) = crate::layers::page_source(&dir, &image, pages)?;
         let mut source = PageSource::new(index, files).sealed(sealer);
         if share_memory && image.base.is_none() {
-            info!(dir = %dir.display(), "not a layered snapshot: its instances do not share memory");
+            tracing::debug!(dir = %dir.display(), "not a layered snapshot: its instances do not share memory");
         }
         if share_memory && image.base.is_some() {
             if let Some(mem) = crate::sharedmem::SharedMemory::create() {
@@ -301,7 +301,7 @@ impl LoadedSnapshot {
                         let (mut buf, mut read_ms) = ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?;
                         if let Some(sealer) = self.source.sealer() {
                             // Decrypting is part of reading a sealed working set (once per burst).
-                            ws.unseal(&self.dir, sealer, &self.source.index, &mut buf)?;
+                            ws.unseal(&self.dir, sealer, &self.source.index, self.source.file().own_pages(), &mut buf)?;
                             read_ms = t.elapsed().as_secs_f64() * 1e3;
                         }
                         Ok(Prefill::Ws { shared: Arc::new(SharedWs { ws, buf, read_ms }), reader: true })

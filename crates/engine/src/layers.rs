@@ -27,8 +27,9 @@
 //! `BASES/<id>/refs/`, checked (the diff still exists and names this base) by
 //! [`remove`].
 //!
-//! Instances of a diff share its memory through `sharedmem.rs`. Sealed images are
-//! never layered.
+//! Instances of a diff share its memory through `sharedmem.rs`. A diff captured by a
+//! process holding a node key is sealed like a full image (its own pages and /tmp);
+//! its base stays clear.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -280,9 +281,6 @@ impl Comparer {
 pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageIndex, PageFiles), LayerError> {
     let Some(bref) = &image.base else { return Ok((image.pages.clone(), own.into())) };
     let mismatch = |why: String| LayerError::Mismatch { diff: dir.to_path_buf(), base: bref.id.clone(), why };
-    if image.seal.is_some() {
-        return Err(mismatch("a sealed image cannot be a diff".into()));
-    }
     let base = match Snapshot::open_with(&bref.dir, None) {
         Ok(b) => b,
         Err(ImageError::Io { .. }) => return Err(mismatch(format!("the base is not at {} (rebuild it with `thaw base build`, or re-create the snapshot)", bref.dir.display()))),
@@ -313,7 +311,9 @@ pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageI
     }
     let mut crcs = image.pages.crcs.clone();
     crcs.extend_from_slice(&base.image.pages.crcs);
-    let index = PageIndex { runs, crcs, tags: Vec::new() };
+    // A sealed diff's own pages carry their tags; the base's pages are clear (a base
+    // holds nothing of any function, and is never sealed).
+    let index = PageIndex { runs, crcs, tags: image.pages.tags.clone() };
     Ok((index, PageFiles::layered(own, own_pages, base.pages)))
 }
 

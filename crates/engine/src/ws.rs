@@ -183,9 +183,13 @@ impl WorkingSet {
 
     /// Decrypt in place the pages [`WorkingSet::read_pages`] read from the working
     /// set of a sealed image (`ws.pages` holds copies of the sealed image pages).
-    pub fn unseal(&self, dir: &Path, sealer: &Sealer, index: &PageIndex, buf: &mut AlignedBuf) -> Result<(), WsError> {
+    /// Pages numbered from `own_pages` on are a diff's base pages, which are clear.
+    pub fn unseal(&self, dir: &Path, sealer: &Sealer, index: &PageIndex, own_pages: u64, buf: &mut AlignedBuf) -> Result<(), WsError> {
         for (i, page) in buf.as_mut().chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
             let (vaddr, fp) = self.layout[i];
+            if fp >= own_pages {
+                continue;
+            }
             let tag = index.tags.get(fp as usize).ok_or_else(|| WsError::Corrupt {
                 dir: dir.to_path_buf(),
                 file: PAGES_FILE,

@@ -129,6 +129,15 @@ pub struct ServeArgs {
     /// after the one that found it (publishes in flight must finish within it).
     #[arg(long, default_value = "3600", value_parser = parse_secs)]
     pub store_gc_grace: Duration,
+    /// Capture every snapshot as a full image, even where a base exists.
+    #[arg(long, conflicts_with = "build_bases")]
+    pub no_bases: bool,
+    /// Build a runtime's base (DATA_DIR/bases, as `thaw base build`) the first time a
+    /// function of it is deployed; then its snapshots are small diffs on it. Without it a
+    /// base is used when one exists (Python only so far; not with --snapshot-store,
+    /// which holds full images).
+    #[arg(long)]
+    pub build_bases: bool,
 }
 
 /// A share between 0 and 1 (NaN and infinities refused).
@@ -169,7 +178,18 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         bail!("--max-instances and --max-instances-per-function must be at least 1");
     }
     let snapshot_store = open_snapshot_store(&args, &state_dir)?;
+    let bases = match (&snapshot_store, args.no_bases) {
+        (_, true) => None,
+        (Some(_), false) => {
+            if args.build_bases {
+                tracing::warn!("--build-bases is ignored with --snapshot-store: the store holds full images only");
+            }
+            None
+        }
+        (None, false) => Some(crate::node::layered::Bases { dir: data_dir.join("bases"), build: args.build_bases }),
+    };
     let cfg = NodeConfig {
+        bases,
         snapshot_store: snapshot_store.clone(),
         state_dir,
         runtime_dir,
@@ -354,6 +374,13 @@ pub fn status(args: StatusArgs, _data_dir: &Path) -> Result<()> {
             c["used_bytes"].as_f64().unwrap_or(0.0) / 1048576.0, c["max_bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
             c["entries"], c["pinned"], c["hits"], c["evictions"]
         );
+    }
+    if let Some(b) = v["bases"].as_object() {
+        let list = b["bases"].as_array().cloned().unwrap_or_default();
+        let names: Vec<String> = list.iter().map(|x| format!("{} {} MB ({:.1} MiB)", x["runtime"].as_str().unwrap_or("?"), x["memory_mb"], x["bytes"].as_f64().unwrap_or(0.0) / 1048576.0)).collect();
+        println!("bases: {} ({:.1} MiB){}{}", list.len(), b["bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
+            if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) },
+            if b["build_on_demand"].as_bool() == Some(true) { "  (built on demand)" } else { "" });
     }
     let funcs = v["functions"].as_array().cloned().unwrap_or_default();
     if funcs.is_empty() {

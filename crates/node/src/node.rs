@@ -39,6 +39,7 @@ mod provisioned;
 mod update;
 mod versions;
 mod snapstore;
+pub mod layered;
 pub use snapstore::{SnapStoreError, SnapshotStore};
 use snapstore::SnapshotSlot;
 pub use settings::{check_tags, AccountSettings, SettingsError};
@@ -78,6 +79,8 @@ pub struct NodeConfig {
     /// Where snapshots are published and fetched from (`--snapshot-store`), with this
     /// node's cache of them; None: snapshots stay in the revisions' directories.
     pub snapshot_store: Option<Arc<SnapshotStore>>,
+    /// Bases for layered snapshots (None: every snapshot is a full image).
+    pub bases: Option<layered::Bases>,
 }
 
 #[derive(Debug, Error)]
@@ -743,13 +746,13 @@ impl Node {
         let rev = Arc::new(Revision::new(&rec, &f.name, &self.cfg));
         let t0 = Instant::now();
         let job_rev = rev.clone();
+        let bases = self.cfg.bases.clone();
         let result = self
             .build_workers
             .run(move || -> Result<(u64, Option<String>), InstanceError> {
                 let snapdir = job_rev.snapshot_dir();
                 let _ = std::fs::remove_dir_all(&snapdir);
-                let inst = Instance::boot_for_snapshot(&job_rev.boot)?;
-                let (dir, stats) = inst.capture(&snapdir)?;
+                let (dir, stats) = layered::capture(&job_rev.boot, &snapdir, bases.as_ref())?;
                 let bytes = dir_size(&dir);
                 info!(boot_capture_ms = t0.elapsed().as_secs_f64() * 1e3, pages = stats.pages_stored, bytes, "snapshot captured");
                 let stored = job_rev.snapshot.publish().and_then(|r| {
@@ -1268,6 +1271,7 @@ impl Node {
             },
             "events": {"pending": self.registry.pending_events().unwrap_or(0)},
             "snapshot_store": self.cfg.snapshot_store.as_ref().map(|s| s.status()),
+            "bases": self.cfg.bases.as_ref().map(layered::describe),
             "functions": funcs,
         })
     }

@@ -77,14 +77,10 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
 }
 
 /// The base a snapshot of `cfg` goes on by default: one built for its runtime and
-/// sandbox shape, when the runtime can be layered and images are not sealed.
+/// sandbox shape, when the runtime can be layered.
 pub fn default_base(cfg: &FunctionConfig, data_dir: &Path) -> Result<Option<BaseMeta>> {
     if let Err(e) = layers::supported(cfg.runtime) {
         tracing::info!("{e}");
-        return Ok(None);
-    }
-    if thaw_engine::seal::node_key().is_some() {
-        tracing::info!("images are sealed with the node key: a full image, not a diff on a base");
         return Ok(None);
     }
     Ok(layers::find(&bases_dir(data_dir), &layers::key_for(cfg))?)

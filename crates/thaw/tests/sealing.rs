@@ -2,7 +2,7 @@
 //! secret in clear (environment values in memory pages, /tmp written at init,
 //! working-set copies), restores in every paging mode with the key, is refused
 //! without it or with another key, and a page moved within the image is refused
-//! rather than run.
+//! rather than run. A diff on a base is sealed the same way (its base stays clear).
 
 mod common;
 
@@ -131,4 +131,38 @@ fn a_page_moved_within_a_sealed_image_is_refused() {
     let o = restore(&snap, Some(&key), "eager");
     assert!(!o.status.success(), "a forged image ran: {}", stdout(&o));
     assert!(stderr(&o).contains("does not authenticate under the node key"), "{}", stderr(&o));
+}
+
+/// A diff on a base (layered snapshots) captured with a node key is sealed: the
+/// secret is in no file of the diff or of the base (which is never sealed and holds
+/// nothing of the function), it restores in every mode with the key, also with its
+/// memory shared, and is refused without the key.
+#[test]
+fn a_sealed_diff_on_a_clear_base_holds_no_secret() {
+    let key = key_file("d.key");
+    let k = key.to_str().unwrap();
+    let data = scratch().join("data-layered");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_thaw")).env("THAW_DATA_DIR", &data).env_remove("THAW_LOG").args(args).output().unwrap()
+    };
+    let base: serde_json::Value = serde_json::from_str(stdout(&ok(run(&["--key-file", k, "base", "build"]))).trim()).unwrap();
+    let base_dir = PathBuf::from(base["dir"].as_str().unwrap());
+    let code = bundle("code-sealed-diff", &[("handler.py", HANDLER)]);
+    let snap = scratch().join("snap-sealed-diff");
+    let env = format!("SECRET={SECRET}");
+    let made = stdout(&ok(run(&["--key-file", k, "snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--env", &env, "--out", snap.to_str().unwrap()])));
+    let made: serde_json::Value = serde_json::from_str(made.trim()).unwrap();
+    assert_eq!(made["base"], base["id"], "a diff on the base: {made}");
+    let want = format!(r#"{{"env": "{SECRET}", "tmp": "tmp:{SECRET}"}}"#);
+    for paging in ["record", "prefetch", "lazy", "eager"] {
+        let o = run(&["--key-file", k, "snapshot", "restore", snap.to_str().unwrap(), "--paging", paging, "--payload", "{}", "--quiet"]);
+        assert_eq!(stdout(&ok(o)).trim(), want, "paging {paging}");
+        let o = run(&["--key-file", k, "snapshot", "restore", snap.to_str().unwrap(), "--paging", paging, "--share-memory", "--payload", "{}", "--quiet"]);
+        assert_eq!(stdout(&ok(o)).trim(), want, "paging {paging}, shared memory");
+    }
+    assert!(snap.join("ws.pages").is_file());
+    assert_eq!(files_holding(&snap, SECRET.as_bytes()), Vec::<String>::new(), "no file of the sealed diff holds the secret");
+    assert_eq!(files_holding(&base_dir, SECRET.as_bytes()), Vec::<String>::new(), "nor of its base");
+    let o = run(&["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--payload", "{}", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "without the key: refused");
 }

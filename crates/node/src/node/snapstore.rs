@@ -303,7 +303,8 @@ impl SnapshotSlot {
                     }
                 }
             }
-            _ => match LoadedSnapshot::open(&self.local_dir) {
+            // A layered snapshot's instances share the pages they do not write.
+            _ => match LoadedSnapshot::open_with(&self.local_dir, true) {
                 Ok(s) => (s, None),
                 Err(e) => {
                     let e = crate::node::error_chain(&e);

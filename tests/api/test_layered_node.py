@@ -1,0 +1,51 @@
+"""Layered snapshots in the node (issue #11): with --build-bases the node builds the
+Python base on the first deploy, captures each function as a (sealed) diff on it,
+reports the base in its status, and the functions answer as from full images, also
+with several instances alive at once (their memory mapped from a shared copy)."""
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from thaw_node_harness import THAW, NodeProcess, create, invoke_json, sample_zip
+
+
+@pytest.fixture
+def layered_node(tmp_path):
+    n = NodeProcess(tmp_path, "--build-bases", keep_alive="5")
+    yield n
+    assert n.stop() == 0, n.log_path.read_text()
+    assert n.leftover_sandboxes() == []
+
+
+def inspect(node, snapdir):
+    out = subprocess.run([str(THAW), "--data-dir", str(node.data_dir), "snapshot", "inspect", str(snapdir)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def test_functions_are_diffs_on_one_base(layered_node):
+    c = layered_node.client()
+    create(c, "hello", sample_zip("helloworld"))
+    create(c, "counter", sample_zip("counter"))
+    bases = layered_node.status()["bases"]
+    assert len(bases["bases"]) == 1 and bases["bases"][0]["runtime"] == "python3", bases
+    assert bases["build_on_demand"] and bases["bytes"] > 1 << 20
+    base_id = bases["bases"][0]["id"]
+
+    snaps = sorted(p.parent for p in (layered_node.data_dir / "node").rglob("snapshot/state.bin"))
+    assert len(snaps) == 2, snaps
+    for s in snaps:
+        v = inspect(layered_node, s)
+        assert v["base"] == base_id, v
+        assert v["sealed_with_key"], "the node seals its snapshots, diffs too"
+        assert v["diff_bytes"] < v["full_equivalent_bytes"], v
+
+    _, body = invoke_json(c, "hello", {"name": "layers"})
+    assert body == {"message": "hello, layers"}
+    # Several instances at once: each starts from the snapshot's state.
+    with ThreadPoolExecutor(6) as ex:
+        counts = list(ex.map(lambda _: invoke_json(c, "counter", {})[1]["count"], range(12)))
+    assert min(counts) == 1 and all(n >= 1 for n in counts), counts
