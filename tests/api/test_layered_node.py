@@ -1,6 +1,6 @@
 """Layered snapshots in the node (issue #11): with --build-bases the node builds the
 Python base on the first deploy, captures each function as a (sealed) diff on it,
-reports the base in its status, and the functions answer as from full images, also
+reports the base in its status and /metrics, and the functions answer as from full images, also
 with several instances alive at once (their memory mapped from a shared copy)."""
 
 import json
@@ -49,3 +49,8 @@ def test_functions_are_diffs_on_one_base(layered_node):
     with ThreadPoolExecutor(6) as ex:
         counts = list(ex.map(lambda _: invoke_json(c, "counter", {})[1]["count"], range(12)))
     assert min(counts) == 1 and all(n >= 1 for n in counts), counts
+
+    # /metrics: the base and the memory of the shared copies the instances map.
+    m = {l.split()[0]: float(l.split()[1]) for l in layered_node.metrics().splitlines() if l and not l.startswith("#")}
+    assert m["thaw_bases"] == 1 and m["thaw_bases_bytes"] == bases["bytes"], m
+    assert m["thaw_shared_memory_bytes"] > 0, m

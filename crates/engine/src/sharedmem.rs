@@ -129,6 +129,17 @@ impl Drop for SharedMemory {
     }
 }
 
+/// Memory in use by the shared memory files of every process on the host (0 when
+/// their tmpfs is not mounted yet).
+pub fn resident_bytes() -> u64 {
+    let dir = Path::new(DIR);
+    let is_tmpfs = nix::sys::statfs::statfs(dir).is_ok_and(|f| f.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+    match nix::sys::statvfs::statvfs(dir) {
+        Ok(s) if is_tmpfs => (s.blocks() - s.blocks_free()) as u64 * s.fragment_size() as u64,
+        _ => 0,
+    }
+}
+
 /// Remove the files of processes that are gone (`<pid>-<n>.mem`).
 fn sweep(dir: &Path) {
     let Ok(rd) = std::fs::read_dir(dir) else { return };

@@ -788,6 +788,9 @@ pub async fn handle(State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<
                 )
                 .into_response(&request_id);
             }
+            if let Some(b) = &app.node.cfg.bases {
+                crate::node::layered::set_metrics(b, &app.node.metrics);
+            }
             let mut r = app.node.metrics.render().into_response();
             r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain; version=0.0.4"));
             return r;

@@ -15,6 +15,9 @@
 //! | `thaw_instances_idle` | gauge | — |
 //! | `thaw_snapshot_bytes` | gauge | — (bytes of active snapshots) |
 //! | `thaw_events_pending` | gauge | — (queued asynchronous invocations) |
+//! | `thaw_bases` | gauge | — (runtime bases on the node, layered snapshots) |
+//! | `thaw_bases_bytes` | gauge | — (their stored bytes) |
+//! | `thaw_shared_memory_bytes` | gauge | — (memory of the shared copies instances map, tmpfs) |
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
@@ -37,6 +40,9 @@ pub struct Metrics {
     pub instances_idle: IntGauge,
     pub snapshot_bytes: IntGauge,
     pub events_pending: IntGauge,
+    pub bases: IntGauge,
+    pub bases_bytes: IntGauge,
+    pub shared_memory_bytes: IntGauge,
 }
 
 impl Metrics {
@@ -73,6 +79,9 @@ impl Metrics {
             instances_idle: gauge("thaw_instances_idle", "Idle warm instances"),
             snapshot_bytes: gauge("thaw_snapshot_bytes", "Bytes of the snapshots functions are served from"),
             events_pending: gauge("thaw_events_pending", "Queued asynchronous invocations"),
+            bases: gauge("thaw_bases", "Runtime bases on the node (layered snapshots)"),
+            bases_bytes: gauge("thaw_bases_bytes", "Stored bytes of the runtime bases"),
+            shared_memory_bytes: gauge("thaw_shared_memory_bytes", "Memory of the shared copies of snapshots that instances map (tmpfs)"),
             registry,
         }
     }

@@ -68,6 +68,14 @@ pub fn capture(cfg: &FunctionConfig, snapdir: &Path, bases: Option<&Bases>) -> R
     Instance::boot_for_snapshot(cfg)?.capture(snapdir)
 }
 
+/// Set the bases' gauges (scraped with /metrics).
+pub fn set_metrics(bases: &Bases, m: &crate::metrics::Metrics) {
+    let list = layers::list(&bases.dir).unwrap_or_default();
+    m.bases.set(list.len() as i64);
+    m.bases_bytes.set(list.iter().map(|b| b.bytes).sum::<u64>() as i64);
+    m.shared_memory_bytes.set(thaw_engine::sharedmem::resident_bytes() as i64);
+}
+
 /// The bases in `bases` for `thaw status`: id, runtime, memory class, bytes.
 pub fn describe(bases: &Bases) -> serde_json::Value {
     let list = layers::list(&bases.dir).unwrap_or_default();
