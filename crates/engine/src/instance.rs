@@ -496,8 +496,9 @@ impl Instance {
         let t0 = Instant::now();
         let requested = snap.resolve(paging);
         let mut spec = spec_for(&record, "restore");
+        // Only this snapshot's file: the other files there hold other functions' memory.
         if let Some((file, _)) = snap.source.shared().filter(|_| !snap.tracks_writes()) {
-            spec.ro_binds.extend(file.parent().map(Path::to_path_buf));
+            spec.ro_binds.push(file.to_path_buf());
         }
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
         let (mut sandbox, restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {

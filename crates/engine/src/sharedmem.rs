@@ -48,8 +48,8 @@ use crate::image::{PageIndex, ProcessImage, VmaKind};
 use crate::sys::PAGE_SIZE;
 
 /// The tmpfs the shared memory files live in (mounted on first use if the directory
-/// is not a tmpfs already). Sandboxes of shared restores see it read-only at the
-/// same path.
+/// is not a tmpfs already). A sandbox of a shared restore sees its own snapshot's
+/// file (only that one) read-only at the same path.
 pub const DIR: &str = "/run/thaw/shared-mem";
 /// Size of a shared memory file: the whole user address space (sparse).
 const FILE_LEN: u64 = 1 << 47;
@@ -92,9 +92,10 @@ impl SharedMemory {
         let path = dir.join(format!("{}-{}.mem", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
         let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
         file.set_len(FILE_LEN)?;
-        // Readable by the restore (root, before it drops privileges); written only here.
+        // Readable by the restore only (root, before it drops privileges): the restored
+        // process keeps its mappings but cannot open the file again. Written only here.
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))?;
         debug!(path = %path.display(), "shared memory file created");
         Ok(SharedMemory { path, file, filled: Mutex::default() })
     }

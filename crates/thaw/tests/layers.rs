@@ -171,9 +171,19 @@ def released_after_restore():
     """A page of an area mapped from the snapshot's shared memory file, holding data
     from the image, written and then released (MADV_DONTNEED) after the restore must
     read as zeros, never as the file's page."""
-    shared = [tuple(int(x, 16) for x in l.split()[0].split("-")) for l in open("/proc/self/maps") if "shared-mem" in l]
+    lines = [l.split() for l in open("/proc/self/maps") if "shared-mem" in l]
+    shared = [tuple(int(x, 16) for x in l[0].split("-")) for l in lines]
     if not shared:
         return "no memory area is mapped from the shared memory file"
+    # The file is not the function's to read, and other snapshots' files are not there.
+    path = lines[0][5]
+    try:
+        open(path, "rb").close()
+        return "the function can open the shared memory file %s" % path
+    except PermissionError:
+        pass
+    if os.listdir(os.path.dirname(path)) != [os.path.basename(path)]:
+        return "other shared memory files are visible: %r" % os.listdir(os.path.dirname(path))
     for size in (1 << 16, 1 << 15, 1 << 14, 3 * PAGE, 1 << 17):
         for _ in range(40):
             p = LIBC.malloc(size)
