@@ -638,7 +638,7 @@ fn dump_pages(
                     stats.pages_from_base += 1;
                     continue;
                 }
-                writer.store_page(&mut index, addr + k as u64 * PAGE_SIZE, page)?;
+                writer.store_page(&mut index, at, page)?;
                 stats.pages_stored += 1;
             }
             i = j;

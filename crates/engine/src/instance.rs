@@ -228,9 +228,8 @@ impl LoadedSnapshot {
             tracing::debug!(dir = %dir.display(), "not a layered snapshot: its instances do not share memory");
         }
         if share_memory && image.base.is_some() {
-            if let Some(mem) = crate::sharedmem::SharedMemory::create() {
-                let ranges = crate::sharedmem::shareable(&image, &source.index);
-                source = source.with_shared(mem, ranges);
+            if let Some(mem) = crate::sharedmem::SharedMemory::create(&image, &source.index) {
+                source = source.with_shared(mem);
             }
         }
         let source = Arc::new(source);

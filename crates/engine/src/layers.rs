@@ -244,12 +244,11 @@ pub struct Comparer {
 }
 
 impl Comparer {
-    pub fn open(meta: &BaseMeta) -> Result<Comparer, LayerError> {
-        let snap = Snapshot::open_with(&meta.dir, None)?;
-        let n = snap.image.pages.stored_pages();
-        let files = PageFiles::from(snap.pages);
-        let map = files.map(n).map_err(io_err(&meta.dir, "mapping the pages of base"))?;
-        Ok(Comparer { meta: meta.clone(), state_crc: snap.id, index: snap.image.pages, map })
+    /// The pages of base `meta`, opened (for the restore the diff is captured from) as `snap`.
+    pub fn new(meta: &BaseMeta, snap: &crate::instance::LoadedSnapshot) -> Result<Comparer, LayerError> {
+        let index = snap.image.pages.clone();
+        let map = snap.source.file().map(index.stored_pages()).map_err(io_err(&meta.dir, "mapping the pages of base"))?;
+        Ok(Comparer { meta: meta.clone(), state_crc: snap.id, index, map })
     }
 
     /// Whether the base's page at `vaddr` holds exactly `page`.
@@ -377,19 +376,11 @@ pub fn build_base(cfg: &crate::instance::FunctionConfig, bases: &Path) -> Result
     supported(cfg.runtime)?;
     let placeholder = placeholder(bases)?;
     let inst = crate::instance::Instance::boot_base(cfg, &placeholder)?;
-    let key = BaseKey::of(&inst_record(cfg, &placeholder));
+    let key = key_for(cfg);
     let tmp = bases.join(format!(".building-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let (dir, _) = inst.capture_as(&tmp, crate::capture::Layer::Base)?;
     Ok(install(&dir, bases, key)?)
-}
-
-/// The sandbox record of `cfg` booted as a base over `placeholder`.
-fn inst_record(cfg: &crate::instance::FunctionConfig, placeholder: &Path) -> SandboxRecord {
-    let mut rec = cfg.record();
-    rec.code_dir = placeholder.to_path_buf();
-    rec.handler.clear();
-    rec
 }
 
 /// The base key `cfg` would be layered on.
@@ -421,8 +412,8 @@ pub fn create_diff(
     if key != base.key {
         return Err(LayerError::Refused(format!("base {} was built for {:?}, not {:?}", base.id, base.key, key)).into());
     }
-    let comparer = Comparer::open(base)?;
     let snap = LoadedSnapshot::open(&base.dir)?;
+    let comparer = Comparer::new(base, &snap)?;
     let mut inst = Instance::restore_as(&snap, crate::pageserver::Paging::Eager, cfg.record())?;
     if let Err(e) = inst.load_function(cfg) {
         inst.kill();

@@ -125,11 +125,11 @@ pub struct Stats {
     /// userfaultfd WP-async (see `reset`): pages are installed write-protected, so
     /// that faulting a page in is not writing it.
     pub wp_tracking: AtomicBool,
-    /// Set (before the process resumes) when this instance maps its base's pages from
-    /// the shared base file (see `layers.rs`): base pages are mapped with
-    /// UFFDIO_CONTINUE, not copied.
-    pub shared_base: AtomicBool,
-    /// Base pages mapped shared (CONTINUE) rather than copied.
+    /// Set (before the process resumes) when this instance's memory areas map the
+    /// snapshot's shared memory file (see `sharedmem.rs`): stored pages there are
+    /// mapped with UFFDIO_CONTINUE, not copied.
+    pub maps_shared_memory: AtomicBool,
+    /// Pages mapped from the shared memory file (CONTINUE) rather than copied.
     pub pages_shared: AtomicU64,
     /// Bumped by a reset: the server forgets what the process released since the
     /// restore and serves every registered address from the image again.
@@ -218,9 +218,8 @@ pub struct PageSource {
     /// CPU the page server may spend on one instance, as a share of the instance's
     /// CPU limit (f64 bits; 0 = unbounded). See [`FaultBudget`].
     fault_cpu_share: AtomicU64,
-    /// Image address ranges restored as mappings of `shared_mem` (sorted; see
-    /// `sharedmem.rs`): a stored page there is put in the file and mapped, not copied.
-    shared: Vec<(u64, u64)>,
+    /// The snapshot's shared memory file (see `sharedmem.rs`): a stored page in the
+    /// ranges mapped from it is put in the file and mapped, not copied.
     shared_mem: Option<crate::sharedmem::SharedMemory>,
 }
 
@@ -235,31 +234,26 @@ impl PageSource {
             readaround: AtomicU64::new(DEFAULT_READAROUND_PAGES),
             sealer: None,
             fault_cpu_share: AtomicU64::new(DEFAULT_FAULT_CPU_SHARE.to_bits()),
-            shared: Vec::new(),
             shared_mem: None,
         }
     }
 
     /// Share this snapshot's memory between its instances through `mem` (see
-    /// `sharedmem.rs`): the stored pages of `ranges` (image addresses, whole VMAs).
-    pub fn with_shared(mut self, mem: crate::sharedmem::SharedMemory, ranges: Vec<(u64, u64)>) -> PageSource {
+    /// `sharedmem.rs`).
+    pub fn with_shared(mut self, mem: crate::sharedmem::SharedMemory) -> PageSource {
         self.shared_mem = Some(mem);
-        self.shared = ranges;
         self
     }
 
-    /// The shared memory file instances map, and the ranges they map from it.
+    /// The shared memory file instances may map, and the ranges they map from it.
     pub fn shared(&self) -> Option<(&Path, &[(u64, u64)])> {
-        self.shared_mem.as_ref().map(|m| (m.path(), &self.shared[..]))
+        self.shared_mem.as_ref().map(|m| (m.path(), m.ranges()))
     }
 
     /// Whether the stored page of image address `img` is served from the shared memory
-    /// file (for an instance that maps it, `stats.shared_base`).
+    /// file (for an instance that maps it, `stats.maps_shared_memory`).
     pub fn is_shared(&self, img: u64, stats: &Stats) -> bool {
-        self.shared_mem.is_some() && stats.shared_base.load(Ordering::Relaxed) && {
-            let i = self.shared.partition_point(|r| r.1 <= img);
-            self.shared.get(i).is_some_and(|r| r.0 <= img)
-        }
+        stats.maps_shared_memory.load(Ordering::Relaxed) && self.shared_mem.as_ref().is_some_and(|m| m.maps(img))
     }
 
     /// Put verified page bytes of image addresses from `img` into the shared memory file.
@@ -812,8 +806,20 @@ fn copy_run(uffd_fd: &OwnedFd, dst: u64, bytes: &[u8]) -> Result<u64, PageServer
     Ok(installed / PAGE_SIZE)
 }
 
-/// Map `npages` base pages at `dst` from the shared base file (UFFDIO_CONTINUE), before
-/// the process runs. Returns the pages mapped.
+/// Install verified stored pages `bytes` (from stored page `file_page` on) at `dst`
+/// before the process runs: through the shared memory file if `dst` is mapped from it,
+/// else copied. Returns the pages installed.
+fn install_run(uffd_fd: &OwnedFd, source: &PageSource, stats: &Stats, dst: u64, file_page: u64, bytes: &[u8]) -> Result<u64, PageServerError> {
+    if source.is_shared(dst, stats) {
+        source.fill_shared(dst, file_page, bytes)?;
+        continue_run(uffd_fd, dst, bytes.len() as u64 / PAGE_SIZE, stats)
+    } else {
+        copy_run(uffd_fd, dst, bytes)
+    }
+}
+
+/// Map `npages` pages at `dst` from the shared memory file (UFFDIO_CONTINUE; they are
+/// in it), before the process runs. Returns the pages mapped.
 fn continue_run(uffd_fd: &OwnedFd, dst: u64, npages: u64, stats: &Stats) -> Result<u64, PageServerError> {
     let len = npages * PAGE_SIZE;
     let mut done = 0;
@@ -877,12 +883,7 @@ pub fn install_ws(
             j += 1;
         }
         let bytes = &buf[i * PAGE_SIZE as usize..j * PAGE_SIZE as usize];
-        if shared(i) {
-            source.fill_shared(ws.layout[i].0, ws.layout[i].1, bytes)?;
-            ps.ws_pages += continue_run(uffd_fd, ws.layout[i].0, (j - i) as u64, stats)?;
-        } else {
-            ps.ws_pages += copy_run(uffd_fd, ws.layout[i].0, bytes)?;
-        }
+        ps.ws_pages += install_run(uffd_fd, source, stats, ws.layout[i].0, ws.layout[i].1, bytes)?;
         ps.copies += 1;
         i = j;
     }
@@ -920,12 +921,7 @@ pub fn install_parallel(
                         match t.file_page {
                             Some(fp) => {
                                 source.read_page(t.vaddr, fp, &mut buf)?;
-                                if source.is_shared(t.vaddr, stats) {
-                                    source.fill_shared(t.vaddr, fp, &buf)?;
-                                    pages += continue_run(uffd_fd, t.vaddr, 1, stats)?;
-                                } else {
-                                    pages += copy_run(uffd_fd, t.vaddr, &buf)?;
-                                }
+                                pages += install_run(uffd_fd, source, stats, t.vaddr, fp, &buf)?;
                             }
                             None => {
                                 let r = uffd::zeropage(uffd_fd.as_fd(), t.vaddr, PAGE_SIZE, false)
@@ -961,6 +957,7 @@ pub fn install_pages(uffd_fd: &OwnedFd, source: &PageSource, pages: &[u64], stat
         let r = match source.index.lookup(page) {
             Some(fp) if source.is_shared(page, stats) => {
                 source.read_page(page, fp, &mut buf)?;
+                stats.bytes_read.fetch_add(PAGE_SIZE, Ordering::Relaxed);
                 source.fill_shared(page, fp, &buf)?;
                 stats.pages_shared.fetch_add(1, Ordering::Relaxed);
                 uffd::continue_(uffd_fd.as_fd(), page, PAGE_SIZE, false)
@@ -1020,13 +1017,8 @@ pub fn install_all(
                 }
                 stored
             };
-            if source.is_shared(s, stats) {
-                // `ranges` are single VMAs: the whole piece is shared or not.
-                source.fill_shared(s, fp, bytes)?;
-                installed += continue_run(uffd_fd, s, n, stats)?;
-            } else {
-                installed += copy_run(uffd_fd, s, bytes)?;
-            }
+            // `ranges` are single VMAs: the whole piece is shared or not.
+            installed += install_run(uffd_fd, source, stats, s, fp, bytes)?;
         }
     }
     stats.bytes_read.fetch_add(installed * PAGE_SIZE, Ordering::Relaxed);

@@ -161,7 +161,7 @@ fn restore_inner(
     // Memory ranges mapped privately from the snapshot's shared memory file (see
     // `sharedmem.rs`): never together with write tracking (a reset works on anonymous
     // memory).
-    let (shared_base, shared_ranges) = match source.shared() {
+    let (shared_path, shared_ranges) = match source.shared() {
         Some((path, ranges)) if !track_writes => (Some(path.to_path_buf()), ranges.to_vec()),
         _ => (None, Vec::new()),
     };
@@ -264,8 +264,8 @@ fn restore_inner(
     calls.push(Call::new("userfaultfd", libc::SYS_userfaultfd, &[uffd_flags]));
     let mut paths: Vec<&str> = img.files.iter().map(|f| f.path.as_str()).collect();
     paths.push(img.mm.exe.as_str());
-    let base_path = shared_base.filter(|_| !shared_ranges.is_empty()).map(|p| p.to_string_lossy().into_owned());
-    if let Some(p) = &base_path {
+    let shared_file = shared_path.filter(|_| !shared_ranges.is_empty()).map(|p| p.to_string_lossy().into_owned());
+    if let Some(p) = &shared_file {
         paths.push(p.as_str());
     }
     let open_idx = calls.len();
@@ -276,8 +276,8 @@ fn restore_inner(
     let res = inj.run(&calls, &mut data).map_err(inj_err)?;
     let uffd_tmp = res[uffd_idx] as u64;
     let mut file_fds: Vec<u64> = res[open_idx..].iter().map(|&r| r as u64).collect();
-    let base_fd = if base_path.is_some() { file_fds.pop() } else { None };
-    let all_fds: Vec<u64> = file_fds.iter().copied().chain(base_fd).collect();
+    let shared_fd = if shared_file.is_some() { file_fds.pop() } else { None };
+    let all_fds: Vec<u64> = file_fds.iter().copied().chain(shared_fd).collect();
     lap("batch_a", &mut phases);
 
     // ---- Batch B: the image's address space and process attributes.
@@ -296,12 +296,12 @@ fn restore_inner(
             // Served by the page server: anonymous memory and file mappings stored whole.
             VmaKind::Anon { .. } | VmaKind::FileCopied { .. } => {
                 anon_vmas.push((v.start, v.end));
-                let shared = base_fd.is_some() && is_shared(v);
+                let shared = shared_fd.is_some() && is_shared(v);
                 match anon_ranges.last_mut() {
                     Some(last) if last.1 == v.start && last.2 == shared => last.1 = v.end,
                     _ => anon_ranges.push((v.start, v.end, shared)),
                 }
-                match base_fd {
+                match shared_fd {
                     // Private mapping of the shared memory file at offset = address: pages
                     // no instance writes exist once on the node; a write copies the page.
                     Some(fd) if shared => (libc::MAP_PRIVATE as u64 | noreplace, fd, v.start),
@@ -376,7 +376,7 @@ fn restore_inner(
     let uffd = mem::pidfd_getfd(pidfd.as_fd(), UFFD_KEEP_FD as i32).map_err(ioe("pidfd_getfd(userfaultfd)"))?;
     let mut features = uffd::FEATURE_EVENT_FORK | uffd::FEATURE_EVENT_REMAP | uffd::FEATURE_EVENT_REMOVE | uffd::FEATURE_EVENT_UNMAP
         | uffd::FEATURE_WP_ASYNC;
-    if base_fd.is_some() {
+    if shared_fd.is_some() {
         features |= uffd::FEATURE_MISSING_SHMEM | uffd::FEATURE_MINOR_SHMEM;
     }
     uffd::api(uffd.as_fd(), features).map_err(ioe("UFFDIO_API"))?;
@@ -388,7 +388,7 @@ fn restore_inner(
     }
     let share = source.fault_cpu_share();
     let stats = Arc::new(Stats::with_fault_budget((share > 0.0).then(|| share * img.sandbox.cpu_millis as f64 / 1000.0)));
-    stats.shared_base.store(base_fd.is_some(), Ordering::Relaxed);
+    stats.maps_shared_memory.store(shared_fd.is_some(), Ordering::Relaxed);
     write_file_cow_pages(pid, &wmem, img, &source, &stats)?;
     let pages_err = |source| RestoreError::Pages { pid, source };
     let (prefill, record) = prefill();

@@ -54,22 +54,25 @@ pub const DIR: &str = "/run/thaw/shared-mem";
 /// Size of a shared memory file: the whole user address space (sparse).
 const FILE_LEN: u64 = 1 << 47;
 
-/// One snapshot's shared memory file.
+/// One snapshot's shared memory file, and the image address ranges (whole VMAs,
+/// sorted) restored as mappings of it.
 pub struct SharedMemory {
     path: PathBuf,
     file: File,
+    ranges: Vec<(u64, u64)>,
     /// Image addresses whose page is in the file.
     filled: Mutex<HashSet<u64>>,
 }
 
 impl SharedMemory {
-    /// A new, empty shared memory file, or `None` (logged) when sharing is off or the
-    /// file cannot be made: restores then copy pages, as without sharing.
-    pub fn create() -> Option<SharedMemory> {
+    /// A new, empty shared memory file for `image` (whose stored pages `index` lists),
+    /// or `None` (logged) when sharing is off or the file cannot be made: restores
+    /// then copy pages, as without sharing.
+    pub fn create(image: &ProcessImage, index: &PageIndex) -> Option<SharedMemory> {
         if std::env::var("THAW_SHARE_MEMORY").is_ok_and(|v| v == "0") {
             return None;
         }
-        match Self::try_create() {
+        match Self::try_create(shareable(image, index)) {
             Ok(s) => Some(s),
             Err(e) => {
                 warn!(error = %e, dir = DIR, "cannot make a shared memory file; instances get their own copies of every page");
@@ -78,7 +81,7 @@ impl SharedMemory {
         }
     }
 
-    fn try_create() -> io::Result<SharedMemory> {
+    fn try_create(ranges: Vec<(u64, u64)>) -> io::Result<SharedMemory> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
         let dir = Path::new(DIR);
@@ -97,11 +100,22 @@ impl SharedMemory {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))?;
         debug!(path = %path.display(), "shared memory file created");
-        Ok(SharedMemory { path, file, filled: Mutex::default() })
+        Ok(SharedMemory { path, file, ranges, filled: Mutex::default() })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The image address ranges restored as mappings of the file.
+    pub fn ranges(&self) -> &[(u64, u64)] {
+        &self.ranges
+    }
+
+    /// Whether image address `img` lies in a range mapped from the file.
+    pub fn maps(&self, img: u64) -> bool {
+        let i = self.ranges.partition_point(|r| r.1 <= img);
+        self.ranges.get(i).is_some_and(|r| r.0 <= img)
     }
 
     /// Whether the page of image address `img` is in the file.
@@ -157,7 +171,7 @@ fn sweep(dir: &Path) {
 /// file: private anonymous memory (not stacks: a growsdown mapping must be anonymous;
 /// not MADV_WIPEONFORK memory, which must be too) and file mappings stored whole,
 /// holding at least one stored page of `index`.
-pub fn shareable(image: &ProcessImage, index: &PageIndex) -> Vec<(u64, u64)> {
+fn shareable(image: &ProcessImage, index: &PageIndex) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = image
         .vmas
         .iter()
