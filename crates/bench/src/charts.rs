@@ -23,6 +23,9 @@ pub fn mode_color(mode: &str) -> RGBColor {
         "warm" => RGBColor(44, 160, 44),
         "prefetch-sealed" => RGBColor(106, 61, 154),
         "lazy-sealed" => RGBColor(177, 89, 40),
+        "prefetch-pooled" | "burst-pooled" => RGBColor(0, 128, 128),
+        "burst-each" => RGBColor(188, 189, 34),
+        "burst-shared" => RGBColor(31, 60, 120),
         _ => RGBColor(0, 0, 0),
     }
 }
@@ -40,6 +43,7 @@ fn short(mode: &str) -> &str {
         "prefetch" => "REAP",
         "prefetch-sealed" => "REAP+enc",
         "lazy-sealed" => "lazy+enc",
+        "prefetch-pooled" => "REAP+pool",
         other => other,
     }
 }

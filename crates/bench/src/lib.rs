@@ -23,8 +23,20 @@ pub const DEFAULT_FUNCTIONS: &str = "helloworld,pyaes,jsonserde,htmlrender,image
 /// file's kernel behaviour); `lazy-page` reads exactly one page per fault.
 /// `*-sealed`: the same paging mode on a snapshot sealed at rest (AES-256-GCM, see
 /// engine/src/seal.rs), captured and recorded like the clear one in the same run.
-pub const MODES: [&str; 11] =
-    ["boot", "lazy", "lazy-page", "eager", "record", "parallel", "ws-cached", "prefetch", "warm", "prefetch-sealed", "lazy-sealed"];
+pub const MODES: [&str; 12] = [
+    "boot",
+    "lazy",
+    "lazy-page",
+    "eager",
+    "record",
+    "parallel",
+    "ws-cached",
+    "prefetch",
+    "warm",
+    "prefetch-sealed",
+    "lazy-sealed",
+    "prefetch-pooled",
+];
 
 /// A count, where an empty value means 0 (`--concurrency ""` skips the experiment).
 fn count_or_empty(s: &str) -> Result<u32, String> {

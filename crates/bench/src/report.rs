@@ -157,6 +157,10 @@ pub struct ConcPoint {
     pub page_faults_avg: f64,
     /// Median over trials of how many instances read the working set from disk.
     pub ws_reads: f64,
+    /// Per instance, over every instance of every trial: median and 99th percentile
+    /// of the time to first response.
+    pub median_ms: f64,
+    pub p99_ms: f64,
 }
 
 /// function -> mode -> points by N.
@@ -167,16 +171,18 @@ pub fn concurrency_summary(recs: &[ConcRecord]) -> ConcSummary {
     for r in recs {
         trials.entry((r.function.clone(), r.mode.clone(), r.n, r.rep)).or_default().push(r);
     }
-    let mut by_n: BTreeMap<(String, String, u32), (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    type Acc = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut by_n: BTreeMap<(String, String, u32), Acc> = BTreeMap::new();
     for ((f, m, n, _), t) in trials {
         let e = by_n.entry((f, m, n)).or_default();
+        e.4.extend(t.iter().map(|r| r.ttfr_ms));
         e.0.push(t.iter().map(|r| r.ttfr_ms).sum::<f64>() / t.len() as f64);
         e.1.push(t.iter().map(|r| r.ttfr_ms).fold(0.0, f64::max));
         e.2.push(t.iter().map(|r| r.page_faults as f64).sum::<f64>() / t.len() as f64);
         e.3.push(t.iter().filter(|r| r.ws_bytes_read > 0).count() as f64);
     }
     let mut out = ConcSummary::new();
-    for ((f, m, n), (avg, mx, pfs, reads)) in by_n {
+    for ((f, m, n), (avg, mx, pfs, reads, each)) in by_n {
         out.entry(f).or_default().entry(m).or_default().push(ConcPoint {
             n,
             avg_ms: stats::median(&avg).unwrap_or(f64::NAN),
@@ -185,6 +191,8 @@ pub fn concurrency_summary(recs: &[ConcRecord]) -> ConcSummary {
             trials: avg.len(),
             page_faults_avg: stats::median(&pfs).unwrap_or(f64::NAN),
             ws_reads: stats::median(&reads).unwrap_or(f64::NAN),
+            median_ms: stats::median(&each).unwrap_or(f64::NAN),
+            p99_ms: stats::percentile(&each, 99.0).unwrap_or(f64::NAN),
         });
     }
     out
@@ -371,9 +379,9 @@ pub fn summary_lines(h: &Headline, conc: &ConcSummary) -> Vec<String> {
     for (f, modes) in conc {
         for (m, pts) in modes {
             out.push(format!(
-                "concurrency {f} {m}: time to first response per instance avg/max (median of trials): {}",
+                "concurrency {f} {m}: time to first response per instance median/p99: {}",
                 pts.iter()
-                    .map(|p| format!("N={} {:.1}/{:.1} ms ({} WS reads)", p.n, p.avg_ms, p.max_ms, p.ws_reads))
+                    .map(|p| format!("N={} {:.1}/{:.1} ms ({} WS reads)", p.n, p.median_ms, p.p99_ms, p.ws_reads))
                     .collect::<Vec<_>>()
                     .join(", ")
             ));

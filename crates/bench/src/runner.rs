@@ -24,6 +24,28 @@ const REQUEST_ID: &str = "bench";
 const TIMEOUT: Duration = Duration::from_secs(120);
 const WS_FILES: [&str; 2] = [ws::TRACE_FILE, ws::PAGES_FILE];
 
+/// The prepared sandboxes of the `*-pooled` modes. Its thread is the parent of every
+/// sandbox taken from it, so it lives as long as the process.
+fn sandbox_pool() -> Result<Arc<thaw_sandbox::SandboxPool>> {
+    static POOL: std::sync::OnceLock<Arc<thaw_sandbox::SandboxPool>> = std::sync::OnceLock::new();
+    if let Some(p) = POOL.get() {
+        return Ok(p.clone());
+    }
+    let pool = Arc::new(thaw_sandbox::SandboxPool::new(1).context("starting the sandbox pool thread")?);
+    Ok(POOL.get_or_init(|| pool).clone())
+}
+
+/// Attach the pool to `loaded` and wait until `n` of its sandboxes are prepared: a
+/// node that keeps a pool has them ready before the cold starts it measures.
+fn use_pool(loaded: &mut LoadedSnapshot, n: usize) -> Result<()> {
+    loaded.sandboxes = Some(sandbox_pool()?);
+    let ready = loaded.prepare_sandboxes(n, Duration::from_secs(60));
+    if ready < n {
+        bail!("only {ready} of {n} prepared sandboxes became ready (see the log for why)");
+    }
+    Ok(())
+}
+
 /// One measured start of one function in one mode.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RunRecord {
@@ -89,9 +111,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The engine's paging mode of a bench mode (`*-sealed` modes page as their base).
+/// The engine's paging mode of a bench mode (`*-sealed` and `*-pooled` modes page as
+/// their base).
 fn paging(mode: &str) -> Result<Paging> {
-    match mode.trim_end_matches("-sealed") {
+    match mode.trim_end_matches("-sealed").trim_end_matches("-pooled") {
         "lazy-page" => Ok(Paging::Lazy),
         m => m.parse::<Paging>().map_err(|e| anyhow!("{e}")),
     }
@@ -282,6 +305,10 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
         loaded.source.set_readaround(1);
     }
     let open_ms = ms(t0.elapsed());
+    if mode.ends_with("-pooled") {
+        // Not part of the cold start: the pool prepares sandboxes ahead of need.
+        use_pool(&mut loaded, 1)?;
+    }
     let mut inst = Instance::restore(&loaded, asked)?;
     let r = (|| -> Result<(RunRecord, Value)> {
         check_mode(&inst, asked)?;
@@ -353,7 +380,7 @@ fn one_mode(p: &Prepared, mode: &str, run: usize) -> Result<(RunRecord, Value)> 
             install_ws(&p.golden, &p.snap)?;
             r
         }
-        "parallel" | "ws-cached" | "prefetch" => with_ws(p, &p.snap, &p.golden, mode, run),
+        "parallel" | "ws-cached" | "prefetch" | "prefetch-pooled" => with_ws(p, &p.snap, &p.golden, mode, run),
         "prefetch-sealed" => with_ws(p, &p.sealed_snap, &p.sealed_golden, mode, run),
         "lazy-sealed" => restore_once(p, &p.sealed_snap, mode, run),
         _ => restore_once(p, &p.snap, mode, run),
@@ -401,8 +428,9 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
             // lazy / prefetch: N copies of the snapshot (N different functions' worth of
             // files); burst-*: N restores of ONE snapshot through one opened snapshot,
             // as the node serves a burst of one function, with each restore reading
-            // the working set itself (today's REAP) or one read shared by the burst.
-            let mut modes = ["lazy", "prefetch", "burst-each", "burst-shared"];
+            // the working set itself (today's REAP) or one read shared by the burst;
+            // burst-pooled: shared, with sandboxes prepared by a pool beforehand.
+            let mut modes = ["lazy", "prefetch", "burst-each", "burst-shared", "burst-pooled"];
             let k = rep as usize % modes.len();
             modes.rotate_left(k);
             for mode in modes {
@@ -411,7 +439,10 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                 let shared = if burst {
                     let mut l = LoadedSnapshot::open(&copies[0])?;
                     l.merge_misses = false;
-                    l.single_flight = mode == "burst-shared";
+                    l.single_flight = mode != "burst-each";
+                    if mode == "burst-pooled" {
+                        use_pool(&mut l, n as usize)?;
+                    }
                     Some(Arc::new(l))
                 } else {
                     None

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use thaw_runtime::{Channel, ChannelError, InvokeOutcome, InvokeRequest, Runtime, RuntimeError};
-use thaw_sandbox::{Entry, Limits, Sandbox, SandboxError, SandboxSpec};
+use thaw_sandbox::{Entry, Limits, Sandbox, SandboxError, SandboxPool, SandboxSpec};
 use thiserror::Error;
 use tracing::{info, warn};
 
@@ -146,6 +146,26 @@ fn spec_for(rec: &SandboxRecord, kind: &str) -> SandboxSpec {
     }
 }
 
+/// A restore's sandbox: a prepared one from `pool` if it has one of `spec`'s shape
+/// (`extra` are binds beyond the shape: this snapshot's shared memory file), else a
+/// new one. Also returns the pool when its sandbox was used (the instance keeps it).
+fn stub_sandbox(
+    pool: Option<&Arc<SandboxPool>>,
+    mut spec: SandboxSpec,
+    extra: &[PathBuf],
+    entry: Entry,
+) -> Result<(Sandbox, Option<Arc<SandboxPool>>), SandboxError> {
+    if let Some(prepared) = pool.and_then(|p| p.take(&spec)) {
+        let id = prepared.id().to_string();
+        match prepared.start(&spec.code_dir, extra, &entry) {
+            Ok(sb) => return Ok((sb, pool.cloned())),
+            Err(e) => warn!(sandbox = id, error = %e, cause = ?std::error::Error::source(&e), "a prepared sandbox did not start; creating one"),
+        }
+    }
+    spec.ro_binds.extend_from_slice(extra);
+    Ok((Sandbox::spawn(&spec, entry)?, None))
+}
+
 /// Set to "1" in the environment of an instance booted to be captured.
 pub const SNAPSHOT_ENV: &str = "THAW_SNAPSHOT";
 /// Set to "1" in the environment of a runtime booted as a base: it starts, says
@@ -188,6 +208,9 @@ pub struct LoadedSnapshot {
     track_writes: std::sync::atomic::AtomicBool,
     /// The working set in memory while a burst of restores is installing it.
     ws_flight: std::sync::Mutex<std::sync::Weak<SharedWs>>,
+    /// Restores take their sandbox from this pool when it has one of their shape
+    /// (see `thaw_sandbox::SandboxPool`); `None`: each restore creates its own.
+    pub sandboxes: Option<Arc<SandboxPool>>,
 }
 
 impl LoadedSnapshot {
@@ -245,7 +268,18 @@ impl LoadedSnapshot {
             single_flight: true,
             track_writes: std::sync::atomic::AtomicBool::new(false),
             ws_flight: Default::default(),
+            sandboxes: None,
         })
+    }
+
+    /// Have `n` sandboxes for this snapshot's restores prepared in its pool
+    /// ([`LoadedSnapshot::sandboxes`]), waiting up to `timeout`; returns how many are
+    /// ready (0 without a pool). For a node expecting a burst, and for benchmarks.
+    pub fn prepare_sandboxes(&self, n: usize, timeout: Duration) -> usize {
+        match &self.sandboxes {
+            Some(pool) => pool.fill(&spec_for(&self.image.sandbox, "restore"), n, timeout),
+            None => 0,
+        }
     }
 
     /// Whether a working set has been recorded for this snapshot (not yet validated).
@@ -345,6 +379,8 @@ pub struct StartInfo {
     /// Boot: runtime start + function init. Restore: rebuilding the process.
     pub init_ms: f64,
     pub phases: Vec<(&'static str, f64)>,
+    /// The sandbox came prepared from a pool (see `thaw_sandbox::SandboxPool`).
+    pub prepared_sandbox: bool,
 }
 
 /// Page-server figures of a restored instance.
@@ -380,6 +416,9 @@ pub struct Instance {
     tracking: Option<crate::reset::Tracking>,
     /// Identity of the snapshot this instance was restored from.
     image_id: Option<u32>,
+    /// The pool whose thread is the parent of this instance's sandbox init (it must
+    /// outlive the sandbox); last, so it is dropped after the sandbox.
+    _sandbox_pool: Option<Arc<SandboxPool>>,
 }
 
 /// Per-instance REAP bookkeeping of a restored instance.
@@ -473,10 +512,11 @@ impl Instance {
             memory_mb: cfg.memory_mb,
             function_name: cfg.function_name.clone(),
             function_arn: None,
-            start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![] },
+            start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![], prepared_sandbox: false },
             paging: None,
             tracking: None,
             image_id: None,
+            _sandbox_pool: None,
         })
     }
 
@@ -494,12 +534,12 @@ impl Instance {
     pub fn restore_as(snap: &LoadedSnapshot, paging: Paging, record: SandboxRecord) -> Result<Instance, InstanceError> {
         let t0 = Instant::now();
         let requested = snap.resolve(paging);
-        let mut spec = spec_for(&record, "restore");
+        let spec = spec_for(&record, "restore");
         // Only this snapshot's file: the other files there hold other functions' memory.
-        if let Some((file, _)) = snap.source.shared().filter(|_| !snap.tracks_writes()) {
-            spec.ro_binds.push(file.to_path_buf());
-        }
+        let extra: Vec<PathBuf> =
+            snap.source.shared().filter(|_| !snap.tracks_writes()).map(|(file, _)| file.to_path_buf()).into_iter().collect();
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
+        let mut pool_used = None;
         let (mut sandbox, restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
             let loader = s.spawn(|| {
                 // The working set first, so its read has the disk to itself.
@@ -507,10 +547,13 @@ impl Instance {
                 snap.readahead_file_pages();
                 prefill
             });
-            let sandbox = Sandbox::spawn(&spec, entry);
+            let sandbox = stub_sandbox(snap.sandboxes.as_ref(), spec, &extra, entry);
             let mut mode = requested;
             let mut sandbox = match sandbox {
-                Ok(sb) => sb,
+                Ok((sb, pool)) => {
+                    pool_used = pool;
+                    sb
+                }
                 Err(e) => {
                     let _ = loader.join();
                     return Err(e.into());
@@ -566,7 +609,13 @@ impl Instance {
             record,
             function_name: "function".into(),
             function_arn: None,
-            start: StartInfo { kind, sandbox_ms, init_ms: total_ms - sandbox_ms, phases: restored.phases },
+            start: StartInfo {
+                kind,
+                sandbox_ms,
+                init_ms: total_ms - sandbox_ms,
+                phases: restored.phases,
+                prepared_sandbox: pool_used.is_some(),
+            },
             paging: Some(PagingState {
                 mode,
                 dir: snap.dir.clone(),
@@ -581,6 +630,7 @@ impl Instance {
             }),
             tracking,
             image_id: Some(snap.id),
+            _sandbox_pool: pool_used,
         })
     }
 

@@ -2,12 +2,18 @@
 //!
 //! The parent resolves everything that needs the host's view (stat of the bind sources,
 //! readlink of merged-/usr symlinks) into a list of [`RootOp`]s; the init only executes
-//! them. Framing on the config socket: `u32 LE json_len | json | stub blob`.
+//! them. Framing on the config socket: `u32 LE json_len | u32 LE blob_len | json | blob`
+//! (the blob is the restore stub's code).
 //!
 //! Status (init → parent, same socket, CLOEXEC in the init):
 //! `EXEC_MARK` right before `execve` (then EOF when exec succeeds), or `STUB_MARK` right
 //! before the stub stops; an error record `{"step":..,"errno":..}` ends the stream
 //! whenever a step fails, including a failed `execve` after `EXEC_MARK`.
+//!
+//! A prepared sandbox ([`InitMode::Deferred`], see `prepared.rs`) says `PREPARED_MARK`
+//! once its root is built, then reads a second frame of the same framing holding a
+//! [`Go`] and the stub, with one mount descriptor per [`Go::binds`] entry attached
+//! (SCM_RIGHTS), and goes on as a stub sandbox.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +27,9 @@ pub(crate) const FD_STATUS: i32 = 4;
 
 pub(crate) const EXEC_MARK: u8 = b'X';
 pub(crate) const STUB_MARK: u8 = b'S';
+pub(crate) const PREPARED_MARK: u8 = b'P';
+/// Bytes of the frame header: json_len and blob_len.
+pub(crate) const HEADER_LEN: usize = 8;
 
 /// Size of the tmpfs holding the new root (only directories, symlinks and mount points).
 pub(crate) const ROOT_TMPFS_OPTS: &str = "size=1m,mode=0755";
@@ -40,12 +49,29 @@ pub(crate) enum RootOp {
     RemountRo { dst: PathBuf },
     /// A regular file created in the root tmpfs (mode 0644) holding `data`.
     File { dst: PathBuf, data: String },
+    /// An empty directory, mount point of a bind attached later (a prepared sandbox's
+    /// /var/task).
+    Dir { dst: PathBuf },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum InitMode {
     Exec { argv: Vec<String> },
     Stub { addr: u64, len: usize },
+    /// Build the root without the function's code, report `PREPARED_MARK`, and wait
+    /// for a [`Go`].
+    Deferred,
+}
+
+/// The second frame a prepared sandbox's init reads: where to attach the mounts sent
+/// with it (in order), and the stub to start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Go {
+    /// Mount points inside the sandbox, one per attached descriptor; `dir` says
+    /// whether to create a directory or a file there (if absent). Attached read-only.
+    pub binds: Vec<(PathBuf, bool)>,
+    pub addr: u64,
+    pub len: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,8 +144,9 @@ impl HostFs for RealFs {
     }
 }
 
-/// Builds the mount plan, checking every host source exists.
-pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs) -> Result<Vec<RootOp>, SandboxError> {
+/// Builds the mount plan, checking every host source exists. `deferred`: the code
+/// directory is attached later (a prepared sandbox); /var/task is only a mount point.
+pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs, deferred: bool) -> Result<Vec<RootOp>, SandboxError> {
     let host_err = |what: &'static str, path: &Path| {
         let id = spec.id.clone();
         let path = path.to_path_buf();
@@ -158,8 +185,12 @@ pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs) -> Result<Vec<RootOp>, S
             Err(e) => Err(host_err(what, p)(e)),
         }
     };
-    dir_only("code_dir", &spec.code_dir)?;
-    ops.push(RootOp::Bind { src: spec.code_dir.clone(), dst: "/var/task".into(), dir: true, readonly: true });
+    if deferred {
+        ops.push(RootOp::Dir { dst: CODE_DIR.into() });
+    } else {
+        dir_only("code_dir", &spec.code_dir)?;
+        ops.push(RootOp::Bind { src: spec.code_dir.clone(), dst: CODE_DIR.into(), dir: true, readonly: true });
+    }
     if let Some(rt) = &spec.runtime_dir {
         dir_only("runtime_dir", rt)?;
         ops.push(RootOp::Bind { src: rt.clone(), dst: "/var/runtime".into(), dir: true, readonly: true });
@@ -181,10 +212,15 @@ pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs) -> Result<Vec<RootOp>, S
     Ok(ops)
 }
 
-pub(crate) fn init_config(spec: &SandboxSpec, entry: &Entry, root: PathBuf, ops: Vec<RootOp>) -> InitConfig {
+/// Where the function's code is mounted inside every sandbox.
+pub(crate) const CODE_DIR: &str = "/var/task";
+
+/// The init's configuration; `entry` `None`: a prepared sandbox ([`InitMode::Deferred`]).
+pub(crate) fn init_config(spec: &SandboxSpec, entry: Option<&Entry>, root: PathBuf, ops: Vec<RootOp>) -> InitConfig {
     let mode = match entry {
-        Entry::Exec { argv } => InitMode::Exec { argv: argv.clone() },
-        Entry::Stub { addr, len, .. } => InitMode::Stub { addr: *addr, len: *len },
+        Some(Entry::Exec { argv }) => InitMode::Exec { argv: argv.clone() },
+        Some(Entry::Stub { addr, len, .. }) => InitMode::Stub { addr: *addr, len: *len },
+        None => InitMode::Deferred,
     };
     InitConfig {
         root,
@@ -198,21 +234,33 @@ pub(crate) fn init_config(spec: &SandboxSpec, entry: &Entry, root: PathBuf, ops:
     }
 }
 
-pub(crate) fn encode(cfg: &InitConfig, blob: &[u8]) -> Vec<u8> {
-    let json = serde_json::to_vec(cfg).expect("InitConfig serializes");
-    let mut out = Vec::with_capacity(4 + json.len() + blob.len());
+/// One frame: `u32 LE json_len | u32 LE blob_len | json | blob`.
+pub(crate) fn encode<T: Serialize>(msg: &T, blob: &[u8]) -> Vec<u8> {
+    let json = serde_json::to_vec(msg).expect("init messages serialize");
+    let mut out = Vec::with_capacity(HEADER_LEN + json.len() + blob.len());
     out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(blob.len() as u32).to_le_bytes());
     out.extend_from_slice(&json);
     out.extend_from_slice(blob);
     out
 }
 
-pub(crate) fn decode(bytes: &[u8]) -> Result<(InitConfig, &[u8]), String> {
-    let len_bytes: [u8; 4] = bytes.get(..4).ok_or("truncated header")?.try_into().expect("4 bytes");
-    let len = u32::from_le_bytes(len_bytes) as usize;
-    let json = bytes.get(4..4 + len).ok_or("truncated config")?;
-    let cfg = serde_json::from_slice(json).map_err(|e| e.to_string())?;
-    Ok((cfg, &bytes[4 + len..]))
+/// How many bytes follow a frame's header.
+pub(crate) fn body_len(header: &[u8; HEADER_LEN]) -> usize {
+    let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes")) as usize;
+    word(0).saturating_add(word(4))
+}
+
+/// A whole frame (header included) back into its message and blob.
+pub(crate) fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<(T, &[u8]), String> {
+    let header: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN).ok_or("truncated header")?.try_into().expect("8 bytes");
+    let json_len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let body = &bytes[HEADER_LEN..];
+    if body.len() != body_len(header) {
+        return Err(format!("frame of {} bytes, header says {}", body.len(), body_len(header)));
+    }
+    let msg = serde_json::from_slice(&body[..json_len]).map_err(|e| e.to_string())?;
+    Ok((msg, &body[json_len..]))
 }
 
 /// JSON prefix of an error record whose errno digits and `}` are appended by
@@ -257,7 +305,7 @@ mod tests {
         fs.0.insert("/etc/shadow", Err(false));
         fs.0.insert("/etc/ssl/private", Err(true));
         let spec = SandboxSpec::new("p", "/code");
-        let ops = plan(&spec, &fs).unwrap();
+        let ops = plan(&spec, &fs, false).unwrap();
         assert!(!ops.iter().any(|o| matches!(o, RootOp::Bind { src, .. } if src == Path::new("/etc"))));
         let passwd = ops.iter().find_map(|o| match o {
             RootOp::File { dst, data } if dst == Path::new("/etc/passwd") => Some(data.clone()),
@@ -293,7 +341,7 @@ mod tests {
         fs.0.insert("/etc/ld.so.cache", Err(false));
         fs.0.insert("/etc/ssl/certs", Err(true));
         let fs = StagingFs(fs, Default::default());
-        let ops = plan(&SandboxSpec::new("p", "/code"), &fs).unwrap();
+        let ops = plan(&SandboxSpec::new("p", "/code"), &fs, false).unwrap();
         let on_etc: Vec<_> = ops.iter().filter(|o| format!("{o:?}").contains("\"/etc")).collect();
         assert_eq!(on_etc, [&RootOp::Bind { src: "/run/thaw/etc/k".into(), dst: "/etc".into(), dir: true, readonly: true }]);
         assert_eq!(fs.1.get(), 1);
@@ -301,7 +349,7 @@ mod tests {
         // The host's /etc bound explicitly: no minimal one, staged or not.
         let mut spec = SandboxSpec::new("p", "/code");
         spec.ro_binds.push("/etc".into());
-        let ops = plan(&spec, &fs).unwrap();
+        let ops = plan(&spec, &fs, false).unwrap();
         assert!(!ops.iter().any(|o| format!("{o:?}").contains("/run/thaw/etc")));
         assert_eq!(fs.1.get(), 1, "not staged");
     }
@@ -322,7 +370,7 @@ mod tests {
     fn plan_replicates_merged_usr_and_binds_the_rest() {
         let mut spec = SandboxSpec::new("p", "/code");
         spec.ro_binds.push("/etc".into()); // the host's /etc, whole
-        let ops = plan(&spec, &host()).unwrap();
+        let ops = plan(&spec, &host(), false).unwrap();
         let bind = |s: &str, d: &str| RootOp::Bind { src: s.into(), dst: d.into(), dir: true, readonly: true };
         assert_eq!(ops[0], bind("/usr", "/usr"));
         assert_eq!(ops[1], bind("/etc", "/etc"));
@@ -342,27 +390,36 @@ mod tests {
     #[test]
     fn plan_rejects_missing_or_non_dir_code() {
         let spec = SandboxSpec::new("p", "/nope");
-        let e = plan(&spec, &host()).unwrap_err();
+        let e = plan(&spec, &host(), false).unwrap_err();
         assert_eq!(e.to_string(), "sandbox p: code_dir /nope");
         assert_eq!(std::error::Error::source(&e).unwrap().to_string(), "No such file or directory (os error 2)");
+        // A prepared sandbox's plan does not look at the code: /var/task is a mount point.
+        let ops = plan(&SandboxSpec::new("p", "/nope"), &host(), true).unwrap();
+        assert!(ops.contains(&RootOp::Dir { dst: "/var/task".into() }));
+        assert!(!ops.iter().any(|o| format!("{o:?}").contains("/nope")));
         let spec = SandboxSpec::new("p", "/file");
-        let e = plan(&spec, &host()).unwrap_err();
+        let e = plan(&spec, &host(), false).unwrap_err();
         assert_eq!(std::error::Error::source(&e).unwrap().to_string(), "Not a directory (os error 20)");
         let mut spec = SandboxSpec::new("p", "/code");
         spec.ro_binds.push("/file".into());
-        let ops = plan(&spec, &host()).unwrap();
+        let ops = plan(&spec, &host(), false).unwrap();
         assert!(ops.contains(&RootOp::Bind { src: "/file".into(), dst: "/file".into(), dir: false, readonly: true }));
     }
 
     #[test]
     fn wire_roundtrip() {
         let spec = SandboxSpec::new("p", "/code");
-        let cfg = init_config(&spec, &Entry::Stub { addr: 0x1000, len: 3, blob: vec![] }, "/r/p".into(), vec![]);
+        let cfg = init_config(&spec, Some(&Entry::Stub { addr: 0x1000, len: 3, blob: vec![] }), "/r/p".into(), vec![]);
         let bytes = encode(&cfg, &[1, 2, 3]);
-        let (back, blob) = decode(&bytes).unwrap();
+        let (back, blob) = decode::<InitConfig>(&bytes).unwrap();
         assert_eq!(back, cfg);
         assert_eq!(blob, &[1, 2, 3]);
-        assert!(decode(&bytes[..3]).is_err());
+        assert!(decode::<InitConfig>(&bytes[..3]).is_err());
+        assert!(decode::<InitConfig>(&bytes[..bytes.len() - 1]).is_err(), "a short frame is refused");
+        let go = Go { binds: vec![("/var/task".into(), true)], addr: 0x2000, len: 1 };
+        let frame = encode(&go, &[]);
+        let (back, blob) = decode::<Go>(&frame).unwrap();
+        assert_eq!((back, blob), (go, &[][..]));
     }
 
     #[test]

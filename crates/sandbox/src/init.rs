@@ -1,12 +1,14 @@
 //! The sandbox init: PID 1 of the new pid namespace. It reads its [`InitConfig`] from
 //! fd 4, builds the root filesystem, and forks PID 2: either the program (exec) or the
-//! restore stub (which the caller seizes with ptrace). PID 1 stays behind as the
+//! restore stub (which the caller seizes with ptrace). A prepared sandbox's init
+//! (`InitMode::Deferred`) stops before that, with /var/task empty, until the parent
+//! sends the function's code as mount descriptors and the stub to start. PID 1 stays behind as the
 //! namespace's reaper and exits when PID 2 does. Single-threaded; allocating is fine
 //! here.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -17,7 +19,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid};
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
 
-use crate::config::{self, InitConfig, InitMode, RootOp, StatusError, EXEC_MARK, FD_STATUS, STUB_MARK};
+use crate::config::{self, InitConfig, InitMode, RootOp, StatusError, EXEC_MARK, FD_STATUS, PREPARED_MARK, STUB_MARK};
 use crate::sys;
 
 const NOFILE_LIMIT: u64 = 1024;
@@ -65,10 +67,10 @@ pub fn sandbox_init_main() -> ! {
 
 /// Returns only on failure.
 fn run(status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
-    let mut buf = Vec::new();
-    status.read_to_end(&mut buf).step(|| "read config".into())?;
+    let frame = read_frame(status).step(|| "read config".into())?;
     fcntl(status.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).step(|| "set CLOEXEC on status fd".into())?;
-    let (cfg, blob) = config::decode(&buf).map_err(|e| Fail { step: format!("decode config: {e}"), errno: libc::EINVAL })?;
+    let (cfg, blob) =
+        config::decode::<InitConfig>(&frame).map_err(|e| Fail { step: format!("decode config: {e}"), errno: libc::EINVAL })?;
 
     // Before anything is created: the sandbox's files must not depend on the caller's
     // umask (under 077 the mount points would be unreadable to the function's user).
@@ -76,7 +78,6 @@ fn run(status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
     build_root(&cfg)?;
     nix::unistd::sethostname(&cfg.hostname).step(|| format!("sethostname {}", cfg.hostname))?;
     sys::loopback_up().step(|| "bring up lo".into())?;
-    nix::unistd::chdir(&cfg.cwd).step(|| format!("chdir {}", cfg.cwd.display()))?;
     let null = std::fs::OpenOptions::new().read(true).open("/dev/null").step(|| "open /dev/null".into())?;
     nix::unistd::dup2(null.as_raw_fd(), 0).step(|| "dup2 /dev/null to fd 0".into())?;
     drop(null);
@@ -86,10 +87,117 @@ fn run(status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
     // PID 1 dies with the caller's thread, and the whole namespace with it.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
 
+    if cfg.mode == InitMode::Deferred {
+        return prepared(&cfg, &filter, status);
+    }
+    mount(None::<&str>, "/", None::<&str>, ro_remount(), None::<&str>).step(|| "remount / read-only".into())?;
+    nix::unistd::chdir(&cfg.cwd).step(|| format!("chdir {}", cfg.cwd.display()))?;
     match cfg.mode {
         InitMode::Exec { ref argv } => exec(&cfg, argv, &filter, status),
         InitMode::Stub { addr, len } => stub(addr, len, blob, &filter, status),
+        InitMode::Deferred => unreachable!("handled above"),
     }
+}
+
+/// A prepared sandbox: fork the stub now (it waits for its code in [`waiting_stub`]),
+/// report `PREPARED_MARK`, and wait, as long as it takes, for the function's mounts.
+/// Once they are attached and / is read-only, pass the stub its go and become the
+/// reaper, as in a stub sandbox.
+fn prepared(cfg: &InitConfig, filter: &BpfProgram, status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
+    let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).step(|| "pipe to the stub".into())?;
+    let child = match sys::fork().step(|| "fork the stub".into())? {
+        Some(child) => child,
+        None => {
+            drop(tx);
+            return waiting_stub(&cfg.cwd, rx, filter, status);
+        }
+    };
+    drop(rx);
+    status.write_all(&[PREPARED_MARK]).step(|| "report prepared".into())?;
+    let (go, blob) = attach(status)?;
+    mount(None::<&str>, "/", None::<&str>, ro_remount(), None::<&str>).step(|| "remount / read-only".into())?;
+    std::fs::File::from(tx).write_all(&config::encode(&go, &blob)).step(|| "pass the stub its go".into())?;
+    become_reaper(child, filter, status)
+}
+
+/// The stub of a prepared sandbox, forked before the function's code is attached: it
+/// waits for its go (stub address and code) from the init, then goes on as [`stub`]'s.
+fn waiting_stub(cwd: &Path, rx: std::os::fd::OwnedFd, filter: &BpfProgram, status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
+    apply_seccomp(filter)?;
+    let frame = read_frame(&mut std::fs::File::from(rx)).step(|| "read the stub's go".into())?;
+    let (go, blob) =
+        config::decode::<config::Go>(&frame).map_err(|e| Fail { step: format!("decode the stub's go: {e}"), errno: libc::EINVAL })?;
+    // Only now: /var/task is the attached code.
+    nix::unistd::chdir(cwd).step(|| format!("chdir {}", cwd.display()))?;
+    stub_ready(go.addr, go.len, blob, status)
+}
+
+/// Flags that make an existing mount read-only (and nosuid, nodev).
+fn ro_remount() -> MsFlags {
+    MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV
+}
+
+/// One frame (see `config.rs`), read exactly: the socket stays open for what follows.
+fn read_frame(status: &mut std::fs::File) -> std::io::Result<Vec<u8>> {
+    let mut header = [0u8; config::HEADER_LEN];
+    status.read_exact(&mut header)?;
+    read_body(status, header)
+}
+
+fn read_body(status: &mut std::fs::File, header: [u8; config::HEADER_LEN]) -> std::io::Result<Vec<u8>> {
+    let mut frame = header.to_vec();
+    frame.resize(config::HEADER_LEN + config::body_len(&header), 0);
+    status.read_exact(&mut frame[config::HEADER_LEN..])?;
+    Ok(frame)
+}
+
+/// A prepared sandbox's second step: receive the [`config::Go`] frame with its mount
+/// descriptors (detached trees the parent cloned with `open_tree`) and attach each at
+/// its mount point, read-only. Returns the frame and the stub blob.
+fn attach(status: &mut std::fs::File) -> Result<(config::Go, Vec<u8>), Fail> {
+    let (header, fds) = sys::recv_with_fds::<{ config::HEADER_LEN }>(status.as_fd()).step(|| "receive the code mounts".into())?;
+    let frame = read_body(status, header).step(|| "read the go frame".into())?;
+    let (go, blob) =
+        config::decode::<config::Go>(&frame).map_err(|e| Fail { step: format!("decode go frame: {e}"), errno: libc::EINVAL })?;
+    if go.binds.len() != fds.len() {
+        return Err(Fail { step: format!("{} mounts for {} mount points", fds.len(), go.binds.len()), errno: libc::EINVAL });
+    }
+    for ((dst, dir), fd) in go.binds.iter().zip(fds) {
+        mount_point(Path::new("/"), dst, *dir)?;
+        rustix::mount::move_mount(
+            &fd,
+            "",
+            rustix::fs::CWD,
+            dst,
+            rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(|e| Fail { step: format!("attach the mount at {}", dst.display()), errno: e.raw_os_error() })?;
+        mount(None::<&str>, dst, None::<&str>, ro_remount(), None::<&str>)
+            .step(|| format!("remount {} read-only", dst.display()))?;
+    }
+    Ok((go, blob.to_vec()))
+}
+
+/// Create `dst` (inside `root`) as a directory or an empty file unless it exists.
+fn mount_point(root: &Path, dst: &Path, dir: bool) -> Result<(), Fail> {
+    let mut dirs = std::fs::DirBuilder::new();
+    dirs.recursive(true).mode(0o755);
+    let mkdir = |p: &Path| dirs.create(inside(root, p)).step(|| format!("mkdir {}", p.display()));
+    if dir {
+        return mkdir(dst);
+    }
+    if let Some(parent) = dst.parent() {
+        mkdir(parent)?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .open(inside(root, dst))
+        .step(|| format!("create mount point {}", dst.display()))?;
+    Ok(())
 }
 
 fn inside(root: &Path, p: &Path) -> PathBuf {
@@ -105,25 +213,12 @@ fn build_root(cfg: &InitConfig) -> Result<(), Fail> {
     let mut dirs = std::fs::DirBuilder::new();
     dirs.recursive(true).mode(0o755);
     let mkdir = |p: &Path| dirs.create(inside(root, p)).step(|| format!("mkdir {}", p.display()));
-    let ro_flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let ro_flags = ro_remount();
     for op in &cfg.ops {
         match op {
             RootOp::Bind { src, dst, dir, readonly } => {
                 let target = inside(root, dst);
-                if *dir {
-                    mkdir(dst)?;
-                } else {
-                    if let Some(parent) = dst.parent() {
-                        mkdir(parent)?;
-                    }
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(false)
-                        .mode(0o644)
-                        .open(&target)
-                        .step(|| format!("create mount point {}", dst.display()))?;
-                }
+                mount_point(root, dst, *dir)?;
                 let what = || format!("bind-mount {} at {}", src.display(), dst.display());
                 mount(Some(src.as_path()), &target, none, MsFlags::MS_BIND | MsFlags::MS_REC, none).step(what)?;
                 if *readonly {
@@ -169,6 +264,7 @@ fn build_root(cfg: &InitConfig) -> Result<(), Fail> {
                     .and_then(|mut f| f.write_all(data.as_bytes()))
                     .step(|| format!("write {}", dst.display()))?;
             }
+            RootOp::Dir { dst } => mkdir(dst)?,
             RootOp::RemountRo { dst } => {
                 mount(none, &inside(root, dst), none, ro_flags, none)
                     .step(|| format!("remount {} read-only", dst.display()))?;
@@ -181,7 +277,7 @@ fn build_root(cfg: &InitConfig) -> Result<(), Fail> {
     nix::unistd::pivot_root(".", ".").step(|| "pivot_root".into())?;
     umount2(".", MntFlags::MNT_DETACH).step(|| "detach old root".into())?;
     nix::unistd::chdir("/").step(|| "chdir /".into())?;
-    mount(none, "/", none, ro_flags, none).step(|| "remount / read-only".into())?;
+    // `run` makes / read-only once a prepared sandbox has its mounts attached.
     Ok(())
 }
 
@@ -309,16 +405,22 @@ fn stub(addr: u64, len: usize, blob: &[u8], filter: &BpfProgram, status: &mut st
     match sys::fork().step(|| "fork the stub".into())? {
         Some(child) => become_reaper(child, filter, status),
         None => {
-            sys::map_stub(addr, len, blob).step(|| format!("map stub at {addr:#x}+{len:#x}"))?;
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
             apply_seccomp(filter)?;
-            status.write_all(&[STUB_MARK]).step(|| "report stub".into())?;
-            // `status` is never used or dropped again: this branch ends in _exit.
-            nix::unistd::close(status.as_raw_fd()).step(|| "close status fd".into())?;
-            loop {
-                nix::unistd::pause();
-            }
+            stub_ready(addr, len, blob, status)
         }
+    }
+}
+
+/// The stub, confined: map the injection region, report `STUB_MARK` and wait in
+/// `pause()` to be seized.
+fn stub_ready(addr: u64, len: usize, blob: &[u8], status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
+    sys::map_stub(addr, len, blob).step(|| format!("map stub at {addr:#x}+{len:#x}"))?;
+    status.write_all(&[STUB_MARK]).step(|| "report stub".into())?;
+    // `status` is never used or dropped again: this branch ends in _exit.
+    nix::unistd::close(status.as_raw_fd()).step(|| "close status fd".into())?;
+    loop {
+        nix::unistd::pause();
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::ffi::CString;
 use std::io::{ErrorKind, Read};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,7 +61,7 @@ pub struct Sandbox {
 
 /// Host-side resources to undo: the cgroup(s) and the root mount-point directory.
 #[derive(Debug)]
-struct Resources {
+pub(crate) struct Resources {
     id: String,
     cgroup: Box<dyn Cgroup>,
     cgroup_created: bool,
@@ -70,7 +70,17 @@ struct Resources {
 }
 
 impl Resources {
-    fn cleanup(&mut self) -> Result<(), SandboxError> {
+    pub(crate) fn new(spec: &SandboxSpec) -> Resources {
+        Resources {
+            id: spec.id.clone(),
+            cgroup: cgroup::for_sandbox(&spec.cgroup_root, &spec.id),
+            cgroup_created: false,
+            root_dir: spec.run_dir.join(&spec.id),
+            root_created: false,
+        }
+    }
+
+    pub(crate) fn cleanup(&mut self) -> Result<(), SandboxError> {
         let mut result = Ok(());
         if self.cgroup_created {
             match self.cgroup.destroy() {
@@ -125,18 +135,26 @@ impl Sandbox {
     pub fn spawn(spec: &SandboxSpec, entry: Entry) -> Result<Sandbox, SandboxError> {
         spec.validate()?;
         entry.validate(&spec.id)?;
-        let id = spec.id.as_str();
-        let ops = config::plan(spec, &RealFs)?;
-        let root_dir = spec.run_dir.join(id);
-
-        let mut res = Resources {
-            id: id.to_string(),
-            cgroup: cgroup::for_sandbox(&spec.cgroup_root, id),
-            cgroup_created: false,
-            root_dir: root_dir.clone(),
-            root_created: false,
+        let ops = config::plan(spec, &RealFs, false)?;
+        let mut res = Resources::new(spec);
+        let blob: &[u8] = match &entry {
+            Entry::Stub { blob, .. } => blob,
+            Entry::Exec { .. } => &[],
         };
-        match Self::spawn_inner(spec, &entry, ops, &mut res) {
+        let spawned = launch(spec, Some(&entry), blob, ops, &mut res).and_then(|l| {
+            let _ = socket::shutdown(l.status.as_raw_fd(), socket::Shutdown::Write);
+            finish(&spec.id, &entry, l)
+        });
+        Self::assemble(&spec.id, spawned, res)
+    }
+
+    /// The sandbox from a finished launch, or, on error, everything it created removed.
+    pub(crate) fn assemble(
+        id: &str,
+        spawned: Result<Spawned, (SandboxError, Option<(i32, OwnedFd)>)>,
+        mut res: Resources,
+    ) -> Result<Sandbox, SandboxError> {
+        match spawned {
             Ok(sp) => Ok(Sandbox {
                 id: id.to_string(),
                 pid: sp.pid,
@@ -160,166 +178,6 @@ impl Sandbox {
                 Err(e)
             }
         }
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn spawn_inner(
-        spec: &SandboxSpec,
-        entry: &Entry,
-        ops: Vec<config::RootOp>,
-        res: &mut Resources,
-    ) -> Result<Spawned, (SandboxError, Option<(i32, OwnedFd)>)> {
-        let id = spec.id.as_str();
-        let fail = |e: SandboxError| (e, None);
-
-        // Host directory that becomes the mount point of the new root.
-        match std::fs::create_dir(&res.root_dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                std::fs::create_dir_all(&spec.run_dir)
-                    .and_then(|()| std::fs::create_dir(&res.root_dir))
-                    .map_err(|source| {
-                        fail(SandboxError::HostPath { id: id.into(), what: "create root directory", path: res.root_dir.clone(), source })
-                    })?;
-            }
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                return Err(fail(SandboxError::IdInUse { id: id.into(), path: res.root_dir.clone() }));
-            }
-            Err(source) => {
-                return Err(fail(SandboxError::HostPath { id: id.into(), what: "create root directory", path: res.root_dir.clone(), source }))
-            }
-        }
-        res.root_created = true;
-
-        match res.cgroup.create() {
-            Ok(()) => res.cgroup_created = true,
-            Err(CgroupError::Io { path, source, .. }) if source.kind() == ErrorKind::AlreadyExists => {
-                return Err(fail(SandboxError::IdInUse { id: id.into(), path }));
-            }
-            Err(source) => return Err(fail(SandboxError::Cgroup { id: id.into(), source })),
-        }
-        res.cgroup
-            .set_limits(&spec.limits)
-            .map_err(|source| fail(SandboxError::Cgroup { id: id.into(), source }))?;
-
-        // Everything the child needs, prepared before clone.
-        let blob: &[u8] = match entry {
-            Entry::Stub { blob, .. } => blob,
-            Entry::Exec { .. } => &[],
-        };
-        let cfg_bytes = config::encode(&config::init_config(spec, entry, res.root_dir.clone(), ops), blob);
-        let cstr = |b: &[u8]| CString::new(b).expect("validated: no NUL");
-        let path = cstr(spec.init_exe.as_os_str().as_bytes());
-        let argv: Vec<CString> =
-            std::iter::once(path.clone()).chain(spec.init_args.iter().map(|a| cstr(a.as_bytes()))).collect();
-        let envp = vec![cstr(b"GLIBC_TUNABLES=glibc.pthread.rseq=0")];
-
-        let devnull = std::fs::File::open("/dev/null")
-            .map_err(|source| fail(SandboxError::HostPath { id: id.into(), what: "open", path: "/dev/null".into(), source }))?;
-        let (log_r, log_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| fail(sys_err(id, "pipe2")(e)))?;
-        let sockpair = || {
-            socket::socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
-                .map_err(|e| fail(sys_err(id, "socketpair")(e)))
-        };
-        let (control_parent, control_child) = sockpair()?;
-        let (status_parent, status_child) = sockpair()?;
-        let ce = sys::ChildExec::new(
-            path,
-            argv,
-            envp,
-            [devnull.as_fd(), log_w.as_fd(), log_w.as_fd(), control_child.as_fd(), status_child.as_fd()],
-            config::error_prefix("dup2 sandbox descriptors"),
-            config::error_prefix(&format!("execve {}", spec.init_exe.display())),
-        );
-
-        let (pid, pidfd) = sys::clone_sandbox(&ce).map_err(|source| {
-            fail(SandboxError::Sys { id: id.into(), step: "clone".into(), source })
-        })?;
-        drop((ce, devnull, log_w, control_child, status_child));
-        let mut child = Some((pid, pidfd));
-        macro_rules! bail {
-            ($e:expr) => {
-                return Err(($e, child.take()))
-            };
-        }
-
-        // Into the cgroup(s) before the init sees its config.
-        if let Err(source) = res.cgroup.add_pid(pid) {
-            bail!(SandboxError::Cgroup { id: id.into(), source });
-        }
-        if let Err(e) = send_all(&status_parent, &cfg_bytes) {
-            // EPIPE: the init died early (e.g. exec failed); its report tells why.
-            if e != Errno::EPIPE {
-                bail!(sys_err(id, "send config")(e));
-            }
-        }
-        let _ = socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&status_parent), socket::Shutdown::Write);
-        if let Err(e) = setsockopt(&status_parent, sockopt::ReceiveTimeout, &TimeVal::from(libc::timeval {
-            tv_sec: INIT_TIMEOUT.as_secs() as libc::time_t,
-            tv_usec: 0,
-        })) {
-            bail!(sys_err(id, "set SO_RCVTIMEO")(e));
-        }
-        let mut report = Vec::new();
-        match std::fs::File::from(status_parent).read_to_end(&mut report) {
-            Ok(_) => {}
-            // The init died with our config unread in its socket: same as EOF.
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-            Err(e) => bail!(SandboxError::Sys { id: id.into(), step: "read init status".into(), source: e }),
-        }
-
-        let (want, rest) = match (entry, report.split_first()) {
-            (Entry::Exec { .. }, Some((&EXEC_MARK, rest))) => (true, rest),
-            (Entry::Stub { .. }, Some((&STUB_MARK, rest))) => (true, rest),
-            _ => (false, &report[..]),
-        };
-        if !rest.is_empty() {
-            match serde_json::from_slice::<StatusError>(rest) {
-                Ok(se) => bail!(SandboxError::Init {
-                    id: id.into(),
-                    step: se.step,
-                    source: std::io::Error::from_raw_os_error(se.errno),
-                }),
-                Err(_) => bail!(SandboxError::Protocol {
-                    id: id.into(),
-                    detail: String::from_utf8_lossy(rest).chars().take(200).collect(),
-                }),
-            }
-        }
-        if !want {
-            // EOF without a word: the init died (or init_exe is not a sandbox init).
-            let (pid, pidfd) = child.take().expect("child present");
-            let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-            let status = reap(pid).map(|s| format!("{s:?}")).unwrap_or_else(|| "not reaped".into());
-            return Err((SandboxError::InitVanished { id: id.into(), status }, None));
-        }
-
-        // The program (or stub) is PID 2, the init's only child at this point.
-        // A program that already ended (it may be very short) is represented by the
-        // init, which exits with its status.
-        let found = match sys::first_child(pid) {
-            Ok(m) => m.and_then(|m| sys::pidfd_open(m).ok().map(|fd| (m, fd))),
-            Err(_) => None,
-        };
-        let (main, main_pidfd) = match (found, entry) {
-            (Some(x), _) => x,
-            (None, Entry::Stub { .. }) => {
-                bail!(SandboxError::InitVanished { id: id.into(), status: "the stub (PID 2) is not running".into() })
-            }
-            (None, Entry::Exec { .. }) => match sys::pidfd_open(pid) {
-                Ok(fd) => (pid, fd),
-                Err(source) => bail!(SandboxError::Sys { id: id.into(), step: "pidfd_open".into(), source }),
-            },
-        };
-        if let Entry::Stub { .. } = entry {
-            // The stub waits in pause(): attach (this thread becomes its tracer) and stop it.
-            if let Err(e) = sys::seize_and_stop(main) {
-                bail!(sys_err(id, "ptrace-seize the stub")(e));
-            }
-        }
-
-        let (pid, pidfd) = child.take().expect("child present");
-        Ok(Spawned { pid, pidfd, main, main_pidfd, control: control_parent, log: log_r })
     }
 
     /// The sandbox id.
@@ -434,7 +292,186 @@ impl Sandbox {
     }
 }
 
-struct Spawned {
+/// A sandbox's init, cloned into its namespaces and cgroup(s) and sent its config,
+/// before it has reported.
+pub(crate) struct Launched {
+    pub(crate) pid: i32,
+    pub(crate) pidfd: OwnedFd,
+    /// The config/status socket (fd 4 in the init).
+    pub(crate) status: OwnedFd,
+    control: OwnedFd,
+    log: OwnedFd,
+}
+
+impl Launched {
+    /// The init's pid and pidfd, for an error path that has to kill it.
+    pub(crate) fn child(self) -> Option<(i32, OwnedFd)> {
+        Some((self.pid, self.pidfd))
+    }
+}
+
+pub(crate) type LaunchError = (SandboxError, Option<(i32, OwnedFd)>);
+
+/// Create the sandbox's root directory and cgroup(s), clone its init and send the
+/// config (`entry` `None`: a prepared sandbox, see `prepared.rs`). On error, what was
+/// created is recorded in `res` and the init (if any) comes with the error.
+pub(crate) fn launch(
+    spec: &SandboxSpec,
+    entry: Option<&Entry>,
+    blob: &[u8],
+    ops: Vec<config::RootOp>,
+    res: &mut Resources,
+) -> Result<Launched, LaunchError> {
+    let id = spec.id.as_str();
+    let fail = |e: SandboxError| (e, None);
+
+    // Host directory that becomes the mount point of the new root.
+    match std::fs::create_dir(&res.root_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            std::fs::create_dir_all(&spec.run_dir).and_then(|()| std::fs::create_dir(&res.root_dir)).map_err(|source| {
+                fail(SandboxError::HostPath { id: id.into(), what: "create root directory", path: res.root_dir.clone(), source })
+            })?;
+        }
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            return Err(fail(SandboxError::IdInUse { id: id.into(), path: res.root_dir.clone() }));
+        }
+        Err(source) => {
+            return Err(fail(SandboxError::HostPath { id: id.into(), what: "create root directory", path: res.root_dir.clone(), source }))
+        }
+    }
+    res.root_created = true;
+
+    match res.cgroup.create() {
+        Ok(()) => res.cgroup_created = true,
+        Err(CgroupError::Io { path, source, .. }) if source.kind() == ErrorKind::AlreadyExists => {
+            return Err(fail(SandboxError::IdInUse { id: id.into(), path }));
+        }
+        Err(source) => return Err(fail(SandboxError::Cgroup { id: id.into(), source })),
+    }
+    res.cgroup.set_limits(&spec.limits).map_err(|source| fail(SandboxError::Cgroup { id: id.into(), source }))?;
+
+    // Everything the child needs, prepared before clone.
+    let cfg_bytes = config::encode(&config::init_config(spec, entry, res.root_dir.clone(), ops), blob);
+    let cstr = |b: &[u8]| CString::new(b).expect("validated: no NUL");
+    let path = cstr(spec.init_exe.as_os_str().as_bytes());
+    let argv: Vec<CString> = std::iter::once(path.clone()).chain(spec.init_args.iter().map(|a| cstr(a.as_bytes()))).collect();
+    let envp = vec![cstr(b"GLIBC_TUNABLES=glibc.pthread.rseq=0")];
+
+    let devnull = std::fs::File::open("/dev/null")
+        .map_err(|source| fail(SandboxError::HostPath { id: id.into(), what: "open", path: "/dev/null".into(), source }))?;
+    let (log_r, log_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| fail(sys_err(id, "pipe2")(e)))?;
+    let sockpair = || {
+        socket::socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+            .map_err(|e| fail(sys_err(id, "socketpair")(e)))
+    };
+    let (control_parent, control_child) = sockpair()?;
+    let (status_parent, status_child) = sockpair()?;
+    let ce = sys::ChildExec::new(
+        path,
+        argv,
+        envp,
+        [devnull.as_fd(), log_w.as_fd(), log_w.as_fd(), control_child.as_fd(), status_child.as_fd()],
+        config::error_prefix("dup2 sandbox descriptors"),
+        config::error_prefix(&format!("execve {}", spec.init_exe.display())),
+    );
+
+    let (pid, pidfd) =
+        sys::clone_sandbox(&ce).map_err(|source| fail(SandboxError::Sys { id: id.into(), step: "clone".into(), source }))?;
+    drop((ce, devnull, log_w, control_child, status_child));
+    let launched = Launched { pid, pidfd, status: status_parent, control: control_parent, log: log_r };
+
+    // Into the cgroup(s) before the init sees its config.
+    if let Err(source) = res.cgroup.add_pid(pid) {
+        return Err((SandboxError::Cgroup { id: id.into(), source }, launched.child()));
+    }
+    if let Err(e) = send_all(&launched.status, &cfg_bytes) {
+        // EPIPE: the init died early (e.g. exec failed); its report tells why.
+        if e != Errno::EPIPE {
+            return Err((sys_err(id, "send config")(e), launched.child()));
+        }
+    }
+    Ok(launched)
+}
+
+/// The error an init's report describes (its `{"step","errno"}` record), or a
+/// protocol error for anything else.
+pub(crate) fn report_error(id: &str, rest: &[u8]) -> SandboxError {
+    match serde_json::from_slice::<StatusError>(rest) {
+        Ok(se) => SandboxError::Init { id: id.into(), step: se.step, source: std::io::Error::from_raw_os_error(se.errno) },
+        Err(_) => SandboxError::Protocol { id: id.into(), detail: String::from_utf8_lossy(rest).chars().take(200).collect() },
+    }
+}
+
+/// Read a launched init's report to the end (its write side is shut down) and, for a
+/// stub, seize the stub with the calling thread.
+pub(crate) fn finish(id: &str, entry: &Entry, launched: Launched) -> Result<Spawned, LaunchError> {
+    let Launched { pid, pidfd, status, control, log } = launched;
+    let mut child = Some((pid, pidfd));
+    macro_rules! bail {
+        ($e:expr) => {
+            return Err(($e, child.take()))
+        };
+    }
+    if let Err(e) = setsockopt(&status, sockopt::ReceiveTimeout, &TimeVal::from(libc::timeval {
+        tv_sec: INIT_TIMEOUT.as_secs() as libc::time_t,
+        tv_usec: 0,
+    })) {
+        bail!(sys_err(id, "set SO_RCVTIMEO")(e));
+    }
+    let mut report = Vec::new();
+    match std::fs::File::from(status).read_to_end(&mut report) {
+        Ok(_) => {}
+        // The init died with our config unread in its socket: same as EOF.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        Err(e) => bail!(SandboxError::Sys { id: id.into(), step: "read init status".into(), source: e }),
+    }
+
+    let (want, rest) = match (entry, report.split_first()) {
+        (Entry::Exec { .. }, Some((&EXEC_MARK, rest))) => (true, rest),
+        (Entry::Stub { .. }, Some((&STUB_MARK, rest))) => (true, rest),
+        _ => (false, &report[..]),
+    };
+    if !rest.is_empty() {
+        bail!(report_error(id, rest));
+    }
+    if !want {
+        // EOF without a word: the init died (or init_exe is not a sandbox init).
+        let (pid, pidfd) = child.take().expect("child present");
+        let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        let status = reap(pid).map(|s| format!("{s:?}")).unwrap_or_else(|| "not reaped".into());
+        return Err((SandboxError::InitVanished { id: id.into(), status }, None));
+    }
+
+    // The program (or stub) is PID 2, the init's only child at this point.
+    // A program that already ended (it may be very short) is represented by the
+    // init, which exits with its status.
+    let found = match sys::first_child(pid) {
+        Ok(m) => m.and_then(|m| sys::pidfd_open(m).ok().map(|fd| (m, fd))),
+        Err(_) => None,
+    };
+    let (main, main_pidfd) = match (found, entry) {
+        (Some(x), _) => x,
+        (None, Entry::Stub { .. }) => {
+            bail!(SandboxError::InitVanished { id: id.into(), status: "the stub (PID 2) is not running".into() })
+        }
+        (None, Entry::Exec { .. }) => match sys::pidfd_open(pid) {
+            Ok(fd) => (pid, fd),
+            Err(source) => bail!(SandboxError::Sys { id: id.into(), step: "pidfd_open".into(), source }),
+        },
+    };
+    if let Entry::Stub { .. } = entry {
+        // The stub waits in pause(): attach (this thread becomes its tracer) and stop it.
+        if let Err(e) = sys::seize_and_stop(main) {
+            bail!(sys_err(id, "ptrace-seize the stub")(e));
+        }
+    }
+
+    let (pid, pidfd) = child.take().expect("child present");
+    Ok(Spawned { pid, pidfd, main, main_pidfd, control, log })
+}
+
+pub(crate) struct Spawned {
     pid: i32,
     pidfd: OwnedFd,
     main: i32,
@@ -444,7 +481,7 @@ struct Spawned {
 }
 
 /// Blocking reap for error paths.
-fn reap(pid: i32) -> Option<ExitStatus> {
+pub(crate) fn reap(pid: i32) -> Option<ExitStatus> {
     loop {
         match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL)) {
             Ok(ws) => {
@@ -459,7 +496,6 @@ fn reap(pid: i32) -> Option<ExitStatus> {
 }
 
 fn send_all(fd: &OwnedFd, mut buf: &[u8]) -> Result<(), Errno> {
-    use std::os::fd::AsRawFd;
     while !buf.is_empty() {
         match socket::send(fd.as_raw_fd(), buf, MsgFlags::MSG_NOSIGNAL) {
             Ok(n) => buf = &buf[n..],

@@ -321,3 +321,51 @@ pub(crate) fn exit_now(code: c_int) -> ! {
     // SAFETY: _exit is always safe to call; it does not return.
     unsafe { libc::_exit(code) }
 }
+
+/// Receive exactly `N` bytes from a stream socket together with the descriptors sent
+/// with them (SCM_RIGHTS, received close-on-exec).
+pub(crate) fn recv_with_fds<const N: usize>(sock: BorrowedFd<'_>) -> io::Result<([u8; N], Vec<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
+    let mut buf = [0u8; N];
+    let mut fds = Vec::new();
+    let mut got = 0;
+    while got < N {
+        let mut cmsg = nix::cmsg_space!([RawFd; 8]);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf[got..])];
+        let msg = match recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Ok(m) => m,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for c in msg.cmsgs().map_err(io::Error::from)? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: SCM_RIGHTS installed these descriptors in this process just
+                // now; nothing else owns them.
+                fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+        if msg.bytes == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        got += msg.bytes;
+    }
+    Ok((buf, fds))
+}
+
+/// Send all of `bytes` on a stream socket, `fds` attached to the first chunk.
+pub(crate) fn send_with_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let iov = [std::io::IoSlice::new(&bytes[sent..])];
+        let rights = [ControlMessage::ScmRights(&raw)];
+        let cmsgs: &[ControlMessage<'_>] = if sent == 0 && !raw.is_empty() { &rights } else { &[] };
+        match sendmsg::<UnixAddr>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Ok(n) => sent += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

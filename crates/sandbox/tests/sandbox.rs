@@ -467,3 +467,106 @@ fn leftovers_of_dead_processes_are_swept() {
     assert!(!cg.path().join("memory/thaw/restore-999999999-5-0").exists());
     assert!(run.path().join("boot-1-5-0").exists(), "a live owner's sandbox must be kept");
 }
+
+/// The mount options of `path` in `pid`'s mount namespace.
+fn mount_opts(pid: i32, path: &str) -> String {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    info.lines()
+        .find(|l| l.split_whitespace().nth(4) == Some(path))
+        .unwrap_or_else(|| panic!("{path} is not a mount point in {pid}:\n{info}"))
+        .split_whitespace()
+        .nth(5)
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn prepared_sandbox_starts_a_stub_with_its_code_attached_read_only() {
+    let code = code_dir();
+    let extra = tempfile::NamedTempFile::new_in("/run").unwrap();
+    std::fs::write(extra.path(), "shared bytes").unwrap();
+    let mut s = spec("prep", Path::new("/nonexistent-code"));
+    s.env.clear();
+    let prepared = Sandbox::prepare(&s).unwrap();
+    assert_eq!(prepared.id(), s.id);
+    let addr = 0x6200_0000_0000u64;
+    let blob = vec![0x90u8; 5000];
+    let entry = Entry::Stub { addr, len: 2 * 4096, blob: blob.clone() };
+    let mut sb = prepared.start(code.path(), &[extra.path().to_path_buf()], &entry).unwrap();
+    let pid = sb.pid();
+    assert!(status_field(pid, "State").starts_with(['t', 'T']));
+    assert_eq!(status_field(pid, "TracerPid"), nix::unistd::gettid().as_raw().to_string(), "the starting thread traces it");
+    assert_eq!(status_field(pid, "NSpid").split_whitespace().last(), Some("2"));
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    let mut mem = File::open(format!("/proc/{pid}/mem")).unwrap();
+    mem.seek(SeekFrom::Start(addr)).unwrap();
+    let mut back = vec![0u8; blob.len()];
+    mem.read_exact(&mut back).unwrap();
+    assert_eq!(back, blob);
+    let root = format!("/proc/{pid}/root");
+    assert_eq!(std::fs::read_to_string(format!("{root}/var/task/hello.txt")).unwrap(), "hello from code\n");
+    assert_eq!(std::fs::read_to_string(format!("{root}{}", extra.path().display())).unwrap(), "shared bytes");
+    assert_eq!(std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap(), Path::new("/var/task"), "cwd is the attached code");
+    for p in ["/var/task", extra.path().to_str().unwrap(), "/"] {
+        assert!(mount_opts(pid, p).split(',').any(|o| o == "ro"), "{p} is read-only: {}", mount_opts(pid, p));
+    }
+    let cg = sb.cgroup().paths();
+    let mut pids = sb.cgroup().pids().unwrap();
+    pids.sort();
+    assert_eq!(pids, vec![sb.init_pid(), pid], "init and stub in the prepared cgroup");
+    sb.kill().unwrap();
+    assert_gone(pid, &cg, &run_dir(&s));
+}
+
+#[test]
+fn prepared_sandbox_refuses_bad_starts_and_leaves_nothing() {
+    let s = spec("prepbad", Path::new("/nonexistent-code"));
+    let stub = Entry::Stub { addr: 0x6300_0000_0000, len: 4096, blob: vec![0xcc] };
+    // Dropped unstarted.
+    let p = Sandbox::prepare(&s).unwrap();
+    drop(p);
+    assert!(!run_dir(&s).exists());
+    // A code directory that does not exist: a clear error, everything removed.
+    let p = Sandbox::prepare(&s).unwrap();
+    let e = p.start(Path::new("/nonexistent-code"), &[], &stub).unwrap_err();
+    assert_eq!(e.to_string(), format!("sandbox {}: bind source /nonexistent-code", s.id));
+    assert!(!run_dir(&s).exists());
+    // Only a restore stub can start in a prepared sandbox.
+    let code = code_dir();
+    let p = Sandbox::prepare(&s).unwrap();
+    let e = p.start(code.path(), &[], &sh("true")).unwrap_err();
+    assert!(e.to_string().contains("a prepared sandbox starts only a restore stub"), "{e}");
+    assert!(!run_dir(&s).exists());
+}
+
+#[test]
+fn pool_hands_out_prepared_sandboxes_of_the_asked_shape() {
+    let code = code_dir();
+    let pool = thaw_sandbox::SandboxPool::new(1).unwrap();
+    let mut s = spec("pool", code.path());
+    s.env.clear();
+    assert!(pool.take(&s).is_none(), "nothing prepared for a new shape");
+    assert_eq!(pool.fill(&s, 2, Duration::from_secs(30)), 2);
+    let mut other = s.clone();
+    other.limits.memory_mb = 300;
+    assert!(pool.take(&other).is_none(), "another shape is not served from this one's sandboxes");
+    let p = pool.take(&s).expect("a prepared sandbox");
+    let entry = Entry::Stub { addr: 0x6400_0000_0000, len: 4096, blob: vec![0xcc] };
+    let mut sb = p.start(code.path(), &[], &entry).unwrap();
+    let pid = sb.pid();
+    assert!(Path::new(&format!("/proc/{pid}/root/var/task/hello.txt")).exists());
+    let st = pool.stats();
+    assert_eq!((st.hits, st.misses, st.shapes), (1, 2, 2), "{st:?}");
+    assert_eq!(pool.fill(&other, 1, Duration::from_secs(30)), 1);
+    let cg = sb.cgroup().paths();
+    sb.kill().unwrap();
+    assert_gone(pid, &cg, Path::new("/nonexistent"));
+    drop(pool);
+    let leftovers: Vec<_> = std::fs::read_dir(&s.run_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("pool-{}-", std::process::id())))
+        .collect();
+    assert!(leftovers.is_empty(), "the pool removed its prepared sandboxes: {leftovers:?}");
+}
+

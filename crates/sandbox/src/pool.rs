@@ -1,0 +1,256 @@
+//! A few [`Prepared`] sandboxes per shape, kept ready by one long-lived thread, so a
+//! restore does not pay for creating its sandbox.
+//!
+//! A shape is everything of a [`SandboxSpec`] but its id, code directory and
+//! environment (a restore's environment comes from its image). [`SandboxPool::take`]
+//! hands out a ready sandbox of the spec's shape, or `None` (the caller spawns one as
+//! before) and remembers the shape, so the next cold start of it finds one. The
+//! refill thread prepares one sandbox at a time, off every caller's critical path;
+//! shapes unused for a while are forgotten and their sandboxes removed.
+//!
+//! The pool's thread is the parent of every sandbox it prepared, including those
+//! handed out and running: its exit kills them (PR_SET_PDEATHSIG). Keep the pool
+//! alive (an `Arc`) as long as any sandbox taken from it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::prepared::Prepared;
+use crate::{Sandbox, SandboxSpec};
+
+/// Shapes remembered at most (the least recently used is forgotten first).
+const MAX_SHAPES: usize = 16;
+/// A shape not taken from for this long is forgotten.
+const IDLE_TTL: Duration = Duration::from_secs(600);
+/// The refill waits until no sandbox has been taken for this long: preparing one
+/// takes a few milliseconds of CPU that the cold starts of a burst need more.
+const REFILL_QUIET: Duration = Duration::from_millis(20);
+/// Longest pause after failed preparations of a shape.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Counters of a pool, for logs and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStats {
+    /// `take` calls that got a prepared sandbox.
+    pub hits: u64,
+    /// `take` calls that found none ready.
+    pub misses: u64,
+    /// Sandboxes prepared, and preparations that failed.
+    pub prepared: u64,
+    pub failures: u64,
+    /// Sandboxes ready now, over all shapes.
+    pub ready: usize,
+    pub shapes: usize,
+}
+
+struct Slot {
+    key: String,
+    template: SandboxSpec,
+    ready: Vec<Prepared>,
+    want: usize,
+    last_use: Instant,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+struct State {
+    slots: Vec<Slot>,
+    stop: bool,
+    /// When a sandbox was last taken (see [`REFILL_QUIET`]).
+    last_take: Option<Instant>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    /// Wakes the refill thread (a shape wants more) and `wait_ready` callers.
+    changed: Condvar,
+    per_shape: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    prepared: AtomicU64,
+    failures: AtomicU64,
+    next_id: AtomicU64,
+}
+
+/// Prepared sandboxes by shape; see the module documentation.
+pub struct SandboxPool {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The shape of `spec`: what a prepared sandbox must match.
+fn shape_key(spec: &SandboxSpec) -> String {
+    let mut s = spec.clone();
+    s.id.clear();
+    s.code_dir.clear();
+    s.env.clear();
+    format!("{s:?}")
+}
+
+impl SandboxPool {
+    /// A pool keeping `per_shape` sandboxes ready for each shape it has been asked for.
+    pub fn new(per_shape: usize) -> std::io::Result<SandboxPool> {
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State { slots: Vec::new(), stop: false, last_take: None }),
+            changed: Condvar::new(),
+            per_shape,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            prepared: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
+        });
+        let worker = inner.clone();
+        let thread = std::thread::Builder::new().name("thaw-sbx-pool".into()).spawn(move || worker.refill())?;
+        Ok(SandboxPool { inner, thread: Some(thread) })
+    }
+
+    /// A ready sandbox of `spec`'s shape, or `None` (the shape is then kept ready
+    /// from now on).
+    pub fn take(&self, spec: &SandboxSpec) -> Option<Prepared> {
+        let key = shape_key(spec);
+        let mut st = self.inner.lock();
+        let per_shape = self.inner.per_shape;
+        let slot = st.slot(&key, spec, per_shape);
+        slot.last_use = Instant::now();
+        let got = slot.ready.pop();
+        st.last_take = Some(Instant::now());
+        drop(st);
+        self.inner.changed.notify_all();
+        let counter = if got.is_some() { &self.inner.hits } else { &self.inner.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+        got
+    }
+
+    /// Keep at least `n` sandboxes of `spec`'s shape ready (e.g. ahead of an expected
+    /// burst) and wait up to `timeout` until they are. Returns how many are ready.
+    pub fn fill(&self, spec: &SandboxSpec, n: usize, timeout: Duration) -> usize {
+        let key = shape_key(spec);
+        let deadline = Instant::now() + timeout;
+        let mut st = self.inner.lock();
+        let per_shape = self.inner.per_shape;
+        let slot = st.slot(&key, spec, per_shape);
+        slot.want = slot.want.max(n);
+        slot.last_use = Instant::now();
+        self.inner.changed.notify_all();
+        loop {
+            let ready = st.slots.iter().find(|s| s.key == key).map_or(0, |s| s.ready.len());
+            let now = Instant::now();
+            if ready >= n || now >= deadline {
+                return ready;
+            }
+            st = self.inner.changed.wait_timeout(st, deadline - now).expect("pool lock").0;
+        }
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let st = self.inner.lock();
+        PoolStats {
+            hits: self.inner.hits.load(Ordering::Relaxed),
+            misses: self.inner.misses.load(Ordering::Relaxed),
+            prepared: self.inner.prepared.load(Ordering::Relaxed),
+            failures: self.inner.failures.load(Ordering::Relaxed),
+            ready: st.slots.iter().map(|s| s.ready.len()).sum(),
+            shapes: st.slots.len(),
+        }
+    }
+}
+
+impl Drop for SandboxPool {
+    fn drop(&mut self) {
+        self.inner.lock().stop = true;
+        self.inner.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl State {
+    /// The slot of `key`, created (forgetting the least recently used shape beyond
+    /// [`MAX_SHAPES`]) if new.
+    fn slot(&mut self, key: &str, spec: &SandboxSpec, want: usize) -> &mut Slot {
+        if let Some(i) = self.slots.iter().position(|s| s.key == key) {
+            return &mut self.slots[i];
+        }
+        if self.slots.len() >= MAX_SHAPES {
+            let lru = (0..self.slots.len()).min_by_key(|&i| self.slots[i].last_use).expect("non-empty");
+            self.slots.swap_remove(lru);
+        }
+        self.slots.push(Slot {
+            key: key.to_string(),
+            template: spec.clone(),
+            ready: Vec::new(),
+            want,
+            last_use: Instant::now(),
+            failures: 0,
+            retry_at: None,
+        });
+        self.slots.last_mut().expect("just pushed")
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The refill thread: prepare one sandbox at a time for a shape short of its
+    /// target; forget idle shapes; sleep when there is nothing to do.
+    fn refill(&self) {
+        let mut st = self.lock();
+        loop {
+            if st.stop {
+                break;
+            }
+            let now = Instant::now();
+            st.slots.retain(|s| now.duration_since(s.last_use) < IDLE_TTL);
+            if let Some(quiet_at) = st.last_take.map(|t| t + REFILL_QUIET).filter(|&t| t > now) {
+                st = self.changed.wait_timeout(st, quiet_at - now).expect("pool lock").0;
+                continue;
+            }
+            let next = st
+                .slots
+                .iter()
+                .filter(|s| s.ready.len() < s.want && s.retry_at.is_none_or(|t| t <= now))
+                .min_by_key(|s| s.ready.len())
+                .map(|s| (s.key.clone(), s.template.clone()));
+            let Some((key, mut spec)) = next else {
+                let nap = st.slots.iter().filter_map(|s| s.retry_at).min().map_or(Duration::from_secs(5), |t| t.saturating_duration_since(now));
+                st = self.changed.wait_timeout(st, nap.max(Duration::from_millis(1))).expect("pool lock").0;
+                continue;
+            };
+            drop(st);
+            spec.id = format!("pool-{}-{}", std::process::id(), self.next_id.fetch_add(1, Ordering::Relaxed));
+            let made = Sandbox::prepare(&spec);
+            st = self.lock();
+            let slot = st.slots.iter_mut().find(|s| s.key == key);
+            match (made, slot) {
+                (Ok(p), Some(slot)) => {
+                    self.prepared.fetch_add(1, Ordering::Relaxed);
+                    slot.failures = 0;
+                    slot.retry_at = None;
+                    slot.ready.push(p);
+                }
+                (Ok(_), None) => {} // the shape was forgotten meanwhile; drop it
+                (Err(e), slot) => {
+                    self.failures.fetch_add(1, Ordering::Relaxed);
+                    if let Some(slot) = slot {
+                        slot.failures += 1;
+                        let backoff = Duration::from_millis(100).saturating_mul(1 << slot.failures.min(9)).min(MAX_BACKOFF);
+                        slot.retry_at = Some(Instant::now() + backoff);
+                        tracing::warn!(error = %e, cause = ?std::error::Error::source(&e), failures = slot.failures, retry_in = ?backoff,
+                            "cannot prepare a sandbox; cold starts of this shape create their own meanwhile");
+                    }
+                }
+            }
+            self.changed.notify_all();
+        }
+        // Remove what is still prepared while this thread (their parent) is alive.
+        let slots = std::mem::take(&mut st.slots);
+        drop(st);
+        drop(slots);
+    }
+}
