@@ -97,6 +97,13 @@ pub struct ServeArgs {
     /// instance's CPU limit averaged over a second; 0 = unbounded. Faults beyond it wait.
     #[arg(long, default_value_t = thaw_engine::pageserver::DEFAULT_FAULT_CPU_SHARE, value_parser = parse_share)]
     pub fault_cpu_share: f64,
+    /// Sandboxes kept prepared per sandbox shape (memory size, CPU, runtime): namespaces,
+    /// cgroup and root filesystem built ahead, so a cold start only attaches the function's
+    /// code (saves most of the sandbox's few milliseconds). A shape is kept from its first
+    /// restore until unused for 10 minutes; each prepared sandbox holds a small idle process.
+    /// 0: every restore creates its own sandbox.
+    #[arg(long, default_value_t = 2)]
+    pub sandbox_pool: usize,
     /// Publish every snapshot this node builds to an S3-compatible store, s3://BUCKET/PREFIX,
     /// and keep only a bounded cache of them here (DATA_DIR/node/snapshot-cache,
     /// --cache-max-bytes); a snapshot not in the cache is fetched back on its next start.
@@ -210,6 +217,10 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         event_concurrency: args.event_concurrency.max(1),
         freeze_idle: !args.no_freeze_idle,
         fault_cpu_share: args.fault_cpu_share,
+        sandbox_pool: match args.sandbox_pool {
+            0 => None,
+            n => Some(Arc::new(thaw_sandbox::SandboxPool::new(n).context("starting the sandbox pool thread")?)),
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("thaw-node").build().context("starting the async runtime")?;
     if let Some(store) = snapshot_store.clone().filter(|_| !args.store_gc_interval.is_zero()) {
@@ -222,7 +233,12 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
             }
         });
     }
+    let pool = cfg.sandbox_pool.clone();
     let result = rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public));
+    // The instances are gone: remove the sandboxes still prepared.
+    if let Some(p) = pool {
+        p.shutdown();
+    }
     // The store owns a runtime of its own, which may not be dropped inside the node's:
     // the node's runtime goes first, so the last reference is this one.
     drop(rt);

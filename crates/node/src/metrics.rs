@@ -18,6 +18,8 @@
 //! | `thaw_bases` | gauge | — (runtime bases on the node, layered snapshots) |
 //! | `thaw_bases_bytes` | gauge | — (their stored bytes) |
 //! | `thaw_shared_memory_bytes` | gauge | — (memory of the shared copies instances map, tmpfs) |
+//! | `thaw_restore_sandboxes_total` | counter | outcome (prepared: taken from the sandbox pool; created: none was ready) |
+//! | `thaw_sandbox_pool_ready` | gauge | — (prepared sandboxes waiting, all shapes) |
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
@@ -43,6 +45,8 @@ pub struct Metrics {
     pub bases: IntGauge,
     pub bases_bytes: IntGauge,
     pub shared_memory_bytes: IntGauge,
+    pub restore_sandboxes: IntCounterVec,
+    pub sandbox_pool_ready: IntGauge,
 }
 
 impl Metrics {
@@ -82,6 +86,12 @@ impl Metrics {
             bases: gauge("thaw_bases", "Runtime bases on the node (layered snapshots)"),
             bases_bytes: gauge("thaw_bases_bytes", "Stored bytes of the runtime bases"),
             shared_memory_bytes: gauge("thaw_shared_memory_bytes", "Memory of the shared copies of snapshots that instances map (tmpfs)"),
+            restore_sandboxes: counter(
+                "thaw_restore_sandboxes_total",
+                "Sandboxes of restores: prepared (from the sandbox pool) or created (none was ready)",
+                &["outcome"],
+            ),
+            sandbox_pool_ready: gauge("thaw_sandbox_pool_ready", "Prepared sandboxes waiting in the pool"),
             registry,
         }
     }

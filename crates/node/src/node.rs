@@ -81,6 +81,9 @@ pub struct NodeConfig {
     pub snapshot_store: Option<Arc<SnapshotStore>>,
     /// Bases for layered snapshots (None: every snapshot is a full image).
     pub bases: Option<layered::Bases>,
+    /// Sandboxes prepared ahead of restores (`--sandbox-pool`; None: each restore
+    /// creates its own).
+    pub sandbox_pool: Option<Arc<thaw_sandbox::SandboxPool>>,
 }
 
 #[derive(Debug, Error)]
@@ -179,7 +182,12 @@ impl Revision {
             id: rec.id,
             dir: rec.dir.clone(),
             boot,
-            snapshot: SnapshotSlot::new(rec.dir.join("snapshot"), rec.snapshot_id.clone(), cfg.snapshot_store.clone(), cfg.fault_cpu_share),
+            snapshot: SnapshotSlot::new(
+                rec.dir.join("snapshot"),
+                rec.snapshot_id.clone(),
+                cfg.snapshot_store.clone(),
+                snapstore::OpenSettings { fault_cpu_share: cfg.fault_cpu_share, sandboxes: cfg.sandbox_pool.clone() },
+            ),
             snapshot_bytes: AtomicU64::new(rec.snapshot_bytes.unwrap_or(0)),
             retired: AtomicBool::new(false),
         }
@@ -962,6 +970,10 @@ impl Node {
                 let kind = inst.start.kind;
                 self.metrics.starts.with_label_values(&[kind]).inc();
                 self.metrics.start_seconds.with_label_values(&[kind]).observe(start_ms / 1e3);
+                if self.cfg.sandbox_pool.is_some() && kind != "boot" {
+                    let outcome = if inst.start.prepared_sandbox { "prepared" } else { "created" };
+                    self.metrics.restore_sandboxes.with_label_values(&[outcome]).inc();
+                }
                 return Ok(Lease { inst, rev, kind, start_ms, isolate });
             }
             Ok((Err(e), _)) => InvokeError::Start { function: f.name.clone(), source: Box::new(e) },
@@ -1272,6 +1284,7 @@ impl Node {
             "events": {"pending": self.registry.pending_events().unwrap_or(0)},
             "snapshot_store": self.cfg.snapshot_store.as_ref().map(|s| s.status()),
             "bases": self.cfg.bases.as_ref().map(layered::describe),
+            "sandbox_pool": self.cfg.sandbox_pool.as_ref().map(|p| p.stats()),
             "functions": funcs,
         })
     }

@@ -77,7 +77,7 @@ struct Inner {
 /// Prepared sandboxes by shape; see the module documentation.
 pub struct SandboxPool {
     inner: Arc<Inner>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// The shape of `spec`: what a prepared sandbox must match.
@@ -104,7 +104,7 @@ impl SandboxPool {
         });
         let worker = inner.clone();
         let thread = std::thread::Builder::new().name("thaw-sbx-pool".into()).spawn(move || worker.refill())?;
-        Ok(SandboxPool { inner, thread: Some(thread) })
+        Ok(SandboxPool { inner, thread: Mutex::new(Some(thread)) })
     }
 
     /// A ready sandbox of `spec`'s shape, or `None` (the shape is then kept ready
@@ -113,6 +113,9 @@ impl SandboxPool {
         let key = shape_key(spec);
         let mut st = self.inner.lock();
         let per_shape = self.inner.per_shape;
+        if st.stop {
+            return None;
+        }
         let slot = st.slot(&key, spec, per_shape);
         slot.last_use = Instant::now();
         let got = slot.ready.pop();
@@ -138,7 +141,7 @@ impl SandboxPool {
         loop {
             let ready = st.slots.iter().find(|s| s.key == key).map_or(0, |s| s.ready.len());
             let now = Instant::now();
-            if ready >= n || now >= deadline {
+            if ready >= n || now >= deadline || st.stop {
                 return ready;
             }
             st = self.inner.changed.wait_timeout(st, deadline - now).expect("pool lock").0;
@@ -158,13 +161,29 @@ impl SandboxPool {
     }
 }
 
-impl Drop for SandboxPool {
-    fn drop(&mut self) {
+impl std::fmt::Debug for SandboxPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxPool").field("per_shape", &self.inner.per_shape).field("stats", &self.stats()).finish()
+    }
+}
+
+impl SandboxPool {
+    /// Stop preparing and remove the sandboxes still prepared. The thread ends, and
+    /// with it every sandbox taken from the pool that is still running (call it when
+    /// they are gone, e.g. at shutdown). Later `take`s find nothing. Idempotent.
+    pub fn shutdown(&self) {
         self.inner.lock().stop = true;
         self.inner.changed.notify_all();
-        if let Some(t) = self.thread.take() {
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for SandboxPool {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 

@@ -237,6 +237,23 @@ impl Source for Adopt {
     }
 }
 
+/// How the node sets up every snapshot it opens.
+#[derive(Clone, Default)]
+pub(crate) struct OpenSettings {
+    /// CPU the page server may spend per instance (see `--fault-cpu-share`).
+    pub fault_cpu_share: f64,
+    /// Restores take their sandboxes from here (see `--sandbox-pool`).
+    pub sandboxes: Option<Arc<thaw_sandbox::SandboxPool>>,
+}
+
+impl OpenSettings {
+    fn apply(&self, mut snap: LoadedSnapshot) -> LoadedSnapshot {
+        snap.source.set_fault_cpu_share(self.fault_cpu_share);
+        snap.sandboxes = self.sandboxes.clone();
+        snap
+    }
+}
+
 /// How a revision holds its opened snapshot: opened on first use and shared by
 /// its instances; with a store, pinned in the cache while open and closed again
 /// when unused (see the module docs).
@@ -247,7 +264,7 @@ pub(super) struct SnapshotSlot {
     store: Option<Arc<SnapshotStore>>,
     /// Where the snapshot is captured, and kept when there is no store.
     local_dir: PathBuf,
-    fault_cpu_share: f64,
+    open: OpenSettings,
     /// Modification time of the recorded working set last published (or being published).
     ws_published: Mutex<Option<SystemTime>>,
 }
@@ -260,13 +277,13 @@ enum Slot {
 }
 
 impl SnapshotSlot {
-    pub(super) fn new(local_dir: PathBuf, stored: Option<String>, store: Option<Arc<SnapshotStore>>, fault_cpu_share: f64) -> SnapshotSlot {
+    pub(super) fn new(local_dir: PathBuf, stored: Option<String>, store: Option<Arc<SnapshotStore>>, open: OpenSettings) -> SnapshotSlot {
         SnapshotSlot {
             state: Mutex::new(Slot::Closed),
             stored: Mutex::new(stored),
             store,
             local_dir,
-            fault_cpu_share,
+            open,
             ws_published: Mutex::new(None),
         }
     }
@@ -313,8 +330,7 @@ impl SnapshotSlot {
                 }
             },
         };
-        snap.source.set_fault_cpu_share(self.fault_cpu_share);
-        let snap = Arc::new(snap);
+        let snap = Arc::new(self.open.apply(snap));
         *st = Slot::Open { snap: snap.clone(), _pin: pin, last_use: Instant::now() };
         Ok(snap)
     }
@@ -341,10 +357,7 @@ impl SnapshotSlot {
             // Its home is the store now: the local files move into the cache.
             if let Some(h) = store.adopt(&pushed, &self.local_dir) {
                 match LoadedSnapshot::open(h.dir()) {
-                    Ok(s) => {
-                        s.source.set_fault_cpu_share(self.fault_cpu_share);
-                        *st = Slot::Open { snap: Arc::new(s), _pin: Some(h), last_use: Instant::now() };
-                    }
+                    Ok(s) => *st = Slot::Open { snap: Arc::new(self.open.apply(s)), _pin: Some(h), last_use: Instant::now() },
                     Err(e) => warn!(error = %crate::node::error_chain(&e), "opening a published snapshot"),
                 }
             }

@@ -1,0 +1,59 @@
+"""Prepared sandboxes in the node (issue #15): after a function's first restore the node
+keeps sandboxes of its shape prepared, and later cold starts of any function of that
+shape take one (only the function's code is attached), answer correctly from a fresh
+state, and show up in /metrics and /thaw/status. Stopping the node removes them."""
+
+import time
+
+from thaw_node_harness import NodeProcess, create, invoke_json, sample_zip
+
+
+def metric(node, name):
+    for line in node.metrics().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            yield line.rsplit(" ", 1)[0], float(line.rsplit(" ", 1)[1])
+
+
+def test_cold_starts_take_prepared_sandboxes(tmp_path):
+    node = NodeProcess(tmp_path, "--sandbox-pool", "2", keep_alive="1")
+    try:
+        c = node.client()
+        create(c, "hello", sample_zip("helloworld"))
+        create(c, "counter", sample_zip("counter"))
+        _, body = invoke_json(c, "hello", {"name": "pool"})
+        assert body == {"message": "hello, pool"}
+        # The pool learns the shape from that restore and prepares two sandboxes.
+        deadline = time.time() + 30
+        while node.status()["sandbox_pool"]["ready"] < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        st = node.status()["sandbox_pool"]
+        assert st["ready"] == 2 and st["shapes"] == 1, st
+        # Another function of the same shape: its cold start takes a prepared sandbox,
+        # and every instance starts from the snapshot's state.
+        for _ in range(3):
+            _, body = invoke_json(c, "counter", {})
+            assert body["count"] >= 1
+        time.sleep(1.5)  # keep-alive over: the next call is a cold start again
+        _, body = invoke_json(c, "counter", {})
+        assert body["count"] == 1, body
+        m = dict(metric(node, "thaw_restore_sandboxes_total"))
+        assert m.get('thaw_restore_sandboxes_total{outcome="prepared"}', 0) >= 2, m
+        assert node.status()["sandbox_pool"]["hits"] >= 2
+        assert dict(metric(node, "thaw_sandbox_pool_ready"))["thaw_sandbox_pool_ready"] >= 0
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()
+    assert node.leftover_sandboxes() == [], "the prepared sandboxes are removed at shutdown"
+
+
+def test_pool_off(tmp_path):
+    node = NodeProcess(tmp_path, "--sandbox-pool", "0")
+    try:
+        c = node.client()
+        create(c, "hello", sample_zip("helloworld"))
+        _, body = invoke_json(c, "hello", {"name": "nopool"})
+        assert body == {"message": "hello, nopool"}
+        assert node.status()["sandbox_pool"] is None
+        assert not list(metric(node, "thaw_restore_sandboxes_total"))
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()
+    assert node.leftover_sandboxes() == []
