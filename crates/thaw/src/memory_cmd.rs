@@ -2,7 +2,9 @@
 //! them all alive and report what they cost the host (per-instance RSS, PSS, USS from
 //! /proc/PID/smaps_rollup, their cgroups' charge, and the drop of MemAvailable).
 //! The instances of a layered snapshot share the pages they do not write (see the
-//! engine's sharedmem.rs) unless --no-share-memory.
+//! engine's sharedmem.rs) unless --no-share-memory. With --idle-seconds it also
+//! measures the CPU this process (the engine: page servers and all) uses while the
+//! instances sit idle and frozen, as a node keeps them between invocations.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,7 +20,7 @@ pub struct MemoryArgs {
     /// Snapshot directory made by `thaw snapshot create`.
     snapdir: PathBuf,
     /// Instances restored and kept alive together.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
     instances: u32,
     /// Paging mode of the restores (see `thaw snapshot restore --help`).
     #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<Paging>())]
@@ -30,6 +32,21 @@ pub struct MemoryArgs {
     /// single `thaw snapshot restore` does.
     #[arg(long)]
     no_share_memory: bool,
+    /// Then freeze every instance (as `thaw serve` does with idle ones), wait this many
+    /// seconds and report the CPU time this process used meanwhile (`idle`).
+    #[arg(long, default_value_t = 0.0)]
+    idle_seconds: f64,
+}
+
+/// CPU time (user + system) of this process so far, in milliseconds.
+fn own_cpu_ms() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF)
+        .map(|u| {
+            let tv = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
+            tv(u.user_time()) + tv(u.system_time())
+        })
+        .unwrap_or(f64::NAN)
 }
 
 /// `key: N kB` lines of a /proc file, in bytes.
@@ -80,7 +97,21 @@ pub fn run(a: MemoryArgs) -> Result<()> {
                             "cgroup_bytes": i.memory_usage_bytes(), "pages_shared": i.page_stats().pages_shared}));
         }
         let mean = |k: &str| per.iter().map(|p| p[k].as_u64().unwrap_or(0)).sum::<u64>() / per.len().max(1) as u64;
+        let idle = if a.idle_seconds > 0.0 {
+            for i in &mut insts {
+                i.freeze().context("freezing an idle instance")?;
+            }
+            let cpu0 = own_cpu_ms();
+            std::thread::sleep(Duration::from_secs_f64(a.idle_seconds));
+            let cpu_ms = own_cpu_ms() - cpu0;
+            json!({"seconds": a.idle_seconds, "engine_cpu_ms": cpu_ms,
+                   "engine_cpu_share_of_one_core": cpu_ms / (a.idle_seconds * 1e3),
+                   "engine_threads": std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)})
+        } else {
+            serde_json::Value::Null
+        };
         Ok(json!({
+            "idle": idle,
             "snapshot": a.snapdir, "instances": a.instances, "shared_memory": snap.source.shared().map(|s| s.0.to_path_buf()),
             "host_mem_added_bytes": before.saturating_sub(after),
             "host_mem_added_per_instance_bytes": before.saturating_sub(after) / u64::from(a.instances),
