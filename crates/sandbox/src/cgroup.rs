@@ -53,6 +53,11 @@ pub trait Cgroup: Send + Sync + Debug {
     fn destroy(&self) -> Result<(), CgroupError>;
     /// Leaf directories, for diagnostics and tests.
     fn paths(&self) -> Vec<PathBuf>;
+    /// The one directory a process can be created in directly (clone3 with
+    /// CLONE_INTO_CGROUP): v2 only; v1 needs an attach per hierarchy.
+    fn clone_target(&self) -> Option<&Path> {
+        None
+    }
 }
 
 /// cgroup v2 is used when `<root>/cgroup.controllers` exists.
@@ -353,6 +358,10 @@ impl Cgroup for CgroupV2 {
 
     fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
         write(&self.dir.join("cgroup.procs"), &pid.to_string())
+    }
+
+    fn clone_target(&self) -> Option<&Path> {
+        Some(&self.dir)
     }
 
     fn pids(&self) -> Result<Vec<i32>, CgroupError> {

@@ -376,14 +376,25 @@ pub(crate) fn launch(
         config::error_prefix(&format!("execve {}", spec.init_exe.display())),
     );
 
-    let (pid, pidfd) =
-        sys::clone_sandbox(&ce).map_err(|source| fail(SandboxError::Sys { id: id.into(), step: "clone".into(), source }))?;
+    // cgroup v2: born in its cgroup, so no attach (an RCU grace period there) follows.
+    let born_in = res.cgroup.clone_target().and_then(|dir| std::fs::File::open(dir).ok()).and_then(|dir| {
+        sys::clone_sandbox_into(&ce, dir.as_fd())
+            .inspect_err(|e| tracing::debug!(sandbox = id, error = %e, "clone3 into the cgroup refused; cloning and attaching"))
+            .ok()
+    });
+    let in_cgroup = born_in.is_some();
+    let (pid, pidfd) = match born_in {
+        Some(child) => child,
+        None => sys::clone_sandbox(&ce).map_err(|source| fail(SandboxError::Sys { id: id.into(), step: "clone".into(), source }))?,
+    };
     drop((ce, devnull, log_w, control_child, status_child));
     let launched = Launched { pid, pidfd, status: status_parent, control: control_parent, log: log_r };
 
     // Into the cgroup(s) before the init sees its config.
-    if let Err(source) = res.cgroup.add_pid(pid) {
-        return Err((SandboxError::Cgroup { id: id.into(), source }, launched.child()));
+    if !in_cgroup {
+        if let Err(source) = res.cgroup.add_pid(pid) {
+            return Err((SandboxError::Cgroup { id: id.into(), source }, launched.child()));
+        }
     }
     if let Err(e) = send_all(&launched.status, &cfg_bytes) {
         // EPIPE: the init died early (e.g. exec failed); its report tells why.
