@@ -91,6 +91,8 @@ pub struct Headline {
     /// same for lazy (time to first response: lazy decrypts on every fault).
     pub seal_overhead_prefetch: BTreeMap<String, f64>,
     pub seal_overhead_lazy: BTreeMap<String, f64>,
+    /// Prepared sandboxes: prefetch / prefetch-pooled median time to first response.
+    pub pooled_speedup: BTreeMap<String, f64>,
 }
 
 pub fn headline(runs: &[RunRecord], pf: &PerFunction, disk_mib_s: &[f64]) -> Headline {
@@ -113,6 +115,9 @@ pub fn headline(runs: &[RunRecord], pf: &PerFunction, disk_mib_s: &[f64]) -> Hea
         }
         if let Some(b) = med(pf, f, "prefetch", "ws_read_mib_s") {
             h.ws_read_mib_s.insert(f.clone(), b);
+        }
+        if let Some(s) = med(pf, f, "prefetch", "ttfr_ms").zip(med(pf, f, "prefetch-pooled", "ttfr_ms")).and_then(|(p, q)| stats::speedup(p, q)) {
+            h.pooled_speedup.insert(f.clone(), s);
         }
         let sealed = [
             (&mut h.seal_overhead_prefetch, "prefetch", "restore_ms"),
@@ -375,6 +380,10 @@ pub fn summary_lines(h: &Headline, conc: &ConcSummary) -> Vec<String> {
         "encryption at rest (same run, medians): prefetch restore {}; lazy time to first response {}",
         per(&h.seal_overhead_prefetch, &|v| format!("{:+.1}%", v * 100.0)),
         per(&h.seal_overhead_lazy, &|v| format!("{:+.1}%", v * 100.0)),
+    ));
+    out.push(format!(
+        "prepared sandboxes (same run, medians): prefetch-pooled vs prefetch time to first response {}",
+        per(&h.pooled_speedup, &|v| format!("{v:.2}x")),
     ));
     for (f, modes) in conc {
         for (m, pts) in modes {

@@ -429,8 +429,9 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
             // files); burst-*: N restores of ONE snapshot through one opened snapshot,
             // as the node serves a burst of one function, with each restore reading
             // the working set itself (today's REAP) or one read shared by the burst;
-            // burst-pooled: shared, with sandboxes prepared by a pool beforehand.
-            let mut modes = ["lazy", "prefetch", "burst-each", "burst-shared", "burst-pooled"];
+            // burst-pooled: shared, with sandboxes prepared by a pool beforehand;
+            // prefetch-pooled: N different functions' files, sandboxes from the pool.
+            let mut modes = ["lazy", "prefetch", "prefetch-pooled", "burst-each", "burst-shared", "burst-pooled"];
             let k = rep as usize % modes.len();
             modes.rotate_left(k);
             for mode in modes {
@@ -445,6 +446,10 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                     }
                     Some(Arc::new(l))
                 } else {
+                    if mode == "prefetch-pooled" {
+                        // The copies share one shape: have N sandboxes of it ready.
+                        use_pool(&mut LoadedSnapshot::open(&copies[0])?, n as usize)?;
+                    }
                     None
                 };
                 for d in &copies[..n as usize] {
@@ -470,6 +475,9 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                                     None => {
                                         let mut l = LoadedSnapshot::open(&dir)?;
                                         l.merge_misses = false;
+                                        if mode == "prefetch-pooled" {
+                                            l.sandboxes = Some(sandbox_pool()?);
+                                        }
                                         Arc::new(l)
                                     }
                                 };

@@ -89,13 +89,13 @@ fn quick_bench_on_helloworld() {
         assert!(r["ttfr_ms"].as_f64().unwrap() > 0.0, "{r}");
     }
     let conc = v["concurrency_runs"].as_array().unwrap();
-    assert_eq!(conc.len(), 2 * 5 * (1 + 2), "2 reps x 5 modes (lazy, prefetch, burst-each, burst-shared, burst-pooled) x (1 + 2) instances");
+    assert_eq!(conc.len(), 2 * 6 * (1 + 2), "2 reps x 6 modes (lazy, prefetch, prefetch-pooled, burst-each, burst-shared, burst-pooled) x (1 + 2) instances");
     // Every burst reads the working set at least once; each-reads bursts read it once per instance.
     for r in conc.iter().filter(|r| r["mode"] == "burst-each") {
         assert!(r["ws_bytes_read"].as_u64().unwrap() > 0, "{r}");
     }
     let cs = &v["summary"]["concurrency"]["helloworld"];
-    for mode in ["lazy", "prefetch", "burst-pooled"] {
+    for mode in ["lazy", "prefetch", "prefetch-pooled", "burst-pooled"] {
         let pts = cs[mode].as_array().unwrap();
         assert_eq!(pts.iter().map(|p| p["n"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2]);
         assert!(pts.iter().all(|p| p["p99_ms"].as_f64().unwrap() >= p["median_ms"].as_f64().unwrap()), "{mode}: {pts:?}");

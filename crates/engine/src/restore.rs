@@ -391,33 +391,11 @@ fn restore_inner(
     stats.maps_shared_memory.store(shared_fd.is_some(), Ordering::Relaxed);
     write_file_cow_pages(pid, &wmem, img, &source, &stats)?;
     let pages_err = |source| RestoreError::Pages { pid, source };
-    let (prefill, record) = prefill();
-    // Recording starts before the process resumes so no fault escapes the trace.
-    stats.recording.store(record, Ordering::Relaxed);
-    let prefetch = match prefill {
-        Prefill::None => None,
-        Prefill::Eager => {
-            // Per VMA: one UFFDIO_COPY cannot span two VMAs.
-            pageserver::install_all(&uffd, &source, &anon_vmas, &stats).map_err(pages_err)?;
-            None
-        }
-        Prefill::Ws { shared, reader } => {
-            let starts: Vec<u64> = anon_vmas.iter().map(|v| v.0).collect();
-            let mut ps = pageserver::install_ws(&uffd, &shared.ws, shared.buf.as_ref(), &starts, &source, &stats).map_err(pages_err)?;
-            if reader {
-                ps.read_ms = shared.read_ms;
-                stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
-            } else {
-                ps.shared = true;
-            }
-            Some(ps)
-        }
-        Prefill::Parallel { trace, readers } => {
-            Some(pageserver::install_parallel(&uffd, &source, &trace, readers, &stats).map_err(pages_err)?)
-        }
-    };
     // rseq pages of every thread first (see above), then each thread registers
     // its rseq area and drops to the image's credentials (both are per thread).
+    // Before waiting for the prefetched working set: this needs none of it, and
+    // the read (on a helper thread) goes on meanwhile. Working-set installs skip
+    // pages already present.
     let rseq_pages: Vec<u64> = img
         .threads
         .iter()
@@ -448,6 +426,31 @@ fn restore_inner(
         }
         ti.run(&calls, &mut data).map_err(inj_err)?;
     }
+    let (prefill, record) = prefill();
+    // Recording starts before the process resumes so no fault escapes the trace.
+    stats.recording.store(record, Ordering::Relaxed);
+    let prefetch = match prefill {
+        Prefill::None => None,
+        Prefill::Eager => {
+            // Per VMA: one UFFDIO_COPY cannot span two VMAs.
+            pageserver::install_all(&uffd, &source, &anon_vmas, &stats).map_err(pages_err)?;
+            None
+        }
+        Prefill::Ws { shared, reader } => {
+            let starts: Vec<u64> = anon_vmas.iter().map(|v| v.0).collect();
+            let mut ps = pageserver::install_ws(&uffd, &shared.ws, shared.buf.as_ref(), &starts, &source, &stats).map_err(pages_err)?;
+            if reader {
+                ps.read_ms = shared.read_ms;
+                stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
+            } else {
+                ps.shared = true;
+            }
+            Some(ps)
+        }
+        Prefill::Parallel { trace, readers } => {
+            Some(pageserver::install_parallel(&uffd, &source, &trace, readers, &stats).map_err(pages_err)?)
+        }
+    };
     lap("memory", &mut phases);
 
     // ---- Leave no trace of the injection region, load registers, go.

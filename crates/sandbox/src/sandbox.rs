@@ -20,7 +20,7 @@ use crate::spec::{Entry, SandboxSpec};
 use crate::sys;
 
 /// How long `spawn` waits for the init to report before giving up.
-const INIT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const INIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How the sandbox's first process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
