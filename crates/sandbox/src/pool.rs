@@ -4,7 +4,10 @@
 //! A shape is everything of a [`SandboxSpec`] but its id, code directory and
 //! environment (a restore's environment comes from its image). [`SandboxPool::take`]
 //! hands out a ready sandbox of the spec's shape, or `None` (the caller spawns one as
-//! before) and remembers the shape, so the next cold start of it finds one. The
+//! before) and remembers the shape, so the next cold start of it finds one. A known
+//! shape that runs dry (a burst) gets one more kept ready per miss, up to
+//! `BURST_GROWTH` times the base size, and goes back to the base size after a minute
+//! without misses. The
 //! refill thread prepares one sandbox at a time, off every caller's critical path;
 //! shapes unused for a while are forgotten and their sandboxes removed.
 //!
@@ -27,6 +30,11 @@ const IDLE_TTL: Duration = Duration::from_secs(600);
 /// The refill waits until no sandbox has been taken for this long: preparing one
 /// takes a few milliseconds of CPU that the cold starts of a burst need more.
 const REFILL_QUIET: Duration = Duration::from_millis(20);
+/// A shape whose cold starts find the pool empty (a burst) gets one more sandbox
+/// kept ready per miss, up to this many times `per_shape`; ...
+const BURST_GROWTH: usize = 8;
+/// ... and back to `per_shape` once it has had no miss for this long.
+const SHRINK_AFTER: Duration = Duration::from_secs(60);
 /// Longest pause after failed preparations of a shape.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -51,6 +59,7 @@ struct Slot {
     ready: Vec<Prepared>,
     want: usize,
     last_use: Instant,
+    last_miss: Option<Instant>,
     failures: u32,
     retry_at: Option<Instant>,
 }
@@ -116,9 +125,15 @@ impl SandboxPool {
         if st.stop {
             return None;
         }
+        let known = st.slots.iter().any(|s| s.key == key);
         let slot = st.slot(&key, spec, per_shape);
         slot.last_use = Instant::now();
         let got = slot.ready.pop();
+        if got.is_none() && known {
+            // A burst outran the pool: keep more ready for the next one.
+            slot.want = (slot.want + 1).min(per_shape.max(1) * BURST_GROWTH);
+            slot.last_miss = Some(Instant::now());
+        }
         st.last_take = Some(Instant::now());
         drop(st);
         self.inner.changed.notify_all();
@@ -204,6 +219,7 @@ impl State {
             ready: Vec::new(),
             want,
             last_use: Instant::now(),
+            last_miss: None,
             failures: 0,
             retry_at: None,
         });
@@ -226,6 +242,21 @@ impl Inner {
             }
             let now = Instant::now();
             st.slots.retain(|s| now.duration_since(s.last_use) < IDLE_TTL);
+            let per_shape = self.per_shape;
+            let mut surplus = Vec::new();
+            for s in st.slots.iter_mut().filter(|s| s.want > per_shape && s.last_miss.is_some_and(|t| now.duration_since(t) > SHRINK_AFTER)) {
+                s.want = per_shape;
+                s.last_miss = None;
+                while s.ready.len() > per_shape {
+                    surplus.extend(s.ready.pop());
+                }
+            }
+            if !surplus.is_empty() {
+                drop(st);
+                drop(surplus);
+                st = self.lock();
+                continue;
+            }
             if let Some(quiet_at) = st.last_take.map(|t| t + REFILL_QUIET).filter(|&t| t > now) {
                 st = self.changed.wait_timeout(st, quiet_at - now).expect("pool lock").0;
                 continue;

@@ -570,3 +570,22 @@ fn pool_hands_out_prepared_sandboxes_of_the_asked_shape() {
     assert!(leftovers.is_empty(), "the pool removed its prepared sandboxes: {leftovers:?}");
 }
 
+
+#[test]
+fn pool_grows_for_a_shape_that_runs_dry() {
+    let code = code_dir();
+    let pool = thaw_sandbox::SandboxPool::new(1).unwrap();
+    let mut s = spec("poolgrow", code.path());
+    s.env.clear();
+    assert!(pool.take(&s).is_none(), "a new shape: learned, not grown");
+    assert_eq!(pool.fill(&s, 1, Duration::from_secs(30)), 1);
+    let burst: Vec<_> = (0..4).map(|_| pool.take(&s)).collect();
+    assert_eq!(burst.iter().filter(|p| p.is_some()).count(), 1, "one was ready");
+    // Three misses of a known shape: four kept ready from now on.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pool.stats().ready < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(pool.stats().ready, 4, "{:?}", pool.stats());
+    drop(burst);
+}
