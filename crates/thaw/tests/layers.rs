@@ -251,6 +251,15 @@ fn layout_churn_between_base_and_diff_restores_exactly() {
         let own = restore(&diff, paging, "{}", 2);
         assert_eq!(own.lines().collect::<Vec<_>>(), [r#""PASS""#, r#""PASS""#], "base + diff ({paging})");
     }
+    // In a sandbox prepared ahead (the node's default): the code and the shared memory
+    // file are attached to it at the restore; the same semantics and the same isolation
+    // (the function cannot open the file and sees no other).
+    let stats = scratch().join("churn-prepared.json");
+    let out = ok(thaw(&["snapshot", "restore", diff.to_str().unwrap(), "--paging", "prefetch", "--share-memory", "--prepared-sandbox",
+        "--payload", r#"{"shared": true}"#, "--invocations", "2", "--quiet", "--stats", stats.to_str().unwrap()]));
+    assert_eq!(stdout(&out).lines().collect::<Vec<_>>(), [r#""PASS""#, r#""PASS""#], "base + diff, shared memory, prepared sandbox");
+    let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!(st["prepared_sandbox"], true, "{st}");
 }
 
 #[test]
