@@ -38,6 +38,18 @@ pub const MODES: [&str; 12] = [
     "prefetch-pooled",
 ];
 
+/// The modes of the concurrency (burst) experiment; see bench/README.md.
+pub const CONCURRENCY_MODES: [&str; 6] = ["lazy", "prefetch", "prefetch-pooled", "burst-each", "burst-shared", "burst-pooled"];
+
+fn concurrency_mode(s: &str) -> Result<String, String> {
+    let m = s.trim();
+    if CONCURRENCY_MODES.contains(&m) {
+        Ok(m.to_string())
+    } else {
+        Err(format!("unknown concurrency mode '{m}' (expected one of {})", CONCURRENCY_MODES.join(", ")))
+    }
+}
+
 /// A count, where an empty value means 0 (`--concurrency ""` skips the experiment).
 fn count_or_empty(s: &str) -> Result<u32, String> {
     match s.trim() {
@@ -64,6 +76,10 @@ pub struct BenchArgs {
     /// Functions for the concurrency experiment.
     #[arg(long, value_delimiter = ',', default_value = "helloworld")]
     pub concurrency_functions: Vec<String>,
+    /// Modes of the concurrency experiment (default all: lazy, prefetch, prefetch-pooled,
+    /// burst-each, burst-shared, burst-pooled).
+    #[arg(long, value_delimiter = ',', value_parser = concurrency_mode)]
+    pub concurrency_modes: Option<Vec<String>>,
     /// CI smoke: runs=3, functions helloworld,pyaes, concurrency 1,2,4 (explicit options win).
     #[arg(long)]
     pub quick: bool,
@@ -88,6 +104,7 @@ pub struct Config {
     pub runs: usize,
     pub concurrency: Vec<u32>,
     pub concurrency_functions: Vec<String>,
+    pub concurrency_modes: Vec<String>,
     pub memory_mb: u64,
     pub quick: bool,
     pub disk_file_mib: usize,
@@ -115,6 +132,10 @@ impl BenchArgs {
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty())
                 .collect(),
+            concurrency_modes: self
+                .concurrency_modes
+                .clone()
+                .unwrap_or_else(|| CONCURRENCY_MODES.iter().map(|m| m.to_string()).collect()),
             memory_mb: self.memory,
             quick: self.quick,
             disk_file_mib: self.disk_file_mib.max(256),

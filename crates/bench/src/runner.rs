@@ -431,8 +431,9 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
             // the working set itself (today's REAP) or one read shared by the burst;
             // burst-pooled: shared, with sandboxes prepared by a pool beforehand;
             // prefetch-pooled: N different functions' files, sandboxes from the pool.
-            let mut modes = ["lazy", "prefetch", "prefetch-pooled", "burst-each", "burst-shared", "burst-pooled"];
-            let k = rep as usize % modes.len();
+            let mut modes: Vec<&'static str> =
+                crate::CONCURRENCY_MODES.iter().copied().filter(|m| cfg.concurrency_modes.iter().any(|c| c == m)).collect();
+            let k = rep as usize % modes.len().max(1);
             modes.rotate_left(k);
             for mode in modes {
                 let burst = mode.starts_with("burst-");
