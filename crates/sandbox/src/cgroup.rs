@@ -83,7 +83,7 @@ fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
 }
 
 /// Like [`write`], but a missing file (an optional controller feature) is not an error.
-fn write_if_exists(path: &Path, value: &str) -> Result<(), CgroupError> {
+pub(crate) fn write_if_exists(path: &Path, value: &str) -> Result<(), CgroupError> {
     match std::fs::OpenOptions::new().write(true).truncate(true).open(path) {
         Ok(mut f) => io::Write::write_all(&mut f, value.as_bytes()).map_err(io_err("write", path)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),

@@ -554,9 +554,7 @@ pub fn sweep_stale(run_dir: &std::path::Path, cgroup_root: &std::path::Path) -> 
             // Processes its dead node left frozen would never die (their SIGKILL from
             // PR_SET_PDEATHSIG stays pending): thaw them first.
             for (file, value) in [("freezer.state", "THAWED"), ("cgroup.freeze", "0")] {
-                if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(e.path().join(file)) {
-                    let _ = std::io::Write::write_all(&mut f, value.as_bytes());
-                }
+                let _ = cgroup::write_if_exists(&e.path().join(file), value);
             }
             if std::fs::remove_dir(e.path()).is_ok() {
                 tracing::info!(path = %e.path().display(), "removed a stale sandbox leftover");
