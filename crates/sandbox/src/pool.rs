@@ -69,6 +69,9 @@ struct State {
     stop: bool,
     /// When a sandbox was last taken (see [`REFILL_QUIET`]).
     last_take: Option<Instant>,
+    /// Sandboxes of forgotten shapes, removed by the refill thread (removing one kills
+    /// and reaps it, which `take`'s caller must not wait for).
+    graveyard: Vec<Prepared>,
 }
 
 struct Inner {
@@ -81,6 +84,8 @@ struct Inner {
     prepared: AtomicU64,
     failures: AtomicU64,
     next_id: AtomicU64,
+    /// `pool-<pid>-<pool number>`: the prepared sandboxes' ids start with it.
+    prefix: String,
 }
 
 /// Prepared sandboxes by shape; see the module documentation.
@@ -102,7 +107,7 @@ impl SandboxPool {
     /// A pool keeping `per_shape` sandboxes ready for each shape it has been asked for.
     pub fn new(per_shape: usize) -> std::io::Result<SandboxPool> {
         let inner = Arc::new(Inner {
-            state: Mutex::new(State { slots: Vec::new(), stop: false, last_take: None }),
+            state: Mutex::new(State { slots: Vec::new(), stop: false, last_take: None, graveyard: Vec::new() }),
             changed: Condvar::new(),
             per_shape,
             hits: AtomicU64::new(0),
@@ -110,6 +115,10 @@ impl SandboxPool {
             prepared: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
+            prefix: {
+                static POOLS: AtomicU64 = AtomicU64::new(0);
+                format!("pool-{}-{}", std::process::id(), POOLS.fetch_add(1, Ordering::Relaxed))
+            },
         });
         let worker = inner.clone();
         let thread = std::thread::Builder::new().name("thaw-sbx-pool".into()).spawn(move || worker.refill())?;
@@ -163,6 +172,12 @@ impl SandboxPool {
         }
     }
 
+    /// What the ids of this pool's sandboxes start with (`pool-<pid>-<n>`; a node's
+    /// sweep of stale sandboxes reads the pid from it).
+    pub fn id_prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
     pub fn stats(&self) -> PoolStats {
         let st = self.inner.lock();
         PoolStats {
@@ -211,7 +226,8 @@ impl State {
         }
         if self.slots.len() >= MAX_SHAPES {
             let lru = (0..self.slots.len()).min_by_key(|&i| self.slots[i].last_use).expect("non-empty");
-            self.slots.swap_remove(lru);
+            let gone = self.slots.swap_remove(lru);
+            self.graveyard.extend(gone.ready);
         }
         self.slots.push(Slot {
             key: key.to_string(),
@@ -241,9 +257,13 @@ impl Inner {
                 break;
             }
             let now = Instant::now();
-            st.slots.retain(|s| now.duration_since(s.last_use) < IDLE_TTL);
+            // Removing a sandbox kills and reaps it: never while holding the lock.
+            let mut surplus: Vec<Prepared> = std::mem::take(&mut st.graveyard);
+            let (idle, kept): (Vec<Slot>, Vec<Slot>) =
+                std::mem::take(&mut st.slots).into_iter().partition(|s| now.duration_since(s.last_use) >= IDLE_TTL);
+            st.slots = kept;
+            surplus.extend(idle.into_iter().flat_map(|s| s.ready));
             let per_shape = self.per_shape;
-            let mut surplus = Vec::new();
             for s in st.slots.iter_mut().filter(|s| s.want > per_shape && s.last_miss.is_some_and(|t| now.duration_since(t) > SHRINK_AFTER)) {
                 s.want = per_shape;
                 s.last_miss = None;
@@ -273,10 +293,11 @@ impl Inner {
                 continue;
             };
             drop(st);
-            spec.id = format!("pool-{}-{}", std::process::id(), self.next_id.fetch_add(1, Ordering::Relaxed));
+            spec.id = format!("{}-{}", self.prefix, self.next_id.fetch_add(1, Ordering::Relaxed));
             let made = Sandbox::prepare(&spec);
             st = self.lock();
             let slot = st.slots.iter_mut().find(|s| s.key == key);
+            let mut orphan = None;
             match (made, slot) {
                 (Ok(p), Some(slot)) => {
                     self.prepared.fetch_add(1, Ordering::Relaxed);
@@ -284,7 +305,7 @@ impl Inner {
                     slot.retry_at = None;
                     slot.ready.push(p);
                 }
-                (Ok(_), None) => {} // the shape was forgotten meanwhile; drop it
+                (Ok(p), None) => orphan = Some(p), // the shape was forgotten meanwhile
                 (Err(e), slot) => {
                     self.failures.fetch_add(1, Ordering::Relaxed);
                     if let Some(slot) = slot {
@@ -297,10 +318,16 @@ impl Inner {
                 }
             }
             self.changed.notify_all();
+            if orphan.is_some() {
+                drop(st);
+                drop(orphan);
+                st = self.lock();
+            }
         }
         // Remove what is still prepared while this thread (their parent) is alive.
         let slots = std::mem::take(&mut st.slots);
+        let graveyard = std::mem::take(&mut st.graveyard);
         drop(st);
-        drop(slots);
+        drop((slots, graveyard));
     }
 }

@@ -168,14 +168,24 @@ fn program_descriptors() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let dir = format!("/proc/{}/fd", sb.pid());
-    let mut fds: Vec<(u32, String)> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            let target = std::fs::read_link(e.path()).unwrap().to_string_lossy().into_owned();
-            (e.file_name().to_str().unwrap().parse().unwrap(), target)
-        })
-        .collect();
+    // The exe link switches before execve closes the close-on-exec descriptors: a
+    // listing can race with that; list again until no entry vanishes under it.
+    let mut fds: Vec<(u32, String)> = loop {
+        let listed: Option<Vec<(u32, String)>> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let target = std::fs::read_link(e.path()).ok()?.to_string_lossy().into_owned();
+                Some((e.file_name().to_str().unwrap().parse().unwrap(), target))
+            })
+            .collect();
+        match listed {
+            Some(l) if l.len() <= 4 => break l,
+            _ if t0.elapsed() < std::time::Duration::from_secs(10) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            Some(l) => break l,
+            None => panic!("descriptors kept vanishing"),
+        }
+    };
     fds.sort();
     let fd_nums: Vec<u32> = fds.iter().map(|f| f.0).collect();
     assert_eq!(fd_nums, vec![0, 1, 2, 3], "{fds:?}");
@@ -561,12 +571,10 @@ fn pool_hands_out_prepared_sandboxes_of_the_asked_shape() {
     let cg = sb.cgroup().paths();
     sb.kill().unwrap();
     assert_gone(pid, &cg, Path::new("/nonexistent"));
+    let mine = format!("{}-", pool.id_prefix());
     drop(pool);
-    let leftovers: Vec<_> = std::fs::read_dir(&s.run_dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("pool-{}-", std::process::id())))
-        .collect();
+    let leftovers: Vec<_> =
+        std::fs::read_dir(&s.run_dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&mine)).collect();
     assert!(leftovers.is_empty(), "the pool removed its prepared sandboxes: {leftovers:?}");
 }
 
@@ -588,4 +596,25 @@ fn pool_grows_for_a_shape_that_runs_dry() {
     }
     assert_eq!(pool.stats().ready, 4, "{:?}", pool.stats());
     drop(burst);
+}
+
+#[test]
+fn pool_forgets_the_least_recently_used_shape_beyond_sixteen() {
+    let code = code_dir();
+    let pool = thaw_sandbox::SandboxPool::new(1).unwrap();
+    let mut s = spec("poolmany", code.path());
+    s.env.clear();
+    for mb in 0..17u64 {
+        s.limits.memory_mb = 200 + mb;
+        assert!(pool.take(&s).is_none());
+    }
+    assert_eq!(pool.stats().shapes, 16, "{:?}", pool.stats());
+    // The forgotten shape (200 MiB) is new again: its take is a miss that does not grow it.
+    s.limits.memory_mb = 200;
+    assert_eq!(pool.fill(&s, 1, Duration::from_secs(30)), 1);
+    assert!(pool.take(&s).is_some());
+    let mine = format!("{}-", pool.id_prefix());
+    drop(pool);
+    let left: Vec<_> = std::fs::read_dir(&s.run_dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&mine)).collect();
+    assert!(left.is_empty(), "{left:?}");
 }
