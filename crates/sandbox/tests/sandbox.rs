@@ -549,12 +549,25 @@ fn prepared_sandbox_refuses_bad_starts_and_leaves_nothing() {
     assert!(!run_dir(&s).exists());
 }
 
+/// A pool of `per_shape` and a spec (no environment: restores take theirs from the image).
+fn pool_and_spec(name: &str, code: &Path) -> (thaw_sandbox::SandboxPool, SandboxSpec) {
+    let mut s = spec(name, code);
+    s.env.clear();
+    (thaw_sandbox::SandboxPool::new(1).unwrap(), s)
+}
+
+/// Drop the pool and check that none of its sandboxes is left.
+fn drop_pool_leaving_nothing(pool: thaw_sandbox::SandboxPool, s: &SandboxSpec) {
+    let mine = format!("{}-", pool.id_prefix());
+    drop(pool);
+    let left: Vec<_> = std::fs::read_dir(&s.run_dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&mine)).collect();
+    assert!(left.is_empty(), "the pool removed its prepared sandboxes: {left:?}");
+}
+
 #[test]
 fn pool_hands_out_prepared_sandboxes_of_the_asked_shape() {
     let code = code_dir();
-    let pool = thaw_sandbox::SandboxPool::new(1).unwrap();
-    let mut s = spec("pool", code.path());
-    s.env.clear();
+    let (pool, s) = pool_and_spec("pool", code.path());
     assert!(pool.take(&s).is_none(), "nothing prepared for a new shape");
     assert_eq!(pool.fill(&s, 2, Duration::from_secs(30)), 2);
     let mut other = s.clone();
@@ -571,20 +584,14 @@ fn pool_hands_out_prepared_sandboxes_of_the_asked_shape() {
     let cg = sb.cgroup().paths();
     sb.kill().unwrap();
     assert_gone(pid, &cg, Path::new("/nonexistent"));
-    let mine = format!("{}-", pool.id_prefix());
-    drop(pool);
-    let leftovers: Vec<_> =
-        std::fs::read_dir(&s.run_dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&mine)).collect();
-    assert!(leftovers.is_empty(), "the pool removed its prepared sandboxes: {leftovers:?}");
+    drop_pool_leaving_nothing(pool, &s);
 }
 
 
 #[test]
 fn pool_grows_for_a_shape_that_runs_dry() {
     let code = code_dir();
-    let pool = thaw_sandbox::SandboxPool::new(1).unwrap();
-    let mut s = spec("poolgrow", code.path());
-    s.env.clear();
+    let (pool, s) = pool_and_spec("poolgrow", code.path());
     assert!(pool.take(&s).is_none(), "a new shape: learned, not grown");
     assert_eq!(pool.fill(&s, 1, Duration::from_secs(30)), 1);
     let burst: Vec<_> = (0..4).map(|_| pool.take(&s)).collect();
@@ -596,14 +603,13 @@ fn pool_grows_for_a_shape_that_runs_dry() {
     }
     assert_eq!(pool.stats().ready, 4, "{:?}", pool.stats());
     drop(burst);
+    drop_pool_leaving_nothing(pool, &s);
 }
 
 #[test]
 fn pool_forgets_the_least_recently_used_shape_beyond_sixteen() {
     let code = code_dir();
-    let pool = thaw_sandbox::SandboxPool::new(1).unwrap();
-    let mut s = spec("poolmany", code.path());
-    s.env.clear();
+    let (pool, mut s) = pool_and_spec("poolmany", code.path());
     for mb in 0..17u64 {
         s.limits.memory_mb = 200 + mb;
         assert!(pool.take(&s).is_none());
@@ -613,8 +619,5 @@ fn pool_forgets_the_least_recently_used_shape_beyond_sixteen() {
     s.limits.memory_mb = 200;
     assert_eq!(pool.fill(&s, 1, Duration::from_secs(30)), 1);
     assert!(pool.take(&s).is_some());
-    let mine = format!("{}-", pool.id_prefix());
-    drop(pool);
-    let left: Vec<_> = std::fs::read_dir(&s.run_dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&mine)).collect();
-    assert!(left.is_empty(), "{left:?}");
+    drop_pool_leaving_nothing(pool, &s);
 }
