@@ -1,6 +1,6 @@
-"""Prepared sandboxes in the node (issue #15): after a function's first restore the node
-keeps sandboxes of its shape prepared, and later cold starts of any function of that
-shape take one (only the function's code is attached), answer correctly from a fresh
+"""Prepared sandboxes in the node (issue #15): once a function is deployed the node keeps
+sandboxes of its shape prepared, and cold starts of any function of that shape take
+one (only the function's code is attached), answer correctly from a fresh
 state, and show up in /metrics and /thaw/status. Stopping the node removes them."""
 
 import time
@@ -19,15 +19,19 @@ def test_cold_starts_take_prepared_sandboxes(tmp_path):
     try:
         c = node.client()
         create(c, "hello", sample_zip("helloworld"))
-        create(c, "counter", sample_zip("counter"))
-        _, body = invoke_json(c, "hello", {"name": "pool"})
-        assert body == {"message": "hello, pool"}
-        # The pool learns the shape from that restore and prepares two sandboxes.
+        # A deploy has the new snapshot's sandboxes prepared: two, before any call.
         deadline = time.time() + 30
         while node.status()["sandbox_pool"]["ready"] < 2 and time.time() < deadline:
             time.sleep(0.1)
         st = node.status()["sandbox_pool"]
         assert st["ready"] == 2 and st["shapes"] == 1, st
+        # So the very first cold start after the deploy takes one.
+        _, body = invoke_json(c, "hello", {"name": "pool"})
+        assert body == {"message": "hello, pool"}
+        assert dict(metric(node, "thaw_restore_sandboxes_total")) == {'thaw_restore_sandboxes_total{outcome="prepared"}': 1.0}
+        create(c, "counter", sample_zip("counter"))
+        while node.status()["sandbox_pool"]["ready"] < 2 and time.time() < deadline:
+            time.sleep(0.1)
         # Another function of the same shape: its cold start takes a prepared sandbox,
         # and every instance starts from the snapshot's state.
         for _ in range(3):

@@ -99,8 +99,8 @@ pub struct ServeArgs {
     pub fault_cpu_share: f64,
     /// Sandboxes kept prepared per sandbox shape (memory size, CPU, runtime): namespaces,
     /// cgroup and root filesystem built ahead, so a cold start only attaches the function's
-    /// code (saves most of the sandbox's few milliseconds). A shape is kept from its first
-    /// restore until unused for 10 minutes; each prepared sandbox holds a small idle process.
+    /// code (saves most of the sandbox's few milliseconds). A shape is kept from the deploy or
+    /// restore that first needs it until unused for 10 minutes; each prepared sandbox holds a small idle process.
     /// 0: every restore creates its own sandbox.
     #[arg(long, default_value_t = 2)]
     pub sandbox_pool: usize,

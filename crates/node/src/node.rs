@@ -767,9 +767,12 @@ impl Node {
                     r.inspect_err(|e| warn!(error = %error_chain(e), "publishing the snapshot failed; it serves from this node's disk and is published at the next start"))
                         .ok()
                 });
-                // Open it here so the first invocation does not pay for it.
-                if let Err(e) = job_rev.loaded() {
-                    warn!(error = %e, "opening the new snapshot");
+                // Open it here so the first invocation does not pay for it, and have its
+                // sandboxes prepared (if the node keeps a pool) so its first cold start
+                // takes one.
+                match job_rev.loaded() {
+                    Ok(snap) => drop(snap.prepare_sandboxes(0, Duration::ZERO)),
+                    Err(e) => warn!(error = %e, "opening the new snapshot"),
                 }
                 Ok((bytes, stored))
             })
