@@ -38,5 +38,5 @@ exec ${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}/bin/java \
     --add-opens=java.base/java.util=ALL-UNNAMED \
     --add-opens=java.base/java.util.concurrent=ALL-UNNAMED \
     --add-opens=java.base/sun.security.provider=ALL-UNNAMED \
-    -cp "$jar:$task:$task/lib/*:$task/*" \
+    -cp "$jar:$task:$task/lib/*:$task/*:/opt/java/lib/*" \
     dev.thaw.runtime.Bootstrap "$@"

@@ -183,6 +183,9 @@ def _init():
     script_dir = os.path.dirname(_THIS_FILE)
     sys.path[:] = [p for p in sys.path if p not in (script_dir, task_root, "")]
     sys.path.insert(0, task_root)
+    # Layers (extracted under /opt), after the function's own code, as Lambda orders them.
+    layer_paths = ["/opt/python/lib/python%d.%d/site-packages" % sys.version_info[:2], "/opt/python"]
+    sys.path[1:1] = [p for p in layer_paths if p not in sys.path]
     try:
         # Logs go to a pipe; line buffering makes each line reach the node
         # promptly (Lambda's runtime makes stdout/stderr unbuffered).

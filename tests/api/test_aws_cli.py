@@ -72,3 +72,31 @@ def test_deploy_and_operate_with_the_aws_cli(aws, tmp_path):
     assert missing.returncode != 0 and "ResourceNotFoundException" in missing.stderr
     aws("delete-function", "--function-name", "cli")
     assert "cli" not in [f["FunctionName"] for f in out(aws("list-functions"))["Functions"]]
+
+
+def test_layers_with_the_aws_cli(aws, tmp_path):
+    lz = tmp_path / "layer.zip"
+    lz.write_bytes(zip_bytes({"python/cli_helper.py": "GREETING = 'from a layer'\n"}))
+    layer = out(aws("publish-layer-version", "--layer-name", "cli-layer", "--zip-file", f"fileb://{lz}",
+                    "--compatible-runtimes", "python3.12", "--description", "helpers"))
+    assert (layer["Version"], layer["Description"]) == (1, "helpers")
+    assert out(aws("get-layer-version", "--layer-name", "cli-layer", "--version-number", "1"))["LayerVersionArn"] == \
+        layer["LayerVersionArn"]
+    assert "cli-layer" in [l["LayerName"] for l in out(aws("list-layers"))["Layers"]]
+
+    z = tmp_path / "fn.zip"
+    z.write_bytes(zip_bytes({"handler.py": "import cli_helper\ndef handler(e, c):\n    return cli_helper.GREETING\n"}))
+    created = out(aws("create-function", "--function-name", "cli-layered", "--runtime", "python3.12", "--handler",
+                      "handler.handler", "--role", "arn:aws:iam::000000000000:role/cli", "--zip-file", f"fileb://{z}",
+                      "--layers", layer["LayerVersionArn"]))
+    assert [l["Arn"] for l in created["Layers"]] == [layer["LayerVersionArn"]]
+    aws("wait", "function-active-v2", "--function-name", "cli-layered")
+    result = tmp_path / "out.json"
+    aws("invoke", "--function-name", "cli-layered", str(result))
+    assert json.loads(result.read_text()) == "from a layer"
+
+    bad = aws("get-layer-version", "--layer-name", "cli-layer", "--version-number", "7", ok=False)
+    assert bad.returncode != 0 and "ResourceNotFoundException" in bad.stderr
+    aws("delete-function", "--function-name", "cli-layered")
+    aws("delete-layer-version", "--layer-name", "cli-layer", "--version-number", "1")
+    assert out(aws("list-layer-versions", "--layer-name", "cli-layer"))["LayerVersions"] == []

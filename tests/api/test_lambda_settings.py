@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
-from botocore.exceptions import ClientError, WaiterError
+from botocore.exceptions import ClientError
 
-from thaw_node_harness import create, invoke_json, zip_bytes
+from thaw_node_harness import create, invoke_json, wait_updated, zip_bytes
 
 SLEEPY = """
 import time
@@ -124,14 +124,6 @@ def handler(event, context):
 def other(event, context):
     return {"other": True}
 """
-
-
-def wait_updated(client, name):
-    try:
-        client.get_waiter("function_updated_v2").wait(FunctionName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
-    except WaiterError:
-        pass  # a Failed update ends the waiter too
-    return client.get_function_configuration(FunctionName=name)
 
 
 def test_update_function_configuration(client):

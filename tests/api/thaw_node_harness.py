@@ -18,6 +18,7 @@ from pathlib import Path
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import WaiterError
 
 ROOT = Path(__file__).resolve().parents[2]
 THAW = ROOT / "target" / "release" / "thaw"
@@ -135,3 +136,12 @@ def create(client, name, code, handler="handler.handler", wait=True, **kw):
 def invoke_json(client, name, payload=None, **kw):
     resp = client.invoke(FunctionName=name, Payload=json.dumps(payload if payload is not None else {}), **kw)
     return resp, json.loads(resp["Payload"].read())
+
+
+def wait_updated(client, name):
+    """Wait for an update to end (Successful or Failed) and return the configuration."""
+    try:
+        client.get_waiter("function_updated_v2").wait(FunctionName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    except WaiterError:
+        pass  # a Failed update ends the waiter too
+    return client.get_function_configuration(FunctionName=name)

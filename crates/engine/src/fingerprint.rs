@@ -11,6 +11,16 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
+/// The fingerprint of a function's files: its code directory and, when it has
+/// layers, the directory they were extracted to (mounted at `/opt`).
+pub fn of_bundle(code: &Path, opt: Option<&Path>) -> io::Result<String> {
+    let code = of_dir(code)?;
+    match opt {
+        None => Ok(code),
+        Some(opt) => Ok(format!("{code}+{}", of_dir(opt)?)),
+    }
+}
+
 /// Hex SHA-256 over the sorted listing of `dir`.
 pub fn of_dir(dir: &Path) -> io::Result<String> {
     let mut lines = Vec::new();

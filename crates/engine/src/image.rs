@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 15;
+pub const FORMAT_VERSION: u32 = 16;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -75,6 +75,8 @@ pub struct SandboxRecord {
     pub handler: String,
     pub code_dir: PathBuf,
     pub runtime_dir: Option<PathBuf>,
+    /// The function's layers, extracted in order (mounted at `/opt`); `None`: no layers.
+    pub opt_dir: Option<PathBuf>,
     pub memory_mb: u64,
     pub cpu_millis: u64,
     pub pids_max: u64,
@@ -84,8 +86,8 @@ pub struct SandboxRecord {
     /// The runtime asked to be told when it is a restored clone (to reseed
     /// randomness, run after-restore hooks).
     pub restore_notice: bool,
-    /// Fingerprint of `code_dir` at capture (see `fingerprint`); a restore over a
-    /// changed bundle is refused.
+    /// Fingerprint of `code_dir` and `opt_dir` at capture (see `fingerprint`); a
+    /// restore over a changed bundle is refused.
     pub code_fingerprint: String,
 }
 
@@ -601,6 +603,7 @@ mod tests {
                 handler: "h.handler".into(),
                 code_dir: "/code".into(),
                 runtime_dir: None,
+                opt_dir: None,
                 memory_mb: 128,
                 cpu_millis: 1000,
                 pids_max: 64,

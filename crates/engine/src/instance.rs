@@ -72,6 +72,8 @@ pub struct FunctionConfig {
     pub code_dir: PathBuf,
     /// Directory holding the runtime shims (see `thaw_runtime::runtimes::install_shims`).
     pub runtime_dir: PathBuf,
+    /// The function's layers, extracted in order, mounted at `/opt` (None: no layers).
+    pub opt_dir: Option<PathBuf>,
     pub memory_mb: u64,
     pub cpu_millis: u64,
     pub pids_max: u64,
@@ -88,6 +90,7 @@ impl FunctionConfig {
             handler: handler.into(),
             code_dir,
             runtime_dir,
+            opt_dir: None,
             memory_mb: 512,
             cpu_millis: 1000,
             pids_max: 256,
@@ -103,6 +106,7 @@ impl FunctionConfig {
             handler: self.handler.clone(),
             code_dir: self.code_dir.clone(),
             runtime_dir: Some(self.runtime_dir.clone()),
+            opt_dir: self.opt_dir.clone(),
             memory_mb: self.memory_mb,
             cpu_millis: self.cpu_millis,
             pids_max: self.pids_max,
@@ -138,6 +142,7 @@ fn spec_for(rec: &SandboxRecord, kind: &str) -> SandboxSpec {
         init_args: vec!["__sandbox-init".into()],
         code_dir: rec.code_dir.clone(),
         runtime_dir: rec.runtime_dir.clone(),
+        opt_dir: rec.opt_dir.clone(),
         tmp_size_mb: rec.tmp_size_mb,
         limits: Limits { memory_mb: rec.memory_mb, cpu_millis: rec.cpu_millis, pids_max: rec.pids_max },
         uid: rec.uid,
@@ -157,7 +162,7 @@ fn stub_sandbox(
 ) -> Result<(Sandbox, Option<Arc<SandboxPool>>), SandboxError> {
     if let Some(prepared) = pool.and_then(|p| p.take(&spec)) {
         let id = prepared.id().to_string();
-        match prepared.start(&spec.code_dir, extra, &entry) {
+        match prepared.start(&spec.code_dir, spec.opt_dir.as_deref(), extra, &entry) {
             Ok(sb) => return Ok((sb, pool.cloned())),
             Err(e) => warn!(sandbox = id, error = %e, cause = ?std::error::Error::source(&e), "a prepared sandbox did not start; creating one"),
         }
@@ -234,7 +239,7 @@ impl LoadedSnapshot {
     pub fn open_with(dir: &Path, share_memory: bool) -> Result<LoadedSnapshot, InstanceError> {
         let Snapshot { dir, image, pages, id, sealer } = Snapshot::open(dir)?;
         let code = &image.sandbox.code_dir;
-        let now = crate::fingerprint::of_dir(code).map_err(|e| {
+        let now = crate::fingerprint::of_bundle(code, image.sandbox.opt_dir.as_deref()).map_err(|e| {
             RestoreError::Incompatible(format!("the function bundle {} cannot be read: {e}", code.display()))
         })?;
         if now != image.sandbox.code_fingerprint {
@@ -902,7 +907,8 @@ impl Instance {
     /// [`Instance::capture`] as a base or a diff (see `layers.rs`).
     pub fn capture_as(mut self, out: &Path, layer: capture::Layer<'_>) -> Result<(PathBuf, CaptureStats), InstanceError> {
         let mut record = self.record.clone();
-        record.code_fingerprint = crate::fingerprint::of_dir(&record.code_dir).map_err(InstanceError::Io)?;
+        record.code_fingerprint =
+            crate::fingerprint::of_bundle(&record.code_dir, record.opt_dir.as_deref()).map_err(InstanceError::Io)?;
         let result = capture::capture_with(self.sandbox.pid(), record, out, layer);
         if let Err(e) = self.sandbox.kill() {
             warn!(error = %e, "cleaning up the captured sandbox");

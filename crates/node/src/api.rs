@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 use tracing::{debug, warn, Instrument};
 
+mod layers;
 mod settings;
 mod url;
 pub use url::URL_PREFIX;
@@ -132,6 +133,10 @@ impl From<DeployError> for ApiError {
             },
             DeployError::Registry(_) | DeployError::Join(_) | DeployError::Copy { .. } => ApiError::service(error_chain(&e)),
             DeployError::RevisionMismatch => ApiError::new(StatusCode::PRECONDITION_FAILED, "PreconditionFailedException", e.to_string()),
+            DeployError::Layer(_) => {
+                let DeployError::Layer(l) = e else { unreachable!() };
+                l.into()
+            }
         }
     }
 }
@@ -185,6 +190,13 @@ pub enum Action {
     PutFunctionConcurrency(String),
     GetFunctionConcurrency(String),
     DeleteFunctionConcurrency(String),
+    PublishLayerVersion(String),
+    ListLayerVersions(String),
+    /// (layer, version as given)
+    GetLayerVersion(String, String),
+    DeleteLayerVersion(String, String),
+    /// Also GetLayerVersionByArn (`?find=LayerVersion`).
+    ListLayers,
     CreateFunctionUrlConfig(String),
     GetFunctionUrlConfig(String),
     UpdateFunctionUrlConfig(String),
@@ -194,7 +206,7 @@ pub enum Action {
 
 /// Map method + raw path to an action (None: unknown operation).
 pub fn route(method: &Method, raw_path: &str) -> Option<Action> {
-    if let Some(a) = settings::route(method, raw_path).or_else(|| url::route(method, raw_path)) {
+    if let Some(a) = settings::route(method, raw_path).or_else(|| url::route(method, raw_path)).or_else(|| layers::route(method, raw_path)) {
         return Some(a);
     }
     let rest = raw_path.strip_prefix(API_PREFIX)?;
@@ -300,6 +312,9 @@ pub fn configuration(node: &Node, r: &FunctionRecord) -> Value {
     if !r.env.is_empty() {
         v["Environment"] = json!({"Variables": r.env});
     }
+    if !r.layers.is_empty() {
+        v["Layers"] = layers::function_layers(node, &r.layers);
+    }
     for (k, val) in [
         ("StateReason", &r.state_reason),
         ("StateReasonCode", &r.state_reason_code),
@@ -341,6 +356,7 @@ struct CreateInput {
     environment: Option<EnvInput>,
     package_type: Option<String>,
     architectures: Option<Vec<String>>,
+    layers: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -419,6 +435,7 @@ pub fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
         timeout_s,
         memory_mb,
         env,
+        layers: input.layers.unwrap_or_default(),
     };
     Ok((spec, zip))
 }
@@ -476,9 +493,6 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
 /// UpdateFunctionConfiguration's input, validated (fields absent are unchanged).
 fn config_change(body: &[u8], current_runtime: &str, current_handler: &str) -> Result<ConfigChange, ApiError> {
     let input: UpdateConfigInput = parse_json(body)?;
-    if input.layers.as_ref().is_some_and(|l| !l.is_empty()) {
-        return Err(ApiError::invalid("Layers are not supported by this node yet."));
-    }
     let runtime = input.runtime.clone().unwrap_or_else(|| current_runtime.to_string());
     let handler = input.handler.clone().unwrap_or_else(|| current_handler.to_string());
     if input.runtime.is_some() || input.handler.is_some() {
@@ -496,6 +510,7 @@ fn config_change(body: &[u8], current_runtime: &str, current_handler: &str) -> R
         env,
         description: input.description,
         role: input.role,
+        layers: input.layers,
         revision_id: input.revision_id,
     })
 }
@@ -717,6 +732,11 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
         | Action::UpdateFunctionUrlConfig(_)
         | Action::DeleteFunctionUrlConfig(_)
         | Action::ListFunctionUrlConfigs(_)) => url::dispatch(node, a, headers, &body),
+        a @ (Action::PublishLayerVersion(_)
+        | Action::ListLayerVersions(_)
+        | Action::GetLayerVersion(..)
+        | Action::DeleteLayerVersion(..)
+        | Action::ListLayers) => layers::dispatch(node, a, raw_query, &body).await,
         a @ (Action::PutProvisionedConcurrency(_) | Action::GetProvisionedConcurrency(_) | Action::DeleteProvisionedConcurrency(_)) => {
             versions::provisioned(node, a, raw_query, &body)
         }

@@ -33,6 +33,45 @@ pub fn code_sha256(zip: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(Sha256::digest(zip))
 }
 
+/// Copy the tree `from` into `to` (created if absent): files with their modes,
+/// directories, symbolic links as they are. What `from` holds replaces what `to` holds
+/// at the same path (a later layer overrides an earlier one); nothing is ever written
+/// through a symbolic link already in `to`. Returns the bytes of the files copied.
+pub fn overlay_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
+    match std::fs::symlink_metadata(to) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            std::fs::remove_file(to)?;
+            std::fs::create_dir(to)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(to)?,
+        Err(e) => return Err(e),
+    }
+    std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
+    let mut bytes = 0;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let t = e.file_type()?;
+        let existing = std::fs::symlink_metadata(&dst).ok();
+        if let Some(m) = &existing {
+            if m.is_dir() && !t.is_dir() {
+                std::fs::remove_dir_all(&dst)?;
+            } else if !m.is_dir() {
+                std::fs::remove_file(&dst)?;
+            }
+        }
+        if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else if t.is_dir() {
+            bytes += overlay_tree(&src, &dst)?;
+        } else {
+            bytes += std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(bytes)
+}
+
 /// Unpack `zip` into `dest` (created; must not exist), writing at most [`MAX_UNZIPPED`]
 /// bytes. Directories get 0755, files 0644 (0755 if executable in the archive), so the
 /// sandbox's unprivileged user can read them whatever the node's umask.
@@ -199,6 +238,28 @@ mod tests {
         let cd = (0..z.len() - 4).find(|&i| le(&z[i..i + 4]) == 0x0201_4b50).unwrap();
         z[cd + 24..cd + 28].copy_from_slice(&claimed.to_le_bytes());
         z
+    }
+
+    #[test]
+    fn overlay_replaces_earlier_layers_and_never_writes_through_links() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b, out, outside) = (t.path().join("a"), t.path().join("b"), t.path().join("out"), t.path().join("outside"));
+        std::fs::create_dir_all(a.join("python/pkg")).unwrap();
+        std::fs::write(a.join("python/pkg/mod.py"), "a").unwrap();
+        std::fs::write(a.join("python/only_a.py"), "a").unwrap();
+        std::os::unix::fs::symlink(&outside, a.join("python/link")).unwrap();
+        std::fs::write(a.join("python/file_then_dir"), "a").unwrap();
+        std::fs::create_dir_all(b.join("python/file_then_dir")).unwrap();
+        std::fs::create_dir_all(b.join("python/pkg")).unwrap();
+        std::fs::write(b.join("python/pkg/mod.py"), "bb").unwrap();
+        std::fs::write(b.join("python/link"), "b").unwrap();
+        assert_eq!(overlay_tree(&a, &out).unwrap(), 3);
+        assert_eq!(overlay_tree(&b, &out).unwrap(), 3);
+        assert_eq!(std::fs::read_to_string(out.join("python/pkg/mod.py")).unwrap(), "bb", "the later layer wins");
+        assert_eq!(std::fs::read_to_string(out.join("python/only_a.py")).unwrap(), "a", "the earlier layer's other files stay");
+        assert!(out.join("python/file_then_dir").is_dir());
+        assert!(!std::fs::symlink_metadata(out.join("python/link")).unwrap().file_type().is_symlink());
+        assert!(!outside.exists(), "nothing was written through the earlier layer's link");
     }
 
     #[test]

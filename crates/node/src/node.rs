@@ -35,6 +35,8 @@ use crate::metrics::Metrics;
 use crate::registry::{FunctionRecord, FunctionSettings, Registry, RegistryError, RevisionRecord};
 
 mod settings;
+mod layer_versions;
+pub use layer_versions::{LayerError, PublishLayer};
 mod provisioned;
 mod update;
 mod versions;
@@ -134,6 +136,8 @@ pub enum DeployError {
     RevisionMismatch,
     #[error("copying the code of {name} for its new configuration")]
     Copy { name: String, #[source] source: std::io::Error },
+    #[error(transparent)]
+    Layer(#[from] LayerError),
 }
 
 /// A validated deployment (code + configuration baked into the snapshot).
@@ -147,6 +151,8 @@ pub struct FunctionSpec {
     pub timeout_s: u64,
     pub memory_mb: u64,
     pub env: BTreeMap<String, String>,
+    /// Layer version ARNs, extracted in this order under /opt.
+    pub layers: Vec<String>,
 }
 
 /// One deployed revision, shared by its instances.
@@ -173,6 +179,7 @@ impl Revision {
         let mut boot = FunctionConfig::new(runtime, &rec.handler, rec.dir.join("code"), cfg.runtime_dir.clone());
         boot.memory_mb = rec.memory_mb;
         boot.function_name = name.to_string();
+        boot.opt_dir = (!rec.layers.is_empty()).then(|| rec.dir.join("opt"));
         boot.env = rec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         // Reserved keys (the API refuses them from users): the node's region, as Lambda sets it.
         boot.env.push(("AWS_REGION".into(), cfg.region.clone()));
@@ -532,7 +539,41 @@ impl Node {
             error: None,
             snapshot_bytes: None,
             snapshot_id: None,
+            layers: spec.layers.clone(),
         }
+    }
+
+    /// Give the revision in `dir` (code in `dir/code`, `code_bytes` of it) its `opt/`:
+    /// `layers` resolved and extracted in order. `dir` is removed on failure.
+    async fn add_layers(&self, dir: &Path, layers: &[String], code_bytes: u64) -> Result<(), DeployError> {
+        if layers.is_empty() {
+            return Ok(());
+        }
+        let res = match self.resolve_layers(layers) {
+            Ok(recs) => self.materialize_layers(recs, dir.join("opt"), code_bytes).await,
+            Err(e) => Err(e),
+        };
+        res.map_err(|e| {
+            let _ = std::fs::remove_dir_all(dir);
+            e.into()
+        })
+    }
+
+    /// Copy the `opt/` of revision `from` (if it has one) into the new revision `dir`
+    /// (its layers unchanged). `dir` is removed on failure.
+    async fn copy_layers(&self, name: &str, from: Option<i64>, dir: &Path) -> Result<(), DeployError> {
+        let Some(src) = from.and_then(|id| self.registry.get_revision(id).ok().flatten()).map(|r| r.dir.join("opt")) else {
+            return Ok(());
+        };
+        if !src.is_dir() {
+            return Ok(());
+        }
+        let dst = dir.join("opt");
+        let copied = tokio::task::spawn_blocking(move || crate::bundle::overlay_tree(&src, &dst)).await.map_err(DeployError::Join)?;
+        copied.map(|_| ()).map_err(|source| {
+            let _ = std::fs::remove_dir_all(dir);
+            DeployError::Copy { name: name.to_string(), source }
+        })
     }
 
     /// CreateFunction: unpack, register as Pending, build the snapshot in the background.
@@ -542,7 +583,8 @@ impl Node {
         }
         let sha = crate::bundle::code_sha256(&zip);
         let size = zip.len() as u64;
-        let (dir, _) = self.unpack(&spec.name, Arc::new(zip)).await?;
+        let (dir, code_bytes) = self.unpack(&spec.name, Arc::new(zip)).await?;
+        self.add_layers(&dir, &spec.layers, code_bytes).await?;
         let mut rev = Self::revision_record(&spec, dir.clone(), &sha, size);
         let rec = FunctionRecord {
             name: spec.name.clone(),
@@ -565,6 +607,7 @@ impl Node {
             code_size: size,
             latest_revision: None,
             active_revision: None,
+            layers: spec.layers.clone(),
         };
         let f = {
             let mut map = self.functions_map();
@@ -623,6 +666,11 @@ impl Node {
         let sha = crate::bundle::code_sha256(&zip);
         let size = zip.len() as u64;
         let (dir, _) = self.unpack(name, Arc::new(zip)).await?;
+        let latest = {
+            let st = f.lock();
+            st.rec.latest_revision.or(st.rec.active_revision)
+        };
+        self.copy_layers(name, latest, &dir).await?;
         self.start_revision(f, dir, sha, size, |_| {})
     }
 
@@ -659,6 +707,7 @@ impl Node {
             timeout_s: st.rec.timeout_s,
             memory_mb: st.rec.memory_mb,
             env: st.rec.env.clone(),
+            layers: st.rec.layers.clone(),
         };
         change(&mut spec);
         let mut rev = Self::revision_record(&spec, dir.clone(), &sha, size);
@@ -680,6 +729,7 @@ impl Node {
         st.rec.timeout_s = spec.timeout_s;
         st.rec.memory_mb = spec.memory_mb;
         st.rec.env = spec.env;
+        st.rec.layers = spec.layers;
         st.rec.code_sha256 = sha;
         st.rec.code_size = size;
         st.rec.latest_revision = Some(id);

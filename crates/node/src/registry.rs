@@ -14,6 +14,9 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use thaw_engine::seal::{self, NodeKey};
 use thiserror::Error;
 
+mod layers;
+pub use layers::LayerVersionRecord;
+
 #[derive(Debug, Error)]
 pub enum RegistryError {
     #[error("opening the registry database {path}")]
@@ -56,6 +59,8 @@ pub struct FunctionRecord {
     pub code_size: u64,
     pub latest_revision: Option<i64>,
     pub active_revision: Option<i64>,
+    /// The layer versions (ARNs) extracted under /opt, in order (Lambda's `Layers`).
+    pub layers: Vec<String>,
 }
 
 /// A function's settings that are not baked into its snapshot: reserved concurrency
@@ -110,6 +115,8 @@ pub struct RevisionRecord {
     pub snapshot_bytes: Option<u64>,
     /// Id of the snapshot in the node's snapshot store, once published (#13).
     pub snapshot_id: Option<String>,
+    /// The layer versions (ARNs) extracted into `dir/opt`, in order.
+    pub layers: Vec<String>,
 }
 
 /// A published version: an immutable pointer to a revision (code, handler, memory,
@@ -172,7 +179,8 @@ CREATE TABLE IF NOT EXISTS functions (
     code_sha256 TEXT NOT NULL,
     code_size INTEGER NOT NULL,
     latest_revision INTEGER,
-    active_revision INTEGER
+    active_revision INTEGER,
+    layers_json TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS revisions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -187,7 +195,8 @@ CREATE TABLE IF NOT EXISTS revisions (
     error TEXT,
     snapshot_bytes INTEGER,
     runtime TEXT NOT NULL DEFAULT 'python3.12',
-    snapshot_id TEXT
+    snapshot_id TEXT,
+    layers_json TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS function_settings (
     name TEXT PRIMARY KEY,
@@ -238,8 +247,18 @@ CREATE INDEX IF NOT EXISTS events_due ON events(next_attempt_ms);
 
 const FN_COLS: &str = "name, runtime, role, handler, description, timeout_s, memory_mb, env_json, state, state_reason, \
     state_reason_code, last_update_status, last_update_status_reason, last_update_status_reason_code, last_modified, \
-    revision_id, code_sha256, code_size, latest_revision, active_revision";
-const REV_COLS: &str = "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id";
+    revision_id, code_sha256, code_size, latest_revision, active_revision, layers_json";
+const REV_COLS: &str =
+    "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id, layers_json";
+
+/// A list of layer ARNs as stored (`layers_json`); a corrupt list reads as none.
+fn layers_from(json: String) -> Vec<String> {
+    serde_json::from_str(&json).unwrap_or_default()
+}
+
+fn layers_json(layers: &[String]) -> String {
+    serde_json::to_string(layers).expect("strings serialize")
+}
 
 /// Environment values are secrets: with a node key they are stored sealed
 /// (`seal::seal_value`, AES-256-GCM), never in clear in the database or its WAL.
@@ -288,6 +307,7 @@ fn function_row(r: &Row<'_>) -> rusqlite::Result<(FunctionRecord, String)> {
             code_size: r.get(17)?,
             latest_revision: r.get(18)?,
             active_revision: r.get(19)?,
+            layers: layers_from(r.get(20)?),
         },
         r.get(7)?,
     ))
@@ -309,6 +329,7 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<(RevisionRecord, String)> {
             snapshot_bytes: r.get(10)?,
             runtime: r.get(11)?,
             snapshot_id: r.get(12)?,
+            layers: layers_from(r.get(13)?),
         },
         r.get(7)?,
     ))
@@ -337,6 +358,7 @@ impl Registry {
     fn init(conn: Connection, path: &Path) -> Result<Registry, RegistryError> {
         let open = |source| RegistryError::Open { path: path.to_path_buf(), source };
         conn.execute_batch(SCHEMA).map_err(open)?;
+        conn.execute_batch(layers::SCHEMA).map_err(open)?;
         // Columns added since a registry was first written: registries written before
         // revisions recorded their runtime held Python functions only.
         for (table, column, ddl) in [
@@ -344,6 +366,8 @@ impl Registry {
             ("function_settings", "url_json", "ALTER TABLE function_settings ADD COLUMN url_json TEXT;"),
             ("revisions", "snapshot_id", "ALTER TABLE revisions ADD COLUMN snapshot_id TEXT;"),
             ("events", "version", "ALTER TABLE events ADD COLUMN version INTEGER;"),
+            ("functions", "layers_json", "ALTER TABLE functions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
+            ("revisions", "layers_json", "ALTER TABLE revisions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
         ] {
             let present: i64 = conn
                 .query_row("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name=?2", [table, column], |r| r.get(0))
@@ -373,12 +397,12 @@ impl Registry {
         let c = self.conn();
         let n = c
             .execute(
-                &format!("INSERT OR IGNORE INTO functions ({FN_COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"),
+                &format!("INSERT OR IGNORE INTO functions ({FN_COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21)"),
                 params![
                     f.name, f.runtime, f.role, f.handler, f.description, f.timeout_s, f.memory_mb, env_json(self.key.as_deref(), &f.env)?,
                     f.state, f.state_reason, f.state_reason_code, f.last_update_status, f.last_update_status_reason,
                     f.last_update_status_reason_code, f.last_modified, f.revision_id, f.code_sha256, f.code_size,
-                    f.latest_revision, f.active_revision
+                    f.latest_revision, f.active_revision, layers_json(&f.layers)
                 ],
             )
             .map_err(q("insert function"))?;
@@ -395,12 +419,12 @@ impl Registry {
                 "UPDATE functions SET runtime=?2, role=?3, handler=?4, description=?5, timeout_s=?6, memory_mb=?7, env_json=?8, \
                  state=?9, state_reason=?10, state_reason_code=?11, last_update_status=?12, last_update_status_reason=?13, \
                  last_update_status_reason_code=?14, last_modified=?15, revision_id=?16, code_sha256=?17, code_size=?18, \
-                 latest_revision=?19, active_revision=?20 WHERE name=?1",
+                 latest_revision=?19, active_revision=?20, layers_json=?21 WHERE name=?1",
                 params![
                     f.name, f.runtime, f.role, f.handler, f.description, f.timeout_s, f.memory_mb, env_json(self.key.as_deref(), &f.env)?,
                     f.state, f.state_reason, f.state_reason_code, f.last_update_status, f.last_update_status_reason,
                     f.last_update_status_reason_code, f.last_modified, f.revision_id, f.code_sha256, f.code_size,
-                    f.latest_revision, f.active_revision
+                    f.latest_revision, f.active_revision, layers_json(&f.layers)
                 ],
             )
             .map_err(q("update function"))?;
@@ -487,11 +511,11 @@ impl Registry {
     pub fn insert_revision(&self, r: &RevisionRecord) -> Result<i64, RegistryError> {
         let c = self.conn();
         c.execute(
-            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id) \
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
+            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id, layers_json) \
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
             params![
                 r.function, r.code_sha256, r.code_size, r.dir.to_string_lossy(), r.handler, r.memory_mb, env_json(self.key.as_deref(), &r.env)?,
-                r.status, r.error, r.snapshot_bytes, r.runtime, r.snapshot_id
+                r.status, r.error, r.snapshot_bytes, r.runtime, r.snapshot_id, layers_json(&r.layers)
             ],
         )
         .map_err(q("insert revision"))?;
@@ -743,6 +767,7 @@ mod tests {
             revision_id: "r1".into(),
             code_sha256: "abc".into(),
             code_size: 10,
+            layers: vec!["arn:aws:lambda:local:000000000000:layer:l:1".into()],
             latest_revision: None,
             active_revision: None,
         }
@@ -801,6 +826,7 @@ mod tests {
             error: None,
             snapshot_bytes: None,
             snapshot_id: None,
+            layers: vec!["arn:aws:lambda:local:000000000000:layer:l:2".into()],
         };
         let a = reg.insert_revision(&rev).unwrap();
         let b = reg.insert_revision(&RevisionRecord { dir: "/tmp/r2".into(), ..rev.clone() }).unwrap();
@@ -808,6 +834,7 @@ mod tests {
         reg.finish_revision(a, "ready", None, Some(4096)).unwrap();
         let got = reg.get_revision(a).unwrap().unwrap();
         assert_eq!((got.status.as_str(), got.snapshot_bytes, got.runtime.as_str()), ("ready", Some(4096), "java17"));
+        assert_eq!(got.layers, rev.layers);
         assert_eq!(reg.other_revisions("f", &[b]).unwrap(), vec![(a, PathBuf::from("/tmp/r1"))]);
         reg.enqueue_event(&EventRecord { id: "e".into(), function: "f".into(), version: Some(3), payload: b"{}".to_vec(), attempts: 0, next_attempt_ms: 5 })
             .unwrap();

@@ -187,9 +187,18 @@ pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs, deferred: bool) -> Resul
     };
     if deferred {
         ops.push(RootOp::Dir { dst: CODE_DIR.into() });
+        ops.push(RootOp::Dir { dst: OPT_DIR.into() });
     } else {
         dir_only("code_dir", &spec.code_dir)?;
         ops.push(RootOp::Bind { src: spec.code_dir.clone(), dst: CODE_DIR.into(), dir: true, readonly: true });
+        match &spec.opt_dir {
+            Some(opt) => {
+                dir_only("opt_dir", opt)?;
+                ops.push(RootOp::Bind { src: opt.clone(), dst: OPT_DIR.into(), dir: true, readonly: true });
+            }
+            // As in Lambda, /opt exists (empty) without layers.
+            None => ops.push(RootOp::Dir { dst: OPT_DIR.into() }),
+        }
     }
     if let Some(rt) = &spec.runtime_dir {
         dir_only("runtime_dir", rt)?;
@@ -214,6 +223,8 @@ pub(crate) fn plan(spec: &SandboxSpec, fs: &dyn HostFs, deferred: bool) -> Resul
 
 /// Where the function's code is mounted inside every sandbox.
 pub(crate) const CODE_DIR: &str = "/var/task";
+/// Where the function's layers are mounted (when it has any).
+pub(crate) const OPT_DIR: &str = "/opt";
 
 /// The init's configuration; `entry` `None`: a prepared sandbox ([`InitMode::Deferred`]).
 pub(crate) fn init_config(spec: &SandboxSpec, entry: Option<&Entry>, root: PathBuf, ops: Vec<RootOp>) -> InitConfig {

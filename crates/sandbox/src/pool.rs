@@ -99,6 +99,7 @@ fn shape_key(spec: &SandboxSpec) -> String {
     let mut s = spec.clone();
     s.id.clear();
     s.code_dir.clear();
+    s.opt_dir = None;
     s.env.clear();
     format!("{s:?}")
 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::socket;
 
-use crate::config::{self, RealFs, CODE_DIR, PREPARED_MARK};
+use crate::config::{self, RealFs, CODE_DIR, OPT_DIR, PREPARED_MARK};
 use crate::error::SandboxError;
 use crate::sandbox::{self, Launched, Resources};
 use crate::spec::{Entry, SandboxSpec};
@@ -84,11 +84,12 @@ impl Prepared {
         &self.id
     }
 
-    /// Attach `code_dir` at /var/task and each of `ro_binds` (host paths, files or
-    /// directories) at the same path, all read-only, and start `entry` (a restore
-    /// stub) as [`Sandbox::spawn`] would: the calling thread becomes the stub's tracer.
-    /// On error the prepared sandbox is gone; the caller can spawn a new one.
-    pub fn start(mut self, code_dir: &Path, ro_binds: &[PathBuf], entry: &Entry) -> Result<Sandbox, SandboxError> {
+    /// Attach `code_dir` at /var/task, `opt_dir` (if any) at /opt and each of
+    /// `ro_binds` (host paths, files or directories) at the same path, all read-only,
+    /// and start `entry` (a restore stub) as [`Sandbox::spawn`] would: the calling
+    /// thread becomes the stub's tracer. On error the prepared sandbox is gone; the
+    /// caller can spawn a new one.
+    pub fn start(mut self, code_dir: &Path, opt_dir: Option<&Path>, ro_binds: &[PathBuf], entry: &Entry) -> Result<Sandbox, SandboxError> {
         let id = self.id.clone();
         entry.validate(&id)?;
         let Entry::Stub { addr, len, blob } = entry else {
@@ -96,7 +97,7 @@ impl Prepared {
         };
         let launched = self.launched.take().expect("a prepared sandbox is started once");
         let res = self.res.take().expect("resources until started");
-        let spawned = match send_go(&id, &launched, code_dir, ro_binds, *addr, *len, blob) {
+        let spawned = match send_go(&id, &launched, code_dir, opt_dir, ro_binds, *addr, *len, blob) {
             Ok(()) => {
                 let _ = socket::shutdown(launched.status.as_raw_fd(), socket::Shutdown::Write);
                 sandbox::finish(&id, entry, launched)
@@ -108,11 +109,22 @@ impl Prepared {
 }
 
 /// The go frame: one detached, cloned mount per bind, and the stub.
-fn send_go(id: &str, l: &Launched, code_dir: &Path, ro_binds: &[PathBuf], addr: u64, len: usize, blob: &[u8]) -> Result<(), SandboxError> {
+#[allow(clippy::too_many_arguments)]
+fn send_go(
+    id: &str,
+    l: &Launched,
+    code_dir: &Path,
+    opt_dir: Option<&Path>,
+    ro_binds: &[PathBuf],
+    addr: u64,
+    len: usize,
+    blob: &[u8],
+) -> Result<(), SandboxError> {
     use rustix::mount::{open_tree, OpenTreeFlags};
-    let mut binds = Vec::with_capacity(1 + ro_binds.len());
+    let mut binds = Vec::with_capacity(2 + ro_binds.len());
     let mut fds: Vec<OwnedFd> = Vec::with_capacity(binds.capacity());
-    for (src, dst) in std::iter::once((code_dir, Path::new(CODE_DIR))).chain(ro_binds.iter().map(|p| (p.as_path(), p.as_path()))) {
+    let dirs = std::iter::once((code_dir, Path::new(CODE_DIR))).chain(opt_dir.map(|o| (o, Path::new(OPT_DIR))));
+    for (src, dst) in dirs.chain(ro_binds.iter().map(|p| (p.as_path(), p.as_path()))) {
         let host_err = |what: &'static str| {
             let path = src.to_path_buf();
             move |source: std::io::Error| SandboxError::HostPath { id: id.into(), what, path, source }
@@ -121,8 +133,8 @@ fn send_go(id: &str, l: &Launched, code_dir: &Path, ro_binds: &[PathBuf], addr: 
             return Err(host_err("bind source")(std::io::Error::from_raw_os_error(libc::EINVAL)));
         }
         let dir = std::fs::metadata(src).map_err(host_err("bind source"))?.is_dir();
-        if dst == Path::new(CODE_DIR) && !dir {
-            return Err(host_err("code_dir")(std::io::Error::from_raw_os_error(libc::ENOTDIR)));
+        if (dst == Path::new(CODE_DIR) || dst == Path::new(OPT_DIR)) && !dir {
+            return Err(host_err(if dst == Path::new(CODE_DIR) { "code_dir" } else { "opt_dir" })(std::io::Error::from_raw_os_error(libc::ENOTDIR)));
         }
         let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_RECURSIVE;
         fds.push(open_tree(rustix::fs::CWD, src, flags).map_err(|e| host_err("clone the mount of")(e.into()))?);

@@ -35,6 +35,9 @@ pub struct SandboxSpec {
     pub code_dir: PathBuf,
     /// Host directory bind-mounted read-only at `/var/runtime`.
     pub runtime_dir: Option<PathBuf>,
+    /// Host directory bind-mounted read-only at `/opt` (the function's Lambda layers,
+    /// extracted in order). `None`: `/opt` is an empty directory.
+    pub opt_dir: Option<PathBuf>,
     /// Host paths bind-mounted read-only at the same path. Default `/usr`.
     pub ro_binds: Vec<PathBuf>,
     /// Give the sandbox its own minimal `/etc` (see `etc.rs`) rather than none. Default
@@ -73,6 +76,7 @@ impl Default for SandboxSpec {
             init_args: Vec::new(),
             code_dir: PathBuf::new(),
             runtime_dir: None,
+            opt_dir: None,
             ro_binds: vec![PathBuf::from("/usr")],
             minimal_etc: true,
             root_links: ["/bin", "/lib", "/lib64", "/sbin"].iter().map(PathBuf::from).collect(),
@@ -130,6 +134,9 @@ impl SandboxSpec {
         abs("code_dir", &self.code_dir)?;
         if let Some(r) = &self.runtime_dir {
             abs("runtime_dir", r)?;
+        }
+        if let Some(o) = &self.opt_dir {
+            abs("opt_dir", o)?;
         }
         for p in self.ro_binds.iter().chain(&self.root_links) {
             abs("bind path", p)?;

@@ -54,6 +54,27 @@ fn run_dir(s: &SandboxSpec) -> PathBuf {
 }
 
 #[test]
+fn opt_dir_is_mounted_read_only_at_opt() {
+    let code = code_dir();
+    let opt = tempfile::tempdir().unwrap();
+    std::fs::create_dir(opt.path().join("bin")).unwrap();
+    std::fs::write(opt.path().join("bin/tool"), "layer file\n").unwrap();
+    let mut s = spec("opt", code.path());
+    s.opt_dir = Some(opt.path().to_path_buf());
+    let script = "cat /opt/bin/tool; if touch /opt/new 2>/dev/null; then echo optw=yes; else echo optw=no; fi";
+    let mut sb = Sandbox::spawn(&s, sh(script)).expect("spawn");
+    let out = read_all(sb.take_log().unwrap());
+    assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(0), "output:\n{out}");
+    assert_eq!(out, "layer file\noptw=no\n");
+    // Without one, /opt is an empty directory (as in Lambda).
+    let s = spec("noopt", code.path());
+    let mut sb = Sandbox::spawn(&s, sh("[ -d /opt ] && echo \"opt=[$(ls -A /opt)]\"")).expect("spawn");
+    let out = read_all(sb.take_log().unwrap());
+    sb.wait().unwrap();
+    assert_eq!(out, "opt=[]\n");
+}
+
+#[test]
 fn exec_environment() {
     let code = code_dir();
     let s = spec("env", code.path());
@@ -493,6 +514,9 @@ fn mount_opts(pid: i32, path: &str) -> String {
 #[test]
 fn prepared_sandbox_starts_a_stub_with_its_code_attached_read_only() {
     let code = code_dir();
+    let opt = tempfile::tempdir().unwrap();
+    std::fs::create_dir(opt.path().join("python")).unwrap();
+    std::fs::write(opt.path().join("python/layer.py"), "X = 1\n").unwrap();
     let extra = tempfile::NamedTempFile::new_in("/run").unwrap();
     std::fs::write(extra.path(), "shared bytes").unwrap();
     let mut s = spec("prep", Path::new("/nonexistent-code"));
@@ -502,7 +526,7 @@ fn prepared_sandbox_starts_a_stub_with_its_code_attached_read_only() {
     let addr = 0x6200_0000_0000u64;
     let blob = vec![0x90u8; 5000];
     let entry = Entry::Stub { addr, len: 2 * 4096, blob: blob.clone() };
-    let mut sb = prepared.start(code.path(), &[extra.path().to_path_buf()], &entry).unwrap();
+    let mut sb = prepared.start(code.path(), Some(opt.path()), &[extra.path().to_path_buf()], &entry).unwrap();
     let pid = sb.pid();
     assert!(status_field(pid, "State").starts_with(['t', 'T']));
     assert_eq!(status_field(pid, "TracerPid"), nix::unistd::gettid().as_raw().to_string(), "the starting thread traces it");
@@ -516,8 +540,9 @@ fn prepared_sandbox_starts_a_stub_with_its_code_attached_read_only() {
     let root = format!("/proc/{pid}/root");
     assert_eq!(std::fs::read_to_string(format!("{root}/var/task/hello.txt")).unwrap(), "hello from code\n");
     assert_eq!(std::fs::read_to_string(format!("{root}{}", extra.path().display())).unwrap(), "shared bytes");
+    assert_eq!(std::fs::read_to_string(format!("{root}/opt/python/layer.py")).unwrap(), "X = 1\n", "the layers at /opt");
     assert_eq!(std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap(), Path::new("/var/task"), "cwd is the attached code");
-    for p in ["/var/task", extra.path().to_str().unwrap(), "/"] {
+    for p in ["/var/task", "/opt", extra.path().to_str().unwrap(), "/"] {
         assert!(mount_opts(pid, p).split(',').any(|o| o == "ro"), "{p} is read-only: {}", mount_opts(pid, p));
     }
     let cg = sb.cgroup().paths();
@@ -538,13 +563,13 @@ fn prepared_sandbox_refuses_bad_starts_and_leaves_nothing() {
     assert!(!run_dir(&s).exists());
     // A code directory that does not exist: a clear error, everything removed.
     let p = Sandbox::prepare(&s).unwrap();
-    let e = p.start(Path::new("/nonexistent-code"), &[], &stub).unwrap_err();
+    let e = p.start(Path::new("/nonexistent-code"), None, &[], &stub).unwrap_err();
     assert_eq!(e.to_string(), format!("sandbox {}: bind source /nonexistent-code", s.id));
     assert!(!run_dir(&s).exists());
     // Only a restore stub can start in a prepared sandbox.
     let code = code_dir();
     let p = Sandbox::prepare(&s).unwrap();
-    let e = p.start(code.path(), &[], &sh("true")).unwrap_err();
+    let e = p.start(code.path(), None, &[], &sh("true")).unwrap_err();
     assert!(e.to_string().contains("a prepared sandbox starts only a restore stub"), "{e}");
     assert!(!run_dir(&s).exists());
 }
@@ -575,7 +600,7 @@ fn pool_hands_out_prepared_sandboxes_of_the_asked_shape() {
     assert!(pool.take(&other).is_none(), "another shape is not served from this one's sandboxes");
     let p = pool.take(&s).expect("a prepared sandbox");
     let entry = Entry::Stub { addr: 0x6400_0000_0000, len: 4096, blob: vec![0xcc] };
-    let mut sb = p.start(code.path(), &[], &entry).unwrap();
+    let mut sb = p.start(code.path(), None, &[], &entry).unwrap();
     let pid = sb.pid();
     assert!(Path::new(&format!("/proc/{pid}/root/var/task/hello.txt")).exists());
     let st = pool.stats();

@@ -167,11 +167,14 @@ pub(super) fn version_configuration(node: &Node, latest: &FunctionRecord, v: &Ve
     // Thaw serves every version from its own snapshot.
     c["SnapStart"] = json!({"ApplyOn": "PublishedVersions", "OptimizationStatus": "On"});
     let m = c.as_object_mut().expect("an object");
-    for k in ["StateReason", "StateReasonCode", "LastUpdateStatusReason", "LastUpdateStatusReasonCode", "Environment"] {
+    for k in ["StateReason", "StateReasonCode", "LastUpdateStatusReason", "LastUpdateStatusReasonCode", "Environment", "Layers"] {
         m.remove(k);
     }
     if !r.env.is_empty() {
         c["Environment"] = json!({"Variables": r.env});
+    }
+    if !r.layers.is_empty() {
+        c["Layers"] = super::layers::function_layers(node, &r.layers);
     }
     c
 }

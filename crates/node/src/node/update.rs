@@ -6,7 +6,6 @@
 //! are not in the snapshot: they change at once.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use super::{timestamp, DeployError, Node};
@@ -22,6 +21,8 @@ pub struct ConfigChange {
     pub env: Option<BTreeMap<String, String>>,
     pub description: Option<String>,
     pub role: Option<String>,
+    /// Layer version ARNs (replacing the list; `Some(vec![])` removes every layer).
+    pub layers: Option<Vec<String>>,
     /// Refuse the update unless the function's RevisionId is this one.
     pub revision_id: Option<String>,
 }
@@ -33,26 +34,8 @@ impl ConfigChange {
             || self.handler.as_ref().is_some_and(|v| *v != r.handler)
             || self.memory_mb.is_some_and(|v| v != r.memory_mb)
             || self.env.as_ref().is_some_and(|v| *v != r.env)
+            || self.layers.as_ref().is_some_and(|v| *v != r.layers)
     }
-}
-
-/// Copy a code tree (files with their modes, directories, symlinks as they are).
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    std::fs::set_permissions(to, std::fs::metadata(from)?.permissions())?;
-    for e in std::fs::read_dir(from)? {
-        let e = e?;
-        let (src, dst) = (e.path(), to.join(e.file_name()));
-        let t = e.file_type()?;
-        if t.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
-        } else if t.is_dir() {
-            copy_tree(&src, &dst)?;
-        } else {
-            std::fs::copy(&src, &dst)?;
-        }
-    }
-    Ok(())
 }
 
 impl Node {
@@ -91,14 +74,22 @@ impl Node {
             let latest = st.rec.latest_revision.or(st.rec.active_revision);
             let rev = latest.and_then(|id| self.registry.get_revision(id).ok().flatten());
             let Some(rev) = rev else { return Err(DeployError::NotFound(self.arn(name))) };
-            (rev.dir.join("code"), st.rec.code_sha256.clone(), st.rec.code_size)
+            (rev, st.rec.code_sha256.clone(), st.rec.code_size)
         };
+        let (latest, code) = (code.id, code.dir.join("code"));
         let dir = self.new_revision_dir(name);
         let d = dir.clone();
-        let copied = tokio::task::spawn_blocking(move || copy_tree(&code, &d.join("code"))).await.map_err(DeployError::Join)?;
+        let copied = tokio::task::spawn_blocking(move || crate::bundle::overlay_tree(&code, &d.join("code"))).await.map_err(DeployError::Join)?;
         if let Err(source) = copied {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(DeployError::Copy { name: name.to_string(), source });
+        }
+        match &change.layers {
+            Some(layers) => {
+                let code_bytes = super::layer_versions::tree_bytes(&dir.join("code"));
+                self.add_layers(&dir, layers, code_bytes).await?;
+            }
+            None => self.copy_layers(name, Some(latest), &dir).await?,
         }
         self.start_revision(f, dir, sha, size, move |spec| {
             if let Some(v) = change.runtime {
@@ -121,6 +112,9 @@ impl Node {
             }
             if let Some(v) = change.role {
                 spec.role = v;
+            }
+            if let Some(v) = change.layers {
+                spec.layers = v;
             }
         })
     }

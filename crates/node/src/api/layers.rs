@@ -1,0 +1,153 @@
+//! Lambda's layer operations (issue #16) on the paths boto3 and the AWS CLI use
+//! (API version 2018-10-31): PublishLayerVersion, GetLayerVersion,
+//! GetLayerVersionByArn, ListLayerVersions, ListLayers, DeleteLayerVersion. The node
+//! side is `node/layer_versions.rs`.
+
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{decode, decode_zip, json_response, parse_json, query_param, segments, Action, ApiError, CodeInput};
+use crate::node::{error_chain, LayerError, Node, PublishLayer};
+use crate::registry::LayerVersionRecord;
+
+impl From<LayerError> for ApiError {
+    fn from(e: LayerError) -> ApiError {
+        match &e {
+            LayerError::NotFound(_) => ApiError::not_found(e.to_string()),
+            LayerError::Invalid(_) => ApiError::invalid(e.to_string()),
+            LayerError::Bundle(b) => match b {
+                crate::bundle::BundleError::Write { .. } => ApiError::service(error_chain(&e)),
+                _ => ApiError::invalid(e.to_string()),
+            },
+            LayerError::Registry(_) | LayerError::Io { .. } | LayerError::Join(_) => ApiError::service(error_chain(&e)),
+        }
+    }
+}
+
+/// The layer operations' routes (None: not one of them).
+pub(super) fn route(method: &Method, raw_path: &str) -> Option<Action> {
+    let segs = segments(raw_path);
+    match (method.as_str(), segs.as_slice()) {
+        ("GET", ["2018-10-31", "layers"]) => Some(Action::ListLayers),
+        ("POST", ["2018-10-31", "layers", l, "versions"]) => Some(Action::PublishLayerVersion(decode(l))),
+        ("GET", ["2018-10-31", "layers", l, "versions"]) => Some(Action::ListLayerVersions(decode(l))),
+        ("GET", ["2018-10-31", "layers", l, "versions", v]) => Some(Action::GetLayerVersion(decode(l), decode(v))),
+        ("DELETE", ["2018-10-31", "layers", l, "versions", v]) => Some(Action::DeleteLayerVersion(decode(l), decode(v))),
+        _ => None,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct PublishInput {
+    content: Option<CodeInput>,
+    description: Option<String>,
+    #[serde(default)]
+    compatible_runtimes: Vec<String>,
+    #[serde(default)]
+    compatible_architectures: Vec<String>,
+    license_info: Option<String>,
+}
+
+/// Lambda's LayerVersionsListItem.
+fn list_item(node: &Node, l: &LayerVersionRecord) -> Value {
+    let mut v = json!({
+        "LayerVersionArn": node.layer_version_arn(&l.name, l.version),
+        "Version": l.version,
+        "Description": l.description,
+        "CreatedDate": l.created,
+        "CompatibleRuntimes": l.compatible_runtimes,
+        "CompatibleArchitectures": l.compatible_architectures,
+    });
+    if let Some(lic) = &l.license_info {
+        v["LicenseInfo"] = json!(lic);
+    }
+    v
+}
+
+/// GetLayerVersion's (and PublishLayerVersion's) answer.
+fn version_answer(node: &Node, l: &LayerVersionRecord) -> Value {
+    let mut v = list_item(node, l);
+    v["LayerArn"] = json!(node.layer_arn(&l.name));
+    // Lambda answers a presigned S3 URL; this node keeps the files, not the zip.
+    v["Content"] = json!({"Location": "", "CodeSha256": l.code_sha256, "CodeSize": l.code_size});
+    v
+}
+
+/// A function's `Layers` as its configuration reports them (a deleted version keeps
+/// its ARN, with size 0: the function still has its copy).
+pub(super) fn function_layers(node: &Node, arns: &[String]) -> Value {
+    let size = |a: &String| node.resolve_layers(std::slice::from_ref(a)).ok().and_then(|l| l.first().map(|l| l.code_size));
+    let list: Vec<Value> = arns.iter().map(|a| json!({"Arn": a, "CodeSize": size(a).unwrap_or(0)})).collect();
+    json!(list)
+}
+
+fn version_number(v: &str) -> Result<u64, ApiError> {
+    v.parse::<u64>()
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| ApiError::invalid(format!("1 validation error detected: Value '{v}' at 'versionNumber' failed to satisfy constraint: Member must be a positive number")))
+}
+
+pub(super) async fn dispatch(node: &Node, action: Action, raw_query: Option<&str>, body: &[u8]) -> Result<Response, ApiError> {
+    match action {
+        Action::PublishLayerVersion(l) => {
+            let name = node.layer_name(&l)?;
+            let input: PublishInput = parse_json(body)?;
+            let content = input.content.ok_or_else(|| ApiError::invalid("Content is required to publish a layer version."))?;
+            let zip = decode_zip(content.zip_file, content.s3_bucket, content.image_uri)?;
+            if input.compatible_runtimes.len() > 15 {
+                return Err(ApiError::invalid("CompatibleRuntimes must have at most 15 entries."));
+            }
+            if input.compatible_architectures.iter().any(|a| a != "x86_64" && a != "arm64") {
+                return Err(ApiError::invalid("CompatibleArchitectures must be x86_64 or arm64."));
+            }
+            let p = PublishLayer {
+                description: input.description.unwrap_or_default(),
+                compatible_runtimes: input.compatible_runtimes,
+                compatible_architectures: input.compatible_architectures,
+                license_info: input.license_info,
+            };
+            let rec = node.publish_layer_version(&name, zip, p).await?;
+            Ok(json_response(StatusCode::CREATED, &version_answer(node, &rec)))
+        }
+        Action::GetLayerVersion(l, v) => {
+            let rec = node.layer_version(&node.layer_name(&l)?, version_number(&v)?)?;
+            Ok(json_response(StatusCode::OK, &version_answer(node, &rec)))
+        }
+        Action::DeleteLayerVersion(l, v) => {
+            node.delete_layer_version(&node.layer_name(&l)?, version_number(&v)?)?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Action::ListLayerVersions(l) => {
+            let name = node.layer_name(&l)?;
+            let runtime = query_param(raw_query, "CompatibleRuntime");
+            let list: Vec<Value> = node
+                .layer_versions(&name)?
+                .iter()
+                .filter(|r| runtime.as_ref().is_none_or(|rt| r.compatible_runtimes.contains(rt)))
+                .map(|r| list_item(node, r))
+                .collect();
+            Ok(json_response(StatusCode::OK, &json!({"LayerVersions": list})))
+        }
+        Action::ListLayers => {
+            // GetLayerVersionByArn shares this path: `?find=LayerVersion&Arn=...`.
+            if query_param(raw_query, "find").as_deref() == Some("LayerVersion") {
+                let arn = query_param(raw_query, "Arn").ok_or_else(|| ApiError::invalid("Arn is required."))?;
+                let (prefix, v) = arn.rsplit_once(':').ok_or_else(|| ApiError::invalid(format!("Invalid layer version ARN: {arn}")))?;
+                let rec = node.layer_version(&node.layer_name(prefix)?, version_number(v)?)?;
+                return Ok(json_response(StatusCode::OK, &version_answer(node, &rec)));
+            }
+            let runtime = query_param(raw_query, "CompatibleRuntime");
+            let list: Vec<Value> = node
+                .layers(runtime.as_deref())?
+                .iter()
+                .map(|l| json!({"LayerName": l.name, "LayerArn": node.layer_arn(&l.name), "LatestMatchingVersion": list_item(node, l)}))
+                .collect();
+            Ok(json_response(StatusCode::OK, &json!({"Layers": list})))
+        }
+        other => Err(ApiError::service(format!("not a layer operation: {other:?}"))),
+    }
+}
