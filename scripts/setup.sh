@@ -53,6 +53,7 @@ bash scripts/build-minio.sh >/dev/null
 bash scripts/build-runtimes.sh   # Java runtime jar (build/runtimes/java), copied into the shim dir by thaw
 log "building sample functions"
 bash scripts/build-samples.sh
+bash scripts/build-provided.sh   # Go and Rust custom-runtime samples (provided.al2023)
 
 log "building thaw (release)"
 cargo build --release --quiet

@@ -108,14 +108,18 @@ class NodeProcess:
 
 
 def zip_bytes(files):
-    """A zip of {archive name: text or Path}."""
+    """A zip of {archive name: text or Path}. A file (Path) keeps its mode; a text
+    starting with "#!" is stored executable (a script, e.g. a custom runtime's bootstrap)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for name, content in files.items():
             if isinstance(content, Path):
                 z.write(content, name)
             else:
-                z.writestr(name, content)
+                info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = (0o100755 if content.startswith("#!") else 0o100644) << 16
+                z.writestr(info, content)
     return buf.getvalue()
 
 

@@ -39,7 +39,7 @@ pub const MAX_BODY: usize = 80 * 1024 * 1024;
 /// Lambda's limit for a synchronous invocation's payload.
 pub const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
 /// Runtimes accepted by CreateFunction, as Lambda names them.
-pub const RUNTIMES: &[&str] = &["python3.11", "python3.12", "nodejs20.x", "java17"];
+pub const RUNTIMES: &[&str] = &["python3.11", "python3.12", "nodejs20.x", "java17", "provided.al2023", "provided.al2"];
 
 /// The engine runtime serving a Lambda runtime name (the Python versions share the
 /// host's python3).
@@ -48,6 +48,7 @@ pub fn engine_runtime(name: &str) -> Option<thaw_runtime::Runtime> {
         "python3.11" | "python3.12" => Some(thaw_runtime::Runtime::Python3),
         "nodejs20.x" => Some(thaw_runtime::Runtime::Nodejs20),
         "java17" => Some(thaw_runtime::Runtime::Java17),
+        "provided.al2023" | "provided.al2" => Some(thaw_runtime::Runtime::Provided),
         _ => None,
     }
 }
@@ -284,6 +285,19 @@ fn query_param(raw: Option<&str>, key: &str) -> Option<String> {
     query_values(raw, key).into_iter().next()
 }
 
+/// A runtime whose instances Thaw cannot snapshot is served by cold boots: SnapStart
+/// is Off and `Thaw` (outside Lambda's shape, so SDKs drop it; raw answers and
+/// `/thaw/status` show it) says why.
+pub(crate) fn mark_unsnapshotted(v: &mut Value, runtime: &str) {
+    if engine_runtime(runtime).is_some_and(|r| !r.snapshots()) {
+        v["SnapStart"] = json!({"ApplyOn": "None", "OptimizationStatus": "Off"});
+        v["Thaw"] = json!({"Snapshot": false, "ColdStart": "boot", "Reason": UNSNAPSHOTTED});
+    }
+}
+
+/// Why a custom runtime's instances are cold-booted.
+pub const UNSNAPSHOTTED: &str = "custom runtimes (provided.*) are served by cold boots: the bootstrap runs as a second process beside the Runtime API bridge, connected over TCP, and the snapshot engine restores neither yet";
+
 /// Lambda's FunctionConfiguration for a record.
 pub fn configuration(node: &Node, r: &FunctionRecord) -> Value {
     let mut v = json!({
@@ -315,6 +329,7 @@ pub fn configuration(node: &Node, r: &FunctionRecord) -> Value {
     if !r.layers.is_empty() {
         v["Layers"] = layers::function_layers(node, &r.layers);
     }
+    mark_unsnapshotted(&mut v, &r.runtime);
     for (k, val) in [
         ("StateReason", &r.state_reason),
         ("StateReasonCode", &r.state_reason_code),
@@ -453,6 +468,7 @@ fn check_handler(runtime: &str, handler: &str) -> Result<(), ApiError> {
             thaw_runtime::Runtime::Python3 => "module.function",
             thaw_runtime::Runtime::Nodejs20 => "file.function",
             thaw_runtime::Runtime::Java17 => "package.Class::method or package.Class",
+            thaw_runtime::Runtime::Provided => "1 to 128 characters without whitespace",
         };
         return Err(ApiError::invalid(format!("Value '{handler}' at 'handler' failed to satisfy constraint: expected {expected} for {runtime}")));
     }

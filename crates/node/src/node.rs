@@ -808,6 +808,13 @@ impl Node {
         let result = self
             .build_workers
             .run(move || -> Result<(u64, Option<String>), InstanceError> {
+                if !job_rev.boot.runtime.snapshots() {
+                    // A custom runtime: boot once so an init error fails the deploy, as
+                    // for the others; its instances are cold-booted (see `start_instance`).
+                    Instance::boot(&job_rev.boot)?.kill();
+                    info!(boot_ms = t0.elapsed().as_secs_f64() * 1e3, runtime = job_rev.boot.runtime.name(), "init checked; this runtime is served by cold boots (no snapshot)");
+                    return Ok((0, None));
+                }
                 let snapdir = job_rev.snapshot_dir();
                 let _ = std::fs::remove_dir_all(&snapdir);
                 let (dir, stats) = layered::capture(&job_rev.boot, &snapdir, bases.as_ref())?;
@@ -1295,7 +1302,7 @@ impl Node {
             .iter()
             .map(|f| {
                 let st = f.lock();
-                let snap = st.active.as_ref().map(|a| {
+                let snap = st.active.as_ref().filter(|a| a.boot.runtime.snapshots()).map(|a| {
                     serde_json::json!({
                         "revision": a.id,
                         "dir": a.dir.join("snapshot"),
@@ -1314,6 +1321,7 @@ impl Node {
                     "instances": {"live": st.live, "busy": st.busy, "idle": st.idle.len()},
                     "building": st.building.is_some(),
                     "snapshot": snap,
+                    "cold_start": if st.active.as_ref().is_some_and(|a| !a.boot.runtime.snapshots()) { "boot" } else { "restore" },
                     "counters": st.counters,
                 })
             })
@@ -1345,8 +1353,10 @@ impl Node {
 
 /// Restore an instance (falling back to a cold boot). Runs on an instance worker.
 fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, isolate: bool) -> (Result<Instance, InstanceError>, bool) {
-    match rev.loaded() {
-        Ok(snap) => {
+    let snap = if rev.boot.runtime.snapshots() { Some(rev.loaded()) } else { None };
+    match snap {
+        None => {}
+        Some(Ok(snap)) => {
             snap.set_track_writes(isolate);
             match Instance::restore(&snap, paging) {
                 Ok(mut inst) => {
@@ -1357,7 +1367,7 @@ fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, isolate
                 Err(e) => warn!(function = name, revision = rev.id, error = %error_chain(&e), "restore failed; falling back to a cold boot"),
             }
         }
-        Err(e) => warn!(function = name, revision = rev.id, error = %e, "snapshot unavailable; falling back to a cold boot"),
+        Some(Err(e)) => warn!(function = name, revision = rev.id, error = %e, "snapshot unavailable; falling back to a cold boot"),
     }
     let r = Instance::boot(&rev.boot).map(|mut i| {
         i.set_function_name(name);

@@ -10,6 +10,7 @@
 //! /var/runtime/python/bootstrap.py, thaw_runtime.py
 //! /var/runtime/nodejs/bootstrap.sh, bootstrap.js
 //! /var/runtime/java/bootstrap.sh, thaw-java-runtime.jar
+//! /var/runtime/provided/bridge.py
 //! ```
 
 use std::io;
@@ -22,21 +23,24 @@ const PYTHON_THAW_RUNTIME: &str = include_str!("../../../runtimes/python/thaw_ru
 const NODEJS_BOOTSTRAP_SH: &str = include_str!("../../../runtimes/nodejs/bootstrap.sh");
 const NODEJS_BOOTSTRAP_JS: &str = include_str!("../../../runtimes/nodejs/bootstrap.js");
 const JAVA_BOOTSTRAP_SH: &str = include_str!("../../../runtimes/java/bootstrap.sh");
+const PROVIDED_BRIDGE: &str = include_str!("../../../runtimes/provided/bridge.py");
 /// Where `scripts/build-runtimes.sh` puts the Java runtime jar.
 const JAVA_JAR_BUILD_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../build/runtimes/java/thaw-java-runtime.jar");
 const JAVA_JAR_PATH: &str = "java/thaw-java-runtime.jar";
 const JAVA_HOME: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
 
-const SUPPORTED: &str = "python3, python3.11, nodejs20.x, java17";
+const SUPPORTED: &str = "python3, python3.11, nodejs20.x, java17, provided.al2023";
 
 #[derive(Debug, Error)]
 pub enum RuntimeError {
-    #[error("unknown runtime '{0}' (supported: python3, python3.11, nodejs20.x, java17)")]
+    #[error("unknown runtime '{0}' (supported: python3, python3.11, nodejs20.x, java17, provided.al2023)")]
     Unknown(String),
     #[error("malformed handler '{0}': expected module.function")]
     BadHandler(String),
     #[error("malformed handler '{0}': expected package.Class::method or package.Class")]
     BadJavaHandler(String),
+    #[error("malformed handler '{0}': expected 1 to 128 characters without whitespace")]
+    BadCustomHandler(String),
     #[error("installing the runtime shims into {dir}")]
     Install { dir: PathBuf, #[source] source: io::Error },
 }
@@ -46,6 +50,9 @@ pub enum Runtime {
     Python3,
     Nodejs20,
     Java17,
+    /// A custom runtime (`provided.al2023`): the bundle's `bootstrap` executable speaks
+    /// Lambda's Runtime API over HTTP to a bridge in the sandbox (`provided/bridge.py`).
+    Provided,
 }
 
 impl Runtime {
@@ -54,6 +61,7 @@ impl Runtime {
             "python3" | "python3.11" | "python" => Ok(Runtime::Python3),
             "nodejs20.x" | "nodejs" | "node" => Ok(Runtime::Nodejs20),
             "java17" | "java" => Ok(Runtime::Java17),
+            "provided.al2023" | "provided.al2" | "provided" => Ok(Runtime::Provided),
             other => Err(RuntimeError::Unknown(other.to_string())),
         }
     }
@@ -68,7 +76,15 @@ impl Runtime {
             Runtime::Python3 => "python3",
             Runtime::Nodejs20 => "nodejs20.x",
             Runtime::Java17 => "java17",
+            Runtime::Provided => "provided.al2023",
         }
+    }
+
+    /// Whether instances of this runtime can be snapshotted. A custom runtime cannot
+    /// yet: its bootstrap is a second process holding a TCP connection to the
+    /// Runtime API, and the engine restores neither. Its instances are cold-booted.
+    pub fn snapshots(&self) -> bool {
+        !matches!(self, Runtime::Provided)
     }
 
     /// Check the handler string's shape (existence is checked by the shim at init).
@@ -103,6 +119,14 @@ impl Runtime {
                     Err(RuntimeError::BadJavaHandler(handler.to_string()))
                 }
             }
+            // The bootstrap reads _HANDLER as it likes (Lambda checks only its length).
+            Runtime::Provided => {
+                if handler.is_empty() || handler.len() > 128 || handler.chars().any(char::is_whitespace) {
+                    Err(RuntimeError::BadCustomHandler(handler.to_string()))
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 
@@ -116,6 +140,7 @@ impl Runtime {
             Runtime::Python3 => vec!["/usr/bin/python3".into(), "/var/runtime/python/bootstrap.py".into()],
             Runtime::Nodejs20 => vec!["/bin/sh".into(), "/var/runtime/nodejs/bootstrap.sh".into()],
             Runtime::Java17 => vec!["/bin/sh".into(), "/var/runtime/java/bootstrap.sh".into()],
+            Runtime::Provided => vec!["/usr/bin/python3".into(), "/var/runtime/provided/bridge.py".into()],
         }
     }
 
@@ -156,6 +181,10 @@ impl Runtime {
                 env.push(("AWS_EXECUTION_ENV".into(), "AWS_Lambda_java17".into()));
                 env.push(("JAVA_HOME".into(), JAVA_HOME.into()));
             }
+            Runtime::Provided => {
+                // Where the bridge serves the Runtime API inside the sandbox.
+                env.push(("AWS_LAMBDA_RUNTIME_API".into(), "127.0.0.1:9001".into()));
+            }
         }
         for (k, v) in user {
             env.retain(|(ek, _)| ek != k);
@@ -190,6 +219,7 @@ pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
         ("nodejs/bootstrap.sh", NODEJS_BOOTSTRAP_SH.as_bytes()),
         ("nodejs/bootstrap.js", NODEJS_BOOTSTRAP_JS.as_bytes()),
         ("java/bootstrap.sh", JAVA_BOOTSTRAP_SH.as_bytes()),
+        ("provided/bridge.py", PROVIDED_BRIDGE.as_bytes()),
         match &jar {
             Some(bytes) => (JAVA_JAR_PATH, bytes.as_slice()),
             None => ("java/JAR-MISSING.txt", JAVA_JAR_MISSING.as_bytes()),
@@ -274,7 +304,7 @@ mod tests {
         assert_eq!(Runtime::parse("python3").unwrap(), Runtime::Python3);
         assert_eq!(
             Runtime::parse("cobol").unwrap_err().to_string(),
-            "unknown runtime 'cobol' (supported: python3, python3.11, nodejs20.x, java17)"
+            "unknown runtime 'cobol' (supported: python3, python3.11, nodejs20.x, java17, provided.al2023)"
         );
         assert!(Runtime::Python3.check_handler("pkg.mod.fn").is_ok());
         assert_eq!(Runtime::Python3.check_handler("nodot").unwrap_err().to_string(), "malformed handler 'nodot': expected module.function");
@@ -290,6 +320,18 @@ mod tests {
             assert_eq!(Runtime::parse(n).unwrap(), Runtime::Java17);
         }
         assert_eq!(Runtime::Nodejs20.name(), "nodejs20.x");
+        for n in ["provided.al2023", "provided.al2", "provided"] {
+            assert_eq!(Runtime::parse(n).unwrap(), Runtime::Provided);
+        }
+        assert!(!Runtime::Provided.snapshots() && Runtime::Python3.snapshots());
+        for ok in ["bootstrap", "main", "anything.goes::here"] {
+            assert!(Runtime::Provided.check_handler(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "has space", &"x".repeat(129)] {
+            assert!(Runtime::Provided.check_handler(bad).is_err(), "{bad}");
+        }
+        let env = Runtime::Provided.env("bootstrap", "fn", 128, &[]);
+        assert!(env.contains(&("AWS_LAMBDA_RUNTIME_API".into(), "127.0.0.1:9001".into())));
         assert_eq!(Runtime::Java17.name(), "java17");
         assert_eq!(Runtime::parse(Runtime::Java17.name()).unwrap(), Runtime::Java17);
         assert!(Runtime::supported().contains("nodejs20.x"));
@@ -352,6 +394,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(a.join("nodejs/bootstrap.js")).unwrap(), NODEJS_BOOTSTRAP_JS);
         assert_eq!(std::fs::read_to_string(a.join("nodejs/bootstrap.sh")).unwrap(), NODEJS_BOOTSTRAP_SH);
         assert_eq!(std::fs::read_to_string(a.join("java/bootstrap.sh")).unwrap(), JAVA_BOOTSTRAP_SH);
+        assert_eq!(std::fs::read_to_string(a.join("provided/bridge.py")).unwrap(), PROVIDED_BRIDGE);
         let jar = a.join("java/thaw-java-runtime.jar");
         assert_eq!(jar.is_file(), java_runtime_jar().is_file());
         assert_eq!(a.join("java/JAR-MISSING.txt").is_file(), !jar.is_file());

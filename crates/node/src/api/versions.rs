@@ -176,6 +176,7 @@ pub(super) fn version_configuration(node: &Node, latest: &FunctionRecord, v: &Ve
     if !r.layers.is_empty() {
         c["Layers"] = super::layers::function_layers(node, &r.layers);
     }
+    super::mark_unsnapshotted(&mut c, &r.runtime);
     c
 }
 
