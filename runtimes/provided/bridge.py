@@ -32,8 +32,11 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-CONTROL_FD = 3
-MAX_FRAME = 64 * 1024 * 1024
+# The control channel's framing is the Python shim's (runtimes/python/bootstrap.py,
+# installed beside this directory): reuse it rather than keep a second copy.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+from bootstrap import ProtocolError, _ChannelClosed, _echo_nonce, _recv, _send  # noqa: E402
+
 API = "/2018-06-01/runtime"
 BOOTSTRAPS = ("/var/task/bootstrap", "/opt/bootstrap")
 
@@ -43,44 +46,6 @@ _control = queue.Queue()
 _pending = queue.Queue()
 _state = {"asked_next": False, "current": None, "ready": False}
 _lock = threading.Lock()
-
-
-class _ChannelClosed(Exception):
-    pass
-
-
-def _read_exact(n):
-    parts, got = [], 0
-    while got < n:
-        chunk = os.read(CONTROL_FD, n - got)
-        if not chunk:
-            raise _ChannelClosed()
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
-
-
-def _recv():
-    length = int.from_bytes(_read_exact(4), "big")
-    if length > MAX_FRAME:
-        raise ValueError("frame of %d bytes exceeds the 64 MiB limit" % length)
-    msg = json.loads(_read_exact(length) if length else b"{}")
-    if not isinstance(msg, dict):
-        raise ValueError("frame is not a JSON object")
-    return msg
-
-
-def _send(msg):
-    body = json.dumps(msg, separators=(",", ":")).encode("utf-8")
-    data = memoryview(len(body).to_bytes(4, "big") + body)
-    while data:
-        data = data[os.write(CONTROL_FD, data):]
-
-
-def _echo_nonce(msg, reply):
-    if "nonce" in msg:
-        reply["nonce"] = msg["nonce"]
-    return reply
 
 
 def _error_object(body, header_type, default_type):
@@ -263,11 +228,13 @@ def main():
             elif kind == "shutdown":
                 break
             else:
-                sys.stderr.write("thaw bridge: protocol error: unknown message type %r\n" % (kind,))
-                proc.kill()
-                return 2
+                raise ProtocolError("unknown message type %r" % (kind,))
     except (_ChannelClosed, BrokenPipeError, ConnectionResetError):
         pass
+    except ProtocolError as e:
+        sys.stderr.write("thaw bridge: protocol error: %s\n" % e)
+        proc.kill()
+        return 2
     proc.kill()
     return 0
 

@@ -95,6 +95,8 @@ def test_layers_with_the_aws_cli(aws, tmp_path):
     aws("invoke", "--function-name", "cli-layered", str(result))
     assert json.loads(result.read_text()) == "from a layer"
 
+    unsupported = aws("get-policy", "--function-name", "cli-layered", ok=False)
+    assert unsupported.returncode != 0 and "GetPolicy is not implemented by this Thaw node" in unsupported.stderr
     bad = aws("get-layer-version", "--layer-name", "cli-layer", "--version-number", "7", ok=False)
     assert bad.returncode != 0 and "ResourceNotFoundException" in bad.stderr
     aws("delete-function", "--function-name", "cli-layered")

@@ -378,3 +378,22 @@ def test_concurrency_limit_throttles(client):
         t.join(30)
     assert results.count("ok") == 8, results
     assert results.count((429, "ReservedFunctionConcurrentInvocationLimitExceeded")) == 2, results
+
+
+def test_operations_not_implemented_are_named(client, hello):
+    """An operation the node does not implement answers Lambda's error shape naming it."""
+    calls = [
+        ("AddPermission", lambda: client.add_permission(FunctionName=hello, StatementId="s", Action="lambda:InvokeFunction",
+                                                        Principal="s3.amazonaws.com")),
+        ("GetPolicy", lambda: client.get_policy(FunctionName=hello)),
+        ("ListEventSourceMappings", lambda: client.list_event_source_mappings()),
+        ("PutFunctionEventInvokeConfig", lambda: client.put_function_event_invoke_config(FunctionName=hello, MaximumRetryAttempts=0)),
+        ("InvokeWithResponseStream", lambda: client.invoke_with_response_stream(FunctionName=hello, Payload=b"{}")),
+    ]
+    for op, call in calls:
+        with pytest.raises(ClientError) as e:
+            call()
+        err = e.value.response
+        assert err["Error"]["Code"] == "UnknownOperationException", err
+        assert err["ResponseMetadata"]["HTTPStatusCode"] == 501
+        assert err["Error"]["Message"].startswith(f"{op} is not implemented by this Thaw node"), err

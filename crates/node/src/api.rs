@@ -23,6 +23,7 @@ use tracing::{debug, warn, Instrument};
 
 mod layers;
 mod settings;
+mod unimplemented;
 mod url;
 pub use url::URL_PREFIX;
 mod versions;
@@ -853,8 +854,15 @@ pub async fn handle(State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<
             }
         };
         let Some(action) = route(&parts.method, &path) else {
-            return ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method))
-                .into_response(&request_id);
+            let e = match unimplemented::operation(parts.method.as_str(), &path) {
+                Some(op) => ApiError::new(
+                    StatusCode::NOT_IMPLEMENTED,
+                    "UnknownOperationException",
+                    format!("{op} is not implemented by this Thaw node ({} {path})", parts.method),
+                ),
+                None => ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method)),
+            };
+            return e.into_response(&request_id);
         };
         debug!(?action, "request");
         match dispatch(&app, action, parts.uri.query(), &parts.headers, body, &request_id).await {
