@@ -6,6 +6,8 @@ UpdateFunctionConfiguration and kept across UpdateFunctionCode."""
 
 import base64
 import hashlib
+import subprocess
+from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
@@ -160,3 +162,28 @@ def test_bad_layers_are_refused_and_change_nothing(client):
     with pytest.raises(ClientError) as e:
         client.get_layer_version(LayerName="no-such-layer", VersionNumber=1)
     assert code(e) == ("ResourceNotFoundException", 404)
+
+
+JAVAC = Path("/usr/lib/jvm/java-17-openjdk-amd64/bin")
+
+
+@pytest.mark.skipif(not (JAVAC / "javac").exists(), reason="no JDK 17 (scripts/setup.sh installs it)")
+def test_java_functions_find_layer_jars(client, tmp_path):
+    """A jar in a layer's java/lib is on the classpath, after the function's own code."""
+    (tmp_path / "layer/src/layerlib").mkdir(parents=True)
+    (tmp_path / "layer/src/layerlib/Greeter.java").write_text(
+        "package layerlib;\npublic class Greeter { public static String greet(String n) { return \"hi \" + n + \" from a jar in /opt\"; } }\n")
+    (tmp_path / "fn/src/example").mkdir(parents=True)
+    (tmp_path / "fn/src/example/UsesLayer.java").write_text(
+        "package example;\nimport java.util.Map;\n"
+        "public class UsesLayer { public String handle(Map<String, Object> e) { return layerlib.Greeter.greet((String) e.get(\"name\")); } }\n")
+    run = lambda *a: subprocess.run([str(x) for x in a], check=True, capture_output=True, timeout=120)
+    run(JAVAC / "javac", "--release", "17", "-d", tmp_path / "layer/classes", tmp_path / "layer/src/layerlib/Greeter.java")
+    run(JAVAC / "jar", "cf", tmp_path / "greeter.jar", "-C", tmp_path / "layer/classes", ".")
+    run(JAVAC / "javac", "--release", "17", "-cp", tmp_path / "greeter.jar", "-d", tmp_path / "fn/classes",
+        tmp_path / "fn/src/example/UsesLayer.java")
+    arn = publish(client, "java-greeter", {"java/lib/greeter.jar": tmp_path / "greeter.jar"})["LayerVersionArn"]
+    create(client, "java-layered", zip_bytes({"example/UsesLayer.class": tmp_path / "fn/classes/example/UsesLayer.class"}),
+           handler="example.UsesLayer::handle", Runtime="java17", Layers=[arn])
+    assert invoke_json(client, "java-layered", {"name": "thaw"})[1] == "hi thaw from a jar in /opt"
+    client.delete_function(FunctionName="java-layered")
