@@ -228,3 +228,18 @@ def test_async_invocations_run_the_version_they_name(tmp_path):
         assert node.status()["events"]["pending"] == 0
     finally:
         node.stop()
+
+
+def test_snap_start_apply_on_is_recorded_and_reported(client):
+    create(client, "snapstart", zip_bytes({"handler.py": CODE % "s"}), SnapStart={"ApplyOn": "PublishedVersions"})
+    cfg = client.get_function_configuration(FunctionName="snapstart")
+    assert cfg["SnapStart"] == {"ApplyOn": "PublishedVersions", "OptimizationStatus": "Off"}, "as Lambda reports $LATEST"
+    v = client.publish_version(FunctionName="snapstart")
+    assert v["SnapStart"] == {"ApplyOn": "PublishedVersions", "OptimizationStatus": "On"}
+    with pytest.raises(ClientError) as e:
+        client.update_function_configuration(FunctionName="snapstart", SnapStart={"ApplyOn": "Always"})
+    assert code(e) == "InvalidParameterValueException"
+    assert client.get_function_configuration(FunctionName="snapstart")["SnapStart"]["ApplyOn"] == "PublishedVersions"
+    client.update_function_configuration(FunctionName="snapstart", SnapStart={"ApplyOn": "None"})
+    assert client.get_function_configuration(FunctionName="snapstart")["SnapStart"]["ApplyOn"] == "None"
+    client.delete_function(FunctionName="snapstart")

@@ -291,7 +291,7 @@ fn query_param(raw: Option<&str>, key: &str) -> Option<String> {
 /// `/thaw/status` show it) says why.
 pub(crate) fn mark_unsnapshotted(v: &mut Value, runtime: &str) {
     if engine_runtime(runtime).is_some_and(|r| !r.snapshots()) {
-        v["SnapStart"] = json!({"ApplyOn": "None", "OptimizationStatus": "Off"});
+        v["SnapStart"]["OptimizationStatus"] = json!("Off");
         v["Thaw"] = json!({"Snapshot": false, "ColdStart": "boot", "Reason": UNSNAPSHOTTED});
     }
 }
@@ -329,6 +329,9 @@ pub fn configuration(node: &Node, r: &FunctionRecord) -> Value {
     }
     if !r.layers.is_empty() {
         v["Layers"] = layers::function_layers(node, &r.layers);
+    }
+    if let Some(a) = node.settings(&r.name).ok().and_then(|s| s.snap_start) {
+        v["SnapStart"]["ApplyOn"] = json!(a);
     }
     mark_unsnapshotted(&mut v, &r.runtime);
     for (k, val) in [
@@ -373,6 +376,31 @@ struct CreateInput {
     package_type: Option<String>,
     architectures: Option<Vec<String>>,
     layers: Option<Vec<String>>,
+}
+
+/// `SnapStart` of CreateFunction and UpdateFunctionConfiguration.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct SnapStartInput {
+    apply_on: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct SnapStartField {
+    snap_start: Option<SnapStartInput>,
+}
+
+/// The request's `SnapStart.ApplyOn`, checked (None: not given).
+fn snap_start_of(body: &[u8]) -> Result<Option<String>, ApiError> {
+    let field: SnapStartField = parse_json(body)?;
+    match field.snap_start.and_then(|s| s.apply_on) {
+        None => Ok(None),
+        Some(a) if a == "PublishedVersions" || a == "None" => Ok(Some(a)),
+        Some(a) => Err(ApiError::invalid(format!(
+            "1 validation error detected: Value '{a}' at 'snapStart.applyOn' failed to satisfy constraint: Member must satisfy enum value set: [PublishedVersions, None]"
+        ))),
+    }
 }
 
 #[derive(Deserialize)]
@@ -661,9 +689,13 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
             let (spec, zip) = create_spec(&body)?;
             let tags = parse_json::<CreateTags>(&body)?.tags;
             crate::node::check_tags(&tags)?;
+            let snap_start = snap_start_of(&body)?;
             let rec = node.create_function(spec, zip).await?;
             if !tags.is_empty() {
                 node.tag(&rec.name, &tags)?;
+            }
+            if let Some(a) = &snap_start {
+                node.set_snap_start(&rec.name, a)?;
             }
             Ok(json_response(StatusCode::CREATED, &configuration(node, &rec)))
         }
@@ -724,7 +756,11 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
             let (name, _) = function_name(&n, None)?;
             let rec = node.record(&name).ok_or_else(|| ApiError::not_found(format!("Function not found: {}", node.arn(&name))))?;
             let change = config_change(&body, &rec.runtime, &rec.handler)?;
+            let snap_start = snap_start_of(&body)?;
             let rec = node.update_configuration(&name, change).await?;
+            if let Some(a) = &snap_start {
+                node.set_snap_start(&name, a)?;
+            }
             Ok(json_response(StatusCode::OK, &configuration(node, &rec)))
         }
         Action::DeleteFunction(n) => {

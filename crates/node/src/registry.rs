@@ -71,6 +71,9 @@ pub struct FunctionSettings {
     pub tags: BTreeMap<String, String>,
     /// The function URL, if one was created (CreateFunctionUrlConfig).
     pub url: Option<UrlConfig>,
+    /// `SnapStart.ApplyOn` as the user set it (`None`: never set, reported "None").
+    /// Thaw snapshots every version whatever it says.
+    pub snap_start: Option<String>,
 }
 
 /// A function URL's configuration (`api/url.rs` serves it).
@@ -202,7 +205,8 @@ CREATE TABLE IF NOT EXISTS function_settings (
     name TEXT PRIMARY KEY,
     reserved_concurrency INTEGER,
     tags_json TEXT NOT NULL,
-    url_json TEXT
+    url_json TEXT,
+    snap_start TEXT
 );
 CREATE TABLE IF NOT EXISTS versions (
     function TEXT NOT NULL,
@@ -364,6 +368,7 @@ impl Registry {
         for (table, column, ddl) in [
             ("revisions", "runtime", "ALTER TABLE revisions ADD COLUMN runtime TEXT NOT NULL DEFAULT 'python3.12';"),
             ("function_settings", "url_json", "ALTER TABLE function_settings ADD COLUMN url_json TEXT;"),
+            ("function_settings", "snap_start", "ALTER TABLE function_settings ADD COLUMN snap_start TEXT;"),
             ("revisions", "snapshot_id", "ALTER TABLE revisions ADD COLUMN snapshot_id TEXT;"),
             ("events", "version", "ALTER TABLE events ADD COLUMN version INTEGER;"),
             ("functions", "layers_json", "ALTER TABLE functions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
@@ -482,17 +487,18 @@ impl Registry {
     /// A function's settings outside its snapshot (defaults if none were stored).
     pub fn get_settings(&self, name: &str) -> Result<FunctionSettings, RegistryError> {
         let c = self.conn();
-        let row: Option<(Option<u32>, String, Option<String>)> = c
-            .query_row("SELECT reserved_concurrency, tags_json, url_json FROM function_settings WHERE name=?1", [name], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        type Row = (Option<u32>, String, Option<String>, Option<String>);
+        let row: Option<Row> = c
+            .query_row("SELECT reserved_concurrency, tags_json, url_json, snap_start FROM function_settings WHERE name=?1", [name], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })
             .optional()
             .map_err(q("get settings"))?;
-        let Some((reserved_concurrency, tags, url)) = row else { return Ok(FunctionSettings::default()) };
+        let Some((reserved_concurrency, tags, url, snap_start)) = row else { return Ok(FunctionSettings::default()) };
         let corrupt = |what: &str, e: serde_json::Error| RegistryError::Corrupt { what: format!("{what} of {name}"), detail: e.to_string() };
         let tags = serde_json::from_str(&tags).map_err(|e| corrupt("tags", e))?;
         let url = url.map(|u| serde_json::from_str(&u)).transpose().map_err(|e| corrupt("URL config", e))?;
-        Ok(FunctionSettings { reserved_concurrency, tags, url })
+        Ok(FunctionSettings { reserved_concurrency, tags, url, snap_start })
     }
 
     pub fn put_settings(&self, name: &str, s: &FunctionSettings) -> Result<(), RegistryError> {
@@ -500,8 +506,8 @@ impl Registry {
         let url = s.url.as_ref().map(|u| serde_json::to_string(u).expect("a URL config serializes"));
         self.conn()
             .execute(
-                "INSERT OR REPLACE INTO function_settings (name, reserved_concurrency, tags_json, url_json) VALUES (?1, ?2, ?3, ?4)",
-                params![name, s.reserved_concurrency, tags, url],
+                "INSERT OR REPLACE INTO function_settings (name, reserved_concurrency, tags_json, url_json, snap_start) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![name, s.reserved_concurrency, tags, url, s.snap_start],
             )
             .map_err(q("put settings"))?;
         Ok(())
@@ -902,7 +908,7 @@ mod tests {
         reg.insert_function(&func("s")).unwrap();
         assert_eq!(reg.get_settings("s").unwrap(), FunctionSettings::default());
         let url = UrlConfig { auth_type: "NONE".into(), cors: None, creation_time: "t".into(), last_modified_time: "t".into() };
-        let set = FunctionSettings { reserved_concurrency: Some(3), tags: BTreeMap::from([("team".to_string(), "a".to_string())]), url: Some(url) };
+        let set = FunctionSettings { reserved_concurrency: Some(3), tags: BTreeMap::from([("team".to_string(), "a".to_string())]), url: Some(url), snap_start: Some("PublishedVersions".into()) };
         reg.put_settings("s", &set).unwrap();
         assert_eq!(reg.get_settings("s").unwrap(), set);
         reg.delete_function("s").unwrap();

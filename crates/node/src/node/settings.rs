@@ -77,6 +77,15 @@ impl Node {
         Ok(out)
     }
 
+    /// `SnapStart.ApplyOn` (CreateFunction, UpdateFunctionConfiguration): recorded and
+    /// reported; Thaw snapshots every version whatever it says.
+    pub fn set_snap_start(&self, name: &str, apply_on: &str) -> Result<(), SettingsError> {
+        self.with_settings(name, |s| {
+            s.snap_start = Some(apply_on.to_string());
+            Ok(())
+        })
+    }
+
     pub fn settings(&self, name: &str) -> Result<FunctionSettings, SettingsError> {
         let func = self.function(name).ok_or_else(|| SettingsError::NotFound(self.arn(name)))?;
         let s = func.lock().settings.clone();
