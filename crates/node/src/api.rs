@@ -970,7 +970,7 @@ mod tests {
         v["Runtime"] = json!("ruby3.3");
         let e = err(v);
         assert_eq!((e.kind, e.status), ("InvalidParameterValueException", StatusCode::BAD_REQUEST));
-        assert_eq!(e.message, "The runtime parameter of ruby3.3 is not supported by this node (supported: python3.11, python3.12, nodejs20.x, java17).");
+        assert_eq!(e.message, "The runtime parameter of ruby3.3 is not supported by this node (supported: python3.11, python3.12, nodejs20.x, java17, provided.al2023, provided.al2).");
         let mut v = base.clone();
         v["MemorySize"] = json!(64);
         assert_eq!(err(v).kind, "InvalidParameterValueException");
