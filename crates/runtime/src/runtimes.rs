@@ -140,7 +140,9 @@ impl Runtime {
             Runtime::Python3 => vec!["/usr/bin/python3".into(), "/var/runtime/python/bootstrap.py".into()],
             Runtime::Nodejs20 => vec!["/bin/sh".into(), "/var/runtime/nodejs/bootstrap.sh".into()],
             Runtime::Java17 => vec!["/bin/sh".into(), "/var/runtime/java/bootstrap.sh".into()],
-            Runtime::Provided => vec!["/usr/bin/python3".into(), "/var/runtime/provided/bridge.py".into()],
+            // Isolated, without `site`: the bridge uses the standard library only, and
+            // the host's site-packages (.pth files) cost tens of ms at every start.
+            Runtime::Provided => vec!["/usr/bin/python3".into(), "-I".into(), "-S".into(), "/var/runtime/provided/bridge.py".into()],
         }
     }
 
