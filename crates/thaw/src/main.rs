@@ -390,6 +390,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Snapshot(SnapshotCmd::Create { func, out, no_base }) => {
             let cfg = function_config(&cli.data_dir, &func)?;
+            if !cfg.runtime.snapshots() {
+                bail!(
+                    "{} functions cannot be snapshotted yet: the bootstrap runs as a second process beside the Runtime API bridge, connected over TCP, and the engine restores neither. `thaw run` and `thaw serve` run them by cold boot.",
+                    cfg.runtime.name()
+                );
+            }
             let t0 = Instant::now();
             let base = if no_base { None } else { base_cmd::default_base(&cfg, &cli.data_dir)? };
             if let Some(base) = base {

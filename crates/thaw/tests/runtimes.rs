@@ -191,3 +191,32 @@ fn a_node_function_holding_a_tcp_connection_is_refused() {
     assert!(e.contains("TCP socket"), "{e}");
     assert!(!out.exists());
 }
+
+/// A custom runtime (provided.al2023): the bundle's bootstrap speaks the Runtime API to
+/// the bridge; it boots and answers, and a snapshot of it is refused with the reason.
+#[test]
+fn a_custom_runtime_boots_and_its_snapshot_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let code = bundle(
+        "custom-runtime",
+        &[(
+            "bootstrap",
+            "#!/usr/bin/python3\nimport json, os, urllib.request\n\
+             api = 'http://' + os.environ['AWS_LAMBDA_RUNTIME_API'] + '/2018-06-01/runtime'\n\
+             while True:\n\
+             \x20   r = urllib.request.urlopen(api + '/invocation/next')\n\
+             \x20   rid = r.headers['Lambda-Runtime-Aws-Request-Id']\n\
+             \x20   body = json.dumps({'echo': json.loads(r.read()), 'handler': os.environ['_HANDLER']}).encode()\n\
+             \x20   urllib.request.urlopen(urllib.request.Request(api + '/invocation/' + rid + '/response', data=body, method='POST'))\n",
+        )],
+    );
+    std::fs::set_permissions(code.join("bootstrap"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let f = Fun { runtime: "provided.al2023", code, handler: "my.handler" };
+    let out: serde_json::Value = serde_json::from_str(boot(&f, r#"{"x": 1}"#).trim()).unwrap();
+    assert_eq!(out, serde_json::json!({"echo": {"x": 1}, "handler": "my.handler"}));
+    let dir = scratch().join("snap-custom");
+    let o = thaw(&["snapshot", "create", "--runtime", "provided.al2023", "--code", f.code.to_str().unwrap(), "--handler", "x", "--out", dir.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(common::stderr(&o).contains("provided.al2023 functions cannot be snapshotted yet"), "{}", common::stderr(&o));
+    assert!(!dir.exists(), "nothing was written");
+}
