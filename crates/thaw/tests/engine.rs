@@ -170,7 +170,7 @@ fn init_errors_and_bad_input_are_refused_clearly() {
     assert!(stderr(&o).starts_with("thaw: error: function code directory /nonexistent/code: No such file"), "{}", stderr(&o));
 
     let o = thaw(&["boot", "--code", hello.to_str().unwrap(), "--handler", "handler.handler", "--runtime", "cobol"]);
-    assert_eq!(stderr(&o), "thaw: error: unknown runtime 'cobol' (supported: python3, python3.11, nodejs20.x, java17)\n");
+    assert_eq!(stderr(&o), "thaw: error: unknown runtime 'cobol' (supported: python3, python3.11, nodejs20.x, java17, provided.al2023)\n");
 }
 
 #[test]
