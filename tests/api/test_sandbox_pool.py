@@ -3,7 +3,9 @@ sandboxes of its shape prepared, and cold starts of any function of that shape t
 one (only the function's code is attached), answer correctly from a fresh
 state, and show up in /metrics and /thaw/status. Stopping the node removes them."""
 
+import os
 import time
+from pathlib import Path
 
 from thaw_node_harness import NodeProcess, create, invoke_json, sample_zip
 
@@ -12,6 +14,18 @@ def metric(node, name):
     for line in node.metrics().splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             yield line.rsplit(" ", 1)[0], float(line.rsplit(" ", 1)[1])
+
+
+def init_exes(parent):
+    """The executable names of `parent`'s child processes (the sandboxes' inits)."""
+    names = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                names.append(os.path.basename(os.readlink(d / "exe")))
+        except OSError:
+            continue
+    return names
 
 
 def test_cold_starts_take_prepared_sandboxes(tmp_path):
@@ -25,6 +39,9 @@ def test_cold_starts_take_prepared_sandboxes(tmp_path):
             time.sleep(0.1)
         st = node.status()["sandbox_pool"]
         assert st["ready"] == 2 and st["shapes"] == 1, st
+        # Their inits run the small thaw-sandbox-init of the same build, not a re-exec of
+        # the node's 165 MB binary.
+        assert sorted(init_exes(node.pid)) == ["thaw-sandbox-init", "thaw-sandbox-init"]
         # So the very first cold start after the deploy takes one.
         _, body = invoke_json(c, "hello", {"name": "pool"})
         assert body == {"message": "hello, pool"}

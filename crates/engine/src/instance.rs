@@ -137,9 +137,11 @@ fn unique_id(kind: &str) -> String {
 }
 
 fn spec_for(rec: &SandboxRecord, kind: &str) -> SandboxSpec {
+    let (init_exe, init_args) = thaw_sandbox::init_exe::default_init();
     SandboxSpec {
         id: unique_id(kind),
-        init_args: vec!["__sandbox-init".into()],
+        init_exe,
+        init_args,
         code_dir: rec.code_dir.clone(),
         runtime_dir: rec.runtime_dir.clone(),
         opt_dir: rec.opt_dir.clone(),

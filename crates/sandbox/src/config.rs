@@ -128,7 +128,7 @@ impl HostFs for RealFs {
         std::fs::read_dir(p)?.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())).collect()
     }
     fn stage_etc(&self, spec: &SandboxSpec, ops: &[RootOp]) -> Option<PathBuf> {
-        // The entry-by-entry mounts, for comparison (bench/etc_staging.py).
+        // The entry-by-entry mounts, for comparison (bench/env_ab.py etc-staging THAW_NO_ETC_STAGING=1).
         if std::env::var_os("THAW_NO_ETC_STAGING").is_some() {
             return None;
         }

@@ -33,7 +33,8 @@
 //! # Usage
 //! The init is either the small `thaw-sandbox-init` binary of this crate, or the
 //! caller's own binary re-exec'd through `/proc/self/exe` (the default) with a marker
-//! argument that `main` checks before doing anything else:
+//! argument that `main` checks before doing anything else; [`init_exe::default_init`]
+//! picks the small binary when it sits next to the caller and comes from the same build:
 //!
 //! ```no_run
 //! use thaw_sandbox::{Entry, Sandbox, SandboxSpec};
@@ -59,6 +60,7 @@ mod config;
 mod error;
 mod etc;
 mod init;
+pub mod init_exe;
 mod pool;
 mod prepared;
 mod sandbox;

@@ -646,3 +646,23 @@ fn pool_forgets_the_least_recently_used_shape_beyond_sixteen() {
     assert!(pool.take(&s).is_some());
     drop_pool_leaving_nothing(pool, &s);
 }
+
+#[test]
+fn the_small_init_is_used_only_from_the_same_build_and_safe_to_exec() {
+    use std::os::unix::fs::PermissionsExt;
+    use thaw_sandbox::init_exe::check_init_binary;
+    let ours = Path::new(env!("CARGO_BIN_EXE_thaw-sandbox-init"));
+    assert_eq!(check_init_binary(ours), Ok(()));
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("thaw-sandbox-init");
+    std::fs::write(&other, "#!/bin/sh\necho 0.1.0-another-build\n").unwrap();
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let e = check_init_binary(&other).unwrap_err();
+    assert!(e.contains("another build (0.1.0-another-build)"), "{e}");
+    std::fs::copy(ours, &other).unwrap();
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o775)).unwrap();
+    assert!(check_init_binary(&other).unwrap_err().contains("writable by group/others"));
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(check_init_binary(&other), Ok(()), "a copy of the same build is fine");
+    assert!(check_init_binary(&dir.path().join("missing")).is_err());
+}

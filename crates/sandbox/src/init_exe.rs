@@ -1,0 +1,67 @@
+//! Which program a sandbox's init execs. The small `thaw-sandbox-init` binary starts
+//! in ~1.3 ms where re-exec'ing a large caller (the 165 MB `thaw`) takes ~2.2 ms of a
+//! sandbox's creation (measured, issue #15), so it is used when it sits next to the
+//! caller's executable *and* comes from the same build (it answers `--build-id` with
+//! this crate's [`BUILD_ID`]); otherwise the caller re-execs itself through
+//! `/proc/self/exe` with the `__sandbox-init` marker. Decided once per process.
+//! `THAW_SANDBOX_INIT=self` forces the re-exec (for comparisons).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Identifies the build of this crate (see build.rs).
+pub const BUILD_ID: &str = include_str!(concat!(env!("OUT_DIR"), "/build_id.txt"));
+
+/// The argument that makes `thaw-sandbox-init` print [`BUILD_ID`] and exit.
+pub const BUILD_ID_ARG: &str = "--build-id";
+
+/// The name of the small init binary.
+pub const INIT_BINARY: &str = "thaw-sandbox-init";
+
+/// `(init_exe, init_args)` for sandboxes spawned by this process.
+pub fn default_init() -> (PathBuf, Vec<String>) {
+    static CHOICE: OnceLock<PathBuf> = OnceLock::new();
+    let exe = CHOICE.get_or_init(|| {
+        let forced_self = std::env::var("THAW_SANDBOX_INIT").is_ok_and(|v| v == "self");
+        let sibling = std::env::current_exe().ok().and_then(|e| e.parent().map(|d| d.join(INIT_BINARY)));
+        match sibling {
+            Some(s) if !forced_self => match check_init_binary(&s) {
+                Ok(()) => {
+                    tracing::debug!(init = %s.display(), "sandboxes start the small init binary");
+                    s
+                }
+                Err(why) => {
+                    tracing::debug!(init = %s.display(), why, "sandboxes re-exec this program as their init");
+                    PathBuf::from("/proc/self/exe")
+                }
+            },
+            _ => PathBuf::from("/proc/self/exe"),
+        }
+    });
+    (exe.clone(), vec!["__sandbox-init".into()])
+}
+
+/// Whether `path` is a `thaw-sandbox-init` of this very build that only its owner
+/// (root, or whoever runs us) can change; `Err` says why not.
+pub fn check_init_binary(path: &Path) -> Result<(), String> {
+    let m = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !m.is_file() {
+        return Err("not a file".into());
+    }
+    // A binary others may rewrite must not become every sandbox's init.
+    if m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0 {
+        return Err("owned by another user or writable by group/others".into());
+    }
+    let out = std::process::Command::new(path)
+        .arg(BUILD_ID_ARG)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let theirs = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || theirs.trim() != BUILD_ID {
+        return Err(format!("another build ({})", theirs.trim()));
+    }
+    Ok(())
+}
