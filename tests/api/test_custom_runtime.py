@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError, WaiterError
 
-from thaw_node_harness import create, invoke_json, zip_bytes
+from thaw_node_harness import NodeProcess, create, invoke_json, zip_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT = ROOT / "build" / "samples" / "provided"
@@ -85,10 +85,12 @@ def test_official_runtime_libraries_run_unchanged(node, client, built, sample, l
     assert (cfg["Runtime"], cfg["State"], cfg["SnapStart"]["OptimizationStatus"]) == ("provided.al2023", "Active", "Off")
     status = node.function_status(name)
     assert status["cold_start"] == "boot" and status["snapshot"] is None, status
+    bridges = [p.read_bytes()[:4] for p in node.data_dir.glob("runtimes-*/provided/bridge")]
+    assert bridges == [b"\x7fELF"], "the native bridge (thaw-runtime-bridge beside thaw) serves"
     client.delete_function(FunctionName=name)
 
 
-def test_runtime_api_edges_with_a_handmade_bootstrap(client):
+def check_api_edges(client):
     create(client, "handmade", zip_bytes({"bootstrap": HANDMADE}), handler="whatever", Runtime="provided.al2023")
     resp, out = invoke_json(client, "handmade", {"k": [1, 2]})
     assert out["event"] == {"k": [1, 2]}
@@ -98,6 +100,29 @@ def test_runtime_api_edges_with_a_handmade_bootstrap(client):
     assert resp["FunctionError"] == "Unhandled"
     assert (out["errorType"], out["errorMessage"]) == ("Handmade.Error", "handmade failure"), out
     client.delete_function(FunctionName="handmade")
+
+
+def test_runtime_api_edges_with_a_handmade_bootstrap(client):
+    check_api_edges(client)
+
+
+def test_the_python_bridge_serves_the_same(tmp_path, built):
+    """THAW_RUNTIME_BRIDGE=python (and a node without the native bridge beside it) installs
+    runtimes/provided/bridge.py: same contract."""
+    node = NodeProcess(tmp_path / "node", env={"THAW_RUNTIME_BRIDGE": "python"})
+    try:
+        client = node.client()
+        check_api_edges(client)
+        deploy(client, "py-bridge-go", built["go-hello"])
+        resp, out = invoke_json(client, "py-bridge-go", {"name": "bridge"})
+        assert (out["hello"], out["request_id"]) == ("bridge", resp["ResponseMetadata"]["RequestId"])
+        resp, out = invoke_json(client, "py-bridge-go", {"exit": True})
+        assert out["errorType"] == "Runtime.ExitError", out
+        assert invoke_json(client, "py-bridge-go", {"name": "again"})[1]["hello"] == "again"
+        bridge = next((node.data_dir).glob("runtimes-*/provided/bridge")).read_text()
+        assert "bridge.py" in bridge, "the Python bridge was installed"
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()
 
 
 def test_failed_inits_fail_the_deploy_with_lambdas_reasons(client):

@@ -10,8 +10,12 @@
 //! /var/runtime/python/bootstrap.py, thaw_runtime.py
 //! /var/runtime/nodejs/bootstrap.sh, bootstrap.js
 //! /var/runtime/java/bootstrap.sh, thaw-java-runtime.jar
-//! /var/runtime/provided/bridge.py
+//! /var/runtime/provided/bridge, bridge.py
 //! ```
+//!
+//! `provided/bridge` is the native `thaw-runtime-bridge` when it was built beside the
+//! running program, else a two-line script that execs `bridge.py` (the same bridge in
+//! Python, ~35 ms slower to start).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -140,9 +144,7 @@ impl Runtime {
             Runtime::Python3 => vec!["/usr/bin/python3".into(), "/var/runtime/python/bootstrap.py".into()],
             Runtime::Nodejs20 => vec!["/bin/sh".into(), "/var/runtime/nodejs/bootstrap.sh".into()],
             Runtime::Java17 => vec!["/bin/sh".into(), "/var/runtime/java/bootstrap.sh".into()],
-            // Isolated, without `site`: the bridge uses the standard library only, and
-            // the host's site-packages (.pth files) cost tens of ms at every start.
-            Runtime::Provided => vec!["/usr/bin/python3".into(), "-I".into(), "-S".into(), "/var/runtime/provided/bridge.py".into()],
+            Runtime::Provided => vec!["/var/runtime/provided/bridge".into()],
         }
     }
 
@@ -205,6 +207,24 @@ pub fn java_runtime_jar() -> PathBuf {
     }
 }
 
+/// The fallback `provided/bridge`: the Python bridge, isolated and without `site` (the
+/// standard library only; the host's site-packages cost tens of ms at every start).
+const PROVIDED_BRIDGE_SCRIPT: &str = "#!/bin/sh\nexec /usr/bin/python3 -I -S \"${0%/*}/bridge.py\"\n";
+/// Shim files installed executable.
+const EXECUTABLES: &[&str] = &["provided/bridge"];
+/// The native custom-runtime bridge's name beside the running program.
+pub const NATIVE_BRIDGE: &str = "thaw-runtime-bridge";
+
+/// The native bridge's bytes, when it sits beside the running program
+/// (`THAW_RUNTIME_BRIDGE=python` installs the Python one instead, for comparisons).
+fn native_bridge() -> Option<Vec<u8>> {
+    if std::env::var("THAW_RUNTIME_BRIDGE").is_ok_and(|v| v == "python") {
+        return None;
+    }
+    let path = std::env::current_exe().ok()?.parent()?.join(NATIVE_BRIDGE);
+    std::fs::read(path).ok()
+}
+
 /// Note left in place of the jar when it was not built.
 const JAVA_JAR_MISSING: &str = "The Java runtime jar was not built when these shims were installed.\n\
 Run scripts/build-runtimes.sh (or set THAW_JAVA_RUNTIME_JAR) and restart thaw.\n";
@@ -215,6 +235,7 @@ Run scripts/build-runtimes.sh (or set THAW_JAVA_RUNTIME_JAR) and restart thaw.\n
 /// `java/bootstrap.sh` then exits with a message naming scripts/build-runtimes.sh.
 pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
     let jar = std::fs::read(java_runtime_jar()).ok();
+    let bridge = native_bridge();
     let files: Vec<(&str, &[u8])> = vec![
         ("python/bootstrap.py", PYTHON_BOOTSTRAP.as_bytes()),
         ("python/thaw_runtime.py", PYTHON_THAW_RUNTIME.as_bytes()),
@@ -222,6 +243,7 @@ pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
         ("nodejs/bootstrap.js", NODEJS_BOOTSTRAP_JS.as_bytes()),
         ("java/bootstrap.sh", JAVA_BOOTSTRAP_SH.as_bytes()),
         ("provided/bridge.py", PROVIDED_BRIDGE.as_bytes()),
+        ("provided/bridge", bridge.as_deref().unwrap_or(PROVIDED_BRIDGE_SCRIPT.as_bytes())),
         match &jar {
             Some(bytes) => (JAVA_JAR_PATH, bytes.as_slice()),
             None => ("java/JAR-MISSING.txt", JAVA_JAR_MISSING.as_bytes()),
@@ -253,7 +275,8 @@ pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
             std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).map_err(err)?;
         }
         std::fs::write(&path, data).map_err(err)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).map_err(err)?;
+        let mode = if EXECUTABLES.contains(name) { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
     }
     std::fs::write(tmp.join(".complete"), b"").map_err(err)?;
     match std::fs::rename(&tmp, &dir) {
@@ -332,6 +355,7 @@ mod tests {
         for bad in ["", "has space", &"x".repeat(129)] {
             assert!(Runtime::Provided.check_handler(bad).is_err(), "{bad}");
         }
+        assert_eq!(Runtime::Provided.argv(), vec!["/var/runtime/provided/bridge"]);
         let env = Runtime::Provided.env("bootstrap", "fn", 128, &[]);
         assert!(env.contains(&("AWS_LAMBDA_RUNTIME_API".into(), "127.0.0.1:9001".into())));
         assert_eq!(Runtime::Java17.name(), "java17");
@@ -397,6 +421,14 @@ mod tests {
         assert_eq!(std::fs::read_to_string(a.join("nodejs/bootstrap.sh")).unwrap(), NODEJS_BOOTSTRAP_SH);
         assert_eq!(std::fs::read_to_string(a.join("java/bootstrap.sh")).unwrap(), JAVA_BOOTSTRAP_SH);
         assert_eq!(std::fs::read_to_string(a.join("provided/bridge.py")).unwrap(), PROVIDED_BRIDGE);
+        use std::os::unix::fs::PermissionsExt;
+        let bridge = a.join("provided/bridge");
+        assert_eq!(std::fs::metadata(&bridge).unwrap().permissions().mode() & 0o777, 0o755);
+        let bytes = std::fs::read(&bridge).unwrap();
+        match native_bridge() {
+            Some(native) => assert_eq!(bytes, native),
+            None => assert_eq!(bytes, PROVIDED_BRIDGE_SCRIPT.as_bytes()),
+        }
         let jar = a.join("java/thaw-java-runtime.jar");
         assert_eq!(jar.is_file(), java_runtime_jar().is_file());
         assert_eq!(a.join("java/JAR-MISSING.txt").is_file(), !jar.is_file());
