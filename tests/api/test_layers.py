@@ -80,6 +80,26 @@ def test_layer_versions_are_published_listed_and_deleted(client):
     assert client.list_layer_versions(LayerName="never-published")["LayerVersions"] == []
 
 
+def test_layer_listings_page_and_filter(client):
+    for i in range(3):
+        publish(client, "paged", {"python/p.py": f"N = {i}\n"}, CompatibleArchitectures=["arm64"] if i == 1 else ["x86_64"])
+    first = client.list_layer_versions(LayerName="paged", MaxItems=2)
+    assert [v["Version"] for v in first["LayerVersions"]] == [3, 2] and first["NextMarker"]
+    rest = client.list_layer_versions(LayerName="paged", MaxItems=2, Marker=first["NextMarker"])
+    assert [v["Version"] for v in rest["LayerVersions"]] == [1] and "NextMarker" not in rest
+    pages = client.get_paginator("list_layer_versions").paginate(LayerName="paged", PaginationConfig={"PageSize": 1})
+    assert [v["Version"] for p in pages for v in p["LayerVersions"]] == [3, 2, 1]
+    arm = client.list_layer_versions(LayerName="paged", CompatibleArchitecture="arm64")["LayerVersions"]
+    assert [v["Version"] for v in arm] == [2]
+    latest_arm = {l["LayerName"]: l["LatestMatchingVersion"]["Version"] for l in client.list_layers(CompatibleArchitecture="arm64")["Layers"]}
+    assert latest_arm == {"paged": 2}, "the newest version that matches"
+    names = [l["LayerName"] for p in client.get_paginator("list_layers").paginate(PaginationConfig={"PageSize": 1}) for l in p["Layers"]]
+    assert "paged" in names and len(names) == len(set(names))
+    with pytest.raises(ClientError) as e:
+        client.list_layer_versions(LayerName="paged", Marker="nonsense")
+    assert code(e) == ("InvalidParameterValueException", 400)
+
+
 def test_functions_see_their_layers_under_opt_in_order(client):
     a = publish(client, "libs-a", {"python/shared.py": "WHO = 'a'\n", "python/only_a.py": "A = True\n",
                                    "bin/tool": "from a\n"})["LayerVersionArn"]

@@ -84,6 +84,29 @@ pub(super) fn function_layers(node: &Node, arns: &[String]) -> Value {
     json!(list)
 }
 
+/// The `Marker`/`MaxItems` page of `items` (the marker is the key of the last item of
+/// the previous page), and the next page's marker.
+fn page<T>(items: Vec<T>, raw_query: Option<&str>, key: impl Fn(&T) -> String) -> Result<(Vec<T>, Option<String>), ApiError> {
+    let max = match query_param(raw_query, "MaxItems") {
+        Some(m) => m.parse::<usize>().ok().filter(|n| (1..=50).contains(n)).ok_or_else(|| ApiError::invalid("MaxItems must be between 1 and 50"))?,
+        None => 50,
+    };
+    let start = match query_param(raw_query, "Marker") {
+        Some(m) => items.iter().position(|i| key(i) == m).map(|p| p + 1).ok_or_else(|| ApiError::invalid(format!("Invalid Marker: {m}")))?,
+        None => 0,
+    };
+    let more = items.len() > start + max;
+    let page: Vec<T> = items.into_iter().skip(start).take(max).collect();
+    let next = if more { page.last().map(&key) } else { None };
+    Ok((page, next))
+}
+
+/// Whether a layer version matches the `CompatibleRuntime` / `CompatibleArchitecture` filters.
+fn matches(l: &LayerVersionRecord, runtime: Option<&str>, arch: Option<&str>) -> bool {
+    runtime.is_none_or(|r| l.compatible_runtimes.iter().any(|c| c == r))
+        && arch.is_none_or(|a| l.compatible_architectures.iter().any(|c| c == a))
+}
+
 fn version_number(v: &str) -> Result<u64, ApiError> {
     v.parse::<u64>()
         .ok()
@@ -123,14 +146,15 @@ pub(super) async fn dispatch(node: &Node, action: Action, raw_query: Option<&str
         }
         Action::ListLayerVersions(l) => {
             let name = node.layer_name(&l)?;
-            let runtime = query_param(raw_query, "CompatibleRuntime");
-            let list: Vec<Value> = node
-                .layer_versions(&name)?
-                .iter()
-                .filter(|r| runtime.as_ref().is_none_or(|rt| r.compatible_runtimes.contains(rt)))
-                .map(|r| list_item(node, r))
-                .collect();
-            Ok(json_response(StatusCode::OK, &json!({"LayerVersions": list})))
+            let (runtime, arch) = (query_param(raw_query, "CompatibleRuntime"), query_param(raw_query, "CompatibleArchitecture"));
+            let all: Vec<LayerVersionRecord> =
+                node.layer_versions(&name)?.into_iter().filter(|r| matches(r, runtime.as_deref(), arch.as_deref())).collect();
+            let (items, next) = page(all, raw_query, |r| r.version.to_string())?;
+            let mut v = json!({"LayerVersions": items.iter().map(|r| list_item(node, r)).collect::<Vec<_>>()});
+            if let Some(n) = next {
+                v["NextMarker"] = json!(n);
+            }
+            Ok(json_response(StatusCode::OK, &v))
         }
         Action::ListLayers => {
             // GetLayerVersionByArn shares this path: `?find=LayerVersion&Arn=...`.
@@ -140,13 +164,18 @@ pub(super) async fn dispatch(node: &Node, action: Action, raw_query: Option<&str
                 let rec = node.layer_version(&node.layer_name(prefix)?, version_number(v)?)?;
                 return Ok(json_response(StatusCode::OK, &version_answer(node, &rec)));
             }
-            let runtime = query_param(raw_query, "CompatibleRuntime");
-            let list: Vec<Value> = node
-                .layers(runtime.as_deref())?
+            let (runtime, arch) = (query_param(raw_query, "CompatibleRuntime"), query_param(raw_query, "CompatibleArchitecture"));
+            let all = node.layers(|l| matches(l, runtime.as_deref(), arch.as_deref()))?;
+            let (items, next) = page(all, raw_query, |l| l.name.clone())?;
+            let list: Vec<Value> = items
                 .iter()
                 .map(|l| json!({"LayerName": l.name, "LayerArn": node.layer_arn(&l.name), "LatestMatchingVersion": list_item(node, l)}))
                 .collect();
-            Ok(json_response(StatusCode::OK, &json!({"Layers": list})))
+            let mut v = json!({"Layers": list});
+            if let Some(n) = next {
+                v["NextMarker"] = json!(n);
+            }
+            Ok(json_response(StatusCode::OK, &v))
         }
         other => Err(ApiError::service(format!("not a layer operation: {other:?}"))),
     }

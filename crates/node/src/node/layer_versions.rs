@@ -143,11 +143,12 @@ impl Node {
         Ok(self.registry.list_layer_versions(name)?)
     }
 
-    /// Every layer's newest version (optionally only versions compatible with `runtime`).
-    pub fn layers(&self, runtime: Option<&str>) -> Result<Vec<LayerVersionRecord>, LayerError> {
+    /// Every layer's newest version that `wanted` accepts (ListLayers'
+    /// LatestMatchingVersion), by layer name.
+    pub fn layers(&self, wanted: impl Fn(&LayerVersionRecord) -> bool) -> Result<Vec<LayerVersionRecord>, LayerError> {
         let mut out: Vec<LayerVersionRecord> = Vec::new();
         for l in self.registry.all_layer_versions()? {
-            if runtime.is_some_and(|r| !l.compatible_runtimes.iter().any(|c| c == r)) {
+            if !wanted(&l) {
                 continue;
             }
             if out.last().is_some_and(|p| p.name == l.name) {
