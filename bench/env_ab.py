@@ -5,12 +5,15 @@ the medians of sandbox_ms, restore_ms and ttfr_ms per restore mode.
 
     bench/env_ab.py small-init THAW_SANDBOX_INIT=self   # the small init binary vs re-exec of thaw
     bench/env_ab.py etc-staging THAW_NO_ETC_STAGING=1   # staged /etc vs per-entry mounts
+    # the bundle check beside the restore vs none and vs before it, dentries cold (issue #35)
+    bench/env_ab.py code-check THAW_CODE_CHECK=unchecked THAW_CODE_CHECK=before --functions lrserving --evict-dentries
 
-    bench/env_ab.py NAME VAR=VALUE [--pairs 4] [--runs 5] [--thaw target/release/thaw] [--out bench/results]
+    bench/env_ab.py NAME VAR=VALUE [VAR=VALUE ...] [--pairs 4] [--runs 5] [--functions helloworld]
+                    [--evict-dentries] [--thaw target/release/thaw] [--out bench/results]
 
-A is the current environment, B the same plus VAR=VALUE. `--pairs` of each, starting
-with a different one each pair; restores run in-process, as a node does them. Writes
-bench/results/NAME-<time>.json. Needs root and build/samples (scripts/build-samples.sh).
+A is the current environment, B (C, ...) the same plus each VAR=VALUE. `--pairs` rounds
+of each, in a different order each round; restores run in-process, as a node does them.
+Writes bench/results/NAME-<time>.json. Needs root and build/samples (scripts/build-samples.sh).
 """
 
 import argparse
@@ -28,9 +31,9 @@ MODES = ("boot", "prefetch", "prefetch-pooled", "lazy")
 FIELDS = ("sandbox_ms", "restore_ms", "ttfr_ms")
 
 
-def bench(thaw, env, runs, out):
-    subprocess.run([thaw, "bench", "--functions", "helloworld", "--runs", str(runs), "--concurrency", "",
-                    "--out", str(out)], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def bench(thaw, env, runs, out, functions, extra):
+    subprocess.run([thaw, "bench", "--functions", functions, "--runs", str(runs), "--concurrency", "",
+                    "--out", str(out), *extra], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     newest = max(out.glob("reap-*.json"), key=lambda p: p.stat().st_mtime)
     data = json.loads(newest.read_text())
     newest.unlink()
@@ -40,23 +43,30 @@ def bench(thaw, env, runs, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name")
-    ap.add_argument("setting", help="VAR=VALUE added to the environment for B")
-    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("settings", nargs="+", metavar="setting", help="VAR=VALUE added to the environment for B (C, ...)")
+    ap.add_argument("--pairs", type=int, default=4, help="rounds (each runs every environment once)")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--functions", default="helloworld", help="thaw bench --functions")
+    ap.add_argument("--evict-dentries", action="store_true", help="thaw bench --evict-dentries")
     ap.add_argument("--thaw", default=str(ROOT / "target/release/thaw"))
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     a = ap.parse_args()
-    var, _, value = a.setting.partition("=")
-    labels = ("A", f"B {a.setting}")
+    labels = ["A"] + [f"{chr(ord('B') + i)} {st}" for i, st in enumerate(a.settings)]
     got = {m: [] for m in labels}
+    extra = ["--evict-dentries"] if a.evict_dentries else []
     with tempfile.TemporaryDirectory(prefix="thaw-ab-") as tmp:
         tmp = Path(tmp)
         env = dict(os.environ, THAW_DATA_DIR=str(tmp / "data"))
-        env.pop(var, None)
-        envs = {labels[0]: env, labels[1]: dict(env, **{var: value})}
+        for st in a.settings:
+            env.pop(st.partition("=")[0], None)
+        envs = {labels[0]: env}
+        for label, st in zip(labels[1:], a.settings):
+            var, _, value = st.partition("=")
+            envs[label] = dict(env, **{var: value})
         for i in range(a.pairs):
-            for m in (list(envs) if i % 2 == 0 else list(envs)[::-1]):
-                got[m] += bench(a.thaw, envs[m], a.runs, tmp)
+            order = list(envs)
+            for m in order[i % len(order):] + order[:i % len(order)]:
+                got[m] += bench(a.thaw, envs[m], a.runs, tmp, a.functions, extra)
     med = {m: {f"{mode}_{k}": statistics.median(r[k] for r in rs if r["mode"] == mode)
                for mode in MODES if any(r["mode"] == mode for r in rs) for k in FIELDS} for m, rs in got.items()}
     for m, d in med.items():
@@ -67,7 +77,8 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / time.strftime(f"{a.name}-%Y%m%dT%H%M%SZ.json", time.gmtime())
-    path.write_text(json.dumps({"name": a.name, "setting": a.setting, "pairs": a.pairs, "runs": a.runs,
+    path.write_text(json.dumps({"name": a.name, "settings": a.settings, "functions": a.functions,
+                                "evict_dentries": a.evict_dentries, "pairs": a.pairs, "runs": a.runs,
                                 "medians": med, "samples": got}, indent=1))
     print(f"wrote {path}", file=sys.stderr)
 

@@ -395,7 +395,20 @@ let current = null;
 let exitAfterReply = null;
 let initDone = null;
 
+// The version this call runs, and the log stream named after it, come with the
+// call: one snapshot (and one warm process) may serve $LATEST and several published
+// versions, so the environment captured in the image must not decide what
+// AWS_LAMBDA_FUNCTION_VERSION and AWS_LAMBDA_LOG_STREAM_NAME say.
+function takeIdentity(msg) {
+  const env = process.env;
+  const v = msg.function_version;
+  if (v && env.AWS_LAMBDA_FUNCTION_VERSION !== v) env.AWS_LAMBDA_FUNCTION_VERSION = v;
+  const ls = msg.log_stream_name;
+  if (ls && env.AWS_LAMBDA_LOG_STREAM_NAME !== ls) env.AWS_LAMBDA_LOG_STREAM_NAME = ls;
+}
+
 function makeContext(msg, finish) {
+  takeIdentity(msg);
   const env = process.env;
   const functionName = msg.function_name || env.AWS_LAMBDA_FUNCTION_NAME || '';
   const mem = msg.memory_limit_mb;
@@ -408,7 +421,7 @@ function makeContext(msg, finish) {
     memoryLimitInMB: mem !== undefined && mem !== null ? String(mem) : (env.AWS_LAMBDA_FUNCTION_MEMORY_SIZE || ''),
     awsRequestId: msg.request_id || '',
     logGroupName: env.AWS_LAMBDA_LOG_GROUP_NAME || `/aws/lambda/${functionName}`,
-    logStreamName: env.AWS_LAMBDA_LOG_STREAM_NAME || '',
+    logStreamName: msg.log_stream_name || env.AWS_LAMBDA_LOG_STREAM_NAME || '',
     identity: undefined,
     clientContext: undefined,
     getRemainingTimeInMillis() {

@@ -225,7 +225,7 @@ class LambdaContext(object):
         self.memory_limit_in_mb = str(mem) if mem is not None else defaults[2]
         self.invoked_function_arn = msg.get("invoked_function_arn") or ""
         self.log_group_name = "/aws/lambda/" + self.function_name
-        self.log_stream_name = defaults[3]
+        self.log_stream_name = msg.get("log_stream_name") or defaults[3]
         self.client_context = None
         self.identity = None
         self.tenant_id = None
@@ -254,6 +254,19 @@ def _context_defaults():
             env.get("AWS_LAMBDA_LOG_STREAM_NAME", ""))
 
 
+def _take_identity(msg):
+    """The version this call runs, and the log stream named after it, come with the
+    call: one snapshot (and one warm process) may serve $LATEST and several published
+    versions, so the environment captured in the image must not decide what
+    AWS_LAMBDA_FUNCTION_VERSION and AWS_LAMBDA_LOG_STREAM_NAME say."""
+    env = os.environ
+    for key, field in (("AWS_LAMBDA_FUNCTION_VERSION", "function_version"),
+                       ("AWS_LAMBDA_LOG_STREAM_NAME", "log_stream_name")):
+        value = msg.get(field)
+        if value and env.get(key) != value:
+            env[key] = value
+
+
 def _invoke(fn, msg):
     payload = msg.get("payload")
     try:
@@ -261,6 +274,7 @@ def _invoke(fn, msg):
     except ValueError as e:
         return _result_error("Runtime.UnmarshalError",
                              "Unable to unmarshal input: %s" % e, [])
+    _take_identity(msg)
     context = LambdaContext(msg, _context_defaults())
     try:
         value = fn(event, context)

@@ -181,3 +181,28 @@ def test_secrets_are_sealed_at_rest(tmp_path):
         assert holding == [], f"the secret is in clear in {holding} ({scanned} files scanned)"
     finally:
         n.stop()
+
+
+def test_a_changed_bundle_is_never_restored_over(tmp_path):
+    """Issue #35: the node fingerprints a revision's bundle once (its directory is the
+    node's, written at deploy and never changed) instead of walking it at every open.
+    If it changed anyway (here: edited by hand while the node was down), the node
+    notices at its next start: the snapshot is refused, and the call is served by a
+    cold boot of the files as they are now, never the old code in the image."""
+    node = NodeProcess(tmp_path / "node")
+    try:
+        client = node.client()
+        create(client, "changing", zip_bytes({"handler.py": "import helper\n\ndef handler(e, c):\n    return helper.V\n",
+                                              "helper.py": "V = 1\n"}))
+        resp, out = invoke_json(client, "changing")
+        assert out == 1 and resp["ResponseMetadata"]["HTTPHeaders"]["x-thaw-start"].startswith("restore")
+        assert node.stop() == 0
+        [helper] = (tmp_path / "node").glob("node/revisions/changing-*/code/helper.py")
+        helper.write_text("V = 2222\n")
+        node = NodeProcess(tmp_path / "node")
+        client = node.client()
+        resp, out = invoke_json(client, "changing")
+        assert out == 2222, "the old code in the snapshot ran over the changed bundle"
+        assert resp["ResponseMetadata"]["HTTPHeaders"]["x-thaw-start"] == "boot"
+    finally:
+        assert node.stop() == 0

@@ -3,43 +3,14 @@ with tags, wait, invoke, update the configuration, reserve concurrency, read tag
 account settings, delete. Every command's JSON output is checked."""
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
-import pytest
-
-from thaw_node_harness import ACCESS_KEY, SECRET_KEY, zip_bytes
-
-AWS = Path(sys.executable).parent / "aws"
+from thaw_node_harness import cli_json as out, zip_bytes
 
 HANDLER = """
 def handler(event, context):
     return {"echo": event, "memory": context.memory_limit_in_mb}
 """
-
-
-@pytest.fixture(scope="module")
-def aws(node, tmp_path_factory):
-    if not AWS.exists():
-        pytest.skip("the AWS CLI is not installed in the venv (scripts/setup.sh installs it)")
-    home = tmp_path_factory.mktemp("aws-home")
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_DEFAULT_REGION="us-east-1",
-               AWS_CONFIG_FILE=str(home / "config"), AWS_SHARED_CREDENTIALS_FILE=str(home / "credentials"), HOME=str(home))
-
-    def run(*args, ok=True):
-        p = subprocess.run([str(AWS), "--endpoint-url", node.endpoint, "--output", "json", "lambda", *args],
-                           env=env, capture_output=True, text=True, timeout=120)
-        if ok:
-            assert p.returncode == 0, f"aws lambda {' '.join(args)}: {p.stderr}"
-        return p
-
-    return run
-
-
-def out(p):
-    return json.loads(p.stdout) if p.stdout.strip() else {}
 
 
 def test_deploy_and_operate_with_the_aws_cli(aws, tmp_path):

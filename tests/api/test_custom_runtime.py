@@ -43,7 +43,8 @@ while True:
         continue
     post("/invocation/" + rid + "/response", json.dumps({
         "event": event, "wrong_id_status": wrong, "deadline_ms": int(r.headers["Lambda-Runtime-Deadline-Ms"]),
-        "arn": r.headers["Lambda-Runtime-Invoked-Function-Arn"]}).encode())
+        "arn": r.headers["Lambda-Runtime-Invoked-Function-Arn"],
+        "version": os.environ.get("AWS_LAMBDA_FUNCTION_VERSION"), "mark": os.environ.get("MARK")}).encode())
 """
 
 
@@ -104,6 +105,24 @@ def check_api_edges(client):
 
 def test_runtime_api_edges_with_a_handmade_bootstrap(client):
     check_api_edges(client)
+
+
+def test_a_custom_runtime_is_told_its_version(client):
+    """Issue #27: a custom runtime's bootstrap reads its version from its environment,
+    fixed when it starts, so its warm instances serve one version each (a $LATEST
+    instance never answers for version 2 although both share a revision)."""
+    deploy(client, "handver", HANDMADE, Environment={"Variables": {"MARK": "one"}})
+    client.publish_version(FunctionName="handver")
+    client.update_function_configuration(FunctionName="handver", Environment={"Variables": {"MARK": "two"}})
+    client.get_waiter("function_updated_v2").wait(FunctionName="handver", WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    client.publish_version(FunctionName="handver")
+    client.create_alias(FunctionName="handver", Name="live", FunctionVersion="1")
+    for qualifier, version, mark in [(None, "$LATEST", "two"), ("2", "2", "two"), ("live", "1", "one"), (None, "$LATEST", "two"), ("2", "2", "two")]:
+        resp, out = invoke_json(client, "handver", **({"Qualifier": qualifier} if qualifier else {}))
+        assert resp["ExecutedVersion"] == version
+        assert (out["version"], out["mark"]) == (version, mark), (qualifier, out)
+        assert out["arn"].endswith(":function:handver" + (f":{qualifier}" if qualifier else "")), (qualifier, out["arn"])
+    client.delete_function(FunctionName="handver")
 
 
 def test_the_python_bridge_serves_the_same(tmp_path, built):

@@ -123,6 +123,11 @@ def zip_bytes(files):
     return buf.getvalue()
 
 
+def cli_json(p):
+    """The JSON an AWS CLI command printed ({} for none)."""
+    return json.loads(p.stdout) if p.stdout.strip() else {}
+
+
 def sample_zip(sample):
     return zip_bytes({"handler.py": SAMPLES / sample / "handler.py"})
 

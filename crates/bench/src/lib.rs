@@ -95,6 +95,11 @@ pub struct BenchArgs {
     /// Keep the scratch directory (snapshots, copies) instead of deleting it.
     #[arg(long)]
     pub keep_work: bool,
+    /// Before each restore also drop the kernel's dentry and inode caches (machine-wide:
+    /// `echo 2 > /proc/sys/vm/drop_caches`), so what a restore looks up in the function's
+    /// bundle (the check that it did not change) starts cold, as after a long idle.
+    #[arg(long)]
+    pub evict_dentries: bool,
 }
 
 /// The effective configuration after --quick and defaults.
@@ -108,6 +113,7 @@ pub struct Config {
     pub memory_mb: u64,
     pub quick: bool,
     pub disk_file_mib: usize,
+    pub evict_dentries: bool,
 }
 
 impl BenchArgs {
@@ -139,6 +145,7 @@ impl BenchArgs {
             memory_mb: self.memory,
             quick: self.quick,
             disk_file_mib: self.disk_file_mib.max(256),
+            evict_dentries: self.evict_dentries,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use thaw_engine::fingerprint::{self, CodeCheck};
 use thaw_engine::instance::{FunctionConfig, Instance, LoadedSnapshot};
 use thaw_engine::pageserver::Paging;
 use thaw_engine::seal::{self, NodeKey};
@@ -133,6 +134,31 @@ pub fn evict_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Drop the kernel's dentry and inode caches (machine-wide).
+fn evict_dentries() -> Result<()> {
+    std::fs::write("/proc/sys/vm/drop_caches", "2").context("dropping the dentry and inode caches (/proc/sys/vm/drop_caches)")
+}
+
+/// How the bench's restores check the function's bundle: as a node does (the
+/// fingerprint taken once, when the function was deployed, here when it was prepared),
+/// unless `THAW_CODE_CHECK` names another way (`beside`: as `thaw snapshot restore`;
+/// `before`; `unchecked`: the baseline of what checking costs).
+fn code_check(cfg: &FunctionConfig) -> Result<CodeCheck> {
+    match std::env::var("THAW_CODE_CHECK").as_deref() {
+        Err(_) | Ok("") | Ok("known") => Ok(CodeCheck::Known {
+            code_dir: cfg.code_dir.clone(),
+            opt_dir: cfg.opt_dir.clone(),
+            fingerprint: fingerprint::of_bundle(&cfg.code_dir, cfg.opt_dir.as_deref())
+                .with_context(|| format!("fingerprinting {}", cfg.code_dir.display()))?,
+        }),
+        Ok(_) => CodeCheck::from_env().map_err(anyhow::Error::msg),
+    }
+}
+
+fn open_snapshot(dir: &Path, check: &CodeCheck) -> Result<LoadedSnapshot> {
+    Ok(LoadedSnapshot::open_checked(dir, false, check.clone())?)
+}
+
 fn copy_synced(from: &Path, to: &Path) -> Result<()> {
     let tmp = to.with_extension("bench-tmp");
     std::fs::copy(from, &tmp).with_context(|| format!("copying {} to {}", from.display(), tmp.display()))?;
@@ -201,6 +227,10 @@ struct Prepared {
     sealed_golden: PathBuf,
     cfg: FunctionConfig,
     reference: Value,
+    /// Drop the dentry and inode caches before each restore (`--evict-dentries`).
+    evict_dentries: bool,
+    /// How restores check the bundle (see [`code_check`]).
+    code_check: CodeCheck,
 }
 
 fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &str, key: &Arc<NodeKey>) -> Result<Prepared> {
@@ -226,7 +256,18 @@ fn prepare(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, name: &
         bail!("{name}: the snapshot for the sealed modes was not sealed");
     }
     eprintln!("bench: {name}: snapshots (clear and sealed) + working sets ready ({:.0} ms)", ms(t.elapsed()));
-    Ok(Prepared { name: name.to_string(), payload: payload_for(name), snap, golden, sealed_snap, sealed_golden, cfg: fcfg, reference })
+    Ok(Prepared {
+        name: name.to_string(),
+        payload: payload_for(name),
+        snap,
+        golden,
+        sealed_snap,
+        sealed_golden,
+        reference,
+        evict_dentries: cfg.evict_dentries,
+        code_check: code_check(&fcfg)?,
+        cfg: fcfg,
+    })
 }
 
 /// Capture `dir/snap{suffix}` and record its reference working set (kept in
@@ -237,7 +278,7 @@ fn snapshot_and_ws(fcfg: &FunctionConfig, dir: &Path, suffix: &str, name: &str) 
     inst.capture(&snap).with_context(|| format!("{name}: capturing the snapshot"))?;
     // Record the reference working set with the first invocation of a fresh restore.
     evict_dir(&snap)?;
-    let loaded = LoadedSnapshot::open(&snap)?;
+    let loaded = open_snapshot(&snap, &CodeCheck::Beside)?;
     let mut inst = Instance::restore(&loaded, Paging::Record)?;
     if let Err(e) = check_mode(&inst, Paging::Record) {
         inst.kill();
@@ -297,8 +338,11 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
     let warm = mode == "warm";
     let asked = if warm { Paging::Lazy } else { paging(mode)? };
     evict_dir(snap)?;
+    if p.evict_dentries {
+        evict_dentries()?;
+    }
     let t0 = Instant::now();
-    let mut loaded = LoadedSnapshot::open(snap)?;
+    let mut loaded = open_snapshot(snap, &p.code_check)?;
     // Every run uses the reference working set as recorded (REAP); misses are not merged.
     loaded.merge_misses = false;
     if mode == "lazy-page" {
@@ -439,7 +483,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                 let burst = mode.starts_with("burst-");
                 let asked = if burst { Paging::Prefetch } else { paging(mode)? };
                 let shared = if burst {
-                    let mut l = LoadedSnapshot::open(&copies[0])?;
+                    let mut l = open_snapshot(&copies[0], &p.code_check)?;
                     l.merge_misses = false;
                     l.single_flight = mode != "burst-each";
                     if mode == "burst-pooled" {
@@ -449,7 +493,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                 } else {
                     if mode == "prefetch-pooled" {
                         // The copies share one shape: have N sandboxes of it ready.
-                        use_pool(&mut LoadedSnapshot::open(&copies[0])?, n as usize)?;
+                        use_pool(&mut open_snapshot(&copies[0], &p.code_check)?, n as usize)?;
                     }
                     None
                 };
@@ -467,6 +511,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                         let dir = copies[i as usize].clone();
                         let (payload, name, reference) = (p.payload, p.name.clone(), p.reference.clone());
                         let shared = shared.clone();
+                        let check = p.code_check.clone();
                         std::thread::spawn(move || -> Result<ConcRecord> {
                             go.wait();
                             let t0 = Instant::now();
@@ -474,7 +519,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                                 let loaded = match shared {
                                     Some(l) => l,
                                     None => {
-                                        let mut l = LoadedSnapshot::open(&dir)?;
+                                        let mut l = open_snapshot(&dir, &check)?;
                                         l.merge_misses = false;
                                         if mode == "prefetch-pooled" {
                                             l.sandboxes = Some(sandbox_pool()?);

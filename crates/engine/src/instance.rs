@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use thaw_runtime::{Channel, ChannelError, InvokeOutcome, InvokeRequest, Runtime, RuntimeError};
+use thaw_runtime::{Channel, ChannelError, InvokeOutcome, InvokeRequest, Runtime, RuntimeError, LATEST_VERSION};
 use thaw_sandbox::{Entry, Limits, Sandbox, SandboxError, SandboxPool, SandboxSpec};
 use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::capture::{self, CaptureError, CaptureStats};
 use crate::image::{ImageError, SandboxRecord, Snapshot};
+use crate::fingerprint::{self, CodeCheck, Verdict};
 use crate::inject;
 use crate::pageserver::{PageServer, PageSource, Paging, Stats};
 use crate::pageserver::PrefetchStats;
@@ -67,6 +68,10 @@ impl From<crate::layers::LayerError> for InstanceError {
 #[derive(Debug, Clone)]
 pub struct FunctionConfig {
     pub function_name: String,
+    /// `AWS_LAMBDA_FUNCTION_VERSION` of a booted instance ("$LATEST" or a published
+    /// version's number). A restored instance is told its version with each invocation
+    /// ([`Instance::set_function_version`]): snapshots are shared between versions.
+    pub function_version: String,
     pub runtime: Runtime,
     pub handler: String,
     pub code_dir: PathBuf,
@@ -86,6 +91,7 @@ impl FunctionConfig {
     pub fn new(runtime: Runtime, handler: &str, code_dir: PathBuf, runtime_dir: PathBuf) -> FunctionConfig {
         FunctionConfig {
             function_name: "function".into(),
+            function_version: LATEST_VERSION.into(),
             runtime,
             handler: handler.into(),
             code_dir,
@@ -218,6 +224,8 @@ pub struct LoadedSnapshot {
     /// Restores take their sandbox from this pool when it has one of their shape
     /// (see `thaw_sandbox::SandboxPool`); `None`: each restore creates its own.
     pub sandboxes: Option<Arc<SandboxPool>>,
+    /// Whether the function's files are those captured (perhaps still being checked).
+    code_verdict: Arc<Verdict>,
 }
 
 impl LoadedSnapshot {
@@ -230,8 +238,9 @@ impl LoadedSnapshot {
         self.track_writes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Open a snapshot, its bundle checked beside the restores ([`CodeCheck::Beside`]).
     pub fn open(dir: &Path) -> Result<LoadedSnapshot, InstanceError> {
-        Self::open_with(dir, false)
+        Self::open_checked(dir, false, CodeCheck::Beside)
     }
 
     /// [`LoadedSnapshot::open`]; with `share_memory`, the instances restored from a
@@ -239,17 +248,26 @@ impl LoadedSnapshot {
     /// `sharedmem.rs`). Worth it for a process that restores many instances; a single
     /// restore only pays for filling the copy.
     pub fn open_with(dir: &Path, share_memory: bool) -> Result<LoadedSnapshot, InstanceError> {
+        Self::open_checked(dir, share_memory, CodeCheck::Beside)
+    }
+
+    /// [`LoadedSnapshot::open_with`], making sure the function's files are those the
+    /// image captured as `check` says. A bundle found changed before the snapshot
+    /// opens refuses it; one found changed beside the restores refuses each of them.
+    pub fn open_checked(dir: &Path, share_memory: bool, check: CodeCheck) -> Result<LoadedSnapshot, InstanceError> {
         let Snapshot { dir, image, pages, id, sealer } = Snapshot::open(dir)?;
-        let code = &image.sandbox.code_dir;
-        let now = crate::fingerprint::of_bundle(code, image.sandbox.opt_dir.as_deref()).map_err(|e| {
-            RestoreError::Incompatible(format!("the function bundle {} cannot be read: {e}", code.display()))
-        })?;
-        if now != image.sandbox.code_fingerprint {
-            return Err(RestoreError::Incompatible(format!(
-                "the function bundle {} changed since the snapshot was taken; re-create the snapshot",
-                code.display()
-            ))
-            .into());
+        let (code, opt) = (&image.sandbox.code_dir, image.sandbox.opt_dir.as_deref());
+        let recorded = &image.sandbox.code_fingerprint;
+        let code_verdict = match check {
+            CodeCheck::Unchecked => Verdict::given(Ok(())),
+            CodeCheck::Known { code_dir, opt_dir, fingerprint } if code_dir == *code && opt_dir.as_deref() == opt => {
+                Verdict::given(if fingerprint == *recorded { Ok(()) } else { Err(fingerprint::changed_message(code)) })
+            }
+            CodeCheck::Beside => Verdict::beside(code.clone(), opt.map(Path::to_path_buf), recorded.clone()),
+            CodeCheck::Before | CodeCheck::Known { .. } => Verdict::given(fingerprint::check(code, opt, recorded)),
+        };
+        if let Some(Err(e)) = code_verdict.given_now() {
+            return Err(RestoreError::Incompatible(e).into());
         }
         let region = restore::choose_region(&image)?;
         let (index, files) = crate::layers::page_source(&dir, &image, pages)?;
@@ -276,7 +294,13 @@ impl LoadedSnapshot {
             track_writes: std::sync::atomic::AtomicBool::new(false),
             ws_flight: Default::default(),
             sandboxes: None,
+            code_verdict,
         })
+    }
+
+    /// Wait until the bundle is known to be the one captured (see [`CodeCheck`]).
+    pub fn code_checked(&self) -> Result<(), RestoreError> {
+        self.code_verdict.wait().map_err(RestoreError::Incompatible)
     }
 
     /// Have `n` sandboxes for this snapshot's restores prepared in its pool
@@ -413,6 +437,10 @@ pub struct Instance {
     record: SandboxRecord,
     memory_mb: u64,
     function_name: String,
+    /// Version reported in the context and `AWS_LAMBDA_FUNCTION_VERSION`.
+    function_version: String,
+    /// This execution environment's log stream (with the version of each call).
+    log_stream: LogStream,
     /// ARN reported in the context (`None`: a local ARN built from the name).
     function_arn: Option<String>,
     pub start: StartInfo,
@@ -426,6 +454,44 @@ pub struct Instance {
     /// The pool whose thread is the parent of this instance's sandbox init (it must
     /// outlive the sandbox); last, so it is dropped after the sandbox.
     _sandbox_pool: Option<Arc<SandboxPool>>,
+}
+
+/// An execution environment's log stream, named as Lambda names it:
+/// `YYYY/MM/DD/[VERSION]ID`, the day the instance started (UTC) and 32 hex digits of
+/// its own. The version is the one each call runs.
+struct LogStream {
+    day: String,
+    id: String,
+}
+
+impl LogStream {
+    fn new() -> LogStream {
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+        let mut b = [0u8; 16];
+        if getrandom::fill(&mut b).is_err() {
+            b[..8].copy_from_slice(&secs.to_le_bytes());
+        }
+        LogStream { day: format!("{y:04}/{m:02}/{d:02}"), id: b.iter().map(|x| format!("{x:02x}")).collect() }
+    }
+
+    fn name(&self, version: &str) -> String {
+        format!("{}/[{version}]{}", self.day, self.id)
+    }
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`; a date library for one conversion is not worth a dependency).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// Per-instance REAP bookkeeping of a restored instance.
@@ -478,7 +544,7 @@ impl Instance {
         let t0 = Instant::now();
         let mut record = cfg.record();
         let mut spec = spec_for(&record, "boot");
-        spec.env = cfg.runtime.env(&cfg.handler, &cfg.function_name, cfg.memory_mb, &cfg.env);
+        spec.env = cfg.runtime.env(&cfg.handler, &cfg.function_name, &cfg.function_version, cfg.memory_mb, &cfg.env);
         spec.env.retain(|(k, _)| k != SNAPSHOT_ENV && k != BASE_ENV);
         if how != Boot::Plain {
             spec.env.push((SNAPSHOT_ENV.into(), "1".into()));
@@ -511,6 +577,7 @@ impl Instance {
         info!(id = sandbox.id(), sandbox_ms, init_ms, "booted");
         Ok(Instance {
             frozen: false,
+            log_stream: LogStream::new(),
             sandbox,
             channel,
             pageserver: None,
@@ -518,6 +585,7 @@ impl Instance {
             record,
             memory_mb: cfg.memory_mb,
             function_name: cfg.function_name.clone(),
+            function_version: cfg.function_version.clone(),
             function_arn: None,
             start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![], prepared_sandbox: false },
             paging: None,
@@ -547,7 +615,7 @@ impl Instance {
             snap.source.shared().filter(|_| !snap.tracks_writes()).map(|(file, _)| file.to_path_buf()).into_iter().collect();
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
         let mut pool_used = None;
-        let (mut sandbox, restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
+        let (mut sandbox, mut restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
             let loader = s.spawn(|| {
                 // The working set first, so its read has the disk to itself.
                 let prefill = snap.prefill(requested);
@@ -582,6 +650,14 @@ impl Instance {
                 }
             }
         })?;
+        // Nothing of the function runs before its files are known to be the captured
+        // ones (the walk went on beside the restore).
+        let tc = Instant::now();
+        if let Err(e) = snap.code_checked() {
+            let _ = sandbox.kill();
+            return Err(e.into());
+        }
+        restored.phases.push(("code_check_wait", tc.elapsed().as_secs_f64() * 1e3));
         let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;
         let log = sandbox.take_log().ok_or(InstanceError::MissingFd("log pipe"))?;
         let mut channel = Channel::new(control, log).map_err(InstanceError::Io)?;
@@ -595,7 +671,6 @@ impl Instance {
                 Err(e) => return Err(InstanceError::NotReady(e)),
             }
         }
-        let mut restored = restored;
         let tracking = restored.tracking.take();
         restored.phases.push(("after_restore", th.elapsed().as_secs_f64() * 1e3));
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -608,6 +683,7 @@ impl Instance {
         info!(id = sandbox.id(), total_ms, mode = mode.name(), "restored");
         Ok(Instance {
             frozen: false,
+            log_stream: LogStream::new(),
             sandbox,
             channel,
             pageserver: Some(restored.pageserver),
@@ -615,6 +691,7 @@ impl Instance {
             memory_mb: record.memory_mb,
             record,
             function_name: "function".into(),
+            function_version: LATEST_VERSION.into(),
             function_arn: None,
             start: StartInfo {
                 kind,
@@ -721,9 +798,23 @@ impl Instance {
         self.function_name = name.to_string();
     }
 
-    /// ARN reported to the function in its context (`context.invoked_function_arn`).
+    /// ARN reported to the function in its context (`context.invoked_function_arn`):
+    /// with the qualifier the caller used, if any.
     pub fn set_function_arn(&mut self, arn: &str) {
         self.function_arn = Some(arn.to_string());
+    }
+
+    /// Version the next invocations report (`context.function_version` and the
+    /// runtime's `AWS_LAMBDA_FUNCTION_VERSION`): "$LATEST" or a published version's
+    /// number. Sent with each invocation, so an instance restored from a snapshot that
+    /// several versions share never reports the version the image was captured as.
+    pub fn set_function_version(&mut self, version: &str) {
+        self.function_version = version.to_string();
+    }
+
+    /// The version this instance reports.
+    pub fn function_version(&self) -> &str {
+        &self.function_version
     }
 
     /// Stop every process of the idle instance (cgroup freezer) until the next invoke,
@@ -780,6 +871,8 @@ impl Instance {
         if let Some(arn) = &self.function_arn {
             req.invoked_function_arn = arn.clone();
         }
+        req.function_version = self.function_version.clone();
+        req.log_stream_name = self.log_stream.name(&self.function_version);
         let out = self.channel.invoke(&req, timeout);
         if out.is_ok() {
             self.after_first_response();
@@ -923,7 +1016,7 @@ impl Instance {
     /// `cfg`'s environment and runs the function's init, as a boot would.
     pub fn load_function(&mut self, cfg: &FunctionConfig) -> Result<(), InstanceError> {
         cfg.runtime.check_handler(&cfg.handler)?;
-        let mut env = cfg.runtime.env(&cfg.handler, &cfg.function_name, cfg.memory_mb, &cfg.env);
+        let mut env = cfg.runtime.env(&cfg.handler, &cfg.function_name, &cfg.function_version, cfg.memory_mb, &cfg.env);
         env.retain(|(k, _)| k != SNAPSHOT_ENV && k != BASE_ENV);
         env.push((SNAPSHOT_ENV.into(), "1".into()));
         match self.channel.load(&env, cfg.init_timeout) {
@@ -949,5 +1042,23 @@ impl Instance {
         if let Some(mut ps) = self.pageserver.take() {
             ps.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_streams_are_named_as_lambda_names_them() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(20_417), (2025, 11, 25));
+        let s = LogStream::new();
+        let name = s.name("7");
+        let (day, rest) = name.split_at(10);
+        assert!(day.len() == 10 && day.chars().filter(|c| *c == '/').count() == 2, "{name}");
+        assert!(rest.starts_with("/[7]") && rest.len() == 4 + 32 && rest[4..].bytes().all(|b| b.is_ascii_hexdigit()), "{name}");
+        assert_ne!(s.name("1"), LogStream::new().name("1"), "each environment has its own stream");
     }
 }

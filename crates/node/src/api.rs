@@ -31,7 +31,7 @@ mod versions;
 use versions::Target;
 
 use crate::events;
-use crate::node::{error_chain, ConfigChange, DeployError, FunctionSpec, InvokeError, Node, Outcome};
+use crate::node::{error_chain, version_label, ConfigChange, DeployError, FunctionSpec, InvokeError, InvokeTarget, Node, Outcome};
 use crate::registry::FunctionRecord;
 use crate::sigv4::{SigV4Error, SignedRequest, Verifier};
 
@@ -601,6 +601,7 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
     let node = &app.node;
     let (name, q) = function_name(&name, qualifier.as_deref())?;
     let version = versions::version_of(node, &name, &versions::target(node, &name, q.as_deref())?)?;
+    let target = InvokeTarget { version, qualifier: q };
     let kind = header(headers, "x-amz-invocation-type").unwrap_or("RequestResponse");
     let limit = if kind == "Event" { events::MAX_EVENT_PAYLOAD } else { MAX_PAYLOAD };
     if body.len() > limit {
@@ -640,13 +641,13 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
         "Event" => {
             node.check_invocable(&name)?;
             // A version (an alias's weighted pick included) is resolved now and kept with the event.
-            events::enqueue(node, request_id, &name, version, payload.into_bytes()).map_err(|e| ApiError::service(error_chain(&e)))?;
+            events::enqueue(node, request_id, &name, &target, payload.into_bytes()).map_err(|e| ApiError::service(error_chain(&e)))?;
             let mut r = StatusCode::ACCEPTED.into_response();
             r.headers_mut().insert("x-amzn-requestid", rid);
             Ok(r)
         }
         "RequestResponse" => {
-            let inv = node.invoke_version(&name, version, request_id, payload).await?;
+            let inv = node.invoke_version(&name, target, request_id, payload).await?;
             let (body, error) = match &inv.outcome {
                 Outcome::Ok(text) => (text.clone(), false),
                 Outcome::Error(e, _) => (serde_json::to_string(e).expect("serializable"), true),
@@ -655,7 +656,7 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
             let h = r.headers_mut();
             h.insert("content-type", HeaderValue::from_static("application/json"));
             h.insert("x-amzn-requestid", rid);
-            let executed = version.map_or_else(|| "$LATEST".to_string(), |v| v.to_string());
+            let executed = version_label(version);
             h.insert("x-amz-executed-version", HeaderValue::from_str(&executed).expect("a version is a header value"));
             if error {
                 h.insert("x-amz-function-error", HeaderValue::from_static("Unhandled"));
@@ -784,7 +785,7 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
         | Action::GetFunctionUrlConfig(_)
         | Action::UpdateFunctionUrlConfig(_)
         | Action::DeleteFunctionUrlConfig(_)
-        | Action::ListFunctionUrlConfigs(_)) => url::dispatch(node, a, headers, &body),
+        | Action::ListFunctionUrlConfigs(_)) => url::dispatch(node, a, raw_query, headers, &body),
         a @ (Action::PublishLayerVersion(_)
         | Action::ListLayerVersions(_)
         | Action::GetLayerVersion(..)

@@ -12,7 +12,7 @@ use thiserror::Error;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, info, warn};
 
-use crate::node::{clock_ms, error_chain, InvokeError, Node, Outcome};
+use crate::node::{clock_ms, error_chain, InvokeError, InvokeTarget, Node, Outcome};
 use crate::registry::{EventRecord, RegistryError};
 
 /// Lambda's limit for an asynchronous invocation's payload.
@@ -27,11 +27,12 @@ pub enum EventError {
 }
 
 /// Persist an event; the dispatcher picks it up.
-pub fn enqueue(node: &Node, id: &str, function: &str, version: Option<u64>, payload: Vec<u8>) -> Result<(), EventError> {
+pub fn enqueue(node: &Node, id: &str, function: &str, target: &InvokeTarget, payload: Vec<u8>) -> Result<(), EventError> {
     node.registry.enqueue_event(&EventRecord {
         id: id.to_string(),
         function: function.to_string(),
-        version,
+        version: target.version,
+        qualifier: target.qualifier.clone(),
         payload,
         attempts: 0,
         next_attempt_ms: clock_ms(),
@@ -93,7 +94,8 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
 async fn process(node: &Arc<Node>, ev: EventRecord) {
     let payload = String::from_utf8_lossy(&ev.payload).into_owned();
     let attempt = ev.attempts + 1;
-    let failure = match node.invoke_version(&ev.function, ev.version, &ev.id, payload).await {
+    let target = InvokeTarget { version: ev.version, qualifier: ev.qualifier.clone() };
+    let failure = match node.invoke_version(&ev.function, target, &ev.id, payload).await {
         Ok(inv) => match inv.outcome {
             Outcome::Ok(_) => {
                 debug!(request_id = %ev.id, function = %ev.function, attempt, "event done");

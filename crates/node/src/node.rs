@@ -185,6 +185,7 @@ impl Revision {
         boot.env.push(("AWS_REGION".into(), cfg.region.clone()));
         boot.env.push(("AWS_DEFAULT_REGION".into(), cfg.region.clone()));
         boot.init_timeout = INIT_TIMEOUT;
+        let bundle = snapstore::BundlePrint::new(boot.code_dir.clone(), boot.opt_dir.clone());
         Revision {
             id: rec.id,
             dir: rec.dir.clone(),
@@ -194,6 +195,7 @@ impl Revision {
                 rec.snapshot_id.clone(),
                 cfg.snapshot_store.clone(),
                 snapstore::OpenSettings { fault_cpu_share: cfg.fault_cpu_share, sandboxes: cfg.sandbox_pool.clone() },
+                bundle,
             ),
             snapshot_bytes: AtomicU64::new(rec.snapshot_bytes.unwrap_or(0)),
             retired: AtomicBool::new(false),
@@ -469,7 +471,36 @@ impl Node {
         }
         self.metrics.events_pending.set(self.registry.pending_events()? as i64);
         self.publish_pending();
+        self.take_bundle_prints();
         Ok(())
+    }
+
+    /// Fingerprint the bundle of every revision that serves, on a thread of its own,
+    /// so the first cold start of each after a restart finds it taken (issue #35).
+    fn take_bundle_prints(&self) {
+        let revs: Vec<Arc<Revision>> = self
+            .functions_map()
+            .values()
+            .flat_map(|f| {
+                let st = f.lock();
+                st.active.iter().chain(st.versions.values().map(|p| &p.rev)).filter(|r| r.boot.runtime.snapshots()).cloned().collect::<Vec<_>>()
+            })
+            .collect();
+        if revs.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new().name("thaw-bundle-prints".into()).spawn(move || {
+            let t0 = Instant::now();
+            for r in &revs {
+                if let Err(e) = r.snapshot.bundle.take() {
+                    warn!(revision = r.id, error = %e, "cannot fingerprint a revision's bundle; its snapshot will not open");
+                }
+            }
+            debug!(revisions = revs.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "bundles fingerprinted");
+        });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start fingerprinting bundles; each is fingerprinted when first opened");
+        }
     }
 
     fn functions_map(&self) -> MutexGuard<'_, HashMap<String, Arc<Function>>> {
@@ -979,7 +1010,10 @@ impl Node {
             if st.settings.reserved_concurrency.is_some_and(|r| st.busy >= r as usize) {
                 return Err(InvokeError::Throttled { reason: "ReservedFunctionConcurrentInvocationLimitExceeded" });
             }
-            if let Some(idle) = st.idle.iter().rposition(|i| Arc::ptr_eq(&i.rev, &rev)).map(|at| st.idle.remove(at)) {
+            // A custom runtime's version is in its bootstrap's environment from its boot
+            // on: its warm instances serve that version only. A shim takes it per call.
+            let fits = |i: &Idle| Arc::ptr_eq(&i.rev, &rev) && (rev.boot.runtime.snapshots() || i.inst.function_version() == version_label(version));
+            if let Some(idle) = st.idle.iter().rposition(fits).map(|at| st.idle.remove(at)) {
                 st.busy += 1;
                 st.counters.starts_warm += 1;
                 drop(st);
@@ -1019,7 +1053,7 @@ impl Node {
         let job_rev = rev.clone();
         let started = self
             .instance_workers
-            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, &arn, isolate) })
+            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, &arn, version, isolate) })
             .await;
         let start_ms = t0.elapsed().as_secs_f64() * 1e3;
         let failure = match started {
@@ -1071,13 +1105,13 @@ impl Node {
     /// Runs as its own task, so a caller that goes away (client disconnect) cannot
     /// strand an instance or its slot half-way through.
     pub async fn invoke(self: &Arc<Self>, name: &str, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
-        self.invoke_version(name, None, request_id, payload).await
+        self.invoke_version(name, InvokeTarget::latest(), request_id, payload).await
     }
 
-    /// [`Node::invoke`] of a published version (`None`: $LATEST).
-    pub async fn invoke_version(self: &Arc<Self>, name: &str, version: Option<u64>, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
+    /// [`Node::invoke`] of the version `target` names, reporting the qualifier it was called with.
+    pub async fn invoke_version(self: &Arc<Self>, name: &str, target: InvokeTarget, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
         let (node, name, rid) = (self.clone(), name.to_string(), request_id.to_string());
-        match tokio::spawn(async move { node.invoke_inner(&name, version, &rid, payload).await }).await {
+        match tokio::spawn(async move { node.invoke_inner(&name, target, &rid, payload).await }).await {
             Ok(r) => r,
             Err(e) => Err(InvokeError::Start {
                 function: request_id.to_string(),
@@ -1086,8 +1120,9 @@ impl Node {
         }
     }
 
-    async fn invoke_inner(&self, name: &str, version: Option<u64>, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
+    async fn invoke_inner(&self, name: &str, target: InvokeTarget, request_id: &str, payload: String) -> Result<Invocation, InvokeError> {
         let f = self.function(name).ok_or_else(|| InvokeError::NotFound(self.arn(name)))?;
+        let version = target.version;
         let (timeout_s, memory_mb) = {
             let st = f.lock();
             match version.and_then(|v| st.versions.get(&v)) {
@@ -1095,7 +1130,10 @@ impl Node {
                 None => (st.rec.timeout_s, st.rec.memory_mb),
             }
         };
-        let lease = self.acquire(&f, version).await?;
+        let mut lease = self.acquire(&f, version).await?;
+        // Per call, never from the image: versions share snapshots and warm instances.
+        lease.inst.set_function_version(&target.version_label());
+        lease.inst.set_function_arn(&target.invoked_arn(&self.arn(name)));
         let rid = request_id.to_string();
         let timeout = Duration::from_secs(timeout_s);
         let freeze = self.cfg.freeze_idle;
@@ -1351,8 +1389,43 @@ impl Node {
     }
 }
 
+/// What an invocation runs and how it was named: the version (`None`: $LATEST) and
+/// the qualifier the caller used (`None`: an unqualified call), which the function sees
+/// in `context.function_version`, `AWS_LAMBDA_FUNCTION_VERSION` and
+/// `context.invoked_function_arn`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InvokeTarget {
+    pub version: Option<u64>,
+    pub qualifier: Option<String>,
+}
+
+impl InvokeTarget {
+    /// An unqualified call: $LATEST, the unqualified ARN.
+    pub fn latest() -> InvokeTarget {
+        InvokeTarget::default()
+    }
+
+    /// "$LATEST" or the version's number.
+    pub fn version_label(&self) -> String {
+        version_label(self.version)
+    }
+
+    /// The ARN the caller invoked: `base` with the qualifier it used, if any.
+    pub fn invoked_arn(&self, base: &str) -> String {
+        match &self.qualifier {
+            Some(q) => format!("{base}:{q}"),
+            None => base.to_string(),
+        }
+    }
+}
+
+/// Lambda's name of a version (`None`: $LATEST).
+pub fn version_label(version: Option<u64>) -> String {
+    version.map_or_else(|| thaw_runtime::LATEST_VERSION.to_string(), |v| v.to_string())
+}
+
 /// Restore an instance (falling back to a cold boot). Runs on an instance worker.
-fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, isolate: bool) -> (Result<Instance, InstanceError>, bool) {
+fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, version: Option<u64>, isolate: bool) -> (Result<Instance, InstanceError>, bool) {
     let snap = if rev.boot.runtime.snapshots() { Some(rev.loaded()) } else { None };
     match snap {
         None => {}
@@ -1369,7 +1442,9 @@ fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, isolate
         }
         Some(Err(e)) => warn!(function = name, revision = rev.id, error = %e, "snapshot unavailable; falling back to a cold boot"),
     }
-    let r = Instance::boot(&rev.boot).map(|mut i| {
+    let mut boot = rev.boot.clone();
+    boot.function_version = version_label(version);
+    let r = Instance::boot(&boot).map(|mut i| {
         i.set_function_name(name);
         i.set_function_arn(arn);
         i

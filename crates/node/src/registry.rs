@@ -69,8 +69,10 @@ pub struct FunctionRecord {
 pub struct FunctionSettings {
     pub reserved_concurrency: Option<u32>,
     pub tags: BTreeMap<String, String>,
-    /// The function URL, if one was created (CreateFunctionUrlConfig).
+    /// The function URL of $LATEST, if one was created (CreateFunctionUrlConfig).
     pub url: Option<UrlConfig>,
+    /// The function URLs of aliases (CreateFunctionUrlConfig with an alias qualifier).
+    pub alias_urls: BTreeMap<String, UrlConfig>,
     /// `SnapStart.ApplyOn` as the user set it (`None`: never set, reported "None").
     /// Thaw snapshots every version whatever it says.
     pub snap_start: Option<String>,
@@ -95,6 +97,14 @@ pub const ISOLATION_TAG: &str = "thaw:isolation";
 impl FunctionSettings {
     pub fn isolation(&self) -> bool {
         self.tags.get(ISOLATION_TAG).is_some_and(|v| v == "invocation")
+    }
+
+    /// The URL of `alias` (`None`: $LATEST's), if it has one.
+    pub fn url_of(&self, alias: Option<&str>) -> Option<&UrlConfig> {
+        match alias {
+            None => self.url.as_ref(),
+            Some(a) => self.alias_urls.get(a),
+        }
     }
 }
 
@@ -154,6 +164,9 @@ pub struct EventRecord {
     pub function: String,
     /// The published version to run (None: $LATEST), resolved when the event was queued.
     pub version: Option<u64>,
+    /// The qualifier the event was sent with (an alias, a version, or none), which the
+    /// function sees in its invoked ARN.
+    pub qualifier: Option<String>,
     pub payload: Vec<u8>,
     pub attempts: u32,
     pub next_attempt_ms: i64,
@@ -206,6 +219,7 @@ CREATE TABLE IF NOT EXISTS function_settings (
     reserved_concurrency INTEGER,
     tags_json TEXT NOT NULL,
     url_json TEXT,
+    alias_urls_json TEXT NOT NULL DEFAULT '{}',
     snap_start TEXT
 );
 CREATE TABLE IF NOT EXISTS versions (
@@ -244,7 +258,8 @@ CREATE TABLE IF NOT EXISTS events (
     payload BLOB NOT NULL,
     attempts INTEGER NOT NULL,
     next_attempt_ms INTEGER NOT NULL,
-    version INTEGER
+    version INTEGER,
+    qualifier TEXT
 );
 CREATE INDEX IF NOT EXISTS events_due ON events(next_attempt_ms);
 ";
@@ -368,9 +383,11 @@ impl Registry {
         for (table, column, ddl) in [
             ("revisions", "runtime", "ALTER TABLE revisions ADD COLUMN runtime TEXT NOT NULL DEFAULT 'python3.12';"),
             ("function_settings", "url_json", "ALTER TABLE function_settings ADD COLUMN url_json TEXT;"),
+            ("function_settings", "alias_urls_json", "ALTER TABLE function_settings ADD COLUMN alias_urls_json TEXT NOT NULL DEFAULT '{}';"),
             ("function_settings", "snap_start", "ALTER TABLE function_settings ADD COLUMN snap_start TEXT;"),
             ("revisions", "snapshot_id", "ALTER TABLE revisions ADD COLUMN snapshot_id TEXT;"),
             ("events", "version", "ALTER TABLE events ADD COLUMN version INTEGER;"),
+            ("events", "qualifier", "ALTER TABLE events ADD COLUMN qualifier TEXT;"),
             ("functions", "layers_json", "ALTER TABLE functions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
             ("revisions", "layers_json", "ALTER TABLE revisions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
         ] {
@@ -487,27 +504,32 @@ impl Registry {
     /// A function's settings outside its snapshot (defaults if none were stored).
     pub fn get_settings(&self, name: &str) -> Result<FunctionSettings, RegistryError> {
         let c = self.conn();
-        type Row = (Option<u32>, String, Option<String>, Option<String>);
+        type Row = (Option<u32>, String, Option<String>, Option<String>, String);
         let row: Option<Row> = c
-            .query_row("SELECT reserved_concurrency, tags_json, url_json, snap_start FROM function_settings WHERE name=?1", [name], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })
+            .query_row(
+                "SELECT reserved_concurrency, tags_json, url_json, snap_start, alias_urls_json FROM function_settings WHERE name=?1",
+                [name],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
             .optional()
             .map_err(q("get settings"))?;
-        let Some((reserved_concurrency, tags, url, snap_start)) = row else { return Ok(FunctionSettings::default()) };
+        let Some((reserved_concurrency, tags, url, snap_start, alias_urls)) = row else { return Ok(FunctionSettings::default()) };
         let corrupt = |what: &str, e: serde_json::Error| RegistryError::Corrupt { what: format!("{what} of {name}"), detail: e.to_string() };
         let tags = serde_json::from_str(&tags).map_err(|e| corrupt("tags", e))?;
         let url = url.map(|u| serde_json::from_str(&u)).transpose().map_err(|e| corrupt("URL config", e))?;
-        Ok(FunctionSettings { reserved_concurrency, tags, url, snap_start })
+        let alias_urls = serde_json::from_str(&alias_urls).map_err(|e| corrupt("alias URL configs", e))?;
+        Ok(FunctionSettings { reserved_concurrency, tags, url, alias_urls, snap_start })
     }
 
     pub fn put_settings(&self, name: &str, s: &FunctionSettings) -> Result<(), RegistryError> {
         let tags = serde_json::to_string(&s.tags).expect("a string map serializes");
         let url = s.url.as_ref().map(|u| serde_json::to_string(u).expect("a URL config serializes"));
+        let alias_urls = serde_json::to_string(&s.alias_urls).expect("URL configs serialize");
         self.conn()
             .execute(
-                "INSERT OR REPLACE INTO function_settings (name, reserved_concurrency, tags_json, url_json, snap_start) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![name, s.reserved_concurrency, tags, url, s.snap_start],
+                "INSERT OR REPLACE INTO function_settings (name, reserved_concurrency, tags_json, url_json, snap_start, alias_urls_json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![name, s.reserved_concurrency, tags, url, s.snap_start, alias_urls],
             )
             .map_err(q("put settings"))?;
         Ok(())
@@ -694,8 +716,8 @@ impl Registry {
     pub fn enqueue_event(&self, e: &EventRecord) -> Result<(), RegistryError> {
         self.conn()
             .execute(
-                "INSERT INTO events (id, function, payload, attempts, next_attempt_ms, version) VALUES (?1,?2,?3,?4,?5,?6)",
-                params![e.id, e.function, e.payload, e.attempts, e.next_attempt_ms, e.version],
+                "INSERT INTO events (id, function, payload, attempts, next_attempt_ms, version, qualifier) VALUES (?1,?2,?3,?4,?5,?6,?7)",
+                params![e.id, e.function, e.payload, e.attempts, e.next_attempt_ms, e.version, e.qualifier],
             )
             .map_err(q("enqueue event"))?;
         Ok(())
@@ -706,7 +728,7 @@ impl Registry {
         let c = self.conn();
         let mut st = c
             .prepare(
-                "SELECT id, function, payload, attempts, next_attempt_ms, version FROM events WHERE next_attempt_ms <= ?1 \
+                "SELECT id, function, payload, attempts, next_attempt_ms, version, qualifier FROM events WHERE next_attempt_ms <= ?1 \
                  ORDER BY next_attempt_ms LIMIT ?2",
             )
             .map_err(q("due events"))?;
@@ -719,6 +741,7 @@ impl Registry {
                     attempts: r.get(3)?,
                     next_attempt_ms: r.get(4)?,
                     version: r.get(5)?,
+                    qualifier: r.get(6)?,
                 })
             })
             .map_err(q("due events"))?;
@@ -842,7 +865,7 @@ mod tests {
         assert_eq!((got.status.as_str(), got.snapshot_bytes, got.runtime.as_str()), ("ready", Some(4096), "java17"));
         assert_eq!(got.layers, rev.layers);
         assert_eq!(reg.other_revisions("f", &[b]).unwrap(), vec![(a, PathBuf::from("/tmp/r1"))]);
-        reg.enqueue_event(&EventRecord { id: "e".into(), function: "f".into(), version: Some(3), payload: b"{}".to_vec(), attempts: 0, next_attempt_ms: 5 })
+        reg.enqueue_event(&EventRecord { id: "e".into(), function: "f".into(), version: Some(3), qualifier: Some("live".into()), payload: b"{}".to_vec(), attempts: 0, next_attempt_ms: 5 })
             .unwrap();
         let dirs = reg.delete_function("f").unwrap().unwrap();
         assert_eq!(dirs.len(), 2);
@@ -853,16 +876,20 @@ mod tests {
     #[test]
     fn events_queue() {
         let reg = Registry::open_in_memory().unwrap();
-        for (id, t, version) in [("late", 100, None), ("early", 10, Some(2))] {
-            reg.enqueue_event(&EventRecord { id: id.into(), function: "f".into(), version, payload: b"1".to_vec(), attempts: 0, next_attempt_ms: t })
+        for (id, t, version, q) in [("late", 100, None, None), ("early", 10, Some(2), Some("live"))] {
+            reg.enqueue_event(&EventRecord { id: id.into(), function: "f".into(), version, qualifier: q.map(String::from), payload: b"1".to_vec(), attempts: 0, next_attempt_ms: t })
                 .unwrap();
         }
         assert_eq!(reg.next_event_ms().unwrap(), Some(10));
         let due: Vec<_> = reg.due_events(50, 10).unwrap().into_iter().map(|e| e.id).collect();
         assert_eq!(due, ["early"]);
         reg.reschedule_event("early", 1, 200).unwrap();
-        let due: Vec<_> = reg.due_events(1000, 10).unwrap().into_iter().map(|e| (e.id, e.attempts, e.version)).collect();
-        assert_eq!(due, [("late".to_string(), 0, None), ("early".to_string(), 1, Some(2))], "the version is kept");
+        let due: Vec<_> = reg.due_events(1000, 10).unwrap().into_iter().map(|e| (e.id, e.attempts, e.version, e.qualifier)).collect();
+        assert_eq!(
+            due,
+            [("late".to_string(), 0, None, None), ("early".to_string(), 1, Some(2), Some("live".to_string()))],
+            "the version and qualifier are kept"
+        );
         reg.delete_event("late").unwrap();
         assert_eq!(reg.pending_events().unwrap(), 1);
     }
@@ -908,7 +935,13 @@ mod tests {
         reg.insert_function(&func("s")).unwrap();
         assert_eq!(reg.get_settings("s").unwrap(), FunctionSettings::default());
         let url = UrlConfig { auth_type: "NONE".into(), cors: None, creation_time: "t".into(), last_modified_time: "t".into() };
-        let set = FunctionSettings { reserved_concurrency: Some(3), tags: BTreeMap::from([("team".to_string(), "a".to_string())]), url: Some(url), snap_start: Some("PublishedVersions".into()) };
+        let set = FunctionSettings {
+            reserved_concurrency: Some(3),
+            tags: BTreeMap::from([("team".to_string(), "a".to_string())]),
+            url: Some(url.clone()),
+            alias_urls: BTreeMap::from([("live".to_string(), UrlConfig { auth_type: "AWS_IAM".into(), ..url })]),
+            snap_start: Some("PublishedVersions".into()),
+        };
         reg.put_settings("s", &set).unwrap();
         assert_eq!(reg.get_settings("s").unwrap(), set);
         reg.delete_function("s").unwrap();

@@ -59,6 +59,10 @@ pub struct InvokeRequest {
     pub function_version: String,
     pub memory_limit_mb: u64,
     pub invoked_function_arn: String,
+    /// The execution environment's log stream (`context.log_stream_name`); none: the
+    /// shim's environment says.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub log_stream_name: String,
     /// Echoed by the shim in its reply (see the module documentation).
     pub nonce: String,
 }
@@ -83,9 +87,10 @@ impl InvokeRequest {
             payload,
             deadline_ms: (now + timeout).as_millis() as u64,
             function_name: function_name.to_string(),
-            function_version: "$LATEST".into(),
+            function_version: crate::runtimes::LATEST_VERSION.into(),
             memory_limit_mb: memory_mb,
             invoked_function_arn: format!("arn:aws:lambda:local:000000000000:function:{function_name}"),
+            log_stream_name: String::new(),
             nonce: new_nonce(),
         }
     }

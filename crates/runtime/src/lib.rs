@@ -11,4 +11,4 @@ pub mod channel;
 pub mod runtimes;
 
 pub use channel::{Channel, ChannelError, FunctionError, InvokeOutcome, InvokeRequest};
-pub use runtimes::{Runtime, RuntimeError};
+pub use runtimes::{Runtime, RuntimeError, LATEST_VERSION};

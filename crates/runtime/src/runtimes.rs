@@ -148,8 +148,9 @@ impl Runtime {
         }
     }
 
-    /// The complete environment of the shim (Lambda's variable names).
-    pub fn env(&self, handler: &str, function_name: &str, memory_mb: u64, user: &[(String, String)]) -> Vec<(String, String)> {
+    /// The complete environment of the shim (Lambda's variable names). `version` is
+    /// [`LATEST_VERSION`] or a published version's number.
+    pub fn env(&self, handler: &str, function_name: &str, version: &str, memory_mb: u64, user: &[(String, String)]) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
             ("LANG".into(), "C.UTF-8".into()),
@@ -159,7 +160,7 @@ impl Runtime {
             ("LAMBDA_RUNTIME_DIR".into(), "/var/runtime".into()),
             ("_HANDLER".into(), handler.into()),
             ("AWS_LAMBDA_FUNCTION_NAME".into(), function_name.into()),
-            ("AWS_LAMBDA_FUNCTION_VERSION".into(), "$LATEST".into()),
+            ("AWS_LAMBDA_FUNCTION_VERSION".into(), version.into()),
             ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE".into(), memory_mb.to_string()),
             ("AWS_REGION".into(), "local".into()),
         ];
@@ -212,6 +213,9 @@ pub fn java_runtime_jar() -> PathBuf {
 const PROVIDED_BRIDGE_SCRIPT: &str = "#!/bin/sh\nexec /usr/bin/python3 -I -S \"${0%/*}/bridge.py\"\n";
 /// Shim files installed executable.
 const EXECUTABLES: &[&str] = &["provided/bridge"];
+/// The version an unqualified call runs, as Lambda names it.
+pub const LATEST_VERSION: &str = "$LATEST";
+
 /// The native custom-runtime bridge's name beside the running program.
 pub const NATIVE_BRIDGE: &str = "thaw-runtime-bridge";
 
@@ -356,7 +360,7 @@ mod tests {
             assert!(Runtime::Provided.check_handler(bad).is_err(), "{bad}");
         }
         assert_eq!(Runtime::Provided.argv(), vec!["/var/runtime/provided/bridge"]);
-        let env = Runtime::Provided.env("bootstrap", "fn", 128, &[]);
+        let env = Runtime::Provided.env("bootstrap", "fn", LATEST_VERSION, 128, &[]);
         assert!(env.contains(&("AWS_LAMBDA_RUNTIME_API".into(), "127.0.0.1:9001".into())));
         assert_eq!(Runtime::Java17.name(), "java17");
         assert_eq!(Runtime::parse(Runtime::Java17.name()).unwrap(), Runtime::Java17);
@@ -386,21 +390,22 @@ mod tests {
     fn argv_and_env_per_runtime() {
         assert_eq!(Runtime::Nodejs20.argv(), vec!["/bin/sh", "/var/runtime/nodejs/bootstrap.sh"]);
         assert_eq!(Runtime::Java17.argv(), vec!["/bin/sh", "/var/runtime/java/bootstrap.sh"]);
-        let env = Runtime::Nodejs20.env("index.handler", "fn", 128, &[]);
+        let env = Runtime::Nodejs20.env("index.handler", "fn", LATEST_VERSION, 128, &[]);
         let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.clone());
         assert_eq!(get("NODE_OPTIONS").as_deref(), Some(""));
         assert_eq!(get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE").as_deref(), Some("128"));
         assert_eq!(get("PYTHONUNBUFFERED"), None);
-        let env = Runtime::Java17.env("a.B::c", "fn", 256, &[("JAVA_TOOL_OPTIONS".into(), "-Dx=1".into())]);
+        let env = Runtime::Java17.env("a.B::c", "fn", "3", 256, &[("JAVA_TOOL_OPTIONS".into(), "-Dx=1".into())]);
         let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.clone());
         assert_eq!(get("_HANDLER").as_deref(), Some("a.B::c"));
         assert_eq!(get("JAVA_TOOL_OPTIONS").as_deref(), Some("-Dx=1"));
         assert_eq!(get("AWS_EXECUTION_ENV").as_deref(), Some("AWS_Lambda_java17"));
+        assert_eq!(get("AWS_LAMBDA_FUNCTION_VERSION").as_deref(), Some("3"));
     }
 
     #[test]
     fn env_is_complete_and_user_overrides() {
-        let env = Runtime::Python3.env("h.handler", "fn", 256, &[("TZ".into(), "UTC".into()), ("X".into(), "1".into())]);
+        let env = Runtime::Python3.env("h.handler", "fn", LATEST_VERSION, 256, &[("TZ".into(), "UTC".into()), ("X".into(), "1".into())]);
         let get = |k: &str| env.iter().find(|(ek, _)| ek == k).map(|(_, v)| v.as_str());
         assert_eq!(get("_HANDLER"), Some("h.handler"));
         assert_eq!(get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE"), Some("256"));

@@ -90,6 +90,12 @@ enum SnapshotCmd {
         no_base: bool,
     },
     /// Restore an instance from SNAPDIR and invoke it.
+    ///
+    /// The function's bundle must be the one captured: it is checked beside the restore
+    /// (a walk of its files' metadata), and the restored process is not told it was
+    /// restored, nor invoked, before the check passed; a changed bundle fails with exit
+    /// code 2. THAW_CODE_CHECK=before checks before the restore starts; =unchecked skips
+    /// the check (only to measure what it costs).
     Restore {
         /// Snapshot directory made by `thaw snapshot create`, or a stored snapshot
         /// s3://BUCKET/PREFIX/ID (fetched into the node cache first; store from AWS_* env).
@@ -425,7 +431,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             let t0 = Instant::now();
             let fetched = store_cmd::resolve(&snapdir, &cli.data_dir, cache_max_bytes)?;
-            let mut snap = LoadedSnapshot::open_with(fetched.dir(), share_memory)?;
+            let check = thaw_engine::fingerprint::CodeCheck::from_env().map_err(anyhow::Error::msg)?;
+            let mut snap = LoadedSnapshot::open_checked(fetched.dir(), share_memory, check)?;
             snap.reprofile_threshold = reprofile_threshold;
             snap.set_track_writes(reset);
             snap.merge_misses = !no_ws_merge;

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{authenticated_body, decode, function_name, json_response, parse_json, segments, Action, ApiError, App, MAX_PAYLOAD};
-use crate::node::{InvokeError, Node, Outcome};
+use crate::node::{InvokeError, InvokeTarget, Node, Outcome, LATEST};
 use crate::registry::UrlConfig;
 
 /// Paths of function URLs on the node.
@@ -46,10 +46,18 @@ struct UrlInput {
     invoke_mode: Option<String>,
 }
 
-fn config_json(node: &Node, name: &str, host: &str, u: &UrlConfig) -> Value {
+/// The path segment of a URL: the function's name, with `:alias` for an alias's URL.
+fn url_name(name: &str, alias: Option<&str>) -> String {
+    match alias {
+        None => name.to_string(),
+        Some(a) => format!("{name}:{a}"),
+    }
+}
+
+fn config_json(node: &Node, name: &str, alias: Option<&str>, host: &str, u: &UrlConfig) -> Value {
     let mut v = json!({
-        "FunctionUrl": format!("http://{host}{URL_PREFIX}{name}/"),
-        "FunctionArn": node.arn(name),
+        "FunctionUrl": format!("http://{host}{URL_PREFIX}{}/", url_name(name, alias)),
+        "FunctionArn": node.url_arn(name, alias),
         "AuthType": u.auth_type,
         "CreationTime": u.creation_time,
         "LastModifiedTime": u.last_modified_time,
@@ -61,7 +69,22 @@ fn config_json(node: &Node, name: &str, host: &str, u: &UrlConfig) -> Value {
     v
 }
 
-pub(super) fn dispatch(node: &Node, action: Action, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+/// The function and the alias (`None`: $LATEST) a URL operation names, from the name
+/// (a partial or full ARN may carry the qualifier) or `Qualifier`. A URL belongs to
+/// $LATEST or an alias, never to a version (as in Lambda).
+fn target(n: &str, raw_query: Option<&str>) -> Result<(String, Option<String>), ApiError> {
+    let q = super::query_param(raw_query, "Qualifier");
+    let (name, q) = function_name(n, q.as_deref())?;
+    match q.as_deref() {
+        None | Some("$LATEST") => Ok((name, None)),
+        Some(v) if v.bytes().all(|b| b.is_ascii_digit()) => {
+            Err(ApiError::invalid(format!("A function URL can be configured for $LATEST or an alias, not version {v}.")))
+        }
+        Some(a) => Ok((name, Some(a.to_string()))),
+    }
+}
+
+pub(super) fn dispatch(node: &Node, action: Action, raw_query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_string();
     let input = |body: &[u8]| -> Result<UrlInput, ApiError> {
         let i: UrlInput = parse_json(body)?;
@@ -70,32 +93,42 @@ pub(super) fn dispatch(node: &Node, action: Action, headers: &HeaderMap, body: &
         }
         Ok(i)
     };
+    let missing = |name: &str, alias: Option<&str>| {
+        ApiError::not_found(format!("The resource you requested does not exist. (Function URL of {})", node.url_arn(name, alias)))
+    };
     match action {
         Action::CreateFunctionUrlConfig(n) => {
-            let (name, _) = function_name(&n, None)?;
+            let (name, alias) = target(&n, raw_query)?;
             let i = input(body)?;
-            let u = node.put_url(&name, i.auth_type, i.cors, true)?;
-            Ok(json_response(StatusCode::CREATED, &config_json(node, &name, &host, &u)))
+            let u = node.put_url(&name, alias.as_deref(), i.auth_type, i.cors, true)?;
+            Ok(json_response(StatusCode::CREATED, &config_json(node, &name, alias.as_deref(), &host, &u)))
         }
         Action::UpdateFunctionUrlConfig(n) => {
-            let (name, _) = function_name(&n, None)?;
+            let (name, alias) = target(&n, raw_query)?;
             let i = input(body)?;
-            let u = node.put_url(&name, i.auth_type, i.cors, false)?;
-            Ok(json_response(StatusCode::OK, &config_json(node, &name, &host, &u)))
+            let u = node.put_url(&name, alias.as_deref(), i.auth_type, i.cors, false)?;
+            Ok(json_response(StatusCode::OK, &config_json(node, &name, alias.as_deref(), &host, &u)))
         }
         Action::GetFunctionUrlConfig(n) => {
-            let (name, _) = function_name(&n, None)?;
-            let u = node.settings(&name)?.url.ok_or_else(|| ApiError::not_found(format!("The resource you requested does not exist. (Function URL of {})", node.arn(&name))))?;
-            Ok(json_response(StatusCode::OK, &config_json(node, &name, &host, &u)))
+            let (name, alias) = target(&n, raw_query)?;
+            let s = node.settings(&name)?;
+            let u = s.url_of(alias.as_deref()).ok_or_else(|| missing(&name, alias.as_deref()))?;
+            Ok(json_response(StatusCode::OK, &config_json(node, &name, alias.as_deref(), &host, u)))
         }
         Action::DeleteFunctionUrlConfig(n) => {
-            let (name, _) = function_name(&n, None)?;
-            node.delete_url(&name)?;
+            let (name, alias) = target(&n, raw_query)?;
+            node.delete_url(&name, alias.as_deref())?;
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::ListFunctionUrlConfigs(n) => {
             let (name, _) = function_name(&n, None)?;
-            let urls: Vec<Value> = node.settings(&name)?.url.iter().map(|u| config_json(node, &name, &host, u)).collect();
+            let s = node.settings(&name)?;
+            let urls: Vec<Value> = s
+                .url
+                .iter()
+                .map(|u| config_json(node, &name, None, &host, u))
+                .chain(s.alias_urls.iter().map(|(a, u)| config_json(node, &name, Some(a), &host, u)))
+                .collect();
             Ok(json_response(StatusCode::OK, &json!({"FunctionUrlConfigs": urls})))
         }
         other => Err(ApiError::service(format!("{other:?} is not a function URL operation"))),
@@ -247,9 +280,13 @@ pub(super) async fn serve(app: &App, parts: axum::http::request::Parts, body: Bo
     let path = parts.uri.path().to_string();
     let rest = &path[URL_PREFIX.len()..];
     let (raw_name, sub) = rest.split_once('/').map(|(n, s)| (n, format!("/{s}"))).unwrap_or((rest, "/".to_string()));
-    let name = decode(raw_name);
+    let decoded = decode(raw_name);
+    let (name, alias) = match decoded.split_once(':') {
+        Some((n, a)) => (n.to_string(), Some(a.to_string())),
+        None => (decoded, None),
+    };
     let node = &app.node;
-    let Some(url) = node.settings(&name).ok().and_then(|s| s.url) else {
+    let Some(url) = node.settings(&name).ok().and_then(|s| s.url_of(alias.as_deref()).cloned()) else {
         return plain(StatusCode::NOT_FOUND, "Not Found");
     };
     let origin = parts.headers.get("origin").and_then(|o| o.to_str().ok()).map(str::to_string);
@@ -281,7 +318,15 @@ pub(super) async fn serve(app: &App, parts: axum::http::request::Parts, body: Bo
         }
     };
     let ev = event(&name, &parts, &sub, &body, &peer, request_id);
-    let r = match node.invoke(&name, request_id, ev.to_string()).await {
+    // An alias's URL runs the version the alias routes to, and says so to the function.
+    let target = match &alias {
+        None => InvokeTarget::latest(),
+        Some(a) => match node.route_alias(&name, a) {
+            Ok(v) => InvokeTarget { version: Some(v).filter(|v| *v != LATEST), qualifier: Some(a.clone()) },
+            Err(_) => return with_cors(plain(StatusCode::NOT_FOUND, "Not Found")),
+        },
+    };
+    let r = match node.invoke_version(&name, target, request_id, ev.to_string()).await {
         Ok(inv) => match &inv.outcome {
             Outcome::Ok(text) => answer(text),
             Outcome::Error(..) => plain(StatusCode::BAD_GATEWAY, "Internal Server Error"),

@@ -196,7 +196,7 @@ impl Node {
         };
         self.update_alive_gauge();
         let (job_rev, name, arn, paging) = (rev.clone(), f.name.clone(), self.arn(&f.name), self.cfg.paging);
-        let started = self.instance_workers.run(move || start_instance(&job_rev, paging, &name, &arn, false)).await;
+        let started = self.instance_workers.run(move || start_instance(&job_rev, paging, &name, &arn, Some(version), false)).await;
         let mut st = f.lock();
         match started {
             Ok((Ok(inst), _))

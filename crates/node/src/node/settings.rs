@@ -146,21 +146,29 @@ impl Node {
         })
     }
 
-    /// Create (`create`) or update the function's URL configuration.
-    pub fn put_url(&self, name: &str, auth_type: Option<String>, cors: Option<serde_json::Value>, create: bool) -> Result<UrlConfig, SettingsError> {
+    /// Create (`create`) or update the URL configuration of the function's $LATEST
+    /// (`alias` None) or of one of its aliases, which must exist.
+    pub fn put_url(&self, name: &str, alias: Option<&str>, auth_type: Option<String>, cors: Option<serde_json::Value>, create: bool) -> Result<UrlConfig, SettingsError> {
         if let Some(a) = auth_type.as_deref().filter(|a| !["NONE", "AWS_IAM"].contains(a)) {
             return Err(SettingsError::Invalid(format!(
                 "1 validation error detected: Value '{a}' at 'authType' failed to satisfy constraint: Member must satisfy enum value set: [NONE, AWS_IAM]"
             )));
         }
-        let arn = self.arn(name);
+        let arn = self.url_arn(name, alias);
+        if let Some(a) = alias {
+            self.alias(name, a).map_err(|_| SettingsError::NotFound(format!("The resource you requested does not exist. (Alias {a} of {})", self.arn(name))))?;
+        }
         self.with_settings(name, |s| {
             let now = super::timestamp();
-            let url = match (s.url.take(), create) {
+            let old = match alias {
+                None => s.url.take(),
+                Some(a) => s.alias_urls.remove(a),
+            };
+            let url = match (old, create) {
                 (Some(_), true) => {
                     return Err(SettingsError::Conflict(format!(
                         "Failed to create function url config for [functionArn = {arn}]. Error message:  FunctionUrlConfig exists for this Lambda function"
-                    )))
+                    )));
                 }
                 (None, false) => return Err(SettingsError::NotFound(format!("The resource you requested does not exist. (Function URL of {arn})"))),
                 (None, true) => UrlConfig {
@@ -176,17 +184,31 @@ impl Node {
                     last_modified_time: now,
                 },
             };
-            s.url = Some(url.clone());
+            put_back(s, alias, url.clone());
             Ok(url)
         })
     }
 
-    pub fn delete_url(&self, name: &str) -> Result<(), SettingsError> {
-        let arn = self.arn(name);
-        self.with_settings(name, |s| match s.url.take() {
-            Some(_) => Ok(()),
-            None => Err(SettingsError::NotFound(format!("The resource you requested does not exist. (Function URL of {arn})"))),
+    pub fn delete_url(&self, name: &str, alias: Option<&str>) -> Result<(), SettingsError> {
+        let arn = self.url_arn(name, alias);
+        self.with_settings(name, |s| {
+            let gone = match alias {
+                None => s.url.take(),
+                Some(a) => s.alias_urls.remove(a),
+            };
+            match gone {
+                Some(_) => Ok(()),
+                None => Err(SettingsError::NotFound(format!("The resource you requested does not exist. (Function URL of {arn})"))),
+            }
         })
+    }
+
+    /// The ARN a URL invokes: the function's, or its alias's.
+    pub fn url_arn(&self, name: &str, alias: Option<&str>) -> String {
+        match alias {
+            None => self.arn(name),
+            Some(a) => format!("{}:{a}", self.arn(name)),
+        }
     }
 
     pub fn account_settings(&self) -> AccountSettings {
@@ -200,6 +222,16 @@ impl Node {
             code_size_zipped: CODE_SIZE_ZIPPED,
             code_size_unzipped: CODE_SIZE_UNZIPPED,
             total_code_size_limit: TOTAL_CODE_SIZE,
+        }
+    }
+}
+
+/// Store `url` as the URL of `alias` (`None`: $LATEST).
+fn put_back(s: &mut FunctionSettings, alias: Option<&str>, url: UrlConfig) {
+    match alias {
+        None => s.url = Some(url),
+        Some(a) => {
+            s.alias_urls.insert(a.to_string(), url);
         }
     }
 }

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use thaw_engine::fingerprint::{self, CodeCheck};
 use thaw_engine::instance::LoadedSnapshot;
 
 use thaw_store::cache::{self, Cache, CacheError, Handle, Source, SourceError};
@@ -254,6 +255,39 @@ impl OpenSettings {
     }
 }
 
+/// The fingerprint of a revision's files (its code and layers), taken once per node
+/// process. The node writes a revision's directory once, at deploy, under its own
+/// root-only data directory, and never changes it, so the snapshot opened again after
+/// a keep-alive compares fingerprints instead of walking thousands of files after a
+/// cold cache (issue #35). The first open of each revision after the node starts pays
+/// one walk, unless [`BundlePrint::take`] ran before (after a build, and in the
+/// background at start-up).
+pub(super) struct BundlePrint {
+    code_dir: PathBuf,
+    opt_dir: Option<PathBuf>,
+    print: std::sync::OnceLock<Result<String, String>>,
+}
+
+impl BundlePrint {
+    pub(super) fn new(code_dir: PathBuf, opt_dir: Option<PathBuf>) -> BundlePrint {
+        BundlePrint { code_dir, opt_dir, print: std::sync::OnceLock::new() }
+    }
+
+    /// Walk the bundle now if it was not yet (blocks: call from worker threads).
+    pub(super) fn take(&self) -> &Result<String, String> {
+        self.print.get_or_init(|| fingerprint::of_bundle(&self.code_dir, self.opt_dir.as_deref()).map_err(|e| e.to_string()))
+    }
+
+    /// How an open of this revision's snapshot checks the bundle.
+    fn check(&self) -> CodeCheck {
+        match self.take() {
+            Ok(fp) => CodeCheck::Known { code_dir: self.code_dir.clone(), opt_dir: self.opt_dir.clone(), fingerprint: fp.clone() },
+            // Unreadable: the open's own walk says why.
+            Err(_) => CodeCheck::Before,
+        }
+    }
+}
+
 /// How a revision holds its opened snapshot: opened on first use and shared by
 /// its instances; with a store, pinned in the cache while open and closed again
 /// when unused (see the module docs).
@@ -267,6 +301,8 @@ pub(super) struct SnapshotSlot {
     open: OpenSettings,
     /// Modification time of the recorded working set last published (or being published).
     ws_published: Mutex<Option<SystemTime>>,
+    /// What the snapshot's bundle must be.
+    pub(super) bundle: BundlePrint,
 }
 
 enum Slot {
@@ -277,8 +313,9 @@ enum Slot {
 }
 
 impl SnapshotSlot {
-    pub(super) fn new(local_dir: PathBuf, stored: Option<String>, store: Option<Arc<SnapshotStore>>, open: OpenSettings) -> SnapshotSlot {
+    pub(super) fn new(local_dir: PathBuf, stored: Option<String>, store: Option<Arc<SnapshotStore>>, open: OpenSettings, bundle: BundlePrint) -> SnapshotSlot {
         SnapshotSlot {
+            bundle,
             state: Mutex::new(Slot::Closed),
             stored: Mutex::new(stored),
             store,
@@ -310,7 +347,7 @@ impl SnapshotSlot {
         let (snap, pin) = match (&self.store, self.stored_id()) {
             (Some(store), Some(id)) => {
                 let h = store.get(&id).map_err(|e| crate::node::error_chain(&e))?;
-                match LoadedSnapshot::open(h.dir()) {
+                match LoadedSnapshot::open_checked(h.dir(), false, self.bundle.check()) {
                     Ok(s) => (s, Some(h)),
                     Err(e) => {
                         // Verified when fetched, so damaged since: fetch it again next time.
@@ -321,7 +358,7 @@ impl SnapshotSlot {
                 }
             }
             // A layered snapshot's instances share the pages they do not write.
-            _ => match LoadedSnapshot::open_with(&self.local_dir, true) {
+            _ => match LoadedSnapshot::open_checked(&self.local_dir, true, self.bundle.check()) {
                 Ok(s) => (s, None),
                 Err(e) => {
                     let e = crate::node::error_chain(&e);
@@ -356,7 +393,7 @@ impl SnapshotSlot {
         if matches!(*st, Slot::Closed) {
             // Its home is the store now: the local files move into the cache.
             if let Some(h) = store.adopt(&pushed, &self.local_dir) {
-                match LoadedSnapshot::open(h.dir()) {
+                match LoadedSnapshot::open_checked(h.dir(), false, self.bundle.check()) {
                     Ok(s) => *st = Slot::Open { snap: Arc::new(self.open.apply(s)), _pin: Some(h), last_use: Instant::now() },
                     Err(e) => warn!(error = %crate::node::error_chain(&e), "opening a published snapshot"),
                 }

@@ -288,6 +288,10 @@ impl Node {
         if st.aliases.contains_key(alias) {
             self.registry.delete_alias(name, alias)?;
             st.aliases.remove(alias);
+            // Its function URL goes with it (as in Lambda).
+            if st.settings.alias_urls.remove(alias).is_some() {
+                self.registry.put_settings(name, &st.settings)?;
+            }
         }
         Ok(())
     }

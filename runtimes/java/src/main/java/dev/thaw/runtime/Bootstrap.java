@@ -488,6 +488,7 @@ public final class Bootstrap {
     static ObjectNode invoke(Invoker inv, JsonNode msg) {
         JsonNode p = msg.get("payload");
         String payload = p == null || p.isNull() ? null : p.asText();
+        Env.takeIdentity(msg);
         LambdaContext ctx = new LambdaContext(msg);
         try {
             String text = inv.invoke(payload, ctx);
@@ -568,6 +569,11 @@ public final class Bootstrap {
             msg.path("type").asText("");
             LambdaContext ctx = new LambdaContext(msg);
             ctx.getRemainingTimeInMillis();
+            // The per-call environment update's reflection, resolved ahead (sets what is there).
+            String version = System.getenv("AWS_LAMBDA_FUNCTION_VERSION");
+            if (version != null) {
+                Env.set("AWS_LAMBDA_FUNCTION_VERSION", version);
+            }
             ctx.getLogger();
             ObjectNode r = FRAMES.createObjectNode();
             r.put("type", "result");

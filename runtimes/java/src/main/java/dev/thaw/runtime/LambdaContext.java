@@ -28,6 +28,7 @@ final class LambdaContext implements Context {
     private final String functionName;
     private final String functionVersion;
     private final String arn;
+    private final String logStream;
     private final int memory;
     private final long deadlineMs;
 
@@ -36,6 +37,7 @@ final class LambdaContext implements Context {
         functionName = text(msg, "function_name", env("AWS_LAMBDA_FUNCTION_NAME", ""));
         functionVersion = text(msg, "function_version", env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST"));
         arn = msg.path("invoked_function_arn").asText("");
+        logStream = text(msg, "log_stream_name", env("AWS_LAMBDA_LOG_STREAM_NAME", ""));
         JsonNode mem = msg.get("memory_limit_mb");
         int m;
         if (mem != null && mem.canConvertToInt()) {
@@ -74,7 +76,7 @@ final class LambdaContext implements Context {
 
     @Override
     public String getLogStreamName() {
-        return env("AWS_LAMBDA_LOG_STREAM_NAME", "");
+        return logStream;
     }
 
     @Override
