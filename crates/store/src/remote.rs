@@ -141,6 +141,8 @@ pub const CONCURRENCY: usize = 16;
 pub struct Remote {
     pub url: StoreUrl,
     s3: Arc<AmazonS3>,
+    /// The region requests are signed for (CreateBucket names it outside us-east-1).
+    region: String,
 }
 
 impl Remote {
@@ -151,7 +153,7 @@ impl Remote {
         }
         let endpoint = cfg.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
         let region = cfg.region.clone().or_else(|| std::env::var("AWS_REGION").ok()).unwrap_or_else(|| "us-east-1".into());
-        b = b.with_region(region);
+        b = b.with_region(&region);
         if let Some(k) = &cfg.access_key_id {
             b = b.with_access_key_id(k);
         }
@@ -172,7 +174,7 @@ impl Remote {
             detail: format!("cannot configure the S3 client for {url} (set AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)"),
             source: Some(e),
         })?;
-        Ok(Remote { url: url.clone(), s3: Arc::new(s3) })
+        Ok(Remote { url: url.clone(), s3: Arc::new(s3), region })
     }
 
     fn path(&self, key: &str) -> ObjPath {
@@ -256,8 +258,19 @@ impl Remote {
             .signed_url(object_store::signer::Method::PUT, &ObjPath::from(""), Duration::from_secs(60))
             .await
             .map_err(|e| StoreError::Config { detail: format!("signing CreateBucket for {}", self.url.bucket), source: Some(e) })?;
+        // S3 requires a Content-Length on CreateBucket ("411 Length Required"
+        // otherwise), and hyper sends none for an empty body unless told; outside
+        // us-east-1 the body names the region.
+        let body = match self.region.as_str() {
+            "us-east-1" => String::new(),
+            r => format!(
+                "<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><LocationConstraint>{r}</LocationConstraint></CreateBucketConfiguration>"
+            ),
+        };
         let resp = reqwest::Client::new()
             .put(url)
+            .header(reqwest::header::CONTENT_LENGTH, body.len())
+            .body(body)
             .timeout(Duration::from_secs(10))
             .send()
             .await
@@ -305,6 +318,55 @@ mod tests {
         assert_eq!(s.to_string(), format!("s3://snaps/p/{id}"));
         let e = SnapshotUrl::parse("s3://snaps/p/notanid").unwrap_err().to_string();
         assert!(e.contains("the last segment must be a snapshot id"), "{e}");
+    }
+
+    /// What a server sees of CreateBucket: a strict one (AWS S3 itself) answers
+    /// 411 to a PUT without a Content-Length.
+    fn create_bucket_request(region: &str) -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&got).contains("\r\n\r\n") {
+                let n = c.read(&mut buf).unwrap();
+                assert!(n > 0, "the client closed before the end of the request head");
+                got.extend_from_slice(&buf[..n]);
+            }
+            let head = String::from_utf8_lossy(&got).to_lowercase();
+            let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |v| v.trim().parse().unwrap());
+            let body_at = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            while got.len() < body_at + len {
+                let n = c.read(&mut buf).unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").unwrap();
+            String::from_utf8_lossy(&got).into_owned()
+        });
+        let cfg = StoreConfig {
+            endpoint: Some(format!("http://127.0.0.1:{port}")),
+            region: Some(region.into()),
+            access_key_id: Some("k".into()),
+            secret_access_key: Some("s".into()),
+            timeout: Some(Duration::from_secs(5)),
+        };
+        let remote = Remote::new(&StoreUrl::parse("s3://strict-bucket").unwrap(), &cfg).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(remote.ensure_bucket()).unwrap();
+        server.join().unwrap()
+    }
+
+    #[test]
+    fn create_bucket_carries_a_content_length_and_its_region() {
+        let req = create_bucket_request("us-east-1");
+        assert!(req.starts_with("PUT /strict-bucket"), "{req}");
+        assert!(req.to_lowercase().contains("\r\ncontent-length: 0\r\n"), "{req}");
+        let req = create_bucket_request("eu-west-3");
+        assert!(req.ends_with("<LocationConstraint>eu-west-3</LocationConstraint></CreateBucketConfiguration>"), "{req}");
+        let body_len = req.split("\r\n\r\n").nth(1).unwrap().len();
+        assert!(req.to_lowercase().contains(&format!("\r\ncontent-length: {body_len}\r\n")), "{req}");
     }
 
     #[test]
