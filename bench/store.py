@@ -8,6 +8,8 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   local         `thaw snapshot restore DIR` (REAP prefetch; page cache of the image evicted)
   remote-cold   `thaw snapshot restore s3://...` with an empty node cache (fetch, verify, restore)
   remote-warm   the same with the snapshot in the node cache (page cache of the entry evicted)
+  remote-cold-v1  remote-cold of the same snapshot pushed in the format before packs
+                (THAW_STORE_FORMAT=1: one object per 8 KiB chunk), the baseline of issue #28
 Time to first response is the restore's `total_ms` (it includes the fetch); the
 remote modes also report bytes fetched and time spent fetching.
 
@@ -37,7 +39,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm")
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-v1")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
 
@@ -121,6 +123,10 @@ def bench_function(thaw, fn, store, runs, tmp):
     push = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}", "--create-bucket"],
                           env=env, check=True, capture_output=True, text=True)
     url = push.stdout.strip().splitlines()[-1]
+    push_v1 = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-v1"],
+                             env=dict(env, THAW_STORE_FORMAT="1"), check=True, capture_output=True, text=True)
+    url_v1 = push_v1.stdout.strip().splitlines()[-1]
+    pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2])}
     cache = data / "snapshot-cache" / "entries"
     rows = []
     for i in range(runs):
@@ -131,20 +137,21 @@ def bench_function(thaw, fn, store, runs, tmp):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode == "remote-cold":
+            elif mode in ("remote-cold", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
-                st = run_thaw(thaw, env, ["snapshot", "restore", url], stats)
+                st = run_thaw(thaw, env, ["snapshot", "restore", url if mode == "remote-cold" else url_v1], stats)
                 assert st["store"]["cache_hit"] is False, st["store"]
             else:
-                if not cache.is_dir() or not any(cache.iterdir()):
+                if not (cache / url.rsplit("/", 1)[1]).is_dir():
                     run_thaw(thaw, env, ["snapshot", "restore", url], stats)
                 evict_page_cache(str(cache))
                 st = run_thaw(thaw, env, ["snapshot", "restore", url], stats)
                 assert st["store"]["cache_hit"] is True, st["store"]
             s = st.get("store") or {}
             rows.append({"function": fn, "link": store.link, "mode": mode, "run": i, "total_ms": st["total_ms"],
-                         "paging": st["mode"], "bytes_fetched": s.get("bytes_fetched", 0),
-                         "fetch_ms": s.get("fetch_ms", 0.0) if mode.startswith("remote") else 0.0})
+                         "paging": st["mode"], "bytes_fetched": s.get("bytes_fetched", 0), "requests": s.get("requests", 0),
+                         "fetch_ms": s.get("fetch_ms", 0.0) if mode.startswith("remote") else 0.0,
+                         "push": pushes["v1" if mode == "remote-cold-v1" else "packs"] if mode.startswith("remote") else None})
     return rows
 
 
@@ -155,6 +162,8 @@ def medians(rows):
     return {k: {"total_ms": statistics.median(x["total_ms"] for x in v),
                 "fetch_ms": statistics.median(x["fetch_ms"] for x in v),
                 "bytes_fetched": statistics.median(x["bytes_fetched"] for x in v),
+                "requests": statistics.median(x.get("requests", 0) for x in v),
+                "push": v[0].get("push"),
                 "paging": v[0]["paging"], "n": len(v)} for k, v in out.items()}
 
 
@@ -202,12 +211,19 @@ def main():
             finally:
                 store.stop()
     med = medians(rows)
-    print(f"{'link':9s} {'function':11s} {'mode':12s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} {'fetch %':>8s} {'MB fetched':>10s}")
+    print(f"{'link':9s} {'function':11s} {'mode':14s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} "
+          f"{'fetch %':>8s} {'MB fetched':>10s} {'requests':>9s}")
     for (link, fn, mode), m in sorted(med.items(), key=lambda kv: (kv[0][0], kv[0][1], MODES.index(kv[0][2]))):
         local = med[(link, fn, "local")]["total_ms"]
         share = 100 * m["fetch_ms"] / m["total_ms"] if m["fetch_ms"] else 0
-        print(f"{link:9s} {fn:11s} {mode:12s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
-              f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f}")
+        print(f"{link:9s} {fn:11s} {mode:14s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
+              f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['requests']:9.0f}")
+    for (link, fn, mode), m in sorted(med.items()):
+        if mode in ("remote-cold", "remote-cold-v1") and m.get("push"):
+            p = m["push"]
+            mbps = p["bytes_uploaded"] / p["seconds"] / 1e6 if p["seconds"] else 0
+            print(f"push {link} {fn} ({'packs' if mode == 'remote-cold' else 'format 1'}): {p['bytes_uploaded'] / 1e6:.2f} MB "
+                  f"in {p['seconds'] * 1e3:.0f} ms ({mbps:.1f} MB/s), {p['requests']} requests")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

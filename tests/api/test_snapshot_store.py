@@ -76,7 +76,8 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     sid = snap["stored"]
     assert sid and re.fullmatch(r"[0-9a-f]{64}", sid), snap
     assert f"fns/snapshots/{sid}.json" in minio.keys(BUCKET, "fns/snapshots/")
-    assert minio.keys(BUCKET, "fns/chunks/"), "the chunks are stored"
+    assert minio.keys(BUCKET, "fns/packs/"), "the chunks are stored, in packs"
+    assert not minio.keys(BUCKET, "fns/chunks/"), "no chunk is an object of its own"
     # The local copy lives in the bounded cache, not in the revision's directory.
     entry = data / "node" / "snapshot-cache" / "entries" / sid
     assert (entry / "state.bin").is_file()
@@ -194,10 +195,10 @@ def test_the_cache_is_bounded(minio, tmp_path):
 def test_a_corrupt_object_is_never_restored_from(minio, tmp_path):
     data = tmp_path / "node"
     sid = deployed_then_evicted(data, minio, "corrupt")
-    # Flip the bytes of one chunk the manifest names (same length, same name).
+    # Flip the bytes of one pack the manifest names (same length, same name).
     manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"corrupt/snapshots/{sid}.json")["Body"].read())
-    sha = next(c["sha256"] for f in manifest["files"] for c in f["chunks"] if c["sha256"])
-    key = f"corrupt/chunks/{sha}"
+    pack = manifest["packs"][0]["name"]
+    key = f"corrupt/packs/{pack}"
     good = minio.s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
     minio.s3().put_object(Bucket=BUCKET, Key=key, Body=bytes(b ^ 0xFF for b in good))
 
@@ -208,7 +209,7 @@ def test_a_corrupt_object_is_never_restored_from(minio, tmp_path):
     assert node.status()["snapshot_store"]["fetch_failures"] == 1
     assert not list((data / "node" / "snapshot-cache" / "entries").iterdir()), "nothing was installed"
     assert node.stop() == 0
-    assert f"chunks/{sha} is corrupt or truncated" in node.log_path.read_text(), "the log names the object"
+    assert f"packs/{pack} is corrupt or truncated" in node.log_path.read_text(), "the log names the object"
 
 
 def test_a_bad_recorded_working_set_is_ignored(minio, tmp_path):
@@ -228,17 +229,17 @@ def test_a_bad_recorded_working_set_is_ignored(minio, tmp_path):
 
 def test_the_node_collects_what_no_snapshot_references(minio, tmp_path):
     """Deleting a function deletes its manifest; the node's collector then deletes its
-    chunks (two runs a grace period apart), and keeps those another snapshot uses."""
+    packs (two runs a grace period apart), and keeps those another snapshot uses."""
     node = store_node(tmp_path / "node", minio, "--store-gc-interval", "1", "--store-gc-grace", "1", prefix="gc")
     client = node.client()
     create(client, "keep", sample_zip("helloworld"))
     keep = node.function_status("keep")["snapshot"]["stored"]
     manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"gc/snapshots/{keep}.json")["Body"].read())
-    kept = {f"gc/chunks/{c['sha256']}" for f in manifest["files"] for c in f["chunks"] if c["sha256"]}
+    kept = {f"gc/packs/{p['name']}" for p in manifest["packs"]}
     create(client, "gone", zip_bytes({"handler.py": "def handler(event, context):\n    return {'gone': True}\n"}))
-    assert set(minio.keys(BUCKET, "gc/chunks/")) > kept
+    assert set(minio.keys(BUCKET, "gc/packs/")) > kept
     client.delete_function(FunctionName="gone")
-    wait_for(lambda: set(minio.keys(BUCKET, "gc/chunks/")) == kept, "the deleted function's chunks to be collected", timeout=60)
+    wait_for(lambda: set(minio.keys(BUCKET, "gc/packs/")) == kept, "the deleted function's packs to be collected", timeout=60)
     assert node.status()["snapshot_store"]["gc_chunks_deleted"] > 0
     _, body = invoke_json(client, "keep", {"name": "kept"})
     assert body == {"message": "hello, kept"}

@@ -25,6 +25,8 @@ pub struct PullReport {
     pub dir: PathBuf,
     /// Bytes of the snapshot's stored files.
     pub snapshot_bytes: u64,
+    /// Requests for the snapshot's chunks (ranged reads of packs, or one per chunk
+    /// of a format 1 snapshot); the manifest's is not counted.
     pub chunks_fetched: usize,
     /// Bytes read from the store (manifest + chunks).
     pub bytes_fetched: u64,
@@ -44,7 +46,8 @@ pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
 }
 
 /// Fetch every file of `m` into the existing empty directory `dir` and rebuild
-/// its derived files. Returns (chunks, bytes) fetched.
+/// its derived files. Returns (requests, bytes) made and read: a few ranged
+/// reads of packs (format 2), or one read per chunk (format 1).
 pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<(usize, u64)> {
     let mut files = HashMap::new();
     let mut wanted: HashMap<String, (u64, Vec<(usize, u64)>)> = HashMap::new();
@@ -60,6 +63,14 @@ pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn
         }
     }
     let files = &files;
+    if m.packed() {
+        let (requests, bytes) = crate::pack::download(remote, m, dir, files, progress).await?;
+        for (fi, f) in files {
+            f.sync_all().map_err(StoreError::local(dir, format!("syncing {}", m.files[*fi].name)))?;
+        }
+        derive(m, dir)?;
+        return Ok((requests, bytes));
+    }
     let fetched: Vec<u64> = futures::stream::iter(wanted)
         .map(|(sha, (len, places))| async move {
             let data = remote.get_chunk(&sha, len).await?;

@@ -1,6 +1,7 @@
-//! Garbage collection of chunks no manifest references.
+//! Garbage collection of packs (and format 1 chunks) no manifest references.
+//! "Object" below is either: `packs/<sha>` or `chunks/<sha>`.
 //!
-//! Two phases, so that a publish in flight never loses a chunk:
+//! Two phases, so that a publish in flight never loses an object:
 //! 1. A run *condemns* the unreferenced chunks older than the grace period and
 //!    records them with the time of the listing in `gc/condemned.json`.
 //!    Chunks an in-flight publisher uploaded are younger than the grace
@@ -31,23 +32,28 @@ pub const CONDEMNED_KEY: &str = "gc/condemned.json";
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Condemned {
     at_unix_ms: u64,
+    /// Keys (`packs/<sha>`, `chunks/<sha>`); a bare hash, as written before packs, is a chunk.
     chunks: Vec<String>,
 }
+
+/// The collected prefixes.
+const COLLECTED: [&str; 2] = ["chunks", "packs"];
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GcReport {
     pub manifests: usize,
+    /// Objects (packs and format 1 chunks) in the store.
     pub chunks: usize,
     pub referenced_chunks: usize,
-    /// Chunks deleted by this run (condemned by an earlier one).
+    /// Objects deleted by this run (condemned by an earlier one).
     pub deleted: usize,
     pub deleted_bytes: u64,
-    /// Unreferenced chunks this run condemned (deleted by a run one grace period later).
+    /// Unreferenced objects this run condemned (deleted by a run one grace period later).
     pub condemned: usize,
     /// The previous condemnation is younger than the grace period: nothing was
     /// deleted or condemned; run again after this many seconds.
     pub wait_seconds: Option<f64>,
-    /// Bytes of all chunks in the store after this run.
+    /// Bytes of all packs and chunks in the store after this run.
     pub store_bytes: u64,
 }
 
@@ -65,12 +71,21 @@ async fn read_condemned(remote: &Remote) -> Result<Option<Condemned>> {
     }
 }
 
-/// The chunks the collector has condemned (a publisher uploads these again).
-pub async fn condemned(remote: &Remote) -> Result<HashSet<String>> {
-    Ok(read_condemned(remote).await?.map(|c| c.chunks.into_iter().collect()).unwrap_or_default())
+/// A condemned entry as a key.
+fn as_key(entry: String) -> String {
+    if is_sha256_hex(&entry) {
+        Remote::chunk_key(&entry)
+    } else {
+        entry
+    }
 }
 
-/// Every chunk referenced by a manifest, and how many manifests there are.
+/// The objects (keys) the collector has condemned (a publisher uploads these again).
+pub async fn condemned(remote: &Remote) -> Result<HashSet<String>> {
+    Ok(read_condemned(remote).await?.map(|c| c.chunks.into_iter().map(as_key).collect()).unwrap_or_default())
+}
+
+/// Every object (key) referenced by a manifest, and how many manifests there are.
 /// A manifest that cannot be read or verified stops the collection: what it
 /// references is unknown.
 pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize)> {
@@ -82,7 +97,11 @@ pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize)> {
             continue;
         };
         let (m, _) = manifest(remote, id).await?;
-        refs.extend(m.unique_chunks().into_iter().map(|(s, _)| s));
+        if m.packed() {
+            refs.extend(m.packs.iter().map(|p| crate::pack::pack_key(&p.name)));
+        } else {
+            refs.extend(m.unique_chunks().into_iter().map(|(s, _)| Remote::chunk_key(&s)));
+        }
     }
     Ok((refs, list.len()))
 }
@@ -96,39 +115,38 @@ pub async fn gc(remote: &Remote, grace: Duration) -> Result<GcReport> {
             return Ok(GcReport { wait_seconds: Some((grace - age).as_secs_f64()), ..Default::default() });
         }
     }
-    // Manifests are listed before chunks: a chunk written after the manifest
+    // Manifests are listed before objects: an object written after the manifest
     // listing is younger than the grace period, so it is not condemned.
     let (refs, manifests) = referenced(remote).await?;
-    let chunks = remote.list("chunks").await?;
-    let mut report = GcReport { manifests, chunks: chunks.len(), ..Default::default() };
+    let mut objects = Vec::new();
+    for dir in COLLECTED {
+        objects.extend(remote.list(dir).await?);
+    }
+    let mut report = GcReport { manifests, chunks: objects.len(), ..Default::default() };
     let mut deleted = HashSet::new();
     if let Some(p) = &prev {
-        let due: HashSet<&String> = p.chunks.iter().collect();
-        for (key, meta) in &chunks {
-            let sha = &key["chunks/".len()..];
+        let due: HashSet<String> = p.chunks.iter().cloned().map(as_key).collect();
+        for (key, meta) in &objects {
             // Written again since it was condemned (by a publisher): keep. Times
             // from the store have 1 s resolution.
             let rewritten = unix_ms(meta.last_modified.into()) + 1000 >= p.at_unix_ms;
-            if due.contains(&sha.to_string()) && !refs.contains(sha) && !rewritten {
+            if due.contains(key) && !refs.contains(key) && !rewritten {
                 remote.delete(key).await?;
                 report.deleted += 1;
                 report.deleted_bytes += meta.size;
-                deleted.insert(sha.to_string());
+                deleted.insert(key.clone());
             }
         }
     }
     let cutoff = unix_ms(now).saturating_sub(grace.as_millis() as u64 + 1000);
-    let condemn: Vec<String> = chunks
+    let condemn: Vec<String> = objects
         .iter()
-        .map(|(key, meta)| (&key["chunks/".len()..], meta))
-        .filter(|(sha, meta)| {
-            !refs.contains(*sha) && !deleted.contains(*sha) && unix_ms(meta.last_modified.into()) < cutoff
-        })
-        .map(|(sha, _)| sha.to_string())
+        .filter(|(key, meta)| !refs.contains(key) && !deleted.contains(key) && unix_ms(meta.last_modified.into()) < cutoff)
+        .map(|(key, _)| key.clone())
         .collect();
-    report.referenced_chunks = chunks.iter().filter(|(k, _)| refs.contains(&k["chunks/".len()..])).count();
+    report.referenced_chunks = objects.iter().filter(|(k, _)| refs.contains(k)).count();
     report.condemned = condemn.len();
-    report.store_bytes = chunks.iter().filter(|(k, _)| !deleted.contains(&k["chunks/".len()..])).map(|(_, m)| m.size).sum();
+    report.store_bytes = objects.iter().filter(|(k, _)| !deleted.contains(k)).map(|(_, m)| m.size).sum();
     if condemn.is_empty() {
         if prev.is_some() {
             remote.delete(CONDEMNED_KEY).await?;

@@ -15,6 +15,7 @@ pub mod error;
 pub mod fetch;
 pub mod gc;
 pub mod manifest;
+pub mod pack;
 pub mod publish;
 pub mod remote;
 
@@ -71,31 +72,50 @@ impl Store {
         self.rt.block_on(self.remote.ensure_bucket())
     }
 
-    /// Publish the snapshot in `dir`: upload the chunks the store lacks, then
-    /// the manifest. `progress(bytes)` is called as chunks land (the total is
-    /// the sum of `plan.uploads` lengths).
+    /// Publish the snapshot in `dir`: put the chunks the store lacks into packs,
+    /// then the manifest (see [`pack`]). `progress(bytes)` is called as chunks land
+    /// (the total is at most the sum of `plan.uploads` lengths).
+    /// `THAW_STORE_FORMAT=1` publishes each chunk as an object of its own instead
+    /// (the format before packs, kept to measure against).
     pub fn push_plan(&self, plan: &Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
         let t0 = Instant::now();
         let r = &self.remote;
-        let (chunks_uploaded, bytes) = self.rt.block_on(async {
-            let condemned = gc::condemned(r).await?;
-            let sent = publish::upload(r, plan, 0..plan.uploads.len(), &condemned, progress).await?;
-            publish::commit(r, plan).await?;
-            Ok::<_, StoreError>(sent)
-        })?;
         let files = &plan.manifest.files;
         let stored: u64 = plan.uploads.iter().map(|u| u.len).sum();
-        Ok(PushReport {
-            url: self.snapshot_url(&plan.id).to_string(),
-            id: plan.id.clone(),
+        let mut report = PushReport {
             snapshot_bytes: plan.manifest.total_bytes(),
             chunks: files.iter().map(|f| f.chunks.len()).sum(),
             zero_chunks: files.iter().flat_map(|f| &f.chunks).filter(|c| c.sha256.is_none()).count(),
-            chunks_uploaded,
-            bytes_uploaded: bytes + plan.manifest_bytes.len() as u64,
-            bytes_deduplicated: stored - bytes,
-            seconds: t0.elapsed().as_secs_f64(),
-        })
+            ..Default::default()
+        };
+        if std::env::var("THAW_STORE_FORMAT").as_deref() == Ok("1") {
+            let (chunks_uploaded, bytes) = self.rt.block_on(async {
+                let condemned = gc::condemned(r).await?;
+                let sent = publish::upload(r, plan, 0..plan.uploads.len(), &condemned, progress).await?;
+                publish::commit(r, plan).await?;
+                Ok::<_, StoreError>(sent)
+            })?;
+            report.id = plan.id.clone();
+            report.chunks_uploaded = chunks_uploaded;
+            report.bytes_uploaded = bytes + plan.manifest_bytes.len() as u64;
+            report.bytes_deduplicated = stored - bytes;
+            report.requests = 1 + plan.uploads.len() as u64 + chunks_uploaded as u64 + 1;
+        } else {
+            let p = self.rt.block_on(async {
+                let condemned = gc::condemned(r).await?;
+                pack::publish(r, plan, &condemned, progress).await
+            })?;
+            report.id = p.id;
+            report.chunks_uploaded = p.chunks_uploaded;
+            report.packs = p.packs;
+            report.packs_uploaded = p.packs_uploaded;
+            report.bytes_uploaded = p.bytes_uploaded;
+            report.bytes_deduplicated = stored - p.chunk_bytes_uploaded;
+            report.requests = p.requests + 1;
+        }
+        report.url = self.snapshot_url(&report.id).to_string();
+        report.seconds = t0.elapsed().as_secs_f64();
+        Ok(report)
     }
 
     /// [`publish::plan`] + [`Store::push_plan`].
@@ -113,8 +133,8 @@ impl Store {
         self.rt.block_on(fetch::manifest(&self.remote, id)).map(|(m, _)| m)
     }
 
-    /// Delete snapshot `id` (its manifest and recorded working set; its chunks
-    /// become orphans for [`Store::gc`]).
+    /// Delete snapshot `id` (its manifest and recorded working set; its packs
+    /// become orphans for [`Store::gc`] unless other snapshots use them).
     pub fn remove(&self, id: &str) -> Result<()> {
         let key = Remote::manifest_key(id);
         if self.rt.block_on(self.remote.head(&key))?.is_none() {
@@ -136,24 +156,26 @@ impl Store {
         Ok(n)
     }
 
-    /// Collect orphaned chunks (see [`gc`]).
+    /// Collect orphaned packs and chunks (see [`gc`]).
     pub fn gc(&self, grace: Duration) -> Result<GcReport> {
         self.rt.block_on(gc::gc(&self.remote, grace))
     }
 }
 
 /// The store as the node cache's [`cache::Source`]: snapshots fetched whole
-/// and verified (chunk hashes, then the image opens).
+/// (a few ranged reads of packs) and verified (chunk hashes, then the image opens).
 pub struct StoreSource<'a> {
     pub store: &'a Store,
     manifests: Mutex<HashMap<String, Manifest>>,
     /// Bytes read from the store by fetches through this source.
     pub bytes_fetched: std::sync::atomic::AtomicU64,
+    /// Requests made to the store by fetches through this source (manifests included).
+    pub requests: std::sync::atomic::AtomicU64,
 }
 
 impl<'a> StoreSource<'a> {
     pub fn new(store: &'a Store) -> StoreSource<'a> {
-        StoreSource { store, manifests: Mutex::new(HashMap::new()), bytes_fetched: Default::default() }
+        StoreSource { store, manifests: Mutex::new(HashMap::new()), bytes_fetched: Default::default(), requests: Default::default() }
     }
 
     fn manifest(&self, id: &str) -> Result<Manifest> {
@@ -161,6 +183,7 @@ impl<'a> StoreSource<'a> {
             return Ok(m.clone());
         }
         let m = self.store.manifest(id)?;
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.manifests.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), m.clone());
         Ok(m)
     }
@@ -176,9 +199,12 @@ impl cache::Source for StoreSource<'_> {
 
     fn fetch(&self, id: &str, dir: &Path) -> std::result::Result<(), cache::SourceError> {
         let m = self.manifest(id)?;
-        let (_, bytes) = self.store.block_on(fetch::download(&self.store.remote, &m, dir, &|_| {}))?;
+        let (requests, bytes) = self.store.block_on(fetch::download(&self.store.remote, &m, dir, &|_| {}))?;
         let ws = self.store.block_on(fetch::working_set(&self.store.remote, &m, id, dir));
         self.bytes_fetched.fetch_add(bytes + ws, std::sync::atomic::Ordering::Relaxed);
+        // The recorded working set is asked for when the manifest carries none.
+        let ws_requests = u64::from(m.file(thaw_engine::ws::TRACE_FILE).is_none());
+        self.requests.fetch_add(requests as u64 + ws_requests, std::sync::atomic::Ordering::Relaxed);
         thaw_engine::image::Snapshot::open(dir).map_err(|source| StoreError::Image { dir: dir.to_path_buf(), source })?;
         Ok(())
     }

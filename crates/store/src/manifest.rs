@@ -2,28 +2,38 @@
 //! existence is the commit point of a publish.
 //!
 //! ```json
-//! {"format": 1, "image_format": 4, "image_id": 3735928559,
+//! {"format": 2, "image_format": 16, "image_id": 3735928559,
+//!  "packs": [{"name": "5b1c...", "size": 8392704}],
 //!  "files": [{"name": "state.bin", "size": 11291,
-//!             "chunks": [{"offset": 0, "len": 11291, "sha256": "9f86..."}]},
+//!             "chunks": [{"offset": 0, "len": 11291, "sha256": "9f86...", "pack": 0, "at": 0}]},
 //!            {"name": "pages.img", "size": 5419008, "chunks": [... , {"offset": 65536, "len": 16384, "sha256": null}]},
 //!            {"name": "ws.trace", ...}],
 //!  "derived": ["ws.pages"]}
 //! ```
-//! A chunk with `"sha256": null` is all zeros and not stored. `derived` files
-//! are rebuilt by the reader from the others (ws.pages is a copy of the
-//! working set's pages out of pages.img, so storing it would store those bytes
-//! twice). The snapshot's id is the SHA-256 of the manifest's bytes, so a
-//! manifest is verified like any other object, and the id names exactly one
-//! set of chunks (a Merkle tree). The manifest holds nothing that differs
-//! between two publishers of the same snapshot (no time, no host), so they
-//! write the same bytes under the same name.
+//! A chunk with `"sha256": null` is all zeros and not stored. Every other chunk
+//! is stored inside a *pack* (`packs/<sha256 of the pack>`, a few MiB of chunks
+//! back to back): `pack` indexes `packs`, `at` is the chunk's offset in it. A
+//! restore therefore reads a handful of large objects (whole, or in coalesced
+//! ranges) instead of one object per chunk. Format 1 manifests (still read) name
+//! chunks stored as objects of their own (`chunks/<sha256>`) and have no packs.
+//! `derived` files are rebuilt by the reader from the others (ws.pages is a copy
+//! of the working set's pages out of pages.img, so storing it would store those
+//! bytes twice). The snapshot's id is the SHA-256 of the manifest's bytes, so a
+//! manifest is verified like any other object, and the id names exactly one set
+//! of chunks, each verified by its own hash wherever it is read from (a Merkle
+//! tree). The manifest holds nothing that differs between two publishers of the
+//! same snapshot into the same store (no time, no host): packing is a function of
+//! the chunks and of the packs already there.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, StoreError};
 use crate::remote::is_sha256_hex;
 
-pub const MANIFEST_FORMAT: u32 = 1;
+/// The format this build writes.
+pub const MANIFEST_FORMAT: u32 = 2;
+/// Chunks as objects of their own (`chunks/<sha256>`): still read.
+pub const MANIFEST_FORMAT_CHUNKS: u32 = 1;
 /// Refuse to parse manifests larger than this.
 pub const MAX_MANIFEST_LEN: usize = 64 << 20;
 /// The files of a snapshot directory the store knows, in manifest order.
@@ -39,6 +49,26 @@ pub struct Chunk {
     pub len: u64,
     /// None: all zeros, not stored.
     pub sha256: Option<String>,
+    /// Format 2: the index in [`Manifest::packs`] of the pack holding the chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<u32>,
+    /// Format 2: the chunk's offset in its pack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
+}
+
+impl Chunk {
+    /// A chunk not (yet) placed in a pack.
+    pub fn new(offset: u64, len: u64, sha256: Option<String>) -> Chunk {
+        Chunk { offset, len, sha256, pack: None, at: None }
+    }
+}
+
+/// A pack object (`packs/<name>`): `name` is the SHA-256 of its `size` bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackRef {
+    pub name: String,
+    pub size: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +85,9 @@ pub struct Manifest {
     pub image_format: u32,
     /// The image's id (CRC of state.bin), which working sets refer to.
     pub image_id: u32,
+    /// Format 2: the packs the chunks are in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packs: Vec<PackRef>,
     pub files: Vec<FileEntry>,
     pub derived: Vec<String>,
 }
@@ -72,8 +105,20 @@ impl Manifest {
             return Err(bad(format!("{} bytes, over the {MAX_MANIFEST_LEN} byte cap", bytes.len())));
         }
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| bad(format!("not a manifest: {e}")))?;
-        if m.format != MANIFEST_FORMAT {
-            return Err(bad(format!("manifest format {} (this build reads {MANIFEST_FORMAT})", m.format)));
+        if m.format != MANIFEST_FORMAT && m.format != MANIFEST_FORMAT_CHUNKS {
+            return Err(bad(format!(
+                "manifest format {} (this build reads {MANIFEST_FORMAT_CHUNKS} and {MANIFEST_FORMAT}): upgrade thaw",
+                m.format
+            )));
+        }
+        let packed = m.format == MANIFEST_FORMAT;
+        if !packed && !m.packs.is_empty() {
+            return Err(bad("format 1 has no packs".into()));
+        }
+        for p in &m.packs {
+            if !is_sha256_hex(&p.name) {
+                return Err(bad(format!("bad pack name '{}'", p.name)));
+            }
         }
         if m.image_format != thaw_engine::image::FORMAT_VERSION {
             return Err(bad(format!(
@@ -95,6 +140,16 @@ impl Manifest {
             for c in &f.chunks {
                 if c.offset != at || c.len == 0 || c.sha256.as_deref().is_some_and(|s| !is_sha256_hex(s)) {
                     return Err(bad(format!("{}: bad chunk at offset {}", f.name, c.offset)));
+                }
+                // Stored chunks of format 2 lie inside a pack; nothing else names one.
+                let placed = match (c.pack, c.at) {
+                    (Some(p), Some(a)) => m.packs.get(p as usize).is_some_and(|p| a.checked_add(c.len).is_some_and(|end| end <= p.size)),
+                    (None, None) => true,
+                    _ => false,
+                };
+                let wants_pack = packed && c.sha256.is_some();
+                if !placed || wants_pack != c.pack.is_some() {
+                    return Err(bad(format!("{}: chunk at offset {} is not in a pack as it should be", f.name, c.offset)));
                 }
                 at += c.len;
             }
@@ -125,6 +180,23 @@ impl Manifest {
             .collect()
     }
 
+    /// Whether the chunks are in packs (format 2) rather than objects of their own.
+    pub fn packed(&self) -> bool {
+        self.format == MANIFEST_FORMAT
+    }
+
+    /// SHA-256 of what the snapshot holds, whatever packs its chunks are in: two
+    /// manifests of one snapshot directory have the same digest.
+    pub fn content_digest(&self) -> String {
+        let mut c = self.clone();
+        c.format = 0;
+        c.packs.clear();
+        for ch in c.files.iter_mut().flat_map(|f| &mut f.chunks) {
+            (ch.pack, ch.at) = (None, None);
+        }
+        crate::remote::sha256_hex(&c.to_bytes())
+    }
+
     /// Total bytes of the snapshot's files (derived files excluded).
     pub fn total_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
@@ -142,14 +214,19 @@ mod tests {
             format: MANIFEST_FORMAT,
             image_format: thaw_engine::image::FORMAT_VERSION,
             image_id: 7,
+            packs: vec![PackRef { name: sha256_hex(b"pack"), size: 4106 }],
             files: vec![
-                FileEntry { name: "state.bin".into(), size: 10, chunks: vec![Chunk { offset: 0, len: 10, sha256: Some(h.clone()) }] },
+                FileEntry {
+                    name: "state.bin".into(),
+                    size: 10,
+                    chunks: vec![Chunk { pack: Some(0), at: Some(0), ..Chunk::new(0, 10, Some(h.clone())) }],
+                },
                 FileEntry {
                     name: "pages.img".into(),
                     size: 8192,
                     chunks: vec![
-                        Chunk { offset: 0, len: 4096, sha256: None },
-                        Chunk { offset: 4096, len: 4096, sha256: Some(h) },
+                        Chunk::new(0, 4096, None),
+                        Chunk { pack: Some(0), at: Some(10), ..Chunk::new(4096, 4096, Some(h)) },
                     ],
                 },
             ],
@@ -178,5 +255,36 @@ mod tests {
         let mut newer = sample();
         newer.image_format += 1;
         assert!(Manifest::parse("m", &newer.to_bytes()).unwrap_err().to_string().contains("this build restores"));
+        let mut future = sample();
+        future.format = 3;
+        assert!(Manifest::parse("m", &future.to_bytes()).unwrap_err().to_string().contains("this build reads 1 and 2): upgrade thaw"));
+    }
+
+    #[test]
+    fn packed_chunks_must_lie_in_their_pack_and_the_digest_ignores_packing() {
+        let m = sample();
+        let mut outside = sample();
+        outside.files[1].chunks[1].at = Some(20);
+        assert!(Manifest::parse("m", &outside.to_bytes()).unwrap_err().to_string().contains("is not in a pack"));
+        let mut loose = sample();
+        loose.files[0].chunks[0].pack = None;
+        assert!(Manifest::parse("m", &loose.to_bytes()).is_err(), "a stored chunk of format 2 has a pack");
+        let mut nopack = sample();
+        nopack.files[1].chunks[1].pack = Some(1);
+        assert!(Manifest::parse("m", &nopack.to_bytes()).is_err(), "an index past the packs");
+        let mut v1 = sample();
+        v1.format = MANIFEST_FORMAT_CHUNKS;
+        assert!(Manifest::parse("m", &v1.to_bytes()).unwrap_err().to_string().contains("format 1 has no packs"));
+        v1.packs.clear();
+        for c in v1.files.iter_mut().flat_map(|f| &mut f.chunks) {
+            (c.pack, c.at) = (None, None);
+        }
+        assert!(Manifest::parse("m", &v1.to_bytes()).is_ok(), "format 1 is still read");
+        let mut repacked = sample();
+        repacked.packs[0] = PackRef { name: sha256_hex(b"other"), size: 9000 };
+        repacked.files[1].chunks[1].at = Some(4000);
+        assert_ne!(repacked.to_bytes(), m.to_bytes());
+        assert_eq!(repacked.content_digest(), m.content_digest(), "the same contents in other packs");
+        assert_eq!(v1.content_digest(), m.content_digest());
     }
 }

@@ -1,5 +1,7 @@
 //! Publishing a snapshot directory: cut it into chunks, upload the chunks the
-//! store lacks, then write the manifest (the commit point).
+//! store lacks, then write the manifest (the commit point). This module plans
+//! the chunks (and uploads them as objects of their own, format 1); `pack.rs`
+//! puts the new ones into packs (format 2, the default).
 //!
 //! Chunking. state.bin and ws.trace are cut into 1 MiB pieces (they change
 //! with every capture, nothing to share). pages.img is cut by *virtual
@@ -27,7 +29,7 @@ use thaw_engine::image::{Snapshot, PAGES_FILE, STATE_FILE};
 use thaw_engine::ws::{WorkingSet, TRACE_FILE};
 
 use crate::error::{Result, StoreError};
-use crate::manifest::{Chunk, FileEntry, Manifest, MANIFEST_FORMAT};
+use crate::manifest::{Chunk, FileEntry, Manifest, MANIFEST_FORMAT_CHUNKS};
 use crate::remote::{sha256_hex, Remote, CONCURRENCY};
 
 /// Bytes of address space per pages.img chunk.
@@ -66,8 +68,14 @@ pub struct PushReport {
     pub snapshot_bytes: u64,
     pub chunks: usize,
     pub zero_chunks: usize,
+    /// Chunks the store did not have (put into new packs, or objects of format 1).
     pub chunks_uploaded: usize,
-    /// Bytes sent to the store (chunks it did not have, plus the manifest).
+    /// Packs the manifest names, and how many of them this push sent.
+    pub packs: usize,
+    pub packs_uploaded: usize,
+    /// Requests made to the store.
+    pub requests: u64,
+    /// Bytes sent to the store (packs or chunks it did not have, plus the manifest).
     pub bytes_uploaded: u64,
     /// Chunk bytes the store already had.
     pub bytes_deduplicated: u64,
@@ -163,13 +171,14 @@ pub fn plan(dir: &Path) -> Result<Plan> {
                     uploads.push(Upload { file: name, offset, len, sha256: s.clone() });
                 }
             }
-            list.push(Chunk { offset, len, sha256: sha });
+            list.push(Chunk::new(offset, len, sha));
         }
         entries.push(FileEntry { name: name.to_string(), size, chunks: list });
     }
     let derived = if ws_trace.is_some() { vec![thaw_engine::ws::PAGES_FILE.to_string()] } else { vec![] };
     let manifest = Manifest {
-        format: MANIFEST_FORMAT,
+        format: MANIFEST_FORMAT_CHUNKS,
+        packs: vec![],
         image_format: thaw_engine::image::FORMAT_VERSION,
         image_id: snap.id,
         files: entries,
@@ -183,7 +192,7 @@ pub fn plan(dir: &Path) -> Result<Plan> {
 impl Plan {
     /// The bytes of upload `u`, checked against its name (the files must not
     /// change between planning and uploading).
-    fn read(&self, u: &Upload) -> Result<Bytes> {
+    pub(crate) fn read(&self, u: &Upload) -> Result<Bytes> {
         let data = if u.file == TRACE_FILE {
             let t = self.ws_trace.as_ref().expect("planned with a trace");
             t.slice(u.offset as usize..(u.offset + u.len) as usize)
@@ -203,13 +212,14 @@ impl Plan {
     }
 }
 
-/// Upload `plan.uploads[i]` unless the store has it already (same name = same
-/// bytes; a stored object of the wrong size is replaced, and so is one the
-/// collector condemned). Returns the bytes sent.
+/// Format 1 (`THAW_STORE_FORMAT=1`, kept to measure against): upload
+/// `plan.uploads[i]` as an object of its own unless the store has it already (same
+/// name = same bytes; a stored object of the wrong size is replaced, and so is one
+/// the collector condemned). Returns the bytes sent.
 pub async fn upload_one(remote: &Remote, plan: &Plan, i: usize, condemned: &HashSet<String>) -> Result<u64> {
     let u = &plan.uploads[i];
     let key = Remote::chunk_key(&u.sha256);
-    if !condemned.contains(&u.sha256) {
+    if !condemned.contains(&key) {
         if let Some(meta) = remote.head(&key).await? {
             if meta.size == u.len {
                 return Ok(0);

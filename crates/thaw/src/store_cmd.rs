@@ -114,13 +114,16 @@ pub fn push(a: PushArgs) -> Result<()> {
     pb.finish_and_clear();
     let report = report.with_context(|| format!("pushing {} to {url}", a.snapdir.display()))?;
     eprintln!(
-        "pushed {} ({} bytes in {} chunks): uploaded {} chunks, {} bytes; {} bytes already stored; {:.2} s",
+        "pushed {} ({} bytes in {} chunks, {} packs): uploaded {} chunks in {} packs, {} bytes; {} bytes already stored; {} requests; {:.2} s",
         a.snapdir.display(),
         report.snapshot_bytes,
         report.chunks,
+        report.packs,
         report.chunks_uploaded,
+        report.packs_uploaded,
         report.bytes_uploaded,
         report.bytes_deduplicated,
+        report.requests,
         report.seconds
     );
     println!("{}", serde_json::to_string(&report)?);
@@ -148,7 +151,7 @@ pub fn rm(a: RmArgs) -> Result<()> {
     let url = SnapshotUrl::parse(&a.url)?;
     let store = open(&url.store, &a.store)?;
     store.remove(&url.id).with_context(|| format!("removing {url}"))?;
-    eprintln!("removed {url}; `thaw snapshot gc` collects the chunks only it used");
+    eprintln!("removed {url}; `thaw snapshot gc` collects the packs only it used");
     Ok(())
 }
 
@@ -188,7 +191,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     if cache.contains(&url.id) {
         if let Ok(handle) = cache.get(&url.id, &Unreachable) {
             let stats = serde_json::json!({"url": url.to_string(), "cache_hit": true, "cached": handle.cached(),
-                "bytes_fetched": 0, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+                "bytes_fetched": 0, "requests": 0, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
             return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats });
         }
     }
@@ -196,8 +199,9 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     let source = thaw_store::StoreSource::new(&store);
     let handle = cache.get(&url.id, &source).with_context(|| format!("fetching {url}"))?;
     let bytes = source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed);
+    let requests = source.requests.load(std::sync::atomic::Ordering::Relaxed);
     let stats = serde_json::json!({"url": url.to_string(), "cache_hit": bytes == 0, "cached": handle.cached(),
-        "bytes_fetched": bytes, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+        "bytes_fetched": bytes, "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
     Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats })
 }
 

@@ -126,14 +126,14 @@ fn corruption_and_a_store_that_is_down_are_clear_errors_that_leave_nothing() {
         },
     )
     .unwrap();
-    let (key, _) = store.block_on(store.remote.list("chunks")).unwrap().into_iter().next().unwrap();
+    let (key, _) = store.block_on(store.remote.list("packs")).unwrap().into_iter().next().unwrap();
     let mut data = store.block_on(store.remote.get(&key)).unwrap().to_vec();
     data[0] ^= 1;
     store.block_on(store.remote.put(&key, data.into())).unwrap();
     let dest = scratch().join("err-pulled");
     let o = thaw_s3(&m, &["snapshot", "pull", &url, dest.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains(&format!("s3://errs/{key} is corrupt or truncated (contents hash to")), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("s3://errs/{key} is corrupt or truncated (the chunk at 0 hashes to")), "{}", stderr(&o));
     assert!(!dest.exists());
 
     m.stop();

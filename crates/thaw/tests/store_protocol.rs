@@ -1,5 +1,5 @@
-//! The snapshot store against a real MinIO (started by the tests): round trip,
-//! the commit protocol under a publisher killed after each of its objects,
+//! The snapshot store against a real MinIO (started by the tests): round trip
+//! (chunks in packs), the commit protocol under a publisher killed after each of its objects,
 //! concurrent publishers, corruption, the store going down, the collector, and
 //! the store as the node cache's source.
 
@@ -11,7 +11,11 @@ use std::time::Duration;
 use common::scratch;
 use s3::minio::Minio;
 use s3::*;
-use thaw_store::{publish, Remote, StoreError};
+use thaw_store::{pack, publish, Remote, StoreError};
+
+fn publish_pack_target() -> u64 {
+    pack::PACK_TARGET
+}
 
 type Bytes = thaw_store::bytes::Bytes;
 
@@ -27,8 +31,14 @@ fn round_trip_is_byte_identical_and_a_second_push_uploads_nothing() {
     .unwrap();
     assert!(r.url.starts_with("s3://snaps/fleet/a/") && r.url.ends_with(&r.id), "{}", r.url);
     assert!(r.chunks_uploaded > 0 && r.chunks_uploaded <= r.chunks);
-    let stored: u64 = objects(&s, "chunks").iter().map(|(_, n)| n).sum();
-    assert_eq!(r.bytes_uploaded, stored + objects(&s, "snapshots")[0].1, "bytes reported = chunks + manifest in the store");
+    // Few large objects: the chunks are in packs of a few MiB, none stands alone.
+    let packs = objects(&s, "packs");
+    assert!(objects(&s, "chunks").is_empty());
+    assert_eq!((packs.len(), r.packs, r.packs_uploaded), (r.packs, r.packs, r.packs));
+    assert!(r.packs as u64 <= r.snapshot_bytes / publish_pack_target() + 1, "{r:?}");
+    assert!(r.requests <= 2 * r.packs as u64 + 3, "LIST, HEAD+PUT per pack, the manifest, the GC list: {r:?}");
+    let stored: u64 = packs.iter().map(|(_, n)| n).sum();
+    assert_eq!(r.bytes_uploaded, stored + objects(&s, "snapshots")[0].1, "bytes reported = packs + manifest in the store");
     assert_eq!(counted.into_inner(), stored, "progress covers every chunk once");
     // ws.pages is rebuilt on pull, not stored: the store holds less than the directory.
     let dir_bytes: u64 = files(snap).iter().map(|(_, b)| b.len() as u64).sum();
@@ -42,6 +52,7 @@ fn round_trip_is_byte_identical_and_a_second_push_uploads_nothing() {
     let dest = scratch().join("pulled-rt");
     let p = s.pull(&r.id, &dest, &no_progress).unwrap();
     assert_eq!(p.bytes_fetched, r.bytes_uploaded);
+    assert_eq!(p.chunks_fetched, r.packs, "one ranged read per pack");
     assert_eq!(files(&dest), files(snap), "pulled files (ws.pages rebuilt) equal the original");
     let e = s.pull(&r.id, &dest, &no_progress).unwrap_err();
     assert!(matches!(e, StoreError::Exists { .. }), "{e}");
@@ -56,18 +67,21 @@ fn a_publisher_killed_after_any_object_leaves_nothing_visible_and_gc_removes_the
     let s = store(&m, "s3://snaps/killed");
     let plan = publish::plan(hello_snapshot()).unwrap();
     let none = Default::default();
-    let n = plan.uploads.len();
-    assert!(n > 50, "{n} chunks");
+    // Small packs, so the publisher has several objects to die after.
+    let packs = pack::new_packs(&plan, |_| false, 512 << 10);
+    let n = packs.len();
+    assert!(n > 4, "{n} packs");
+    let requests = std::sync::atomic::AtomicU64::new(0);
     // The publisher dies after its k-th object, for every k: no manifest, nothing to restore.
     for k in 0..=n {
         if k > 0 {
-            s.block_on(publish::upload(&s.remote, &plan, k - 1..k, &none, &no_progress)).unwrap();
+            s.block_on(pack::store_pack(&s.remote, &plan, &packs[k - 1], &none, &requests)).unwrap();
         }
         assert!(objects(&s, "snapshots").is_empty());
         let e = s.pull(&plan.id, &scratch().join("killed"), &no_progress).unwrap_err();
         assert!(matches!(e, StoreError::NotFound { .. }), "after {k} objects: {e}");
     }
-    assert_eq!(objects(&s, "chunks").len(), n);
+    assert_eq!(objects(&s, "packs").len(), n);
     // Orphans younger than the grace period are left alone (an in-flight publish).
     let r = s.gc(Duration::from_secs(3600)).unwrap();
     assert_eq!((r.deleted, r.condemned, r.chunks), (0, 0, n));
@@ -77,8 +91,31 @@ fn a_publisher_killed_after_any_object_leaves_nothing_visible_and_gc_removes_the
     assert_eq!((r.deleted, r.condemned), (0, n));
     let r = s.gc(Duration::ZERO).unwrap();
     assert_eq!((r.deleted, r.condemned), (n, 0));
-    assert!(objects(&s, "chunks").is_empty());
+    assert!(objects(&s, "packs").is_empty());
     assert!(objects(&s, "gc").is_empty());
+}
+
+#[test]
+fn the_format_before_packs_is_still_read_and_collected() {
+    let m = Minio::start();
+    let s = store(&m, "s3://snaps/v1");
+    let plan = publish::plan(hello_snapshot()).unwrap();
+    let none = Default::default();
+    s.block_on(publish::upload(&s.remote, &plan, 0..plan.uploads.len(), &none, &no_progress)).unwrap();
+    s.block_on(publish::commit(&s.remote, &plan)).unwrap();
+    assert_eq!(objects(&s, "chunks").len(), plan.uploads.len());
+    let dest = scratch().join("pulled-v1");
+    let p = s.pull(&plan.id, &dest, &no_progress).unwrap();
+    assert_eq!(p.chunks_fetched, plan.uploads.len(), "one request per chunk");
+    assert_eq!(files(&dest), files(hello_snapshot()));
+    // Its chunks are referenced, then collected once it is removed.
+    let r = s.gc(Duration::ZERO).unwrap();
+    assert_eq!((r.condemned, r.referenced_chunks), (0, plan.uploads.len()));
+    s.remove(&plan.id).unwrap();
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(s.gc(Duration::ZERO).unwrap().condemned, plan.uploads.len());
+    assert_eq!(s.gc(Duration::ZERO).unwrap().deleted, plan.uploads.len());
+    assert!(objects(&s, "chunks").is_empty());
 }
 
 #[test]
@@ -92,13 +129,13 @@ fn gc_keeps_what_manifests_reference_and_a_publisher_revives_condemned_chunks() 
     assert!(matches!(s.remove(&first.id), Err(StoreError::NotFound { .. })));
     std::thread::sleep(Duration::from_millis(2100));
     let r = s.gc(Duration::ZERO).unwrap();
-    assert_eq!(r.condemned, first.chunks_uploaded);
-    // A publisher of the same snapshot now uploads the condemned chunks again
+    assert_eq!(r.condemned, first.packs_uploaded);
+    // A publisher of the same snapshot now uploads the condemned packs again
     // instead of relying on them, and the next run deletes nothing it needs.
     let second = s.push(snap, &no_progress).unwrap();
-    assert_eq!(second.chunks_uploaded, first.chunks_uploaded);
+    assert_eq!((second.chunks_uploaded, second.packs_uploaded), (first.chunks_uploaded, first.packs_uploaded));
     let r = s.gc(Duration::ZERO).unwrap();
-    assert_eq!((r.deleted, r.referenced_chunks), (0, first.chunks_uploaded));
+    assert_eq!((r.deleted, r.referenced_chunks), (0, first.packs_uploaded));
     let dest = scratch().join("pulled-gc");
     s.pull(&second.id, &dest, &no_progress).unwrap();
     assert_eq!(files(&dest), files(snap));
@@ -121,7 +158,8 @@ fn concurrent_publishers_of_one_snapshot_produce_one_consistent_snapshot() {
     let s = store(&m, "s3://snaps/race");
     assert_eq!(objects(&s, "snapshots").len(), 1, "exactly one manifest");
     let plan = publish::plan(snap).unwrap();
-    assert_eq!(objects(&s, "chunks").len(), plan.uploads.len(), "each chunk once");
+    let packs = pack::new_packs(&plan, |_| false, pack::PACK_TARGET).len();
+    assert_eq!(objects(&s, "packs").len(), packs, "each pack once");
     let dest = scratch().join("pulled-race");
     s.pull(&reports[0].id, &dest, &no_progress).unwrap();
     assert_eq!(files(&dest), files(snap));
@@ -132,12 +170,12 @@ fn a_corrupt_or_truncated_object_is_named_and_nothing_is_installed() {
     let m = Minio::start();
     let s = store(&m, "s3://snaps/corrupt");
     let r = s.push(hello_snapshot(), &no_progress).unwrap();
-    let (key, _) = objects(&s, "chunks").into_iter().max_by_key(|(_, n)| *n).unwrap();
+    let (key, _) = objects(&s, "packs").into_iter().max_by_key(|(_, n)| *n).unwrap();
     let good = s.block_on(s.remote.get(&key)).unwrap();
     let dest = scratch().join("pulled-corrupt");
     let mut flipped = good.to_vec();
     flipped[100] ^= 1;
-    for (bad, what) in [(Bytes::from(flipped), "contents hash to "), (good.slice(..good.len() - 1), "bytes, expected")] {
+    for (bad, what) in [(Bytes::from(flipped), "the chunk at 0 hashes to "), (good.slice(..good.len() - 1), "bytes, expected")] {
         s.block_on(s.remote.put(&key, bad)).unwrap();
         let e = s.pull(&r.id, &dest, &no_progress).unwrap_err().to_string();
         assert!(e.starts_with(&format!("s3://snaps/corrupt/{key} is corrupt or truncated (")) && e.contains(what), "{e}");
@@ -146,8 +184,9 @@ fn a_corrupt_or_truncated_object_is_named_and_nothing_is_installed() {
             .filter(|e| e.file_name().to_string_lossy().contains("pulled-corrupt")).collect();
         assert!(leftovers.is_empty(), "temporary directory left behind");
     }
-    // Pushing again repairs the truncated chunk (wrong size in the store).
-    assert_eq!(s.push(hello_snapshot(), &no_progress).unwrap().chunks_uploaded, 1);
+    // Pushing again repairs the truncated pack (wrong size in the store).
+    let again = s.push(hello_snapshot(), &no_progress).unwrap();
+    assert_eq!((again.id.as_str(), again.packs_uploaded, again.chunks_uploaded), (r.id.as_str(), 1, 0));
     s.pull(&r.id, &dest, &no_progress).unwrap();
     // A manifest that does not hash to its id is refused too.
     let mkey = Remote::manifest_key(&r.id);
@@ -184,7 +223,7 @@ fn the_s3_store_as_the_cache_source_fetches_once_and_never_installs_corruption()
     let m = Minio::start();
     let s = store(&m, "s3://snaps/cache");
     let id = s.push(hello_snapshot(), &no_progress).unwrap().id;
-    let (key, _) = objects(&s, "chunks").into_iter().next().unwrap();
+    let (key, _) = objects(&s, "packs").into_iter().next().unwrap();
     let good = s.block_on(s.remote.get(&key)).unwrap();
     let mut bad = good.to_vec();
     bad[0] ^= 0xff;
@@ -204,7 +243,7 @@ fn the_s3_store_as_the_cache_source_fetches_once_and_never_installs_corruption()
         let hs: Vec<_> = (0..4).map(|_| sc.spawn(|| cache.get(&id, &src).unwrap())).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let stored: u64 = objects(&s, "chunks").iter().map(|(_, n)| n).sum();
+    let stored: u64 = objects(&s, "packs").iter().map(|(_, n)| n).sum();
     assert_eq!(src.bytes_fetched.load(std::sync::atomic::Ordering::SeqCst), stored, "four requests, one download");
     assert_eq!(files(handles[0].dir()), files(hello_snapshot()));
 }
