@@ -255,6 +255,14 @@ impl LoadedSnapshot {
     /// image captured as `check` says. A bundle found changed before the snapshot
     /// opens refuses it; one found changed beside the restores refuses each of them.
     pub fn open_checked(dir: &Path, share_memory: bool, check: CodeCheck) -> Result<LoadedSnapshot, InstanceError> {
+        Self::open_filled(dir, share_memory, check, None)
+    }
+
+    /// [`LoadedSnapshot::open_checked`] of a snapshot whose pages.img may not hold
+    /// every page yet: `fill` is asked for each range before it is read (see
+    /// [`crate::pagefiles::PageFill`]). State, working set and the rest of the
+    /// directory must be complete.
+    pub fn open_filled(dir: &Path, share_memory: bool, check: CodeCheck, fill: Option<Arc<dyn crate::pagefiles::PageFill>>) -> Result<LoadedSnapshot, InstanceError> {
         let Snapshot { dir, image, pages, id, sealer } = Snapshot::open(dir)?;
         let (code, opt) = (&image.sandbox.code_dir, image.sandbox.opt_dir.as_deref());
         let recorded = &image.sandbox.code_fingerprint;
@@ -271,6 +279,7 @@ impl LoadedSnapshot {
         }
         let region = restore::choose_region(&image)?;
         let (index, files) = crate::layers::page_source(&dir, &image, pages)?;
+        let files = files.with_fill(fill);
         let mut source = PageSource::new(index, files).sealed(sealer);
         if share_memory && image.base.is_none() {
             tracing::debug!(dir = %dir.display(), "not a layered snapshot: its instances do not share memory");

@@ -10,9 +10,24 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 use crate::sys::mem::{self, Mapped};
 use crate::sys::PAGE_SIZE;
+
+/// Where stored pages come from when the page files do not hold them yet: a
+/// snapshot still arriving from a store (issue #28), whose restore starts before
+/// every byte is on disk. The engine calls it before it reads; an implementation
+/// writes the bytes into the page files (sparse until then) and returns, or fails,
+/// and a failed read kills the instance as any unreadable page does (never a wrong
+/// page: what it wrote is checked like every page, CRC and seal). Byte ranges are in
+/// the combined numbering of [`PageFiles`] (file page × page size).
+pub trait PageFill: Send + Sync {
+    /// Return once bytes `offset..offset + len` are in the page files.
+    fn ensure(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// The bytes are going to be read soon: start fetching, do not wait.
+    fn hint(&self, _offset: u64, _len: u64) {}
+}
 
 /// One image's page files, numbered one after the other.
 pub struct PageFiles {
@@ -20,18 +35,26 @@ pub struct PageFiles {
     /// Pages of `own`; file pages at and past this number are in `base`.
     own_pages: u64,
     base: Option<File>,
+    /// Fetches what the files do not hold yet (`None`: they hold everything).
+    fill: Option<Arc<dyn PageFill>>,
 }
 
 impl From<File> for PageFiles {
     fn from(own: File) -> PageFiles {
-        PageFiles { own, own_pages: u64::MAX, base: None }
+        PageFiles { own, own_pages: u64::MAX, base: None, fill: None }
     }
 }
 
 impl PageFiles {
     /// A diff's pages (`own_pages` of them in `own`), then its base's.
     pub fn layered(own: File, own_pages: u64, base: File) -> PageFiles {
-        PageFiles { own, own_pages, base: Some(base) }
+        PageFiles { own, own_pages, base: Some(base), fill: None }
+    }
+
+    /// These files, with `fill` asked for every range before it is read.
+    pub fn with_fill(mut self, fill: Option<Arc<dyn PageFill>>) -> PageFiles {
+        self.fill = fill;
+        self
     }
 
     /// Number of the first base page (`u64::MAX` for a single file).
@@ -50,6 +73,9 @@ impl PageFiles {
     /// Read `buf.len()` bytes at byte `offset` of the combined numbering (a read may
     /// span both files).
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if let Some(f) = &self.fill {
+            f.ensure(offset, buf.len() as u64)?;
+        }
         let mut done = 0usize;
         while done < buf.len() {
             let at = offset + done as u64;
@@ -69,12 +95,18 @@ impl PageFiles {
 
     /// Start reading `npages` stored pages from `file_page` into the page cache.
     pub fn willneed(&self, file_page: u64, npages: u64) {
+        if let Some(f) = &self.fill {
+            f.hint(file_page * PAGE_SIZE, npages * PAGE_SIZE);
+        }
         let (file, page) = self.locate(file_page);
         mem::fadvise_willneed(file, page * PAGE_SIZE, npages * PAGE_SIZE);
     }
 
     /// Map every stored page (`total` of them) read-only.
     pub fn map(&self, total: u64) -> io::Result<MappedPages> {
+        if let Some(f) = &self.fill {
+            f.ensure(0, total * PAGE_SIZE)?;
+        }
         let own = total.min(self.own_pages);
         Ok(MappedPages {
             own: Mapped::map(&self.own, (own * PAGE_SIZE) as usize)?,
@@ -137,5 +169,54 @@ mod tests {
         assert!(m.pages(0, 2)[p..].iter().all(|&b| b == 2));
         let mut one = vec![0u8; p];
         assert!(files.read_exact_at(&mut one, 5 * PAGE_SIZE).is_err(), "past the base's end");
+    }
+
+    /// A fill that writes the asked bytes (from a hidden copy) into a sparse file.
+    struct Hidden {
+        hidden: File,
+        target: File,
+        asked: std::sync::Mutex<Vec<(u64, u64)>>,
+        fail: bool,
+    }
+
+    impl PageFill for Hidden {
+        fn ensure(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.asked.lock().unwrap().push((offset, len));
+            if self.fail {
+                return Err(io::Error::other("the store is down"));
+            }
+            let mut b = vec![0u8; len as usize];
+            self.hidden.read_exact_at(&mut b, offset)?;
+            self.target.write_all_at(&b, offset)
+        }
+    }
+
+    #[test]
+    fn a_fill_is_asked_for_every_read_and_its_failure_is_the_reads() {
+        let (_h, hidden) = file_of(&[3, 4, 5]);
+        let sparse = tempfile::NamedTempFile::new().unwrap();
+        sparse.as_file().set_len(3 * PAGE_SIZE).unwrap();
+        let fill = Arc::new(Hidden {
+            hidden,
+            target: std::fs::OpenOptions::new().write(true).open(sparse.path()).unwrap(),
+            asked: Default::default(),
+            fail: false,
+        });
+        let files = PageFiles::from(File::open(sparse.path()).unwrap()).with_fill(Some(fill.clone()));
+        let mut buf = vec![0u8; PAGE_SIZE as usize];
+        files.read_exact_at(&mut buf, 2 * PAGE_SIZE).unwrap();
+        assert!(buf.iter().all(|&b| b == 5), "the bytes the fill wrote");
+        assert_eq!(*fill.asked.lock().unwrap(), [(2 * PAGE_SIZE, PAGE_SIZE)]);
+        assert!(files.map(3).unwrap().pages(0, 1).iter().all(|&b| b == 3), "mapping asks for everything first");
+        let down = Arc::new(Hidden { fail: true, asked: Default::default(), ..Hidden::clone_files(&fill) });
+        let files = PageFiles::from(File::open(sparse.path()).unwrap()).with_fill(Some(down));
+        let e = files.read_exact_at(&mut buf, 0).unwrap_err();
+        assert_eq!(e.to_string(), "the store is down");
+    }
+
+    impl Hidden {
+        fn clone_files(h: &Hidden) -> Hidden {
+            Hidden { hidden: h.hidden.try_clone().unwrap(), target: h.target.try_clone().unwrap(), asked: Default::default(), fail: h.fail }
+        }
     }
 }
