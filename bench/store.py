@@ -11,7 +11,10 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   remote-cold-v1  remote-cold of the same snapshot pushed in the format before packs
                 (THAW_STORE_FORMAT=1: one object per 8 KiB chunk), the baseline of issue #28
 Time to first response is the restore's `total_ms` (it includes the fetch); the
-remote modes also report bytes fetched and time spent fetching.
+remote modes also report bytes fetched (in all, and before the first response),
+requests before the first response and time spent fetching. A cold restore of a
+snapshot with a head pack fetches the head, starts, and fetches the rest on demand
+(issue #28); `remote-cold-whole` fetches everything first (THAW_STORE_FETCH=whole).
 
 The store is a real MinIO (scripts/build-minio.sh builds it). `loopback` runs it on
 127.0.0.1; `1gbit` / `100mbit` run it in a network namespace behind a veth pair whose
@@ -39,7 +42,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-v1")
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-v1")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
 
@@ -137,9 +140,10 @@ def bench_function(thaw, fn, store, runs, tmp):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
-                st = run_thaw(thaw, env, ["snapshot", "restore", url if mode == "remote-cold" else url_v1], stats)
+                menv = dict(env, THAW_STORE_FETCH="whole") if mode == "remote-cold-whole" else env
+                st = run_thaw(thaw, menv, ["snapshot", "restore", url_v1 if mode == "remote-cold-v1" else url], stats)
                 assert st["store"]["cache_hit"] is False, st["store"]
             else:
                 if not (cache / url.rsplit("/", 1)[1]).is_dir():
@@ -149,7 +153,9 @@ def bench_function(thaw, fn, store, runs, tmp):
                 assert st["store"]["cache_hit"] is True, st["store"]
             s = st.get("store") or {}
             rows.append({"function": fn, "link": store.link, "mode": mode, "run": i, "total_ms": st["total_ms"],
-                         "paging": st["mode"], "bytes_fetched": s.get("bytes_fetched", 0), "requests": s.get("requests", 0),
+                         "paging": st["mode"], "bytes_fetched": s.get("bytes_fetched", 0),
+                         "requests": s.get("requests_before_first_response", s.get("requests", 0)),
+                         "bytes_before_first_response": s.get("bytes_fetched_before_first_response", s.get("bytes_fetched", 0)),
                          "fetch_ms": s.get("fetch_ms", 0.0) if mode.startswith("remote") else 0.0,
                          "push": pushes["v1" if mode == "remote-cold-v1" else "packs"] if mode.startswith("remote") else None})
     return rows
@@ -163,6 +169,7 @@ def medians(rows):
                 "fetch_ms": statistics.median(x["fetch_ms"] for x in v),
                 "bytes_fetched": statistics.median(x["bytes_fetched"] for x in v),
                 "requests": statistics.median(x.get("requests", 0) for x in v),
+                "bytes_before_first_response": statistics.median(x.get("bytes_before_first_response", 0) for x in v),
                 "push": v[0].get("push"),
                 "paging": v[0]["paging"], "n": len(v)} for k, v in out.items()}
 
@@ -212,12 +219,12 @@ def main():
                 store.stop()
     med = medians(rows)
     print(f"{'link':9s} {'function':11s} {'mode':14s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} "
-          f"{'fetch %':>8s} {'MB fetched':>10s} {'requests':>9s}")
+          f"{'fetch %':>8s} {'MB fetched':>10s} {'MB first':>9s} {'requests':>9s}")
     for (link, fn, mode), m in sorted(med.items(), key=lambda kv: (kv[0][0], kv[0][1], MODES.index(kv[0][2]))):
         local = med[(link, fn, "local")]["total_ms"]
         share = 100 * m["fetch_ms"] / m["total_ms"] if m["fetch_ms"] else 0
         print(f"{link:9s} {fn:11s} {mode:14s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
-              f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['requests']:9.0f}")
+              f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f}")
     for (link, fn, mode), m in sorted(med.items()):
         if mode in ("remote-cold", "remote-cold-v1") and m.get("push"):
             p = m["push"]

@@ -396,16 +396,7 @@ fn restore_inner(
     // Before waiting for the prefetched working set: this needs none of it, and
     // the read (on a helper thread) goes on meanwhile. Working-set installs skip
     // pages already present.
-    let rseq_pages: Vec<u64> = img
-        .threads
-        .iter()
-        .filter_map(|t| t.rseq.as_ref())
-        .flat_map(|r| {
-            let first = r.ptr & !(PAGE_SIZE - 1);
-            let last = (r.ptr + r.len as u64 - 1) & !(PAGE_SIZE - 1);
-            (first..=last).step_by(PAGE_SIZE as usize)
-        })
-        .collect();
+    let rseq_pages = rseq_pages(img);
     pageserver::install_pages(&uffd, &source, &rseq_pages, &stats).map_err(|source| RestoreError::Pages { pid, source })?;
     for (i, t) in img.threads.iter().enumerate().rev() {
         let tracee = if i == 0 { tracee } else { threads[i - 1] };
@@ -489,6 +480,19 @@ fn restore_inner(
     lap("resume", &mut phases);
     debug!(pid, ?phases, upfront = stats.pages_installed_upfront.load(Ordering::Relaxed), "restored");
     Ok(Restored { pageserver, stats, prefetch, phases, tracking })
+}
+
+/// The pages holding the threads' rseq areas, installed before the process resumes.
+pub fn rseq_pages(img: &ProcessImage) -> Vec<u64> {
+    img.threads
+        .iter()
+        .filter_map(|t| t.rseq.as_ref())
+        .flat_map(|r| {
+            let first = r.ptr & !(PAGE_SIZE - 1);
+            let last = (r.ptr + r.len as u64 - 1) & !(PAGE_SIZE - 1);
+            (first..=last).step_by(PAGE_SIZE as usize)
+        })
+        .collect()
 }
 
 /// Pages of private file mappings that the process had written (relocations,

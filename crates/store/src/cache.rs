@@ -53,6 +53,34 @@ pub trait Source: Send + Sync {
     fn fetch(&self, id: &str, dir: &Path) -> std::result::Result<(), SourceError>;
 }
 
+/// A complete snapshot directory moved into the cache (renamed file by file, or
+/// copied across file systems); what `Source::fetch` leaves of it is removed by the
+/// caller.
+pub struct Adopt {
+    pub dir: PathBuf,
+}
+
+impl Source for Adopt {
+    fn size(&self, _id: &str) -> std::result::Result<u64, SourceError> {
+        Ok(dir_bytes(&self.dir)?)
+    }
+
+    fn fetch(&self, _id: &str, dest: &Path) -> std::result::Result<(), SourceError> {
+        for e in std::fs::read_dir(&self.dir)? {
+            let e = e?;
+            let to = dest.join(e.file_name());
+            if std::fs::rename(e.path(), &to).is_err() {
+                // Another file system (or a directory entry): copy, leaving the original.
+                if e.file_type()?.is_dir() {
+                    return Err(format!("unexpected directory {} in a snapshot", e.path().display()).into());
+                }
+                std::fs::copy(e.path(), &to)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     bytes: u64,

@@ -14,6 +14,7 @@ pub mod cache;
 pub mod error;
 pub mod fetch;
 pub mod gc;
+pub mod lazy;
 pub mod manifest;
 pub mod pack;
 pub mod publish;
@@ -176,6 +177,12 @@ pub struct StoreSource<'a> {
 impl<'a> StoreSource<'a> {
     pub fn new(store: &'a Store) -> StoreSource<'a> {
         StoreSource { store, manifests: Mutex::new(HashMap::new()), bytes_fetched: Default::default(), requests: Default::default() }
+    }
+
+    /// This source, with the manifest of `id` already fetched (and verified).
+    pub fn with_manifest(self, id: &str, m: Manifest) -> StoreSource<'a> {
+        self.manifests.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), m);
+        self
     }
 
     fn manifest(&self, id: &str) -> Result<Manifest> {

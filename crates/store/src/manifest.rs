@@ -88,6 +88,12 @@ pub struct Manifest {
     /// Format 2: the packs the chunks are in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packs: Vec<PackRef>,
+    /// Format 2: the pack holding, alone, what a restore reads before the process
+    /// resumes (state.bin, ws.trace, the working set's pages in trace order, the
+    /// copy-on-written file pages): a restore that misses the cache starts after the
+    /// manifest and this one read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<u32>,
     pub files: Vec<FileEntry>,
     pub derived: Vec<String>,
 }
@@ -119,6 +125,9 @@ impl Manifest {
             if !is_sha256_hex(&p.name) {
                 return Err(bad(format!("bad pack name '{}'", p.name)));
             }
+        }
+        if m.head.is_some_and(|h| h as usize >= m.packs.len()) {
+            return Err(bad("the head is not one of the packs".into()));
         }
         if m.image_format != thaw_engine::image::FORMAT_VERSION {
             return Err(bad(format!(
@@ -191,6 +200,7 @@ impl Manifest {
         let mut c = self.clone();
         c.format = 0;
         c.packs.clear();
+        c.head = None;
         for ch in c.files.iter_mut().flat_map(|f| &mut f.chunks) {
             (ch.pack, ch.at) = (None, None);
         }
@@ -215,6 +225,7 @@ mod tests {
             image_format: thaw_engine::image::FORMAT_VERSION,
             image_id: 7,
             packs: vec![PackRef { name: sha256_hex(b"pack"), size: 4106 }],
+            head: None,
             files: vec![
                 FileEntry {
                     name: "state.bin".into(),

@@ -154,6 +154,18 @@ pub fn new_packs(plan: &Plan, stored: impl Fn(&str) -> bool, target: u64) -> Vec
     packs
 }
 
+/// The packs a publish of `plan` stores when the store has the chunks `stored` says:
+/// the head first (a pack of its own, whatever of it the store has elsewhere: one
+/// read starts a restore), then the other chunks the store lacks.
+pub fn packs_to_store(plan: &Plan, stored: impl Fn(&str) -> bool) -> Vec<Vec<usize>> {
+    let head_set: HashSet<&str> = plan.head.iter().map(|&i| plan.uploads[i].sha256.as_str()).collect();
+    let mut packs = new_packs(plan, |sha| stored(sha) || head_set.contains(sha), PACK_TARGET);
+    if !plan.head.is_empty() {
+        packs.insert(0, plan.head.clone());
+    }
+    packs
+}
+
 /// Build new pack `members` of `plan` and store it (unless the store has it, whole
 /// and not condemned). Returns the pack and whether it was sent.
 pub async fn store_pack(remote: &Remote, plan: &Plan, members: &[usize], condemned: &HashSet<String>, requests: &std::sync::atomic::AtomicU64) -> Result<(PackRef, bool)> {
@@ -182,7 +194,8 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
             ..Default::default()
         });
     }
-    let new_packs = new_packs(plan, |sha| places.contains_key(sha), PACK_TARGET);
+    let new_packs = packs_to_store(plan, |sha| places.contains_key(sha));
+    let has_head = !plan.head.is_empty();
     let counter_ref = &counter;
     let stored: Vec<(usize, PackRef, bool)> = futures::stream::iter(new_packs.iter().enumerate())
         .map(|(n, members)| async move {
@@ -210,13 +223,19 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         let mut off = 0;
         for &i in members {
             let u = &plan.uploads[i];
-            at_of.insert(&u.sha256, (pack.clone(), off));
+            at_of.entry(&u.sha256).or_insert((pack.clone(), off));
             off += u.len;
         }
     }
     let mut m = plan.manifest.clone();
     m.format = MANIFEST_FORMAT;
-    let mut pack_index: BTreeMap<String, u32> = BTreeMap::new();
+    if has_head {
+        // Pack 0, so every chunk in it is placed there.
+        let head = new_refs[0].clone().expect("the head was stored");
+        m.packs.push(head);
+        m.head = Some(0);
+    }
+    let mut pack_index: BTreeMap<String, u32> = m.packs.iter().enumerate().map(|(n, p)| (p.name.clone(), n as u32)).collect();
     for c in m.files.iter_mut().flat_map(|f| &mut f.chunks) {
         let Some(sha) = &c.sha256 else { continue };
         let (pack, at) = at_of.get(sha.as_str()).cloned().or_else(|| places.get(sha).cloned()).expect("every chunk is placed");
@@ -235,12 +254,13 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     let id = sha256_hex(&bytes);
     let manifest_len = bytes.len() as u64;
     remote.put(&Remote::manifest_key(&id), Bytes::from(bytes)).await?;
-    let chunks_uploaded: usize = new_packs.iter().map(Vec::len).sum();
+    let chunks_uploaded: usize = new_packs.iter().skip(usize::from(has_head)).map(Vec::len).sum::<usize>()
+        + if has_head { plan.head.iter().filter(|&&i| !places.contains_key(&plan.uploads[i].sha256)).count() } else { 0 };
     Ok(Published {
         id,
         manifest_len,
         chunks_uploaded,
-        chunk_bytes_uploaded: new_packs.iter().flatten().map(|&i| plan.uploads[i].len).sum(),
+        chunk_bytes_uploaded: new_packs.iter().flatten().filter(|&&i| !places.contains_key(&plan.uploads[i].sha256)).map(|&i| plan.uploads[i].len).sum(),
         packs: m.packs.len(),
         packs_uploaded: uploaded.0,
         bytes_uploaded: uploaded.1 + manifest_len,
@@ -296,20 +316,44 @@ async fn repair(remote: &Remote, plan: &Plan, m: &Manifest, condemned: &HashSet<
     Ok(sent)
 }
 
-/// One ranged read of a pack and the chunks in it: (at, len, sha, places to write).
-struct Span {
-    pack: String,
-    start: u64,
-    end: u64,
-    chunks: Vec<(u64, u64, String, Vec<(usize, u64)>)>,
+/// One ranged read of a pack and the chunks in it: (at, len, sha, places to write
+/// as (file index, offset)).
+pub(crate) struct Span {
+    pub(crate) pack: String,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) chunks: Vec<(u64, u64, String, Vec<(usize, u64)>)>,
+}
+
+/// Read span `s` and return each of its chunks' bytes, checked against its hash.
+pub(crate) async fn read_span(remote: &Remote, s: &Span) -> Result<Vec<Bytes>> {
+    let key = pack_key(&s.pack);
+    let data = read_range(remote, &key, s.start..s.end).await?;
+    s.chunks
+        .iter()
+        .map(|(at, len, sha, _)| {
+            let part = data.slice((at - s.start) as usize..(at - s.start + len) as usize);
+            let got = sha256_hex(&part);
+            if got != *sha {
+                return Err(StoreError::Corrupt { object: remote.url.object_url(&key), detail: format!("the chunk at {at} hashes to {got}, not {sha}") });
+            }
+            Ok(part)
+        })
+        .collect()
 }
 
 /// The reads that fetch every stored chunk of `m` (format 2): per pack, the chunks'
 /// ranges, coalesced across gaps under [`RANGE_GAP`].
 fn spans(m: &Manifest) -> Vec<Span> {
+    spans_of(m, |_, _| true, RANGE_GAP)
+}
+
+/// The reads that fetch the chunks of `m` that `wanted(file index, chunk)` picks,
+/// ranges of one pack less than `gap` apart coalesced.
+pub(crate) fn spans_of(m: &Manifest, wanted: impl Fn(usize, &crate::manifest::Chunk) -> bool, gap: u64) -> Vec<Span> {
     let mut by_pack: BTreeMap<u32, BTreeMap<u64, (u64, String, Vec<(usize, u64)>)>> = BTreeMap::new();
     for (fi, f) in m.files.iter().enumerate() {
-        for c in &f.chunks {
+        for c in f.chunks.iter().filter(|c| wanted(fi, c)) {
             if let (Some(sha), Some(p), Some(at)) = (&c.sha256, c.pack, c.at) {
                 by_pack.entry(p).or_default().entry(at).or_insert_with(|| (c.len, sha.clone(), Vec::new())).2.push((fi, c.offset));
             }
@@ -320,7 +364,7 @@ fn spans(m: &Manifest) -> Vec<Span> {
         let name = &m.packs[p as usize].name;
         for (at, (len, sha, places)) in chunks {
             match out.last_mut() {
-                Some(s) if s.pack == *name && at <= s.end + RANGE_GAP => {
+                Some(s) if s.pack == *name && at <= s.end.saturating_add(gap) => {
                     s.end = s.end.max(at + len);
                     s.chunks.push((at, len, sha, places));
                 }
@@ -336,21 +380,14 @@ fn spans(m: &Manifest) -> Vec<Span> {
 pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, files: &HashMap<usize, File>, progress: &(dyn Fn(u64) + Sync)) -> Result<(usize, u64)> {
     let got: Vec<u64> = futures::stream::iter(spans(m))
         .map(|s| async move {
-            let key = pack_key(&s.pack);
-            let object = remote.url.object_url(&key);
-            let data = read_range(remote, &key, s.start..s.end).await?;
-            for (at, len, sha, places) in &s.chunks {
-                let part = &data[(at - s.start) as usize..(at - s.start + len) as usize];
-                let got = sha256_hex(part);
-                if got != *sha {
-                    return Err(StoreError::Corrupt { object, detail: format!("the chunk at {at} hashes to {got}, not {sha}") });
-                }
+            let parts = read_span(remote, &s).await?;
+            for ((_, len, _, places), part) in s.chunks.iter().zip(&parts) {
                 for (fi, off) in places {
                     files[fi].write_all_at(part, *off).map_err(StoreError::local(dir, format!("writing {}", m.files[*fi].name)))?;
                 }
                 progress(*len);
             }
-            Ok::<u64, StoreError>(data.len() as u64)
+            Ok::<u64, StoreError>(s.end - s.start)
         })
         .buffer_unordered(crate::remote::CONCURRENCY)
         .try_collect()
@@ -389,6 +426,7 @@ mod tests {
             image_format: thaw_engine::image::FORMAT_VERSION,
             image_id: 1,
             packs,
+            head: None,
             files: vec![FileEntry {
                 name: "pages.img".into(),
                 size: 5 * 4096,

@@ -48,6 +48,12 @@ pub struct Plan {
     pub id: String,
     /// The distinct stored chunks: (file, offset, len, sha). ws.trace is held in memory.
     pub uploads: Vec<Upload>,
+    /// What a restore reads before the process resumes, in that order (indexes into
+    /// `uploads`): state.bin, ws.trace, the chunks of the working set's pages in the
+    /// order the trace first touched them, then those of the pages written into
+    /// private file mappings before resume. Stored as a pack of its own (the head),
+    /// so a restore that misses the cache starts after one read.
+    pub head: Vec<usize>,
     ws_trace: Option<Bytes>,
 }
 
@@ -144,9 +150,13 @@ pub fn plan(dir: &Path) -> Result<Plan> {
 
     // The working set, if there is one and it belongs to this image.
     let mut ws_trace = None;
+    let mut ws_pages: Vec<u64> = Vec::new();
     if WorkingSet::exists(dir) {
         match WorkingSet::load(dir, snap.id) {
-            Ok(_) => {
+            Ok(set) => {
+                // Stored pages in the order the trace first touched them.
+                let mut seen = HashSet::new();
+                ws_pages = set.trace.iter().filter_map(|t| t.file_page).filter(|fp| seen.insert(*fp)).collect();
                 let t = std::fs::read(dir.join(TRACE_FILE)).map_err(io("reading ws.trace"))?;
                 let chunks = t
                     .chunks(FILE_CHUNK as usize)
@@ -175,10 +185,52 @@ pub fn plan(dir: &Path) -> Result<Plan> {
         }
         entries.push(FileEntry { name: name.to_string(), size, chunks: list });
     }
+    // The head: chunks of state.bin and ws.trace, of the working set's pages (trace
+    // order), of the copy-on-written pages of private file mappings and of the rseq
+    // areas (both written before resume). pages.img chunks tile the file in offset
+    // order.
+    let upload_of: std::collections::HashMap<&str, usize> = uploads.iter().enumerate().map(|(i, u)| (u.sha256.as_str(), i)).collect();
+    let mut head = Vec::new();
+    let mut in_head = HashSet::new();
+    let mut add = |sha: &Option<String>, head: &mut Vec<usize>| {
+        if let Some(&i) = sha.as_deref().and_then(|s| upload_of.get(s)) {
+            if in_head.insert(i) {
+                head.push(i);
+            }
+        }
+    };
+    for e in entries.iter().filter(|e| e.name != PAGES_FILE) {
+        for c in &e.chunks {
+            add(&c.sha256, &mut head);
+        }
+    }
+    if let Some(pages) = entries.iter().find(|e| e.name == PAGES_FILE) {
+        let chunk_at = |fp: u64| {
+            let off = fp * PAGE;
+            let i = pages.chunks.partition_point(|c| c.offset + c.len <= off);
+            pages.chunks.get(i)
+        };
+        let cow = snap.image.vmas.iter().filter(|v| matches!(v.kind, thaw_engine::image::VmaKind::FilePrivate { .. })).flat_map(|v| {
+            snap.image.pages.runs.iter().filter(move |r| r.vaddr < v.end && r.vaddr + r.npages * PAGE > v.start).flat_map(move |r| {
+                let s = r.vaddr.max(v.start);
+                let e = (r.vaddr + r.npages * PAGE).min(v.end);
+                let fp = r.file_page + (s - r.vaddr) / PAGE;
+                fp..fp + (e - s) / PAGE
+            })
+        });
+        // Each thread's rseq area, installed before resume.
+        let rseq: Vec<u64> = thaw_engine::restore::rseq_pages(&snap.image).into_iter().filter_map(|vaddr| snap.image.pages.lookup(vaddr)).collect();
+        for fp in ws_pages.iter().copied().chain(cow).chain(rseq) {
+            if let Some(c) = chunk_at(fp) {
+                add(&c.sha256, &mut head);
+            }
+        }
+    }
     let derived = if ws_trace.is_some() { vec![thaw_engine::ws::PAGES_FILE.to_string()] } else { vec![] };
     let manifest = Manifest {
         format: MANIFEST_FORMAT_CHUNKS,
         packs: vec![],
+        head: None,
         image_format: thaw_engine::image::FORMAT_VERSION,
         image_id: snap.id,
         files: entries,
@@ -186,7 +238,7 @@ pub fn plan(dir: &Path) -> Result<Plan> {
     };
     let manifest_bytes = manifest.to_bytes();
     let id = sha256_hex(&manifest_bytes);
-    Ok(Plan { dir: dir.to_path_buf(), manifest, manifest_bytes, id, uploads, ws_trace })
+    Ok(Plan { dir: dir.to_path_buf(), manifest, manifest_bytes, id, uploads, head, ws_trace })
 }
 
 impl Plan {

@@ -430,9 +430,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 bail!("--invocations must be at least 1");
             }
             let t0 = Instant::now();
-            let fetched = store_cmd::resolve(&snapdir, &cli.data_dir, cache_max_bytes)?;
+            let mut fetched = store_cmd::resolve(&snapdir, &cli.data_dir, cache_max_bytes)?;
             let check = thaw_engine::fingerprint::CodeCheck::from_env().map_err(anyhow::Error::msg)?;
-            let mut snap = LoadedSnapshot::open_checked(fetched.dir(), share_memory, check)?;
+            let mut snap = LoadedSnapshot::open_filled(fetched.dir(), share_memory, check, fetched.fill())?;
             snap.reprofile_threshold = reprofile_threshold;
             snap.set_track_writes(reset);
             snap.merge_misses = !no_ws_merge;
@@ -477,6 +477,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 times.push(ms(t.elapsed()));
                 if first_stats.is_none() {
                     first_stats = Some(inst.page_stats());
+                    fetched.first_response();
                 }
                 let (live, success) = report(inst, out, inv.quiet)?;
                 inst = live;
@@ -517,10 +518,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let recorded = inst.recorded_pages();
             let mem_peak = inst.memory_peak_bytes();
             inst.kill();
+            drop(snap);
+            let store_stats = fetched.finish();
             write_stats(
                 &inv.stats,
                 json!({"mode": mode.name(), "requested_mode": paging.name(), "prefetch": prefetch, "recorded_pages": recorded,
-                       "memory_peak_bytes": mem_peak, "store": fetched.stats,
+                       "memory_peak_bytes": mem_peak, "store": store_stats,
                        "open_ms": open_ms, "sandbox_ms": start.sandbox_ms, "restore_ms": restore_ms,
                        "prepared_sandbox": start.prepared_sandbox, "sandbox_prepare_ms": prepare_ms,
                        "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times, "resets": resets,

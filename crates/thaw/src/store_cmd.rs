@@ -2,11 +2,14 @@
 //! (the `thaw-store` crate does the work; this is arguments and output).
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
 use thaw_store::{SnapshotUrl, Store, StoreConfig, StoreUrl};
 
 /// How to reach the store. Credentials come from the environment only, as for
@@ -164,45 +167,152 @@ pub fn gc(a: GcArgs) -> Result<()> {
 }
 
 /// The snapshot a restore uses: a local directory, or a stored snapshot
-/// fetched into the node cache (pinned while this lives).
+/// fetched into the node cache (pinned while this lives), or — a miss of a snapshot
+/// with a head pack — its head only, the rest fetched as the restore faults on it
+/// ([`thaw_store::lazy`]) and completed into the cache by [`Resolved::finish`].
 pub struct Resolved {
     dir: PathBuf,
     _pin: Option<thaw_store::cache::Handle>,
     /// For --stats: null for a local directory, else what the fetch did.
     pub stats: serde_json::Value,
+    lazy: Option<Lazy>,
+}
+
+struct Lazy {
+    fill: Arc<thaw_store::lazy::RemoteFill>,
+    cache: Arc<thaw_store::cache::Cache>,
+    id: String,
+    /// Requests and bytes of the manifest.
+    manifest: (u64, u64),
+    before_first_response: Option<(u64, u64)>,
 }
 
 impl Resolved {
     pub fn dir(&self) -> &std::path::Path {
         &self.dir
     }
+
+    /// What the engine asks for pages not fetched yet (a lazy miss).
+    pub fn fill(&self) -> Option<Arc<dyn thaw_engine::pagefiles::PageFill>> {
+        self.lazy.as_ref().map(|l| l.fill.clone() as Arc<dyn thaw_engine::pagefiles::PageFill>)
+    }
+
+    fn fetched(l: &Lazy) -> (u64, u64) {
+        let c = &l.fill.counters;
+        (l.manifest.0 + c.requests.load(Ordering::Relaxed), l.manifest.1 + c.bytes.load(Ordering::Relaxed))
+    }
+
+    /// Note what was fetched by the time the first response came back.
+    pub fn first_response(&mut self) {
+        if let Some(l) = &mut self.lazy {
+            if l.before_first_response.is_none() {
+                l.before_first_response = Some(Self::fetched(l));
+            }
+        }
+    }
+
+    /// After the restore: fetch the rest of a lazy miss and install it in the cache
+    /// (a failure only means the next restore fetches again). Returns the stats.
+    pub fn finish(mut self) -> serde_json::Value {
+        let Some(l) = self.lazy.take() else { return self.stats.clone() };
+        let before = l.before_first_response.unwrap_or_else(|| Self::fetched(&l));
+        let completed = l.fill.complete();
+        let (requests, bytes) = Self::fetched(&l);
+        let mut stats = self.stats.clone();
+        stats["requests_before_first_response"] = json!(before.0);
+        stats["bytes_fetched_before_first_response"] = json!(before.1);
+        stats["requests"] = json!(requests);
+        stats["bytes_fetched"] = json!(bytes);
+        let installed = completed
+            .map_err(anyhow::Error::from)
+            .and_then(|()| thaw_engine::image::Snapshot::open(&self.dir).map(drop).map_err(anyhow::Error::from))
+            .and_then(|()| l.cache.get(&l.id, &thaw_store::cache::Adopt { dir: self.dir.clone() }).map(drop).map_err(anyhow::Error::from));
+        if let Err(e) = &installed {
+            tracing::warn!(error = %format!("{e:#}"), "the fetched snapshot was not cached; the next restore fetches it again");
+        }
+        stats["cached"] = json!(installed.is_ok());
+        let _ = std::fs::remove_dir_all(&self.dir);
+        stats
+    }
+}
+
+impl Drop for Resolved {
+    /// A lazy miss not finished (the restore failed): its partial files go.
+    fn drop(&mut self) {
+        if self.lazy.take().is_some() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Where a lazy miss is assembled: `ROOT/lazy/<pid>-<id>` (a process that died left
+/// its directory behind: removed by the next restore).
+fn lazy_dir(cache_root: &std::path::Path, id: &str) -> Result<PathBuf> {
+    let root = cache_root.join("lazy");
+    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    for e in std::fs::read_dir(&root)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid: Option<i32> = name.split('-').next().and_then(|p| p.parse().ok());
+        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let dir = root.join(format!("{}-{id}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
 }
 
 /// `snap` as given to `thaw snapshot restore`: a directory, or s3://BUCKET/PREFIX/ID
-/// fetched (verified) into DATA_DIR/snapshot-cache unless cached there already.
+/// fetched (verified) into DATA_DIR/snapshot-cache unless cached there already. A
+/// miss fetches only the snapshot's head when it has one (`THAW_STORE_FETCH=whole`
+/// fetches everything first, as before heads).
 pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_bytes: u64) -> Result<Resolved> {
     let Some(url) = snap.to_str().filter(|s| s.starts_with("s3://")) else {
-        return Ok(Resolved { dir: snap.to_path_buf(), _pin: None, stats: serde_json::Value::Null });
+        return Ok(Resolved { dir: snap.to_path_buf(), _pin: None, stats: serde_json::Value::Null, lazy: None });
     };
     let url = SnapshotUrl::parse(url)?;
     let t0 = std::time::Instant::now();
-    let cache = thaw_store::cache::Cache::open(&data_dir.join("snapshot-cache"), cache_max_bytes)?;
+    let cache_root = data_dir.join("snapshot-cache");
+    let cache = thaw_store::cache::Cache::open(&cache_root, cache_max_bytes)?;
     // A hit needs no store: the client (an I/O runtime, TLS roots) is built only on a miss.
     if cache.contains(&url.id) {
         if let Ok(handle) = cache.get(&url.id, &Unreachable) {
-            let stats = serde_json::json!({"url": url.to_string(), "cache_hit": true, "cached": handle.cached(),
+            let stats = json!({"url": url.to_string(), "cache_hit": true, "cached": handle.cached(),
                 "bytes_fetched": 0, "requests": 0, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-            return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats });
+            return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats, lazy: None });
         }
     }
-    let store = Store::open(&url.store, &StoreConfig::default())?;
-    let source = thaw_store::StoreSource::new(&store);
+    let store = Arc::new(Store::open(&url.store, &StoreConfig::default())?);
+    let (m, manifest_len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
+    if m.head.is_some() && std::env::var("THAW_STORE_FETCH").as_deref() != Ok("whole") {
+        let dir = lazy_dir(&cache_root, &url.id)?;
+        match thaw_store::lazy::open(store.clone(), m.clone(), &dir) {
+            Ok(Some(fill)) => {
+                let c = &fill.counters;
+                let (requests, bytes) = (1 + c.requests.load(Ordering::Relaxed), manifest_len + c.bytes.load(Ordering::Relaxed));
+                let stats = json!({"url": url.to_string(), "cache_hit": false, "lazy": true, "bytes_fetched": bytes,
+                    "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+                let lazy = Lazy { fill, cache, id: url.id.clone(), manifest: (1, manifest_len), before_first_response: None };
+                return Ok(Resolved { dir, _pin: None, stats, lazy: Some(lazy) });
+            }
+            Ok(None) => {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(anyhow::Error::from(e).context(format!("fetching {url}")));
+            }
+        }
+    }
+    let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, m);
     let handle = cache.get(&url.id, &source).with_context(|| format!("fetching {url}"))?;
-    let bytes = source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed);
-    let requests = source.requests.load(std::sync::atomic::Ordering::Relaxed);
-    let stats = serde_json::json!({"url": url.to_string(), "cache_hit": bytes == 0, "cached": handle.cached(),
-        "bytes_fetched": bytes, "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-    Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats })
+    let bytes = source.bytes_fetched.load(Ordering::Relaxed) + manifest_len;
+    let requests = source.requests.load(Ordering::Relaxed) + 1;
+    let stats = json!({"url": url.to_string(), "cache_hit": false, "cached": handle.cached(), "lazy": false,
+        "bytes_fetched": bytes, "requests": requests, "requests_before_first_response": requests,
+        "bytes_fetched_before_first_response": bytes, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+    Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats, lazy: None })
 }
 
 /// The source of a lookup expected to hit (a miss is an error, and the caller

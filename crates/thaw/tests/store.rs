@@ -1,5 +1,7 @@
 //! `thaw snapshot push | pull | gc` against a real MinIO started by the test:
-//! a pulled snapshot restores and answers like the original; a second version
+//! a pulled snapshot restores and answers like the original, and so does a restore
+//! straight from the store that starts after the working set (the head) arrived and
+//! fetches the rest as it faults; a second version
 //! of a function stores only the chunks that differ; corruption and a store
 //! that is down are clear errors that leave nothing behind.
 
@@ -48,18 +50,41 @@ fn push_pull_restore_round_trip() {
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     assert_eq!(st["mode"], "prefetch", "the pulled working set (ws.pages rebuilt from pages.img) is used: {st}");
 
-    // Restore straight from the store: the first fetches into the node cache, the second hits it.
-    for (i, hit) in [(1, false), (2, true)] {
+    // Restore straight from the store: the first fetches into the node cache (working
+    // set first: the manifest and the head, then faults), the second hits it. The
+    // third and fourth do the same fetching everything first (THAW_STORE_FETCH=whole).
+    let snapshot_bytes = r["snapshot_bytes"].as_u64().unwrap();
+    let id = url.rsplit('/').next().unwrap();
+    for (i, hit, whole) in [(1, false, false), (2, true, false), (3, false, true), (4, true, true)] {
+        if i == 3 {
+            std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id)).unwrap();
+        }
         let stats = scratch().join(format!("rt-s3-stats-{i}.json"));
-        let o = ok(thaw_s3(&m, &["snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]));
+        let args = ["snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()];
+        let o = if whole { ok(s3::thaw_s3_env(&m, &args, &[("THAW_STORE_FETCH", "whole")])) } else { ok(thaw_s3(&m, &args)) };
         assert_eq!(stdout(&o), original);
         let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-        assert_eq!(st["store"]["cache_hit"], hit, "{st}");
-        assert_eq!(st["store"]["cached"], true, "{st}");
-        let fetched = st["store"]["bytes_fetched"].as_u64().unwrap();
+        let s = &st["store"];
+        assert_eq!(s["cache_hit"], hit, "{st}");
+        assert_eq!(s["cached"], true, "{st}");
+        let fetched = s["bytes_fetched"].as_u64().unwrap();
         assert!(if hit { fetched == 0 } else { fetched > 1 << 20 }, "{st}");
-        eprintln!("restore from the store #{i}: {}", st["store"]);
+        if !hit {
+            let (reqs, first) = (s["requests_before_first_response"].as_u64().unwrap(), s["bytes_fetched_before_first_response"].as_u64().unwrap());
+            assert!(reqs <= 4, "{reqs} requests before the first response: {s}");
+            assert_eq!(s["lazy"], !whole, "{s}");
+            if whole {
+                assert!(first >= snapshot_bytes, "{s}");
+            } else {
+                assert!(first < snapshot_bytes / 2, "the instance started before the image was here: {s}");
+                assert_eq!(st["mode"], "prefetch", "the working set came with the head: {st}");
+            }
+        }
+        eprintln!("restore from the store #{i}: {s}");
     }
+    let left: Vec<_> = std::fs::read_dir(scratch().join("data/snapshot-cache/lazy")).unwrap().flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(id)).collect();
+    assert!(left.is_empty(), "nothing is left of the lazy fetches: {left:?}");
 
     // Pulling onto an existing directory is refused and changes nothing.
     let o = thaw_s3(&m, &["snapshot", "pull", &url, pulled.to_str().unwrap()]);
@@ -147,4 +172,54 @@ fn corruption_and_a_store_that_is_down_are_clear_errors_that_leave_nothing() {
     assert!(stderr(&o).starts_with(&format!("thaw: error: pushing {} to s3://errs:", snap.display())), "{}", stderr(&o));
     let o = thaw_s3(&m, &["snapshot", "gc", "s3://errs", "--store-timeout", "5"]);
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// Working set first: the instance starts before the image is here, so a fetch can
+/// fail after the start. Here every pack but the head is corrupt, and the call touches
+/// memory the recorded working set did not: the fault's fetch fails its hash check,
+/// the page server kills the instance (never a wrong page, never a hang), the restore
+/// fails naming the pack, and nothing is cached or left behind.
+#[test]
+fn a_fetch_that_fails_after_the_start_kills_the_instance() {
+    let m = Minio::start();
+    let code = bundle(
+        "late-fail",
+        &[(
+            "handler.py",
+            "BLOCKS = [bytes([i % 251]) * 4096 for i in range(4096)]  # 16 MiB, each page its own\n\n\
+             def handler(event, context):\n    \
+             return sum(b[0] for b in BLOCKS) if event.get('touch') else 'idle'\n",
+        )],
+    );
+    let snap = scratch().join("late-fail.snap");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    // The working set is recorded by a call that leaves the blocks alone.
+    ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", r#"{"touch":false}"#, "--quiet"]));
+    let o = ok(thaw_s3(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://late-fail", "--create-bucket"]));
+    let url = last_line(&o);
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let store = thaw_store::Store::open(&thaw_store::StoreUrl::parse("s3://late-fail").unwrap(), &s3::store_config(&m)).unwrap();
+    let manifest = store.manifest(&id).unwrap();
+    let head = manifest.head.expect("a snapshot with a working set has a head") as usize;
+    assert!(manifest.packs.len() > 1, "{:?}", manifest.packs);
+    for (n, p) in manifest.packs.iter().enumerate().filter(|(n, _)| *n != head) {
+        let key = format!("packs/{}", p.name);
+        let good = store.block_on(store.remote.get(&key)).unwrap();
+        let bad: Vec<u8> = good.iter().map(|b| b ^ 0xff).collect();
+        store.block_on(store.remote.put(&key, bad.into())).unwrap();
+        eprintln!("corrupted pack {n} of {}", manifest.packs.len());
+    }
+    // What the working set covers still restores and answers.
+    let o = ok(thaw_s3(&m, &["snapshot", "restore", &url, "--payload", r#"{"touch":false}"#, "--quiet"]));
+    assert_eq!(stdout(&o).trim(), r#""idle""#);
+    std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(&id)).ok();
+    // What it does not cover needs the corrupt packs.
+    let o = thaw_s3(&m, &["snapshot", "restore", &url, "--payload", r#"{"touch":true}"#, "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("invocation failed") && e.contains("page server: ") && e.contains("is corrupt or truncated"), "{e}");
+    assert!(!scratch().join("data/snapshot-cache/entries").join(&id).exists(), "nothing cached");
+    let left: Vec<_> = std::fs::read_dir(scratch().join("data/snapshot-cache/lazy")).unwrap().flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(&id)).collect();
+    assert!(left.is_empty(), "nothing is left behind: {left:?}");
 }

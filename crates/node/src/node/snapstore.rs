@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use thaw_engine::fingerprint::{self, CodeCheck};
 use thaw_engine::instance::LoadedSnapshot;
 
-use thaw_store::cache::{self, Cache, CacheError, Handle, Source, SourceError};
+use thaw_store::cache::{self, Cache, CacheError, Handle};
 use thaw_store::{Store, StoreConfig, StoreError, StoreSource, StoreUrl};
 use thiserror::Error;
 use tracing::{info, warn};
@@ -114,7 +114,7 @@ impl SnapshotStore {
     pub fn adopt(&self, id: &str, snapdir: &Path) -> Option<Handle> {
         let handle = self
             .cache
-            .get(id, &Adopt { dir: snapdir.to_path_buf() })
+            .get(id, &cache::Adopt { dir: snapdir.to_path_buf() })
             .inspect_err(|e| warn!(error = %crate::node::error_chain(e), "moving a published snapshot into the cache"))
             .ok();
         let _ = std::fs::remove_dir_all(snapdir);
@@ -211,32 +211,6 @@ impl SnapshotStore {
     }
 }
 
-/// A cache source that moves a freshly captured snapshot's files in (same file
-/// system: renames; otherwise copies).
-struct Adopt {
-    dir: PathBuf,
-}
-
-impl Source for Adopt {
-    fn size(&self, _id: &str) -> Result<u64, SourceError> {
-        Ok(cache::dir_bytes(&self.dir)?)
-    }
-
-    fn fetch(&self, _id: &str, dest: &Path) -> Result<(), SourceError> {
-        for e in std::fs::read_dir(&self.dir)? {
-            let e = e?;
-            let to = dest.join(e.file_name());
-            if std::fs::rename(e.path(), &to).is_err() {
-                // Another file system (or a directory entry): copy, leaving the original.
-                if e.file_type()?.is_dir() {
-                    return Err(format!("unexpected directory {} in a snapshot", e.path().display()).into());
-                }
-                std::fs::copy(e.path(), &to)?;
-            }
-        }
-        Ok(())
-    }
-}
 
 /// How the node sets up every snapshot it opens.
 #[derive(Clone, Default)]

@@ -17,9 +17,17 @@ use crate::common::{ok, sample, scratch, stdout, thaw};
 
 /// `thaw ARGS` with the store's environment.
 pub fn thaw_s3(m: &Minio, args: &[&str]) -> Output {
+    thaw_s3_env(m, args, &[])
+}
+
+/// [`thaw_s3`] with more environment.
+pub fn thaw_s3_env(m: &Minio, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"));
     c.env("THAW_DATA_DIR", scratch().join("data")).env_remove("THAW_LOG").args(args);
     for (k, v) in m.env() {
+        c.env(k, v);
+    }
+    for (k, v) in env {
         c.env(k, v);
     }
     c.output().expect("running thaw")

@@ -1,0 +1,227 @@
+//! Working set first (issue #28): a restore that misses the cache starts after two
+//! reads — the manifest and the snapshot's head pack (state.bin, ws.trace, the
+//! working set's pages, the copy-on-written file pages; see `publish::Plan::head`)
+//! — instead of after the whole image. The rest of pages.img stays a hole until a
+//! fault needs it: [`RemoteFill`], the engine's `PageFill` for this snapshot, reads
+//! the chunk a fault falls in from its pack (one request in flight per chunk,
+//! neighbours that are missing too come along), checks it against its hash and
+//! writes it into the file; [`RemoteFill::complete`] fetches everything left (for
+//! the cache) once the restore no longer waits.
+//!
+//! A fetch that fails (store down, a corrupt pack) fails the read: the page server
+//! kills the instance, which never runs on a page the image did not provide.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use thaw_engine::image::PAGES_FILE;
+use thaw_engine::pagefiles::PageFill;
+
+use crate::error::{Result, StoreError};
+use crate::manifest::Manifest;
+use crate::pack::{read_span, spans_of};
+use crate::Store;
+
+/// Chunks a fault may bring along with its own (missing neighbours in the same
+/// pack, read in the same request).
+const FAULT_NEIGHBOURS: usize = 16;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    Absent,
+    Fetching,
+    Present,
+}
+
+/// What a lazy fetch read, for `--stats`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+/// pages.img of a snapshot arriving from the store.
+pub struct RemoteFill {
+    store: Arc<Store>,
+    m: Manifest,
+    /// Index of pages.img in `m.files`.
+    file: usize,
+    pages: File,
+    dir: PathBuf,
+    state: Mutex<Vec<State>>,
+    changed: Condvar,
+    pub counters: Counters,
+}
+
+/// Fetch the head of stored snapshot `id` into the empty directory `dir`: every
+/// file but pages.img complete, pages.img sparse with the head's pages in place,
+/// ws.pages rebuilt. None: the snapshot has no head (format 1, or published before
+/// heads), fetch it whole instead.
+pub fn open(store: Arc<Store>, m: Manifest, dir: &Path) -> Result<Option<Arc<RemoteFill>>> {
+    let Some(head) = m.head else { return Ok(None) };
+    let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
+    let mut files = Vec::new();
+    for f in &m.files {
+        let h = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .open(dir.join(&f.name))
+            .map_err(StoreError::local(dir, format!("creating {}", f.name)))?;
+        h.set_len(f.size).map_err(StoreError::local(dir, format!("sizing {}", f.name)))?;
+        files.push(h);
+    }
+    // Everything in the head pack, in one read; every other file must be in it.
+    let complete_elsewhere = m.files.iter().enumerate().any(|(fi, f)| fi != file && f.chunks.iter().any(|c| c.sha256.is_some() && c.pack != Some(head)));
+    if complete_elsewhere {
+        return Ok(None);
+    }
+    let counters = Counters::default();
+    let spans = spans_of(&m, |_, c| c.pack == Some(head), u64::MAX);
+    let mut state: Vec<State> =
+        m.files[file].chunks.iter().map(|c| if c.sha256.is_none() { State::Present } else { State::Absent }).collect();
+    for s in &spans {
+        let parts = store.block_on(read_span(&store.remote, s))?;
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        counters.bytes.fetch_add(s.end - s.start, Ordering::Relaxed);
+        for ((_, _, _, places), part) in s.chunks.iter().zip(&parts) {
+            for &(fi, off) in places {
+                files[fi].write_all_at(part, off).map_err(StoreError::local(dir, format!("writing {}", m.files[fi].name)))?;
+                if fi == file {
+                    let i = m.files[file].chunks.partition_point(|c| c.offset < off);
+                    state[i] = State::Present;
+                }
+            }
+        }
+    }
+    let pages = files.swap_remove(file);
+    let fill = Arc::new(RemoteFill {
+        store,
+        m,
+        file,
+        pages,
+        dir: dir.to_path_buf(),
+        state: Mutex::new(state),
+        changed: Condvar::new(),
+        counters,
+    });
+    // ws.pages, from the trace and the pages just fetched (a fault fetches any other).
+    if fill.m.derived.iter().any(|d| d == thaw_engine::ws::PAGES_FILE) {
+        let trace = std::fs::read(dir.join(thaw_engine::ws::TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
+        let set = thaw_engine::ws::WorkingSet::parse(dir, &trace, fill.m.image_id)
+            .map_err(|source| StoreError::WorkingSet { dir: dir.to_path_buf(), source })?;
+        let own = File::open(dir.join(PAGES_FILE)).map_err(StoreError::local(dir, "opening pages.img"))?;
+        let files = thaw_engine::pagefiles::PageFiles::from(own).with_fill(Some(fill.clone() as Arc<dyn PageFill>));
+        thaw_engine::ws::write(dir, fill.m.image_id, &set.trace, &files)
+            .map_err(|source| StoreError::WorkingSet { dir: dir.to_path_buf(), source })?;
+    }
+    Ok(Some(fill))
+}
+
+impl RemoteFill {
+    fn chunks(&self) -> &[crate::manifest::Chunk] {
+        &self.m.files[self.file].chunks
+    }
+
+    /// The chunks of pages.img overlapping bytes `offset..offset + len`.
+    fn overlapping(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
+        let c = self.chunks();
+        let first = c.partition_point(|c| c.offset + c.len <= offset);
+        let end = c.partition_point(|c| c.offset < offset + len);
+        first..end.max(first)
+    }
+
+    /// Fetch chunks `idx` (marked Fetching by the caller), one request per pack range.
+    fn fetch(&self, idx: &[usize]) -> std::io::Result<()> {
+        tracing::debug!(chunks = idx.len(), first_offset = self.chunks()[idx[0]].offset, "fetching pages on demand");
+        let want: std::collections::HashSet<u64> = idx.iter().map(|&i| self.chunks()[i].offset).collect();
+        let spans = spans_of(&self.m, |fi, c| fi == self.file && want.contains(&c.offset), 0);
+        let mut done = Vec::new();
+        let mut result = Ok(());
+        for s in &spans {
+            let parts = match self.store.block_on(read_span(&self.store.remote, s)) {
+                Ok(p) => p,
+                Err(e) => {
+                    result = Err(std::io::Error::other(format!("fetching pages of {} from the store: {e}", self.dir.display())));
+                    break;
+                }
+            };
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            self.counters.bytes.fetch_add(s.end - s.start, Ordering::Relaxed);
+            for ((_, _, _, places), part) in s.chunks.iter().zip(&parts) {
+                for &(fi, off) in places {
+                    if fi == self.file {
+                        self.pages.write_all_at(part, off)?;
+                        done.push(self.chunks().partition_point(|c| c.offset < off));
+                    }
+                }
+            }
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for &i in idx {
+            st[i] = State::Absent;
+        }
+        for i in done {
+            st[i] = State::Present;
+        }
+        self.changed.notify_all();
+        result
+    }
+
+    /// Fetch every chunk still missing; afterwards pages.img is complete.
+    pub fn complete(&self) -> std::io::Result<()> {
+        let size = self.m.files[self.file].size;
+        self.ensure_with(0, size, usize::MAX)?;
+        self.pages.sync_all()
+    }
+
+    /// Whether every chunk is in pages.img.
+    pub fn is_complete(&self) -> bool {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).iter().all(|s| *s == State::Present)
+    }
+
+    fn ensure_with(&self, offset: u64, len: u64, neighbours: usize) -> std::io::Result<()> {
+        let range = self.overlapping(offset, len);
+        loop {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if range.clone().all(|i| st[i] == State::Present) {
+                return Ok(());
+            }
+            let mut mine: Vec<usize> = range.clone().filter(|&i| st[i] == State::Absent).collect();
+            // Missing neighbours after the last one come along in the same read, as
+            // long as they follow it in its pack.
+            if let Some(&last) = mine.last() {
+                let c = self.chunks();
+                let mut prev = last;
+                for i in last + 1..st.len() {
+                    let (p, n) = (&c[prev], &c[i]);
+                    let follows = n.pack.is_some() && n.pack == p.pack && n.at.zip(p.at).is_some_and(|(a, b)| a == b + p.len);
+                    if mine.len() >= neighbours.saturating_add(1) || st[i] != State::Absent || !follows {
+                        break;
+                    }
+                    mine.push(i);
+                    prev = i;
+                }
+            }
+            for &i in &mine {
+                st[i] = State::Fetching;
+            }
+            if mine.is_empty() {
+                // Another thread is fetching what we need: wait for it.
+                let _st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            drop(st);
+            self.fetch(&mine)?;
+        }
+    }
+}
+
+impl PageFill for RemoteFill {
+    fn ensure(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.ensure_with(offset, len, FAULT_NEIGHBOURS)
+    }
+}
