@@ -68,7 +68,7 @@ pub struct Published {
 async fn index(remote: &Remote, digest: &str, condemned: &HashSet<String>, requests: &mut u64) -> Result<(HashMap<String, Place>, Option<(String, Manifest)>)> {
     let mut list = remote.list("snapshots").await?;
     *requests += 1;
-    list.sort_by(|a, b| b.1.last_modified.cmp(&a.1.last_modified));
+    list.sort_by_key(|o| std::cmp::Reverse(o.1.last_modified));
     let ids: Vec<String> = list
         .iter()
         .filter_map(|(k, _)| k.strip_prefix("snapshots/").and_then(|k| k.strip_suffix(".json")).filter(|i| is_sha256_hex(i)).map(String::from))
@@ -316,13 +316,17 @@ async fn repair(remote: &Remote, plan: &Plan, m: &Manifest, condemned: &HashSet<
     Ok(sent)
 }
 
-/// One ranged read of a pack and the chunks in it: (at, len, sha, places to write
-/// as (file index, offset)).
+/// Where a chunk's bytes go: (file index in the manifest, offset in the file).
+pub(crate) type Places = Vec<(usize, u64)>;
+/// A chunk in a span: (offset in the pack, length, sha256, where it goes).
+pub(crate) type SpanChunk = (u64, u64, String, Places);
+
+/// One ranged read of a pack and the chunks in it.
 pub(crate) struct Span {
     pub(crate) pack: String,
     pub(crate) start: u64,
     pub(crate) end: u64,
-    pub(crate) chunks: Vec<(u64, u64, String, Vec<(usize, u64)>)>,
+    pub(crate) chunks: Vec<SpanChunk>,
 }
 
 /// Read span `s` and return each of its chunks' bytes, checked against its hash.
@@ -351,7 +355,7 @@ fn spans(m: &Manifest) -> Vec<Span> {
 /// The reads that fetch the chunks of `m` that `wanted(file index, chunk)` picks,
 /// ranges of one pack less than `gap` apart coalesced.
 pub(crate) fn spans_of(m: &Manifest, wanted: impl Fn(usize, &crate::manifest::Chunk) -> bool, gap: u64) -> Vec<Span> {
-    let mut by_pack: BTreeMap<u32, BTreeMap<u64, (u64, String, Vec<(usize, u64)>)>> = BTreeMap::new();
+    let mut by_pack: BTreeMap<u32, BTreeMap<u64, (u64, String, Places)>> = BTreeMap::new();
     for (fi, f) in m.files.iter().enumerate() {
         for c in f.chunks.iter().filter(|c| wanted(fi, c)) {
             if let (Some(sha), Some(p), Some(at)) = (&c.sha256, c.pack, c.at) {
