@@ -96,9 +96,16 @@ enum SnapshotCmd {
     /// restored, nor invoked, before the check passed; a changed bundle fails with exit
     /// code 2. THAW_CODE_CHECK=before checks before the restore starts; =unchecked skips
     /// the check (only to measure what it costs).
+    ///
+    /// SNAPDIR may be a stored snapshot, s3://BUCKET/PREFIX/ID. One missing from the node
+    /// cache (DATA_DIR/snapshot-cache) starts after its manifest and head (state, working
+    /// set, pages written before resume) arrived; the pages it faults on are fetched as it
+    /// runs, the rest afterwards, into the cache. THAW_STORE_FETCH=whole fetches all of it
+    /// first. --stats reports store.requests_before_first_response and
+    /// store.bytes_fetched_before_first_response.
     Restore {
         /// Snapshot directory made by `thaw snapshot create`, or a stored snapshot
-        /// s3://BUCKET/PREFIX/ID (fetched into the node cache first; store from AWS_* env).
+        /// s3://BUCKET/PREFIX/ID (a cache miss starts once the head is fetched; store from AWS_* env).
         snapdir: PathBuf,
         /// Byte bound of the snapshot cache (DATA_DIR/snapshot-cache) for s3:// snapshots.
         #[arg(long, default_value_t = 10 << 30)]
