@@ -152,14 +152,19 @@ impl RemoteFill {
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             self.counters.bytes.fetch_add(s.end - s.start, Ordering::Relaxed);
             for ((_, _, _, places), part) in s.chunks.iter().zip(&parts) {
-                for &(fi, off) in places {
-                    if fi == self.file {
-                        self.pages.write_all_at(part, off)?;
-                        done.push(self.chunks().partition_point(|c| c.offset < off));
+                for &(_, off) in places.iter().filter(|(fi, _)| *fi == self.file) {
+                    if let Err(e) = self.pages.write_all_at(part, off) {
+                        result = Err(e);
+                        break;
                     }
+                    done.push(self.chunks().partition_point(|c| c.offset < off));
                 }
             }
+            if result.is_err() {
+                break;
+            }
         }
+        // Whatever happened, no chunk stays Fetching: a waiter would wait forever.
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         for &i in idx {
             st[i] = State::Absent;
