@@ -495,6 +495,20 @@ pub fn rseq_pages(img: &ProcessImage) -> Vec<u64> {
         .collect()
 }
 
+/// The stored pages of private file mappings (the ones the process had written), as
+/// (address, first file page, pages) per contiguous run inside a mapping: what
+/// [`write_file_cow_pages`] writes before the process resumes.
+pub fn file_cow_runs<'a>(img: &'a ProcessImage, index: &'a crate::image::PageIndex) -> impl Iterator<Item = (u64, u64, u64)> + 'a {
+    img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. })).flat_map(move |v| {
+        let first = index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= v.start);
+        index.runs[first..].iter().take_while(move |r| r.vaddr < v.end).map(move |run| {
+            let s = run.vaddr.max(v.start);
+            let e = (run.vaddr + run.npages * PAGE_SIZE).min(v.end);
+            (s, run.file_page + (s - run.vaddr) / PAGE_SIZE, (e - s) / PAGE_SIZE)
+        })
+    })
+}
+
 /// Pages of private file mappings that the process had written (relocations,
 /// .data) differ from the file: write them now through /proc/PID/mem, which
 /// performs the copy-on-write just as the original writes did.
@@ -506,21 +520,14 @@ fn write_file_cow_pages(
     stats: &Stats,
 ) -> Result<(), RestoreError> {
     let mut buf = Vec::new();
-    for v in img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. })) {
-        let first = source.index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= v.start);
-        for run in source.index.runs[first..].iter().take_while(|r| r.vaddr < v.end) {
-            // One read and one write per contiguous run inside this VMA.
-            let s = run.vaddr.max(v.start);
-            let e = (run.vaddr + run.npages * PAGE_SIZE).min(v.end);
-            let fp = run.file_page + (s - run.vaddr) / PAGE_SIZE;
-            let n = (e - s) / PAGE_SIZE;
-            buf.resize((n * PAGE_SIZE) as usize, 0);
-            source.read_pages(s, fp, &mut buf).map_err(|source| RestoreError::Pages { pid, source })?;
-            wmem.write_all_at(&buf, s)
-                .map_err(|source| RestoreError::Io { pid, what: format!("writing pages at {s:#x}"), source })?;
-            stats.bytes_read.fetch_add(n * PAGE_SIZE, Ordering::Relaxed);
-            stats.pages_installed_upfront.fetch_add(n, Ordering::Relaxed);
-        }
+    // One read and one write per contiguous run inside a VMA.
+    for (s, fp, n) in file_cow_runs(img, &source.index) {
+        buf.resize((n * PAGE_SIZE) as usize, 0);
+        source.read_pages(s, fp, &mut buf).map_err(|source| RestoreError::Pages { pid, source })?;
+        wmem.write_all_at(&buf, s)
+            .map_err(|source| RestoreError::Io { pid, what: format!("writing pages at {s:#x}"), source })?;
+        stats.bytes_read.fetch_add(n * PAGE_SIZE, Ordering::Relaxed);
+        stats.pages_installed_upfront.fetch_add(n, Ordering::Relaxed);
     }
     Ok(())
 }

@@ -1048,12 +1048,11 @@ impl Node {
         self.update_alive_gauge();
         let t0 = Instant::now();
         let name = f.name.clone();
-        let arn = self.arn(&name);
         let paging = self.cfg.paging;
         let job_rev = rev.clone();
         let started = self
             .instance_workers
-            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, &arn, version, isolate) })
+            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, version, isolate) })
             .await;
         let start_ms = t0.elapsed().as_secs_f64() * 1e3;
         let failure = match started {
@@ -1412,10 +1411,15 @@ impl InvokeTarget {
 
     /// The ARN the caller invoked: `base` with the qualifier it used, if any.
     pub fn invoked_arn(&self, base: &str) -> String {
-        match &self.qualifier {
-            Some(q) => format!("{base}:{q}"),
-            None => base.to_string(),
-        }
+        qualified(base, self.qualifier.as_deref())
+    }
+}
+
+/// `base` with `:qualifier` when there is one (an ARN, or a function URL's name).
+pub fn qualified(base: &str, qualifier: Option<&str>) -> String {
+    match qualifier {
+        Some(q) => format!("{base}:{q}"),
+        None => base.to_string(),
     }
 }
 
@@ -1425,7 +1429,8 @@ pub fn version_label(version: Option<u64>) -> String {
 }
 
 /// Restore an instance (falling back to a cold boot). Runs on an instance worker.
-fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, version: Option<u64>, isolate: bool) -> (Result<Instance, InstanceError>, bool) {
+/// The invoked ARN and the version are set by each invocation (`invoke_inner`).
+fn start_instance(rev: &Revision, paging: Paging, name: &str, version: Option<u64>, isolate: bool) -> (Result<Instance, InstanceError>, bool) {
     let snap = if rev.boot.runtime.snapshots() { Some(rev.loaded()) } else { None };
     match snap {
         None => {}
@@ -1434,7 +1439,6 @@ fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, version
             match Instance::restore(&snap, paging) {
                 Ok(mut inst) => {
                     inst.set_function_name(name);
-                    inst.set_function_arn(arn);
                     return (Ok(inst), false);
                 }
                 Err(e) => warn!(function = name, revision = rev.id, error = %error_chain(&e), "restore failed; falling back to a cold boot"),
@@ -1446,7 +1450,6 @@ fn start_instance(rev: &Revision, paging: Paging, name: &str, arn: &str, version
     boot.function_version = version_label(version);
     let r = Instance::boot(&boot).map(|mut i| {
         i.set_function_name(name);
-        i.set_function_arn(arn);
         i
     });
     (r, true)

@@ -106,6 +106,24 @@ impl FunctionSettings {
             Some(a) => self.alias_urls.get(a),
         }
     }
+
+    /// Remove and return the URL of `alias` (`None`: $LATEST's).
+    pub fn take_url(&mut self, alias: Option<&str>) -> Option<UrlConfig> {
+        match alias {
+            None => self.url.take(),
+            Some(a) => self.alias_urls.remove(a),
+        }
+    }
+
+    /// Set the URL of `alias` (`None`: $LATEST's).
+    pub fn set_url(&mut self, alias: Option<&str>, url: UrlConfig) {
+        match alias {
+            None => self.url = Some(url),
+            Some(a) => {
+                self.alias_urls.insert(a.to_string(), url);
+            }
+        }
+    }
 }
 
 /// One deployed bundle and its snapshot.

@@ -50,45 +50,44 @@ pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
 /// reads of packs (format 2), or one read per chunk (format 1).
 pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<(usize, u64)> {
     let mut files = HashMap::new();
-    let mut wanted: HashMap<String, (u64, Vec<(usize, u64)>)> = HashMap::new();
     for (fi, f) in m.files.iter().enumerate() {
         let file = File::create(dir.join(&f.name)).map_err(StoreError::local(dir, format!("creating {}", f.name)))?;
         // Zero chunks stay holes.
         file.set_len(f.size).map_err(StoreError::local(dir, format!("sizing {}", f.name)))?;
         files.insert(fi, file);
-        for c in &f.chunks {
-            if let Some(sha) = &c.sha256 {
-                wanted.entry(sha.clone()).or_insert_with(|| (c.len, Vec::new())).1.push((fi, c.offset));
-            }
-        }
     }
     let files = &files;
-    if m.packed() {
-        let (requests, bytes) = crate::pack::download(remote, m, dir, files, progress).await?;
-        for (fi, f) in files {
-            f.sync_all().map_err(StoreError::local(dir, format!("syncing {}", m.files[*fi].name)))?;
-        }
-        derive(m, dir)?;
-        return Ok((requests, bytes));
-    }
-    let fetched: Vec<u64> = futures::stream::iter(wanted)
-        .map(|(sha, (len, places))| async move {
-            let data = remote.get_chunk(&sha, len).await?;
-            for (fi, off) in places {
-                let name = &m.files[fi].name;
-                files[&fi].write_all_at(&data, off).map_err(StoreError::local(dir, format!("writing {name}")))?;
+    let (requests, bytes) = if m.packed() {
+        crate::pack::download(remote, m, dir, files, progress).await?
+    } else {
+        let mut wanted: HashMap<String, (u64, Vec<(usize, u64)>)> = HashMap::new();
+        for (fi, f) in m.files.iter().enumerate() {
+            for c in &f.chunks {
+                if let Some(sha) = &c.sha256 {
+                    wanted.entry(sha.clone()).or_insert_with(|| (c.len, Vec::new())).1.push((fi, c.offset));
+                }
             }
-            progress(len);
-            Ok::<u64, StoreError>(len)
-        })
-        .buffer_unordered(CONCURRENCY)
-        .try_collect()
-        .await?;
+        }
+        let fetched: Vec<u64> = futures::stream::iter(wanted)
+            .map(|(sha, (len, places))| async move {
+                let data = remote.get_chunk(&sha, len).await?;
+                for (fi, off) in places {
+                    let name = &m.files[fi].name;
+                    files[&fi].write_all_at(&data, off).map_err(StoreError::local(dir, format!("writing {name}")))?;
+                }
+                progress(len);
+                Ok::<u64, StoreError>(len)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .try_collect()
+            .await?;
+        (fetched.len(), fetched.iter().sum())
+    };
     for (fi, f) in files {
         f.sync_all().map_err(StoreError::local(dir, format!("syncing {}", m.files[*fi].name)))?;
     }
-    derive(m, dir)?;
-    Ok((fetched.len(), fetched.iter().sum()))
+    derive(m, dir, None)?;
+    Ok((requests, bytes))
 }
 
 /// The working set a node recorded for snapshot `id` after publishing it
@@ -121,8 +120,9 @@ pub async fn working_set(remote: &Remote, m: &Manifest, id: &str, dir: &Path) ->
     trace.len() as u64
 }
 
-/// Rebuild ws.pages (the working set's pages, copied out of pages.img).
-fn derive(m: &Manifest, dir: &Path) -> Result<()> {
+/// Rebuild ws.pages (the working set's pages, copied out of pages.img; through
+/// `fill` when pages.img may not hold them yet, see `lazy.rs`).
+pub(crate) fn derive(m: &Manifest, dir: &Path, fill: Option<std::sync::Arc<dyn thaw_engine::pagefiles::PageFill>>) -> Result<()> {
     if !m.derived.iter().any(|d| d == ws::PAGES_FILE) {
         return Ok(());
     }
@@ -130,7 +130,7 @@ fn derive(m: &Manifest, dir: &Path) -> Result<()> {
     let trace = std::fs::read(dir.join(TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
     let set = WorkingSet::parse(dir, &trace, m.image_id).map_err(wse)?;
     let pages = File::open(dir.join(PAGES_FILE)).map_err(StoreError::local(dir, "opening pages.img"))?;
-    ws::write(dir, m.image_id, &set.trace, &pages.into()).map_err(wse)?;
+    ws::write(dir, m.image_id, &set.trace, &thaw_engine::pagefiles::PageFiles::from(pages).with_fill(fill)).map_err(wse)?;
     Ok(())
 }
 

@@ -63,6 +63,11 @@ pub struct RemoteFill {
 pub fn open(store: Arc<Store>, m: Manifest, dir: &Path) -> Result<Option<Arc<RemoteFill>>> {
     let Some(head) = m.head else { return Ok(None) };
     let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
+    // Every file but pages.img must be in the head: one read brings it all.
+    let elsewhere = m.files.iter().enumerate().any(|(fi, f)| fi != file && f.chunks.iter().any(|c| c.sha256.is_some() && c.pack != Some(head)));
+    if elsewhere {
+        return Ok(None);
+    }
     let mut files = Vec::new();
     for f in &m.files {
         let h = std::fs::OpenOptions::new()
@@ -73,11 +78,6 @@ pub fn open(store: Arc<Store>, m: Manifest, dir: &Path) -> Result<Option<Arc<Rem
             .map_err(StoreError::local(dir, format!("creating {}", f.name)))?;
         h.set_len(f.size).map_err(StoreError::local(dir, format!("sizing {}", f.name)))?;
         files.push(h);
-    }
-    // Everything in the head pack, in one read; every other file must be in it.
-    let complete_elsewhere = m.files.iter().enumerate().any(|(fi, f)| fi != file && f.chunks.iter().any(|c| c.sha256.is_some() && c.pack != Some(head)));
-    if complete_elsewhere {
-        return Ok(None);
     }
     let counters = Counters::default();
     let spans = spans_of(&m, |_, c| c.pack == Some(head), u64::MAX);
@@ -109,15 +109,7 @@ pub fn open(store: Arc<Store>, m: Manifest, dir: &Path) -> Result<Option<Arc<Rem
         counters,
     });
     // ws.pages, from the trace and the pages just fetched (a fault fetches any other).
-    if fill.m.derived.iter().any(|d| d == thaw_engine::ws::PAGES_FILE) {
-        let trace = std::fs::read(dir.join(thaw_engine::ws::TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
-        let set = thaw_engine::ws::WorkingSet::parse(dir, &trace, fill.m.image_id)
-            .map_err(|source| StoreError::WorkingSet { dir: dir.to_path_buf(), source })?;
-        let own = File::open(dir.join(PAGES_FILE)).map_err(StoreError::local(dir, "opening pages.img"))?;
-        let files = thaw_engine::pagefiles::PageFiles::from(own).with_fill(Some(fill.clone() as Arc<dyn PageFill>));
-        thaw_engine::ws::write(dir, fill.m.image_id, &set.trace, &files)
-            .map_err(|source| StoreError::WorkingSet { dir: dir.to_path_buf(), source })?;
-    }
+    crate::fetch::derive(&fill.m, dir, Some(fill.clone() as Arc<dyn PageFill>))?;
     Ok(Some(fill))
 }
 
@@ -181,11 +173,6 @@ impl RemoteFill {
         let size = self.m.files[self.file].size;
         self.ensure_with(0, size, usize::MAX)?;
         self.pages.sync_all()
-    }
-
-    /// Whether every chunk is in pages.img.
-    pub fn is_complete(&self) -> bool {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).iter().all(|s| *s == State::Present)
     }
 
     fn ensure_with(&self, offset: u64, len: u64, neighbours: usize) -> std::io::Result<()> {

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
@@ -65,16 +66,16 @@ pub struct Published {
 
 /// The chunks the newest manifests of the store hold, and the stored snapshot with
 /// the same contents as `digest`, if any.
-async fn index(remote: &Remote, digest: &str, condemned: &HashSet<String>, requests: &mut u64) -> Result<(HashMap<String, Place>, Option<(String, Manifest)>)> {
+async fn index(remote: &Remote, digest: &str, condemned: &HashSet<String>, requests: &AtomicU64) -> Result<(HashMap<String, Place>, Option<(String, Manifest)>)> {
     let mut list = remote.list("snapshots").await?;
-    *requests += 1;
+    requests.fetch_add(1, Relaxed);
     list.sort_by_key(|o| std::cmp::Reverse(o.1.last_modified));
     let ids: Vec<String> = list
         .iter()
         .filter_map(|(k, _)| k.strip_prefix("snapshots/").and_then(|k| k.strip_suffix(".json")).filter(|i| is_sha256_hex(i)).map(String::from))
         .take(INDEX_MANIFESTS)
         .collect();
-    *requests += ids.len() as u64;
+    requests.fetch_add(ids.len() as u64, Relaxed);
     let got: Vec<Option<(String, Manifest)>> = futures::stream::iter(ids)
         .map(|id| async move {
             match manifest(remote, &id).await {
@@ -119,19 +120,15 @@ fn assemble(plan: &Plan, members: &[usize]) -> Result<Bytes> {
     Ok(b.freeze())
 }
 
-/// PUT `data` as pack `name` unless the store has it, whole and not condemned.
-/// Returns whether it was sent.
-async fn put_pack(remote: &Remote, name: &str, data: Bytes, condemned: &HashSet<String>, requests: &std::sync::atomic::AtomicU64) -> Result<bool> {
-    let key = pack_key(name);
-    if !condemned.contains(&key) {
-        requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if remote.head(&key).await?.is_some_and(|m| m.size == data.len() as u64) {
-            return Ok(false);
-        }
+/// Whether the store has `pack`, whole, and the collector did not condemn it (a
+/// condemned pack is put again rather than relied on).
+async fn stored_whole(remote: &Remote, pack: &PackRef, condemned: &HashSet<String>, requests: &AtomicU64) -> Result<bool> {
+    let key = pack_key(&pack.name);
+    if condemned.contains(&key) {
+        return Ok(false);
     }
-    requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    remote.put(&key, data).await?;
-    Ok(true)
+    requests.fetch_add(1, Relaxed);
+    Ok(remote.head(&key).await?.is_some_and(|m| m.size == pack.size))
 }
 
 /// The chunks of `plan` the store lacks (`stored` says which it has), in plan
@@ -168,38 +165,41 @@ pub fn packs_to_store(plan: &Plan, stored: impl Fn(&str) -> bool) -> Vec<Vec<usi
 
 /// Build new pack `members` of `plan` and store it (unless the store has it, whole
 /// and not condemned). Returns the pack and whether it was sent.
-pub async fn store_pack(remote: &Remote, plan: &Plan, members: &[usize], condemned: &HashSet<String>, requests: &std::sync::atomic::AtomicU64) -> Result<(PackRef, bool)> {
+pub async fn store_pack(remote: &Remote, plan: &Plan, members: &[usize], condemned: &HashSet<String>, requests: &AtomicU64) -> Result<(PackRef, bool)> {
     let data = assemble(plan, members)?;
     let pack = PackRef { name: sha256_hex(&data), size: data.len() as u64 };
-    let sent = put_pack(remote, &pack.name, data, condemned, requests).await?;
-    Ok((pack, sent))
+    if stored_whole(remote, &pack, condemned, requests).await? {
+        return Ok((pack, false));
+    }
+    requests.fetch_add(1, Relaxed);
+    remote.put(&pack_key(&pack.name), data).await?;
+    Ok((pack, true))
 }
 
 /// Publish `plan` in packs: the chunks the store lacks go into new packs, then the
 /// manifest (the commit point). `progress(bytes)` gets each new chunk's length once
 /// its pack is stored.
 pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, progress: &(dyn Fn(u64) + Sync)) -> Result<Published> {
-    let mut requests = 0;
+    let requests = AtomicU64::new(0);
     let digest = plan.manifest.content_digest();
-    let (places, same) = index(remote, &digest, condemned, &mut requests).await?;
-    let counter = std::sync::atomic::AtomicU64::new(0);
+    let (places, same) = index(remote, &digest, condemned, &requests).await?;
     if let Some((id, m)) = same {
-        let repaired = repair(remote, plan, &m, condemned, &counter).await?;
+        let repaired = repair(remote, plan, &m, condemned, &requests).await?;
         return Ok(Published {
             id,
             packs: m.packs.len(),
             packs_uploaded: repaired.len(),
             bytes_uploaded: repaired.iter().sum(),
-            requests: requests + counter.into_inner(),
+            requests: requests.into_inner(),
             ..Default::default()
         });
     }
     let new_packs = packs_to_store(plan, |sha| places.contains_key(sha));
     let has_head = !plan.head.is_empty();
-    let counter_ref = &counter;
+    let requests_ref = &requests;
     let stored: Vec<(usize, PackRef, bool)> = futures::stream::iter(new_packs.iter().enumerate())
         .map(|(n, members)| async move {
-            let (pack, sent) = store_pack(remote, plan, members, condemned, counter_ref).await?;
+            let (pack, sent) = store_pack(remote, plan, members, condemned, requests_ref).await?;
             for &i in members {
                 progress(plan.uploads[i].len);
             }
@@ -254,34 +254,32 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     let id = sha256_hex(&bytes);
     let manifest_len = bytes.len() as u64;
     remote.put(&Remote::manifest_key(&id), Bytes::from(bytes)).await?;
-    let chunks_uploaded: usize = new_packs.iter().skip(usize::from(has_head)).map(Vec::len).sum::<usize>()
-        + if has_head { plan.head.iter().filter(|&&i| !places.contains_key(&plan.uploads[i].sha256)).count() } else { 0 };
+    // Chunks the store did not have (the head may repeat some it had elsewhere).
+    let new_chunks: Vec<u64> =
+        new_packs.iter().flatten().map(|&i| &plan.uploads[i]).filter(|u| !places.contains_key(&u.sha256)).map(|u| u.len).collect();
     Ok(Published {
         id,
         manifest_len,
-        chunks_uploaded,
-        chunk_bytes_uploaded: new_packs.iter().flatten().filter(|&&i| !places.contains_key(&plan.uploads[i].sha256)).map(|&i| plan.uploads[i].len).sum(),
+        chunks_uploaded: new_chunks.len(),
+        chunk_bytes_uploaded: new_chunks.iter().sum(),
         packs: m.packs.len(),
         packs_uploaded: uploaded.0,
         bytes_uploaded: uploaded.1 + manifest_len,
-        requests: requests + counter.into_inner() + 1,
+        requests: requests.into_inner() + 1,
     })
 }
 
 /// Check (HEAD) the packs of `m`, a stored manifest of `plan`'s contents, and put
 /// back any that is missing, of the wrong size or condemned, when the local
 /// snapshot holds all of it. Returns the bytes of each pack sent.
-async fn repair(remote: &Remote, plan: &Plan, m: &Manifest, condemned: &HashSet<String>, requests: &std::sync::atomic::AtomicU64) -> Result<Vec<u64>> {
+async fn repair(remote: &Remote, plan: &Plan, m: &Manifest, condemned: &HashSet<String>, requests: &AtomicU64) -> Result<Vec<u64>> {
     let mut sent = Vec::new();
     let local: HashMap<&str, usize> = plan.uploads.iter().enumerate().map(|(i, u)| (u.sha256.as_str(), i)).collect();
     for (n, pack) in m.packs.iter().enumerate() {
-        let key = pack_key(&pack.name);
-        if !condemned.contains(&key) {
-            requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if remote.head(&key).await?.is_some_and(|o| o.size == pack.size) {
-                continue;
-            }
+        if stored_whole(remote, pack, condemned, requests).await? {
+            continue;
         }
+        let key = pack_key(&pack.name);
         // Rebuild it from the chunks the manifest places in it, if they tile it.
         let mut parts: Vec<(u64, usize)> = m
             .files
@@ -308,7 +306,7 @@ async fn repair(remote: &Remote, plan: &Plan, m: &Manifest, condemned: &HashSet<
         if sha256_hex(&data) != pack.name {
             return Err(StoreError::Snapshot { dir: plan.dir.clone(), detail: format!("rebuilding pack {} gave other bytes", pack.name) });
         }
-        requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        requests.fetch_add(1, Relaxed);
         sent.push(data.len() as u64);
         remote.put(&key, data).await?;
         tracing::info!(object = %remote.url.object_url(&key), "repaired a damaged pack");

@@ -50,8 +50,8 @@ pub struct Plan {
     pub uploads: Vec<Upload>,
     /// What a restore reads before the process resumes, in that order (indexes into
     /// `uploads`): state.bin, ws.trace, the chunks of the working set's pages in the
-    /// order the trace first touched them, then those of the pages written into
-    /// private file mappings before resume. Stored as a pack of its own (the head),
+    /// order the trace first touched them, then those of the pages written before
+    /// resume (private file mappings, rseq areas). Stored as a pack of its own (the head),
     /// so a restore that misses the cache starts after one read.
     pub head: Vec<usize>,
     ws_trace: Option<Bytes>,
@@ -210,15 +210,9 @@ pub fn plan(dir: &Path) -> Result<Plan> {
             let i = pages.chunks.partition_point(|c| c.offset + c.len <= off);
             pages.chunks.get(i)
         };
-        let cow = snap.image.vmas.iter().filter(|v| matches!(v.kind, thaw_engine::image::VmaKind::FilePrivate { .. })).flat_map(|v| {
-            snap.image.pages.runs.iter().filter(move |r| r.vaddr < v.end && r.vaddr + r.npages * PAGE > v.start).flat_map(move |r| {
-                let s = r.vaddr.max(v.start);
-                let e = (r.vaddr + r.npages * PAGE).min(v.end);
-                let fp = r.file_page + (s - r.vaddr) / PAGE;
-                fp..fp + (e - s) / PAGE
-            })
-        });
-        // Each thread's rseq area, installed before resume.
+        // What a restore writes before resume: the copy-on-written file pages and each
+        // thread's rseq area.
+        let cow = thaw_engine::restore::file_cow_runs(&snap.image, &snap.image.pages).flat_map(|(_, fp, n)| fp..fp + n);
         let rseq: Vec<u64> = thaw_engine::restore::rseq_pages(&snap.image).into_iter().filter_map(|vaddr| snap.image.pages.lookup(vaddr)).collect();
         for fp in ws_pages.iter().copied().chain(cow).chain(rseq) {
             if let Some(c) = chunk_at(fp) {

@@ -289,11 +289,10 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
         let dir = lazy_dir(&cache_root, &url.id)?;
         match thaw_store::lazy::open(store.clone(), m.clone(), &dir) {
             Ok(Some(fill)) => {
-                let c = &fill.counters;
-                let (requests, bytes) = (1 + c.requests.load(Ordering::Relaxed), manifest_len + c.bytes.load(Ordering::Relaxed));
+                let lazy = Lazy { fill, cache, id: url.id.clone(), manifest: (1, manifest_len), before_first_response: None };
+                let (requests, bytes) = Resolved::fetched(&lazy);
                 let stats = json!({"url": url.to_string(), "cache_hit": false, "lazy": true, "bytes_fetched": bytes,
                     "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-                let lazy = Lazy { fill, cache, id: url.id.clone(), manifest: (1, manifest_len), before_first_response: None };
                 return Ok(Resolved { dir, _pin: None, stats, lazy: Some(lazy) });
             }
             Ok(None) => {

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{authenticated_body, decode, function_name, json_response, parse_json, segments, Action, ApiError, App, MAX_PAYLOAD};
-use crate::node::{InvokeError, InvokeTarget, Node, Outcome, LATEST};
+use crate::node::{qualified, InvokeError, InvokeTarget, Node, Outcome};
 use crate::registry::UrlConfig;
 
 /// Paths of function URLs on the node.
@@ -46,17 +46,10 @@ struct UrlInput {
     invoke_mode: Option<String>,
 }
 
-/// The path segment of a URL: the function's name, with `:alias` for an alias's URL.
-fn url_name(name: &str, alias: Option<&str>) -> String {
-    match alias {
-        None => name.to_string(),
-        Some(a) => format!("{name}:{a}"),
-    }
-}
-
 fn config_json(node: &Node, name: &str, alias: Option<&str>, host: &str, u: &UrlConfig) -> Value {
     let mut v = json!({
-        "FunctionUrl": format!("http://{host}{URL_PREFIX}{}/", url_name(name, alias)),
+        // The path segment: the function's name, with `:alias` for an alias's URL.
+        "FunctionUrl": format!("http://{host}{URL_PREFIX}{}/", qualified(name, alias)),
         "FunctionArn": node.url_arn(name, alias),
         "AuthType": u.auth_type,
         "CreationTime": u.creation_time,
@@ -321,8 +314,8 @@ pub(super) async fn serve(app: &App, parts: axum::http::request::Parts, body: Bo
     // An alias's URL runs the version the alias routes to, and says so to the function.
     let target = match &alias {
         None => InvokeTarget::latest(),
-        Some(a) => match node.route_alias(&name, a) {
-            Ok(v) => InvokeTarget { version: Some(v).filter(|v| *v != LATEST), qualifier: Some(a.clone()) },
+        Some(a) => match super::versions::version_of(node, &name, &super::versions::Target::Alias(a.clone())) {
+            Ok(version) => InvokeTarget { version, qualifier: Some(a.clone()) },
             Err(_) => return with_cors(plain(StatusCode::NOT_FOUND, "Not Found")),
         },
     };

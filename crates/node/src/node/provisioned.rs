@@ -195,8 +195,8 @@ impl Node {
             rev
         };
         self.update_alive_gauge();
-        let (job_rev, name, arn, paging) = (rev.clone(), f.name.clone(), self.arn(&f.name), self.cfg.paging);
-        let started = self.instance_workers.run(move || start_instance(&job_rev, paging, &name, &arn, Some(version), false)).await;
+        let (job_rev, name, paging) = (rev.clone(), f.name.clone(), self.cfg.paging);
+        let started = self.instance_workers.run(move || start_instance(&job_rev, paging, &name, Some(version), false)).await;
         let mut st = f.lock();
         match started {
             Ok((Ok(inst), _))

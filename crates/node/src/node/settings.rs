@@ -160,11 +160,7 @@ impl Node {
         }
         self.with_settings(name, |s| {
             let now = super::timestamp();
-            let old = match alias {
-                None => s.url.take(),
-                Some(a) => s.alias_urls.remove(a),
-            };
-            let url = match (old, create) {
+            let url = match (s.take_url(alias), create) {
                 (Some(_), true) => {
                     return Err(SettingsError::Conflict(format!(
                         "Failed to create function url config for [functionArn = {arn}]. Error message:  FunctionUrlConfig exists for this Lambda function"
@@ -184,31 +180,22 @@ impl Node {
                     last_modified_time: now,
                 },
             };
-            put_back(s, alias, url.clone());
+            s.set_url(alias, url.clone());
             Ok(url)
         })
     }
 
     pub fn delete_url(&self, name: &str, alias: Option<&str>) -> Result<(), SettingsError> {
         let arn = self.url_arn(name, alias);
-        self.with_settings(name, |s| {
-            let gone = match alias {
-                None => s.url.take(),
-                Some(a) => s.alias_urls.remove(a),
-            };
-            match gone {
-                Some(_) => Ok(()),
-                None => Err(SettingsError::NotFound(format!("The resource you requested does not exist. (Function URL of {arn})"))),
-            }
+        self.with_settings(name, |s| match s.take_url(alias) {
+            Some(_) => Ok(()),
+            None => Err(SettingsError::NotFound(format!("The resource you requested does not exist. (Function URL of {arn})"))),
         })
     }
 
     /// The ARN a URL invokes: the function's, or its alias's.
     pub fn url_arn(&self, name: &str, alias: Option<&str>) -> String {
-        match alias {
-            None => self.arn(name),
-            Some(a) => format!("{}:{a}", self.arn(name)),
-        }
+        super::qualified(&self.arn(name), alias)
     }
 
     pub fn account_settings(&self) -> AccountSettings {
@@ -222,16 +209,6 @@ impl Node {
             code_size_zipped: CODE_SIZE_ZIPPED,
             code_size_unzipped: CODE_SIZE_UNZIPPED,
             total_code_size_limit: TOTAL_CODE_SIZE,
-        }
-    }
-}
-
-/// Store `url` as the URL of `alias` (`None`: $LATEST).
-fn put_back(s: &mut FunctionSettings, alias: Option<&str>, url: UrlConfig) {
-    match alias {
-        None => s.url = Some(url),
-        Some(a) => {
-            s.alias_urls.insert(a.to_string(), url);
         }
     }
 }
