@@ -8,10 +8,12 @@ function's stored snapshot with the function."""
 import json
 import re
 import shutil
+import threading
 import time
 
 import pytest
 
+from fault_proxy import FaultProxy
 from minio_harness import Minio
 from thaw_node_harness import NodeProcess, create, invoke_json, sample_zip, zip_bytes
 
@@ -25,8 +27,8 @@ def minio(tmp_path_factory):
     m.stop()
 
 
-def store_node(data, minio, *extra, prefix="fns"):
-    return NodeProcess(data, "--snapshot-store", f"s3://{BUCKET}/{prefix}", "--store-endpoint-url", minio.endpoint,
+def store_node(data, minio, *extra, prefix="fns", endpoint=None):
+    return NodeProcess(data, "--snapshot-store", f"s3://{BUCKET}/{prefix}", "--store-endpoint-url", endpoint or minio.endpoint,
                        "--create-bucket", "--store-timeout", "3", *extra, env=minio.env())
 
 
@@ -102,7 +104,11 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     assert st["fetches"] == 1 and st["fetch_failures"] == 0 and st["bytes_fetched"] > 1 << 20, st
     assert restores(node) == 1 and starts(node, "boot") == 0, node.metrics()
     assert starts(node, "restore-prefetch") == 1, "the fetched snapshot came with its working set"
+    assert st["lazy_fetches"] == 1, "the miss started from the snapshot's head (issue #28)"
+    # The rest arrives in the background, then moves into the cache.
+    wait_for(lambda: node.status()["snapshot_store"]["lazy_settled"] == 1, "the rest of the snapshot to arrive")
     assert (entry / "state.bin").is_file() and (entry / "ws.pages").is_file(), "fetched into the cache"
+    assert not list((data / "node" / "snapshot-cache" / "lazy").iterdir()), "nothing left of the lazy fetch"
 
     # The store goes down and the cache is lost: starts fall back to a cold boot, in bounded time.
     cold(node, "hello")
@@ -244,3 +250,48 @@ def test_the_node_collects_what_no_snapshot_references(minio, tmp_path):
     _, body = invoke_json(client, "keep", {"name": "kept"})
     assert body == {"message": "hello, kept"}
     assert node.stop() == 0
+
+
+def test_a_store_that_dies_after_the_start_costs_a_retry_not_a_wrong_answer(minio, tmp_path):
+    """Issue #28: a miss starts the instance from the snapshot's head and fetches the
+    other pages as it faults on them. The store goes away right after the head: the
+    instance is killed for the page it cannot have (never run on a page the image did
+    not provide, never left hanging), and the node runs the call again on a cold boot.
+    Once the store is back, the next cold start fetches the snapshot again and restores."""
+    data = tmp_path / "node"
+    sid = deployed_then_evicted(data, minio, "dies")  # no working set: everything but the head is fetched on faults
+    down = threading.Event()
+
+    def rule(method, path, headers):
+        if down.is_set():
+            return "cut"
+        if method == "GET" and "/packs/" in path:
+            down.set()  # the head passes; everything after it fails
+        return "pass"
+
+    proxy = FaultProxy(minio.port, rule)
+    try:
+        node = store_node(data, minio, prefix="dies", endpoint=proxy.endpoint)
+        client = node.client()
+        _, body = invoke_json(client, "hello", {"name": "retried"})
+        assert body == {"message": "hello, retried"}, "the retry on a cold boot answered"
+        st = node.status()["snapshot_store"]
+        assert st["lazy_fetches"] == 1 and st["fetch_failures"] >= 1, st
+        assert restores(node) == 1 and starts(node, "boot") == 1, node.metrics()
+        assert metric(node, "thaw_restore_fallbacks_total") == 1
+        assert proxy.requests("cut"), "the store was down for the faults"
+        log = node.log_path.read_text()
+        assert "retrying the call on a cold boot" in log, log[-3000:]
+        assert not list((data / "node" / "snapshot-cache" / "entries").iterdir()), "nothing partial was cached"
+
+        # The store comes back: the next cold start fetches the snapshot again, and restores.
+        cold(node, "hello")
+        proxy.rule = lambda method, path, headers: "pass"
+        _, body = invoke_json(client, "hello", {"name": "back"})
+        assert body == {"message": "hello, back"}
+        assert restores(node) == 2 and starts(node, "boot") == 1, node.metrics()
+        wait_for(lambda: node.status()["snapshot_store"]["lazy_settled"] == 1, "the snapshot to arrive whole")
+        assert (data / "node" / "snapshot-cache" / "entries" / sid / "pages.img").is_file()
+        assert node.stop() == 0
+    finally:
+        proxy.close()

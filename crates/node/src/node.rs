@@ -992,7 +992,9 @@ impl Node {
     }
 
     /// Get an instance: a warm one, or reserve a slot and restore one.
-    pub async fn acquire(&self, f: &Arc<Function>, version: Option<u64>) -> Result<Lease, InvokeError> {
+    /// An instance of `f`'s `version`: a warm one, else a new one restored (or, with
+    /// `boot`, cold-booted: the retry of a call whose restored instance lost its memory).
+    pub async fn acquire(&self, f: &Arc<Function>, version: Option<u64>, boot: bool) -> Result<Lease, InvokeError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(InvokeError::ShuttingDown);
         }
@@ -1013,7 +1015,7 @@ impl Node {
             // A custom runtime's version is in its bootstrap's environment from its boot
             // on: its warm instances serve that version only. A shim takes it per call.
             let fits = |i: &Idle| Arc::ptr_eq(&i.rev, &rev) && (rev.boot.runtime.snapshots() || i.inst.function_version() == version_label(version));
-            if let Some(idle) = st.idle.iter().rposition(fits).map(|at| st.idle.remove(at)) {
+            if let Some(idle) = st.idle.iter().rposition(fits).filter(|_| !boot).map(|at| st.idle.remove(at)) {
                 st.busy += 1;
                 st.counters.starts_warm += 1;
                 drop(st);
@@ -1052,7 +1054,7 @@ impl Node {
         let job_rev = rev.clone();
         let started = self
             .instance_workers
-            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, version, isolate) })
+            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, version, isolate, boot) })
             .await;
         let start_ms = t0.elapsed().as_secs_f64() * 1e3;
         let failure = match started {
@@ -1129,58 +1131,19 @@ impl Node {
                 None => (st.rec.timeout_s, st.rec.memory_mb),
             }
         };
-        let mut lease = self.acquire(&f, version).await?;
-        // Per call, never from the image: versions share snapshots and warm instances.
-        lease.inst.set_function_version(&target.version_label());
-        lease.inst.set_function_arn(&target.invoked_arn(&self.arn(name)));
-        let rid = request_id.to_string();
-        let timeout = Duration::from_secs(timeout_s);
-        let freeze = self.cfg.freeze_idle;
-        let reserved_mb = lease.inst.memory_mb();
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut lease = lease;
-            let t = Instant::now();
-            let r = lease.inst.invoke(&rid, &payload, timeout);
-            let invoke_ms = t.elapsed().as_secs_f64() * 1e3;
-            let oom = r.is_err() && lease.inst.oom_killed();
-            let logs = lease.inst.take_logs();
-            let mem = lease.inst.memory_peak_bytes().unwrap_or(0);
-            // Isolation: nothing of this invocation may reach the next one. A reset the
-            // engine cannot prove complete kills the instance (it is then discarded and
-            // the next call restores a fresh one).
-            let reset = (lease.isolate && r.is_ok()).then(|| {
-                let done = lease.rev.loaded().map_err(|e| e.to_string()).and_then(|snap| lease.inst.reset(&snap).map_err(|e| error_chain(&e)));
-                if let Err(e) = &done {
-                    warn!(error = %e, "reset after the invocation refused; discarding the instance");
-                }
-                done.is_ok()
-            });
-            // Idle from here on: its threads and children stop until the next invoke
-            // thaws it (~0.2 ms each way, measured). A failed freeze leaves it running.
-            if freeze && r.is_ok() && reset != Some(false) {
-                if let Err(e) = lease.inst.freeze() {
-                    warn!(error = %error_chain(&e), "cannot freeze the idle instance; it keeps running");
-                }
+        // The platform could not give a restored instance its memory (its page server
+        // failed: the snapshot's store went down mid-fetch, say). Not the function's
+        // fault: the call runs again, once, on a cold boot.
+        let mut ran = self.run_once(&f, name, &target, request_id, payload.clone(), timeout_s, false).await?;
+        if ran.0.kind != "boot" && matches!(&ran.1, Err(InstanceError::Invoke { page_server: Some(_), .. })) {
+            if let Err(e) = &ran.1 {
+                warn!(function = %name, request_id, error = %error_chain(e), "a restored instance lost its memory; retrying the call on a cold boot");
             }
-            (lease, r, invoke_ms, oom, logs, mem, reset)
-        })
-        .await;
-        let (lease, result, invoke_ms, oom, logs, mem, reset) = match joined {
-            Ok(v) => v,
-            Err(e) => {
-                // The blocking task panicked: the instance is lost with it; free its slot.
-                let mut st = f.lock();
-                st.busy -= 1;
-                st.live -= 1;
-                drop(st);
-                self.admission.release(reserved_mb);
-                self.update_alive_gauge();
-                return Err(InvokeError::Start {
-                    function: name.to_string(),
-                    source: Box::new(InstanceError::Io(std::io::Error::other(format!("invoke task failed: {e}")))),
-                });
-            }
-        };
+            self.metrics.restore_fallbacks.inc();
+            self.release(&f, ran.0, false);
+            ran = self.run_once(&f, name, &target, request_id, payload, timeout_s, true).await?;
+        }
+        let (lease, result, invoke_ms, oom, logs, mem, reset) = ran;
         self.metrics.invoke_seconds.with_label_values(&[]).observe(invoke_ms / 1e3);
         let (outcome, healthy) = match result {
             Ok(InvokeOutcome::Ok(text)) if text.len() > MAX_RESPONSE => (
@@ -1248,6 +1211,64 @@ impl Node {
         })
     }
 
+    /// Take an instance (see [`Node::acquire`]) and run one invocation on it.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_once(&self, f: &Arc<Function>, name: &str, target: &InvokeTarget, request_id: &str, payload: String, timeout_s: u64, boot: bool) -> Result<Ran, InvokeError> {
+        let version = target.version;
+        let mut lease = self.acquire(f, version, boot).await?;
+        // Per call, never from the image: versions share snapshots and warm instances.
+        lease.inst.set_function_version(&target.version_label());
+        lease.inst.set_function_arn(&target.invoked_arn(&self.arn(name)));
+        let rid = request_id.to_string();
+        let timeout = Duration::from_secs(timeout_s);
+        let freeze = self.cfg.freeze_idle;
+        let reserved_mb = lease.inst.memory_mb();
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut lease = lease;
+            let t = Instant::now();
+            let r = lease.inst.invoke(&rid, &payload, timeout);
+            let invoke_ms = t.elapsed().as_secs_f64() * 1e3;
+            let oom = r.is_err() && lease.inst.oom_killed();
+            let logs = lease.inst.take_logs();
+            let mem = lease.inst.memory_peak_bytes().unwrap_or(0);
+            // Isolation: nothing of this invocation may reach the next one. A reset the
+            // engine cannot prove complete kills the instance (it is then discarded and
+            // the next call restores a fresh one).
+            let reset = (lease.isolate && r.is_ok()).then(|| {
+                let done = lease.rev.loaded().map_err(|e| e.to_string()).and_then(|snap| lease.inst.reset(&snap).map_err(|e| error_chain(&e)));
+                if let Err(e) = &done {
+                    warn!(error = %e, "reset after the invocation refused; discarding the instance");
+                }
+                done.is_ok()
+            });
+            // Idle from here on: its threads and children stop until the next invoke
+            // thaws it (~0.2 ms each way, measured). A failed freeze leaves it running.
+            if freeze && r.is_ok() && reset != Some(false) {
+                if let Err(e) = lease.inst.freeze() {
+                    warn!(error = %error_chain(&e), "cannot freeze the idle instance; it keeps running");
+                }
+            }
+            (lease, r, invoke_ms, oom, logs, mem, reset)
+        })
+        .await;
+        match joined {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                // The blocking task panicked: the instance is lost with it; free its slot.
+                let mut st = f.lock();
+                st.busy -= 1;
+                st.live -= 1;
+                drop(st);
+                self.admission.release(reserved_mb);
+                self.update_alive_gauge();
+                Err(InvokeError::Start {
+                    function: name.to_string(),
+                    source: Box::new(InstanceError::Io(std::io::Error::other(format!("invoke task failed: {e}")))),
+                })
+            }
+        }
+    }
+
     pub fn note_event(&self, name: &str, done: bool) {
         if let Some(f) = self.function(name) {
             let mut st = f.lock();
@@ -1262,6 +1283,7 @@ impl Node {
     /// Destroy instances idle for longer than the keep-alive.
     pub fn reap_idle(&self) {
         if self.cfg.snapshot_store.is_some() {
+            self.settle_lazy_snapshots();
             self.publish_working_sets();
         }
         let fs: Vec<Arc<Function>> = self.functions_map().values().cloned().collect();
@@ -1423,6 +1445,10 @@ pub fn qualified(base: &str, qualifier: Option<&str>) -> String {
     }
 }
 
+/// What [`Node::run_once`] gives: the lease, the outcome, invoke ms, whether the
+/// instance was OOM-killed, its logs, its peak memory, and whether it was reset.
+type Ran = (Lease, Result<InvokeOutcome, InstanceError>, f64, bool, String, u64, Option<bool>);
+
 /// Lambda's name of a version (`None`: $LATEST).
 pub fn version_label(version: Option<u64>) -> String {
     version.map_or_else(|| thaw_runtime::LATEST_VERSION.to_string(), |v| v.to_string())
@@ -1430,8 +1456,9 @@ pub fn version_label(version: Option<u64>) -> String {
 
 /// Restore an instance (falling back to a cold boot). Runs on an instance worker.
 /// The invoked ARN and the version are set by each invocation (`invoke_inner`).
-fn start_instance(rev: &Revision, paging: Paging, name: &str, version: Option<u64>, isolate: bool) -> (Result<Instance, InstanceError>, bool) {
-    let snap = if rev.boot.runtime.snapshots() { Some(rev.loaded()) } else { None };
+/// `cold_boot`: boot without trying the snapshot (not counted as a fallback).
+fn start_instance(rev: &Revision, paging: Paging, name: &str, version: Option<u64>, isolate: bool, cold_boot: bool) -> (Result<Instance, InstanceError>, bool) {
+    let snap = if rev.boot.runtime.snapshots() && !cold_boot { Some(rev.loaded()) } else { None };
     match snap {
         None => {}
         Some(Ok(snap)) => {
@@ -1452,7 +1479,7 @@ fn start_instance(rev: &Revision, paging: Paging, name: &str, version: Option<u6
         i.set_function_name(name);
         i
     });
-    (r, true)
+    (r, !cold_boot)
 }
 
 /// Map a broken instance to Lambda's error object.

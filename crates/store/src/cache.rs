@@ -264,6 +264,34 @@ impl Cache {
         self.lock().entries.contains_key(id)
     }
 
+    /// A new empty directory, `ROOT/lazy/<pid>-<id>-<n>`, where a snapshot arriving
+    /// piecemeal is assembled (see `lazy.rs`) before it is adopted (see [`Adopt`]).
+    /// Directories of processes that are gone are removed first (a process that
+    /// died left its own behind; several processes may share the cache's root).
+    pub fn scratch_dir(&self, id: &str) -> Result<PathBuf> {
+        if !valid_id(id) {
+            return Err(CacheError::BadId { root: self.root.clone(), id: id.to_string() });
+        }
+        let ioe = |what: &str| {
+            let (root, what) = (self.root.clone(), what.to_string());
+            move |source| CacheError::Io { root, what, source }
+        };
+        let root = self.root.join("lazy");
+        std::fs::create_dir_all(&root).map_err(ioe("creating lazy/"))?;
+        for e in std::fs::read_dir(&root).map_err(ioe("listing lazy/"))?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid: Option<i32> = name.split('-').next().and_then(|p| p.parse().ok());
+            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let dir = root.join(format!("{}-{id}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).map_err(ioe("creating a scratch directory"))?;
+        Ok(dir)
+    }
+
     /// Evict unpinned entries, least recently used first, until `need` more
     /// bytes fit. Returns whether they do.
     fn make_room(&self, g: &mut Inner, need: u64) -> bool {

@@ -97,27 +97,43 @@ pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn
 /// unreadable or does not match the image is skipped (the first restore then
 /// records one). Returns the bytes read from the store.
 pub async fn working_set(remote: &Remote, m: &Manifest, id: &str, dir: &Path) -> u64 {
+    let Some(trace) = recorded_trace(remote, m, id).await else { return 0 };
+    install_trace(remote, m, id, dir, &trace, None);
+    trace.len() as u64
+}
+
+/// The bytes of `ws/<id>.trace` when the manifest carries no working set of its
+/// own (None: there is none, or it cannot be read, which is only warned about).
+pub(crate) async fn recorded_trace(remote: &Remote, m: &Manifest, id: &str) -> Option<bytes::Bytes> {
     if m.file(TRACE_FILE).is_some() {
-        return 0;
+        return None;
     }
     let key = Remote::ws_key(id);
-    let trace = match remote.get(&key).await {
-        Ok(t) => t,
-        Err(StoreError::NotFound { .. }) => return 0,
+    match remote.get(&key).await {
+        Ok(t) => Some(t),
+        Err(StoreError::NotFound { .. }) => None,
         Err(e) => {
             tracing::warn!(object = %remote.url.object_url(&key), error = %e, "cannot read the recorded working set; the first restore records one");
-            return 0;
+            None
         }
-    };
-    let installed = WorkingSet::parse(dir, &trace, m.image_id)
+    }
+}
+
+/// Install `trace` (see [`recorded_trace`]) into `dir` as ws.trace + ws.pages, the
+/// pages read through `fill` (see `lazy.rs`). One that does not match the image is
+/// skipped, with a warning. Returns whether it was installed.
+pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path, trace: &[u8], fill: Option<std::sync::Arc<dyn thaw_engine::pagefiles::PageFill>>) -> bool {
+    let installed = WorkingSet::parse(dir, trace, m.image_id)
         .map_err(|e| e.to_string())
         .and_then(|set| File::open(dir.join(PAGES_FILE)).map(|f| (set, f)).map_err(|e| e.to_string()))
-        .and_then(|(set, pages)| ws::write(dir, m.image_id, &set.trace, &pages.into()).map_err(|e| e.to_string()));
-    if let Err(e) = installed {
-        tracing::warn!(object = %remote.url.object_url(&key), error = %e, "ignoring a recorded working set that does not match its snapshot");
+        .and_then(|(set, pages)| {
+            ws::write(dir, m.image_id, &set.trace, &thaw_engine::pagefiles::PageFiles::from(pages).with_fill(fill)).map_err(|e| e.to_string())
+        });
+    if let Err(e) = &installed {
+        tracing::warn!(object = %remote.url.object_url(&Remote::ws_key(id)), error = %e, "ignoring a recorded working set that does not match its snapshot");
         ws::invalidate(dir);
     }
-    trace.len() as u64
+    installed.is_ok()
 }
 
 /// Rebuild ws.pages (the working set's pages, copied out of pages.img; through

@@ -14,7 +14,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use thaw_engine::image::PAGES_FILE;
@@ -28,12 +28,19 @@ use crate::Store;
 /// Chunks a fault may bring along with its own (missing neighbours in the same
 /// pack, read in the same request).
 const FAULT_NEIGHBOURS: usize = 16;
+const PAGE: u64 = 4096;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
     Absent,
     Fetching,
     Present,
+}
+
+/// Whether a miss starts from the snapshot's head (the default) or fetches it
+/// whole first (`THAW_STORE_FETCH=whole`, as before heads; kept to measure against).
+pub fn enabled() -> bool {
+    std::env::var("THAW_STORE_FETCH").as_deref() != Ok("whole")
 }
 
 /// What a lazy fetch read, for `--stats`.
@@ -54,13 +61,22 @@ pub struct RemoteFill {
     state: Mutex<Vec<State>>,
     changed: Condvar,
     pub counters: Counters,
+    /// A fetch failed (the store down, a corrupt pack): an instance may have been
+    /// killed for a page it could not have. Never reset.
+    failed: AtomicBool,
+    /// Every chunk is in pages.img.
+    complete: AtomicBool,
 }
 
 /// Fetch the head of stored snapshot `id` into the empty directory `dir`: every
 /// file but pages.img complete, pages.img sparse with the head's pages in place,
 /// ws.pages rebuilt. None: the snapshot has no head (format 1, or published before
 /// heads), fetch it whole instead.
-pub fn open(store: Arc<Store>, m: Manifest, dir: &Path) -> Result<Option<Arc<RemoteFill>>> {
+///
+/// A snapshot published before its working set was recorded (a node publishes what
+/// it captures at once) has a working set beside it, `ws/<id>.trace`: it is read
+/// with the head, and its pages follow in a few coalesced range reads, in parallel.
+pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Option<Arc<RemoteFill>>> {
     let Some(head) = m.head else { return Ok(None) };
     let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
     // Every file but pages.img must be in the head: one read brings it all.
@@ -83,16 +99,45 @@ pub fn open(store: Arc<Store>, m: Manifest, dir: &Path) -> Result<Option<Arc<Rem
     let spans = spans_of(&m, |_, c| c.pack == Some(head), u64::MAX);
     let mut state: Vec<State> =
         m.files[file].chunks.iter().map(|c| if c.sha256.is_none() { State::Present } else { State::Absent }).collect();
-    for s in &spans {
-        let parts = store.block_on(read_span(&store.remote, s))?;
-        counters.requests.fetch_add(1, Ordering::Relaxed);
-        counters.bytes.fetch_add(s.end - s.start, Ordering::Relaxed);
-        for ((_, _, _, places), part) in s.chunks.iter().zip(&parts) {
-            for &(fi, off) in places {
-                files[fi].write_all_at(part, off).map_err(StoreError::local(dir, format!("writing {}", m.files[fi].name)))?;
-                if fi == file {
-                    let i = m.files[file].chunks.partition_point(|c| c.offset < off);
-                    state[i] = State::Present;
+    let remote = &store.remote;
+    let (head_parts, trace) = store.block_on(async {
+        futures::join!(futures::future::try_join_all(spans.iter().map(|s| read_span(remote, s))), crate::fetch::recorded_trace(remote, &m, id))
+    });
+    let mut reads = vec![(spans, head_parts?)];
+    counters.requests.fetch_add(reads[0].0.len() as u64 + u64::from(m.file(thaw_engine::ws::TRACE_FILE).is_none()), Ordering::Relaxed);
+    counters.bytes.fetch_add(trace.as_ref().map_or(0, |t| t.len() as u64), Ordering::Relaxed);
+    // The recorded working set's pages the head lacks: chunks in address order, so
+    // few ranges once those close together are coalesced.
+    let ws_spans = trace
+        .as_deref()
+        .and_then(|t| thaw_engine::ws::WorkingSet::parse(dir, t, m.image_id).ok())
+        .map(|set| {
+            let chunks = &m.files[file].chunks;
+            let wanted: std::collections::HashSet<u64> = set
+                .layout
+                .iter()
+                .map(|&(_, fp)| chunks.partition_point(|c| c.offset + c.len <= fp * PAGE))
+                .filter(|&i| i < chunks.len() && state[i] == State::Absent)
+                .map(|i| chunks[i].offset)
+                .collect();
+            spans_of(&m, |fi, c| fi == file && wanted.contains(&c.offset), crate::pack::RANGE_GAP)
+        })
+        .unwrap_or_default();
+    if !ws_spans.is_empty() {
+        let parts = store.block_on(futures::future::try_join_all(ws_spans.iter().map(|s| read_span(remote, s))))?;
+        counters.requests.fetch_add(ws_spans.len() as u64, Ordering::Relaxed);
+        reads.push((ws_spans, parts));
+    }
+    for (spans, parts) in &reads {
+        for (s, parts) in spans.iter().zip(parts) {
+            counters.bytes.fetch_add(s.end - s.start, Ordering::Relaxed);
+            for ((_, _, _, places), part) in s.chunks.iter().zip(parts) {
+                for &(fi, off) in places {
+                    files[fi].write_all_at(part, off).map_err(StoreError::local(dir, format!("writing {}", m.files[fi].name)))?;
+                    if fi == file {
+                        let i = m.files[file].chunks.partition_point(|c| c.offset < off);
+                        state[i] = State::Present;
+                    }
                 }
             }
         }
@@ -107,9 +152,14 @@ pub fn open(store: Arc<Store>, m: Manifest, dir: &Path) -> Result<Option<Arc<Rem
         state: Mutex::new(state),
         changed: Condvar::new(),
         counters,
+        failed: AtomicBool::new(false),
+        complete: AtomicBool::new(false),
     });
     // ws.pages, from the trace and the pages just fetched (a fault fetches any other).
     crate::fetch::derive(&fill.m, dir, Some(fill.clone() as Arc<dyn PageFill>))?;
+    if let Some(t) = &trace {
+        crate::fetch::install_trace(&fill.store.remote, &fill.m, id, dir, t, Some(fill.clone() as Arc<dyn PageFill>));
+    }
     Ok(Some(fill))
 }
 
@@ -165,14 +215,30 @@ impl RemoteFill {
             st[i] = State::Present;
         }
         self.changed.notify_all();
+        if let Err(e) = &result {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "fetching pages on demand failed");
+            self.failed.store(true, Ordering::Release);
+        }
         result
+    }
+
+    /// Whether a fetch has failed (see [`RemoteFill::complete`]).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Whether pages.img holds every page (after [`RemoteFill::complete`] succeeded).
+    pub fn is_complete(&self) -> bool {
+        self.complete.load(Ordering::Acquire)
     }
 
     /// Fetch every chunk still missing; afterwards pages.img is complete.
     pub fn complete(&self) -> std::io::Result<()> {
         let size = self.m.files[self.file].size;
         self.ensure_with(0, size, usize::MAX)?;
-        self.pages.sync_all()
+        self.pages.sync_all()?;
+        self.complete.store(true, Ordering::Release);
+        Ok(())
     }
 
     fn ensure_with(&self, offset: u64, len: u64, neighbours: usize) -> std::io::Result<()> {

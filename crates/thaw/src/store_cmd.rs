@@ -245,24 +245,6 @@ impl Drop for Resolved {
     }
 }
 
-/// Where a lazy miss is assembled: `ROOT/lazy/<pid>-<id>` (a process that died left
-/// its directory behind: removed by the next restore).
-fn lazy_dir(cache_root: &std::path::Path, id: &str) -> Result<PathBuf> {
-    let root = cache_root.join("lazy");
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    for e in std::fs::read_dir(&root)?.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let pid: Option<i32> = name.split('-').next().and_then(|p| p.parse().ok());
-        if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-    let dir = root.join(format!("{}-{id}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
-}
-
 /// `snap` as given to `thaw snapshot restore`: a directory, or s3://BUCKET/PREFIX/ID
 /// fetched (verified) into DATA_DIR/snapshot-cache unless cached there already. A
 /// miss fetches only the snapshot's head when it has one (`THAW_STORE_FETCH=whole`
@@ -285,9 +267,9 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     }
     let store = Arc::new(Store::open(&url.store, &StoreConfig::default())?);
     let (m, manifest_len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
-    if m.head.is_some() && std::env::var("THAW_STORE_FETCH").as_deref() != Ok("whole") {
-        let dir = lazy_dir(&cache_root, &url.id)?;
-        match thaw_store::lazy::open(store.clone(), m.clone(), &dir) {
+    if m.head.is_some() && thaw_store::lazy::enabled() {
+        let dir = cache.scratch_dir(&url.id)?;
+        match thaw_store::lazy::open(store.clone(), m.clone(), &url.id, &dir) {
             Ok(Some(fill)) => {
                 let lazy = Lazy { fill, cache, id: url.id.clone(), manifest: (1, manifest_len), before_first_response: None };
                 let (requests, bytes) = Resolved::fetched(&lazy);

@@ -54,14 +54,44 @@ struct Counters {
     fetches: AtomicU64,
     fetch_failures: AtomicU64,
     bytes_fetched: AtomicU64,
+    /// Misses that started from the snapshot's head (see `thaw_store::lazy`).
+    lazy_fetches: AtomicU64,
+    /// Lazy misses completed into the cache.
+    lazy_settled: AtomicU64,
     removed: AtomicU64,
     working_sets: AtomicU64,
     gc_deleted: AtomicU64,
 }
 
+/// What [`SnapshotStore::get`] gives.
+pub enum Fetched {
+    /// A complete snapshot in the cache, pinned while the handle lives.
+    Cached(Handle),
+    /// A miss being served from its head.
+    Lazy(Arc<LazyMiss>),
+}
+
+/// A snapshot arriving from the store while instances already run on it: its head
+/// is in `dir`, `fill` fetches the pages faults need and, in the background,
+/// everything else; then it moves into the cache ([`SnapshotSlot::settle`]).
+/// `dir` goes when the last user drops it.
+pub struct LazyMiss {
+    fill: Arc<thaw_store::lazy::RemoteFill>,
+    dir: PathBuf,
+    id: String,
+    /// Bytes of the fill already added to the store's counters.
+    counted: AtomicU64,
+}
+
+impl Drop for LazyMiss {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The store plus this node's cache of it.
 pub struct SnapshotStore {
-    store: Store,
+    store: Arc<Store>,
     cache: Arc<Cache>,
     n: Counters,
 }
@@ -76,7 +106,7 @@ impl SnapshotStore {
     /// Open the store at `url` (no request is made yet: a store that is down does not
     /// stop the node) and the cache at `cache_dir`, bounded to `max_bytes`.
     pub fn open(url: &StoreUrl, cfg: &StoreConfig, cache_dir: &Path, max_bytes: u64) -> Result<SnapshotStore, SnapStoreError> {
-        let store = Store::open(url, cfg)?;
+        let store = Arc::new(Store::open(url, cfg)?);
         let cache = Cache::open(cache_dir, max_bytes)?;
         Ok(SnapshotStore { store, cache, n: Counters::default() })
     }
@@ -121,8 +151,51 @@ impl SnapshotStore {
         handle
     }
 
-    /// Stored snapshot `id`, from the cache or fetched from the store (pinned until dropped).
-    pub fn get(&self, id: &str) -> Result<Handle, SnapStoreError> {
+    /// Stored snapshot `id`: from the cache (pinned until dropped), or, on a miss, its
+    /// head only — the rest arrives while instances run ([`LazyMiss`]) — or, for a
+    /// snapshot without a head (or with `THAW_STORE_FETCH=whole`), fetched whole.
+    pub fn get(&self, id: &str) -> Result<Fetched, SnapStoreError> {
+        if !self.cache.contains(id) && thaw_store::lazy::enabled() {
+            match self.get_lazy(id) {
+                Ok(Some(l)) => return Ok(Fetched::Lazy(l)),
+                Ok(None) => {}
+                Err(e) => {
+                    self.n.fetches.fetch_add(1, Ordering::Relaxed);
+                    self.n.fetch_failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        self.get_whole(id).map(Fetched::Cached)
+    }
+
+    fn get_lazy(&self, id: &str) -> Result<Option<Arc<LazyMiss>>, SnapStoreError> {
+        let t0 = Instant::now();
+        let m = self.store.manifest(id)?;
+        if m.head.is_none() {
+            return Ok(None);
+        }
+        let dir = self.cache.scratch_dir(id)?;
+        let opened = thaw_store::lazy::open(self.store.clone(), m, id, &dir);
+        let fill = match opened {
+            Ok(Some(fill)) => fill,
+            Ok(None) | Err(_) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return opened.map(|_| None).map_err(Into::into);
+            }
+        };
+        let bytes = fill.counters.bytes.load(Ordering::Relaxed);
+        self.n.fetches.fetch_add(1, Ordering::Relaxed);
+        self.n.lazy_fetches.fetch_add(1, Ordering::Relaxed);
+        self.n.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
+        info!(
+            snapshot = %self.store.snapshot_url(id), head_bytes = bytes, ms = t0.elapsed().as_secs_f64() * 1e3,
+            "snapshot head fetched from the store; the rest follows in the background"
+        );
+        Ok(Some(Arc::new(LazyMiss { fill, dir, id: id.to_string(), counted: AtomicU64::new(bytes) })))
+    }
+
+    fn get_whole(&self, id: &str) -> Result<Handle, SnapStoreError> {
         let source = StoreSource::new(&self.store);
         let got = self.cache.get(id, &source);
         let fetched = source.bytes_fetched.load(Ordering::Relaxed);
@@ -142,6 +215,27 @@ impl SnapshotStore {
                 Err(e.into())
             }
         }
+    }
+
+    /// Fetch what a lazy miss still lacks (blocks until it has it all).
+    fn complete(&self, l: &LazyMiss) -> std::io::Result<()> {
+        let r = l.fill.complete();
+        let now = l.fill.counters.bytes.load(Ordering::Relaxed);
+        let before = l.counted.swap(now, Ordering::Relaxed);
+        self.n.bytes_fetched.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
+        if r.is_err() {
+            self.n.fetch_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Move a completed lazy miss into the cache (pinned). Its directory is empty
+    /// afterwards; instances running on its files keep them open.
+    fn settle(&self, l: &LazyMiss) -> Result<Handle, SnapStoreError> {
+        let h = self.cache.get(&l.id, &cache::Adopt { dir: l.dir.clone() })?;
+        self.n.lazy_settled.fetch_add(1, Ordering::Relaxed);
+        info!(snapshot = %self.store.snapshot_url(&l.id), cached = h.cached(), "a snapshot fetched lazily is complete");
+        Ok(h)
     }
 
     /// Publish the working set recorded in `dir` for stored snapshot `id`.
@@ -203,6 +297,8 @@ impl SnapshotStore {
             "fetches": c(&self.n.fetches),
             "fetch_failures": c(&self.n.fetch_failures),
             "bytes_fetched": c(&self.n.bytes_fetched),
+            "lazy_fetches": c(&self.n.lazy_fetches),
+            "lazy_settled": c(&self.n.lazy_settled),
             "removed": c(&self.n.removed),
             "working_sets_published": c(&self.n.working_sets),
             "gc_chunks_deleted": c(&self.n.gc_deleted),
@@ -281,7 +377,8 @@ pub(super) struct SnapshotSlot {
 
 enum Slot {
     Closed,
-    Open { snap: Arc<LoadedSnapshot>, _pin: Option<Handle>, last_use: Instant },
+    /// `lazy`: the snapshot is still arriving from the store (it has no pin yet).
+    Open { snap: Arc<LoadedSnapshot>, _pin: Option<Handle>, lazy: Option<Arc<LazyMiss>>, last_use: Instant },
     /// A local snapshot that does not open (never retried: it will not change).
     Failed(String),
 }
@@ -311,6 +408,12 @@ impl SnapshotSlot {
     pub(super) fn get(&self) -> Result<Arc<LoadedSnapshot>, String> {
         let mut st = self.lock();
         match &mut *st {
+            // A lazy miss whose fetch failed (the store went down): instances may have
+            // lost pages; start over (a new fetch, or a cold boot while it fails).
+            Slot::Open { lazy: Some(l), .. } if l.fill.failed() && !l.fill.is_complete() => {
+                warn!(snapshot = %l.id, "a snapshot being fetched lazily lost its store; fetching it again");
+                *st = Slot::Closed;
+            }
             Slot::Open { snap, last_use, .. } => {
                 *last_use = Instant::now();
                 return Ok(snap.clone());
@@ -318,11 +421,30 @@ impl SnapshotSlot {
             Slot::Failed(e) => return Err(e.clone()),
             Slot::Closed => {}
         }
-        let (snap, pin) = match (&self.store, self.stored_id()) {
+        let (snap, pin, lazy) = match (&self.store, self.stored_id()) {
             (Some(store), Some(id)) => {
-                let h = store.get(&id).map_err(|e| crate::node::error_chain(&e))?;
+                let h = match store.get(&id).map_err(|e| crate::node::error_chain(&e))? {
+                    Fetched::Cached(h) => h,
+                    Fetched::Lazy(l) => {
+                        let s = LoadedSnapshot::open_filled(&l.dir, false, self.bundle.check(), Some(l.fill.clone() as _))
+                            .map_err(|e| format!("snapshot {id}, fetched lazily, does not open: {}", crate::node::error_chain(&e)))?;
+                        // The rest of the image, while instances run.
+                        let (store, job) = (store.clone(), l.clone());
+                        let spawned = std::thread::Builder::new().name("thaw-store-fill".into()).spawn(move || {
+                            if let Err(e) = store.complete(&job) {
+                                warn!(snapshot = %job.id, error = %e, "completing a lazily fetched snapshot failed; the next start fetches it again");
+                            }
+                        });
+                        if let Err(e) = spawned {
+                            warn!(error = %e, "cannot start a thread to complete a lazily fetched snapshot; pages arrive as faults need them");
+                        }
+                        let snap = Arc::new(self.open.apply(s));
+                        *st = Slot::Open { snap: snap.clone(), _pin: None, lazy: Some(l), last_use: Instant::now() };
+                        return Ok(snap);
+                    }
+                };
                 match LoadedSnapshot::open_checked(h.dir(), false, self.bundle.check()) {
-                    Ok(s) => (s, Some(h)),
+                    Ok(s) => (s, Some(h), None),
                     Err(e) => {
                         // Verified when fetched, so damaged since: fetch it again next time.
                         drop(h);
@@ -333,7 +455,7 @@ impl SnapshotSlot {
             }
             // A layered snapshot's instances share the pages they do not write.
             _ => match LoadedSnapshot::open_checked(&self.local_dir, true, self.bundle.check()) {
-                Ok(s) => (s, None),
+                Ok(s) => (s, None, None),
                 Err(e) => {
                     let e = crate::node::error_chain(&e);
                     *st = Slot::Failed(e.clone());
@@ -342,8 +464,37 @@ impl SnapshotSlot {
             },
         };
         let snap = Arc::new(self.open.apply(snap));
-        *st = Slot::Open { snap: snap.clone(), _pin: pin, last_use: Instant::now() };
+        *st = Slot::Open { snap: snap.clone(), _pin: pin, lazy, last_use: Instant::now() };
         Ok(snap)
+    }
+
+    /// Whether a lazy miss has arrived whole (see [`SnapshotSlot::settle`]). Never blocks.
+    pub(super) fn lazy_complete(&self) -> bool {
+        let Ok(st) = self.state.try_lock() else { return false };
+        matches!(&*st, Slot::Open { lazy: Some(l), .. } if l.fill.is_complete())
+    }
+
+    /// A lazy miss that has arrived whole: moved into the cache, and the slot reopened
+    /// from there (instances running on the old files keep them). Call from worker threads.
+    pub(super) fn settle(&self) {
+        let Some(store) = &self.store else { return };
+        let mut st = self.lock();
+        let Slot::Open { lazy: Some(l), .. } = &*st else { return };
+        if !l.fill.is_complete() {
+            return;
+        }
+        let l = l.clone();
+        let reopened = store.settle(&l).map_err(|e| crate::node::error_chain(&e)).and_then(|h| {
+            LoadedSnapshot::open_checked(h.dir(), false, self.bundle.check()).map(|s| (s, h)).map_err(|e| crate::node::error_chain(&e))
+        });
+        match reopened {
+            Ok((s, h)) => *st = Slot::Open { snap: Arc::new(self.open.apply(s)), _pin: Some(h), lazy: None, last_use: Instant::now() },
+            Err(e) => {
+                // Whatever moved is in the cache or gone: the next start opens it again.
+                warn!(snapshot = %l.id, error = %e, "installing a lazily fetched snapshot in the cache failed");
+                *st = Slot::Closed;
+            }
+        }
     }
 
     /// Publish the captured snapshot (if the node has a store and it is not
@@ -368,7 +519,7 @@ impl SnapshotSlot {
             // Its home is the store now: the local files move into the cache.
             if let Some(h) = store.adopt(&pushed, &self.local_dir) {
                 match LoadedSnapshot::open_checked(h.dir(), false, self.bundle.check()) {
-                    Ok(s) => *st = Slot::Open { snap: Arc::new(self.open.apply(s)), _pin: Some(h), last_use: Instant::now() },
+                    Ok(s) => *st = Slot::Open { snap: Arc::new(self.open.apply(s)), _pin: Some(h), lazy: None, last_use: Instant::now() },
                     Err(e) => warn!(error = %crate::node::error_chain(&e), "opening a published snapshot"),
                 }
             }
@@ -385,7 +536,7 @@ impl SnapshotSlot {
     pub(super) fn close_if_unused(&self, idle: Duration) -> bool {
         let Ok(mut st) = self.state.try_lock() else { return false };
         let unused = match &*st {
-            Slot::Open { snap, _pin: Some(_), last_use } => {
+            Slot::Open { snap, _pin, lazy, last_use } if _pin.is_some() || lazy.is_some() => {
                 Arc::strong_count(snap) == 1 && Arc::strong_count(&snap.source) == 1 && last_use.elapsed() >= idle
             }
             _ => false,
@@ -467,6 +618,19 @@ impl super::Node {
             });
             if queued.is_err() {
                 rev.snapshot.ws_publish_failed();
+            }
+        }
+    }
+
+    /// Move lazily fetched snapshots that have arrived whole into the cache (reaper
+    /// tick; the moves run on the build workers).
+    pub(super) fn settle_lazy_snapshots(&self) {
+        for rev in self.serving_revisions() {
+            if !rev.snapshot.lazy_complete() {
+                continue;
+            }
+            if let Err(e) = self.build_workers.spawn(move || rev.snapshot.settle()) {
+                warn!(error = %e, "queueing the install of a fetched snapshot");
             }
         }
     }
