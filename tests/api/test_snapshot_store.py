@@ -8,7 +8,6 @@ function's stored snapshot with the function."""
 import json
 import re
 import shutil
-import threading
 import time
 
 import pytest
@@ -260,14 +259,12 @@ def test_a_store_that_dies_after_the_start_costs_a_retry_not_a_wrong_answer(mini
     Once the store is back, the next cold start fetches the snapshot again and restores."""
     data = tmp_path / "node"
     sid = deployed_then_evicted(data, minio, "dies")  # no working set: everything but the head is fetched on faults
-    down = threading.Event()
+    manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"dies/snapshots/{sid}.json")["Body"].read())
+    head = manifest["packs"][manifest["head"]]["name"]
 
     def rule(method, path, headers):
-        if down.is_set():
-            return "cut"
-        if method == "GET" and "/packs/" in path:
-            down.set()  # the head passes; everything after it fails
-        return "pass"
+        # The manifest and the head pass; every other pack read fails.
+        return "cut" if "/packs/" in path and head not in path else "pass"
 
     proxy = FaultProxy(minio.port, rule)
     try:

@@ -231,6 +231,19 @@ pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &crate::pagefi
 /// Write the trace and the WS pages for `trace` beside the image, atomically
 /// (temporary names, then rename: a reader never sees half a working set).
 pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &crate::pagefiles::PageFiles) -> Result<WorkingSet, WsError> {
+    write_from(dir, image_id, trace, &mut |fp, page| pages.read_exact_at(page, fp * PAGE_SIZE), true)
+}
+
+/// [`write`], each page of the image got from `read(file page, buffer)`. Not
+/// `durable`: the files are not synced (for a directory that is thrown away after a
+/// crash, and synced before it is kept; see the store's lazy fetch).
+pub fn write_from(
+    dir: &Path,
+    image_id: u32,
+    trace: &[Touch],
+    read: &mut dyn FnMut(u64, &mut [u8]) -> io::Result<()>,
+    durable: bool,
+) -> Result<WorkingSet, WsError> {
     let ws = WorkingSet::from_trace(trace.to_vec());
     let ioe = |what: &str| {
         let what = what.to_string();
@@ -244,11 +257,13 @@ pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &crate::pagefile
         let mut out = io::BufWriter::with_capacity(1 << 20, File::create(&tmp_pages).map_err(ioe("creating ws.pages"))?);
         let mut page = vec![0u8; PAGE_SIZE as usize];
         for &(_, fp) in &ws.layout {
-            pages.read_exact_at(&mut page, fp * PAGE_SIZE).map_err(ioe("reading the image"))?;
+            read(fp, &mut page).map_err(ioe("reading the image"))?;
             out.write_all(&page).map_err(ioe("writing ws.pages"))?;
         }
         let f = out.into_inner().map_err(|e| e.into_error()).map_err(ioe("writing ws.pages"))?;
-        f.sync_all().map_err(ioe("syncing ws.pages"))?;
+        if durable {
+            f.sync_all().map_err(ioe("syncing ws.pages"))?;
+        }
 
         let mut t = Vec::with_capacity(28 + trace.len() * 16);
         t.extend_from_slice(MAGIC);
@@ -263,7 +278,9 @@ pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &crate::pagefile
         t.extend_from_slice(&crc.to_le_bytes());
         let mut tf = File::create(&tmp_trace).map_err(ioe("creating ws.trace"))?;
         tf.write_all(&t).map_err(ioe("writing ws.trace"))?;
-        tf.sync_all().map_err(ioe("syncing ws.trace"))?;
+        if durable {
+            tf.sync_all().map_err(ioe("syncing ws.trace"))?;
+        }
         // Pages first: a trace is only ever visible next to the pages it describes.
         std::fs::rename(&tmp_pages, dir.join(PAGES_FILE)).map_err(ioe("installing ws.pages"))?;
         std::fs::rename(&tmp_trace, dir.join(TRACE_FILE)).map_err(ioe("installing ws.trace"))?;

@@ -30,6 +30,9 @@ pub enum StoreError {
     Exists { dir: PathBuf },
     #[error("pulled snapshot {dir} does not open")]
     Image { dir: PathBuf, #[source] source: thaw_engine::image::ImageError },
+    /// A task of the store's runtime panicked or was cancelled.
+    #[error("a store task failed: {detail}")]
+    Task { detail: String },
     #[error("pulled snapshot {dir}: working set")]
     WorkingSet { dir: PathBuf, #[source] source: thaw_engine::ws::WsError },
 }

@@ -86,7 +86,7 @@ pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn
     for (fi, f) in files {
         f.sync_all().map_err(StoreError::local(dir, format!("syncing {}", m.files[*fi].name)))?;
     }
-    derive(m, dir, None)?;
+    derive(m, dir, None, true)?;
     Ok((requests, bytes))
 }
 
@@ -98,7 +98,10 @@ pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn
 /// records one). Returns the bytes read from the store.
 pub async fn working_set(remote: &Remote, m: &Manifest, id: &str, dir: &Path) -> u64 {
     let Some(trace) = recorded_trace(remote, m, id).await else { return 0 };
-    install_trace(remote, m, id, dir, &trace, None);
+    match from_pages_img(dir) {
+        Ok(mut read) => drop(install_trace(remote, m, id, dir, &trace, &mut read, true)),
+        Err(e) => tracing::warn!(error = %e, "cannot install the recorded working set"),
+    }
     trace.len() as u64
 }
 
@@ -119,16 +122,22 @@ pub(crate) async fn recorded_trace(remote: &Remote, m: &Manifest, id: &str) -> O
     }
 }
 
+/// Where [`derive`] and [`install_trace`] get a page of pages.img: `(file page, buffer)`.
+pub(crate) type PageRead<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>;
+
+/// Pages read from `dir`'s pages.img.
+fn from_pages_img(dir: &Path) -> Result<impl FnMut(u64, &mut [u8]) -> std::io::Result<()>> {
+    let pages = thaw_engine::pagefiles::PageFiles::from(File::open(dir.join(PAGES_FILE)).map_err(StoreError::local(dir, "opening pages.img"))?);
+    Ok(move |fp: u64, buf: &mut [u8]| pages.read_exact_at(buf, fp * 4096))
+}
+
 /// Install `trace` (see [`recorded_trace`]) into `dir` as ws.trace + ws.pages, the
-/// pages read through `fill` (see `lazy.rs`). One that does not match the image is
-/// skipped, with a warning. Returns whether it was installed.
-pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path, trace: &[u8], fill: Option<std::sync::Arc<dyn thaw_engine::pagefiles::PageFill>>) -> bool {
+/// pages got from `read` (synced when `durable`). One that does not match the
+/// image is skipped, with a warning. Returns whether it was installed.
+pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path, trace: &[u8], read: PageRead, durable: bool) -> bool {
     let installed = WorkingSet::parse(dir, trace, m.image_id)
         .map_err(|e| e.to_string())
-        .and_then(|set| File::open(dir.join(PAGES_FILE)).map(|f| (set, f)).map_err(|e| e.to_string()))
-        .and_then(|(set, pages)| {
-            ws::write(dir, m.image_id, &set.trace, &thaw_engine::pagefiles::PageFiles::from(pages).with_fill(fill)).map_err(|e| e.to_string())
-        });
+        .and_then(|set| ws::write_from(dir, m.image_id, &set.trace, read, durable).map_err(|e| e.to_string()));
     if let Err(e) = &installed {
         tracing::warn!(object = %remote.url.object_url(&Remote::ws_key(id)), error = %e, "ignoring a recorded working set that does not match its snapshot");
         ws::invalidate(dir);
@@ -136,17 +145,20 @@ pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path,
     installed.is_ok()
 }
 
-/// Rebuild ws.pages (the working set's pages, copied out of pages.img; through
-/// `fill` when pages.img may not hold them yet, see `lazy.rs`).
-pub(crate) fn derive(m: &Manifest, dir: &Path, fill: Option<std::sync::Arc<dyn thaw_engine::pagefiles::PageFill>>) -> Result<()> {
+/// Rebuild ws.pages (the working set's pages, copied out of pages.img, or got from
+/// `read` (see `lazy.rs`); synced when `durable`).
+pub(crate) fn derive(m: &Manifest, dir: &Path, read: Option<PageRead>, durable: bool) -> Result<()> {
     if !m.derived.iter().any(|d| d == ws::PAGES_FILE) {
         return Ok(());
     }
     let wse = |source| StoreError::WorkingSet { dir: dir.to_path_buf(), source };
     let trace = std::fs::read(dir.join(TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
     let set = WorkingSet::parse(dir, &trace, m.image_id).map_err(wse)?;
-    let pages = File::open(dir.join(PAGES_FILE)).map_err(StoreError::local(dir, "opening pages.img"))?;
-    ws::write(dir, m.image_id, &set.trace, &thaw_engine::pagefiles::PageFiles::from(pages).with_fill(fill)).map_err(wse)?;
+    match read {
+        Some(read) => ws::write_from(dir, m.image_id, &set.trace, read, durable),
+        None => ws::write_from(dir, m.image_id, &set.trace, &mut from_pages_img(dir)?, durable),
+    }
+    .map_err(wse)?;
     Ok(())
 }
 

@@ -14,21 +14,25 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use thaw_engine::image::PAGES_FILE;
+use thaw_engine::ws::TRACE_FILE;
 use thaw_engine::pagefiles::PageFill;
 
 use crate::error::{Result, StoreError};
 use crate::manifest::Manifest;
-use crate::pack::{read_span, spans_of};
+use crate::pack::{read_span, spans_of, Span};
 use crate::Store;
 
 /// Chunks a fault may bring along with its own (missing neighbours in the same
 /// pack, read in the same request).
 const FAULT_NEIGHBOURS: usize = 16;
 const PAGE: u64 = 4096;
+/// Parallel reads of the head (each checks its chunks' hashes as it arrives).
+const HEAD_READS: usize = 2;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {
@@ -96,56 +100,63 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         files.push(h);
     }
     let counters = Counters::default();
-    let spans = spans_of(&m, |_, c| c.pack == Some(head), u64::MAX);
     let mut state: Vec<State> =
         m.files[file].chunks.iter().map(|c| if c.sha256.is_none() { State::Present } else { State::Absent }).collect();
     let remote = &store.remote;
-    let (head_parts, trace) = store.block_on(async {
-        futures::join!(futures::future::try_join_all(spans.iter().map(|s| read_span(remote, s))), crate::fetch::recorded_trace(remote, &m, id))
-    });
+    let t0 = std::time::Instant::now();
+    // 1. The head, in HEAD_READS parallel reads (one would hash it all on one core),
+    //    and the working set recorded beside the snapshot, if any, at once.
+    let spans: Vec<_> = spans_of(&m, |_, c| c.pack == Some(head), u64::MAX).into_iter().flat_map(|s| s.split(HEAD_READS)).collect();
+    let (head_parts, recorded) =
+        store.block_on(async { futures::join!(crate::pack::read_spans(remote, &spans), crate::fetch::recorded_trace(remote, &m, id)) });
     let mut reads = vec![(spans, head_parts?)];
-    counters.requests.fetch_add(reads[0].0.len() as u64 + u64::from(m.file(thaw_engine::ws::TRACE_FILE).is_none()), Ordering::Relaxed);
-    counters.bytes.fetch_add(trace.as_ref().map_or(0, |t| t.len() as u64), Ordering::Relaxed);
-    // The recorded working set's pages the head lacks: chunks in address order, so
-    // few ranges once those close together are coalesced.
-    let ws_spans = trace
+    counters.requests.fetch_add(reads[0].0.len() as u64 + u64::from(m.file(TRACE_FILE).is_none()), Ordering::Relaxed);
+    counters.bytes.fetch_add(recorded.as_ref().map_or(0, |t| t.len() as u64), Ordering::Relaxed);
+    // 2. Every file but pages.img, complete.
+    for (fi, off, part) in placed(&reads).filter(|(fi, _, _)| *fi != file) {
+        files[fi].write_all_at(part, off).map_err(StoreError::local(dir, format!("writing {}", m.files[fi].name)))?;
+    }
+    // 3. The chunks of pages.img the working set (recorded, or the head's own) touches.
+    let chunks = &m.files[file].chunks;
+    let chunk_of = |at: u64| chunks.partition_point(|c| c.offset + c.len <= at);
+    let trace = recorded.clone().or_else(|| std::fs::read(dir.join(TRACE_FILE)).ok().map(bytes::Bytes::from));
+    let ws_chunks: HashSet<usize> = trace
         .as_deref()
         .and_then(|t| thaw_engine::ws::WorkingSet::parse(dir, t, m.image_id).ok())
-        .map(|set| {
-            let chunks = &m.files[file].chunks;
-            let wanted: std::collections::HashSet<u64> = set
-                .layout
-                .iter()
-                .map(|&(_, fp)| chunks.partition_point(|c| c.offset + c.len <= fp * PAGE))
-                .filter(|&i| i < chunks.len() && state[i] == State::Absent)
-                .map(|i| chunks[i].offset)
-                .collect();
-            spans_of(&m, |fi, c| fi == file && wanted.contains(&c.offset), crate::pack::RANGE_GAP)
-        })
+        .map(|set| set.layout.iter().map(|&(_, fp)| chunk_of(fp * PAGE)).filter(|&i| i < chunks.len()).collect())
         .unwrap_or_default();
+    // 4. Those the head lacks (a working set recorded after the publish): chunks are
+    //    in address order, so few ranges once those close together are coalesced.
+    let in_head: HashSet<u64> = placed(&reads).filter(|(fi, _, _)| *fi == file).map(|(_, off, _)| off).collect();
+    let lacking: HashSet<u64> =
+        ws_chunks.iter().map(|&i| chunks[i].offset).filter(|o| !in_head.contains(o) && state[chunk_of(*o)] == State::Absent).collect();
+    let ws_spans = spans_of(&m, |fi, c| fi == file && lacking.contains(&c.offset), crate::pack::RANGE_GAP);
     if !ws_spans.is_empty() {
-        let parts = store.block_on(futures::future::try_join_all(ws_spans.iter().map(|s| read_span(remote, s))))?;
+        let parts = store.block_on(crate::pack::read_spans(remote, &ws_spans))?;
         counters.requests.fetch_add(ws_spans.len() as u64, Ordering::Relaxed);
         reads.push((ws_spans, parts));
     }
-    for (spans, parts) in &reads {
-        for (s, parts) in spans.iter().zip(parts) {
-            counters.bytes.fetch_add(s.end - s.start, Ordering::Relaxed);
-            for ((_, _, _, places), part) in s.chunks.iter().zip(parts) {
-                for &(fi, off) in places {
-                    files[fi].write_all_at(part, off).map_err(StoreError::local(dir, format!("writing {}", m.files[fi].name)))?;
-                    if fi == file {
-                        let i = m.files[file].chunks.partition_point(|c| c.offset < off);
-                        state[i] = State::Present;
-                    }
-                }
-            }
+    let t_read = t0.elapsed();
+    // 5. pages.img: what the restore reads from it (copy-on-written file pages, rseq
+    //    areas) now; the working set's chunks after the start (the restore takes
+    //    those from ws.pages, built from memory below).
+    let mut later: Vec<(u64, bytes::Bytes)> = Vec::new();
+    let span_bytes: u64 = reads.iter().flat_map(|(spans, _)| spans).map(|s| s.end - s.start).sum();
+    counters.bytes.fetch_add(span_bytes, Ordering::Relaxed);
+    for (_, off, part) in placed(&reads).filter(|(fi, _, _)| *fi == file) {
+        let i = chunk_of(off);
+        if ws_chunks.contains(&i) {
+            later.push((off, part.clone()));
+            state[i] = State::Fetching;
+        } else {
+            files[file].write_all_at(part, off).map_err(StoreError::local(dir, "writing pages.img"))?;
+            state[i] = State::Present;
         }
     }
     let pages = files.swap_remove(file);
     let fill = Arc::new(RemoteFill {
-        store,
-        m,
+        store: store.clone(),
+        m: m.clone(),
         file,
         pages,
         dir: dir.to_path_buf(),
@@ -155,15 +166,93 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         failed: AtomicBool::new(false),
         complete: AtomicBool::new(false),
     });
-    // ws.pages, from the trace and the pages just fetched (a fault fetches any other).
-    crate::fetch::derive(&fill.m, dir, Some(fill.clone() as Arc<dyn PageFill>))?;
-    if let Some(t) = &trace {
-        crate::fetch::install_trace(&fill.store.remote, &fill.m, id, dir, t, Some(fill.clone() as Arc<dyn PageFill>));
-    }
+    let t_written = t0.elapsed();
+    // ws.pages, from the pages in memory (through the fill for any other, which
+    // waits for the chunks being written); synced by `complete`, before the cache
+    // keeps it.
+    let in_memory: HashMap<u64, &bytes::Bytes> = placed(&reads).filter(|(fi, _, _)| *fi == file).map(|(_, off, part)| (off, part)).collect();
+    let through_fill = thaw_engine::pagefiles::PageFiles::from(fill.pages.try_clone().map_err(StoreError::local(dir, "opening pages.img"))?)
+        .with_fill(Some(fill.clone() as Arc<dyn PageFill>));
+    let mut read = |fp: u64, buf: &mut [u8]| {
+        let at = fp * PAGE;
+        match chunks.get(chunk_of(at)).and_then(|c| Some((c, in_memory.get(&c.offset)?))) {
+            Some((c, part)) if c.offset <= at && at + buf.len() as u64 <= c.offset + part.len() as u64 => {
+                let from = (at - c.offset) as usize;
+                buf.copy_from_slice(&part[from..from + buf.len()]);
+                Ok(())
+            }
+            _ => through_fill.read_exact_at(buf, at),
+        }
+    };
+    let derived = match &recorded {
+        Some(t) => {
+            crate::fetch::install_trace(&store.remote, &m, id, dir, t, &mut read, false);
+            Ok(())
+        }
+        None => crate::fetch::derive(&m, dir, Some(&mut read), false),
+    };
+    RemoteFill::write_later(&fill, later);
+    derived?;
+    tracing::debug!(
+        requests = fill.counters.requests.load(Ordering::Relaxed),
+        bytes = fill.counters.bytes.load(Ordering::Relaxed),
+        read_ms = t_read.as_secs_f64() * 1e3,
+        write_ms = (t_written - t_read).as_secs_f64() * 1e3,
+        derive_ms = (t0.elapsed() - t_written).as_secs_f64() * 1e3,
+        "snapshot head fetched"
+    );
     Ok(Some(fill))
 }
 
+/// Every chunk that `reads` brought, with each place it goes: (file index, offset, bytes).
+fn placed(reads: &[(Vec<Span>, Vec<Vec<bytes::Bytes>>)]) -> impl Iterator<Item = (usize, u64, &bytes::Bytes)> {
+    reads
+        .iter()
+        .flat_map(|(spans, parts)| spans.iter().zip(parts))
+        .flat_map(|(s, parts)| s.chunks.iter().zip(parts))
+        .flat_map(|((_, _, _, places), part)| places.iter().map(move |&(fi, off)| (fi, off, part)))
+}
+
 impl RemoteFill {
+    /// Write `parts` (chunks of pages.img marked Fetching) in the background, then
+    /// mark them present (absent again if a write fails: a fault then fetches them).
+    fn write_later(fill: &Arc<RemoteFill>, parts: Vec<(u64, bytes::Bytes)>) {
+        if parts.is_empty() {
+            return;
+        }
+        let write = |fill: &RemoteFill, parts: Vec<(u64, bytes::Bytes)>| {
+            let mut written = Vec::with_capacity(parts.len());
+            for (off, part) in &parts {
+                match fill.pages.write_all_at(part, *off) {
+                    Ok(()) => written.push(*off),
+                    Err(e) => {
+                        tracing::warn!(dir = %fill.dir.display(), error = %e, "writing fetched pages; they are fetched again when needed");
+                        break;
+                    }
+                }
+            }
+            let mut st = fill.state.lock().unwrap_or_else(|p| p.into_inner());
+            for (off, _) in &parts {
+                let i = fill.chunks().partition_point(|c| c.offset < *off);
+                st[i] = if written.contains(off) { State::Present } else { State::Absent };
+            }
+            fill.changed.notify_all();
+        };
+        let held = Arc::new(Mutex::new(Some(parts)));
+        let (me, mine) = (fill.clone(), held.clone());
+        let spawned = std::thread::Builder::new().name("thaw-store-write".into()).spawn(move || {
+            if let Some(p) = mine.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                write(&me, p);
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a thread to write fetched pages; writing them now");
+            if let Some(p) = held.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                write(fill, p);
+            }
+        }
+    }
+
     fn chunks(&self) -> &[crate::manifest::Chunk] {
         &self.m.files[self.file].chunks
     }
@@ -237,6 +326,14 @@ impl RemoteFill {
         let size = self.m.files[self.file].size;
         self.ensure_with(0, size, usize::MAX)?;
         self.pages.sync_all()?;
+        // The working set written unsynced at open.
+        for name in [thaw_engine::ws::PAGES_FILE, thaw_engine::ws::TRACE_FILE] {
+            match File::open(self.dir.join(name)) {
+                Ok(f) => f.sync_all()?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
         self.complete.store(true, Ordering::Release);
         Ok(())
     }

@@ -320,11 +320,32 @@ pub(crate) type Places = Vec<(usize, u64)>;
 pub(crate) type SpanChunk = (u64, u64, String, Places);
 
 /// One ranged read of a pack and the chunks in it.
+#[derive(Clone)]
 pub(crate) struct Span {
     pub(crate) pack: String,
     pub(crate) start: u64,
     pub(crate) end: u64,
     pub(crate) chunks: Vec<SpanChunk>,
+}
+
+impl Span {
+    /// This span cut into at most `n` reads of about equal size, at chunk boundaries
+    /// (read in parallel: the hashing of each part runs beside the others).
+    pub(crate) fn split(self, n: usize) -> Vec<Span> {
+        let size = self.end - self.start;
+        let per = size.div_ceil(n.max(1) as u64).max(1);
+        let mut out: Vec<Span> = Vec::new();
+        for c in self.chunks {
+            match out.last_mut() {
+                Some(s) if s.end - s.start < per => {
+                    s.end = c.0 + c.1;
+                    s.chunks.push(c);
+                }
+                _ => out.push(Span { pack: self.pack.clone(), start: c.0, end: c.0 + c.1, chunks: vec![c] }),
+            }
+        }
+        out
+    }
 }
 
 /// Read span `s` and return each of its chunks' bytes, checked against its hash.
@@ -342,6 +363,23 @@ pub(crate) async fn read_span(remote: &Remote, s: &Span) -> Result<Vec<Bytes>> {
             Ok(part)
         })
         .collect()
+}
+
+/// [`read_span`] of every span at once, each a task of its own (so their hashing
+/// runs on the runtime's threads in parallel). Call within the store's runtime.
+pub(crate) async fn read_spans(remote: &Remote, spans: &[Span]) -> Result<Vec<Vec<Bytes>>> {
+    let tasks: Vec<_> = spans
+        .iter()
+        .map(|s| {
+            let (remote, s) = (remote.clone(), s.clone());
+            tokio::spawn(async move { read_span(&remote, &s).await })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.map_err(|e| StoreError::Task { detail: e.to_string() })??);
+    }
+    Ok(out)
 }
 
 /// The reads that fetch every stored chunk of `m` (format 2): per pack, the chunks'
@@ -417,6 +455,16 @@ async fn read_range(remote: &Remote, key: &str, range: std::ops::Range<u64>) -> 
 mod tests {
     use super::*;
     use crate::manifest::{Chunk, FileEntry};
+
+    #[test]
+    fn a_span_splits_at_chunk_boundaries_into_parts_of_about_equal_size() {
+        let chunk = |at: u64| (at, 100, format!("{at}"), vec![(0, at)]);
+        let s = Span { pack: "p".into(), start: 0, end: 1000, chunks: (0..10).map(|i| chunk(i * 100)).collect() };
+        let parts = s.split(3);
+        assert_eq!(parts.iter().map(|p| (p.start, p.end, p.chunks.len())).collect::<Vec<_>>(), [(0, 400, 4), (400, 800, 4), (800, 1000, 2)]);
+        let one = Span { pack: "p".into(), start: 0, end: 100, chunks: vec![chunk(0)] };
+        assert_eq!(one.split(4).len(), 1, "a chunk is never cut");
+    }
 
     #[test]
     fn spans_coalesce_near_ranges_of_one_pack_and_split_far_ones() {

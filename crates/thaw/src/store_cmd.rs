@@ -266,7 +266,14 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
         }
     }
     let store = Arc::new(Store::open(&url.store, &StoreConfig::default())?);
+    let t_open = t0.elapsed();
     let (m, manifest_len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
+    tracing::debug!(
+        store_open_ms = t_open.as_secs_f64() * 1e3,
+        manifest_ms = (t0.elapsed() - t_open).as_secs_f64() * 1e3,
+        manifest_bytes = manifest_len,
+        "manifest fetched"
+    );
     if m.head.is_some() && thaw_store::lazy::enabled() {
         let dir = cache.scratch_dir(&url.id)?;
         match thaw_store::lazy::open(store.clone(), m.clone(), &url.id, &dir) {
