@@ -8,6 +8,8 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   local         `thaw snapshot restore DIR` (REAP prefetch; page cache of the image evicted)
   remote-cold   `thaw snapshot restore s3://...` with an empty node cache (fetch, verify, restore)
   remote-warm   the same with the snapshot in the node cache (page cache of the entry evicted)
+  remote-cold-v2  remote-cold of the same snapshot pushed with its chunks raw (format 2,
+                THAW_STORE_FORMAT=2: packs, no compression), the baseline of compression
   remote-cold-v1  remote-cold of the same snapshot pushed in the format before packs
                 (THAW_STORE_FORMAT=1: one object per 8 KiB chunk), the baseline of issue #28
 Time to first response is the restore's `total_ms` (it includes the fetch); the
@@ -42,7 +44,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-v1")
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-v2", "remote-cold-v1")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
 
@@ -129,7 +131,12 @@ def bench_function(thaw, fn, store, runs, tmp):
     push_v1 = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-v1"],
                              env=dict(env, THAW_STORE_FORMAT="1"), check=True, capture_output=True, text=True)
     url_v1 = push_v1.stdout.strip().splitlines()[-1]
-    pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2])}
+    push_v2 = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-v2"],
+                             env=dict(env, THAW_STORE_FORMAT="2"), check=True, capture_output=True, text=True)
+    url_v2 = push_v2.stdout.strip().splitlines()[-1]
+    pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2]),
+              "v2": json.loads(push_v2.stdout.strip().splitlines()[-2])}
+    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2}
     cache = data / "snapshot-cache" / "entries"
     rows = []
     for i in range(runs):
@@ -140,10 +147,10 @@ def bench_function(thaw, fn, store, runs, tmp):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
                 menv = dict(env, THAW_STORE_FETCH="whole") if mode == "remote-cold-whole" else env
-                st = run_thaw(thaw, menv, ["snapshot", "restore", url_v1 if mode == "remote-cold-v1" else url], stats)
+                st = run_thaw(thaw, menv, ["snapshot", "restore", urls.get(mode, url)], stats)
                 assert st["store"]["cache_hit"] is False, st["store"]
             else:
                 if not (cache / url.rsplit("/", 1)[1]).is_dir():
@@ -157,7 +164,7 @@ def bench_function(thaw, fn, store, runs, tmp):
                          "requests": s.get("requests_before_first_response", s.get("requests", 0)),
                          "bytes_before_first_response": s.get("bytes_fetched_before_first_response", s.get("bytes_fetched", 0)),
                          "fetch_ms": s.get("fetch_ms", 0.0) if mode.startswith("remote") else 0.0,
-                         "push": pushes["v1" if mode == "remote-cold-v1" else "packs"] if mode.startswith("remote") else None})
+                         "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2"}.get(mode, "packs")] if mode.startswith("remote") else None})
     return rows
 
 
@@ -226,11 +233,13 @@ def main():
         print(f"{link:9s} {fn:11s} {mode:14s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
               f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f}")
     for (link, fn, mode), m in sorted(med.items()):
-        if mode in ("remote-cold", "remote-cold-v1") and m.get("push"):
+        label = {"remote-cold": "format 3, compressed packs", "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1"}
+        if mode in label and m.get("push"):
             p = m["push"]
-            mbps = p["bytes_uploaded"] / p["seconds"] / 1e6 if p["seconds"] else 0
-            print(f"push {link} {fn} ({'packs' if mode == 'remote-cold' else 'format 1'}): {p['bytes_uploaded'] / 1e6:.2f} MB "
-                  f"in {p['seconds'] * 1e3:.0f} ms ({mbps:.1f} MB/s), {p['requests']} requests")
+            # Throughput of the snapshot pushed (its bytes per second), and what went over the wire.
+            mbps = p["snapshot_bytes"] / p["seconds"] / 1e6 if p["seconds"] else 0
+            print(f"push {link} {fn} ({label[mode]}): {p['snapshot_bytes'] / 1e6:.2f} MB in {p['seconds'] * 1e3:.0f} ms "
+                  f"({mbps:.1f} MB/s), {p['bytes_uploaded'] / 1e6:.2f} MB sent, {p['requests']} requests")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -210,7 +210,7 @@ fn placed(reads: &[(Vec<Span>, Vec<Vec<bytes::Bytes>>)]) -> impl Iterator<Item =
         .iter()
         .flat_map(|(spans, parts)| spans.iter().zip(parts))
         .flat_map(|(s, parts)| s.chunks.iter().zip(parts))
-        .flat_map(|((_, _, _, places), part)| places.iter().map(move |&(fi, off)| (fi, off, part)))
+        .flat_map(|(c, part)| c.places.iter().map(move |&(fi, off)| (fi, off, part)))
 }
 
 impl RemoteFill {
@@ -282,8 +282,8 @@ impl RemoteFill {
             };
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             self.counters.bytes.fetch_add(s.end - s.start, Ordering::Relaxed);
-            for ((_, _, _, places), part) in s.chunks.iter().zip(&parts) {
-                for &(_, off) in places.iter().filter(|(fi, _)| *fi == self.file) {
+            for (c, part) in s.chunks.iter().zip(&parts) {
+                for &(_, off) in c.places.iter().filter(|(fi, _)| *fi == self.file) {
                     if let Err(e) = self.pages.write_all_at(part, off) {
                         result = Err(e);
                         break;
@@ -353,7 +353,7 @@ impl RemoteFill {
                 let mut prev = last;
                 for i in last + 1..st.len() {
                     let (p, n) = (&c[prev], &c[i]);
-                    let follows = n.pack.is_some() && n.pack == p.pack && n.at.zip(p.at).is_some_and(|(a, b)| a == b + p.len);
+                    let follows = n.pack.is_some() && n.pack == p.pack && n.at.zip(p.at).is_some_and(|(a, b)| a == b + p.stored_len());
                     if mine.len() >= neighbours.saturating_add(1) || st[i] != State::Absent || !follows {
                         break;
                     }

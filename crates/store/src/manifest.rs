@@ -2,10 +2,10 @@
 //! existence is the commit point of a publish.
 //!
 //! ```json
-//! {"format": 2, "image_format": 16, "image_id": 3735928559,
+//! {"format": 3, "image_format": 16, "image_id": 3735928559,
 //!  "packs": [{"name": "5b1c...", "size": 8392704}],
 //!  "files": [{"name": "state.bin", "size": 11291,
-//!             "chunks": [{"offset": 0, "len": 11291, "sha256": "9f86...", "pack": 0, "at": 0}]},
+//!             "chunks": [{"offset": 0, "len": 11291, "sha256": "9f86...", "pack": 0, "at": 0, "zlen": 2301}]},
 //!            {"name": "pages.img", "size": 5419008, "chunks": [... , {"offset": 65536, "len": 16384, "sha256": null}]},
 //!            {"name": "ws.trace", ...}],
 //!  "derived": ["ws.pages"]}
@@ -14,8 +14,12 @@
 //! is stored inside a *pack* (`packs/<sha256 of the pack>`, a few MiB of chunks
 //! back to back): `pack` indexes `packs`, `at` is the chunk's offset in it. A
 //! restore therefore reads a handful of large objects (whole, or in coalesced
-//! ranges) instead of one object per chunk. Format 1 manifests (still read) name
-//! chunks stored as objects of their own (`chunks/<sha256>`) and have no packs.
+//! ranges) instead of one object per chunk. Format 3 may store a chunk compressed
+//! (zstd): `zlen` is then its length in the pack, and its bytes are `len` once
+//! decompressed; its hash is that of the decompressed bytes (what the snapshot
+//! holds), so compression changes neither dedup nor the content digest. Format 2
+//! (packs, every chunk raw) and format 1 (chunks stored as objects of their own,
+//! `chunks/<sha256>`, no packs) are still read.
 //! `derived` files are rebuilt by the reader from the others (ws.pages is a copy
 //! of the working set's pages out of pages.img, so storing it would store those
 //! bytes twice). The snapshot's id is the SHA-256 of the manifest's bytes, so a
@@ -31,7 +35,9 @@ use crate::error::{Result, StoreError};
 use crate::remote::is_sha256_hex;
 
 /// The format this build writes.
-pub const MANIFEST_FORMAT: u32 = 2;
+pub const MANIFEST_FORMAT: u32 = 3;
+/// Packs, every chunk raw: still read.
+pub const MANIFEST_FORMAT_PACKS: u32 = 2;
 /// Chunks as objects of their own (`chunks/<sha256>`): still read.
 pub const MANIFEST_FORMAT_CHUNKS: u32 = 1;
 /// Refuse to parse manifests larger than this.
@@ -55,12 +61,20 @@ pub struct Chunk {
     /// Format 2: the chunk's offset in its pack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<u64>,
+    /// Format 3: stored compressed (zstd), in this many bytes of its pack (less than `len`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zlen: Option<u64>,
 }
 
 impl Chunk {
     /// A chunk not (yet) placed in a pack.
     pub fn new(offset: u64, len: u64, sha256: Option<String>) -> Chunk {
-        Chunk { offset, len, sha256, pack: None, at: None }
+        Chunk { offset, len, sha256, pack: None, at: None, zlen: None }
+    }
+
+    /// The chunk's length in its pack.
+    pub fn stored_len(&self) -> u64 {
+        self.zlen.unwrap_or(self.len)
     }
 }
 
@@ -111,13 +125,13 @@ impl Manifest {
             return Err(bad(format!("{} bytes, over the {MAX_MANIFEST_LEN} byte cap", bytes.len())));
         }
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| bad(format!("not a manifest: {e}")))?;
-        if m.format != MANIFEST_FORMAT && m.format != MANIFEST_FORMAT_CHUNKS {
+        if !(MANIFEST_FORMAT_CHUNKS..=MANIFEST_FORMAT).contains(&m.format) {
             return Err(bad(format!(
-                "manifest format {} (this build reads {MANIFEST_FORMAT_CHUNKS} and {MANIFEST_FORMAT}): upgrade thaw",
+                "manifest format {} (this build reads {MANIFEST_FORMAT_CHUNKS} to {MANIFEST_FORMAT}): upgrade thaw",
                 m.format
             )));
         }
-        let packed = m.format == MANIFEST_FORMAT;
+        let packed = m.packed();
         if !packed && !m.packs.is_empty() {
             return Err(bad("format 1 has no packs".into()));
         }
@@ -150,9 +164,13 @@ impl Manifest {
                 if c.offset != at || c.len == 0 || c.sha256.as_deref().is_some_and(|s| !is_sha256_hex(s)) {
                     return Err(bad(format!("{}: bad chunk at offset {}", f.name, c.offset)));
                 }
+                // Only format 3 compresses, and a compressed chunk is smaller.
+                if c.zlen.is_some_and(|z| m.format < MANIFEST_FORMAT || z == 0 || z >= c.len || c.pack.is_none()) {
+                    return Err(bad(format!("{}: chunk at offset {} has a bad compressed length", f.name, c.offset)));
+                }
                 // Stored chunks of format 2 lie inside a pack; nothing else names one.
                 let placed = match (c.pack, c.at) {
-                    (Some(p), Some(a)) => m.packs.get(p as usize).is_some_and(|p| a.checked_add(c.len).is_some_and(|end| end <= p.size)),
+                    (Some(p), Some(a)) => m.packs.get(p as usize).is_some_and(|p| a.checked_add(c.stored_len()).is_some_and(|end| end <= p.size)),
                     (None, None) => true,
                     _ => false,
                 };
@@ -189,9 +207,9 @@ impl Manifest {
             .collect()
     }
 
-    /// Whether the chunks are in packs (format 2) rather than objects of their own.
+    /// Whether the chunks are in packs (format 2 and later) rather than objects of their own.
     pub fn packed(&self) -> bool {
-        self.format == MANIFEST_FORMAT
+        self.format >= MANIFEST_FORMAT_PACKS
     }
 
     /// SHA-256 of what the snapshot holds, whatever packs its chunks are in: two
@@ -202,7 +220,7 @@ impl Manifest {
         c.packs.clear();
         c.head = None;
         for ch in c.files.iter_mut().flat_map(|f| &mut f.chunks) {
-            (ch.pack, ch.at) = (None, None);
+            (ch.pack, ch.at, ch.zlen) = (None, None, None);
         }
         crate::remote::sha256_hex(&c.to_bytes())
     }
@@ -267,8 +285,32 @@ mod tests {
         newer.image_format += 1;
         assert!(Manifest::parse("m", &newer.to_bytes()).unwrap_err().to_string().contains("this build restores"));
         let mut future = sample();
-        future.format = 3;
-        assert!(Manifest::parse("m", &future.to_bytes()).unwrap_err().to_string().contains("this build reads 1 and 2): upgrade thaw"));
+        future.format = MANIFEST_FORMAT + 1;
+        assert!(Manifest::parse("m", &future.to_bytes()).unwrap_err().to_string().contains("this build reads 1 to 3): upgrade thaw"));
+    }
+
+    #[test]
+    fn a_compressed_chunk_is_smaller_lies_in_its_pack_and_needs_format_3() {
+        let mut z = sample();
+        z.files[1].chunks[1].zlen = Some(96);
+        let m = Manifest::parse("m", &z.to_bytes()).unwrap();
+        assert_eq!(m.files[1].chunks[1].stored_len(), 96);
+        assert_eq!(m.content_digest(), sample().content_digest(), "compression is not content");
+        let mut longer = sample();
+        longer.files[1].chunks[1].zlen = Some(4096);
+        assert!(Manifest::parse("m", &longer.to_bytes()).unwrap_err().to_string().contains("bad compressed length"));
+        let mut v2 = z.clone();
+        v2.format = MANIFEST_FORMAT_PACKS;
+        assert!(Manifest::parse("m", &v2.to_bytes()).unwrap_err().to_string().contains("bad compressed length"), "format 2 stores chunks raw");
+        v2.files[1].chunks[1].zlen = None;
+        assert!(Manifest::parse("m", &v2.to_bytes()).is_ok(), "format 2 is still read");
+        // A compressed chunk may end where a raw one of its length would not fit.
+        let mut tail = sample();
+        tail.packs[0].size = 10 + 96;
+        tail.files[1].chunks[1].zlen = Some(96);
+        assert!(Manifest::parse("m", &tail.to_bytes()).is_ok());
+        tail.files[1].chunks[1].zlen = Some(97);
+        assert!(Manifest::parse("m", &tail.to_bytes()).unwrap_err().to_string().contains("is not in a pack"));
     }
 
     #[test]

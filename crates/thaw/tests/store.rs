@@ -74,9 +74,9 @@ fn push_pull_restore_round_trip() {
             assert!(reqs <= 4, "{reqs} requests before the first response: {s}");
             assert_eq!(s["lazy"], !whole, "{s}");
             if whole {
-                assert!(first >= snapshot_bytes, "{s}");
+                assert_eq!(first, fetched, "everything before the start: {s}");
             } else {
-                assert!(first < snapshot_bytes / 2, "the instance started before the image was here: {s}");
+                assert!(first < fetched && first < snapshot_bytes / 2, "the instance started before the image was here: {s}");
                 assert_eq!(st["mode"], "prefetch", "the working set came with the head: {st}");
             }
         }
@@ -158,7 +158,7 @@ fn corruption_and_a_store_that_is_down_are_clear_errors_that_leave_nothing() {
     let dest = scratch().join("err-pulled");
     let o = thaw_s3(&m, &["snapshot", "pull", &url, dest.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains(&format!("s3://errs/{key} is corrupt or truncated (the chunk at 0 hashes to")), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("s3://errs/{key} is corrupt or truncated (the chunk at 0 ")), "{}", stderr(&o));
     assert!(!dest.exists());
 
     m.stop();
