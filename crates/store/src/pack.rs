@@ -48,6 +48,9 @@ pub fn pack_key(name: &str) -> String {
 /// Where the store has a chunk: (pack, offset in it, compressed length if compressed).
 type Place = (PackRef, u64, Option<u64>);
 
+/// Where each member of a pack is: (offset, compressed length if compressed).
+type Layout = Vec<(u64, Option<u64>)>;
+
 /// zstd's level for chunks: 3 (its default) stores lrserving's pages in 0.29 of
 /// their size and decompresses at well over the speed of a 10 Gbit link; level 1
 /// saves little time for 3% more bytes (measured on 8 KiB chunks of pages.img).
@@ -130,7 +133,7 @@ async fn index(remote: &Remote, digest: &str, condemned: &HashSet<String>, reque
 
 /// The bytes of new pack `members` (indexes into `plan.uploads`), back to back, each
 /// compressed where that pays; and where each member is: (offset, compressed length).
-fn assemble(plan: &Plan, members: &[usize]) -> Result<(Bytes, Vec<(u64, Option<u64>)>)> {
+fn assemble(plan: &Plan, members: &[usize]) -> Result<(Bytes, Layout)> {
     let mut b = BytesMut::with_capacity(members.iter().map(|&i| plan.uploads[i].len as usize).sum());
     let mut layout = Vec::with_capacity(members.len());
     let mut zip = compressing().then(|| zstd::bulk::Compressor::new(ZSTD_LEVEL).ok()).flatten();
@@ -202,7 +205,7 @@ pub async fn store_pack(
     members: &[usize],
     condemned: &HashSet<String>,
     requests: &AtomicU64,
-) -> Result<(PackRef, bool, Vec<(u64, Option<u64>)>)> {
+) -> Result<(PackRef, bool, Layout)> {
     let (data, layout) = assemble(plan, members)?;
     let pack = PackRef { name: sha256_hex(&data), size: data.len() as u64 };
     if stored_whole(remote, &pack, condemned, requests).await? {
@@ -234,7 +237,7 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     let new_packs = packs_to_store(plan, |sha| places.contains_key(sha));
     let has_head = !plan.head.is_empty();
     let requests_ref = &requests;
-    let stored: Vec<(usize, PackRef, bool, Vec<(u64, Option<u64>)>)> = futures::stream::iter(new_packs.iter().enumerate())
+    let stored: Vec<(usize, PackRef, bool, Layout)> = futures::stream::iter(new_packs.iter().enumerate())
         .map(|(n, members)| async move {
             let (pack, sent, layout) = store_pack(remote, plan, members, condemned, requests_ref).await?;
             for &i in members {
@@ -245,7 +248,7 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         .buffer_unordered(PACK_CONCURRENCY)
         .try_collect()
         .await?;
-    let mut new_refs: Vec<Option<(PackRef, Vec<(u64, Option<u64>)>)>> = vec![None; new_packs.len()];
+    let mut new_refs: Vec<Option<(PackRef, Layout)>> = vec![None; new_packs.len()];
     let mut uploaded = (0, 0u64);
     for (n, pack, sent, layout) in stored {
         if sent {
