@@ -292,3 +292,47 @@ def test_a_store_that_dies_after_the_start_costs_a_retry_not_a_wrong_answer(mini
         assert node.stop() == 0
     finally:
         proxy.close()
+
+
+def test_diffs_are_published_with_their_base_stored_once(minio, tmp_path):
+    """Issue #28: with --build-bases and --snapshot-store a node publishes each function
+    as a diff naming its base, a stored snapshot of its own that every diff shares. A
+    node without the base (its cache and its bases gone, as on another machine) fetches
+    the base once for both diffs and restores them."""
+    data = tmp_path / "node"
+    node = store_node(data, minio, "--build-bases", prefix="layered")
+    c = node.client()
+    create(c, "hello", sample_zip("helloworld"))
+    create(c, "counter", sample_zip("counter"))
+    sids = [node.function_status(n)["snapshot"]["stored"] for n in ("hello", "counter")]
+    assert all(sids), sids
+
+    def manifest(sid):
+        return json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"layered/snapshots/{sid}.json")["Body"].read())
+
+    bases = {manifest(s).get("base") for s in sids}
+    assert len(bases) == 1 and None not in bases, bases
+    base = bases.pop()
+    assert manifest(base).get("base") is None, "a base is a full image"
+    assert sorted(minio.keys(BUCKET, "layered/snapshots/")) == sorted(f"layered/snapshots/{s}.json" for s in [base, *sids])
+    _, body = invoke_json(c, "hello", {"name": "here"})
+    assert body == {"message": "hello, here"}
+    assert node.stop() == 0
+
+    shutil.rmtree(data / "node" / "snapshot-cache" / "entries")
+    shutil.rmtree(data / "bases")
+    node = store_node(data, minio, prefix="layered")
+    c = node.client()
+    _, body = invoke_json(c, "hello", {"name": "there"})
+    assert body == {"message": "hello, there"}
+    _, body = invoke_json(c, "counter", {})
+    assert body["count"] == 1, body
+    st = node.status()["snapshot_store"]
+    assert st["lazy_fetches"] == 2 and st["fetch_failures"] == 0, st
+    assert restores(node) == 2 and starts(node, "boot") == 0, node.metrics()
+    wait_for(lambda: node.status()["snapshot_store"]["lazy_settled"] == 2, "both diffs to arrive whole")
+    entries = data / "node" / "snapshot-cache" / "entries"
+    assert sorted(p.name for p in entries.iterdir()) == sorted([base, *sids]), "the base once, and the two diffs"
+    for s in sids:
+        assert (entries / s / "base").resolve() == (entries / base).resolve()
+    assert node.stop() == 0

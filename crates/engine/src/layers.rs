@@ -46,6 +46,9 @@ use crate::sys::PAGE_SIZE;
 
 /// A base's description, beside its image.
 pub const META_FILE: &str = "base.json";
+/// Beside a diff that moved to another machine (fetched from a snapshot store): its
+/// base, as a directory or a link to one. Preferred to the place the diff recorded.
+pub const BASE_LINK: &str = "base";
 const REFS_DIR: &str = "refs";
 /// The empty directory mounted at /var/task while a base boots.
 pub const PLACEHOLDER_DIR: &str = ".placeholder-task";
@@ -277,16 +280,29 @@ impl Comparer {
 /// `own`): for a full image that file alone; for a diff, the merged index over the
 /// diff's pages and its base's (see the module docs). Fails closed if the base is
 /// missing, is another base, or lacks a page the diff takes from it.
+/// Where the base of the diff in `dir` is: beside it ([`BASE_LINK`]) when there is one
+/// there, else where it was when the diff was captured. Either way the base found must
+/// be the one the diff names (checked by [`page_source`]).
+pub fn base_dir(dir: &Path, bref: &BaseRef) -> PathBuf {
+    let beside = dir.join(BASE_LINK);
+    if beside.exists() {
+        beside
+    } else {
+        bref.dir.clone()
+    }
+}
+
 pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageIndex, PageFiles), LayerError> {
     let Some(bref) = &image.base else { return Ok((image.pages.clone(), own.into())) };
     let mismatch = |why: String| LayerError::Mismatch { diff: dir.to_path_buf(), base: bref.id.clone(), why };
-    let base = match Snapshot::open_with(&bref.dir, None) {
+    let at = base_dir(dir, bref);
+    let base = match Snapshot::open_with(&at, None) {
         Ok(b) => b,
-        Err(ImageError::Io { .. }) => return Err(mismatch(format!("the base is not at {} (rebuild it with `thaw base build`, or re-create the snapshot)", bref.dir.display()))),
-        Err(e) => return Err(mismatch(format!("the base at {} cannot be opened: {e}", bref.dir.display()))),
+        Err(ImageError::Io { .. }) => return Err(mismatch(format!("the base is not at {} (rebuild it with `thaw base build`, or re-create the snapshot)", at.display()))),
+        Err(e) => return Err(mismatch(format!("the base at {} cannot be opened: {e}", at.display()))),
     };
     if base.id != bref.state_crc || base.image.base.is_some() || base.image.seal.is_some() {
-        return Err(mismatch(format!("the image at {} is another base (it changed since the diff was captured)", bref.dir.display())));
+        return Err(mismatch(format!("the image at {} is another base (it changed since the diff was captured)", at.display())));
     }
     let own_pages = image.pages.stored_pages();
     let mut runs: Vec<PageRun> = image.pages.runs.clone();

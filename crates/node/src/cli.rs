@@ -141,8 +141,8 @@ pub struct ServeArgs {
     pub no_bases: bool,
     /// Build a runtime's base (DATA_DIR/bases, as `thaw base build`) the first time a
     /// function of it is deployed; then its snapshots are small diffs on it. Without it a
-    /// base is used when one exists (Python only so far; not with --snapshot-store,
-    /// which holds full images).
+    /// base is used when one exists (Python only so far). With --snapshot-store a diff
+    /// is published with its base, stored once for all the diffs on it.
     #[arg(long)]
     pub build_bases: bool,
 }
@@ -185,16 +185,7 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         bail!("--max-instances and --max-instances-per-function must be at least 1");
     }
     let snapshot_store = open_snapshot_store(&args, &state_dir)?;
-    let bases = match (&snapshot_store, args.no_bases) {
-        (_, true) => None,
-        (Some(_), false) => {
-            if args.build_bases {
-                tracing::warn!("--build-bases is ignored with --snapshot-store: the store holds full images only");
-            }
-            None
-        }
-        (None, false) => Some(crate::node::layered::Bases { dir: data_dir.join("bases"), build: args.build_bases }),
-    };
+    let bases = (!args.no_bases).then(|| crate::node::layered::Bases { dir: data_dir.join("bases"), build: args.build_bases });
     let cfg = NodeConfig {
         bases,
         snapshot_store: snapshot_store.clone(),

@@ -143,6 +143,16 @@ impl Handle {
     pub fn id(&self) -> &str {
         &self.id
     }
+
+    /// A second pin of this entry (None for a snapshot served uncached: its copy
+    /// goes with this handle).
+    pub fn pin_again(&self) -> Option<Handle> {
+        if !self.cached {
+            return None;
+        }
+        self.cache.lock().entries.get_mut(&self.id)?.pins += 1;
+        Some(Handle { cache: self.cache.clone(), id: self.id.clone(), dir: self.dir.clone(), cached: true })
+    }
 }
 
 impl Drop for Handle {

@@ -12,7 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use futures::{StreamExt, TryStreamExt};
-use thaw_engine::image::{Snapshot, PAGES_FILE};
+use thaw_engine::image::Snapshot;
 use thaw_engine::ws::{self, WorkingSet, TRACE_FILE};
 
 use crate::error::{Result, StoreError};
@@ -125,10 +125,24 @@ pub(crate) async fn recorded_trace(remote: &Remote, m: &Manifest, id: &str) -> O
 /// Where [`derive`] and [`install_trace`] get a page of pages.img: `(file page, buffer)`.
 pub(crate) type PageRead<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>;
 
-/// Pages read from `dir`'s pages.img.
+/// The pages of the snapshot in `dir` as the engine numbers them: its pages.img,
+/// then, for a diff, its base's (found beside it, see `thaw_engine::layers::base_dir`).
+pub(crate) fn page_files(dir: &Path) -> Result<thaw_engine::pagefiles::PageFiles> {
+    let snap = Snapshot::open(dir).map_err(|source| StoreError::Image { dir: dir.to_path_buf(), source })?;
+    let (_, files) = thaw_engine::layers::page_source(dir, &snap.image, snap.pages)
+        .map_err(|e| StoreError::Snapshot { dir: dir.to_path_buf(), detail: e.to_string() })?;
+    Ok(files)
+}
+
+/// Pages read from `dir`'s snapshot (see [`page_files`]).
 fn from_pages_img(dir: &Path) -> Result<impl FnMut(u64, &mut [u8]) -> std::io::Result<()>> {
-    let pages = thaw_engine::pagefiles::PageFiles::from(File::open(dir.join(PAGES_FILE)).map_err(StoreError::local(dir, "opening pages.img"))?);
+    let pages = page_files(dir)?;
     Ok(move |fp: u64, buf: &mut [u8]| pages.read_exact_at(buf, fp * 4096))
+}
+
+/// Link `dir/base` (see `thaw_engine::layers::BASE_LINK`) to the base of a diff at `base`.
+pub fn link_base(dir: &Path, base: &Path) -> Result<()> {
+    std::os::unix::fs::symlink(base, dir.join(thaw_engine::layers::BASE_LINK)).map_err(StoreError::local(dir, "linking the base"))
 }
 
 /// Install `trace` (see [`recorded_trace`]) into `dir` as ws.trace + ws.pages, the
@@ -215,7 +229,20 @@ pub async fn pull(remote: &Remote, id: &str, dest: &Path, progress: &(dyn Fn(u64
     }
     let (m, mlen) = manifest(remote, id).await?;
     let tmp = TempDir::beside(dest)?;
-    let (chunks, bytes) = download(remote, &m, &tmp.path, progress).await?;
+    // A diff's base comes along, inside it: a pulled snapshot restores by itself.
+    let (mut chunks, mut bytes) = (0, 0);
+    if let Some(base) = &m.base {
+        let (bm, blen) = manifest(remote, base).await?;
+        if bm.base.is_some() {
+            return Err(StoreError::BadManifest { object: remote.url.object_url(&Remote::manifest_key(base)), detail: "a base that is itself a diff".into() });
+        }
+        let dir = tmp.path.join(thaw_engine::layers::BASE_LINK);
+        std::fs::create_dir(&dir).map_err(StoreError::local(&dir, "creating the base's directory"))?;
+        (chunks, bytes) = download(remote, &bm, &dir, progress).await?;
+        bytes += blen;
+    }
+    let (c, b) = download(remote, &m, &tmp.path, progress).await?;
+    (chunks, bytes) = (chunks + c, bytes + b);
     tmp.install(dest)?;
     Ok(PullReport {
         id: id.to_string(),

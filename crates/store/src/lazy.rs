@@ -77,6 +77,8 @@ pub struct RemoteFill {
 /// ws.pages rebuilt. None: the snapshot has no head (format 1, or published before
 /// heads), fetch it whole instead.
 ///
+/// A diff's base must be beside it already (`thaw_engine::layers::BASE_LINK`).
+///
 /// A snapshot published before its working set was recorded (a node publishes what
 /// it captures at once) has a working set beside it, `ws/<id>.trace`: it is read
 /// with the head, and its pages follow in a few coalesced range reads, in parallel.
@@ -171,8 +173,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     // waits for the chunks being written); synced by `complete`, before the cache
     // keeps it.
     let in_memory: HashMap<u64, &bytes::Bytes> = placed(&reads).filter(|(fi, _, _)| *fi == file).map(|(_, off, part)| (off, part)).collect();
-    let through_fill = thaw_engine::pagefiles::PageFiles::from(fill.pages.try_clone().map_err(StoreError::local(dir, "opening pages.img"))?)
-        .with_fill(Some(fill.clone() as Arc<dyn PageFill>));
+    let through_fill = crate::fetch::page_files(dir)?.with_fill(Some(fill.clone() as Arc<dyn PageFill>));
     let mut read = |fp: u64, buf: &mut [u8]| {
         let at = fp * PAGE;
         match chunks.get(chunk_of(at)).and_then(|c| Some((c, in_memory.get(&c.offset)?))) {

@@ -24,8 +24,8 @@ pub mod remote;
 pub use bytes;
 
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use error::{Result, StoreError};
@@ -79,6 +79,9 @@ impl Store {
     /// `THAW_STORE_FORMAT=1` publishes each chunk as an object of its own instead
     /// (the format before packs, kept to measure against).
     pub fn push_plan(&self, plan: &Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
+        if plan.base_dir.is_some() && plan.manifest.base.is_none() {
+            return Err(StoreError::Snapshot { dir: plan.dir.clone(), detail: "a diff is pushed after its base (Store::push)".into() });
+        }
         let t0 = Instant::now();
         let r = &self.remote;
         let files = &plan.manifest.files;
@@ -119,9 +122,36 @@ impl Store {
         Ok(report)
     }
 
-    /// [`publish::plan`] + [`Store::push_plan`].
+    /// [`publish::plan`] + [`Store::push_plan`]. A diff's base is pushed first (a
+    /// snapshot of its own, stored once for all its diffs), and the diff names it.
     pub fn push(&self, dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
-        self.push_plan(&publish::plan(dir)?, progress)
+        self.push_layered(publish::plan(dir)?, progress)
+    }
+
+    /// [`Store::push`] of a planned snapshot.
+    pub fn push_layered(&self, mut plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
+        let dir = plan.dir.clone();
+        let dir = dir.as_path();
+        let mut base = None;
+        if let Some(base_dir) = plan.base_dir.clone() {
+            if std::env::var("THAW_STORE_FORMAT").is_ok_and(|f| f == "1" || f == "2") {
+                return Err(StoreError::Snapshot { dir: dir.to_path_buf(), detail: "a diff names its base in format 3 only (THAW_STORE_FORMAT)".into() });
+            }
+            let b = publish::plan(&base_dir)?;
+            if b.base_dir.is_some() {
+                return Err(StoreError::Snapshot { dir: base_dir, detail: "a base that is itself a diff".into() });
+            }
+            let r = self.push_plan(&b, progress)?;
+            plan.set_base(&r.id);
+            base = Some(r);
+        }
+        let mut report = self.push_plan(&plan, progress)?;
+        if let Some(b) = base {
+            report.requests += b.requests;
+            report.bytes_uploaded += b.bytes_uploaded;
+            report.base = Some(b.id);
+        }
+        Ok(report)
     }
 
     /// Fetch snapshot `id` into `dest` (verified; `dest` appears only when complete).
@@ -172,11 +202,58 @@ pub struct StoreSource<'a> {
     pub bytes_fetched: std::sync::atomic::AtomicU64,
     /// Requests made to the store by fetches through this source (manifests included).
     pub requests: std::sync::atomic::AtomicU64,
+    /// Where the bases of the diffs this source fetches are (by stored id).
+    bases: Mutex<HashMap<String, PathBuf>>,
 }
 
 impl<'a> StoreSource<'a> {
     pub fn new(store: &'a Store) -> StoreSource<'a> {
-        StoreSource { store, manifests: Mutex::new(HashMap::new()), bytes_fetched: Default::default(), requests: Default::default() }
+        StoreSource {
+            store,
+            manifests: Mutex::new(HashMap::new()),
+            bytes_fetched: Default::default(),
+            requests: Default::default(),
+            bases: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Stored snapshot `id` from `cache`, fetched whole into it on a miss. A diff's
+    /// base comes first, a snapshot of its own in the cache (fetched once for all its
+    /// diffs), linked beside the diff and pinned by the second handle.
+    pub fn cached(&self, cache: &Arc<cache::Cache>, id: &str) -> std::result::Result<(cache::Handle, Option<cache::Handle>), cache::CacheError> {
+        if cache.contains(id) {
+            let h = cache.get(id, self)?;
+            let link = h.dir().join(thaw_engine::layers::BASE_LINK);
+            let Ok(target) = std::fs::read_link(&link) else { return Ok((h, None)) };
+            let base_id = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            match cache.get(&base_id, self) {
+                Ok(b) if b.dir() == target => return Ok((h, Some(b))),
+                // Its base went (evicted, or another copy): fetch the diff again with it.
+                _ => {
+                    drop(h);
+                    cache.purge(id);
+                }
+            }
+        }
+        let m = self.manifest(id).map_err(|e| cache::CacheError::Fetch { id: id.to_string(), source: Box::new(e) })?;
+        let base = match &m.base {
+            Some(b) => {
+                let h = cache.get(b, self)?;
+                self.bases.lock().unwrap_or_else(|p| p.into_inner()).insert(b.clone(), h.dir().to_path_buf());
+                Some(h)
+            }
+            None => None,
+        };
+        Ok((cache.get(id, self)?, base))
+    }
+
+    /// Where the base of `m` is, fetched by [`StoreSource::cached`].
+    pub fn base_of(&self, m: &Manifest) -> Result<Option<PathBuf>> {
+        let Some(b) = &m.base else { return Ok(None) };
+        match self.bases.lock().unwrap_or_else(|p| p.into_inner()).get(b) {
+            Some(d) => Ok(Some(d.clone())),
+            None => Err(StoreError::BadManifest { object: self.store.remote.url.object_url(&Remote::manifest_key(b)), detail: "a diff fetched before its base".into() }),
+        }
     }
 
     /// This source, with the manifest of `id` already fetched (and verified).
@@ -185,7 +262,7 @@ impl<'a> StoreSource<'a> {
         self
     }
 
-    fn manifest(&self, id: &str) -> Result<Manifest> {
+    pub fn manifest(&self, id: &str) -> Result<Manifest> {
         if let Some(m) = self.manifests.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
             return Ok(m.clone());
         }
@@ -206,6 +283,9 @@ impl cache::Source for StoreSource<'_> {
 
     fn fetch(&self, id: &str, dir: &Path) -> std::result::Result<(), cache::SourceError> {
         let m = self.manifest(id)?;
+        if let Some(base) = self.base_of(&m)? {
+            fetch::link_base(dir, &base)?;
+        }
         let (requests, bytes) = self.store.block_on(fetch::download(&self.store.remote, &m, dir, &|_| {}))?;
         let ws = self.store.block_on(fetch::working_set(&self.store.remote, &m, id, dir));
         self.bytes_fetched.fetch_add(bytes + ws, std::sync::atomic::Ordering::Relaxed);

@@ -20,6 +20,9 @@
 //! holds), so compression changes neither dedup nor the content digest. Format 2
 //! (packs, every chunk raw) and format 1 (chunks stored as objects of their own,
 //! `chunks/<sha256>`, no packs) are still read.
+//! A layered snapshot's diff names its base, a stored snapshot of its own (`base`,
+//! format 3): the base is stored once for all its diffs, fetched once per node,
+//! and found beside the fetched diff (`thaw_engine::layers::BASE_LINK`).
 //! `derived` files are rebuilt by the reader from the others (ws.pages is a copy
 //! of the working set's pages out of pages.img, so storing it would store those
 //! bytes twice). The snapshot's id is the SHA-256 of the manifest's bytes, so a
@@ -110,6 +113,9 @@ pub struct Manifest {
     pub head: Option<u32>,
     pub files: Vec<FileEntry>,
     pub derived: Vec<String>,
+    /// Format 3: the id of the stored base this snapshot is a diff on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 impl Manifest {
@@ -139,6 +145,9 @@ impl Manifest {
             if !is_sha256_hex(&p.name) {
                 return Err(bad(format!("bad pack name '{}'", p.name)));
             }
+        }
+        if m.base.as_deref().is_some_and(|b| !is_sha256_hex(b) || m.format < MANIFEST_FORMAT) {
+            return Err(bad("bad base".into()));
         }
         if m.head.is_some_and(|h| h as usize >= m.packs.len()) {
             return Err(bad("the head is not one of the packs".into()));
@@ -260,6 +269,7 @@ mod tests {
                 },
             ],
             derived: vec![],
+            base: None,
         }
     }
 

@@ -55,6 +55,8 @@ pub struct Plan {
     /// so a restore that misses the cache starts after one read.
     pub head: Vec<usize>,
     ws_trace: Option<Bytes>,
+    /// A diff's base, where it is (to be published first, see [`Plan::set_base`]).
+    pub base_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -86,6 +88,9 @@ pub struct PushReport {
     /// Chunk bytes the store already had.
     pub bytes_deduplicated: u64,
     pub seconds: f64,
+    /// A diff's base, pushed first (its requests and bytes are counted above).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 fn cut_fixed(f: &File, size: u64) -> std::io::Result<Vec<(u64, u64, Option<String>)>> {
@@ -108,12 +113,7 @@ fn chunk_name(data: &[u8]) -> Option<String> {
 /// Cut the snapshot in `dir` into chunks and build its manifest (reads every byte once).
 pub fn plan(dir: &Path) -> Result<Plan> {
     let snap = Snapshot::open(dir).map_err(|e| StoreError::Snapshot { dir: dir.to_path_buf(), detail: format!("{e}") })?;
-    if let Some(b) = &snap.image.base {
-        return Err(StoreError::Snapshot {
-            dir: dir.to_path_buf(),
-            detail: format!("it is a diff on base {} and a store holds full images only so far (re-create it with --no-base)", b.id),
-        });
-    }
+    let base_dir = snap.image.base.as_ref().map(|b| thaw_engine::layers::base_dir(dir, b));
     let io = |what: &str| StoreError::local(dir, what.to_string());
     let mut files = Vec::new();
 
@@ -229,13 +229,21 @@ pub fn plan(dir: &Path) -> Result<Plan> {
         image_id: snap.id,
         files: entries,
         derived,
+        base: None,
     };
     let manifest_bytes = manifest.to_bytes();
     let id = sha256_hex(&manifest_bytes);
-    Ok(Plan { dir: dir.to_path_buf(), manifest, manifest_bytes, id, uploads, head, ws_trace })
+    Ok(Plan { dir: dir.to_path_buf(), manifest, manifest_bytes, id, uploads, head, ws_trace, base_dir })
 }
 
 impl Plan {
+    /// Name stored snapshot `id` as the base of this diff.
+    pub fn set_base(&mut self, id: &str) {
+        self.manifest.base = Some(id.to_string());
+        self.manifest_bytes = self.manifest.to_bytes();
+        self.id = sha256_hex(&self.manifest_bytes);
+    }
+
     /// The bytes of upload `u`, checked against its name (the files must not
     /// change between planning and uploading).
     pub(crate) fn read(&self, u: &Upload) -> Result<Bytes> {

@@ -112,8 +112,13 @@ pub fn push(a: PushArgs) -> Result<()> {
     let url = StoreUrl::parse(&a.url)?;
     let store = open(&url, &a.store)?;
     let plan = thaw_store::publish::plan(&a.snapdir)?;
-    let pb = bar(plan.uploads.iter().map(|u| u.len).sum(), "push");
-    let report = store.push_plan(&plan, &|n| pb.inc(n));
+    // A diff's base is pushed first (stored once; counted in the bar whether or not it is there).
+    let base_bytes = match &plan.base_dir {
+        Some(d) => thaw_store::publish::plan(d)?.uploads.iter().map(|u| u.len).sum(),
+        None => 0,
+    };
+    let pb = bar(plan.uploads.iter().map(|u| u.len).sum::<u64>() + base_bytes, "push");
+    let report = store.push_layered(plan, &|n| pb.inc(n));
     pb.finish_and_clear();
     let report = report.with_context(|| format!("pushing {} to {url}", a.snapdir.display()))?;
     eprintln!(
@@ -173,6 +178,8 @@ pub fn gc(a: GcArgs) -> Result<()> {
 pub struct Resolved {
     dir: PathBuf,
     _pin: Option<thaw_store::cache::Handle>,
+    /// A diff's base, in the cache.
+    _base: Option<thaw_store::cache::Handle>,
     /// For --stats: null for a local directory, else what the fetch did.
     pub stats: serde_json::Value,
     lazy: Option<Lazy>,
@@ -182,7 +189,7 @@ struct Lazy {
     fill: Arc<thaw_store::lazy::RemoteFill>,
     cache: Arc<thaw_store::cache::Cache>,
     id: String,
-    /// Requests and bytes of the manifest.
+    /// Requests and bytes before the head (the manifest, a diff's base).
     manifest: (u64, u64),
     before_first_response: Option<(u64, u64)>,
 }
@@ -251,7 +258,7 @@ impl Drop for Resolved {
 /// fetches everything first, as before heads).
 pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_bytes: u64) -> Result<Resolved> {
     let Some(url) = snap.to_str().filter(|s| s.starts_with("s3://")) else {
-        return Ok(Resolved { dir: snap.to_path_buf(), _pin: None, stats: serde_json::Value::Null, lazy: None });
+        return Ok(Resolved { dir: snap.to_path_buf(), _pin: None, _base: None, stats: serde_json::Value::Null, lazy: None });
     };
     let url = SnapshotUrl::parse(url)?;
     let t0 = std::time::Instant::now();
@@ -260,9 +267,19 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     // A hit needs no store: the client (an I/O runtime, TLS roots) is built only on a miss.
     if cache.contains(&url.id) {
         if let Ok(handle) = cache.get(&url.id, &Unreachable) {
-            let stats = json!({"url": url.to_string(), "cache_hit": true, "cached": handle.cached(),
-                "bytes_fetched": 0, "requests": 0, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-            return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats, lazy: None });
+            // A diff's base must be cached too (else the miss below fetches both).
+            let base = match std::fs::read_link(handle.dir().join(thaw_engine::layers::BASE_LINK)) {
+                Err(_) => Some(None),
+                Ok(target) => {
+                    let id = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    cache.get(&id, &Unreachable).ok().filter(|b| b.dir() == target).map(Some)
+                }
+            };
+            if let Some(base) = base {
+                let stats = json!({"url": url.to_string(), "cache_hit": true, "cached": handle.cached(),
+                    "bytes_fetched": 0, "requests": 0, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+                return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), _base: base, stats, lazy: None });
+            }
         }
     }
     let store = Arc::new(Store::open(&url.store, &StoreConfig::default())?);
@@ -274,15 +291,25 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
         manifest_bytes = manifest_len,
         "manifest fetched"
     );
+    let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, m.clone());
     if m.head.is_some() && thaw_store::lazy::enabled() {
+        // A diff's base first, whole, into the cache (once for all its diffs).
+        let base = match &m.base {
+            Some(b) => Some(source.cached(&cache, b).with_context(|| format!("fetching the base of {url}"))?.0),
+            None => None,
+        };
         let dir = cache.scratch_dir(&url.id)?;
+        if let Some(b) = &base {
+            thaw_store::fetch::link_base(&dir, b.dir())?;
+        }
         match thaw_store::lazy::open(store.clone(), m.clone(), &url.id, &dir) {
             Ok(Some(fill)) => {
-                let lazy = Lazy { fill, cache, id: url.id.clone(), manifest: (1, manifest_len), before_first_response: None };
+                let fixed = (1 + source.requests.load(Ordering::Relaxed), manifest_len + source.bytes_fetched.load(Ordering::Relaxed));
+                let lazy = Lazy { fill, cache, id: url.id.clone(), manifest: fixed, before_first_response: None };
                 let (requests, bytes) = Resolved::fetched(&lazy);
                 let stats = json!({"url": url.to_string(), "cache_hit": false, "lazy": true, "bytes_fetched": bytes,
                     "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-                return Ok(Resolved { dir, _pin: None, stats, lazy: Some(lazy) });
+                return Ok(Resolved { dir, _pin: None, _base: base, stats, lazy: Some(lazy) });
             }
             Ok(None) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -293,14 +320,13 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
             }
         }
     }
-    let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, m);
-    let handle = cache.get(&url.id, &source).with_context(|| format!("fetching {url}"))?;
+    let (handle, base) = source.cached(&cache, &url.id).with_context(|| format!("fetching {url}"))?;
     let bytes = source.bytes_fetched.load(Ordering::Relaxed) + manifest_len;
     let requests = source.requests.load(Ordering::Relaxed) + 1;
     let stats = json!({"url": url.to_string(), "cache_hit": false, "cached": handle.cached(), "lazy": false,
         "bytes_fetched": bytes, "requests": requests, "requests_before_first_response": requests,
         "bytes_fetched_before_first_response": bytes, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-    Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), stats, lazy: None })
+    Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), _base: base, stats, lazy: None })
 }
 
 /// The source of a lookup expected to hit (a miss is an error, and the caller

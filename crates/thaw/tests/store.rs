@@ -223,3 +223,67 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
         .filter(|e| e.file_name().to_string_lossy().ends_with(&id)).collect();
     assert!(left.is_empty(), "nothing is left behind: {left:?}");
 }
+
+#[test]
+fn layered_snapshots_store_their_base_once_and_restore_from_the_store() {
+    let m = Minio::start();
+    // A data directory of its own: with a base in it, every snapshot created there is a diff.
+    let data = scratch().join("layered-data");
+    let data = data.to_str().unwrap();
+    let run = |args: &[&str]| ok(s3::thaw_s3_env(&m, args, &[("THAW_DATA_DIR", data)]));
+    let b: serde_json::Value = serde_json::from_str(stdout(&run(&["base", "build", "--runtime", "python3"])).trim()).unwrap();
+    let base_id = b["id"].as_str().unwrap().to_string();
+    let echo = bundle("layered-echo", &[("handler.py", "def handler(event, context):\n    return {'echo': event}\n")]);
+    let functions = [(sample("helloworld"), r#"{"name":"layers"}"#), (echo, r#"{"k":1}"#)];
+    let (mut urls, mut pushes, mut answers) = (vec![], vec![], vec![]);
+    for (i, (code, payload)) in functions.iter().enumerate() {
+        let snap = scratch().join(format!("layered-{i}.snap"));
+        let c: serde_json::Value =
+            serde_json::from_str(stdout(&run(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()])).trim())
+                .unwrap();
+        assert_eq!(c["base"].as_str(), Some(base_id.as_str()), "a diff on the base: {c}");
+        answers.push(stdout(&run(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"])));
+        let o = run(&["snapshot", "push", snap.to_str().unwrap(), "s3://layers", "--create-bucket"]);
+        urls.push(last_line(&o));
+        pushes.push(report(&o));
+    }
+    assert_eq!(answers[0].trim(), r#"{"message": "hello, layers"}"#);
+    // The base is a stored snapshot of its own, named by both diffs and sent once.
+    let stored_base = pushes[0]["base"].as_str().unwrap().to_string();
+    assert_eq!(pushes[1]["base"].as_str(), Some(stored_base.as_str()), "{pushes:?}");
+    assert_eq!(s3::objects(&s3::store(&m, "s3://layers"), "snapshots").len(), 3, "the base and two diffs");
+    let sent = |r: &serde_json::Value| r["bytes_uploaded"].as_u64().unwrap();
+    assert!(sent(&pushes[1]) * 2 < sent(&pushes[0]), "the second diff sent none of the base: {pushes:?}");
+
+    // A pulled diff holds its base: it restores by itself.
+    let pulled = scratch().join("layered-pulled");
+    run(&["snapshot", "pull", &urls[0], pulled.to_str().unwrap()]);
+    assert!(pulled.join("base/state.bin").is_file());
+    assert_eq!(stdout(&run(&["snapshot", "restore", pulled.to_str().unwrap(), "--payload", functions[0].1, "--quiet"])), answers[0]);
+
+    // Straight from the store, cold cache: the base is fetched once, for both diffs.
+    let mut fetched = vec![];
+    for (i, url) in urls.iter().enumerate() {
+        let stats = scratch().join(format!("layered-stats-{i}.json"));
+        let out = run(&["snapshot", "restore", url, "--payload", functions[i].1, "--quiet", "--stats", stats.to_str().unwrap()]);
+        assert_eq!(stdout(&out), answers[i], "diff {i} restored from the store answers as before");
+        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert_eq!(st["store"]["cache_hit"], false, "{st}");
+        fetched.push(st["store"]["bytes_fetched"].as_u64().unwrap());
+    }
+    assert!(fetched[1] * 2 < fetched[0], "the second diff's restore fetched no base: {fetched:?}");
+    let entries = std::path::Path::new(data).join("snapshot-cache/entries");
+    let mut cached: Vec<String> = std::fs::read_dir(&entries).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    cached.sort();
+    let mut want = vec![stored_base.clone()];
+    want.extend(urls.iter().map(|u| u.rsplit('/').next().unwrap().to_string()));
+    want.sort();
+    assert_eq!(cached, want, "one base and two diffs in the cache");
+    for u in &urls {
+        let link = std::fs::read_link(entries.join(u.rsplit('/').next().unwrap()).join("base")).unwrap();
+        assert_eq!(link, entries.join(&stored_base), "each cached diff links the one cached base");
+    }
+    // And again, from the cache.
+    let out = run(&["snapshot", "restore", &urls[1], "--payload", functions[1].1, "--quiet"]);
+    assert_eq!(stdout(&out), answers[1]);
+}

@@ -63,10 +63,26 @@ struct Counters {
     gc_deleted: AtomicU64,
 }
 
+/// A snapshot in the cache, and a diff's base, pinned while this lives.
+pub struct Pinned {
+    handle: Handle,
+    _base: Option<Handle>,
+}
+
+impl Pinned {
+    pub fn dir(&self) -> &Path {
+        self.handle.dir()
+    }
+
+    pub fn id(&self) -> &str {
+        self.handle.id()
+    }
+}
+
 /// What [`SnapshotStore::get`] gives.
 pub enum Fetched {
-    /// A complete snapshot in the cache, pinned while the handle lives.
-    Cached(Handle),
+    /// A complete snapshot in the cache.
+    Cached(Pinned),
     /// A miss being served from its head.
     Lazy(Arc<LazyMiss>),
 }
@@ -77,6 +93,8 @@ pub enum Fetched {
 /// `dir` goes when the last user drops it.
 pub struct LazyMiss {
     fill: Arc<thaw_store::lazy::RemoteFill>,
+    /// A diff's base, in the cache (linked beside the diff).
+    base: Option<Handle>,
     dir: PathBuf,
     id: String,
     /// Bytes of the fill already added to the store's counters.
@@ -141,14 +159,15 @@ impl SnapshotStore {
 
     /// Move the published snapshot in `snapdir` into the cache as entry `id` (pinned).
     /// `snapdir` is removed either way; None if the move failed (the next use fetches it).
-    pub fn adopt(&self, id: &str, snapdir: &Path) -> Option<Handle> {
+    pub fn adopt(&self, id: &str, snapdir: &Path) -> Option<Pinned> {
         let handle = self
             .cache
             .get(id, &cache::Adopt { dir: snapdir.to_path_buf() })
             .inspect_err(|e| warn!(error = %crate::node::error_chain(e), "moving a published snapshot into the cache"))
             .ok();
         let _ = std::fs::remove_dir_all(snapdir);
-        handle
+        // A diff captured here names its base where this node keeps it.
+        handle.map(|handle| Pinned { handle, _base: None })
     }
 
     /// Stored snapshot `id`: from the cache (pinned until dropped), or, on a miss, its
@@ -171,11 +190,24 @@ impl SnapshotStore {
 
     fn get_lazy(&self, id: &str) -> Result<Option<Arc<LazyMiss>>, SnapStoreError> {
         let t0 = Instant::now();
-        let m = self.store.manifest(id)?;
+        let source = StoreSource::new(&self.store);
+        let m = source.manifest(id)?;
         if m.head.is_none() {
             return Ok(None);
         }
+        // A diff's base first, whole, into the cache (once for all its diffs).
+        let base = match &m.base {
+            Some(b) => Some(source.cached(&self.cache, b)?.0),
+            None => None,
+        };
+        self.n.bytes_fetched.fetch_add(source.bytes_fetched.load(Ordering::Relaxed), Ordering::Relaxed);
         let dir = self.cache.scratch_dir(id)?;
+        if let Some(b) = &base {
+            if let Err(e) = thaw_store::fetch::link_base(&dir, b.dir()) {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.into());
+            }
+        }
         let opened = thaw_store::lazy::open(self.store.clone(), m, id, &dir);
         let fill = match opened {
             Ok(Some(fill)) => fill,
@@ -192,12 +224,12 @@ impl SnapshotStore {
             snapshot = %self.store.snapshot_url(id), head_bytes = bytes, ms = t0.elapsed().as_secs_f64() * 1e3,
             "snapshot head fetched from the store; the rest follows in the background"
         );
-        Ok(Some(Arc::new(LazyMiss { fill, dir, id: id.to_string(), counted: AtomicU64::new(bytes) })))
+        Ok(Some(Arc::new(LazyMiss { fill, base, dir, id: id.to_string(), counted: AtomicU64::new(bytes) })))
     }
 
-    fn get_whole(&self, id: &str) -> Result<Handle, SnapStoreError> {
+    fn get_whole(&self, id: &str) -> Result<Pinned, SnapStoreError> {
         let source = StoreSource::new(&self.store);
-        let got = self.cache.get(id, &source);
+        let got = source.cached(&self.cache, id).map(|(handle, _base)| Pinned { handle, _base });
         let fetched = source.bytes_fetched.load(Ordering::Relaxed);
         if fetched > 0 || got.is_err() {
             self.n.fetches.fetch_add(1, Ordering::Relaxed);
@@ -206,7 +238,7 @@ impl SnapshotStore {
         match got {
             Ok(h) => {
                 if fetched > 0 {
-                    info!(snapshot = %self.store.snapshot_url(id), bytes = fetched, cached = h.cached(), "snapshot fetched from the store");
+                    info!(snapshot = %self.store.snapshot_url(id), bytes = fetched, cached = h.handle.cached(), "snapshot fetched from the store");
                 }
                 Ok(h)
             }
@@ -231,11 +263,13 @@ impl SnapshotStore {
 
     /// Move a completed lazy miss into the cache (pinned). Its directory is empty
     /// afterwards; instances running on its files keep them open.
-    fn settle(&self, l: &LazyMiss) -> Result<Handle, SnapStoreError> {
-        let h = self.cache.get(&l.id, &cache::Adopt { dir: l.dir.clone() })?;
+    fn settle(&self, l: &LazyMiss) -> Result<Pinned, SnapStoreError> {
+        let handle = self.cache.get(&l.id, &cache::Adopt { dir: l.dir.clone() })?;
         self.n.lazy_settled.fetch_add(1, Ordering::Relaxed);
-        info!(snapshot = %self.store.snapshot_url(&l.id), cached = h.cached(), "a snapshot fetched lazily is complete");
-        Ok(h)
+        info!(snapshot = %self.store.snapshot_url(&l.id), cached = handle.cached(), "a snapshot fetched lazily is complete");
+        // Its base stays pinned as long as it (a second pin of the same entry).
+        let base = l.base.as_ref().and_then(Handle::pin_again);
+        Ok(Pinned { handle, _base: base })
     }
 
     /// Publish the working set recorded in `dir` for stored snapshot `id`.
@@ -378,7 +412,7 @@ pub(super) struct SnapshotSlot {
 enum Slot {
     Closed,
     /// `lazy`: the snapshot is still arriving from the store (it has no pin yet).
-    Open { snap: Arc<LoadedSnapshot>, _pin: Option<Handle>, lazy: Option<Arc<LazyMiss>>, last_use: Instant },
+    Open { snap: Arc<LoadedSnapshot>, _pin: Option<Pinned>, lazy: Option<Arc<LazyMiss>>, last_use: Instant },
     /// A local snapshot that does not open (never retried: it will not change).
     Failed(String),
 }
