@@ -1144,6 +1144,8 @@ impl Node {
             ran = self.run_once(&f, name, &target, request_id, payload, timeout_s, true).await?;
         }
         let (lease, result, invoke_ms, oom, logs, mem, reset) = ran;
+        // A snapshot still arriving from the store fetches the rest now.
+        lease.rev.snapshot.responded();
         self.metrics.invoke_seconds.with_label_values(&[]).observe(invoke_ms / 1e3);
         let (outcome, healthy) = match result {
             Ok(InvokeOutcome::Ok(text)) if text.len() > MAX_RESPONSE => (
@@ -1281,7 +1283,7 @@ impl Node {
     }
 
     /// Destroy instances idle for longer than the keep-alive.
-    pub fn reap_idle(&self) {
+    pub fn reap_idle(self: &Arc<Self>) {
         if self.cfg.snapshot_store.is_some() {
             self.settle_lazy_snapshots();
             self.publish_working_sets();
@@ -1368,6 +1370,7 @@ impl Node {
                         "bytes": a.snapshot_bytes(),
                         "loaded": a.snapshot.is_open(),
                         "stored": a.snapshot.stored_id(),
+                        "fetch": a.snapshot.fetch_status(),
                     })
                 });
                 serde_json::json!({

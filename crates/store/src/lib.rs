@@ -161,7 +161,12 @@ impl Store {
 
     /// The verified manifest of snapshot `id`.
     pub fn manifest(&self, id: &str) -> Result<Manifest> {
-        self.rt.block_on(fetch::manifest(&self.remote, id)).map(|(m, _)| m)
+        self.manifest_with_len(id).map(|(m, _)| m)
+    }
+
+    /// [`Store::manifest`], and its size in bytes.
+    pub fn manifest_with_len(&self, id: &str) -> Result<(Manifest, u64)> {
+        self.rt.block_on(fetch::manifest(&self.remote, id))
     }
 
     /// Delete snapshot `id` (its manifest and recorded working set; its packs

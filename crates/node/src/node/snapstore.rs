@@ -63,10 +63,16 @@ struct Counters {
     gc_deleted: AtomicU64,
 }
 
+/// A snapshot that arrived lazily is fetched whole after its first response, or
+/// this long after its head arrived if no instance has answered by then.
+const LAZY_FILL_AT_LATEST: Duration = Duration::from_secs(2);
+
 /// A snapshot in the cache, and a diff's base, pinned while this lives.
 pub struct Pinned {
     handle: Handle,
     _base: Option<Handle>,
+    /// The lazy miss this snapshot arrived by, for `thaw status`.
+    lazy_was: Option<Arc<LazyMiss>>,
 }
 
 impl Pinned {
@@ -99,6 +105,21 @@ pub struct LazyMiss {
     id: String,
     /// Bytes of the fill already added to the store's counters.
     counted: AtomicU64,
+    /// Requests and bytes of the fetch before the head (manifest, a diff's base).
+    before_head: (u64, u64),
+    /// When the head arrived.
+    opened: Instant,
+    /// (requests, bytes) fetched when the first response came back (see
+    /// [`SnapshotSlot::responded`]), after which the rest is fetched.
+    at_first_response: Mutex<Option<(u64, u64)>>,
+}
+
+impl LazyMiss {
+    /// (requests, bytes) fetched so far, the manifest (and a diff's base) included.
+    fn fetched(&self) -> (u64, u64) {
+        let c = &self.fill.counters;
+        (self.before_head.0 + c.requests.load(Ordering::Relaxed), self.before_head.1 + c.bytes.load(Ordering::Relaxed))
+    }
 }
 
 impl Drop for LazyMiss {
@@ -167,7 +188,7 @@ impl SnapshotStore {
             .ok();
         let _ = std::fs::remove_dir_all(snapdir);
         // A diff captured here names its base where this node keeps it.
-        handle.map(|handle| Pinned { handle, _base: None })
+        handle.map(|handle| Pinned { handle, _base: None, lazy_was: None })
     }
 
     /// Stored snapshot `id`: from the cache (pinned until dropped), or, on a miss, its
@@ -191,7 +212,8 @@ impl SnapshotStore {
     fn get_lazy(&self, id: &str) -> Result<Option<Arc<LazyMiss>>, SnapStoreError> {
         let t0 = Instant::now();
         let source = StoreSource::new(&self.store);
-        let m = source.manifest(id)?;
+        let (m, manifest_len) = self.store.manifest_with_len(id)?;
+        let source = source.with_manifest(id, m.clone());
         if m.head.is_none() {
             return Ok(None);
         }
@@ -224,12 +246,22 @@ impl SnapshotStore {
             snapshot = %self.store.snapshot_url(id), head_bytes = bytes, ms = t0.elapsed().as_secs_f64() * 1e3,
             "snapshot head fetched from the store; the rest follows in the background"
         );
-        Ok(Some(Arc::new(LazyMiss { fill, base, dir, id: id.to_string(), counted: AtomicU64::new(bytes) })))
+        let before_head = (1 + source.requests.load(Ordering::Relaxed), manifest_len + source.bytes_fetched.load(Ordering::Relaxed));
+        Ok(Some(Arc::new(LazyMiss {
+            fill,
+            base,
+            dir,
+            id: id.to_string(),
+            counted: AtomicU64::new(bytes),
+            before_head,
+            opened: Instant::now(),
+            at_first_response: Mutex::new(None),
+        })))
     }
 
     fn get_whole(&self, id: &str) -> Result<Pinned, SnapStoreError> {
         let source = StoreSource::new(&self.store);
-        let got = source.cached(&self.cache, id).map(|(handle, _base)| Pinned { handle, _base });
+        let got = source.cached(&self.cache, id).map(|(handle, _base)| Pinned { handle, _base, lazy_was: None });
         let fetched = source.bytes_fetched.load(Ordering::Relaxed);
         if fetched > 0 || got.is_err() {
             self.n.fetches.fetch_add(1, Ordering::Relaxed);
@@ -265,20 +297,59 @@ impl SnapshotStore {
     /// afterwards; instances running on its files keep them open.
     fn settle(&self, l: &LazyMiss) -> Result<Pinned, SnapStoreError> {
         let handle = self.cache.get(&l.id, &cache::Adopt { dir: l.dir.clone() })?;
+        // Empty now (its files moved); the lazy miss itself stays for `thaw status`.
+        let _ = std::fs::remove_dir_all(&l.dir);
         self.n.lazy_settled.fetch_add(1, Ordering::Relaxed);
         info!(snapshot = %self.store.snapshot_url(&l.id), cached = handle.cached(), "a snapshot fetched lazily is complete");
         // Its base stays pinned as long as it (a second pin of the same entry).
         let base = l.base.as_ref().and_then(Handle::pin_again);
-        Ok(Pinned { handle, _base: base })
+        Ok(Pinned { handle, _base: base, lazy_was: None })
     }
 
-    /// Publish the working set recorded in `dir` for stored snapshot `id`.
-    pub fn put_working_set(&self, id: &str, dir: &Path) -> Result<(), SnapStoreError> {
-        let n = self.store.put_working_set(id, dir)?;
-        self.n.working_sets.fetch_add(1, Ordering::Relaxed);
-        info!(snapshot = %self.store.snapshot_url(id), bytes = n, "recorded working set published");
-        Ok(())
+    /// Publish stored snapshot `old` again from `dir` (its cached copy), now that a
+    /// restore recorded its working set there.
+    ///
+    /// Published again, the snapshot's head carries the working set, so a cold
+    /// restore elsewhere starts after the manifest and the head. It is a new stored
+    /// snapshot (the working set is part of what an id names): returns its id (the
+    /// same if nothing changed). The cached copy is linked under the new id and the
+    /// old stored snapshot deleted.
+    pub fn republish(self: &Arc<Self>, old: &str, dir: &Path) -> Result<String, SnapStoreError> {
+        let id = self.push(dir)?;
+        if id != old {
+            self.link_cached(&id, dir);
+            self.remove_later(old.to_string());
+            self.n.working_sets.fetch_add(1, Ordering::Relaxed);
+            info!(snapshot = %self.store.snapshot_url(&id), replaces = old, "snapshot published again with its recorded working set");
+        }
+        Ok(id)
     }
+
+    /// Cache the snapshot files in `dir` (a cache entry) under `id` too, as links to
+    /// the same files. A failure only means the next open fetches it.
+    fn link_cached(&self, id: &str, dir: &Path) {
+        let linked = self.cache.scratch_dir(id).map_err(SnapStoreError::from).and_then(|tmp| {
+            let copy = || -> std::io::Result<()> {
+                for e in std::fs::read_dir(dir)? {
+                    let e = e?;
+                    let to = tmp.join(e.file_name());
+                    match std::fs::read_link(e.path()) {
+                        Ok(target) => std::os::unix::fs::symlink(target, to)?,
+                        Err(_) => std::fs::hard_link(e.path(), to)?,
+                    }
+                }
+                Ok(())
+            };
+            let r = copy().map_err(|e| SnapStoreError::Cache(CacheError::Io { root: tmp.clone(), what: "linking a snapshot".into(), source: e }));
+            let r = r.and_then(|()| self.cache.get(id, &cache::Adopt { dir: tmp.clone() }).map(drop).map_err(Into::into));
+            let _ = std::fs::remove_dir_all(&tmp);
+            r
+        });
+        if let Err(e) = linked {
+            warn!(error = %crate::node::error_chain(&e), "caching a snapshot published again");
+        }
+    }
+
 
     /// One run of the store's collector (two phases a grace period apart, see
     /// `thaw_store::gc`): chunks no manifest references any more go. Safe with other
@@ -462,21 +533,14 @@ impl SnapshotSlot {
                     Fetched::Lazy(l) => {
                         let s = LoadedSnapshot::open_filled(&l.dir, false, self.bundle.check(), Some(l.fill.clone() as _))
                             .map_err(|e| format!("snapshot {id}, fetched lazily, does not open: {}", crate::node::error_chain(&e)))?;
-                        // The rest of the image, while instances run.
-                        let (store, job) = (store.clone(), l.clone());
-                        let spawned = std::thread::Builder::new().name("thaw-store-fill".into()).spawn(move || {
-                            if let Err(e) = store.complete(&job) {
-                                warn!(snapshot = %job.id, error = %e, "completing a lazily fetched snapshot failed; the next start fetches it again");
-                            }
-                        });
-                        if let Err(e) = spawned {
-                            warn!(error = %e, "cannot start a thread to complete a lazily fetched snapshot; pages arrive as faults need them");
-                        }
+                        // The rest of the image follows the first response (see `responded`).
                         let snap = Arc::new(self.open.apply(s));
+                        self.note_working_set(&l.dir);
                         *st = Slot::Open { snap: snap.clone(), _pin: None, lazy: Some(l), last_use: Instant::now() };
                         return Ok(snap);
                     }
                 };
+                self.note_working_set(h.dir());
                 match LoadedSnapshot::open_checked(h.dir(), false, self.bundle.check()) {
                     Ok(s) => (s, Some(h), None),
                     Err(e) => {
@@ -502,6 +566,60 @@ impl SnapshotSlot {
         Ok(snap)
     }
 
+    /// An invocation of an instance of this snapshot answered: a snapshot still
+    /// arriving notes what it had fetched by then and fetches the rest now, in the
+    /// background (not before: it would compete with the cold start's own faults for
+    /// the link and the CPU). Never blocks.
+    pub(super) fn responded(&self) {
+        let Ok(st) = self.state.try_lock() else { return };
+        let Slot::Open { lazy: Some(l), .. } = &*st else { return };
+        let mut first = l.at_first_response.lock().unwrap_or_else(|p| p.into_inner());
+        if first.is_some() {
+            return;
+        }
+        *first = Some(l.fetched());
+        drop(first);
+        let (Some(store), job) = (self.store.clone(), l.clone()) else { return };
+        let spawned = std::thread::Builder::new().name("thaw-store-fill".into()).spawn(move || {
+            if let Err(e) = store.complete(&job) {
+                warn!(snapshot = %job.id, error = %e, "completing a lazily fetched snapshot failed; the next start fetches it again");
+            }
+        });
+        if let Err(e) = spawned {
+            warn!(error = %e, "cannot start a thread to complete a lazily fetched snapshot; pages arrive as faults need them");
+        }
+    }
+
+    /// A snapshot that arrived lazily and whose instances have not answered yet (a
+    /// provisioned instance, say): its rest is fetched after `wait` anyway.
+    fn responded_late(&self, wait: Duration) {
+        let due = match self.state.try_lock().as_deref() {
+            Ok(Slot::Open { lazy: Some(l), .. }) => l.opened.elapsed() >= wait,
+            _ => false,
+        };
+        if due {
+            self.responded();
+        }
+    }
+
+    /// How the open snapshot was fetched, for `thaw status`: null unless lazily.
+    pub(super) fn fetch_status(&self) -> serde_json::Value {
+        let Ok(st) = self.state.try_lock() else { return serde_json::Value::Null };
+        let (Slot::Open { lazy: Some(l), .. } | Slot::Open { _pin: Some(Pinned { lazy_was: Some(l), .. }), .. }) = &*st else {
+            return serde_json::Value::Null;
+        };
+        let first = *l.at_first_response.lock().unwrap_or_else(|p| p.into_inner());
+        let (requests, bytes) = l.fetched();
+        serde_json::json!({
+            "lazy": true,
+            "requests_before_first_response": first.map(|f| f.0),
+            "bytes_fetched_before_first_response": first.map(|f| f.1),
+            "requests": requests,
+            "bytes_fetched": bytes,
+            "complete": l.fill.is_complete(),
+        })
+    }
+
     /// Whether a lazy miss has arrived whole (see [`SnapshotSlot::settle`]). Never blocks.
     pub(super) fn lazy_complete(&self) -> bool {
         let Ok(st) = self.state.try_lock() else { return false };
@@ -522,7 +640,10 @@ impl SnapshotSlot {
             LoadedSnapshot::open_checked(h.dir(), false, self.bundle.check()).map(|s| (s, h)).map_err(|e| crate::node::error_chain(&e))
         });
         match reopened {
-            Ok((s, h)) => *st = Slot::Open { snap: Arc::new(self.open.apply(s)), _pin: Some(h), lazy: None, last_use: Instant::now() },
+            Ok((s, mut h)) => {
+                h.lazy_was = Some(l.clone());
+                *st = Slot::Open { snap: Arc::new(self.open.apply(s)), _pin: Some(h), lazy: None, last_use: Instant::now() }
+            }
             Err(e) => {
                 // Whatever moved is in the cache or gone: the next start opens it again.
                 warn!(snapshot = %l.id, error = %e, "installing a lazily fetched snapshot in the cache failed");
@@ -589,8 +710,8 @@ impl SnapshotSlot {
         let st = self.state.try_lock().ok()?;
         let Slot::Open { _pin: Some(h), .. } = &*st else { return None };
         let dir = h.dir().to_path_buf();
-        let id = h.id().to_string();
         drop(st);
+        let id = self.stored_id()?;
         let mtime = std::fs::metadata(dir.join(thaw_engine::ws::TRACE_FILE)).and_then(|m| m.modified()).ok()?;
         let mut published = self.ws_published.lock().unwrap_or_else(|p| p.into_inner());
         if *published == Some(mtime) {
@@ -598,6 +719,17 @@ impl SnapshotSlot {
         }
         *published = Some(mtime);
         Some((store.clone(), id, dir))
+    }
+
+    /// The working set in `dir` (just opened) is the one its stored snapshot has.
+    fn note_working_set(&self, dir: &Path) {
+        let mtime = std::fs::metadata(dir.join(thaw_engine::ws::TRACE_FILE)).and_then(|m| m.modified()).ok();
+        *self.ws_published.lock().unwrap_or_else(|p| p.into_inner()) = mtime;
+    }
+
+    /// Stored snapshot `id` replaces the one this revision had.
+    pub(super) fn set_stored(&self, id: String) {
+        *self.stored.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
     }
 
     pub(super) fn ws_publish_failed(&self) {
@@ -639,13 +771,20 @@ impl super::Node {
 
     /// Publish the working sets that restores recorded in cached snapshots since they
     /// were published (reaper tick; the uploads run on the build workers).
-    pub(super) fn publish_working_sets(&self) {
+    pub(super) fn publish_working_sets(self: &Arc<Self>) {
         let revs = self.serving_revisions();
         for rev in revs {
             let Some((store, id, dir)) = rev.snapshot.working_set_to_publish() else { continue };
-            let job_rev = rev.clone();
-            let queued = self.build_workers.spawn(move || {
-                if let Err(e) = store.put_working_set(&id, &dir) {
+            let (job_rev, node) = (rev.clone(), self.clone());
+            let queued = self.build_workers.spawn(move || match store.republish(&id, &dir) {
+                Ok(new) if new != id => {
+                    job_rev.snapshot.set_stored(new.clone());
+                    if let Err(e) = node.registry.set_snapshot_id(job_rev.id, Some(&new)) {
+                        warn!(revision = job_rev.id, error = %crate::node::error_chain(&e), "recording a snapshot published again");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
                     warn!(revision = job_rev.id, error = %crate::node::error_chain(&e), "publishing a recorded working set failed; retried later");
                     job_rev.snapshot.ws_publish_failed();
                 }
@@ -660,6 +799,7 @@ impl super::Node {
     /// tick; the moves run on the build workers).
     pub(super) fn settle_lazy_snapshots(&self) {
         for rev in self.serving_revisions() {
+            rev.snapshot.responded_late(LAZY_FILL_AT_LATEST);
             if !rev.snapshot.lazy_complete() {
                 continue;
             }
