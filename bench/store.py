@@ -12,6 +12,11 @@ For each function, in one sitting and interleaved run by run (the order rotates)
                 THAW_STORE_FORMAT=2: packs, no compression), the baseline of compression
   remote-cold-v1  remote-cold of the same snapshot pushed in the format before packs
                 (THAW_STORE_FORMAT=1: one object per 8 KiB chunk), the baseline of issue #28
+  layered-local   the function as a diff on the Python base (`thaw base build`), restored
+                from its directory (page cache of the diff and the base evicted)
+  layered-remote-cold  the diff from the store with an empty cache (the base is fetched too)
+  layered-remote-diff  the diff from the store with its base already cached (what a node
+                that runs other functions of the runtime sees)
 Time to first response is the restore's `total_ms` (it includes the fetch); the
 remote modes also report bytes fetched (in all, and before the first response),
 requests before the first response and time spent fetching. A cold restore of a
@@ -44,7 +49,8 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-v2", "remote-cold-v1")
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-v2", "remote-cold-v1",
+         "layered-local", "layered-remote-cold", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
 
@@ -122,9 +128,18 @@ def bench_function(thaw, fn, store, runs, tmp):
     env = dict(store.env, THAW_DATA_DIR=str(data))
     snap = tmp / f"{store.link}-{fn}.snap"
     stats = tmp / "stats.json"
-    subprocess.run([thaw, "snapshot", "create", "--code", str(code), "--handler", "handler.handler", "--out", str(snap)],
+    subprocess.run([thaw, "snapshot", "create", "--code", str(code), "--handler", "handler.handler", "--out", str(snap), "--no-base"],
                    env=env, check=True, capture_output=True)
     run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)  # records the working set
+    # The same function as a diff on the runtime's base.
+    subprocess.run([thaw, "base", "build", "--runtime", "python3"], env=env, check=True, capture_output=True)
+    snap_d = tmp / f"{store.link}-{fn}.diff"
+    subprocess.run([thaw, "snapshot", "create", "--code", str(code), "--handler", "handler.handler", "--out", str(snap_d)],
+                   env=env, check=True, capture_output=True)
+    run_thaw(thaw, env, ["snapshot", "restore", str(snap_d)], stats)
+    push_d = subprocess.run([thaw, "snapshot", "push", str(snap_d), f"s3://thaw-bench/{fn}-layered", "--create-bucket"],
+                            env=env, check=True, capture_output=True, text=True)
+    url_d = push_d.stdout.strip().splitlines()[-1]
     push = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}", "--create-bucket"],
                           env=env, check=True, capture_output=True, text=True)
     url = push.stdout.strip().splitlines()[-1]
@@ -135,8 +150,9 @@ def bench_function(thaw, fn, store, runs, tmp):
                              env=dict(env, THAW_STORE_FORMAT="2"), check=True, capture_output=True, text=True)
     url_v2 = push_v2.stdout.strip().splitlines()[-1]
     pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2]),
-              "v2": json.loads(push_v2.stdout.strip().splitlines()[-2])}
+              "v2": json.loads(push_v2.stdout.strip().splitlines()[-2]), "layered": json.loads(push_d.stdout.strip().splitlines()[-2])}
     urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2}
+    base_entry = pushes["layered"]["base"]
     cache = data / "snapshot-cache" / "entries"
     rows = []
     for i in range(runs):
@@ -152,6 +168,21 @@ def bench_function(thaw, fn, store, runs, tmp):
                 menv = dict(env, THAW_STORE_FETCH="whole") if mode == "remote-cold-whole" else env
                 st = run_thaw(thaw, menv, ["snapshot", "restore", urls.get(mode, url)], stats)
                 assert st["store"]["cache_hit"] is False, st["store"]
+            elif mode == "layered-local":
+                evict_page_cache(str(snap_d))
+                evict_page_cache(str(data / "bases"))
+                st = run_thaw(thaw, env, ["snapshot", "restore", str(snap_d)], stats)
+            elif mode == "layered-remote-cold":
+                shutil.rmtree(cache, ignore_errors=True)
+                st = run_thaw(thaw, env, ["snapshot", "restore", url_d], stats)
+                assert st["store"]["cache_hit"] is False, st["store"]
+            elif mode == "layered-remote-diff":
+                if not (cache / base_entry).is_dir():
+                    run_thaw(thaw, env, ["snapshot", "restore", url_d], stats)
+                shutil.rmtree(cache / url_d.rsplit("/", 1)[1], ignore_errors=True)
+                evict_page_cache(str(cache))
+                st = run_thaw(thaw, env, ["snapshot", "restore", url_d], stats)
+                assert st["store"]["cache_hit"] is False, st["store"]
             else:
                 if not (cache / url.rsplit("/", 1)[1]).is_dir():
                     run_thaw(thaw, env, ["snapshot", "restore", url], stats)
@@ -163,8 +194,9 @@ def bench_function(thaw, fn, store, runs, tmp):
                          "paging": st["mode"], "bytes_fetched": s.get("bytes_fetched", 0),
                          "requests": s.get("requests_before_first_response", s.get("requests", 0)),
                          "bytes_before_first_response": s.get("bytes_fetched_before_first_response", s.get("bytes_fetched", 0)),
-                         "fetch_ms": s.get("fetch_ms", 0.0) if mode.startswith("remote") else 0.0,
-                         "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2"}.get(mode, "packs")] if mode.startswith("remote") else None})
+                         "fetch_ms": s.get("fetch_ms", 0.0) if "remote" in mode else 0.0,
+                         "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2", "layered-remote-cold": "layered"}.get(mode, "packs")]
+                         if "remote" in mode else None})
     return rows
 
 
@@ -225,15 +257,16 @@ def main():
             finally:
                 store.stop()
     med = medians(rows)
-    print(f"{'link':9s} {'function':11s} {'mode':14s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} "
+    print(f"{'link':9s} {'function':11s} {'mode':19s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} "
           f"{'fetch %':>8s} {'MB fetched':>10s} {'MB first':>9s} {'requests':>9s}")
     for (link, fn, mode), m in sorted(med.items(), key=lambda kv: (kv[0][0], kv[0][1], MODES.index(kv[0][2]))):
         local = med[(link, fn, "local")]["total_ms"]
         share = 100 * m["fetch_ms"] / m["total_ms"] if m["fetch_ms"] else 0
-        print(f"{link:9s} {fn:11s} {mode:14s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
+        print(f"{link:9s} {fn:11s} {mode:19s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
               f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f}")
     for (link, fn, mode), m in sorted(med.items()):
-        label = {"remote-cold": "format 3, compressed packs", "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1"}
+        label = {"remote-cold": "format 3, compressed packs", "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",
+                 "layered-remote-cold": "format 3, diff + base"}
         if mode in label and m.get("push"):
             p = m["push"]
             # Throughput of the snapshot pushed (its bytes per second), and what went over the wire.
