@@ -1,5 +1,6 @@
 """A TCP proxy in front of a real store (MinIO) that can fail it on cue: each HTTP
-request is passed, or the connection is cut, as `rule(method, path, headers)` says. It
+request is passed, held until `release()`, or the connection is cut, as
+`rule(method, path, headers)` says. It
 lets a test stop the store at an exact point of a fetch (after a snapshot's head, say)
 without touching the node. HTTP/1.1 requests with Content-Length bodies only (what the
 node's S3 client sends); responses are relayed as they come."""
@@ -20,7 +21,12 @@ class FaultProxy:
         self.sock.listen(64)
         self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.closed = False
+        self.released = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def release(self):
+        """Let held requests through (and every later one the rule holds)."""
+        self.released.set()
 
     def close(self):
         self.closed = True
@@ -82,6 +88,8 @@ class FaultProxy:
                     self.seen.append((method, path, action))
                 if action == "cut":
                     return
+                if action == "hold":
+                    self.released.wait()
                 u.sendall(head + b"\r\n\r\n" + body)
         except OSError:
             pass

@@ -8,6 +8,7 @@ function's stored snapshot with the function."""
 import json
 import re
 import shutil
+import threading
 import time
 
 import pytest
@@ -348,4 +349,42 @@ def test_diffs_are_published_with_their_base_stored_once(minio, tmp_path):
     assert sorted(p.name for p in entries.iterdir()) == sorted([base, *sids]), "the base once, and the two diffs"
     for s in sids:
         assert (entries / s / "base").resolve() == (entries / base).resolve()
+    assert node.stop() == 0
+
+
+def test_a_node_killed_while_a_snapshot_arrives_leaves_a_consistent_cache(minio, tmp_path):
+    """Issue #28: kill -9 while the rest of a lazily fetched snapshot is on its way:
+    nothing partial is ever in the cache; the next node fetches it again, restores,
+    and removes what the dead one left."""
+    data = tmp_path / "node"
+    sid = deployed_then_evicted(data, minio, "killed")
+    arrived = threading.Event()
+
+    def rule(method, path, headers):
+        # After the first response, the fill's reads wait (forever, here).
+        return "hold" if arrived.is_set() and "/packs/" in path else "pass"
+
+    proxy = FaultProxy(minio.port, rule)
+    try:
+        node = store_node(data, minio, prefix="killed", endpoint=proxy.endpoint)
+        _, body = invoke_json(node.client(), "hello", {"name": "first"})
+        assert body == {"message": "hello, first"}
+        arrived.set()
+        wait_for(lambda: proxy.requests("hold"), "the fill to be under way")
+        lazy = data / "node" / "snapshot-cache" / "lazy"
+        assert list(lazy.iterdir()), "the snapshot is arriving"
+        node.proc.kill()
+        node.proc.wait()
+    finally:
+        proxy.release()
+        proxy.close()
+    entries = data / "node" / "snapshot-cache" / "entries"
+    assert not list(entries.iterdir()), "nothing partial in the cache"
+    node = store_node(data, minio, prefix="killed")
+    _, body = invoke_json(node.client(), "hello", {"name": "again"})
+    assert body == {"message": "hello, again"}
+    assert restores(node) == 1 and starts(node, "boot") == 0, node.metrics()
+    wait_for(lambda: node.status()["snapshot_store"]["lazy_settled"] == 1, "the snapshot to arrive whole")
+    assert (entries / sid / "pages.img").is_file()
+    assert not list(lazy.iterdir()), "what the killed node left is gone"
     assert node.stop() == 0
