@@ -492,7 +492,11 @@ pub(crate) fn spans_of(m: &Manifest, wanted: impl Fn(usize, &crate::manifest::Ch
 pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, files: &HashMap<usize, File>, progress: &(dyn Fn(u64) + Sync)) -> Result<(usize, u64)> {
     let got: Vec<u64> = futures::stream::iter(spans(m))
         .map(|s| async move {
-            let parts = read_span(remote, &s).await?;
+            // Each read a task of its own, so their decompression and hashing run in parallel.
+            let (r, span) = (remote.clone(), s.clone());
+            let parts = tokio::spawn(async move { read_span(&r, &span).await })
+                .await
+                .map_err(|e| StoreError::Task { detail: e.to_string() })??;
             for (c, part) in s.chunks.iter().zip(&parts) {
                 for (fi, off) in &c.places {
                     files[fi].write_all_at(part, *off).map_err(StoreError::local(dir, format!("writing {}", m.files[*fi].name)))?;
