@@ -135,6 +135,10 @@ pub struct StoreConfig {
 
 /// Parallel requests of one push or pull.
 pub const CONCURRENCY: usize = 16;
+/// Objects larger than this are put in parts (a head pack can be tens of MiB).
+pub const MULTIPART_ABOVE: u64 = 16 << 20;
+/// The size of each part but the last (S3 wants at least 5 MiB).
+const PART_SIZE: usize = 8 << 20;
 
 /// A connected store: the S3 client plus the names of things in it.
 #[derive(Debug, Clone)]
@@ -211,8 +215,25 @@ impl Remote {
         }
     }
 
+    /// Put `data` at `key`: in one request, or, above [`MULTIPART_ABOVE`] bytes, as a
+    /// multipart upload of [`PART_SIZE`] parts sent in parallel (aborted on failure,
+    /// so no part is left behind where the store allows it).
     pub async fn put(&self, key: &str, data: Bytes) -> Result<()> {
-        self.s3.put(&self.path(key), data.into()).await.map_err(self.remote_err("PUT", key))?;
+        if data.len() as u64 <= MULTIPART_ABOVE {
+            self.s3.put(&self.path(key), data.into()).await.map_err(self.remote_err("PUT", key))?;
+            return Ok(());
+        }
+        let mut upload = self.s3.put_multipart(&self.path(key)).await.map_err(self.remote_err("PUT (multipart)", key))?;
+        let parts: Vec<_> = (0..data.len()).step_by(PART_SIZE).map(|at| upload.put_part(data.slice(at..(at + PART_SIZE).min(data.len())).into())).collect();
+        let sent = futures::future::try_join_all(parts).await;
+        let done = match sent {
+            Ok(_) => upload.complete().await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = done {
+            let _ = upload.abort().await;
+            return Err(self.remote_err("PUT (multipart)", key)(e));
+        }
         Ok(())
     }
 

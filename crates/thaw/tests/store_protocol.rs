@@ -249,3 +249,21 @@ fn the_s3_store_as_the_cache_source_fetches_once_and_never_installs_corruption()
     assert_eq!(src.bytes_fetched.load(std::sync::atomic::Ordering::SeqCst), stored, "four requests, one download");
     assert_eq!(files(handles[0].dir()), files(hello_snapshot()));
 }
+
+#[test]
+fn a_large_object_goes_up_in_parts_and_comes_back_whole() {
+    let m = Minio::start();
+    let s = store(&m, "s3://snaps/multipart");
+    let n = thaw_store::remote::MULTIPART_ABOVE as usize + (3 << 20) + 7;
+    let data: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
+    s.block_on(s.remote.put("packs/big", data.clone().into())).unwrap();
+    let meta = s.block_on(s.remote.head("packs/big")).unwrap().unwrap();
+    assert_eq!(meta.size, n as u64);
+    // S3 (and MinIO) name a multipart object's ETag by its parts: 8 + 8 + 3 MiB.
+    assert!(meta.e_tag.as_deref().is_some_and(|e| e.trim_matches('"').ends_with("-3")), "three parts: {:?}", meta.e_tag);
+    assert_eq!(&s.block_on(s.remote.get("packs/big")).unwrap()[..], &data[..]);
+    // At the threshold, one request.
+    s.block_on(s.remote.put("packs/small", data[..thaw_store::remote::MULTIPART_ABOVE as usize].to_vec().into())).unwrap();
+    let meta = s.block_on(s.remote.head("packs/small")).unwrap().unwrap();
+    assert!(meta.e_tag.as_deref().is_some_and(|e| !e.contains('-')), "{:?}", meta.e_tag);
+}
