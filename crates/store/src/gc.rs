@@ -14,8 +14,10 @@
 //! chunk before it was condemned finishes (writes its manifest) within the
 //! grace period, so the deleting run sees the manifest and keeps the chunk.
 //! Assumption: a publish takes less than the grace period (default 1 hour).
-//! Manifests are never deleted here; deleting a snapshot = deleting its
-//! manifest, after which its chunks become orphans.
+//! Manifests are not deleted here, but for those of bases (`is_base`) that no
+//! manifest names any more, which go through the same two phases (a publisher
+//! of a diff on a condemned base writes its manifest again); deleting a
+//! snapshot = deleting its manifest, after which its chunks become orphans.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -85,11 +87,13 @@ pub async fn condemned(remote: &Remote) -> Result<HashSet<String>> {
     Ok(read_condemned(remote).await?.map(|c| c.chunks.into_iter().map(as_key).collect()).unwrap_or_default())
 }
 
-/// Every object (key) referenced by a manifest, and how many manifests there are.
-/// A manifest that cannot be read or verified stops the collection: what it
-/// references is unknown.
-pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize)> {
+/// Every object (key) referenced by a manifest, and how many manifests there are;
+/// and the manifests of bases no manifest names any more (with their metadata),
+/// collected like objects. A manifest that cannot be read or verified stops the
+/// collection: what it references is unknown.
+pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize, Vec<(String, object_store::ObjectMeta)>)> {
     let mut refs = HashSet::new();
+    let (mut bases, mut named) = (Vec::new(), HashSet::new());
     let list = remote.list("snapshots").await?;
     for (key, _) in &list {
         let Some(id) = key.strip_prefix("snapshots/").and_then(|k| k.strip_suffix(".json")).filter(|i| is_sha256_hex(i)) else {
@@ -97,13 +101,22 @@ pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize)> {
             continue;
         };
         let (m, _) = manifest(remote, id).await?;
+        if m.is_base {
+            bases.push(id.to_string());
+        }
+        named.extend(m.base.clone());
         if m.packed() {
             refs.extend(m.packs.iter().map(|p| crate::pack::pack_key(&p.name)));
         } else {
             refs.extend(m.unique_chunks().into_iter().map(|(s, _)| Remote::chunk_key(&s)));
         }
     }
-    Ok((refs, list.len()))
+    let unnamed = list
+        .iter()
+        .filter(|(key, _)| bases.iter().any(|b| *key == Remote::manifest_key(b) && !named.contains(b)))
+        .cloned()
+        .collect();
+    Ok((refs, list.len(), unnamed))
 }
 
 pub async fn gc(remote: &Remote, grace: Duration) -> Result<GcReport> {
@@ -117,11 +130,13 @@ pub async fn gc(remote: &Remote, grace: Duration) -> Result<GcReport> {
     }
     // Manifests are listed before objects: an object written after the manifest
     // listing is younger than the grace period, so it is not condemned.
-    let (refs, manifests) = referenced(remote).await?;
+    let (refs, manifests, unnamed_bases) = referenced(remote).await?;
     let mut objects = Vec::new();
     for dir in COLLECTED {
         objects.extend(remote.list(dir).await?);
     }
+    // A base no diff names is collected like an object (its packs after it).
+    objects.extend(unnamed_bases);
     let mut report = GcReport { manifests, chunks: objects.len(), ..Default::default() };
     let mut deleted = HashSet::new();
     if let Some(p) = &prev {

@@ -137,7 +137,8 @@ impl Store {
             if std::env::var("THAW_STORE_FORMAT").is_ok_and(|f| f == "1" || f == "2") {
                 return Err(StoreError::Snapshot { dir: dir.to_path_buf(), detail: "a diff names its base in format 3 only (THAW_STORE_FORMAT)".into() });
             }
-            let b = publish::plan(&base_dir)?;
+            let mut b = publish::plan(&base_dir)?;
+            b.mark_base();
             if b.base_dir.is_some() {
                 return Err(StoreError::Snapshot { dir: base_dir, detail: "a base that is itself a diff".into() });
             }

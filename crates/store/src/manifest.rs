@@ -116,6 +116,10 @@ pub struct Manifest {
     /// Format 3: the id of the stored base this snapshot is a diff on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
+    /// Format 3: pushed as the base of a diff; the collector deletes it once no
+    /// manifest names it any more.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_base: bool,
 }
 
 impl Manifest {
@@ -146,7 +150,7 @@ impl Manifest {
                 return Err(bad(format!("bad pack name '{}'", p.name)));
             }
         }
-        if m.base.as_deref().is_some_and(|b| !is_sha256_hex(b) || m.format < MANIFEST_FORMAT) {
+        if m.base.as_deref().is_some_and(|b| !is_sha256_hex(b) || m.format < MANIFEST_FORMAT) || (m.is_base && (m.base.is_some() || m.format < MANIFEST_FORMAT)) {
             return Err(bad("bad base".into()));
         }
         if m.head.is_some_and(|h| h as usize >= m.packs.len()) {
@@ -270,6 +274,7 @@ mod tests {
             ],
             derived: vec![],
             base: None,
+            is_base: false,
         }
     }
 
@@ -321,6 +326,24 @@ mod tests {
         assert!(Manifest::parse("m", &tail.to_bytes()).is_ok());
         tail.files[1].chunks[1].zlen = Some(97);
         assert!(Manifest::parse("m", &tail.to_bytes()).unwrap_err().to_string().contains("is not in a pack"));
+    }
+
+    #[test]
+    fn a_base_is_a_full_image_of_format_3_and_a_diff_names_one_by_id() {
+        let mut base = sample();
+        base.is_base = true;
+        assert!(Manifest::parse("m", &base.to_bytes()).unwrap().is_base);
+        assert_ne!(base.to_bytes(), sample().to_bytes(), "a base is another snapshot than the same image pushed alone");
+        let mut based = base.clone();
+        based.base = Some(sha256_hex(b"b"));
+        assert!(Manifest::parse("m", &based.to_bytes()).unwrap_err().to_string().contains("bad base"), "a base is no diff");
+        let mut diff = sample();
+        diff.base = Some("not-an-id".into());
+        assert!(Manifest::parse("m", &diff.to_bytes()).unwrap_err().to_string().contains("bad base"));
+        diff.base = Some(sha256_hex(b"b"));
+        assert!(Manifest::parse("m", &diff.to_bytes()).is_ok());
+        diff.format = MANIFEST_FORMAT_PACKS;
+        assert!(Manifest::parse("m", &diff.to_bytes()).unwrap_err().to_string().contains("bad base"), "format 2 has no bases");
     }
 
     #[test]

@@ -225,6 +225,13 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     let (places, same) = index(remote, &digest, condemned, &requests).await?;
     if let Some((id, m)) = same {
         let repaired = repair(remote, plan, &m, condemned, &requests).await?;
+        // A base the collector condemned (no diff named it): written again, so it
+        // is kept for the diff being published on it.
+        let key = Remote::manifest_key(&id);
+        if condemned.contains(&key) {
+            requests.fetch_add(1, Relaxed);
+            remote.put(&key, Bytes::from(m.to_bytes())).await?;
+        }
         return Ok(Published {
             id,
             packs: m.packs.len(),
@@ -566,6 +573,7 @@ mod tests {
             }],
             derived: vec![],
             base: None,
+            is_base: false,
         };
         let s = spans(&m);
         let shape: Vec<(u64, u64, usize)> = s.iter().map(|s| (s.start, s.end, s.chunks.len())).collect();

@@ -230,6 +230,7 @@ pub fn plan(dir: &Path) -> Result<Plan> {
         files: entries,
         derived,
         base: None,
+        is_base: false,
     };
     let manifest_bytes = manifest.to_bytes();
     let id = sha256_hex(&manifest_bytes);
@@ -237,6 +238,13 @@ pub fn plan(dir: &Path) -> Result<Plan> {
 }
 
 impl Plan {
+    /// Mark this snapshot as the base of diffs (collected once none names it).
+    pub fn mark_base(&mut self) {
+        self.manifest.is_base = true;
+        self.manifest_bytes = self.manifest.to_bytes();
+        self.id = sha256_hex(&self.manifest_bytes);
+    }
+
     /// Name stored snapshot `id` as the base of this diff.
     pub fn set_base(&mut self, id: &str) {
         self.manifest.base = Some(id.to_string());

@@ -286,4 +286,29 @@ fn layered_snapshots_store_their_base_once_and_restore_from_the_store() {
     // And again, from the cache.
     let out = run(&["snapshot", "restore", &urls[1], "--payload", functions[1].1, "--quiet"]);
     assert_eq!(stdout(&out), answers[1]);
+
+    // The base goes once no diff names it: the collector condemns its manifest, then
+    // deletes it (two runs a grace period apart), then its packs the same way.
+    let store = s3::store(&m, "s3://layers");
+    let manifests = || s3::objects(&store, "snapshots").into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    let base_key = format!("snapshots/{stored_base}.json");
+    run(&["snapshot", "rm", &urls[0]]);
+    let gc = |what: &str| -> serde_json::Value {
+        std::thread::sleep(std::time::Duration::from_millis(2100)); // the store's times have 1 s resolution
+        let o = run(&["snapshot", "gc", "s3://layers", "--grace", "0s"]);
+        serde_json::from_str(stdout(&o).trim()).unwrap_or_else(|e| panic!("{what}: {e}"))
+    };
+    gc("one diff left");
+    gc("one diff left, again");
+    assert!(manifests().contains(&base_key), "a base a diff names stays");
+    run(&["snapshot", "rm", &urls[1]]);
+    let packs = s3::objects(&store, "packs").len();
+    let r = gc("condemn the base");
+    assert!(r["condemned"].as_u64().unwrap() >= 1, "{r}");
+    let r = gc("delete the base");
+    assert!(!manifests().contains(&base_key), "{r}");
+    gc("condemn its packs");
+    gc("delete its packs");
+    assert!(s3::objects(&store, "packs").len() < packs, "the base's packs went too");
+    assert!(manifests().is_empty(), "{:?}", manifests());
 }
