@@ -2,6 +2,7 @@
 port and a temporary data directory. The binary is built by scripts/build-minio.sh
 (scripts/setup.sh runs it) into ${THAW_CACHE_DIR:-/var/cache/thaw}/minio-<version>/minio."""
 
+import json
 import os
 import re
 import socket
@@ -72,6 +73,14 @@ class Minio:
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                             aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
                             config=Config(retries={"max_attempts": 1}))
+
+    def manifest(self, bucket, key):
+        """A stored snapshot's manifest, as JSON (format 3 stores it zstd-compressed)."""
+        data = self.s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+        if data[:4] == b"\x28\xb5\x2f\xfd":
+            import zstandard
+            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=64 << 20)
+        return json.loads(data)
 
     def keys(self, bucket, prefix=""):
         out, token = [], None

@@ -93,7 +93,7 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     assert starts(node, "restore-lazy") == 1, node.metrics()  # recording pages lazily
     wait_for(lambda: node.function_status("hello")["snapshot"]["stored"] != sid, "the snapshot to be published again")
     first, sid = sid, node.function_status("hello")["snapshot"]["stored"]
-    m = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"fns/snapshots/{sid}.json")["Body"].read())
+    m = minio.manifest(BUCKET, f"fns/snapshots/{sid}.json")
     assert "ws.trace" in [f["name"] for f in m["files"]] and m["head"] is not None, m["files"]
     assert node.status()["snapshot_store"]["working_sets_published"] == 1
     wait_for(lambda: f"fns/snapshots/{first}.json" not in minio.keys(BUCKET, "fns/snapshots/"), "the first to be deleted")
@@ -215,7 +215,7 @@ def test_a_corrupt_object_is_never_restored_from(minio, tmp_path):
     data = tmp_path / "node"
     sid = deployed_then_evicted(data, minio, "corrupt")
     # Flip the bytes of one pack the manifest names (same length, same name).
-    manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"corrupt/snapshots/{sid}.json")["Body"].read())
+    manifest = minio.manifest(BUCKET, f"corrupt/snapshots/{sid}.json")
     pack = manifest["packs"][0]["name"]
     key = f"corrupt/packs/{pack}"
     good = minio.s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
@@ -253,7 +253,7 @@ def test_the_node_collects_what_no_snapshot_references(minio, tmp_path):
     client = node.client()
     create(client, "keep", sample_zip("helloworld"))
     keep = node.function_status("keep")["snapshot"]["stored"]
-    manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"gc/snapshots/{keep}.json")["Body"].read())
+    manifest = minio.manifest(BUCKET, f"gc/snapshots/{keep}.json")
     kept = {f"gc/packs/{p['name']}" for p in manifest["packs"]}
     create(client, "gone", zip_bytes({"handler.py": "def handler(event, context):\n    return {'gone': True}\n"}))
     assert set(minio.keys(BUCKET, "gc/packs/")) > kept
@@ -273,7 +273,7 @@ def test_a_store_that_dies_after_the_start_costs_a_retry_not_a_wrong_answer(mini
     Once the store is back, the next cold start fetches the snapshot again and restores."""
     data = tmp_path / "node"
     sid = deployed_then_evicted(data, minio, "dies")  # no working set: everything but the head is fetched on faults
-    manifest = json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"dies/snapshots/{sid}.json")["Body"].read())
+    manifest = minio.manifest(BUCKET, f"dies/snapshots/{sid}.json")
     head = manifest["packs"][manifest["head"]]["name"]
 
     def rule(method, path, headers):
@@ -322,7 +322,7 @@ def test_diffs_are_published_with_their_base_stored_once(minio, tmp_path):
     assert all(sids), sids
 
     def manifest(sid):
-        return json.loads(minio.s3().get_object(Bucket=BUCKET, Key=f"layered/snapshots/{sid}.json")["Body"].read())
+        return minio.manifest(BUCKET, f"layered/snapshots/{sid}.json")
 
     bases = {manifest(s).get("base") for s in sids}
     assert len(bases) == 1 and None not in bases, bases

@@ -33,16 +33,30 @@ pub struct PullReport {
     pub seconds: f64,
 }
 
-/// The manifest of snapshot `id`, verified against its name, with its size.
+/// The first bytes of a zstd frame.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
+/// The manifest of snapshot `id`, verified against its name, with its size in the store.
 pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
     let key = Remote::manifest_key(id);
     let object = remote.url.object_url(&key);
-    let bytes = remote.get(&key).await?;
+    let stored = remote.get(&key).await?;
+    let len = stored.len() as u64;
+    // Format 3 is stored compressed (zstd's magic; JSON starts with '{'), never
+    // decompressed past the cap on manifests.
+    let bytes = if stored.starts_with(&ZSTD_MAGIC) {
+        bytes::Bytes::from(
+            zstd::bulk::decompress(&stored, crate::manifest::MAX_MANIFEST_LEN)
+                .map_err(|e| StoreError::Corrupt { object: object.clone(), detail: format!("does not decompress: {e}") })?,
+        )
+    } else {
+        stored
+    };
     let got = sha256_hex(&bytes);
     if got != id {
         return Err(StoreError::Corrupt { object, detail: format!("contents hash to {got}") });
     }
-    Ok((Manifest::parse(&object, &bytes)?, bytes.len() as u64))
+    Ok((Manifest::parse(&object, &bytes)?, len))
 }
 
 /// Fetch every file of `m` into the existing empty directory `dir` and rebuild

@@ -191,12 +191,20 @@ fn a_corrupt_or_truncated_object_is_named_and_nothing_is_installed() {
     assert_eq!((again.id.as_str(), again.packs_uploaded, again.chunks_uploaded), (r.id.as_str(), 1, 0));
     s.pull(&r.id, &dest, &no_progress).unwrap();
     // A manifest that does not hash to its id is refused too.
+    // (Stored compressed; a reader takes plain JSON too.)
     let mkey = Remote::manifest_key(&r.id);
-    let mut mb = s.block_on(s.remote.get(&mkey)).unwrap().to_vec();
+    let stored = s.block_on(s.remote.get(&mkey)).unwrap();
+    assert_eq!(&stored[..4], [0x28, 0xB5, 0x2F, 0xFD], "a format 3 manifest is stored compressed");
+    let mut mb = s.manifest(&r.id).unwrap().to_bytes();
     mb[10] = b' ';
     s.block_on(s.remote.put(&mkey, Bytes::from(mb))).unwrap();
     let e = s.pull(&r.id, &scratch().join("pulled-corrupt2"), &no_progress).unwrap_err().to_string();
     assert!(e.starts_with(&format!("s3://snaps/corrupt/{mkey} is corrupt or truncated (contents hash to ")), "{e}");
+    let mut garbage = stored.to_vec();
+    garbage.truncate(40);
+    s.block_on(s.remote.put(&mkey, Bytes::from(garbage))).unwrap();
+    let e = s.pull(&r.id, &scratch().join("pulled-corrupt3"), &no_progress).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("s3://snaps/corrupt/{mkey} is corrupt or truncated (does not decompress")), "{e}");
 }
 
 #[test]
