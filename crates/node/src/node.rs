@@ -1134,6 +1134,8 @@ impl Node {
         // The platform could not give a restored instance its memory (its page server
         // failed: the snapshot's store went down mid-fetch, say). Not the function's
         // fault: the call runs again, once, on a cold boot.
+        // Shared, not copied: only the rare retry needs it a second time.
+        let payload = Arc::new(payload);
         let mut ran = self.run_once(&f, name, &target, request_id, payload.clone(), timeout_s, false).await?;
         if ran.0.kind != "boot" && matches!(&ran.1, Err(InstanceError::Invoke { page_server: Some(_), .. })) {
             if let Err(e) = &ran.1 {
@@ -1215,7 +1217,7 @@ impl Node {
 
     /// Take an instance (see [`Node::acquire`]) and run one invocation on it.
     #[allow(clippy::too_many_arguments)]
-    async fn run_once(&self, f: &Arc<Function>, name: &str, target: &InvokeTarget, request_id: &str, payload: String, timeout_s: u64, boot: bool) -> Result<Ran, InvokeError> {
+    async fn run_once(&self, f: &Arc<Function>, name: &str, target: &InvokeTarget, request_id: &str, payload: Arc<String>, timeout_s: u64, boot: bool) -> Result<Ran, InvokeError> {
         let version = target.version;
         let mut lease = self.acquire(f, version, boot).await?;
         // Per call, never from the image: versions share snapshots and warm instances.
