@@ -30,6 +30,9 @@ pub enum StoreError {
     Exists { dir: PathBuf },
     #[error("pulled snapshot {dir} does not open")]
     Image { dir: PathBuf, #[source] source: thaw_engine::image::ImageError },
+    /// The node cache, filling from the store (a diff's base, a scratch directory).
+    #[error(transparent)]
+    Cache(#[from] Box<crate::cache::CacheError>),
     /// A task of the store's runtime panicked or was cancelled.
     #[error("a store task failed: {detail}")]
     Task { detail: String },

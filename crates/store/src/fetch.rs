@@ -112,7 +112,7 @@ pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn
 /// records one). Returns the bytes read from the store.
 pub async fn working_set(remote: &Remote, m: &Manifest, id: &str, dir: &Path) -> u64 {
     let Some(trace) = recorded_trace(remote, m, id).await else { return 0 };
-    match from_pages_img(dir) {
+    match page_reader(dir) {
         Ok(mut read) => drop(install_trace(remote, m, id, dir, &trace, &mut read, true)),
         Err(e) => tracing::warn!(error = %e, "cannot install the recorded working set"),
     }
@@ -149,7 +149,7 @@ pub(crate) fn page_files(dir: &Path) -> Result<thaw_engine::pagefiles::PageFiles
 }
 
 /// Pages read from `dir`'s snapshot (see [`page_files`]).
-fn from_pages_img(dir: &Path) -> Result<impl FnMut(u64, &mut [u8]) -> std::io::Result<()>> {
+fn page_reader(dir: &Path) -> Result<impl FnMut(u64, &mut [u8]) -> std::io::Result<()>> {
     let pages = page_files(dir)?;
     Ok(move |fp: u64, buf: &mut [u8]| pages.read_exact_at(buf, fp * 4096))
 }
@@ -184,7 +184,7 @@ pub(crate) fn derive(m: &Manifest, dir: &Path, read: Option<PageRead>, durable: 
     let set = WorkingSet::parse(dir, &trace, m.image_id).map_err(wse)?;
     match read {
         Some(read) => ws::write_from(dir, m.image_id, &set.trace, read, durable),
-        None => ws::write_from(dir, m.image_id, &set.trace, &mut from_pages_img(dir)?, durable),
+        None => ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, durable),
     }
     .map_err(wse)?;
     Ok(())

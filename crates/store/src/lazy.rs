@@ -70,6 +70,10 @@ pub struct RemoteFill {
     failed: AtomicBool,
     /// Every chunk is in pages.img.
     complete: AtomicBool,
+    /// Requests and bytes spent before the head (the manifest, a diff's base).
+    before_head: (AtomicU64, AtomicU64),
+    /// What had been fetched when the first response came back.
+    at_first_response: Mutex<Option<(u64, u64)>>,
 }
 
 /// Fetch the head of stored snapshot `id` into the empty directory `dir`: every
@@ -167,6 +171,8 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         counters,
         failed: AtomicBool::new(false),
         complete: AtomicBool::new(false),
+        before_head: Default::default(),
+        at_first_response: Mutex::new(None),
     });
     let t_written = t0.elapsed();
     // ws.pages, from the pages in memory (through the fill for any other, which
@@ -239,18 +245,11 @@ impl RemoteFill {
             }
             fill.changed.notify_all();
         };
-        let held = Arc::new(Mutex::new(Some(parts)));
-        let (me, mine) = (fill.clone(), held.clone());
-        let spawned = std::thread::Builder::new().name("thaw-store-write".into()).spawn(move || {
-            if let Some(p) = mine.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                write(&me, p);
-            }
-        });
-        if let Err(e) = spawned {
+        // The copy kept here in case the thread cannot start shares the bytes.
+        let (me, mine) = (fill.clone(), parts.clone());
+        if let Err(e) = std::thread::Builder::new().name("thaw-store-write".into()).spawn(move || write(&me, mine)) {
             tracing::warn!(error = %e, "cannot start a thread to write fetched pages; writing them now");
-            if let Some(p) = held.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                write(fill, p);
-            }
+            write(fill, parts);
         }
     }
 
@@ -269,7 +268,7 @@ impl RemoteFill {
     /// Fetch chunks `idx` (marked Fetching by the caller), one request per pack range.
     fn fetch(&self, idx: &[usize]) -> std::io::Result<()> {
         tracing::debug!(chunks = idx.len(), first_offset = self.chunks()[idx[0]].offset, "fetching pages on demand");
-        let want: std::collections::HashSet<u64> = idx.iter().map(|&i| self.chunks()[i].offset).collect();
+        let want: HashSet<u64> = idx.iter().map(|&i| self.chunks()[i].offset).collect();
         let spans = spans_of(&self.m, |fi, c| fi == self.file && want.contains(&c.offset), 0);
         let mut done = Vec::new();
         let mut result = Ok(());
@@ -310,6 +309,34 @@ impl RemoteFill {
             self.failed.store(true, Ordering::Release);
         }
         result
+    }
+
+    /// Count `requests` and `bytes` spent before the head (the manifest, a diff's base).
+    pub fn count_before_head(&self, requests: u64, bytes: u64) {
+        self.before_head.0.fetch_add(requests, Ordering::Relaxed);
+        self.before_head.1.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// (requests, bytes) this miss has fetched so far, what came before the head included.
+    pub fn fetched(&self) -> (u64, u64) {
+        let (r, b) = (&self.before_head.0, &self.before_head.1);
+        (r.load(Ordering::Relaxed) + self.counters.requests.load(Ordering::Relaxed), b.load(Ordering::Relaxed) + self.counters.bytes.load(Ordering::Relaxed))
+    }
+
+    /// Note what was fetched by the time the first response came back. Whether
+    /// this was the first response.
+    pub fn first_response(&self) -> bool {
+        let mut first = self.at_first_response.lock().unwrap_or_else(|p| p.into_inner());
+        let was = first.is_none();
+        if was {
+            *first = Some(self.fetched());
+        }
+        was
+    }
+
+    /// What [`RemoteFill::first_response`] noted.
+    pub fn at_first_response(&self) -> Option<(u64, u64)> {
+        *self.at_first_response.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether a fetch has failed (see [`RemoteFill::complete`]).

@@ -125,29 +125,23 @@ impl Store {
     /// [`publish::plan`] + [`Store::push_plan`]. A diff's base is pushed first (a
     /// snapshot of its own, stored once for all its diffs), and the diff names it.
     pub fn push(&self, dir: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
-        self.push_layered(publish::plan(dir)?, progress)
+        let (plan, base) = publish::plan_layered(dir)?;
+        self.push_layered(plan, base, progress)
     }
 
-    /// [`Store::push`] of a planned snapshot.
-    pub fn push_layered(&self, mut plan: Plan, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
-        let dir = plan.dir.clone();
-        let dir = dir.as_path();
-        let mut base = None;
-        if let Some(base_dir) = plan.base_dir.clone() {
+    /// [`Store::push`] of a snapshot planned by [`publish::plan_layered`].
+    pub fn push_layered(&self, mut plan: Plan, base: Option<Plan>, progress: &(dyn Fn(u64) + Sync)) -> Result<PushReport> {
+        let mut pushed_base = None;
+        if let Some(b) = base {
             if std::env::var("THAW_STORE_FORMAT").is_ok_and(|f| f == "1" || f == "2") {
-                return Err(StoreError::Snapshot { dir: dir.to_path_buf(), detail: "a diff names its base in format 3 only (THAW_STORE_FORMAT)".into() });
-            }
-            let mut b = publish::plan(&base_dir)?;
-            b.mark_base();
-            if b.base_dir.is_some() {
-                return Err(StoreError::Snapshot { dir: base_dir, detail: "a base that is itself a diff".into() });
+                return Err(StoreError::Snapshot { dir: plan.dir.clone(), detail: "a diff names its base in format 3 only (THAW_STORE_FORMAT)".into() });
             }
             let r = self.push_plan(&b, progress)?;
             plan.set_base(&r.id);
-            base = Some(r);
+            pushed_base = Some(r);
         }
         let mut report = self.push_plan(&plan, progress)?;
-        if let Some(b) = base {
+        if let Some(b) = pushed_base {
             report.requests += b.requests;
             report.bytes_uploaded += b.bytes_uploaded;
             report.base = Some(b.id);
@@ -199,6 +193,54 @@ impl Store {
     }
 }
 
+/// A miss of a stored snapshot served from its head (see [`lazy`]).
+pub struct Miss {
+    pub fill: Arc<lazy::RemoteFill>,
+    /// Where it is assembled: a scratch directory of the cache (see
+    /// [`cache::Cache::scratch_dir`]), moved into the cache once complete.
+    pub dir: PathBuf,
+    /// A diff's base, in the cache, linked beside it.
+    pub base: Option<cache::Handle>,
+}
+
+/// Stored snapshot `id` (manifest `m`, `manifest_len` bytes in the store), missing
+/// from `cache`, served from its head: a diff's base is fetched whole into the
+/// cache first (once for all its diffs) and linked beside it. None: the snapshot
+/// has no head (fetch it whole). The fill counts the manifest and the base as
+/// fetched before the head.
+pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, m: Manifest, manifest_len: u64) -> Result<Option<Miss>> {
+    if m.head.is_none() {
+        return Ok(None);
+    }
+    let source = StoreSource::new(store).with_manifest(id, m.clone());
+    let base = match &m.base {
+        Some(b) => Some(source.cached(cache, b).map_err(Box::new)?.0),
+        None => None,
+    };
+    let dir = cache.scratch_dir(id).map_err(Box::new)?;
+    let opened = base.as_ref().map_or(Ok(()), |b| fetch::link_base(&dir, b.dir())).and_then(|()| lazy::open(store.clone(), m, id, &dir));
+    match opened {
+        Ok(Some(fill)) => {
+            fill.count_before_head(1 + source.requests.load(std::sync::atomic::Ordering::Relaxed), manifest_len + source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed));
+            Ok(Some(Miss { fill, dir, base }))
+        }
+        Ok(None) | Err(_) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            opened.map(|_| None)
+        }
+    }
+}
+
+/// The base that the cached snapshot in `dir` links beside it (a diff, see
+/// `thaw_engine::layers::BASE_LINK`), pinned from `cache` (through `source` if it
+/// is not there). `Some(None)`: not a diff. `None`: the link does not lead to the
+/// cache's entry of that base (it went): the diff must be fetched again with it.
+pub fn linked_base(cache: &Arc<cache::Cache>, dir: &Path, source: &dyn cache::Source) -> Option<Option<cache::Handle>> {
+    let Ok(target) = std::fs::read_link(dir.join(thaw_engine::layers::BASE_LINK)) else { return Some(None) };
+    let id = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    cache.get(&id, source).ok().filter(|b| b.dir() == target).map(Some)
+}
+
 /// The store as the node cache's [`cache::Source`]: snapshots fetched whole
 /// (a few ranged reads of packs) and verified (chunk hashes, then the image opens).
 pub struct StoreSource<'a> {
@@ -229,13 +271,10 @@ impl<'a> StoreSource<'a> {
     pub fn cached(&self, cache: &Arc<cache::Cache>, id: &str) -> std::result::Result<(cache::Handle, Option<cache::Handle>), cache::CacheError> {
         if cache.contains(id) {
             let h = cache.get(id, self)?;
-            let link = h.dir().join(thaw_engine::layers::BASE_LINK);
-            let Ok(target) = std::fs::read_link(&link) else { return Ok((h, None)) };
-            let base_id = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            match cache.get(&base_id, self) {
-                Ok(b) if b.dir() == target => return Ok((h, Some(b))),
+            match linked_base(cache, h.dir(), self) {
+                Some(base) => return Ok((h, base)),
                 // Its base went (evicted, or another copy): fetch the diff again with it.
-                _ => {
+                None => {
                     drop(h);
                     cache.purge(id);
                 }

@@ -110,6 +110,19 @@ fn chunk_name(data: &[u8]) -> Option<String> {
     (!data.iter().all(|&b| b == 0)).then(|| sha256_hex(data))
 }
 
+/// [`plan`] of the snapshot in `dir` and, for a diff, of its base (marked as one:
+/// it is pushed first and the diff names it, see `Store::push`).
+pub fn plan_layered(dir: &Path) -> Result<(Plan, Option<Plan>)> {
+    let snap = plan(dir)?;
+    let Some(base_dir) = snap.base_dir.clone() else { return Ok((snap, None)) };
+    let mut base = plan(&base_dir)?;
+    if base.base_dir.is_some() {
+        return Err(StoreError::Snapshot { dir: base_dir, detail: "a base that is itself a diff".into() });
+    }
+    base.mark_base();
+    Ok((snap, Some(base)))
+}
+
 /// Cut the snapshot in `dir` into chunks and build its manifest (reads every byte once).
 pub fn plan(dir: &Path) -> Result<Plan> {
     let snap = Snapshot::open(dir).map_err(|e| StoreError::Snapshot { dir: dir.to_path_buf(), detail: format!("{e}") })?;

@@ -111,14 +111,10 @@ fn bar(total: u64, what: &str) -> ProgressBar {
 pub fn push(a: PushArgs) -> Result<()> {
     let url = StoreUrl::parse(&a.url)?;
     let store = open(&url, &a.store)?;
-    let plan = thaw_store::publish::plan(&a.snapdir)?;
     // A diff's base is pushed first (stored once; counted in the bar whether or not it is there).
-    let base_bytes = match &plan.base_dir {
-        Some(d) => thaw_store::publish::plan(d)?.uploads.iter().map(|u| u.len).sum(),
-        None => 0,
-    };
-    let pb = bar(plan.uploads.iter().map(|u| u.len).sum::<u64>() + base_bytes, "push");
-    let report = store.push_layered(plan, &|n| pb.inc(n));
+    let (plan, base) = thaw_store::publish::plan_layered(&a.snapdir)?;
+    let pb = bar(plan.uploads.iter().chain(base.iter().flat_map(|b| &b.uploads)).map(|u| u.len).sum(), "push");
+    let report = store.push_layered(plan, base, &|n| pb.inc(n));
     pb.finish_and_clear();
     let report = report.with_context(|| format!("pushing {} to {url}", a.snapdir.display()))?;
     eprintln!(
@@ -189,9 +185,6 @@ struct Lazy {
     fill: Arc<thaw_store::lazy::RemoteFill>,
     cache: Arc<thaw_store::cache::Cache>,
     id: String,
-    /// Requests and bytes before the head (the manifest, a diff's base).
-    manifest: (u64, u64),
-    before_first_response: Option<(u64, u64)>,
 }
 
 impl Resolved {
@@ -204,17 +197,10 @@ impl Resolved {
         self.lazy.as_ref().map(|l| l.fill.clone() as Arc<dyn thaw_engine::pagefiles::PageFill>)
     }
 
-    fn fetched(l: &Lazy) -> (u64, u64) {
-        let c = &l.fill.counters;
-        (l.manifest.0 + c.requests.load(Ordering::Relaxed), l.manifest.1 + c.bytes.load(Ordering::Relaxed))
-    }
-
     /// Note what was fetched by the time the first response came back.
     pub fn first_response(&mut self) {
-        if let Some(l) = &mut self.lazy {
-            if l.before_first_response.is_none() {
-                l.before_first_response = Some(Self::fetched(l));
-            }
+        if let Some(l) = &self.lazy {
+            l.fill.first_response();
         }
     }
 
@@ -222,9 +208,9 @@ impl Resolved {
     /// (a failure only means the next restore fetches again). Returns the stats.
     pub fn finish(mut self) -> serde_json::Value {
         let Some(l) = self.lazy.take() else { return self.stats.clone() };
-        let before = l.before_first_response.unwrap_or_else(|| Self::fetched(&l));
+        let before = l.fill.at_first_response().unwrap_or_else(|| l.fill.fetched());
         let completed = l.fill.complete();
-        let (requests, bytes) = Self::fetched(&l);
+        let (requests, bytes) = l.fill.fetched();
         let mut stats = self.stats.clone();
         stats["requests_before_first_response"] = json!(before.0);
         stats["bytes_fetched_before_first_response"] = json!(before.1);
@@ -268,14 +254,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     if cache.contains(&url.id) {
         if let Ok(handle) = cache.get(&url.id, &Unreachable) {
             // A diff's base must be cached too (else the miss below fetches both).
-            let base = match std::fs::read_link(handle.dir().join(thaw_engine::layers::BASE_LINK)) {
-                Err(_) => Some(None),
-                Ok(target) => {
-                    let id = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                    cache.get(&id, &Unreachable).ok().filter(|b| b.dir() == target).map(Some)
-                }
-            };
-            if let Some(base) = base {
+            if let Some(base) = thaw_store::linked_base(&cache, handle.dir(), &Unreachable) {
                 let stats = json!({"url": url.to_string(), "cache_hit": true, "cached": handle.cached(),
                     "bytes_fetched": 0, "requests": 0, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
                 return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), _base: base, stats, lazy: None });
@@ -291,35 +270,17 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
         manifest_bytes = manifest_len,
         "manifest fetched"
     );
-    let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, m.clone());
-    if m.head.is_some() && thaw_store::lazy::enabled() {
-        // A diff's base first, whole, into the cache (once for all its diffs).
-        let base = match &m.base {
-            Some(b) => Some(source.cached(&cache, b).with_context(|| format!("fetching the base of {url}"))?.0),
-            None => None,
-        };
-        let dir = cache.scratch_dir(&url.id)?;
-        if let Some(b) = &base {
-            thaw_store::fetch::link_base(&dir, b.dir())?;
-        }
-        match thaw_store::lazy::open(store.clone(), m.clone(), &url.id, &dir) {
-            Ok(Some(fill)) => {
-                let fixed = (1 + source.requests.load(Ordering::Relaxed), manifest_len + source.bytes_fetched.load(Ordering::Relaxed));
-                let lazy = Lazy { fill, cache, id: url.id.clone(), manifest: fixed, before_first_response: None };
-                let (requests, bytes) = Resolved::fetched(&lazy);
-                let stats = json!({"url": url.to_string(), "cache_hit": false, "lazy": true, "bytes_fetched": bytes,
-                    "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-                return Ok(Resolved { dir, _pin: None, _base: base, stats, lazy: Some(lazy) });
-            }
-            Ok(None) => {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(anyhow::Error::from(e).context(format!("fetching {url}")));
-            }
+    if thaw_store::lazy::enabled() {
+        let miss = thaw_store::open_miss(&store, &cache, &url.id, m.clone(), manifest_len).with_context(|| format!("fetching {url}"))?;
+        if let Some(thaw_store::Miss { fill, dir, base }) = miss {
+            let (requests, bytes) = fill.fetched();
+            let stats = json!({"url": url.to_string(), "cache_hit": false, "lazy": true, "bytes_fetched": bytes,
+                "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+            let lazy = Lazy { fill, cache, id: url.id.clone() };
+            return Ok(Resolved { dir, _pin: None, _base: base, stats, lazy: Some(lazy) });
         }
     }
+    let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, m);
     let (handle, base) = source.cached(&cache, &url.id).with_context(|| format!("fetching {url}"))?;
     let bytes = source.bytes_fetched.load(Ordering::Relaxed) + manifest_len;
     let requests = source.requests.load(Ordering::Relaxed) + 1;

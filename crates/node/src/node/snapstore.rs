@@ -105,21 +105,8 @@ pub struct LazyMiss {
     id: String,
     /// Bytes of the fill already added to the store's counters.
     counted: AtomicU64,
-    /// Requests and bytes of the fetch before the head (manifest, a diff's base).
-    before_head: (u64, u64),
     /// When the head arrived.
     opened: Instant,
-    /// (requests, bytes) fetched when the first response came back (see
-    /// [`SnapshotSlot::responded`]), after which the rest is fetched.
-    at_first_response: Mutex<Option<(u64, u64)>>,
-}
-
-impl LazyMiss {
-    /// (requests, bytes) fetched so far, the manifest (and a diff's base) included.
-    fn fetched(&self) -> (u64, u64) {
-        let c = &self.fill.counters;
-        (self.before_head.0 + c.requests.load(Ordering::Relaxed), self.before_head.1 + c.bytes.load(Ordering::Relaxed))
-    }
 }
 
 impl Drop for LazyMiss {
@@ -211,52 +198,21 @@ impl SnapshotStore {
 
     fn get_lazy(&self, id: &str) -> Result<Option<Arc<LazyMiss>>, SnapStoreError> {
         let t0 = Instant::now();
-        let source = StoreSource::new(&self.store);
         let (m, manifest_len) = self.store.manifest_with_len(id)?;
-        let source = source.with_manifest(id, m.clone());
-        if m.head.is_none() {
+        let Some(thaw_store::Miss { fill, dir, base }) = thaw_store::open_miss(&self.store, &self.cache, id, m, manifest_len)? else {
             return Ok(None);
-        }
-        // A diff's base first, whole, into the cache (once for all its diffs).
-        let base = match &m.base {
-            Some(b) => Some(source.cached(&self.cache, b)?.0),
-            None => None,
         };
-        self.n.bytes_fetched.fetch_add(source.bytes_fetched.load(Ordering::Relaxed), Ordering::Relaxed);
-        let dir = self.cache.scratch_dir(id)?;
-        if let Some(b) = &base {
-            if let Err(e) = thaw_store::fetch::link_base(&dir, b.dir()) {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e.into());
-            }
-        }
-        let opened = thaw_store::lazy::open(self.store.clone(), m, id, &dir);
-        let fill = match opened {
-            Ok(Some(fill)) => fill,
-            Ok(None) | Err(_) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return opened.map(|_| None).map_err(Into::into);
-            }
-        };
-        let bytes = fill.counters.bytes.load(Ordering::Relaxed);
+        // The base (fetched whole, if not cached) and the head; not the manifest.
+        let bytes = fill.fetched().1 - manifest_len;
         self.n.fetches.fetch_add(1, Ordering::Relaxed);
         self.n.lazy_fetches.fetch_add(1, Ordering::Relaxed);
         self.n.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
         info!(
-            snapshot = %self.store.snapshot_url(id), head_bytes = bytes, ms = t0.elapsed().as_secs_f64() * 1e3,
+            snapshot = %self.store.snapshot_url(id), bytes, ms = t0.elapsed().as_secs_f64() * 1e3,
             "snapshot head fetched from the store; the rest follows in the background"
         );
-        let before_head = (1 + source.requests.load(Ordering::Relaxed), manifest_len + source.bytes_fetched.load(Ordering::Relaxed));
-        Ok(Some(Arc::new(LazyMiss {
-            fill,
-            base,
-            dir,
-            id: id.to_string(),
-            counted: AtomicU64::new(bytes),
-            before_head,
-            opened: Instant::now(),
-            at_first_response: Mutex::new(None),
-        })))
+        let counted = AtomicU64::new(fill.counters.bytes.load(Ordering::Relaxed));
+        Ok(Some(Arc::new(LazyMiss { fill, base, dir, id: id.to_string(), counted, opened: Instant::now() })))
     }
 
     fn get_whole(&self, id: &str) -> Result<Pinned, SnapStoreError> {
@@ -573,12 +529,9 @@ impl SnapshotSlot {
     pub(super) fn responded(&self) {
         let Ok(st) = self.state.try_lock() else { return };
         let Slot::Open { lazy: Some(l), .. } = &*st else { return };
-        let mut first = l.at_first_response.lock().unwrap_or_else(|p| p.into_inner());
-        if first.is_some() {
+        if !l.fill.first_response() {
             return;
         }
-        *first = Some(l.fetched());
-        drop(first);
         let (Some(store), job) = (self.store.clone(), l.clone()) else { return };
         let spawned = std::thread::Builder::new().name("thaw-store-fill".into()).spawn(move || {
             if let Err(e) = store.complete(&job) {
@@ -608,8 +561,8 @@ impl SnapshotSlot {
         let (Slot::Open { lazy: Some(l), .. } | Slot::Open { _pin: Some(Pinned { lazy_was: Some(l), .. }), .. }) = &*st else {
             return serde_json::Value::Null;
         };
-        let first = *l.at_first_response.lock().unwrap_or_else(|p| p.into_inner());
-        let (requests, bytes) = l.fetched();
+        let first = l.fill.at_first_response();
+        let (requests, bytes) = l.fill.fetched();
         serde_json::json!({
             "lazy": true,
             "requests_before_first_response": first.map(|f| f.0),
