@@ -38,6 +38,8 @@ const HEAD_READS: usize = 2;
 enum State {
     Absent,
     Fetching,
+    /// Fetched with the head, held in memory (`RemoteFill::pending`) until written.
+    Pending,
     Present,
 }
 
@@ -74,6 +76,11 @@ pub struct RemoteFill {
     before_head: (AtomicU64, AtomicU64),
     /// What had been fetched when the first response came back.
     at_first_response: Mutex<Option<(u64, u64)>>,
+    /// Chunks of the working set fetched with the head, by offset in pages.img:
+    /// written when a read needs them or by [`RemoteFill::complete`], not before the
+    /// start (the restore takes them from ws.pages; writing ~8 MB beside it slowed
+    /// lrserving's restore by as much as the write took, on 2 cores).
+    pending: Mutex<HashMap<u64, bytes::Bytes>>,
 }
 
 /// Fetch the head of stored snapshot `id` into the empty directory `dir`: every
@@ -144,8 +151,8 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     }
     let t_read = t0.elapsed();
     // 5. pages.img: what the restore reads from it (copy-on-written file pages, rseq
-    //    areas) now; the working set's chunks after the start (the restore takes
-    //    those from ws.pages, built from memory below).
+    //    areas) now; the working set's chunks once needed, or after the start (the
+    //    restore takes those from ws.pages, built from memory below).
     let mut later: Vec<(u64, bytes::Bytes)> = Vec::new();
     let span_bytes: u64 = reads.iter().flat_map(|(spans, _)| spans).map(|s| s.end - s.start).sum();
     counters.bytes.fetch_add(span_bytes, Ordering::Relaxed);
@@ -153,7 +160,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         let i = chunk_of(off);
         if ws_chunks.contains(&i) {
             later.push((off, part.clone()));
-            state[i] = State::Fetching;
+            state[i] = State::Pending;
         } else {
             files[file].write_all_at(part, off).map_err(StoreError::local(dir, "writing pages.img"))?;
             state[i] = State::Present;
@@ -173,6 +180,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         complete: AtomicBool::new(false),
         before_head: Default::default(),
         at_first_response: Mutex::new(None),
+        pending: Mutex::new(later.into_iter().collect()),
     });
     let t_written = t0.elapsed();
     // ws.pages, from the pages in memory (through the fill for any other, which
@@ -198,7 +206,6 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         }
         None => crate::fetch::derive(&m, dir, Some(&mut read), false),
     };
-    RemoteFill::write_later(&fill, later);
     derived?;
     tracing::debug!(
         requests = fill.counters.requests.load(Ordering::Relaxed),
@@ -221,36 +228,37 @@ fn placed(reads: &[(Vec<Span>, Vec<Vec<bytes::Bytes>>)]) -> impl Iterator<Item =
 }
 
 impl RemoteFill {
-    /// Write `parts` (chunks of pages.img marked Fetching) in the background, then
-    /// mark them present (absent again if a write fails: a fault then fetches them).
-    fn write_later(fill: &Arc<RemoteFill>, parts: Vec<(u64, bytes::Bytes)>) {
-        if parts.is_empty() {
-            return;
-        }
-        let write = |fill: &RemoteFill, parts: Vec<(u64, bytes::Bytes)>| {
-            let mut written = Vec::with_capacity(parts.len());
-            for (off, part) in &parts {
-                match fill.pages.write_all_at(part, *off) {
-                    Ok(()) => written.push(*off),
-                    Err(e) => {
-                        tracing::warn!(dir = %fill.dir.display(), error = %e, "writing fetched pages; they are fetched again when needed");
-                        break;
-                    }
-                }
+    /// Write pending chunks `idx` (marked Fetching by the caller) into pages.img;
+    /// one that cannot be written is fetched again when needed.
+    fn write_pending(&self, idx: &[usize]) {
+        let mut written = Vec::with_capacity(idx.len());
+        let mut result = Ok(());
+        for &i in idx {
+            let off = self.chunks()[i].offset;
+            let part = self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&off);
+            match part.map(|p| self.pages.write_all_at(&p, off)) {
+                Some(Ok(())) => written.push(i),
+                Some(Err(e)) => result = Err(e),
+                None => {}
             }
-            let mut st = fill.state.lock().unwrap_or_else(|p| p.into_inner());
-            for (off, _) in &parts {
-                let i = fill.chunks().partition_point(|c| c.offset < *off);
-                st[i] = if written.contains(off) { State::Present } else { State::Absent };
-            }
-            fill.changed.notify_all();
-        };
-        // The copy kept here in case the thread cannot start shares the bytes.
-        let (me, mine) = (fill.clone(), parts.clone());
-        if let Err(e) = std::thread::Builder::new().name("thaw-store-write".into()).spawn(move || write(&me, mine)) {
-            tracing::warn!(error = %e, "cannot start a thread to write fetched pages; writing them now");
-            write(fill, parts);
         }
+        if let Err(e) = result {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "writing fetched pages; they are fetched again when needed");
+        }
+        self.settle(idx, &written);
+    }
+
+    /// Chunks `idx` (marked Fetching) end up Present if in `done`, else Absent (to be
+    /// fetched when needed): none stays Fetching, a waiter would wait forever.
+    fn settle(&self, idx: &[usize], done: &[usize]) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for &i in idx {
+            st[i] = State::Absent;
+        }
+        for &i in done {
+            st[i] = State::Present;
+        }
+        self.changed.notify_all();
     }
 
     fn chunks(&self) -> &[crate::manifest::Chunk] {
@@ -295,15 +303,7 @@ impl RemoteFill {
                 break;
             }
         }
-        // Whatever happened, no chunk stays Fetching: a waiter would wait forever.
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        for &i in idx {
-            st[i] = State::Absent;
-        }
-        for i in done {
-            st[i] = State::Present;
-        }
-        self.changed.notify_all();
+        self.settle(idx, &done);
         if let Err(e) = &result {
             tracing::warn!(dir = %self.dir.display(), error = %e, "fetching pages on demand failed");
             self.failed.store(true, Ordering::Release);
@@ -372,6 +372,15 @@ impl RemoteFill {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             if range.clone().all(|i| st[i] == State::Present) {
                 return Ok(());
+            }
+            let pending: Vec<usize> = range.clone().filter(|&i| st[i] == State::Pending).collect();
+            if !pending.is_empty() {
+                for &i in &pending {
+                    st[i] = State::Fetching;
+                }
+                drop(st);
+                self.write_pending(&pending);
+                continue;
             }
             let mut mine: Vec<usize> = range.clone().filter(|&i| st[i] == State::Absent).collect();
             // Missing neighbours after the last one come along in the same read, as
