@@ -8,6 +8,8 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   local         `thaw snapshot restore DIR` (REAP prefetch; page cache of the image evicted)
   remote-cold   `thaw snapshot restore s3://...` with an empty node cache (fetch, verify, restore)
   remote-warm   the same with the snapshot in the node cache (page cache of the entry evicted)
+  remote-cold-window  remote-cold of the same snapshot pushed with pages.img cut by 8 KiB
+                address windows (THAW_STORE_CHUNKS=window), the baseline of content-defined chunks
   remote-cold-v2  remote-cold of the same snapshot pushed with its chunks raw (format 2,
                 THAW_STORE_FORMAT=2: packs, no compression), the baseline of compression
   remote-cold-v1  remote-cold of the same snapshot pushed in the format before packs
@@ -49,7 +51,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-v2", "remote-cold-v1",
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
          "layered-local", "layered-remote-cold", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
@@ -149,9 +151,13 @@ def bench_function(thaw, fn, store, runs, tmp):
     push_v2 = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-v2"],
                              env=dict(env, THAW_STORE_FORMAT="2"), check=True, capture_output=True, text=True)
     url_v2 = push_v2.stdout.strip().splitlines()[-1]
+    push_w = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-window"],
+                            env=dict(env, THAW_STORE_CHUNKS="window"), check=True, capture_output=True, text=True)
+    url_w = push_w.stdout.strip().splitlines()[-1]
     pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2]),
-              "v2": json.loads(push_v2.stdout.strip().splitlines()[-2]), "layered": json.loads(push_d.stdout.strip().splitlines()[-2])}
-    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2}
+              "v2": json.loads(push_v2.stdout.strip().splitlines()[-2]), "layered": json.loads(push_d.stdout.strip().splitlines()[-2]),
+              "window": json.loads(push_w.stdout.strip().splitlines()[-2])}
+    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w}
     base_entry = pushes["layered"]["base"]
     cache = data / "snapshot-cache" / "entries"
     rows = []
@@ -163,7 +169,7 @@ def bench_function(thaw, fn, store, runs, tmp):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-v2", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
                 menv = dict(env, THAW_STORE_FETCH="whole") if mode == "remote-cold-whole" else env
                 st = run_thaw(thaw, menv, ["snapshot", "restore", urls.get(mode, url)], stats)
@@ -195,7 +201,8 @@ def bench_function(thaw, fn, store, runs, tmp):
                          "requests": s.get("requests_before_first_response", s.get("requests", 0)),
                          "bytes_before_first_response": s.get("bytes_fetched_before_first_response", s.get("bytes_fetched", 0)),
                          "fetch_ms": s.get("fetch_ms", 0.0) if "remote" in mode else 0.0,
-                         "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2", "layered-remote-cold": "layered"}.get(mode, "packs")]
+                         "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2", "layered-remote-cold": "layered",
+                                         "remote-cold-window": "window"}.get(mode, "packs")]
                          if "remote" in mode else None})
     return rows
 
@@ -265,7 +272,8 @@ def main():
         print(f"{link:9s} {fn:11s} {mode:19s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
               f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f}")
     for (link, fn, mode), m in sorted(med.items()):
-        label = {"remote-cold": "format 3, compressed packs", "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",
+        label = {"remote-cold": "format 3, compressed packs", "remote-cold-window": "format 3, 8 KiB address windows",
+                 "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",
                  "layered-remote-cold": "format 3, diff + base"}
         if mode in label and m.get("push"):
             p = m["push"]

@@ -43,6 +43,7 @@ pub struct Store {
 
 impl Store {
     pub fn open(url: &StoreUrl, cfg: &StoreConfig) -> Result<Store> {
+        let t0 = Instant::now();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("thaw-store")
@@ -51,7 +52,9 @@ impl Store {
             .map_err(|e| StoreError::Local { dir: ".".into(), what: "starting the I/O runtime".into(), source: e })?;
         // The client spawns nothing at build time, but building it inside the
         // runtime keeps any future background task on it.
+        let t_rt = t0.elapsed();
         let remote = rt.block_on(async { Remote::new(url, cfg) })?;
+        tracing::debug!(runtime_ms = t_rt.as_secs_f64() * 1e3, client_ms = (t0.elapsed() - t_rt).as_secs_f64() * 1e3, "store opened");
         Ok(Store { remote, rt })
     }
 

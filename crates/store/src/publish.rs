@@ -4,19 +4,34 @@
 //! puts the new ones into packs (format 2, the default).
 //!
 //! Chunking. state.bin and ws.trace are cut into 1 MiB pieces (they change
-//! with every capture, nothing to share). pages.img is cut by *virtual
-//! address*: one chunk holds the stored pages of one aligned
-//! [`PAGE_WINDOW`]-byte window of the address space (pages.img is in address
-//! order, so that is a contiguous byte range). A page that changes between two
-//! versions of a function then only changes the chunk of its own window, and a
-//! page added or removed elsewhere shifts nothing (fixed offsets in the file
-//! would shift every later chunk). Measured on two versions of the Python
-//! sample that differ in two lines (5.4 MB of pages, captured without ASLR and
-//! with a fixed hash seed; 154 of 1323 pages differ, spread over the heap):
-//! both versions together take 1.12/1.18/1.27/1.38/1.54x the bytes of one at
-//! windows of 4/8/16/32/64 KiB. 8 KiB keeps two versions well within 1.3x at
-//! half the objects of per-page chunks (~1 object per 8 KiB stored). A chunk
-//! of zeros is not stored. ws.pages is not stored at all (see manifest.rs).
+//! with every capture, nothing to share). pages.img is cut by *content*
+//! ([`Chunking::DEFAULT`]): FastCDC (the `fastcdc` crate, 2020 variant) at 16 KiB
+//! on average, every cut moved up to a page boundary (a fault needs one chunk),
+//! after the file is split where the head's pages (what a restore reads before
+//! resume) begin and end, so the head holds nothing else. A page that changes
+//! changes the chunk it is in; pages added or removed shift nothing beyond the
+//! chunks around them (the content resynchronizes the cuts). A chunk of zeros is
+//! not stored. ws.pages is not stored at all (see manifest.rs).
+//!
+//! Measured (bench/chunking.py, bench/results/chunking-20261125T190731Z: two
+//! versions of a function captured with the same layout; stored = compressed
+//! chunks; the head = its pages.img bytes):
+//!
+//! | lrserving | chunks | manifest (zstd) | parse | head raw / stored | helloworld 2 vs 1 |
+//! |---|---|---|---|---|---|
+//! | 8 KiB address windows (before) | 8,535 | 426 KB | 1.9 ms | 12.9 / 3.9 MB | 1.22x |
+//! | CDC 8 KiB | 6,633 | 341 KB | 1.5 ms | 8.3 / 2.5 MB | 1.27x |
+//! | **CDC 16 KiB** | 4,403 | 228 KB | 1.0 ms | 8.3 / 2.5 MB | 1.32x |
+//! | CDC 64 KiB | 2,829 | 146 KB | 0.6 ms | 8.3 / 2.5 MB | 1.43x |
+//! | CDC 64 KiB, head mixed in | 745 | 39 KB | 0.2 ms | 42.7 / 10.3 MB | 1.76x |
+//!
+//! Keeping the head apart is what shrinks it (a third less to fetch, decompress
+//! and hash before the start); the average size trades dedup between versions
+//! (changes are pages rewritten in place, spread over the heap: smaller chunks
+//! share more) against the manifest, which every miss reads first. 16 KiB keeps
+//! both near the smaller sizes' (lrserving's two versions share almost nothing at
+//! any size: 1.94x to 2.0x). `THAW_STORE_CHUNKS=window` (and formats 1 and 2) cut
+//! by address window as before, to measure against.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -32,11 +47,101 @@ use crate::error::{Result, StoreError};
 use crate::manifest::{Chunk, FileEntry, Manifest, MANIFEST_FORMAT_CHUNKS};
 use crate::remote::{sha256_hex, Remote, CONCURRENCY};
 
-/// Bytes of address space per pages.img chunk.
-pub const PAGE_WINDOW: u64 = 8 << 10;
-/// Chunk size of the other files.
+/// Chunk size of the files other than pages.img.
 pub const FILE_CHUNK: u64 = 1 << 20;
 const PAGE: u64 = 4096;
+
+/// How pages.img is cut into chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunking {
+    /// One chunk per aligned window of this many bytes of address space (before
+    /// content-defined chunks; `THAW_STORE_CHUNKS=window`, and formats 1 and 2).
+    Window(u64),
+    /// Content-defined (FastCDC 2020) with this average size in bytes, every cut
+    /// rounded up to a page. `head_gap`: Some(g) splits pages.img where the head (the
+    /// pages a restore reads before resume) begins and ends, counting gaps of at most
+    /// g pages between head pages as head, so the head brings little the restore does
+    /// not read; None mixes them (fewer chunks, a larger head).
+    Cdc { avg: u32, head_gap: Option<u64> },
+}
+
+impl Chunking {
+    /// What a publish uses (see the module's doc for the measurement behind it).
+    pub const DEFAULT: Chunking = Chunking::Cdc { avg: 16 << 10, head_gap: Some(0) };
+    /// The address windows of formats 1 and 2.
+    pub const WINDOWS: Chunking = Chunking::Window(8 << 10);
+
+    /// [`Chunking::DEFAULT`], or [`Chunking::WINDOWS`] where `THAW_STORE_FORMAT`
+    /// asks for format 1 or 2 or `THAW_STORE_CHUNKS=window` for windows (kept to
+    /// measure against).
+    pub fn from_env() -> Chunking {
+        let var = |k: &str| std::env::var(k).unwrap_or_default();
+        if matches!(var("THAW_STORE_FORMAT").as_str(), "1" | "2") || var("THAW_STORE_CHUNKS") == "window" {
+            Chunking::WINDOWS
+        } else {
+            Chunking::DEFAULT
+        }
+    }
+}
+
+/// pages.img by address window: (first file page, pages) per chunk. Runs are
+/// sorted by address and pages.img is in the same order; check rather than assume.
+fn cut_windows(pages: &thaw_engine::image::PageIndex, window: u64) -> Vec<(u64, u64)> {
+    let mut runs = pages.runs.clone();
+    runs.sort_by_key(|r| r.file_page);
+    let mut cuts: Vec<(u64, u64)> = Vec::new();
+    let mut last_window = None;
+    for r in &runs {
+        for i in 0..r.npages {
+            let w = (r.vaddr + i * PAGE) / window;
+            let fp = r.file_page + i;
+            match cuts.last_mut() {
+                Some((start, n)) if last_window == Some(w) && *start + *n == fp => *n += 1,
+                _ => cuts.push((fp, 1)),
+            }
+            last_window = Some(w);
+        }
+    }
+    cuts
+}
+
+/// `pages` and the gaps of at most `gap` pages between them.
+fn with_gaps(pages: &[u64], gap: u64) -> HashSet<u64> {
+    let mut sorted = pages.to_vec();
+    sorted.sort_unstable();
+    let mut out: HashSet<u64> = sorted.iter().copied().collect();
+    for w in sorted.windows(2) {
+        if w[1] - w[0] - 1 <= gap {
+            out.extend(w[0] + 1..w[1]);
+        }
+    }
+    out
+}
+
+/// pages.img (`data`) by content: (first file page, pages) per chunk. The file is
+/// first split where membership in `apart` changes; each piece is cut by FastCDC
+/// (min avg/4, max 4 avg), each cut moved up to the next page boundary (a page
+/// never spans two chunks, so a fault needs one).
+fn cut_content(data: &[u8], avg: u32, apart: &HashSet<u64>) -> Vec<(u64, u64)> {
+    let pages = data.len() as u64 / PAGE;
+    let mut out = Vec::new();
+    let mut first = 0;
+    while first < pages {
+        let inside = apart.contains(&first);
+        let end = (first + 1..pages).find(|p| apart.contains(p) != inside).unwrap_or(pages);
+        let piece = &data[(first * PAGE) as usize..(end * PAGE) as usize];
+        let cdc = fastcdc::v2020::FastCDC::new(piece, avg / 4, avg, avg * 4);
+        let mut at = 0;
+        while at < piece.len() {
+            let (_, cut) = cdc.cut(at, piece.len() - at);
+            let cut = cut.max(at + 1).next_multiple_of(PAGE as usize).min(piece.len());
+            out.push((first + (at as u64) / PAGE, (cut - at) as u64 / PAGE));
+            at = cut;
+        }
+        first = end;
+    }
+    out
+}
 
 /// A snapshot cut into chunks, ready to upload.
 #[derive(Debug, Clone)]
@@ -125,6 +230,11 @@ pub fn plan_layered(dir: &Path) -> Result<(Plan, Option<Plan>)> {
 
 /// Cut the snapshot in `dir` into chunks and build its manifest (reads every byte once).
 pub fn plan(dir: &Path) -> Result<Plan> {
+    plan_with(dir, Chunking::from_env())
+}
+
+/// [`plan`], with pages.img cut as `chunking` says.
+pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
     let snap = Snapshot::open(dir).map_err(|e| StoreError::Snapshot { dir: dir.to_path_buf(), detail: format!("{e}") })?;
     let base_dir = snap.image.base.as_ref().map(|b| thaw_engine::layers::base_dir(dir, b));
     let io = |what: &str| StoreError::local(dir, what.to_string());
@@ -134,42 +244,15 @@ pub fn plan(dir: &Path) -> Result<Plan> {
     let size = state.metadata().map_err(io("reading state.bin"))?.len();
     files.push((STATE_FILE, size, cut_fixed(&state, size).map_err(io("reading state.bin"))?));
 
-    // pages.img by address window. Runs are sorted by address and pages.img is
-    // in the same order; check rather than assume.
-    let mut runs = snap.image.pages.runs.clone();
-    runs.sort_by_key(|r| r.file_page);
-    let mut cuts: Vec<(u64, u64)> = Vec::new(); // (first file page, pages)
-    let mut last_window = None;
-    for r in &runs {
-        for i in 0..r.npages {
-            let window = (r.vaddr + i * PAGE) / PAGE_WINDOW;
-            let fp = r.file_page + i;
-            match cuts.last_mut() {
-                Some((start, n)) if last_window == Some(window) && *start + *n == fp => *n += 1,
-                _ => cuts.push((fp, 1)),
-            }
-            last_window = Some(window);
-        }
-    }
-    let mut page_chunks = Vec::with_capacity(cuts.len());
-    let mut buf = Vec::new();
-    for (fp, n) in cuts {
-        buf.resize((n * PAGE) as usize, 0);
-        snap.pages.read_exact_at(&mut buf, fp * PAGE).map_err(io("reading pages.img"))?;
-        page_chunks.push((fp * PAGE, n * PAGE, chunk_name(&buf)));
-    }
-    let pages_size = snap.image.pages.stored_pages() * PAGE;
-    files.push((PAGES_FILE, pages_size, page_chunks));
-
-    // The working set, if there is one and it belongs to this image.
+    // The pages a restore reads before the process resumes: the working set's, in
+    // the order the trace first touched them, then the copy-on-written pages of
+    // private file mappings and each thread's rseq area (written before resume).
     let mut ws_trace = None;
-    let mut ws_pages: Vec<u64> = Vec::new();
+    let mut head_pages: Vec<u64> = Vec::new();
     if WorkingSet::exists(dir) {
         match WorkingSet::load(dir, snap.id) {
             Ok(set) => {
-                // Stored pages in the order the trace first touched them.
-                let mut seen = HashSet::new();
-                ws_pages = set.trace.iter().filter_map(|t| t.file_page).filter(|fp| seen.insert(*fp)).collect();
+                head_pages = set.trace.iter().filter_map(|t| t.file_page).collect();
                 let t = std::fs::read(dir.join(TRACE_FILE)).map_err(io("reading ws.trace"))?;
                 let chunks = t
                     .chunks(FILE_CHUNK as usize)
@@ -182,6 +265,32 @@ pub fn plan(dir: &Path) -> Result<Plan> {
             Err(e) => tracing::warn!("publishing {} without its working set: {e}", dir.display()),
         }
     }
+    head_pages.extend(thaw_engine::restore::file_cow_runs(&snap.image, &snap.image.pages).flat_map(|(_, fp, n)| fp..fp + n));
+    head_pages.extend(thaw_engine::restore::rseq_pages(&snap.image).into_iter().filter_map(|vaddr| snap.image.pages.lookup(vaddr)));
+    let mut seen = HashSet::new();
+    head_pages.retain(|fp| seen.insert(*fp));
+
+    let pages_size = snap.image.pages.stored_pages() * PAGE;
+    let page_chunks = match chunking {
+        Chunking::Window(w) => {
+            let mut buf = Vec::new();
+            let mut chunks = Vec::new();
+            for (fp, n) in cut_windows(&snap.image.pages, w) {
+                buf.resize((n * PAGE) as usize, 0);
+                snap.pages.read_exact_at(&mut buf, fp * PAGE).map_err(io("reading pages.img"))?;
+                chunks.push((fp * PAGE, n * PAGE, chunk_name(&buf)));
+            }
+            chunks
+        }
+        Chunking::Cdc { avg, head_gap } => {
+            let mut data = vec![0u8; pages_size as usize];
+            snap.pages.read_exact_at(&mut data, 0).map_err(io("reading pages.img"))?;
+            let apart = head_gap.map_or_else(HashSet::new, |g| with_gaps(&head_pages, g));
+            let bytes = |fp: u64, n: u64| &data[(fp * PAGE) as usize..((fp + n) * PAGE) as usize];
+            cut_content(&data, avg, &apart).into_iter().map(|(fp, n)| (fp * PAGE, n * PAGE, chunk_name(bytes(fp, n)))).collect()
+        }
+    };
+    files.insert(1, (PAGES_FILE, pages_size, page_chunks));
 
     let mut uploads = Vec::new();
     let mut seen = HashSet::new();
@@ -223,11 +332,7 @@ pub fn plan(dir: &Path) -> Result<Plan> {
             let i = pages.chunks.partition_point(|c| c.offset + c.len <= off);
             pages.chunks.get(i)
         };
-        // What a restore writes before resume: the copy-on-written file pages and each
-        // thread's rseq area.
-        let cow = thaw_engine::restore::file_cow_runs(&snap.image, &snap.image.pages).flat_map(|(_, fp, n)| fp..fp + n);
-        let rseq: Vec<u64> = thaw_engine::restore::rseq_pages(&snap.image).into_iter().filter_map(|vaddr| snap.image.pages.lookup(vaddr)).collect();
-        for fp in ws_pages.iter().copied().chain(cow).chain(rseq) {
+        for &fp in &head_pages {
             if let Some(c) = chunk_at(fp) {
                 add(&c.sha256, &mut head);
             }
@@ -330,4 +435,67 @@ pub async fn upload(
 /// Write the manifest: from now on the snapshot exists.
 pub async fn commit(remote: &Remote, plan: &Plan) -> Result<()> {
     remote.put(&Remote::manifest_key(&plan.id), Bytes::from(plan.manifest_bytes.clone())).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pseudo-random pages (xorshift): content without repeats, like a heap's.
+    fn noise(pages: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        let mut out = Vec::with_capacity(pages * PAGE as usize);
+        while out.len() < pages * PAGE as usize {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        out
+    }
+
+    fn tiles(cuts: &[(u64, u64)], pages: u64) {
+        let mut at = 0;
+        for &(fp, n) in cuts {
+            assert_eq!(fp, at, "cuts tile the file: {cuts:?}");
+            assert!(n > 0);
+            at += n;
+        }
+        assert_eq!(at, pages);
+    }
+
+    #[test]
+    fn content_cuts_tile_the_file_on_page_boundaries_and_keep_the_head_apart() {
+        let data = noise(600, 7);
+        let apart: HashSet<u64> = (100..130).chain(131..132).chain(400..600).collect();
+        let cuts = cut_content(&data, 64 << 10, &apart);
+        tiles(&cuts, 600);
+        for &(fp, n) in &cuts {
+            let inside = apart.contains(&fp);
+            assert!((fp..fp + n).all(|p| apart.contains(&p) == inside), "chunk {fp}+{n} mixes head and other pages");
+        }
+        // Content-defined: about the average asked for (600 pages, 2.3 MiB, at 64 KiB).
+        let outside: Vec<_> = cuts.iter().filter(|(fp, _)| !apart.contains(fp)).collect();
+        assert!(outside.len() >= 4 && outside.iter().all(|&&(_, n)| n <= 64), "{cuts:?}");
+        tiles(&cut_content(&[], 64 << 10, &HashSet::new()), 0);
+        tiles(&cut_content(&data[..PAGE as usize], 64 << 10, &HashSet::new()), 1);
+    }
+
+    #[test]
+    fn pages_inserted_early_change_only_the_chunks_around_them() {
+        let data = noise(1000, 3);
+        let name = |d: &[u8], cuts: Vec<(u64, u64)>| -> HashSet<Option<String>> {
+            cuts.into_iter().map(|(fp, n)| chunk_name(&d[(fp * PAGE) as usize..((fp + n) * PAGE) as usize])).collect()
+        };
+        let before = name(&data, cut_content(&data, 32 << 10, &HashSet::new()));
+        // Three new pages near the start (an address window scheme would keep the
+        // later chunks too; fixed offsets would shift every one).
+        let mut grown = data[..50 * PAGE as usize].to_vec();
+        grown.extend(noise(3, 99));
+        grown.extend_from_slice(&data[50 * PAGE as usize..]);
+        let after = name(&grown, cut_content(&grown, 32 << 10, &HashSet::new()));
+        let changed = after.difference(&before).count();
+        assert!(changed <= 3, "{changed} of {} chunks changed", after.len());
+        assert!(after.len() > 60, "{} chunks", after.len());
+    }
 }
