@@ -324,3 +324,95 @@ async fn gateway_view_follows_advertisements() {
         api.delete(n, &DeleteParams::default()).await.unwrap();
     }
 }
+
+/// Installs what an agent needs to write its ThawNode: the namespace, the CRDs, the
+/// agent's ServiceAccount, RBAC and admission policy (server-side apply: idempotent,
+/// the other tests may apply them too).
+async fn install_agent_identity(admin: &Client) {
+    const KINDS: [&str; 7] = ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"];
+    let discovery = Discovery::new(admin.clone()).run().await.unwrap();
+    let objs = render("base");
+    for kind in KINDS {
+        for o in objs.iter().filter(|o| o["kind"] == kind && (kind != "ServiceAccount" || o["metadata"]["name"] == "thaw-agent")) {
+            let mut o = o.clone();
+            if o["metadata"]["namespace"].is_null() && kind == "ServiceAccount" {
+                o["metadata"]["namespace"] = json!(NS);
+            }
+            apply(admin, &discovery, &o, false).await.unwrap_or_else(|e| panic!("applying {}: {e}", name_of(&o)));
+        }
+    }
+    install_crds(admin).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_publishes_its_node_and_republishes_after_a_restart() {
+    use thaw_cluster::agent::{Advert, Agent};
+    let cp = tokio::task::spawn_blocking(ControlPlane::shared).await.unwrap();
+    let admin = cp.client().await.unwrap();
+    install_agent_identity(&admin).await;
+    let (node_uid, pod) = node_with_agent_pod(&admin, "pub-node").await;
+    let token = cp.service_account_token(NS, "thaw-agent", Some(("agent-pub-node", &pod))).await.unwrap();
+    let client = cp.client_for_token(&token).await.unwrap();
+    let (tx, mut rx) = tokio::sync::watch::channel(std::sync::Arc::new(ClusterView::new(vec![], Policy::Thaw, 1.25)));
+    let watcher = tokio::spawn(watch_nodes(admin.clone(), Policy::Thaw, 1.25, tx));
+
+    // First start: the ThawNode is created, owned by its Node, with the status.
+    let mut agent = Agent::new(client.clone(), "pub-node", "http://10.1.2.3:9000");
+    let ad = Advert { free_instances: 30, in_flight: 1, free_memory_mb: 900, cached: vec![("snap-1".into(), 4096)], warm: vec![("fn-a".into(), 2)] };
+    agent.publish(&ad).await.expect("the agent publishes with its own credentials");
+    let o = thawnodes(&admin).get("pub-node").await.unwrap();
+    let owner = &o.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("Node", "pub-node", node_uid.as_str()));
+    assert_eq!(o.data["spec"]["endpoint"], json!("http://10.1.2.3:9000"));
+    let st = &o.data["status"];
+    assert_eq!(st["bootId"], json!(agent.boot_id()));
+    assert_eq!((st["freeInstances"].clone(), st["inFlight"].clone(), st["freeMemoryMb"].clone()), (json!(30), json!(1), json!(900)));
+    assert_eq!(st["cachedSnapshots"], json!([{"id": "snap-1", "bytes": 4096}]));
+    assert!(st["heartbeatTime"].as_str().is_some_and(|t| t.ends_with('Z')), "{st}");
+    view_until(&mut rx, "pub-node with fn-a warm and snap-1 cached", |v| {
+        v.nodes().iter().any(|n| n.name == "pub-node" && n.warm == [("fn-a".to_string(), 2)] && n.cached == ["snap-1"])
+    })
+    .await;
+
+    // A restart: a new boot id and endpoint; the existing ThawNode is taken over.
+    let first_boot = agent.boot_id().to_string();
+    let mut agent = Agent::new(client.clone(), "pub-node", "http://10.1.2.4:9000");
+    assert_ne!(agent.boot_id(), first_boot);
+    agent.publish(&Advert { free_instances: 32, ..Default::default() }).await.expect("republished after the restart");
+    view_until(&mut rx, "pub-node's new boot, nothing warm", |v| {
+        v.nodes().iter().any(|n| n.name == "pub-node" && n.boot_id != first_boot && n.endpoint == "http://10.1.2.4:9000" && n.warm.is_empty())
+    })
+    .await;
+
+    // Running: a change is published within a tick; the heartbeat advances.
+    let now = std::sync::Arc::new(std::sync::Mutex::new(Advert::default()));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let source = {
+        let now = now.clone();
+        move || now.lock().unwrap().clone()
+    };
+    let running = tokio::spawn(agent.run(source, Duration::from_millis(100), Duration::from_secs(1), stop_rx));
+    now.lock().unwrap().warm = vec![("fn-b".into(), 1)];
+    view_until(&mut rx, "fn-b warm on pub-node", |v| v.nodes().iter().any(|n| n.name == "pub-node" && n.warm == [("fn-b".to_string(), 1)])).await;
+    let beat = || async { thawnodes(&admin).get("pub-node").await.unwrap().data["status"]["heartbeatTime"].as_str().unwrap().to_string() };
+    let first_beat = beat().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while beat().await == first_beat {
+        assert!(Instant::now() < deadline, "no heartbeat in 10 s with a 1 s heartbeat");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop_tx.send(true).unwrap();
+    running.await.unwrap();
+
+    // Its credentials name its node: publishing as another node is refused, clearly,
+    // and so is a node that does not exist.
+    Api::<Node>::all(admin.clone()).create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pub-other"}})).unwrap()).await.unwrap();
+    let mut impostor = Agent::new(client.clone(), "pub-other", "http://10.9.9.9:9000");
+    let e = thaw_node::node::error_chain(&impostor.publish(&Advert::default()).await.unwrap_err());
+    assert!(e.contains("creating ThawNode pub-other") && e.contains("only write the ThawNode of its own node (pub-node), not pub-other"), "{e}");
+    assert!(thawnodes(&admin).get_opt("pub-other").await.unwrap().is_none());
+    let e = Agent::new(client, "no-such-node", "http://10.9.9.9:9000").publish(&Advert::default()).await.unwrap_err().to_string();
+    assert!(e.contains("Node no-such-node is not known"), "{e}");
+    watcher.abort();
+}
