@@ -12,6 +12,7 @@
 //! When the apiserver cannot be reached the node goes on serving; the next tick tries
 //! again.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -204,6 +205,46 @@ impl Agent {
             }
         }
     }
+}
+
+/// How often `thaw serve --cluster` checks what to publish (a burst is one write).
+pub const TICK: Duration = Duration::from_secs(1);
+/// Most time between two publications (a gateway may judge a node by its heartbeat age).
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+/// How long a starting agent tries to publish before it serves anyway (the apiserver
+/// away: gateways' last-known view may still send it calls).
+pub const FIRST_PUBLISH_WAIT: Duration = Duration::from_secs(15);
+
+/// `thaw serve --cluster`: the agent of Node `node` run beside the node ([`thaw_node::cli::Beside`]).
+/// It publishes the node's new boot before the node takes work (retrying for
+/// [`FIRST_PUBLISH_WAIT`]), then keeps the advertisement current until shutdown.
+pub fn beside(node: String, endpoint: Option<String>, kubeconfig: Option<std::path::PathBuf>) -> thaw_node::cli::Beside {
+    Box::new(move |n: Arc<thaw_node::node::Node>, local: std::net::SocketAddr, stop| {
+        Box::pin(async move {
+            let endpoint = endpoint.unwrap_or_else(|| format!("http://{local}"));
+            let client = crate::kube_client(kubeconfig.as_deref()).await?;
+            let mut agent = Agent::new(client, &node, &endpoint);
+            let source = move || Advert::from_node_status(&n.status());
+            let deadline = tokio::time::Instant::now() + FIRST_PUBLISH_WAIT;
+            loop {
+                match agent.publish(&source()).await {
+                    Ok(()) => {
+                        info!(node = %node, %endpoint, boot_id = agent.boot_id(), "ThawNode published; taking work");
+                        break;
+                    }
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        warn!(node = %node, error = %thaw_node::node::error_chain(&e), "cannot publish the ThawNode yet; retrying before taking work");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => {
+                        warn!(node = %node, error = %thaw_node::node::error_chain(&e), "serving without a published ThawNode; still trying");
+                        break;
+                    }
+                }
+            }
+            Ok(Box::pin(agent.run(source, TICK, HEARTBEAT, stop)) as thaw_node::cli::BoxFuture<()>)
+        })
+    })
 }
 
 #[cfg(test)]

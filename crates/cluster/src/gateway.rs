@@ -30,7 +30,6 @@ use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use thaw_node::api::{function_name, route, Action, ApiError, MAX_BODY, URL_PREFIX};
 use thaw_node::node::error_chain;
 use thaw_node::sigv4::{Credentials, SignedRequest, Verifier};
@@ -63,14 +62,8 @@ pub struct GatewayArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    #[error("kubeconfig {path}")]
-    Kubeconfig {
-        path: PathBuf,
-        #[source]
-        source: Box<kube::config::KubeconfigError>,
-    },
-    #[error("connecting to the Kubernetes API")]
-    Kube(#[source] Box<kube::Error>),
+    #[error(transparent)]
+    Client(#[from] crate::KubeClientError),
     #[error("{what}")]
     Io {
         what: String,
@@ -99,15 +92,7 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
 }
 
 async fn serve(args: GatewayArgs) -> Result<(), GatewayError> {
-    crate::install_tls_provider();
-    let client = match &args.kubeconfig {
-        Some(path) => {
-            let kerr = |source| GatewayError::Kubeconfig { path: path.clone(), source: Box::new(source) };
-            let cfg = kube::Config::from_custom_kubeconfig(Kubeconfig::read_from(path).map_err(kerr)?, &KubeConfigOptions::default()).await.map_err(kerr)?;
-            kube::Client::try_from(cfg).map_err(|e| GatewayError::Kube(Box::new(e)))?
-        }
-        None => kube::Client::try_default().await.map_err(|e| GatewayError::Kube(Box::new(e)))?,
-    };
+    let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(ClusterView::new(Vec::new(), args.policy, args.load_factor)));
     tokio::spawn(watch_nodes(client, args.policy, args.load_factor, tx));
     let keys = vec![Credentials { access_key_id: args.access_key_id.clone(), secret_access_key: args.secret_access_key.clone() }];

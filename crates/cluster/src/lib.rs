@@ -28,3 +28,30 @@ mod chart;
 pub(crate) fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeClientError {
+    #[error("kubeconfig {path}")]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<kube::config::KubeconfigError>,
+    },
+    #[error("connecting to the Kubernetes API")]
+    Kube(#[source] Box<kube::Error>),
+}
+
+/// A Kubernetes client from `kubeconfig`, or the default one (the pod's service
+/// account in a cluster, else $KUBECONFIG or ~/.kube/config).
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, KubeClientError> {
+    install_tls_provider();
+    match kubeconfig {
+        Some(path) => {
+            let kerr = |source| KubeClientError::Kubeconfig { path: path.to_path_buf(), source: Box::new(source) };
+            let opts = kube::config::KubeConfigOptions::default();
+            let cfg = kube::Config::from_custom_kubeconfig(kube::config::Kubeconfig::read_from(path).map_err(kerr)?, &opts).await.map_err(kerr)?;
+            kube::Client::try_from(cfg).map_err(|e| KubeClientError::Kube(Box::new(e)))
+        }
+        None => kube::Client::try_default().await.map_err(|e| KubeClientError::Kube(Box::new(e))),
+    }
+}

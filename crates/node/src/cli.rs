@@ -83,6 +83,23 @@ pub struct ServeArgs {
     /// clients only: it names every function on the node.
     #[arg(long)]
     pub metrics_public: bool,
+    /// Run as a cluster agent (the DaemonSet, deploy/): publish this node's ThawNode — its
+    /// endpoint, free slots and memory, cached snapshots, idle warm instances — to the
+    /// Kubernetes API before taking work, and keep it current (on change, at most once a
+    /// second, and every 10 s). Credentials: --kubeconfig, else the pod's service account.
+    #[arg(long)]
+    pub cluster: bool,
+    /// With --cluster: the Kubernetes Node this agent runs on (the ThawNode's name; the
+    /// DaemonSet sets THAW_NODE_NAME from the pod's spec.nodeName).
+    #[arg(long, env = "THAW_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// With --cluster: where gateways reach this agent. Default: http://<the address --listen bound>.
+    #[arg(long, env = "THAW_AGENT_ENDPOINT")]
+    pub agent_endpoint: Option<String>,
+    /// With --cluster: the kubeconfig to publish with (default: the pod's service account,
+    /// else $KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
     /// Let idle instances run between invocations. By default an idle instance is frozen
     /// (cgroup freezer, as Lambda does): its background threads and child processes use no
     /// CPU until the next invocation thaws it.
@@ -167,7 +184,24 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// A future that runs beside the node, boxed.
+pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// Something started beside the node once it listens (`thaw serve --cluster`: the
+/// cluster agent). Called with the node, the bound address and a receiver that turns
+/// true at shutdown; its future is awaited *before* the node takes work (an agent
+/// publishes its new boot first), and resolves to what then runs until shutdown.
+pub type Beside = Box<dyn FnOnce(Arc<Node>, SocketAddr, tokio::sync::watch::Receiver<bool>) -> BoxFuture<Result<BoxFuture<()>>> + Send>;
+
 pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
+    serve_with(args, data_dir, None)
+}
+
+/// [`serve`], with `beside` started once the node listens.
+pub fn serve_with(args: ServeArgs, data_dir: &Path, beside: Option<Beside>) -> Result<()> {
+    if args.cluster && beside.is_none() {
+        bail!("--cluster: this build has no cluster agent to run beside the node");
+    }
     let state_dir = data_dir.join("node");
     std::fs::create_dir_all(&state_dir).with_context(|| format!("creating the node directory {}", state_dir.display()))?;
     let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir).context("installing the runtime shims")?;
@@ -225,7 +259,7 @@ pub fn serve(args: ServeArgs, data_dir: &Path) -> Result<()> {
         });
     }
     let pool = cfg.sandbox_pool.clone();
-    let result = rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public));
+    let result = rt.block_on(run(cfg, listen, creds, args.drain_timeout, args.metrics_public, beside));
     // The instances are gone: remove the sandboxes still prepared.
     if let Some(p) = pool {
         p.shutdown();
@@ -279,7 +313,7 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run(cfg: NodeConfig, listen: SocketAddr, creds: crate::sigv4::Credentials, drain: Duration, metrics_public: bool) -> Result<()> {
+async fn run(cfg: NodeConfig, listen: SocketAddr, creds: crate::sigv4::Credentials, drain: Duration, metrics_public: bool, beside: Option<Beside>) -> Result<()> {
     let keep_alive = cfg.keep_alive;
     let node = Node::start(cfg).context("starting the node")?;
     let app = Arc::new(App::new(node.clone(), Verifier::new("lambda", vec![creds]), metrics_public));
@@ -289,6 +323,11 @@ async fn run(cfg: NodeConfig, listen: SocketAddr, creds: crate::sigv4::Credentia
     eprintln!("thaw: node listening on http://{local} (data in {})", node.cfg.state_dir.display());
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Connections wait in the listen backlog until what runs beside is ready.
+    let beside = match beside {
+        Some(start) => Some(tokio::spawn(start(node.clone(), local, stop_rx.clone()).await?)),
+        None => None,
+    };
     let events = tokio::spawn(crate::events::run(node.clone(), stop_rx.clone()));
     let reaper = {
         let node = node.clone();
@@ -333,6 +372,9 @@ async fn run(cfg: NodeConfig, listen: SocketAddr, creds: crate::sigv4::Credentia
         warn!(timeout_s = drain.as_secs_f64(), "in-flight requests did not finish in time; stopping anyway");
     }
     let _ = reaper.await;
+    if let Some(b) = beside {
+        let _ = b.await;
+    }
     node.begin_shutdown();
     let n = node.clone();
     tokio::task::spawn_blocking(move || n.finish_shutdown()).await.context("stopping the worker threads")?;

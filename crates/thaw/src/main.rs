@@ -360,7 +360,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
     install_node_key(&cli)?;
     match cli.cmd {
         Cmd::Serve(args) => {
-            thaw_node::cli::serve(args, &cli.data_dir)?;
+            let beside = if args.cluster {
+                let Some(node) = args.node_name.clone().filter(|n| !n.is_empty()) else {
+                    bail!("--cluster needs --node-name (or THAW_NODE_NAME): the Kubernetes Node this agent runs on");
+                };
+                Some(thaw_cluster::agent::beside(node, args.agent_endpoint.clone(), args.kubeconfig.clone()))
+            } else {
+                None
+            };
+            thaw_node::cli::serve_with(args, &cli.data_dir, beside)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Status(args) => {

@@ -1,7 +1,8 @@
-//! `thaw gateway` with a real kube-apiserver and two `thaw serve` agents: requests are
-//! authenticated at the gateway, placed from the ThawNode advertisements and forwarded
-//! with the client's own signature to the chosen agent (which verifies it again); an
-//! agent that dies gives an immediate Lambda-shaped 502, the other keeps serving.
+//! `thaw gateway` with a real kube-apiserver and two `thaw serve --cluster` agents, which
+//! publish their own ThawNodes: requests are authenticated at the gateway, placed from
+//! those advertisements and forwarded with the client's own signature to the chosen
+//! agent (which verifies it again); an agent that dies gives an immediate Lambda-shaped
+//! 502, the other keeps serving; restarted, it republishes under a new boot and serves again.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -36,13 +37,13 @@ fn wait_port(port: u16, what: &str, child: &mut Child) {
     }
 }
 
-fn kubectl(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) {
+fn kubectl(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
     let mut c = Command::new(binary("kubectl").unwrap_or_else(|e| panic!("{e}")))
         .arg("--kubeconfig")
         .arg(cp.kubeconfig())
         .args(args)
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -52,6 +53,12 @@ fn kubectl(cp: &ControlPlane, args: &[&str], stdin: Option<&str>) {
     drop(c.stdin.take());
     let out = c.wait_with_output().unwrap();
     assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The boot id agent `name` published (empty: none yet).
+fn boot_id(cp: &ControlPlane, name: &str) -> String {
+    kubectl(cp, &["get", "thawnode", name, "--ignore-not-found", "-o", "jsonpath={.status.bootId}"], None)
 }
 
 /// A signed Invoke through `port`: (status, headers lower-cased, body).
@@ -97,9 +104,11 @@ fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
     h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
-fn agent(dir: &Path, port: u16) -> Proc {
+/// `thaw serve --cluster` as the agent of Node `name`, publishing with `kubeconfig`.
+fn agent(dir: &Path, port: u16, name: &str, kubeconfig: &Path) -> Proc {
     let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"))
         .args(["--data-dir", dir.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}"), "--access-key-id", KEY, "--secret-access-key", SECRET])
+        .args(["--cluster", "--node-name", name, "--kubeconfig", kubeconfig.to_str().unwrap()])
         .env_remove("THAW_ACCESS_KEY_ID")
         .env_remove("THAW_SECRET_ACCESS_KEY")
         .stdout(Stdio::null())
@@ -118,14 +127,21 @@ fn gateway_forwards_to_the_placed_agent_and_fails_fast_when_it_dies() {
 
     let tmp = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port()];
-    let mut agents: Vec<Option<Proc>> = ports.iter().enumerate().map(|(i, &p)| Some(agent(&tmp.path().join(format!("agent-{i}")), p))).collect();
-    // Advertise both (what the agents' publisher will do): endpoint + a published status.
-    for (i, p) in ports.iter().enumerate() {
-        let name = format!("agent-{i}");
-        let obj = format!("{{\"apiVersion\":\"thaw.dev/v1alpha1\",\"kind\":\"ThawNode\",\"metadata\":{{\"name\":\"{name}\"}},\"spec\":{{\"endpoint\":\"http://127.0.0.1:{p}\"}}}}");
-        kubectl(&cp, &["apply", "-f", "-"], Some(&obj));
-        kubectl(&cp, &["patch", "thawnode", &name, "--subresource=status", "--type=merge", "-p", "{\"status\":{\"bootId\":\"b1\",\"freeInstances\":8}}"], None);
+    // The Nodes the agents run on (their ThawNodes are owned by them).
+    for i in 0..2 {
+        kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"agent-{i}\"}}}}")));
     }
+    let kc = cp.kubeconfig();
+    let start = |i: usize| agent(&tmp.path().join(format!("agent-{i}")), ports[i], &format!("agent-{i}"), &kc);
+    let mut agents: Vec<Option<Proc>> = (0..2).map(|i| Some(start(i))).collect();
+    // Each publishes its ThawNode before it takes work.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (0..2).any(|i| boot_id(&cp, &format!("agent-{i}")).is_empty()) {
+        assert!(Instant::now() < deadline, "the agents did not publish their ThawNodes in 30 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let endpoint = kubectl(&cp, &["get", "thawnode", "agent-1", "-o", "jsonpath={.spec.endpoint}"], None);
+    assert_eq!(endpoint, format!("http://127.0.0.1:{}", ports[1]), "the endpoint defaults to the address --listen bound");
 
     let gport = free_port();
     let mut g = Command::new(env!("CARGO_BIN_EXE_thaw"))
@@ -188,4 +204,17 @@ fn gateway_forwards_to_the_placed_agent_and_fails_fast_when_it_dies() {
     assert!(body.contains("node agent agent-0") && body.contains("failed"), "{body}");
     let (status, h, _) = invoke(gport, on[1].as_ref().unwrap(), SECRET);
     assert_eq!((status, header(&h, "x-thaw-node")), (404, Some("agent-1")));
+
+    // Agent 0 comes back: it republishes under a new boot id, and its functions are
+    // answered by it again.
+    let old_boot = boot_id(&cp, "agent-0");
+    agents[0] = Some(start(0));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while boot_id(&cp, "agent-0") == old_boot {
+        assert!(Instant::now() < deadline, "the restarted agent did not republish in 30 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (status, h, body) = invoke(gport, &f0, SECRET);
+    assert_eq!((status, header(&h, "x-thaw-node")), (404, Some("agent-0")), "{body}");
+    drop(agents);
 }
