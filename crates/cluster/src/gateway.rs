@@ -6,9 +6,15 @@
 //! ([`watch_nodes`]) and forwarded unchanged (method, path, query, headers including
 //! `Host` and `Authorization`, body) to the chosen agent, which verifies the client's
 //! signature again with the same keys; its answer goes back unchanged, plus
-//! `x-thaw-node`. An agent that cannot be reached or drops the connection gives a
-//! Lambda-shaped 502 `ServiceException` at once. Loads are this gateway's own
-//! invocations in flight per node.
+//! `x-thaw-node`. Loads are this gateway's own invocations in flight per node.
+//!
+//! Failures. An agent that refuses the connection never got the request: it is left
+//! out of placement (until it publishes a new boot, or for 10 s) and the request is
+//! placed again, so a dead agent loses no call. An agent that fails once it has the
+//! request (it may have run it) gives a Lambda-shaped 502 `ServiceException` at once,
+//! never a second run elsewhere. A node whose heartbeat is older than three of the
+//! agent's heartbeats (30 s: partitioned, or killed with no call to notice) is left out
+//! too.
 //!
 //! Function URLs (`/url/<function>/...`) are placed like an Invoke of their function
 //! and forwarded without a signature check at the gateway (the agent enforces the
@@ -20,7 +26,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -36,7 +42,7 @@ use thaw_node::sigv4::{Credentials, SignedRequest, Verifier};
 
 use crate::hash::Rng;
 use crate::placement::{Policy, DEFAULT_LOAD_FACTOR};
-use crate::view::{watch_nodes, ClusterView};
+use crate::view::{watch_nodes, ClusterView, NodeAd};
 
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
@@ -80,6 +86,64 @@ struct Gateway {
     http: Http,
     in_flight: Mutex<HashMap<String, u32>>,
     rng: Mutex<Rng>,
+    /// Agents a connection to failed: (boot id then, since when). Left out of placement
+    /// until they publish a new boot or [`DOWN_FOR`] passes.
+    down: Mutex<HashMap<String, (String, Instant)>>,
+    /// The view placement last used with nodes left out, and what it was made from.
+    usable: Mutex<Option<Usable>>,
+}
+
+/// (the watched view, the nodes left out of it, the view without them)
+type Usable = (Arc<ClusterView>, Vec<String>, Arc<ClusterView>);
+
+/// How long an agent that refused a connection is left out (unless it restarts sooner).
+const DOWN_FOR: Duration = Duration::from_secs(10);
+/// A node whose last heartbeat is older than this is left out (silent: partitioned, or
+/// its agent killed without a connection to tell). Three of the agent's heartbeats.
+const STALE_AFTER: Duration = Duration::from_secs(3 * crate::agent::HEARTBEAT.as_secs());
+/// Placements of one request: its first node and, when connecting to it failed (the
+/// request never reached it, so it never ran), others.
+const ATTEMPTS: usize = 3;
+
+impl Gateway {
+    /// The watched view without the nodes found down or gone silent.
+    fn usable_view(&self) -> Arc<ClusterView> {
+        let view = self.view.borrow().clone();
+        let now = Instant::now();
+        let wall = k8s_openapi::chrono::Utc::now();
+        let down = self.down.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let stale = STALE_AFTER.as_secs() as i64;
+        let left_out = |n: &NodeAd| {
+            down.get(&n.name).is_some_and(|(boot, at)| *boot == n.boot_id && now.duration_since(*at) < DOWN_FOR)
+                || n.heartbeat.is_some_and(|h| (wall - h).num_seconds() > stale)
+        };
+        let names: Vec<String> = view.nodes().iter().filter(|n| left_out(n)).map(|n| n.name.clone()).collect();
+        if names.is_empty() {
+            return view;
+        }
+        let mut cache = self.usable.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((from, was, usable)) = cache.as_ref() {
+            if Arc::ptr_eq(from, &view) && *was == names {
+                return usable.clone();
+            }
+        }
+        tracing::info!(left_out = ?names, "placing without agents found down or silent");
+        let usable = Arc::new(view.without(|n| names.contains(&n.name)));
+        *cache = Some((view, names, usable.clone()));
+        usable
+    }
+
+    fn mark_down(&self, node: &Placed) {
+        tracing::warn!(node = %node.name, endpoint = %node.endpoint, "agent refused the connection; placing elsewhere for {} s or until it republishes", DOWN_FOR.as_secs());
+        self.down.lock().unwrap_or_else(|e| e.into_inner()).insert(node.name.clone(), (node.boot_id.clone(), Instant::now()));
+    }
+}
+
+/// Where a request was placed (of the node's advertisement, what forwarding needs).
+struct Placed {
+    name: String,
+    endpoint: String,
+    boot_id: String,
 }
 
 /// Runs the gateway until the process is stopped.
@@ -102,6 +166,8 @@ async fn serve(args: GatewayArgs) -> Result<(), GatewayError> {
         http: HttpClient::builder(TokioExecutor::new()).build_http(),
         in_flight: Mutex::new(HashMap::new()),
         rng: Mutex::new(Rng::new(std::process::id().into())),
+        down: Mutex::new(HashMap::new()),
+        usable: Mutex::new(None),
     });
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -170,34 +236,56 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
 }
 
 /// Place `function` and forward the request to its agent; the answer comes back
-/// unchanged, plus `x-thaw-node`.
+/// unchanged, plus `x-thaw-node`. An agent that refuses the connection (the request
+/// never reached it) is left out and the request placed again; one that fails once it
+/// has the request gives a 502 at once (it may have run: never run twice).
 async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, function: &str, request_id: &str) -> Result<Response, ApiError> {
     let path = parts.uri.path();
-    let view = gw.view.borrow().clone();
-    let (node, endpoint) = {
-        let mut in_flight = gw.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        let loads: Vec<u32> = view.nodes().iter().map(|n| in_flight.get(&n.name).copied().unwrap_or(0)).collect();
-        let mut rng = gw.rng.lock().unwrap_or_else(|e| e.into_inner());
-        // Until snapshots have store ids (#13), agents advertise them by function name.
-        let (ad, _) = view
-            .place(function, function, &loads[..], &mut rng)
-            .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", "no node agent has advertised itself yet"))?;
-        *in_flight.entry(ad.name.clone()).or_insert(0) += 1;
-        (ad.name.clone(), ad.endpoint.clone())
-    };
-    let _guard = InFlight(gw, node.clone());
-    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(path);
-    let mut out = hyper::Request::builder().method(parts.method.clone()).uri(format!("{}{pq}", endpoint.trim_end_matches('/')));
-    for (k, v) in parts.headers.iter() {
-        if k != "connection" && k != "transfer-encoding" {
-            out = out.header(k, v);
+    let mut attempt = 0;
+    let (resp, node) = loop {
+        attempt += 1;
+        let view = gw.usable_view();
+        let ad = {
+            let mut in_flight = gw.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            let loads: Vec<u32> = view.nodes().iter().map(|n| in_flight.get(&n.name).copied().unwrap_or(0)).collect();
+            let mut rng = gw.rng.lock().unwrap_or_else(|e| e.into_inner());
+            // Until snapshots have store ids (#13), agents advertise them by function name.
+            let (ad, _) = view
+                .place(function, function, &loads[..], &mut rng)
+                .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", "no node agent is available (none advertised, or all found down)"))?;
+            *in_flight.entry(ad.name.clone()).or_insert(0) += 1;
+            Placed { name: ad.name.clone(), endpoint: ad.endpoint.clone(), boot_id: ad.boot_id.clone() }
+        };
+        let (node, endpoint) = (&ad.name, &ad.endpoint);
+        let guard = InFlight(gw, node.clone());
+        let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(path);
+        let mut out = hyper::Request::builder().method(parts.method.clone()).uri(format!("{}{pq}", endpoint.trim_end_matches('/')));
+        for (k, v) in parts.headers.iter() {
+            if k != "connection" && k != "transfer-encoding" {
+                out = out.header(k, v);
+            }
         }
-    }
-    let out = out.body(Full::new(body)).map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("building the request to {node}: {e}")))?;
+        let out = out.body(Full::new(body.clone())).map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("building the request to {node}: {e}")))?;
+        match gw.http.request(out).await {
+            Ok(resp) => break (resp, (guard, ad)),
+            Err(e) if e.is_connect() && attempt < ATTEMPTS => gw.mark_down(&ad),
+            Err(e) => {
+                if e.is_connect() {
+                    gw.mark_down(&ad);
+                }
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "ServiceException",
+                    format!("node agent {node} ({endpoint}) failed: {} (request {request_id})", error_chain(&e)),
+                ));
+            }
+        }
+    };
+    let (_guard, ad) = node;
+    let (node, endpoint) = (&ad.name, &ad.endpoint);
     let failed = |e: &dyn std::fmt::Display| {
         ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("node agent {node} ({endpoint}) failed: {e} (request {request_id})"))
     };
-    let resp = gw.http.request(out).await.map_err(|e| failed(&error_chain(&e)))?;
     let (rparts, rbody) = resp.into_parts();
     let bytes = rbody.collect().await.map_err(|e| failed(&e))?.to_bytes();
     let mut r = (rparts.status, bytes).into_response();
@@ -206,7 +294,7 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
             r.headers_mut().append(k, v.clone());
         }
     }
-    if let Ok(v) = HeaderValue::from_str(&node) {
+    if let Ok(v) = HeaderValue::from_str(node) {
         r.headers_mut().insert("x-thaw-node", v);
     }
     Ok(r)

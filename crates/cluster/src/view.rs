@@ -48,6 +48,8 @@ pub struct NodeAd {
     pub cached: Vec<String>,
     /// (function, idle warm instances)
     pub warm: Vec<(String, u64)>,
+    /// When the agent last published (status.heartbeatTime), if it said.
+    pub heartbeat: Option<k8s_openapi::chrono::DateTime<k8s_openapi::chrono::Utc>>,
 }
 
 impl NodeAd {
@@ -67,6 +69,7 @@ impl NodeAd {
                 .filter_map(|w| Some((w["function"].as_str()?.to_string(), w["idle"].as_u64().unwrap_or(0))))
                 .filter(|(_, idle)| *idle > 0)
                 .collect(),
+            heartbeat: st["heartbeatTime"].as_str().and_then(|t| k8s_openapi::chrono::DateTime::parse_from_rfc3339(t).ok()).map(|t| t.to_utc()),
             name,
         })
     }
@@ -77,6 +80,8 @@ impl NodeAd {
 #[derive(Debug, Clone)]
 pub struct ClusterView {
     nodes: Vec<NodeAd>,
+    policy: Policy,
+    load_factor: f64,
     placer: Placer,
     warm: HashMap<String, Vec<usize>>,
     cached: HashMap<String, Vec<usize>>,
@@ -97,7 +102,12 @@ impl ClusterView {
                 cached.entry(s.clone()).or_default().push(i);
             }
         }
-        ClusterView { nodes, placer, warm, cached }
+        ClusterView { nodes, policy, load_factor, placer, warm, cached }
+    }
+
+    /// This view without the nodes `leave_out` says (an agent found down, a heartbeat too old).
+    pub fn without(&self, leave_out: impl Fn(&NodeAd) -> bool) -> ClusterView {
+        ClusterView::new(self.nodes.iter().filter(|n| !leave_out(n)).cloned().collect(), self.policy, self.load_factor)
     }
 
     pub fn nodes(&self) -> &[NodeAd] {
