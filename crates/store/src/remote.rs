@@ -170,6 +170,9 @@ impl Remote {
             .with_client_options(
                 ClientOptions::new()
                     .with_allow_http(http)
+                    // A plain-HTTP endpoint needs no trust store: loading the system's
+                    // costs ~2.5 ms, paid by every `thaw snapshot restore s3://...`.
+                    .with_no_system_certificates(http)
                     .with_connect_timeout(Duration::from_secs(2).min(timeout))
                     .with_timeout(timeout),
             )
