@@ -14,7 +14,8 @@
 //! request (it may have run it) gives a Lambda-shaped 502 `ServiceException` at once,
 //! never a second run elsewhere. A node whose heartbeat is older than three of the
 //! agent's heartbeats (30 s: partitioned, or killed with no call to notice) is left out
-//! too.
+//! too, unless every node's is: then the apiserver is what is away, and the last-known
+//! view stays in force (the data plane serves on).
 //!
 //! Function URLs (`/url/<function>/...`) are placed like an Invoke of their function
 //! and forwarded without a signature check at the gateway (the agent enforces the
@@ -109,15 +110,8 @@ impl Gateway {
     /// The watched view without the nodes found down or gone silent.
     fn usable_view(&self) -> Arc<ClusterView> {
         let view = self.view.borrow().clone();
-        let now = Instant::now();
-        let wall = k8s_openapi::chrono::Utc::now();
         let down = self.down.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let stale = STALE_AFTER.as_secs() as i64;
-        let left_out = |n: &NodeAd| {
-            down.get(&n.name).is_some_and(|(boot, at)| *boot == n.boot_id && now.duration_since(*at) < DOWN_FOR)
-                || n.heartbeat.is_some_and(|h| (wall - h).num_seconds() > stale)
-        };
-        let names: Vec<String> = view.nodes().iter().filter(|n| left_out(n)).map(|n| n.name.clone()).collect();
+        let names = left_out(view.nodes(), &down, Instant::now(), k8s_openapi::chrono::Utc::now());
         if names.is_empty() {
             return view;
         }
@@ -137,6 +131,20 @@ impl Gateway {
         tracing::warn!(node = %node.name, endpoint = %node.endpoint, "agent refused the connection; placing elsewhere for {} s or until it republishes", DOWN_FOR.as_secs());
         self.down.lock().unwrap_or_else(|e| e.into_inner()).insert(node.name.clone(), (node.boot_id.clone(), Instant::now()));
     }
+}
+
+/// The nodes placement leaves out: those `down` names under the boot they had then,
+/// for [`DOWN_FOR`], and those whose heartbeat is older than [`STALE_AFTER`] — unless
+/// every heartbeat is: then the apiserver is what is away (agents cannot publish), and
+/// the last-known view stays in force.
+fn left_out(nodes: &[NodeAd], down: &HashMap<String, (String, Instant)>, now: Instant, wall: k8s_openapi::chrono::DateTime<k8s_openapi::chrono::Utc>) -> Vec<String> {
+    let stale = |n: &NodeAd| n.heartbeat.is_some_and(|h| (wall - h).num_seconds() > STALE_AFTER.as_secs() as i64);
+    let judge_heartbeats = nodes.iter().any(|n| !stale(n));
+    nodes
+        .iter()
+        .filter(|n| down.get(&n.name).is_some_and(|(boot, at)| *boot == n.boot_id && now.duration_since(*at) < DOWN_FOR) || (judge_heartbeats && stale(n)))
+        .map(|n| n.name.clone())
+        .collect()
 }
 
 /// Where a request was placed (of the node's advertisement, what forwarding needs).
@@ -298,4 +306,38 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
         r.headers_mut().insert("x-thaw-node", v);
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::chrono::{TimeDelta, Utc};
+
+    fn ad(name: &str, boot: &str, age_s: Option<i64>) -> NodeAd {
+        NodeAd {
+            name: name.into(),
+            endpoint: format!("http://{name}:9000"),
+            boot_id: boot.into(),
+            free_instances: 1,
+            cached: vec![],
+            warm: vec![],
+            heartbeat: age_s.map(|s| Utc::now() - TimeDelta::seconds(s)),
+        }
+    }
+
+    #[test]
+    fn silent_and_refusing_nodes_are_left_out_but_not_when_the_apiserver_is_away() {
+        let (now, wall) = (Instant::now(), Utc::now());
+        let none = HashMap::new();
+        let nodes = [ad("a", "1", Some(2)), ad("b", "1", Some(120)), ad("c", "1", None)];
+        assert_eq!(left_out(&nodes, &none, now, wall), ["b"], "b's heartbeat is two minutes old");
+        // Every heartbeat old: the apiserver is away, not the agents.
+        let all_old = [ad("a", "1", Some(100)), ad("b", "1", Some(120))];
+        assert!(left_out(&all_old, &none, now, wall).is_empty());
+        // Refused a connection: out for DOWN_FOR under that boot; a new boot is back at once.
+        let down: HashMap<_, _> = [("a".to_string(), ("1".to_string(), now))].into();
+        assert_eq!(left_out(&nodes[..1], &down, now, wall), ["a"]);
+        assert!(left_out(&[ad("a", "2", Some(2))], &down, now, wall).is_empty(), "restarted");
+        assert!(left_out(&nodes[..1], &down, now + DOWN_FOR, wall).is_empty(), "tried again after DOWN_FOR");
+    }
 }

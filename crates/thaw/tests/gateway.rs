@@ -254,6 +254,11 @@ fn gateway_forwards_to_the_placed_agent_and_fails_fast_when_it_dies() {
             hit_broken = true;
         }
     }
+
+    // The apiserver goes away: the gateway serves on from its last-known view.
+    cp.stop();
+    let (status, h, body) = invoke(gport, on[1].as_ref().unwrap(), SECRET);
+    assert_eq!((status, header(&h, "x-thaw-node")), (404, Some("agent-1")), "{body}");
     drop(agents);
 }
 
