@@ -109,7 +109,6 @@ pub struct Agent {
 impl Agent {
     /// The agent of Node `node`, reachable at `endpoint`; a new boot id.
     pub fn new(client: Client, node: &str, endpoint: &str) -> Agent {
-        crate::install_tls_provider();
         Agent { client, node: node.to_string(), endpoint: endpoint.to_string(), boot_id: uuid::Uuid::new_v4().to_string(), ensured: false }
     }
 

@@ -30,8 +30,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::PostParams;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 
 /// The Kubernetes version `scripts/build-k8s.sh` builds.
 pub const K8S_VERSION: &str = "v1.34.4";
@@ -50,12 +49,8 @@ pub enum ControlPlaneError {
     Command { cmd: String, stderr: String },
     #[error("{what} did not become ready within {secs} s; last lines of {log}:\n{tail}")]
     NotReady { what: &'static str, secs: u64, log: PathBuf, tail: String },
-    #[error("kubeconfig {path}")]
-    Kubeconfig {
-        path: PathBuf,
-        #[source]
-        source: Box<kube::config::KubeconfigError>,
-    },
+    #[error(transparent)]
+    Client(#[from] crate::KubeClientError),
     #[error("kubernetes API: {what}")]
     Kube {
         what: String,
@@ -349,23 +344,14 @@ current-context: thaw-test\n",
 
     /// A client authenticated as the admin.
     pub async fn client(&self) -> Result<Client> {
-        self.client_from(&self.kubeconfig()).await
+        Ok(crate::kube_client(Some(&self.kubeconfig())).await?)
     }
 
     /// A client authenticated with a bearer `token`.
     pub async fn client_for_token(&self, token: &str) -> Result<Client> {
         let path = self.dir.path().join(format!("user-{}.kubeconfig", random_token()?));
         self.write_kubeconfig(&path, token)?;
-        self.client_from(&path).await
-    }
-
-    async fn client_from(&self, path: &Path) -> Result<Client> {
-        let kc = Kubeconfig::read_from(path).map_err(|source| ControlPlaneError::Kubeconfig { path: path.to_path_buf(), source: Box::new(source) })?;
-        let cfg = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .map_err(|source| ControlPlaneError::Kubeconfig { path: path.to_path_buf(), source: Box::new(source) })?;
-        crate::install_tls_provider();
-        Client::try_from(cfg).map_err(|source| ControlPlaneError::Kube { what: "building a client".into(), source: Box::new(source) })
+        Ok(crate::kube_client(Some(&path)).await?)
     }
 
     /// Mints a token for service account `namespace/name`. With `pod` = (name, uid) it is

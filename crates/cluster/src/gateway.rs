@@ -110,8 +110,10 @@ impl Gateway {
     /// The watched view without the nodes found down or gone silent.
     fn usable_view(&self) -> Arc<ClusterView> {
         let view = self.view.borrow().clone();
-        let down = self.down.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let names = left_out(view.nodes(), &down, Instant::now(), k8s_openapi::chrono::Utc::now());
+        let names = {
+            let down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+            left_out(view.nodes(), &down, Instant::now(), k8s_openapi::chrono::Utc::now())
+        };
         if names.is_empty() {
             return view;
         }
@@ -152,6 +154,13 @@ struct Placed {
     name: String,
     endpoint: String,
     boot_id: String,
+}
+
+impl Placed {
+    /// The Lambda-shaped 502 of an agent that failed with `e`.
+    fn failed(&self, e: &dyn std::fmt::Display, request_id: &str) -> ApiError {
+        ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("node agent {} ({}) failed: {e} (request {request_id})", self.name, self.endpoint))
+    }
 }
 
 /// Runs the gateway until the process is stopped.
@@ -250,7 +259,7 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
 async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, function: &str, request_id: &str) -> Result<Response, ApiError> {
     let path = parts.uri.path();
     let mut attempt = 0;
-    let (resp, node) = loop {
+    let (resp, _guard, ad) = loop {
         attempt += 1;
         let view = gw.usable_view();
         let ad = {
@@ -275,34 +284,27 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
         }
         let out = out.body(Full::new(body.clone())).map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("building the request to {node}: {e}")))?;
         match gw.http.request(out).await {
-            Ok(resp) => break (resp, (guard, ad)),
-            Err(e) if e.is_connect() && attempt < ATTEMPTS => gw.mark_down(&ad),
+            Ok(resp) => break (resp, guard, ad),
             Err(e) => {
                 if e.is_connect() {
                     gw.mark_down(&ad);
+                    if attempt < ATTEMPTS {
+                        continue;
+                    }
                 }
-                return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "ServiceException",
-                    format!("node agent {node} ({endpoint}) failed: {} (request {request_id})", error_chain(&e)),
-                ));
+                return Err(ad.failed(&error_chain(&e), request_id));
             }
         }
     };
-    let (_guard, ad) = node;
-    let (node, endpoint) = (&ad.name, &ad.endpoint);
-    let failed = |e: &dyn std::fmt::Display| {
-        ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("node agent {node} ({endpoint}) failed: {e} (request {request_id})"))
-    };
     let (rparts, rbody) = resp.into_parts();
-    let bytes = rbody.collect().await.map_err(|e| failed(&e))?.to_bytes();
+    let bytes = rbody.collect().await.map_err(|e| ad.failed(&e, request_id))?.to_bytes();
     let mut r = (rparts.status, bytes).into_response();
     for (k, v) in rparts.headers.iter() {
         if k != "connection" && k != "transfer-encoding" && k != "content-length" {
             r.headers_mut().append(k, v.clone());
         }
     }
-    if let Ok(v) = HeaderValue::from_str(node) {
+    if let Ok(v) = HeaderValue::from_str(&ad.name) {
         r.headers_mut().insert("x-thaw-node", v);
     }
     Ok(r)

@@ -9,7 +9,6 @@
 //! chunk by chunk at the level a publish uses, as a push stores them.
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -24,9 +23,7 @@ fn stored(plan: &Plan, sizes: &mut HashMap<String, u64>) {
         if sizes.contains_key(&u.sha256) {
             continue;
         }
-        let f = std::fs::File::open(plan.dir.join(u.file)).expect("open");
-        let mut buf = vec![0u8; u.len as usize];
-        f.read_exact_at(&mut buf, u.offset).expect("read");
+        let buf = plan.read(u).expect("reading a chunk");
         let z = zstd::bulk::compress(&buf, ZSTD_LEVEL).map_or(u.len, |z| (z.len() as u64).min(u.len));
         sizes.insert(u.sha256.clone(), z);
     }

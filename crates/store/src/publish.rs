@@ -372,7 +372,7 @@ impl Plan {
 
     /// The bytes of upload `u`, checked against its name (the files must not
     /// change between planning and uploading).
-    pub(crate) fn read(&self, u: &Upload) -> Result<Bytes> {
+    pub fn read(&self, u: &Upload) -> Result<Bytes> {
         let data = if u.file == TRACE_FILE {
             let t = self.ws_trace.as_ref().expect("planned with a trace");
             t.slice(u.offset as usize..(u.offset + u.len) as usize)
