@@ -8,6 +8,8 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   local         `thaw snapshot restore DIR` (REAP prefetch; page cache of the image evicted)
   remote-cold   `thaw snapshot restore s3://...` with an empty node cache (fetch, verify, restore)
   remote-warm   the same with the snapshot in the node cache (page cache of the entry evicted)
+  remote-cold-late-sandbox  remote-cold with the sandbox created after the fetch
+                (THAW_STORE_EARLY_SANDBOX=0), the baseline of preparing it while the head arrives
   remote-cold-window  remote-cold of the same snapshot pushed with pages.img cut by 8 KiB
                 address windows (THAW_STORE_CHUNKS=window), the baseline of content-defined chunks
   remote-cold-v2  remote-cold of the same snapshot pushed with its chunks raw (format 2,
@@ -51,7 +53,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-late-sandbox", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
          "layered-local", "layered-remote-cold", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
@@ -169,9 +171,10 @@ def bench_function(thaw, fn, store, runs, tmp):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-late-sandbox", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
-                menv = dict(env, THAW_STORE_FETCH="whole") if mode == "remote-cold-whole" else env
+                menv = {"remote-cold-whole": dict(env, THAW_STORE_FETCH="whole"),
+                        "remote-cold-late-sandbox": dict(env, THAW_STORE_EARLY_SANDBOX="0")}.get(mode, env)
                 st = run_thaw(thaw, menv, ["snapshot", "restore", urls.get(mode, url)], stats)
                 assert st["store"]["cache_hit"] is False, st["store"]
             elif mode == "layered-local":
@@ -264,12 +267,12 @@ def main():
             finally:
                 store.stop()
     med = medians(rows)
-    print(f"{'link':9s} {'function':11s} {'mode':19s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} "
+    print(f"{'link':9s} {'function':11s} {'mode':24s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} "
           f"{'fetch %':>8s} {'MB fetched':>10s} {'MB first':>9s} {'requests':>9s}")
     for (link, fn, mode), m in sorted(med.items(), key=lambda kv: (kv[0][0], kv[0][1], MODES.index(kv[0][2]))):
         local = med[(link, fn, "local")]["total_ms"]
         share = 100 * m["fetch_ms"] / m["total_ms"] if m["fetch_ms"] else 0
-        print(f"{link:9s} {fn:11s} {mode:19s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
+        print(f"{link:9s} {fn:11s} {mode:24s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
               f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f}")
     for (link, fn, mode), m in sorted(med.items()):
         label = {"remote-cold": "format 3, compressed packs", "remote-cold-window": "format 3, 8 KiB address windows",

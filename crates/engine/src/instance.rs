@@ -159,6 +159,15 @@ fn spec_for(rec: &SandboxRecord, kind: &str) -> SandboxSpec {
     }
 }
 
+/// Start preparing, in `pool`, a sandbox for a restore of a snapshot whose sandbox
+/// record is `rec`, before the snapshot is open (its record known early, e.g. from a
+/// store's manifest while the rest arrives). Returns at once; a later
+/// [`LoadedSnapshot::prepare_sandboxes`] waits for it, and a restore takes it only if
+/// the snapshot's own record has the same shape.
+pub fn prepare_restore_sandbox(pool: &SandboxPool, rec: &SandboxRecord) {
+    pool.fill(&spec_for(rec, "restore"), 1, Duration::ZERO);
+}
+
 /// A restore's sandbox: a prepared one from `pool` if it has one of `spec`'s shape
 /// (`extra` are binds beyond the shape: this snapshot's shared memory file), else a
 /// new one. Also returns the pool when its sandbox was used (the instance keeps it).

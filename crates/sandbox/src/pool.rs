@@ -153,7 +153,9 @@ impl SandboxPool {
     }
 
     /// Keep at least `n` sandboxes of `spec`'s shape ready (e.g. ahead of an expected
-    /// burst) and wait up to `timeout` until they are. Returns how many are ready.
+    /// burst) and wait up to `timeout` until they are, or until a preparation of the
+    /// shape fails (the pool then backs off; waiting on would only wait that out).
+    /// Returns how many are ready.
     pub fn fill(&self, spec: &SandboxSpec, n: usize, timeout: Duration) -> usize {
         let key = shape_key(spec);
         let deadline = Instant::now() + timeout;
@@ -164,9 +166,11 @@ impl SandboxPool {
         slot.last_use = Instant::now();
         self.inner.changed.notify_all();
         loop {
-            let ready = st.slots.iter().find(|s| s.key == key).map_or(0, |s| s.ready.len());
+            let slot = st.slots.iter().find(|s| s.key == key);
+            let ready = slot.map_or(0, |s| s.ready.len());
+            let failing = slot.is_some_and(|s| s.retry_at.is_some());
             let now = Instant::now();
-            if ready >= n || now >= deadline || st.stop {
+            if ready >= n || now >= deadline || st.stop || failing {
                 return ready;
             }
             st = self.inner.changed.wait_timeout(st, deadline - now).expect("pool lock").0;

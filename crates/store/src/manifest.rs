@@ -120,6 +120,12 @@ pub struct Manifest {
     /// manifest names it any more.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub is_base: bool,
+    /// The sandbox the process lived in (a copy of state.bin's record, optional in
+    /// format 3): a restore that misses the cache prepares the sandbox while the head
+    /// is still arriving. Only a hint: the restore uses the prepared sandbox only if it
+    /// has the shape state.bin's record asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<thaw_engine::image::SandboxRecord>,
 }
 
 impl Manifest {
@@ -275,6 +281,7 @@ mod tests {
             derived: vec![],
             base: None,
             is_base: false,
+            sandbox: None,
         }
     }
 

@@ -587,6 +587,7 @@ mod tests {
             derived: vec![],
             base: None,
             is_base: false,
+            sandbox: None,
         };
         let s = spans(&m);
         let shape: Vec<(u64, u64, usize)> = s.iter().map(|s| (s.start, s.end, s.chunks.len())).collect();

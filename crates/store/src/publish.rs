@@ -349,6 +349,7 @@ pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
         derived,
         base: None,
         is_base: false,
+        sandbox: Some(snap.image.sandbox.clone()),
     };
     let manifest_bytes = manifest.to_bytes();
     let id = sha256_hex(&manifest_bytes);

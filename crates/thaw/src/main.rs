@@ -455,7 +455,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             snap.source.set_fault_cpu_share(fault_cpu_share);
             let open_ms = ms(t0.elapsed());
             let mut prepare_ms = 0.0;
-            if prepared_sandbox {
+            if let (Some(pool), false) = (fetched.sandboxes(), prepared_sandbox) {
+                // Prepared during the fetch: what is left of the wait counts as restore time.
+                snap.sandboxes = Some(pool);
+                snap.prepare_sandboxes(1, Duration::from_secs(5));
+            } else if prepared_sandbox {
                 let t = Instant::now();
                 snap.sandboxes = Some(std::sync::Arc::new(thaw_sandbox::SandboxPool::new(1).context("starting the sandbox pool thread")?));
                 if snap.prepare_sandboxes(1, Duration::from_secs(30)) < 1 {

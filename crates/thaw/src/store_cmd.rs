@@ -179,6 +179,8 @@ pub struct Resolved {
     /// For --stats: null for a local directory, else what the fetch did.
     pub stats: serde_json::Value,
     lazy: Option<Lazy>,
+    /// A miss: the sandbox the manifest names, prepared while the rest arrives.
+    sandboxes: Option<Arc<thaw_sandbox::SandboxPool>>,
 }
 
 struct Lazy {
@@ -190,6 +192,12 @@ struct Lazy {
 impl Resolved {
     pub fn dir(&self) -> &std::path::Path {
         &self.dir
+    }
+
+    /// A miss: a pool in which the snapshot's sandbox has been in preparation since the
+    /// manifest arrived (the restore takes it if it has the shape state.bin asks for).
+    pub fn sandboxes(&self) -> Option<Arc<thaw_sandbox::SandboxPool>> {
+        self.sandboxes.clone()
     }
 
     /// What the engine asks for pages not fetched yet (a lazy miss).
@@ -244,7 +252,7 @@ impl Drop for Resolved {
 /// fetches everything first, as before heads).
 pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_bytes: u64) -> Result<Resolved> {
     let Some(url) = snap.to_str().filter(|s| s.starts_with("s3://")) else {
-        return Ok(Resolved { dir: snap.to_path_buf(), _pin: None, _base: None, stats: serde_json::Value::Null, lazy: None });
+        return Ok(Resolved { dir: snap.to_path_buf(), _pin: None, _base: None, stats: serde_json::Value::Null, lazy: None, sandboxes: None });
     };
     let url = SnapshotUrl::parse(url)?;
     let t0 = std::time::Instant::now();
@@ -257,7 +265,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
             if let Some(base) = thaw_store::linked_base(&cache, handle.dir(), &Unreachable) {
                 let stats = json!({"url": url.to_string(), "cache_hit": true, "cached": handle.cached(),
                     "bytes_fetched": 0, "requests": 0, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-                return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), _base: base, stats, lazy: None });
+                return Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), _base: base, stats, lazy: None, sandboxes: None });
             }
         }
     }
@@ -270,14 +278,28 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
         manifest_bytes = manifest_len,
         "manifest fetched"
     );
+    // The sandbox needs only the manifest's copy of its record: it is prepared while
+    // the head arrives instead of after it.
+    // (THAW_STORE_EARLY_SANDBOX=0: after the fetch, as before; the baseline of bench/store.py.)
+    let early = std::env::var("THAW_STORE_EARLY_SANDBOX").as_deref() != Ok("0");
+    let sandboxes = m.sandbox.as_ref().filter(|_| early).and_then(|rec| match thaw_sandbox::SandboxPool::new(1) {
+        Ok(pool) => {
+            thaw_engine::instance::prepare_restore_sandbox(&pool, rec);
+            Some(Arc::new(pool))
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "no sandbox prepared during the fetch");
+            None
+        }
+    });
     if thaw_store::lazy::enabled() {
         let miss = thaw_store::open_miss(&store, &cache, &url.id, m.clone(), manifest_len).with_context(|| format!("fetching {url}"))?;
         if let Some(thaw_store::Miss { fill, dir, base }) = miss {
             let (requests, bytes) = fill.fetched();
             let stats = json!({"url": url.to_string(), "cache_hit": false, "lazy": true, "bytes_fetched": bytes,
-                "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
+                "requests": requests, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3, "sandbox_during_fetch": sandboxes.is_some()});
             let lazy = Lazy { fill, cache, id: url.id.clone() };
-            return Ok(Resolved { dir, _pin: None, _base: base, stats, lazy: Some(lazy) });
+            return Ok(Resolved { dir, _pin: None, _base: base, stats, lazy: Some(lazy), sandboxes });
         }
     }
     let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, m);
@@ -286,8 +308,8 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     let requests = source.requests.load(Ordering::Relaxed) + 1;
     let stats = json!({"url": url.to_string(), "cache_hit": false, "cached": handle.cached(), "lazy": false,
         "bytes_fetched": bytes, "requests": requests, "requests_before_first_response": requests,
-        "bytes_fetched_before_first_response": bytes, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3});
-    Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), _base: base, stats, lazy: None })
+        "bytes_fetched_before_first_response": bytes, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3, "sandbox_during_fetch": sandboxes.is_some()});
+    Ok(Resolved { dir: handle.dir().to_path_buf(), _pin: Some(handle), _base: base, stats, lazy: None, sandboxes })
 }
 
 /// The source of a lookup expected to hit (a miss is an error, and the caller

@@ -73,6 +73,9 @@ fn push_pull_restore_round_trip() {
             let (reqs, first) = (s["requests_before_first_response"].as_u64().unwrap(), s["bytes_fetched_before_first_response"].as_u64().unwrap());
             assert!(reqs <= 4, "{reqs} requests before the first response: {s}");
             assert_eq!(s["lazy"], !whole, "{s}");
+            // The manifest names the sandbox: it was prepared while the rest arrived, and used.
+            assert_eq!(s["sandbox_during_fetch"], true, "{s}");
+            assert_eq!(st["prepared_sandbox"], true, "{st}");
             if whole {
                 assert_eq!(first, fetched, "everything before the start: {s}");
             } else {
