@@ -235,12 +235,13 @@ pub struct LoadedSnapshot {
     pub sandboxes: Option<Arc<SandboxPool>>,
     /// Whether the function's files are those captured (perhaps still being checked).
     code_verdict: Arc<Verdict>,
-    /// Read ws.pages through the page cache instead of with O_DIRECT: set for a
-    /// snapshot arriving from a store (`open_filled` with a fill), whose ws.pages was
-    /// written a moment ago and is still in the cache, dirty. O_DIRECT would first
-    /// wait for it to be written back and then read it from the disk again (lrserving:
-    /// 11-17 ms for 7.9 MB, more than the read from a cold disk).
-    pub ws_in_page_cache: bool,
+    /// Take the working set's pages out of the image (through its fill) instead of
+    /// reading ws.pages: set for a snapshot arriving from a store (`open_filled` with
+    /// a fill). The fill hands them over from memory as they arrive, so the restore
+    /// of the process state runs beside their fetch; ws.pages is written once the
+    /// fetch completes. (Reading a ws.pages written a moment before with O_DIRECT also
+    /// waited for its write-back: lrserving 11-17 ms for 7.9 MB.)
+    pub ws_from_image: bool,
 }
 
 impl LoadedSnapshot {
@@ -320,7 +321,7 @@ impl LoadedSnapshot {
             ws_flight: Default::default(),
             sandboxes: None,
             code_verdict,
-            ws_in_page_cache: fresh,
+            ws_from_image: fresh,
         })
     }
 
@@ -388,7 +389,11 @@ impl LoadedSnapshot {
                             return Ok(Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers });
                         }
                         let t = Instant::now();
-                        let (mut buf, mut read_ms) = ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached || self.ws_in_page_cache)?;
+                        let (mut buf, mut read_ms) = if self.ws_from_image {
+                            ws.assemble(&self.dir, &self.source.index, self.source.file())?
+                        } else {
+                            ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?
+                        };
                         if let Some(sealer) = self.source.sealer() {
                             // Decrypting is part of reading a sealed working set (once per burst).
                             ws.unseal(&self.dir, sealer, &self.source.index, self.source.file().own_pages(), &mut buf)?;

@@ -27,6 +27,12 @@ pub trait PageFill: Send + Sync {
     fn ensure(&self, offset: u64, len: u64) -> io::Result<()>;
     /// The bytes are going to be read soon: start fetching, do not wait.
     fn hint(&self, _offset: u64, _len: u64) {}
+    /// Copy bytes `offset..offset + buf.len()` into `buf` if the fill holds them in
+    /// memory (fetched, checked, not written yet), waiting for a fetch of them in
+    /// flight. `Ok(false)`: read them from the files after [`PageFill::ensure`].
+    fn copy(&self, _offset: u64, _buf: &mut [u8]) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// One image's page files, numbered one after the other.
@@ -74,6 +80,9 @@ impl PageFiles {
     /// span both files).
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if let Some(f) = &self.fill {
+            if f.copy(offset, buf)? {
+                return Ok(());
+            }
             f.ensure(offset, buf.len() as u64)?;
         }
         let mut done = 0usize;

@@ -168,6 +168,37 @@ impl WorkingSet {
             done += n;
         }
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.verify(dir, index, &buf)?;
+        Ok((buf, read_ms))
+    }
+
+    /// The working set's pages read out of the image's `pages` instead of ws.pages:
+    /// for a snapshot arriving from a store, whose fill hands them over from memory
+    /// as they arrive (ws.pages is written once the fetch completes). Checked as
+    /// [`WorkingSet::read_pages`] checks them.
+    pub fn assemble(&self, dir: &Path, index: &PageIndex, pages: &crate::pagefiles::PageFiles) -> Result<(AlignedBuf, f64), WsError> {
+        let t0 = Instant::now();
+        let mut buf = AlignedBuf::new(self.pages_bytes() as usize);
+        // Runs of consecutive file pages in one read each.
+        let mut i = 0;
+        while i < self.layout.len() {
+            let fp = self.layout[i].1;
+            let n = self.layout[i..].iter().enumerate().take_while(|&(k, &(_, f))| f == fp + k as u64).count();
+            let at = i * PAGE_SIZE as usize;
+            pages.read_exact_at(&mut buf.as_mut()[at..at + n * PAGE_SIZE as usize], fp * PAGE_SIZE).map_err(|source| WsError::Io {
+                dir: dir.to_path_buf(),
+                what: "reading the working set's pages out of the image".into(),
+                source,
+            })?;
+            i += n;
+        }
+        let read_ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.verify(dir, index, &buf)?;
+        Ok((buf, read_ms))
+    }
+
+    /// Every page of `buf` (ws.pages' contents) against the image's CRCs.
+    fn verify(&self, dir: &Path, index: &PageIndex, buf: &AlignedBuf) -> Result<(), WsError> {
         for (i, page) in buf.as_ref().chunks_exact(PAGE_SIZE as usize).enumerate() {
             let (vaddr, fp) = self.layout[i];
             if index.crcs.get(fp as usize) != Some(&crc32fast::hash(page)) {
@@ -178,7 +209,7 @@ impl WorkingSet {
                 });
             }
         }
-        Ok((buf, read_ms))
+        Ok(())
     }
 
     /// Decrypt in place the pages [`WorkingSet::read_pages`] read from the working

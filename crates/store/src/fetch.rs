@@ -173,6 +173,19 @@ pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path,
     installed.is_ok()
 }
 
+/// Write ws.pages for the ws.trace in `dir` (if any) out of its complete image (synced
+/// when `durable`): a lazy fetch's placeholder replaced once every page is here.
+pub(crate) fn derive_pages(m: &Manifest, dir: &Path, durable: bool) -> Result<()> {
+    let trace = match std::fs::read(dir.join(TRACE_FILE)) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::local(dir, "reading ws.trace")(e)),
+    };
+    let set = WorkingSet::parse(dir, &trace, m.image_id).map_err(|source| StoreError::WorkingSet { dir: dir.to_path_buf(), source })?;
+    ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, durable).map_err(|source| StoreError::WorkingSet { dir: dir.to_path_buf(), source })?;
+    Ok(())
+}
+
 /// Rebuild ws.pages (the working set's pages, copied out of pages.img, or got from
 /// `read` (see `lazy.rs`); synced when `durable`).
 pub(crate) fn derive(m: &Manifest, dir: &Path, read: Option<PageRead>, durable: bool) -> Result<()> {

@@ -76,17 +76,25 @@ pub struct RemoteFill {
     before_head: (AtomicU64, AtomicU64),
     /// What had been fetched when the first response came back.
     at_first_response: Mutex<Option<(u64, u64)>>,
-    /// Chunks of the working set fetched with the head, by offset in pages.img:
-    /// written when a read needs them or by [`RemoteFill::complete`], not before the
-    /// start (the restore takes them from ws.pages; writing ~8 MB beside it slowed
+    /// Chunks of pages.img fetched with the head (or with a recorded working set), by
+    /// offset: handed to reads from memory ([`PageFill::copy`]; the restore assembles
+    /// its working set from them) and written when a read needs them in the file or by
+    /// [`RemoteFill::complete`], not before the start (writing ~8 MB beside it slowed
     /// lrserving's restore by as much as the write took, on 2 cores).
     pending: Mutex<HashMap<u64, bytes::Bytes>>,
+    /// ws.pages is a placeholder that [`RemoteFill::complete`] writes.
+    deferred_ws: bool,
 }
 
-/// Fetch the head of stored snapshot `id` into the empty directory `dir`: every
-/// file but pages.img complete, pages.img sparse with the head's pages in place,
-/// ws.pages rebuilt. None: the snapshot has no head (format 1, or published before
-/// heads), fetch it whole instead.
+/// Fetch the head of stored snapshot `id` into the empty directory `dir` and return
+/// as soon as the restore can start: state.bin and ws.trace complete, pages.img
+/// sparse, ws.pages a placeholder of its size. The head's pages (the working set's,
+/// the copy-on-written file pages, the rseq areas) are still arriving, in parallel
+/// reads started with the first one: the fill keeps them in memory, and a read of
+/// them (the engine assembling the working set, `ws_from_image`) waits for them.
+/// So the restore of the process state runs beside their transfer and checking.
+/// ws.pages is written by [`RemoteFill::complete`]. None: the snapshot has no head
+/// (format 1, or published before heads), fetch it whole instead.
 ///
 /// A diff's base must be beside it already (`thaw_engine::layers::BASE_LINK`).
 ///
@@ -115,57 +123,69 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     let counters = Counters::default();
     let mut state: Vec<State> =
         m.files[file].chunks.iter().map(|c| if c.sha256.is_none() { State::Present } else { State::Absent }).collect();
-    let remote = &store.remote;
-    let t0 = std::time::Instant::now();
-    // 1. The head, in HEAD_READS parallel reads (one would hash it all on one core),
-    //    and the working set recorded beside the snapshot, if any, at once.
-    let spans: Vec<_> = spans_of(&m, |_, c| c.pack == Some(head), u64::MAX).into_iter().flat_map(|s| s.split(HEAD_READS)).collect();
-    let (head_parts, recorded) =
-        store.block_on(async { futures::join!(crate::pack::read_spans(remote, &spans), crate::fetch::recorded_trace(remote, &m, id)) });
-    let mut reads = vec![(spans, head_parts?)];
-    counters.requests.fetch_add(reads[0].0.len() as u64 + u64::from(m.file(TRACE_FILE).is_none()), Ordering::Relaxed);
-    counters.bytes.fetch_add(recorded.as_ref().map_or(0, |t| t.len() as u64), Ordering::Relaxed);
-    // 2. Every file but pages.img, complete.
-    for (fi, off, part) in placed(&reads).filter(|(fi, _, _)| *fi != file) {
-        files[fi].write_all_at(part, off).map_err(StoreError::local(dir, format!("writing {}", m.files[fi].name)))?;
-    }
-    // 3. The chunks of pages.img the working set (recorded, or the head's own) touches.
     let chunks = &m.files[file].chunks;
     let chunk_of = |at: u64| chunks.partition_point(|c| c.offset + c.len <= at);
-    let trace = recorded.clone().or_else(|| std::fs::read(dir.join(TRACE_FILE)).ok().map(bytes::Bytes::from));
-    let ws_chunks: HashSet<usize> = trace
-        .as_deref()
-        .and_then(|t| thaw_engine::ws::WorkingSet::parse(dir, t, m.image_id).ok())
-        .map(|set| set.layout.iter().map(|&(_, fp)| chunk_of(fp * PAGE)).filter(|&i| i < chunks.len()).collect())
-        .unwrap_or_default();
-    // 4. Those the head lacks (a working set recorded after the publish): chunks are
-    //    in address order, so few ranges once those close together are coalesced.
-    let in_head: HashSet<u64> = placed(&reads).filter(|(fi, _, _)| *fi == file).map(|(_, off, _)| off).collect();
-    let lacking: HashSet<u64> =
-        ws_chunks.iter().map(|&i| chunks[i].offset).filter(|o| !in_head.contains(o) && state[chunk_of(*o)] == State::Absent).collect();
-    let ws_spans = spans_of(&m, |fi, c| fi == file && lacking.contains(&c.offset), crate::pack::RANGE_GAP);
-    if !ws_spans.is_empty() {
-        let parts = store.block_on(crate::pack::read_spans(remote, &ws_spans))?;
-        counters.requests.fetch_add(ws_spans.len() as u64, Ordering::Relaxed);
-        reads.push((ws_spans, parts));
+    let remote = &store.remote;
+    let t0 = std::time::Instant::now();
+    // 1. The head: its files (state.bin, ws.trace; its start) waited for, its pages
+    //    (the rest) read beside them and after: HEAD_READS parallel reads when large
+    //    (each checks its chunks' hashes as it arrives, on a thread of its own).
+    let first = spans_of(&m, |fi, c| fi != file && c.pack == Some(head), u64::MAX);
+    let head_pages = spans_of(&m, |fi, c| fi == file && c.pack == Some(head), u64::MAX);
+    let large = head_pages.iter().map(|s| s.end - s.start).sum::<u64>() > 1 << 20;
+    let head_pages: Vec<Span> = head_pages.into_iter().flat_map(|s| s.split(if large { HEAD_READS } else { 1 })).collect();
+    for i in span_chunks(&head_pages, file).map(|(_, off)| chunk_of(off)) {
+        state[i] = State::Fetching;
     }
-    let t_read = t0.elapsed();
-    // 5. pages.img: what the restore reads from it (copy-on-written file pages, rseq
-    //    areas) now; the working set's chunks once needed, or after the start (the
-    //    restore takes those from ws.pages, built from memory below).
-    let mut later: Vec<(u64, bytes::Bytes)> = Vec::new();
-    let span_bytes: u64 = reads.iter().flat_map(|(spans, _)| spans).map(|s| s.end - s.start).sum();
-    counters.bytes.fetch_add(span_bytes, Ordering::Relaxed);
-    for (_, off, part) in placed(&reads).filter(|(fi, _, _)| *fi == file) {
-        let i = chunk_of(off);
-        if ws_chunks.contains(&i) {
-            later.push((off, part.clone()));
-            state[i] = State::Pending;
-        } else {
-            files[file].write_all_at(part, off).map_err(StoreError::local(dir, "writing pages.img"))?;
-            state[i] = State::Present;
+    let pages_read = store.spawn(crate::pack::read_spans_owned(remote.clone(), head_pages.clone()));
+    let (first_parts, recorded) =
+        store.block_on(async { futures::join!(crate::pack::read_spans(remote, &first), crate::fetch::recorded_trace(remote, &m, id)) });
+    let first_parts = first_parts?;
+    counters.requests.fetch_add(first.len() as u64 + u64::from(m.file(TRACE_FILE).is_none()), Ordering::Relaxed);
+    counters.bytes.fetch_add(recorded.as_ref().map_or(0, |t| t.len() as u64) + first.iter().map(|s| s.end - s.start).sum::<u64>(), Ordering::Relaxed);
+    // 2. Every file but pages.img, complete.
+    for (s, parts) in first.iter().zip(&first_parts) {
+        for (c, part) in s.chunks.iter().zip(parts) {
+            for &(fi, off) in c.places.iter().filter(|(fi, _)| *fi != file) {
+                files[fi].write_all_at(part, off).map_err(StoreError::local(dir, format!("writing {}", m.files[fi].name)))?;
+            }
         }
     }
+    // 3. The working set (recorded beside the snapshot, or the head's own): ws.trace,
+    //    and ws.pages as a placeholder of its size until `complete` writes it.
+    let mut deferred_ws = false;
+    let trace = match &recorded {
+        Some(t) => Some(t.clone()),
+        None => std::fs::read(dir.join(TRACE_FILE)).ok().map(bytes::Bytes::from),
+    };
+    let set = trace.as_deref().map(|t| (t, thaw_engine::ws::WorkingSet::parse(dir, t, m.image_id)));
+    let ws_chunks: HashSet<usize> = match set {
+        Some((t, Ok(set))) => {
+            if recorded.is_some() {
+                std::fs::write(dir.join(TRACE_FILE), t).map_err(StoreError::local(dir, "writing ws.trace"))?;
+            }
+            let placeholder = File::create(dir.join(thaw_engine::ws::PAGES_FILE)).map_err(StoreError::local(dir, "creating ws.pages"))?;
+            placeholder.set_len(set.pages_bytes()).map_err(StoreError::local(dir, "sizing ws.pages"))?;
+            deferred_ws = true;
+            set.layout.iter().map(|&(_, fp)| chunk_of(fp * PAGE)).filter(|&i| i < chunks.len()).collect()
+        }
+        Some((_, Err(e))) => {
+            let object = if recorded.is_some() { remote.url.object_url(&crate::Remote::ws_key(id)) } else { remote.url.object_url(&crate::Remote::manifest_key(id)) };
+            tracing::warn!(object = %object, error = %e, "ignoring a recorded working set that does not match its snapshot; the first restore records one");
+            thaw_engine::ws::invalidate(dir);
+            HashSet::new()
+        }
+        None => HashSet::new(),
+    };
+    // 4. Those the head lacks (a working set recorded after the publish): chunks are
+    //    in address order, so few ranges once those close together are coalesced.
+    let lacking: HashSet<u64> = ws_chunks.iter().filter(|&&i| state[i] == State::Absent).map(|&i| chunks[i].offset).collect();
+    let ws_spans = spans_of(&m, |fi, c| fi == file && lacking.contains(&c.offset), crate::pack::RANGE_GAP);
+    for i in span_chunks(&ws_spans, file).map(|(_, off)| chunk_of(off)) {
+        state[i] = State::Fetching;
+    }
+    let ws_read = (!ws_spans.is_empty()).then(|| store.spawn(crate::pack::read_spans_owned(remote.clone(), ws_spans.clone())));
+    let t_first = t0.elapsed();
     let pages = files.swap_remove(file);
     let fill = Arc::new(RemoteFill {
         store: store.clone(),
@@ -180,51 +200,29 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         complete: AtomicBool::new(false),
         before_head: Default::default(),
         at_first_response: Mutex::new(None),
-        pending: Mutex::new(later.into_iter().collect()),
+        pending: Mutex::new(HashMap::new()),
+        deferred_ws,
     });
-    let t_written = t0.elapsed();
-    // ws.pages, from the pages in memory (through the fill for any other, which
-    // waits for the chunks being written); synced by `complete`, before the cache
-    // keeps it.
-    let in_memory: HashMap<u64, &bytes::Bytes> = placed(&reads).filter(|(fi, _, _)| *fi == file).map(|(_, off, part)| (off, part)).collect();
-    let through_fill = crate::fetch::page_files(dir)?.with_fill(Some(fill.clone() as Arc<dyn PageFill>));
-    let mut read = |fp: u64, buf: &mut [u8]| {
-        let at = fp * PAGE;
-        match chunks.get(chunk_of(at)).and_then(|c| Some((c, in_memory.get(&c.offset)?))) {
-            Some((c, part)) if c.offset <= at && at + buf.len() as u64 <= c.offset + part.len() as u64 => {
-                let from = (at - c.offset) as usize;
-                buf.copy_from_slice(&part[from..from + buf.len()]);
-                Ok(())
-            }
-            _ => through_fill.read_exact_at(buf, at),
+    for (spans, read) in [(head_pages, Some(pages_read)), (ws_spans, ws_read)] {
+        if let Some(read) = read {
+            let f = fill.clone();
+            store.spawn(async move {
+                let got = read.await.unwrap_or_else(|e| Err(StoreError::Task { detail: e.to_string() }));
+                f.arrived(&spans, got, t0);
+            });
         }
-    };
-    let derived = match &recorded {
-        Some(t) => {
-            crate::fetch::install_trace(&store.remote, &m, id, dir, t, &mut read, false);
-            Ok(())
-        }
-        None => crate::fetch::derive(&m, dir, Some(&mut read), false),
-    };
-    derived?;
-    tracing::debug!(
-        requests = fill.counters.requests.load(Ordering::Relaxed),
-        bytes = fill.counters.bytes.load(Ordering::Relaxed),
-        read_ms = t_read.as_secs_f64() * 1e3,
-        write_ms = (t_written - t_read).as_secs_f64() * 1e3,
-        derive_ms = (t0.elapsed() - t_written).as_secs_f64() * 1e3,
-        "snapshot head fetched"
-    );
+    }
+    tracing::debug!(requests = fill.counters.requests.load(Ordering::Relaxed), ms = t_first.as_secs_f64() * 1e3, "snapshot state fetched; its pages follow");
+    if std::env::var("THAW_STORE_HEAD").as_deref() == Ok("wait") {
+        // The baseline of bench/store.py: the restore starts once the whole head is here.
+        fill.wait_arrivals();
+    }
     Ok(Some(fill))
 }
 
-/// Every chunk that `reads` brought, with each place it goes: (file index, offset, bytes).
-fn placed(reads: &[(Vec<Span>, Vec<Vec<bytes::Bytes>>)]) -> impl Iterator<Item = (usize, u64, &bytes::Bytes)> {
-    reads
-        .iter()
-        .flat_map(|(spans, parts)| spans.iter().zip(parts))
-        .flat_map(|(s, parts)| s.chunks.iter().zip(parts))
-        .flat_map(|(c, part)| c.places.iter().map(move |&(fi, off)| (fi, off, part)))
+/// The (file index, offset) places in pages.img (`file`) of the chunks `spans` read.
+fn span_chunks(spans: &[Span], file: usize) -> impl Iterator<Item = (usize, u64)> + '_ {
+    spans.iter().flat_map(|s| &s.chunks).flat_map(|c| c.places.iter().copied()).filter(move |(fi, _)| *fi == file)
 }
 
 impl RemoteFill {
@@ -311,6 +309,55 @@ impl RemoteFill {
         result
     }
 
+    /// The background reads of `spans` (chunks of pages.img, marked Fetching) are
+    /// done: their chunks are kept in memory (Pending), or, if the read failed, left to
+    /// be fetched when needed (Absent; a store that is down fails that fetch, and the
+    /// instance that needed the page is killed).
+    fn arrived(&self, spans: &[Span], got: Result<Vec<Vec<bytes::Bytes>>>, t0: std::time::Instant) {
+        let idx: Vec<usize> = span_chunks(spans, self.file).map(|(_, off)| self.chunk_index(off)).collect();
+        match got {
+            Ok(parts) => {
+                self.counters.requests.fetch_add(spans.len() as u64, Ordering::Relaxed);
+                self.counters.bytes.fetch_add(spans.iter().map(|s| s.end - s.start).sum(), Ordering::Relaxed);
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                for (s, parts) in spans.iter().zip(parts) {
+                    for (c, part) in s.chunks.iter().zip(parts) {
+                        for &(_, off) in c.places.iter().filter(|(fi, _)| *fi == self.file) {
+                            pending.insert(off, part.clone());
+                        }
+                    }
+                }
+                drop(pending);
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                for &i in &idx {
+                    st[i] = State::Pending;
+                }
+                tracing::debug!(requests = spans.len(), chunks = idx.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "snapshot pages arrived");
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "fetching the head's pages failed; each is fetched again when needed");
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                for &i in &idx {
+                    st[i] = State::Absent;
+                }
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// Wait until no read started at open is in flight.
+    fn wait_arrivals(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while st.contains(&State::Fetching) {
+            st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// The index of the chunk of pages.img at byte `offset`.
+    fn chunk_index(&self, offset: u64) -> usize {
+        self.chunks().partition_point(|c| c.offset + c.len <= offset)
+    }
+
     /// Count `requests` and `bytes` spent before the head (the manifest, a diff's base).
     pub fn count_before_head(&self, requests: u64, bytes: u64) {
         self.before_head.0.fetch_add(requests, Ordering::Relaxed);
@@ -354,6 +401,11 @@ impl RemoteFill {
         let size = self.m.files[self.file].size;
         self.ensure_with(0, size, usize::MAX)?;
         self.pages.sync_all()?;
+        // ws.pages, a placeholder until now, from the complete image (for the trace
+        // there now: a restore may have merged its misses into it meanwhile).
+        if self.deferred_ws {
+            crate::fetch::derive_pages(&self.m, &self.dir, true).map_err(std::io::Error::other)?;
+        }
         // The working set written unsynced at open.
         for name in [thaw_engine::ws::PAGES_FILE, thaw_engine::ws::TRACE_FILE] {
             match File::open(self.dir.join(name)) {
@@ -415,5 +467,33 @@ impl RemoteFill {
 impl PageFill for RemoteFill {
     fn ensure(&self, offset: u64, len: u64) -> std::io::Result<()> {
         self.ensure_with(offset, len, FAULT_NEIGHBOURS)
+    }
+
+    fn copy(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<bool> {
+        let range = self.overlapping(offset, buf.len() as u64);
+        let parts: Vec<(u64, bytes::Bytes)> = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            // Wait for the reads in flight (the head's pages arriving).
+            while range.clone().any(|i| st[i] == State::Fetching) {
+                st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            if range.is_empty() || !range.clone().all(|i| st[i] == State::Pending) {
+                return Ok(false);
+            }
+            let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let got: Option<Vec<_>> = range.clone().map(|i| pending.get(&self.chunks()[i].offset).map(|b| (self.chunks()[i].offset, b.clone()))).collect();
+            match got {
+                Some(g) => g,
+                None => return Ok(false),
+            }
+        };
+        let end = offset + buf.len() as u64;
+        for (at, part) in parts {
+            let (from, to) = (offset.max(at), end.min(at + part.len() as u64));
+            if from < to {
+                buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(&part[(from - at) as usize..(to - at) as usize]);
+            }
+        }
+        Ok(true)
     }
 }

@@ -72,6 +72,15 @@ impl Store {
         self.rt.block_on(f)
     }
 
+    /// Run a future of the async layers in the background.
+    pub(crate) fn spawn<F>(&self, f: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.rt.spawn(f)
+    }
+
     pub fn ensure_bucket(&self) -> Result<()> {
         self.rt.block_on(self.remote.ensure_bucket())
     }

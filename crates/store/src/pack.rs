@@ -467,6 +467,11 @@ pub(crate) async fn read_spans(remote: &Remote, spans: &[Span]) -> Result<Vec<Ve
     Ok(out)
 }
 
+/// [`read_spans`] of owned arguments (for a task of its own).
+pub(crate) async fn read_spans_owned(remote: Remote, spans: Vec<Span>) -> Result<Vec<Vec<Bytes>>> {
+    read_spans(&remote, &spans).await
+}
+
 /// The reads that fetch every stored chunk of `m` (format 2): per pack, the chunks'
 /// ranges, coalesced across gaps under [`RANGE_GAP`].
 fn spans(m: &Manifest) -> Vec<Span> {

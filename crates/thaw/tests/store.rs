@@ -66,6 +66,9 @@ fn push_pull_restore_round_trip() {
         let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
         let s = &st["store"];
         assert_eq!(s["cache_hit"], hit, "{st}");
+        // A hit restores from what the miss cached: its ws.pages (written once the fetch
+        // completed) matches the image, or the restore would have fallen back to record.
+        assert_eq!(st["mode"], "prefetch", "{st}");
         assert_eq!(s["cached"], true, "{st}");
         let fetched = s["bytes_fetched"].as_u64().unwrap();
         assert!(if hit { fetched == 0 } else { fetched > 1 << 20 }, "{st}");
@@ -227,6 +230,22 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
     assert!(e.contains("invocation failed") && e.contains("page server: ") && e.contains("is corrupt or truncated"), "{e}");
+    assert!(!scratch().join("data/snapshot-cache/entries").join(&id).exists(), "nothing cached");
+    let left: Vec<_> = std::fs::read_dir(scratch().join("data/snapshot-cache/lazy")).unwrap().flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(&id)).collect();
+    assert!(left.is_empty(), "nothing is left behind: {left:?}");
+
+    // The head's pages arrive beside the restore (its state first): a head whose last
+    // chunk (a page) is corrupt fails that restore too, naming the head, whatever the
+    // call touches.
+    let key = format!("packs/{}", manifest.packs[head].name);
+    let mut data = store.block_on(store.remote.get(&key)).unwrap().to_vec();
+    *data.last_mut().unwrap() ^= 0xff;
+    store.block_on(store.remote.put(&key, data.into())).unwrap();
+    let o = thaw_s3(&m, &["snapshot", "restore", &url, "--payload", r#"{"touch":false}"#, "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains(&format!("{key} is corrupt or truncated")), "{e}");
     assert!(!scratch().join("data/snapshot-cache/entries").join(&id).exists(), "nothing cached");
     let left: Vec<_> = std::fs::read_dir(scratch().join("data/snapshot-cache/lazy")).unwrap().flatten()
         .filter(|e| e.file_name().to_string_lossy().ends_with(&id)).collect();

@@ -240,13 +240,19 @@ impl SnapshotStore {
     /// Fetch what a lazy miss still lacks (blocks until it has it all).
     fn complete(&self, l: &LazyMiss) -> std::io::Result<()> {
         let r = l.fill.complete();
-        let now = l.fill.counters.bytes.load(Ordering::Relaxed);
-        let before = l.counted.swap(now, Ordering::Relaxed);
-        self.n.bytes_fetched.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
+        self.count_fetched(l);
         if r.is_err() {
             self.n.fetch_failures.fetch_add(1, Ordering::Relaxed);
         }
         r
+    }
+
+    /// Add to `bytes_fetched` what lazy miss `l` has fetched since last counted (the
+    /// head's pages arrive after the open, beside the restore).
+    fn count_fetched(&self, l: &LazyMiss) {
+        let now = l.fill.counters.bytes.load(Ordering::Relaxed);
+        let before = l.counted.swap(now, Ordering::Relaxed);
+        self.n.bytes_fetched.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
     }
 
     /// Move a completed lazy miss into the cache (pinned). Its directory is empty
@@ -533,6 +539,7 @@ impl SnapshotSlot {
             return;
         }
         let (Some(store), job) = (self.store.clone(), l.clone()) else { return };
+        store.count_fetched(&job);
         let spawned = std::thread::Builder::new().name("thaw-store-fill".into()).spawn(move || {
             if let Err(e) = store.complete(&job) {
                 warn!(snapshot = %job.id, error = %e, "completing a lazily fetched snapshot failed; the next start fetches it again");
