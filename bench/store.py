@@ -23,7 +23,9 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   layered-remote-cold  the diff from the store with an empty cache (the base is fetched too)
   layered-remote-diff  the diff from the store with its base already cached (what a node
                 that runs other functions of the runtime sees)
-Time to first response is the restore's `total_ms` (it includes the fetch); the
+Time to first response is the restore's `total_ms` (it includes the fetch); `cpu ms` is
+the CPU time the thaw process used until then (fetch, restore, page server; not the
+instance's, not the store's); the
 remote modes also report bytes fetched (in all, and before the first response),
 requests before the first response and time spent fetching. A cold restore of a
 snapshot with a head pack fetches the head, starts, and fetches the rest on demand
@@ -207,6 +209,7 @@ def bench_function(thaw, fn, store, runs, tmp):
                          "requests": s.get("requests_before_first_response", s.get("requests", 0)),
                          "bytes_before_first_response": s.get("bytes_fetched_before_first_response", s.get("bytes_fetched", 0)),
                          "fetch_ms": s.get("fetch_ms", 0.0) if "remote" in mode else 0.0,
+                         "cpu_ms": st.get("cpu_ms_before_first_response", 0.0),
                          "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2", "layered-remote-cold": "layered",
                                          "remote-cold-window": "window"}.get(mode, "packs")]
                          if "remote" in mode else None})
@@ -219,6 +222,7 @@ def medians(rows):
         out.setdefault((r["link"], r["function"], r["mode"]), []).append(r)
     return {k: {"total_ms": statistics.median(x["total_ms"] for x in v),
                 "fetch_ms": statistics.median(x["fetch_ms"] for x in v),
+                "cpu_ms": statistics.median(x.get("cpu_ms", 0.0) for x in v),
                 "bytes_fetched": statistics.median(x["bytes_fetched"] for x in v),
                 "requests": statistics.median(x.get("requests", 0) for x in v),
                 "bytes_before_first_response": statistics.median(x.get("bytes_before_first_response", 0) for x in v),
@@ -271,12 +275,12 @@ def main():
                 store.stop()
     med = medians(rows)
     print(f"{'link':9s} {'function':11s} {'mode':24s} {'first response ms':>17s} {'x local':>8s} {'fetch ms':>9s} "
-          f"{'fetch %':>8s} {'MB fetched':>10s} {'MB first':>9s} {'requests':>9s}")
+          f"{'fetch %':>8s} {'MB fetched':>10s} {'MB first':>9s} {'requests':>9s} {'cpu ms':>7s}")
     for (link, fn, mode), m in sorted(med.items(), key=lambda kv: (kv[0][0], kv[0][1], MODES.index(kv[0][2]))):
         local = med[(link, fn, "local")]["total_ms"]
         share = 100 * m["fetch_ms"] / m["total_ms"] if m["fetch_ms"] else 0
         print(f"{link:9s} {fn:11s} {mode:24s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
-              f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f}")
+              f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f} {m['cpu_ms']:7.1f}")
     for (link, fn, mode), m in sorted(med.items()):
         label = {"remote-cold": "format 3, compressed packs", "remote-cold-window": "format 3, 8 KiB address windows",
                  "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",

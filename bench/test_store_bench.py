@@ -30,5 +30,6 @@ def test_store_bench_runs_every_mode(tmp_path):
     assert rows["remote-cold-whole"]["requests"] <= 4, rows["remote-cold-whole"]
     assert rows["remote-cold-v1"]["requests"] > 100, rows["remote-cold-v1"]
     assert rows["remote-warm"]["bytes_fetched"] == 0, "a warm cache fetches nothing"
+    assert all(r["cpu_ms"] > 0 for r in rows.values() if r["mode"] != "boot"), rows
     assert rows["local"]["paging"] == "prefetch" and rows["remote-cold"]["paging"] == "prefetch", rows
     assert "remote-cold" in r.stdout
