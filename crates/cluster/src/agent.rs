@@ -216,13 +216,15 @@ pub const FIRST_PUBLISH_WAIT: Duration = Duration::from_secs(15);
 
 /// `thaw serve --cluster`: the agent of Node `node` run beside the node ([`thaw_node::cli::Beside`]).
 /// It publishes the node's new boot before the node takes work (retrying for
-/// [`FIRST_PUBLISH_WAIT`]), then keeps the advertisement current until shutdown.
+/// [`FIRST_PUBLISH_WAIT`]), then keeps the advertisement current and deploys the
+/// registry's functions ([`crate::follow`]) until shutdown.
 pub fn beside(node: String, endpoint: Option<String>, kubeconfig: Option<std::path::PathBuf>) -> thaw_node::cli::Beside {
     Box::new(move |n: Arc<thaw_node::node::Node>, local: std::net::SocketAddr, stop| {
         Box::pin(async move {
             let endpoint = endpoint.unwrap_or_else(|| format!("http://{local}"));
             let client = crate::kube_client(kubeconfig.as_deref()).await?;
-            let mut agent = Agent::new(client, &node, &endpoint);
+            let mut agent = Agent::new(client.clone(), &node, &endpoint);
+            let follower = crate::follow::Follower::new(client, n.clone());
             let source = move || Advert::from_node_status(&n.status());
             let deadline = tokio::time::Instant::now() + FIRST_PUBLISH_WAIT;
             loop {
@@ -241,7 +243,11 @@ pub fn beside(node: String, endpoint: Option<String>, kubeconfig: Option<std::pa
                     }
                 }
             }
-            Ok(Box::pin(agent.run(source, TICK, HEARTBEAT, stop)) as thaw_node::cli::BoxFuture<()>)
+            let follow_stop = stop.clone();
+            let both = async move {
+                futures::join!(agent.run(source, TICK, HEARTBEAT, stop), follower.run(follow_stop));
+            };
+            Ok(Box::pin(both) as thaw_node::cli::BoxFuture<()>)
         })
     })
 }

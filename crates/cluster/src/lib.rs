@@ -5,6 +5,7 @@
 //! - [`ring`], [`hash`]: the deterministic consistent-hashing ring under it;
 //! - [`sim`]: `thaw sim`, trace-driven simulation of 10..1,000 nodes;
 //! - [`agent`]: `thaw serve --cluster`: the node's advertisement (its ThawNode), published;
+//! - [`follow`]: `thaw serve --cluster`: the functions of the registry (ThawFunctions), deployed;
 //! - [`view`]: advertisements (ThawNode objects) watched from the apiserver, as placement inputs;
 //! - [`gateway`]: `thaw gateway` (skeleton): Lambda API + SigV4, Invoke forwarded to the placed agent;
 //! - [`controlplane`]: a real etcd + kube-apiserver on 127.0.0.1 for tests.
@@ -13,6 +14,7 @@
 pub mod agent;
 pub mod cli;
 pub mod controlplane;
+pub mod follow;
 pub mod gateway;
 pub mod hash;
 pub mod placement;

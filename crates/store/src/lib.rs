@@ -10,6 +10,7 @@
 //! [`Store`] is a blocking facade over the async layers (it owns a small tokio
 //! runtime); do not call it from inside another tokio runtime.
 
+pub mod bundle;
 pub mod cache;
 pub mod error;
 pub mod fetch;

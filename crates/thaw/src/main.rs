@@ -46,6 +46,14 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum BundleCmd {
+    /// Put a function's zip into the store (bundles/<sha256>.zip; once) and print the
+    /// `code:` block a ThawFunction names it with. The agents (`thaw serve --cluster
+    /// --snapshot-store` on the same store) fetch it from there and check its SHA-256.
+    Push(store_cmd::BundlePushArgs),
+}
+
+#[derive(Subcommand)]
 enum Cmd {
     /// Cold boot: sandbox + runtime start + function init, then invoke once.
     Boot {
@@ -60,6 +68,9 @@ enum Cmd {
     /// Build, list and remove runtime bases (layered snapshots: a base per runtime, a diff per function).
     #[command(subcommand)]
     Base(base_cmd::BaseCmd),
+    /// Function code bundles in a snapshot store, for ThawFunctions (the cluster's registry).
+    #[command(subcommand)]
+    Bundle(BundleCmd),
     /// Run the node: a Lambda-compatible HTTP API serving functions from snapshots.
     Serve(thaw_node::cli::ServeArgs),
     /// Show a running node's functions, instances and snapshot cache.
@@ -601,6 +612,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Snapshot(SnapshotCmd::Memory(a)) => memory_cmd::run(a).map(|()| ExitCode::SUCCESS),
         Cmd::Base(cmd) => base_cmd::run(cmd, &cli.data_dir).map(|()| ExitCode::SUCCESS),
+        Cmd::Bundle(BundleCmd::Push(a)) => store_cmd::bundle_push(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Push(a)) => store_cmd::push(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Pull(a)) => store_cmd::pull(a).map(|()| ExitCode::SUCCESS),
         Cmd::Snapshot(SnapshotCmd::Rm(a)) => store_cmd::rm(a).map(|()| ExitCode::SUCCESS),

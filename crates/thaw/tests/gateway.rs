@@ -11,6 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use thaw_cluster::controlplane::{binary, ControlPlane, Options};
+
+#[path = "../../store/tests/common/minio.rs"]
+#[allow(dead_code)]
+mod minio;
 use thaw_node::sigv4::{sign, Credentials, SignedRequest};
 
 const KEY: &str = "AKIDTHAWGATEWAYTEST1";
@@ -106,16 +110,37 @@ fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 /// `thaw serve --cluster` as the agent of Node `name`, publishing with `kubeconfig`.
 fn agent(dir: &Path, port: u16, name: &str, kubeconfig: &Path) -> Proc {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"))
-        .args(["--data-dir", dir.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}"), "--access-key-id", KEY, "--secret-access-key", SECRET])
+    agent_with(dir, port, name, kubeconfig, &[], &[])
+}
+
+/// [`agent`] with more arguments and environment.
+fn agent_with(dir: &Path, port: u16, name: &str, kubeconfig: &Path, args: &[&str], env: &[(&str, String)]) -> Proc {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"));
+    c.args(["--data-dir", dir.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}"), "--access-key-id", KEY, "--secret-access-key", SECRET])
         .args(["--cluster", "--node-name", name, "--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(args)
         .env_remove("THAW_ACCESS_KEY_ID")
         .env_remove("THAW_SECRET_ACCESS_KEY")
+        .stdout(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut c = c.spawn().unwrap();
+    wait_port(port, "thaw serve", &mut c);
+    Proc(c)
+}
+
+/// `thaw gateway` on `port`, watching the apiserver of `kubeconfig`.
+fn gateway(port: u16, kubeconfig: &Path) -> Proc {
+    let mut g = Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--kubeconfig", kubeconfig.to_str().unwrap()])
+        .env("THAW_ACCESS_KEY_ID", KEY)
+        .env("THAW_SECRET_ACCESS_KEY", SECRET)
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    wait_port(port, "thaw serve", &mut c);
-    Proc(c)
+    wait_port(port, "thaw gateway", &mut g);
+    Proc(g)
 }
 
 #[test]
@@ -144,15 +169,7 @@ fn gateway_forwards_to_the_placed_agent_and_fails_fast_when_it_dies() {
     assert_eq!(endpoint, format!("http://127.0.0.1:{}", ports[1]), "the endpoint defaults to the address --listen bound");
 
     let gport = free_port();
-    let mut g = Command::new(env!("CARGO_BIN_EXE_thaw"))
-        .args(["gateway", "--listen", &format!("127.0.0.1:{gport}"), "--kubeconfig", cp.kubeconfig().to_str().unwrap()])
-        .env("THAW_ACCESS_KEY_ID", KEY)
-        .env("THAW_SECRET_ACCESS_KEY", SECRET)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_port(gport, "thaw gateway", &mut g);
-    let _gateway = Proc(g);
+    let _gateway = gateway(gport, &cp.kubeconfig());
 
     // Bad signature: refused by the gateway itself (no agent involved).
     let (status, h, _) = invoke(gport, "f-0", "wrong-secret");
@@ -265,4 +282,107 @@ fn gateway_forwards_to_the_placed_agent_and_fails_fast_when_it_dies() {
 /// RFC 3339 UTC of `secs` since the epoch (what a ThawNode's heartbeatTime holds).
 fn k8s_openapi_time(secs: u64) -> String {
     k8s_openapi::chrono::DateTime::from_timestamp(secs as i64, 0).unwrap().to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true)
+}
+
+/// A zip of `files` (name, text), made with Python's zipfile (as a user's tooling would).
+fn zip_of(dir: &Path, name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+    let out = dir.join(name);
+    let py = "import json, sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\nfor n, t in json.loads(sys.argv[2]): z.writestr(n, t)\nz.close()\n";
+    let files = serde_json::to_string(files).unwrap();
+    let st = Command::new("python3").args(["-c", py, out.to_str().unwrap(), &files]).status().unwrap();
+    assert!(st.success(), "making {name}");
+    out
+}
+
+/// `thaw bundle push ZIP URL` with the store's environment: (key, sha256) from the `code:` block it prints.
+fn bundle_push(m: &minio::Minio, zip: &Path, url: &str) -> (String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"));
+    c.args(["bundle", "push", zip.to_str().unwrap(), url, "--create-bucket"]);
+    for (k, v) in m.env() {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "thaw bundle push: {}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8(o.stdout).unwrap();
+    let field = |k: &str| out.lines().find_map(|l| l.trim().strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in {out}")).trim().to_string();
+    assert!(out.starts_with("code:\n"), "{out}");
+    (field("key:"), field("sha256:"))
+}
+
+/// Invoke `function` through `port` until `done(status, body)` holds (deploys are
+/// asynchronous: the agents fetch the bundle and build a snapshot).
+fn invoke_until(port: u16, function: &str, what: &str, done: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, _, body) = invoke(port, function, SECRET);
+        if done(status, &body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {status} {body} after 120 s");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// The registry (issue #29): a ThawFunction applied with kubectl is deployed on every
+/// agent from its bundle in the store and answers through the gateway; new code in
+/// the object is deployed; a bundle whose bytes do not match the object's sha256 is
+/// never deployed; deleting the object deletes the function.
+#[test]
+fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gateway() {
+    let m = minio::Minio::start();
+    let cp = ControlPlane::start(Options::default()).unwrap_or_else(|e| panic!("{e}"));
+    for crd in ["thawnodes", "thawfunctions"] {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../deploy/base/crd-{}.yaml", crd.trim_end_matches('s')));
+        kubectl(&cp, &["apply", "--server-side", "-f", file.to_str().unwrap()], None);
+        kubectl(&cp, &["wait", "--for=condition=Established", &format!("crd/{crd}.thaw.dev"), "--timeout=30s"], None);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let kc = cp.kubeconfig();
+    let env: Vec<(&str, String)> = m.env();
+    let mut agents = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"reg-{i}\"}}}}")));
+        let store = ["--snapshot-store", "s3://registry", "--create-bucket"];
+        agents.push(agent_with(&tmp.path().join(format!("reg-{i}")), *port, &format!("reg-{i}"), &kc, &store, &env));
+    }
+    let gport = free_port();
+    let _gateway = gateway(gport, &kc);
+
+    let v1 = zip_of(tmp.path(), "v1.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 1}\n")]);
+    let v2 = zip_of(tmp.path(), "v2.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 2}\n")]);
+    let (key1, sha1) = bundle_push(&m, &v1, "s3://registry");
+    let (key2, sha2) = bundle_push(&m, &v2, "s3://registry");
+    assert_eq!(key1, format!("bundles/{sha1}.zip"));
+    let thawfunction = |name: &str, key: &str, sha: &str| {
+        format!("{{\"apiVersion\":\"thaw.dev/v1alpha1\",\"kind\":\"ThawFunction\",\"metadata\":{{\"name\":\"{name}\",\"namespace\":\"default\"}},\
+                 \"spec\":{{\"runtime\":\"python3.12\",\"handler\":\"app.handler\",\"code\":{{\"key\":\"{key}\",\"sha256\":\"{sha}\"}}}}}}")
+    };
+    // One whose bundle does not match its sha256 (v1's bytes under v2's hash), applied first.
+    kubectl(&cp, &["apply", "-f", "-"], Some(&thawfunction("a-mismatched", &key1, &sha2)));
+    kubectl(&cp, &["apply", "-f", "-"], Some(&thawfunction("hello", &key1, &sha1)));
+    let body = invoke_until(gport, "hello", "the ThawFunction deployed", |st, _| st == 200);
+    assert!(body.contains("\"v\": 1") && body.contains("registry"), "{body}");
+    // Every agent has it (each fetched the bundle and built its own snapshot).
+    for port in ports {
+        invoke_until(port, "hello", "deployed on each agent", |st, b| st == 200 && b.contains("\"v\": 1"));
+    }
+    let listed = kubectl(&cp, &["get", "thawfunctions", "-A"], None);
+    assert!(listed.contains("hello") && listed.contains("python3.12"), "{listed}");
+    // The mismatched one (first in name order) was tried before hello, and refused.
+    for port in ports {
+        let (status, h, body) = invoke(port, "a-mismatched", SECRET);
+        assert_eq!((status, header(&h, "x-amzn-errortype")), (404, Some("ResourceNotFoundException")), "{body}");
+    }
+
+    // New code in the object: deployed.
+    kubectl(&cp, &["patch", "thawfunction", "hello", "--type=merge", "-p", &format!("{{\"spec\":{{\"code\":{{\"key\":\"{key2}\",\"sha256\":\"{sha2}\"}}}}}}")], None);
+    invoke_until(gport, "hello", "the new code deployed", |st, b| st == 200 && b.contains("\"v\": 2"));
+
+    // Deleted: gone from every agent.
+    kubectl(&cp, &["delete", "thawfunction", "hello"], None);
+    for port in ports {
+        invoke_until(port, "hello", "the function deleted with its ThawFunction", |st, _| st == 404);
+    }
+    drop(agents);
 }

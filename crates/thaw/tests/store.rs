@@ -76,9 +76,8 @@ fn push_pull_restore_round_trip() {
             let (reqs, first) = (s["requests_before_first_response"].as_u64().unwrap(), s["bytes_fetched_before_first_response"].as_u64().unwrap());
             assert!(reqs <= 4, "{reqs} requests before the first response: {s}");
             assert_eq!(s["lazy"], !whole, "{s}");
-            // The manifest names the sandbox: it was prepared while the rest arrived, and used.
-            assert_eq!(s["sandbox_during_fetch"], true, "{s}");
-            assert_eq!(st["prepared_sandbox"], true, "{st}");
+            // By default the sandbox is made after the fetch (see THAW_STORE_EARLY_SANDBOX).
+            assert_eq!(s["sandbox_during_fetch"], false, "{s}");
             if whole {
                 assert_eq!(first, fetched, "everything before the start: {s}");
             } else {
@@ -88,6 +87,15 @@ fn push_pull_restore_round_trip() {
         }
         eprintln!("restore from the store #{i}: {s}");
     }
+    // THAW_STORE_EARLY_SANDBOX=1: the manifest names the sandbox; it is prepared while
+    // the rest arrives, and used.
+    std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id)).unwrap();
+    let stats = scratch().join("rt-s3-stats-early.json");
+    let args = ["snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()];
+    let o = ok(s3::thaw_s3_env(&m, &args, &[("THAW_STORE_EARLY_SANDBOX", "1")]));
+    assert_eq!(stdout(&o), original);
+    let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!((&st["store"]["sandbox_during_fetch"], &st["prepared_sandbox"]), (&serde_json::Value::Bool(true), &serde_json::Value::Bool(true)), "{st}");
     let left: Vec<_> = std::fs::read_dir(scratch().join("data/snapshot-cache/lazy")).unwrap().flatten()
         .filter(|e| e.file_name().to_string_lossy().ends_with(id)).collect();
     assert!(left.is_empty(), "nothing is left of the lazy fetches: {left:?}");

@@ -141,6 +141,12 @@ impl SnapshotStore {
         self.store.url()
     }
 
+    /// The code bundle `key` in the store, checked against `sha256` (a ThawFunction's
+    /// `spec.code`; see `thaw_store::bundle`). Blocking.
+    pub fn bundle(&self, key: &str, sha256: &str) -> Result<Vec<u8>, SnapStoreError> {
+        Ok(self.store.get_bundle(key, sha256)?)
+    }
+
     /// Create the bucket if it is missing (test and demo servers).
     pub fn ensure_bucket(&self) -> Result<(), SnapStoreError> {
         Ok(self.store.ensure_bucket()?)

@@ -1,0 +1,350 @@
+//! The registry follower (issue #29): every agent (`thaw serve --cluster`) deploys
+//! the functions the cluster's registry holds, the ThawFunction objects
+//! (deploy/base/crd-thawfunction.yaml). Applying one — with kubectl, or from git by a
+//! GitOps tool — deploys it on every agent, as CreateFunction would on one node; a
+//! change of its code or configuration updates it; deleting it deletes it.
+//!
+//! A ThawFunction names its code bundle in the agents' snapshot store (`spec.code`:
+//! key and SHA-256; `thaw bundle push` puts one there), fetched and checked by each
+//! agent. The function's name on the node is the object's name. A function the
+//! follower deployed says so in its description (`ThawFunction NAMESPACE/NAME`); it
+//! never touches another function of the same name (one made through the node's own
+//! Lambda API), and removes its own once their object is gone, also when that
+//! happened while the agent was down (found at the next full listing).
+//!
+//! Every agent builds its own snapshot of each version for now (one build per version
+//! per cluster, by the builder placement names, is still to come), and nothing is
+//! written back to the ThawFunction's status yet.
+//!
+//! The follower reconciles on every watch event and every [`RESYNC`] (what failed —
+//! the store down, a build still running — is tried again then); a failure is logged
+//! once per function and cause, and the node serves on.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use futures::StreamExt;
+use kube::api::DynamicObject;
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use serde_json::Value;
+use thaw_node::node::{ConfigChange, FunctionSpec, Node};
+use tracing::{info, warn};
+
+/// How often everything wanted is checked again (failed fetches, builds in progress).
+pub const RESYNC: Duration = Duration::from_secs(5);
+/// What the description of a function the follower deployed starts with.
+const MARKER: &str = "ThawFunction ";
+
+pub fn thawfunction_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("thaw.dev", "v1alpha1", "ThawFunction"), "thawfunctions")
+}
+
+/// A function as its ThawFunction describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wanted {
+    pub name: String,
+    pub runtime: String,
+    pub handler: String,
+    pub memory_mb: u64,
+    pub timeout_s: u64,
+    pub env: BTreeMap<String, String>,
+    /// The bundle in the store, and its SHA-256 (hex).
+    pub key: String,
+    pub sha256: String,
+    /// `ThawFunction NAMESPACE/NAME`, the deployed function's description.
+    pub description: String,
+}
+
+impl Wanted {
+    /// Read a ThawFunction. Err: why it cannot be deployed (the apiserver has checked
+    /// the schema; what is left is what the node accepts).
+    pub fn from_object(obj: &DynamicObject) -> Result<Wanted, String> {
+        let name = obj.metadata.name.clone().ok_or("no name")?;
+        let ns = obj.metadata.namespace.clone().unwrap_or_default();
+        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err(format!("'{name}' is not a Lambda function name (letters, digits, - and _, at most 64)"));
+        }
+        let spec = &obj.data["spec"];
+        let text = |k: &str| spec[k].as_str().map(str::to_string).ok_or(format!("spec.{k} is missing"));
+        let mut env = BTreeMap::new();
+        for e in spec["env"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            let var = e["name"].as_str().ok_or("an env entry without a name")?;
+            match &e["value"] {
+                Value::String(v) => {
+                    env.insert(var.to_string(), v.clone());
+                }
+                _ if !e["valueFrom"].is_null() => return Err(format!("env {var}: valueFrom (Secrets, ConfigMaps) is not supported by the agents yet")),
+                _ => {
+                    env.insert(var.to_string(), String::new());
+                }
+            }
+        }
+        let sha256 = spec["code"]["sha256"].as_str().ok_or("spec.code.sha256 is missing")?.to_string();
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(format!("spec.code.sha256 '{sha256}' is not 64 lowercase hex digits"));
+        }
+        Ok(Wanted {
+            runtime: text("runtime")?,
+            handler: text("handler")?,
+            memory_mb: spec["memory"].as_u64().unwrap_or(128),
+            timeout_s: spec["timeout"].as_u64().unwrap_or(3),
+            env,
+            key: spec["code"]["key"].as_str().ok_or("spec.code.key is missing")?.to_string(),
+            description: format!("{MARKER}{ns}/{name}"),
+            sha256,
+            name,
+        })
+    }
+
+    /// The node's CodeSha256 of this bundle (base64, as Lambda gives it).
+    fn code_sha256(&self) -> String {
+        let bytes: Vec<u8> = (0..self.sha256.len()).step_by(2).filter_map(|i| u8::from_str_radix(&self.sha256[i..i + 2], 16).ok()).collect();
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
+
+    fn spec(&self, account: &str) -> FunctionSpec {
+        FunctionSpec {
+            name: self.name.clone(),
+            runtime: self.runtime.clone(),
+            role: format!("arn:aws:iam::{account}:role/thaw-function"),
+            handler: self.handler.clone(),
+            description: self.description.clone(),
+            timeout_s: self.timeout_s,
+            memory_mb: self.memory_mb,
+            env: self.env.clone(),
+            layers: Vec::new(),
+        }
+    }
+}
+
+/// What one reconcile of a function found to do.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Create,
+    UpdateCode,
+    Configure,
+    /// Deployed as wanted.
+    Nothing,
+    /// A function of that name that the registry did not deploy.
+    Foreign,
+}
+
+/// What the node has of a function (from its record).
+struct Have<'a> {
+    description: &'a str,
+    code_sha256: &'a str,
+    runtime: &'a str,
+    handler: &'a str,
+    memory_mb: u64,
+    timeout_s: u64,
+    env: &'a BTreeMap<String, String>,
+}
+
+impl<'a> From<&'a thaw_node::registry::FunctionRecord> for Have<'a> {
+    fn from(r: &'a thaw_node::registry::FunctionRecord) -> Have<'a> {
+        Have {
+            description: &r.description,
+            code_sha256: &r.code_sha256,
+            runtime: &r.runtime,
+            handler: &r.handler,
+            memory_mb: r.memory_mb,
+            timeout_s: r.timeout_s,
+            env: &r.env,
+        }
+    }
+}
+
+/// The next step for `w` given what the node has of its function, if anything.
+fn step(w: &Wanted, have: Option<Have>) -> Step {
+    let Some(r) = have else { return Step::Create };
+    if !r.description.starts_with(MARKER) {
+        return Step::Foreign;
+    }
+    if r.code_sha256 != w.code_sha256() {
+        return Step::UpdateCode;
+    }
+    if r.runtime != w.runtime || r.handler != w.handler || r.memory_mb != w.memory_mb || r.timeout_s != w.timeout_s || *r.env != w.env || r.description != w.description {
+        return Step::Configure;
+    }
+    Step::Nothing
+}
+
+pub struct Follower {
+    client: Client,
+    node: Arc<Node>,
+    /// (function, cause) last complained about, so a cause is logged once.
+    complained: HashMap<String, String>,
+}
+
+impl Follower {
+    pub fn new(client: Client, node: Arc<Node>) -> Follower {
+        Follower { client, node, complained: HashMap::new() }
+    }
+
+    /// Follow the registry until `stop` turns true.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &thawfunction_resource());
+        let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut wanted: BTreeMap<String, Result<Wanted, String>> = BTreeMap::new();
+        let mut listing: Option<BTreeMap<String, Result<Wanted, String>>> = None;
+        let mut tick = tokio::time::interval(RESYNC);
+        let mut listed = false;
+        loop {
+            tokio::select! {
+                ev = events.next() => match ev {
+                    Some(Ok(Event::Init)) => listing = Some(BTreeMap::new()),
+                    Some(Ok(Event::InitApply(o))) => {
+                        if let (Some(l), Some(n)) = (listing.as_mut(), o.metadata.name.clone()) {
+                            l.insert(n, Wanted::from_object(&o));
+                        }
+                    }
+                    Some(Ok(Event::InitDone)) => {
+                        wanted = listing.take().unwrap_or_default();
+                        listed = true;
+                    }
+                    Some(Ok(Event::Apply(o))) => {
+                        if let Some(n) = o.metadata.name.clone() {
+                            wanted.insert(n, Wanted::from_object(&o));
+                        }
+                    }
+                    Some(Ok(Event::Delete(o))) => {
+                        if let Some(n) = o.metadata.name.as_ref() {
+                            wanted.remove(n);
+                        }
+                    }
+                    Some(Err(e)) => warn!(error = %e, "watching ThawFunctions failed; retrying (deployed functions keep serving)"),
+                    None => return,
+                },
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            if listed {
+                self.reconcile(&wanted).await;
+            }
+        }
+    }
+
+    /// Bring the node's registry functions in line with `wanted`.
+    async fn reconcile(&mut self, wanted: &BTreeMap<String, Result<Wanted, String>>) {
+        for (name, w) in wanted {
+            let outcome = match w {
+                Ok(w) => self.apply(w).await,
+                Err(why) => Err(format!("cannot be deployed: {why}")),
+            };
+            match outcome {
+                Ok(()) => {
+                    self.complained.remove(name);
+                }
+                Err(why) => {
+                    if self.complained.get(name) != Some(&why) {
+                        warn!(function = %name, "ThawFunction {name} {why}");
+                        self.complained.insert(name.clone(), why);
+                    }
+                }
+            }
+        }
+        // Ours, and no longer wanted (deleted, perhaps while this agent was down).
+        for r in self.node.records() {
+            if r.description.starts_with(MARKER) && !wanted.contains_key(&r.name) {
+                match self.node.delete_function(&r.name) {
+                    Ok(()) => info!(function = %r.name, "deleted: its ThawFunction is gone"),
+                    Err(e) => warn!(function = %r.name, error = %thaw_node::node::error_chain(&e), "cannot delete a function whose ThawFunction is gone"),
+                }
+            }
+        }
+    }
+
+    async fn apply(&self, w: &Wanted) -> Result<(), String> {
+        let account = self.node.cfg.account.clone();
+        let err = |e: thaw_node::node::DeployError| thaw_node::node::error_chain(&e);
+        match step(w, self.node.record(&w.name).as_ref().map(Have::from)) {
+            Step::Nothing => Ok(()),
+            Step::Foreign => Err("is not deployed here: a function of that name exists that the registry did not deploy".into()),
+            Step::Create => {
+                let zip = self.bundle(w).await?;
+                self.node.create_function(w.spec(&account), zip).await.map_err(err)?;
+                info!(function = %w.name, bundle = %w.key, "deployed from its ThawFunction");
+                Ok(())
+            }
+            Step::UpdateCode => {
+                let zip = self.bundle(w).await?;
+                self.node.update_code(&w.name, zip).await.map_err(err)?;
+                info!(function = %w.name, bundle = %w.key, "code updated from its ThawFunction");
+                Ok(())
+            }
+            Step::Configure => {
+                let change = ConfigChange {
+                    runtime: Some(w.runtime.clone()),
+                    handler: Some(w.handler.clone()),
+                    memory_mb: Some(w.memory_mb),
+                    timeout_s: Some(w.timeout_s),
+                    env: Some(w.env.clone()),
+                    description: Some(w.description.clone()),
+                    ..ConfigChange::default()
+                };
+                self.node.update_configuration(&w.name, change).await.map_err(err)?;
+                info!(function = %w.name, "configuration updated from its ThawFunction");
+                Ok(())
+            }
+        }
+    }
+
+    /// The function's bundle from the node's snapshot store, checked.
+    async fn bundle(&self, w: &Wanted) -> Result<Vec<u8>, String> {
+        let store = self.node.cfg.snapshot_store.clone().ok_or("cannot be deployed: this agent has no --snapshot-store to fetch its bundle from")?;
+        let (key, sha) = (w.key.clone(), w.sha256.clone());
+        tokio::task::spawn_blocking(move || store.bundle(&key, &sha))
+            .await
+            .map_err(|e| format!("fetching its bundle: {e}"))?
+            .map_err(|e| format!("fetching its bundle: {}", thaw_node::node::error_chain(&e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(spec: Value) -> DynamicObject {
+        serde_json::from_value(json!({"apiVersion": "thaw.dev/v1alpha1", "kind": "ThawFunction",
+            "metadata": {"name": "hello", "namespace": "team-a"}, "spec": spec}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_thawfunction_reads_as_a_function() {
+        let sha = "ab".repeat(32);
+        let w = Wanted::from_object(&object(json!({"runtime": "python3.12", "handler": "h.handler", "memory": 256,
+            "env": [{"name": "A", "value": "1"}], "code": {"key": "bundles/x.zip", "sha256": sha}})))
+        .unwrap();
+        assert_eq!((w.name.as_str(), w.memory_mb, w.timeout_s, w.description.as_str()), ("hello", 256, 3, "ThawFunction team-a/hello"));
+        assert_eq!(w.env.get("A").map(String::as_str), Some("1"));
+        assert_eq!(w.code_sha256(), base64::engine::general_purpose::STANDARD.encode([0xab; 32]));
+        let from_secret = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": sha},
+            "env": [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}));
+        assert!(Wanted::from_object(&from_secret).unwrap_err().contains("valueFrom"));
+        let bad_sha = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "AB"}}));
+        assert!(Wanted::from_object(&bad_sha).is_err());
+    }
+
+    #[test]
+    fn steps_follow_the_record() {
+        let w = Wanted::from_object(&object(json!({"runtime": "python3.12", "handler": "h.handler",
+            "code": {"key": "k", "sha256": "00".repeat(32)}})))
+        .unwrap();
+        assert_eq!(step(&w, None), Step::Create);
+        let (code, env) = (w.code_sha256(), BTreeMap::new());
+        let have = |description: &'static str, code: &str, memory_mb: u64| {
+            step(&w, Some(Have { description, code_sha256: code, runtime: "python3.12", handler: "h.handler", memory_mb, timeout_s: 3, env: &env }))
+        };
+        assert_eq!(have("ThawFunction team-a/hello", &code, 128), Step::Nothing);
+        assert_eq!(have("ThawFunction team-a/hello", &code, 512), Step::Configure);
+        assert_eq!(have("ThawFunction team-a/hello", "other", 128), Step::UpdateCode);
+        assert_eq!(have("made through the Lambda API", &code, 128), Step::Foreign);
+    }
+}
