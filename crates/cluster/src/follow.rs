@@ -24,103 +24,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
 use futures::StreamExt;
 use kube::api::DynamicObject;
-use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
-use serde_json::Value;
-use thaw_node::node::{ConfigChange, FunctionSpec, Node};
+use thaw_node::node::{ConfigChange, Node};
 use tracing::{info, warn};
+
+use crate::registry::{thawfunction_resource, Wanted, MARKER};
 
 /// How often everything wanted is checked again (failed fetches, builds in progress).
 pub const RESYNC: Duration = Duration::from_secs(5);
-/// What the description of a function the follower deployed starts with.
-const MARKER: &str = "ThawFunction ";
-
-pub fn thawfunction_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("thaw.dev", "v1alpha1", "ThawFunction"), "thawfunctions")
-}
-
-/// A function as its ThawFunction describes it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Wanted {
-    pub name: String,
-    pub runtime: String,
-    pub handler: String,
-    pub memory_mb: u64,
-    pub timeout_s: u64,
-    pub env: BTreeMap<String, String>,
-    /// The bundle in the store, and its SHA-256 (hex).
-    pub key: String,
-    pub sha256: String,
-    /// `ThawFunction NAMESPACE/NAME`, the deployed function's description.
-    pub description: String,
-}
-
-impl Wanted {
-    /// Read a ThawFunction. Err: why it cannot be deployed (the apiserver has checked
-    /// the schema; what is left is what the node accepts).
-    pub fn from_object(obj: &DynamicObject) -> Result<Wanted, String> {
-        let name = obj.metadata.name.clone().ok_or("no name")?;
-        let ns = obj.metadata.namespace.clone().unwrap_or_default();
-        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            return Err(format!("'{name}' is not a Lambda function name (letters, digits, - and _, at most 64)"));
-        }
-        let spec = &obj.data["spec"];
-        let text = |k: &str| spec[k].as_str().map(str::to_string).ok_or(format!("spec.{k} is missing"));
-        let mut env = BTreeMap::new();
-        for e in spec["env"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            let var = e["name"].as_str().ok_or("an env entry without a name")?;
-            match &e["value"] {
-                Value::String(v) => {
-                    env.insert(var.to_string(), v.clone());
-                }
-                _ if !e["valueFrom"].is_null() => return Err(format!("env {var}: valueFrom (Secrets, ConfigMaps) is not supported by the agents yet")),
-                _ => {
-                    env.insert(var.to_string(), String::new());
-                }
-            }
-        }
-        let sha256 = spec["code"]["sha256"].as_str().ok_or("spec.code.sha256 is missing")?.to_string();
-        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            return Err(format!("spec.code.sha256 '{sha256}' is not 64 lowercase hex digits"));
-        }
-        Ok(Wanted {
-            runtime: text("runtime")?,
-            handler: text("handler")?,
-            memory_mb: spec["memory"].as_u64().unwrap_or(128),
-            timeout_s: spec["timeout"].as_u64().unwrap_or(3),
-            env,
-            key: spec["code"]["key"].as_str().ok_or("spec.code.key is missing")?.to_string(),
-            description: format!("{MARKER}{ns}/{name}"),
-            sha256,
-            name,
-        })
-    }
-
-    /// The node's CodeSha256 of this bundle (base64, as Lambda gives it).
-    fn code_sha256(&self) -> String {
-        let bytes: Vec<u8> = (0..self.sha256.len()).step_by(2).filter_map(|i| u8::from_str_radix(&self.sha256[i..i + 2], 16).ok()).collect();
-        base64::engine::general_purpose::STANDARD.encode(bytes)
-    }
-
-    fn spec(&self, account: &str) -> FunctionSpec {
-        FunctionSpec {
-            name: self.name.clone(),
-            runtime: self.runtime.clone(),
-            role: format!("arn:aws:iam::{account}:role/thaw-function"),
-            handler: self.handler.clone(),
-            description: self.description.clone(),
-            timeout_s: self.timeout_s,
-            memory_mb: self.memory_mb,
-            env: self.env.clone(),
-            layers: Vec::new(),
-        }
-    }
-}
 
 /// What one reconcile of a function found to do.
 #[derive(Debug, PartialEq, Eq)]
@@ -308,7 +223,8 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use base64::Engine;
+    use serde_json::{json, Value};
 
     fn object(spec: Value) -> DynamicObject {
         serde_json::from_value(json!({"apiVersion": "thaw.dev/v1alpha1", "kind": "ThawFunction",

@@ -1,4 +1,4 @@
-//! `thaw gateway` (skeleton): the Lambda API with SigV4 in front of the node agents.
+//! `thaw gateway`: the Lambda API with SigV4 in front of the node agents.
 //!
 //! A request is authenticated with the node's own verifier (`thaw_node::sigv4`) and
 //! parsed with the node's router (`thaw_node::api::route`). An Invoke is placed by
@@ -21,8 +21,14 @@
 //! and forwarded without a signature check at the gateway (the agent enforces the
 //! URL's AuthType).
 //!
-//! Not yet: the other operations (CreateFunction → ThawFunction objects), retries of
-//! asynchronous invocations on another node, metrics.
+//! The registry ([`Registry`], with `--snapshot-store`): CreateFunction puts the code
+//! bundle into the agents' store and writes the ThawFunction (the agents deploy it,
+//! [`crate::follow`]); UpdateFunctionCode and DeleteFunction change or delete it;
+//! ListFunctions reads it; GetFunction asks the placed agent and, before any agent
+//! has deployed the function, answers from the registry (State Pending).
+//!
+//! Not yet: the other operations (configuration, versions, aliases, concurrency, URLs,
+//! tags, layers), retries of asynchronous invocations on another node, metrics.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,12 +43,13 @@ use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use thaw_node::api::{function_name, route, Action, ApiError, MAX_BODY, URL_PREFIX};
+use thaw_node::api::{create_spec, function_name, route, update_code_zip, Action, ApiError, MAX_BODY, URL_PREFIX};
 use thaw_node::node::error_chain;
 use thaw_node::sigv4::{Credentials, SignedRequest, Verifier};
 
 use crate::hash::Rng;
 use crate::placement::{Policy, DEFAULT_LOAD_FACTOR};
+use crate::registry::Registry;
 use crate::view::{watch_nodes, ClusterView, NodeAd};
 
 #[derive(Args, Debug)]
@@ -65,12 +72,29 @@ pub struct GatewayArgs {
     /// Load bound factor of the thaw policy.
     #[arg(long, default_value_t = DEFAULT_LOAD_FACTOR)]
     pub load_factor: f64,
+    /// The snapshot store the agents use (s3://BUCKET/PREFIX, their --snapshot-store):
+    /// CreateFunction and UpdateFunctionCode put code bundles there. Without it the
+    /// gateway serves Invoke and function URLs only. Credentials from AWS_ACCESS_KEY_ID /
+    /// AWS_SECRET_ACCESS_KEY.
+    #[arg(long, env = "THAW_SNAPSHOT_STORE")]
+    pub snapshot_store: Option<String>,
+    /// S3 endpoint of --snapshot-store, e.g. http://127.0.0.1:9000 for MinIO (default: AWS).
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub store_endpoint_url: Option<String>,
+    /// Namespace of the ThawFunctions the gateway writes and lists.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// Region of function ARNs (as the agents' --region).
+    #[arg(long, default_value = "us-east-1")]
+    pub region: String,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error(transparent)]
     Client(#[from] crate::KubeClientError),
+    #[error("the snapshot store")]
+    Store(#[source] Box<thaw_store::StoreError>),
     #[error("{what}")]
     Io {
         what: String,
@@ -92,6 +116,8 @@ struct Gateway {
     down: Mutex<HashMap<String, (String, Instant)>>,
     /// The view placement last used with nodes left out, and what it was made from.
     usable: Mutex<Option<Usable>>,
+    /// The function registry (None: no --snapshot-store, Invoke and URLs only).
+    registry: Option<Registry>,
 }
 
 /// (the watched view, the nodes left out of it, the view without them)
@@ -169,11 +195,21 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
         .enable_all()
         .build()
         .map_err(|source| GatewayError::Io { what: "starting the tokio runtime".into(), source })?;
-    rt.block_on(serve(args))
+    // The store's client owns a runtime of its own: opened outside the gateway's.
+    let store = match &args.snapshot_store {
+        Some(url) => {
+            let url = thaw_store::StoreUrl::parse(url).map_err(|e| GatewayError::Store(Box::new(e)))?;
+            let cfg = thaw_store::StoreConfig { endpoint: args.store_endpoint_url.clone(), region: Some(args.region.clone()), ..Default::default() };
+            Some(Arc::new(thaw_store::Store::open(&url, &cfg).map_err(|e| GatewayError::Store(Box::new(e)))?))
+        }
+        None => None,
+    };
+    rt.block_on(serve(args, store))
 }
 
-async fn serve(args: GatewayArgs) -> Result<(), GatewayError> {
+async fn serve(args: GatewayArgs, store: Option<Arc<thaw_store::Store>>) -> Result<(), GatewayError> {
     let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
+    let registry = store.map(|s| Registry::new(client.clone(), &args.namespace, s, &args.region, "000000000000"));
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(ClusterView::new(Vec::new(), args.policy, args.load_factor)));
     tokio::spawn(watch_nodes(client, args.policy, args.load_factor, tx));
     let keys = vec![Credentials { access_key_id: args.access_key_id.clone(), secret_access_key: args.secret_access_key.clone() }];
@@ -185,6 +221,7 @@ async fn serve(args: GatewayArgs) -> Result<(), GatewayError> {
         rng: Mutex::new(Rng::new(std::process::id().into())),
         down: Mutex::new(HashMap::new()),
         usable: Mutex::new(None),
+        registry,
     });
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -241,15 +278,53 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         body: &body,
     };
     gw.verifier.verify(&signed, SystemTime::now())?;
-    let name = match route(&parts.method, path) {
-        Some(Action::Invoke(name)) => name,
-        Some(other) => {
-            return Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", format!("the gateway does not serve {other:?} yet; only Invoke")))
-        }
-        None => return Err(ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method))),
+    let action = route(&parts.method, path).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method)))?;
+    let registry = || {
+        gw.registry.as_ref().ok_or_else(|| ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", "this gateway has no --snapshot-store: it serves Invoke and function URLs only"))
     };
-    let (function, _) = function_name(&name, None)?;
-    send(gw, &parts, body, &function, request_id).await
+    match action {
+        Action::Invoke(name) => {
+            let (function, _) = function_name(&name, None)?;
+            send(gw, &parts, body, &function, request_id).await
+        }
+        Action::CreateFunction => {
+            let (spec, zip) = create_spec(&body)?;
+            Ok(json(StatusCode::CREATED, &registry()?.create(&spec, zip).await?))
+        }
+        Action::UpdateFunctionCode(name) => {
+            let (function, _) = function_name(&name, None)?;
+            let zip = update_code_zip(&body)?;
+            Ok(json(StatusCode::OK, &registry()?.update_code(&function, zip).await?))
+        }
+        Action::DeleteFunction(name) => {
+            let (function, _) = function_name(&name, None)?;
+            registry()?.delete(&function).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Action::ListFunctions => Ok(json(StatusCode::OK, &registry()?.list().await?)),
+        // An agent that has deployed the function answers with its state; before any
+        // has, the registry answers (State Pending).
+        Action::GetFunction(name) | Action::GetFunctionConfiguration(name) => {
+            let whole = matches!(route(&parts.method, path), Some(Action::GetFunction(_)));
+            let (function, _) = function_name(&name, None)?;
+            let r = registry()?;
+            let answered = send(gw, &parts, body, &function, request_id).await?;
+            if answered.status() != StatusCode::NOT_FOUND {
+                return Ok(answered);
+            }
+            match r.get(&function).await? {
+                Some(config) if whole => Ok(json(StatusCode::OK, &serde_json::json!({"Configuration": config, "Code": {"RepositoryType": "S3"}}))),
+                Some(config) => Ok(json(StatusCode::OK, &config)),
+                None => Ok(answered),
+            }
+        }
+        other => Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", format!("the gateway does not serve {other:?} yet"))),
+    }
+}
+
+/// A JSON answer.
+fn json(status: StatusCode, v: &serde_json::Value) -> Response {
+    (status, [(axum::http::header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }
 
 /// Place `function` and forward the request to its agent; the answer comes back

@@ -6,6 +6,7 @@
 //! - [`sim`]: `thaw sim`, trace-driven simulation of 10..1,000 nodes;
 //! - [`agent`]: `thaw serve --cluster`: the node's advertisement (its ThawNode), published;
 //! - [`follow`]: `thaw serve --cluster`: the functions of the registry (ThawFunctions), deployed;
+//! - [`registry`]: the function registry (ThawFunctions + bundles in the store), shared by agents and gateways;
 //! - [`view`]: advertisements (ThawNode objects) watched from the apiserver, as placement inputs;
 //! - [`gateway`]: `thaw gateway` (skeleton): Lambda API + SigV4, Invoke forwarded to the placed agent;
 //! - [`controlplane`]: a real etcd + kube-apiserver on 127.0.0.1 for tests.
@@ -18,6 +19,7 @@ pub mod follow;
 pub mod gateway;
 pub mod hash;
 pub mod placement;
+pub mod registry;
 pub mod ring;
 pub mod sim;
 pub mod view;

@@ -225,14 +225,19 @@ async fn manifests_apply_and_agents_only_write_their_own_node() {
     let (code, _) = refused("agent lists secrets", Api::<Secret>::namespaced(agent_a.clone(), NS).list(&ListParams::default()).await);
     assert_eq!(code, 403);
 
-    // The gateway reads advertisements and functions, writes nothing.
+    // The gateway reads advertisements, and reads and writes functions (CreateFunction),
+    // never their status (the agents') nor an advertisement.
     let gw = cp.client_for_token(&cp.service_account_token(NS, "thaw-gateway", None).await.unwrap()).await.unwrap();
     let seen: Vec<String> = thawnodes(&gw).list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|o| o.metadata.name).collect();
     assert!(seen.contains(&"node-a".to_string()) && seen.contains(&"node-b".to_string()), "{seen:?}");
     let (code, _) = refused("gateway patches a ThawNode", thawnodes(&gw).patch_status("node-a", &mp, &status(0)).await);
     assert_eq!(code, 403);
-    let (code, _) = refused("gateway deletes a ThawFunction", thawfunctions(&gw).delete("hello", &DeleteParams::default()).await);
+    let (code, _) = refused("gateway deletes a ThawNode", thawnodes(&gw).delete("node-b", &DeleteParams::default()).await);
     assert_eq!(code, 403);
+    let (code, _) = refused("gateway writes a ThawFunction's status", thawfunctions(&gw).patch_status("hello", &mp, &Patch::Merge(json!({"status": {"observedGeneration": 1}}))).await);
+    assert_eq!(code, 403);
+    let touched = json!({"metadata": {"labels": {"thaw.dev/touched-by": "gateway"}}});
+    thawfunctions(&gw).patch("hello", &mp, &Patch::Merge(&touched)).await.expect("the gateway updates a ThawFunction");
 
     // --- The advertisement goes with its Node (ownerReference, garbage collector).
     Api::<Node>::all(admin.clone()).delete("node-a", &DeleteParams::default()).await.unwrap();

@@ -448,6 +448,12 @@ fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     })
 }
 
+/// The zip of an UpdateFunctionCode request.
+pub fn update_code_zip(body: &[u8]) -> Result<Vec<u8>, ApiError> {
+    let input: UpdateCodeInput = parse_json(body)?;
+    decode_zip(input.zip_file, input.s3_bucket, input.image_uri)
+}
+
 /// Validate a CreateFunction request into a spec + zip.
 pub fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
     let input: CreateInput = parse_json(body)?;
@@ -748,8 +754,7 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
         }
         Action::UpdateFunctionCode(n) => {
             let (name, _) = function_name(&n, None)?;
-            let input: UpdateCodeInput = parse_json(&body)?;
-            let zip = decode_zip(input.zip_file, input.s3_bucket, input.image_uri)?;
+            let zip = update_code_zip(&body)?;
             let rec = node.update_code(&name, zip).await?;
             Ok(json_response(StatusCode::OK, &configuration(node, &rec)))
         }

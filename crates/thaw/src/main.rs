@@ -79,7 +79,7 @@ enum Cmd {
     Bench(thaw_bench::BenchArgs),
     /// Simulate placement over 10..1,000 nodes: hit ratio, store bytes, p50/p99, load balance per policy.
     Sim(thaw_cluster::cli::SimArgs),
-    /// Cluster gateway (skeleton): Lambda API + SigV4, each Invoke forwarded to the agent placement picks.
+    /// Cluster gateway: Lambda API + SigV4; Invoke forwarded to the agent placement picks, functions in the registry (ThawFunctions).
     Gateway(thaw_cluster::gateway::GatewayArgs),
 }
 

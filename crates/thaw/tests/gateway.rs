@@ -67,14 +67,17 @@ fn boot_id(cp: &ControlPlane, name: &str) -> String {
 
 /// A signed Invoke through `port`: (status, headers lower-cased, body).
 fn invoke(port: u16, function: &str, secret: &str) -> (u16, Vec<(String, String)>, String) {
+    call(port, "POST", &format!("/2015-03-31/functions/{function}/invocations"), b"{\"name\": \"thaw\"}", secret)
+}
+
+/// A signed Lambda API request through `port`: (status, headers lower-cased, body).
+fn call(port: u16, method: &str, path: &str, body: &[u8], secret: &str) -> (u16, Vec<(String, String)>, String) {
     let host = format!("127.0.0.1:{port}");
-    let path = format!("/2015-03-31/functions/{function}/invocations");
-    let body = b"{\"name\": \"thaw\"}";
     let base = vec![("host", host.as_str()), ("x-amz-invocation-type", "RequestResponse")];
-    let req = SignedRequest { method: "POST", raw_path: &path, raw_query: None, headers: base.clone(), body };
+    let req = SignedRequest { method, raw_path: path, raw_query: None, headers: base.clone(), body };
     let key = Credentials { access_key_id: KEY.into(), secret_access_key: secret.into() };
     let added = sign(&key, "us-east-1", "lambda", &req, SystemTime::now());
-    let mut text = format!("POST {path} HTTP/1.1\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    let mut text = format!("{method} {path} HTTP/1.1\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
     for (k, v) in base.iter().map(|(k, v)| (*k, v.to_string())).chain(added) {
         text.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -132,13 +135,21 @@ fn agent_with(dir: &Path, port: u16, name: &str, kubeconfig: &Path, args: &[&str
 
 /// `thaw gateway` on `port`, watching the apiserver of `kubeconfig`.
 fn gateway(port: u16, kubeconfig: &Path) -> Proc {
-    let mut g = Command::new(env!("CARGO_BIN_EXE_thaw"))
-        .args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--kubeconfig", kubeconfig.to_str().unwrap()])
+    gateway_with(port, kubeconfig, &[], &[])
+}
+
+/// [`gateway`] with more arguments and environment.
+fn gateway_with(port: u16, kubeconfig: &Path, args: &[&str], env: &[(&str, String)]) -> Proc {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"));
+    c.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args(args)
         .env("THAW_ACCESS_KEY_ID", KEY)
         .env("THAW_SECRET_ACCESS_KEY", SECRET)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut g = c.spawn().unwrap();
     wait_port(port, "thaw gateway", &mut g);
     Proc(g)
 }
@@ -347,7 +358,7 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
         agents.push(agent_with(&tmp.path().join(format!("reg-{i}")), *port, &format!("reg-{i}"), &kc, &store, &env));
     }
     let gport = free_port();
-    let _gateway = gateway(gport, &kc);
+    let _gateway = gateway_with(gport, &kc, &["--snapshot-store", "s3://registry"], &env);
 
     let v1 = zip_of(tmp.path(), "v1.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 1}\n")]);
     let v2 = zip_of(tmp.path(), "v2.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 2}\n")]);
@@ -384,5 +395,36 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     for port in ports {
         invoke_until(port, "hello", "the function deleted with its ThawFunction", |st, _| st == 404);
     }
+
+    // The Lambda API at the gateway writes the registry: CreateFunction puts the bundle
+    // into the store and the ThawFunction into the apiserver; the agents deploy it.
+    use base64::Engine;
+    let b64 = |p: &Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap());
+    let create = serde_json::json!({"FunctionName": "viaapi", "Runtime": "python3.12", "Role": "arn:aws:iam::000000000000:role/t",
+        "Handler": "app.handler", "MemorySize": 256, "Environment": {"Variables": {"GREETING": "hi"}}, "Code": {"ZipFile": b64(&v1)}});
+    let (status, _, body) = call(gport, "POST", "/2015-03-31/functions", create.to_string().as_bytes(), SECRET);
+    assert_eq!(status, 201, "{body}");
+    let created: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((created["FunctionName"].as_str(), created["State"].as_str(), created["MemorySize"].as_u64()), (Some("viaapi"), Some("Pending"), Some(256)), "{body}");
+    let spec = kubectl(&cp, &["get", "thawfunction", "viaapi", "-o", "jsonpath={.spec.memory} {.spec.code.sha256} {.spec.env[0].value}"], None);
+    assert_eq!(spec, format!("256 {sha1} hi"), "the ThawFunction holds the function");
+    let (status, h, body) = call(gport, "POST", "/2015-03-31/functions", create.to_string().as_bytes(), SECRET);
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (409, Some("ResourceConflictException")), "{body}");
+    invoke_until(gport, "viaapi", "the function created through the gateway", |st, b| st == 200 && b.contains("\"v\": 1"));
+    let (status, _, body) = call(gport, "GET", "/2015-03-31/functions/viaapi", b"", SECRET);
+    assert!(status == 200 && body.contains("\"State\":\"Active\""), "GetFunction answered by an agent that has it: {status} {body}");
+    let (status, _, body) = call(gport, "GET", "/2015-03-31/functions/", b"", SECRET);
+    assert!(status == 200 && body.contains("\"FunctionName\":\"viaapi\"") && !body.contains("\"FunctionName\":\"hello\""), "{status} {body}");
+    // New code, then deleted.
+    let update = serde_json::json!({"ZipFile": b64(&v2)});
+    let (status, _, body) = call(gport, "PUT", "/2015-03-31/functions/viaapi/code", update.to_string().as_bytes(), SECRET);
+    assert_eq!(status, 200, "{body}");
+    invoke_until(gport, "viaapi", "the code updated through the gateway", |st, b| st == 200 && b.contains("\"v\": 2"));
+    let (status, _, body) = call(gport, "DELETE", "/2015-03-31/functions/viaapi", b"", SECRET);
+    assert_eq!(status, 204, "{body}");
+    assert!(kubectl(&cp, &["get", "thawfunctions", "-A", "-o", "name"], None).lines().all(|l| !l.ends_with("/viaapi")), "the ThawFunction is deleted");
+    invoke_until(gport, "viaapi", "the function deleted through the gateway", |st, _| st == 404);
+    let (status, h, _) = call(gport, "DELETE", "/2015-03-31/functions/viaapi", b"", SECRET);
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (404, Some("ResourceNotFoundException")));
     drop(agents);
 }
