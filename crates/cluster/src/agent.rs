@@ -36,6 +36,16 @@ pub enum AgentError {
     },
 }
 
+/// A snapshot a node has locally: placement prefers the node for a cold start of its
+/// function (the gateway knows functions by name; the id is the stored snapshot's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CachedSnapshot {
+    pub function: String,
+    /// The stored snapshot's id (None: not in a store).
+    pub id: Option<String>,
+    pub bytes: u64,
+}
+
 /// What a node advertises (the ThawNode's status).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Advert {
@@ -45,8 +55,8 @@ pub struct Advert {
     pub in_flight: u64,
     /// Memory left in the node's budget, MiB.
     pub free_memory_mb: u64,
-    /// (stored snapshot id, bytes) of the snapshots the node has locally.
-    pub cached: Vec<(String, u64)>,
+    /// The snapshots the node has locally.
+    pub cached: Vec<CachedSnapshot>,
     /// (function, idle warm instances), for functions with any.
     pub warm: Vec<(String, u64)>,
 }
@@ -57,15 +67,16 @@ impl Advert {
         let n = &st["node"];
         let u = |v: &Value| v.as_u64().unwrap_or(0);
         let funcs = st["functions"].as_array().cloned().unwrap_or_default();
-        let mut cached: Vec<(String, u64)> = funcs
+        let mut cached: Vec<CachedSnapshot> = funcs
             .iter()
             .filter_map(|f| {
                 let s = &f["snapshot"];
-                Some((s["stored"].as_str()?.to_string(), u(&s["bytes"])))
+                let id = s["stored"].as_str().map(str::to_string);
+                (id.is_some() || u(&s["bytes"]) > 0).then(|| CachedSnapshot { function: f["name"].as_str().unwrap_or_default().to_string(), id, bytes: u(&s["bytes"]) })
             })
+            .filter(|c| !c.function.is_empty())
             .collect();
         cached.sort();
-        cached.dedup_by(|a, b| a.0 == b.0);
         let mut warm: Vec<(String, u64)> =
             funcs.iter().filter_map(|f| Some((f["name"].as_str()?.to_string(), u(&f["instances"]["idle"])))).filter(|(_, idle)| *idle > 0).collect();
         warm.sort();
@@ -85,7 +96,7 @@ impl Advert {
             "freeInstances": self.free_instances,
             "inFlight": self.in_flight,
             "freeMemoryMb": self.free_memory_mb,
-            "cachedSnapshots": self.cached.iter().map(|(id, bytes)| json!({"id": id, "bytes": bytes})).collect::<Vec<_>>(),
+            "cachedSnapshots": self.cached.iter().map(|c| json!({"id": c.id.as_deref().unwrap_or(""), "function": c.function, "bytes": c.bytes})).collect::<Vec<_>>(),
             "warm": self.warm.iter().map(|(f, idle)| json!({"function": f, "idle": idle})).collect::<Vec<_>>(),
         })
     }
@@ -267,7 +278,11 @@ mod tests {
             ]
         });
         let ad = Advert::from_node_status(&st);
-        assert_eq!(ad, Advert { free_instances: 29, in_flight: 1, free_memory_mb: 640, cached: vec![("s2".into(), 20)], warm: vec![("b".into(), 1)] });
+        let cached = vec![
+            CachedSnapshot { function: "a".into(), id: None, bytes: 5 },
+            CachedSnapshot { function: "b".into(), id: Some("s2".into()), bytes: 20 },
+        ];
+        assert_eq!(ad, Advert { free_instances: 29, in_flight: 1, free_memory_mb: 640, cached, warm: vec![("b".into(), 1)] });
         assert_eq!(Advert::from_node_status(&json!({})), Advert::default());
     }
 

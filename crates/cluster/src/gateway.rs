@@ -343,7 +343,7 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
             let mut rng = gw.rng.lock().unwrap_or_else(|e| e.into_inner());
             // Until snapshots have store ids (#13), agents advertise them by function name.
             let (ad, _) = view
-                .place(function, function, &loads[..], &mut rng)
+                .place(function, "", &loads[..], &mut rng)
                 .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", "no node agent is available (none advertised, or all found down)"))?;
             *in_flight.entry(ad.name.clone()).or_insert(0) += 1;
             Placed { name: ad.name.clone(), endpoint: ad.endpoint.clone(), boot_id: ad.boot_id.clone() }
@@ -397,6 +397,7 @@ mod tests {
             boot_id: boot.into(),
             free_instances: 1,
             cached: vec![],
+            cached_functions: vec![],
             warm: vec![],
             heartbeat: age_s.map(|s| Utc::now() - TimeDelta::seconds(s)),
         }

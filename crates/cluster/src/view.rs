@@ -44,8 +44,10 @@ pub struct NodeAd {
     pub endpoint: String,
     pub boot_id: String,
     pub free_instances: u64,
-    /// Snapshot ids in the node's cache.
+    /// Stored snapshot ids in the node's cache.
     pub cached: Vec<String>,
+    /// Functions whose snapshot the node has.
+    pub cached_functions: Vec<String>,
     /// (function, idle warm instances)
     pub warm: Vec<(String, u64)>,
     /// When the agent last published (status.heartbeatTime), if it said.
@@ -63,7 +65,8 @@ impl NodeAd {
             endpoint,
             boot_id,
             free_instances: st["freeInstances"].as_u64().unwrap_or(0),
-            cached: list(&st["cachedSnapshots"]).iter().filter_map(|c| c["id"].as_str().map(str::to_string)).collect(),
+            cached: list(&st["cachedSnapshots"]).iter().filter_map(|c| c["id"].as_str().filter(|s| !s.is_empty()).map(str::to_string)).collect(),
+            cached_functions: list(&st["cachedSnapshots"]).iter().filter_map(|c| c["function"].as_str().filter(|s| !s.is_empty()).map(str::to_string)).collect(),
             warm: list(&st["warm"])
                 .iter()
                 .filter_map(|w| Some((w["function"].as_str()?.to_string(), w["idle"].as_u64().unwrap_or(0))))
@@ -84,7 +87,9 @@ pub struct ClusterView {
     load_factor: f64,
     placer: Placer,
     warm: HashMap<String, Vec<usize>>,
+    /// By stored snapshot id, and by function.
     cached: HashMap<String, Vec<usize>>,
+    cached_functions: HashMap<String, Vec<usize>>,
 }
 
 impl ClusterView {
@@ -93,7 +98,8 @@ impl ClusterView {
         nodes.dedup_by(|a, b| a.name == b.name);
         let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
         let placer = Placer::new(policy, Ring::new(&names, DEFAULT_VNODES), load_factor);
-        let (mut warm, mut cached): (HashMap<String, Vec<usize>>, HashMap<String, Vec<usize>>) = Default::default();
+        let (mut warm, mut cached, mut cached_functions): (HashMap<String, Vec<usize>>, HashMap<String, Vec<usize>>, HashMap<String, Vec<usize>>) =
+            Default::default();
         for (i, n) in nodes.iter().enumerate() {
             for (f, _) in &n.warm {
                 warm.entry(f.clone()).or_default().push(i);
@@ -101,8 +107,11 @@ impl ClusterView {
             for s in &n.cached {
                 cached.entry(s.clone()).or_default().push(i);
             }
+            for f in &n.cached_functions {
+                cached_functions.entry(f.clone()).or_default().push(i);
+            }
         }
-        ClusterView { nodes, policy, load_factor, placer, warm, cached }
+        ClusterView { nodes, policy, load_factor, placer, warm, cached, cached_functions }
     }
 
     /// This view without the nodes `leave_out` says (an agent found down, a heartbeat too old).
@@ -115,14 +124,16 @@ impl ClusterView {
     }
 
     /// Chooses the node for an invocation of `function` whose snapshot id is `snapshot`
-    /// (`loads[i]`: invocations this gateway has in flight on node i).
+    /// (empty: not known to the caller; the nodes that have the function's snapshot
+    /// are then those that say so) (`loads[i]`: invocations this gateway has in flight
+    /// on node i).
     pub fn place<L: Loads + ?Sized>(&self, function: &str, snapshot: &str, loads: &L, rng: &mut Rng) -> Option<(&NodeAd, Decision)> {
         let empty = Vec::new();
-        let req = Request {
-            key: hash_str(function),
-            warm: self.warm.get(function).unwrap_or(&empty),
-            cached: self.cached.get(snapshot).unwrap_or(&empty),
+        let cached = match self.cached.get(snapshot) {
+            Some(c) if !snapshot.is_empty() => c,
+            _ => self.cached_functions.get(function).unwrap_or(&empty),
         };
+        let req = Request { key: hash_str(function), warm: self.warm.get(function).unwrap_or(&empty), cached };
         let d = self.placer.place(&req, loads, rng)?;
         Some((&self.nodes[d.node], d))
     }
@@ -219,6 +230,17 @@ mod tests {
         assert_eq!((n.name.as_str(), d.reason), ("n1", crate::placement::Reason::Warm));
         let (n, d) = v1.place("g", "snap-f", &loads[..], &mut rng).unwrap();
         assert_eq!((n.name.as_str(), d.reason), ("n3", crate::placement::Reason::Cached));
+        // Known by function (the gateway does not know snapshot ids): the advert says
+        // which functions' snapshots a node has.
+        let by_fn = |name: &str, f: &str| {
+            let mut o = ad(name, &[], &[]);
+            o.data["status"]["cachedSnapshots"] = json!([{"id": "", "function": f, "bytes": 1}]);
+            NodeAd::from_object(&o).unwrap()
+        };
+        let v = ClusterView::new(vec![by_fn("n1", "other"), by_fn("n2", "h"), by_fn("n3", "other")], Policy::Thaw, 1.25);
+        let (n, d) = v.place("h", "", &loads[..], &mut rng).unwrap();
+        assert_eq!((n.name.as_str(), d.reason), ("n2", crate::placement::Reason::Cached));
+        assert!(n.cached.is_empty(), "an empty id is no snapshot id");
         for f in 0..50 {
             let f = format!("fn-{f}");
             assert_eq!(v1.place(&f, "", &loads[..], &mut rng).unwrap().0.name, v2.place(&f, "", &loads[..], &mut rng).unwrap().0.name);

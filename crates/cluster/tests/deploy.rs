@@ -352,7 +352,7 @@ async fn install_agent_identity(admin: &Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_publishes_its_node_and_republishes_after_a_restart() {
-    use thaw_cluster::agent::{Advert, Agent};
+    use thaw_cluster::agent::{Advert, Agent, CachedSnapshot};
     let cp = tokio::task::spawn_blocking(ControlPlane::shared).await.unwrap();
     let admin = cp.client().await.unwrap();
     install_agent_identity(&admin).await;
@@ -364,7 +364,7 @@ async fn an_agent_publishes_its_node_and_republishes_after_a_restart() {
 
     // First start: the ThawNode is created, owned by its Node, with the status.
     let mut agent = Agent::new(client.clone(), "pub-node", "http://10.1.2.3:9000");
-    let ad = Advert { free_instances: 30, in_flight: 1, free_memory_mb: 900, cached: vec![("snap-1".into(), 4096)], warm: vec![("fn-a".into(), 2)] };
+    let ad = Advert { free_instances: 30, in_flight: 1, free_memory_mb: 900, cached: vec![CachedSnapshot { function: "fn-a".into(), id: Some("snap-1".into()), bytes: 4096 }], warm: vec![("fn-a".into(), 2)] };
     agent.publish(&ad).await.expect("the agent publishes with its own credentials");
     let o = thawnodes(&admin).get("pub-node").await.unwrap();
     let owner = &o.metadata.owner_references.as_ref().unwrap()[0];
@@ -373,10 +373,10 @@ async fn an_agent_publishes_its_node_and_republishes_after_a_restart() {
     let st = &o.data["status"];
     assert_eq!(st["bootId"], json!(agent.boot_id()));
     assert_eq!((st["freeInstances"].clone(), st["inFlight"].clone(), st["freeMemoryMb"].clone()), (json!(30), json!(1), json!(900)));
-    assert_eq!(st["cachedSnapshots"], json!([{"id": "snap-1", "bytes": 4096}]));
+    assert_eq!(st["cachedSnapshots"], json!([{"id": "snap-1", "function": "fn-a", "bytes": 4096}]));
     assert!(st["heartbeatTime"].as_str().is_some_and(|t| t.ends_with('Z')), "{st}");
     view_until(&mut rx, "pub-node with fn-a warm and snap-1 cached", |v| {
-        v.nodes().iter().any(|n| n.name == "pub-node" && n.warm == [("fn-a".to_string(), 2)] && n.cached == ["snap-1"])
+        v.nodes().iter().any(|n| n.name == "pub-node" && n.warm == [("fn-a".to_string(), 2)] && n.cached == ["snap-1"] && n.cached_functions == ["fn-a"])
     })
     .await;
 

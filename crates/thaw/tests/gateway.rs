@@ -213,6 +213,36 @@ fn gateway_forwards_to_the_placed_agent_and_fails_fast_when_it_dies() {
         assert_eq!(header(&h2, "x-thaw-node"), Some(node.as_str()));
     }
 
+    // A cold start goes where the function's snapshot is: a function whose ring home is
+    // agent 0, deployed on agent 1 alone (through agent 1's own API), is placed on agent 1
+    // once its advertisement says it has the snapshot.
+    let f0 = on[0].clone().unwrap();
+    let zip = zip_of(tmp.path(), "cached.zip", &[("app.py", "def handler(event, context):\n    return 'cached here'\n")]);
+    use base64::Engine;
+    let create = serde_json::json!({"FunctionName": f0, "Runtime": "python3.12", "Role": "arn:aws:iam::000000000000:role/t",
+        "Handler": "app.handler", "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(std::fs::read(&zip).unwrap())}});
+    let (status, _, body) = call(ports[1], "POST", "/2015-03-31/functions", create.to_string().as_bytes(), SECRET);
+    assert_eq!(status, 201, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !kubectl(&cp, &["get", "thawnode", "agent-1", "-o", "jsonpath={.status.cachedSnapshots[*].function}"], None).split(' ').any(|f| f == f0) {
+        assert!(Instant::now() < deadline, "agent-1 did not advertise the snapshot of {f0} in 60 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let body = invoke_until(gport, &f0, "placed where its snapshot is", |st, _| st == 200);
+    assert!(body.contains("cached here"), "{body}");
+    let (_, h, _) = invoke(gport, &f0, SECRET);
+    assert_eq!(header(&h, "x-thaw-node"), Some("agent-1"), "placed where the snapshot is, not at its ring home");
+    on[0] = None;
+    let mut i = 1000;
+    while on[0].is_none() {
+        let f = format!("f-{i}");
+        i += 1;
+        let (_, h, _) = invoke(gport, &f, SECRET);
+        if header(&h, "x-thaw-node") == Some("agent-0") {
+            on[0] = Some(f);
+        }
+    }
+
     // A function URL needs no signature at the gateway (its agent enforces the URL's
     // AuthType) and goes where an Invoke of its function goes; no URL is configured
     // here, so the agent itself answers 404.
