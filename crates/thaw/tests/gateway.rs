@@ -458,3 +458,61 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     assert_eq!((status, header(&h, "x-amzn-errortype")), (404, Some("ResourceNotFoundException")));
     drop(agents);
 }
+
+/// Median of `v` (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Benchmark (issue #29: the gateway's overhead on a warm invoke, target ≤ 1 ms median),
+/// not part of the normal run: `bench/gateway.py` runs it (`cargo test --release -p thaw
+/// --test gateway -- --ignored gateway_overhead`) and draws the chart. One agent, one
+/// gateway, a warm helloworld-sized function; warm invokes straight to the agent and
+/// through the gateway, interleaved in the same run; writes THAW_BENCH_OUT (JSON).
+#[test]
+#[ignore]
+fn gateway_overhead_on_a_warm_invoke() {
+    let runs: usize = std::env::var("THAW_BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(300);
+    let cp = ControlPlane::start(Options::default()).unwrap_or_else(|e| panic!("{e}"));
+    let crd = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/crd-thawnode.yaml");
+    kubectl(&cp, &["apply", "--server-side", "-f", crd.to_str().unwrap()], None);
+    kubectl(&cp, &["wait", "--for=condition=Established", "crd/thawnodes.thaw.dev", "--timeout=30s"], None);
+    kubectl(&cp, &["apply", "-f", "-"], Some("{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"bench-0\"}}"));
+    let tmp = tempfile::tempdir().unwrap();
+    let (aport, gport) = (free_port(), free_port());
+    let _agent = agent(&tmp.path().join("bench-0"), aport, "bench-0", &cp.kubeconfig());
+    let _gateway = gateway(gport, &cp.kubeconfig());
+    let zip = zip_of(tmp.path(), "hello.zip", &[("app.py", "def handler(event, context):\n    return {'message': 'hello, ' + event.get('name', '')}\n")]);
+    use base64::Engine;
+    let create = serde_json::json!({"FunctionName": "hello", "Runtime": "python3.12", "Role": "arn:aws:iam::000000000000:role/t",
+        "Handler": "app.handler", "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(std::fs::read(&zip).unwrap())}});
+    let (status, _, body) = call(aport, "POST", "/2015-03-31/functions", create.to_string().as_bytes(), SECRET);
+    assert_eq!(status, 201, "{body}");
+    invoke_until(aport, "hello", "deployed", |st, _| st == 200);
+    invoke_until(gport, "hello", "placed through the gateway", |st, _| st == 200);
+    let (mut direct, mut through) = (Vec::new(), Vec::new());
+    for i in 0..runs + 20 {
+        for (port, out) in if i % 2 == 0 { [(aport, &mut direct), (gport, &mut through)] } else { [(gport, &mut through), (aport, &mut direct)] } {
+            let t = Instant::now();
+            let (status, _, body) = invoke(port, "hello", SECRET);
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(status, 200, "{body}");
+            if i >= 20 {
+                out.push(ms); // the first 20 rounds warm up
+            }
+        }
+    }
+    let (d, g) = (median(&mut direct.clone()), median(&mut through.clone()));
+    let p99 = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[(v.len() * 99 / 100).min(v.len() - 1)]
+    };
+    let (dp, gp) = (p99(&mut direct.clone()), p99(&mut through.clone()));
+    println!("warm invoke, {runs} each, interleaved: direct median {d:.3} ms (p99 {dp:.3}), through the gateway {g:.3} ms (p99 {gp:.3}): overhead {:.3} ms", g - d);
+    if let Ok(out) = std::env::var("THAW_BENCH_OUT") {
+        let json = serde_json::json!({"runs": runs, "direct_ms": direct, "gateway_ms": through,
+            "median_direct_ms": d, "median_gateway_ms": g, "p99_direct_ms": dp, "p99_gateway_ms": gp, "overhead_median_ms": g - d});
+        std::fs::write(out, json.to_string()).unwrap();
+    }
+}
