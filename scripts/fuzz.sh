@@ -3,6 +3,8 @@
 # time each, starting from the checked-in seeds in fuzz/corpus/<target>.
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default: 20 s, every target)
+#   scripts/fuzz.sh --minutes M [TARGET...]              (a campaign: M minutes each, then
+#                                                         merged into the committed seeds)
 #
 # New inputs that grow coverage are kept in a work corpus outside the clone
 # (${THAW_FUZZ_DIR:-/var/tmp/thaw-fuzz}/<target>); crashes and hangs stop the run with
@@ -12,8 +14,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SECONDS_PER_TARGET=${1:-20}
-shift || true
+MERGE=0
+if [ "${1:-}" = "--minutes" ]; then
+    [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: --minutes needs a whole number of minutes" >&2; exit 2; }
+    SECONDS_PER_TARGET=$(( $2 * 60 ))
+    MERGE=1
+    shift 2
+else
+    SECONDS_PER_TARGET=${1:-20}
+    shift || true
+fi
 VERSION=0.13.2
 TOOLS="${THAW_CACHE_DIR:-/var/cache/thaw}/cargo-fuzz-$VERSION"
 if [ ! -x "$TOOLS/bin/cargo-fuzz" ]; then
@@ -42,6 +52,14 @@ for t in "${TARGETS[@]}"; do
         -artifact_prefix="artifacts/$t/" -print_final_stats=1 >"$LOG" 2>&1; then
         runs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$LOG" | grep -o '[0-9]*$' || echo '?')
         echo "fuzz: $t ok: $runs inputs in $(( $(date +%s) - start )) s"
+        if [ "$MERGE" = 1 ]; then
+            # Keep in the committed seeds only the inputs of the run that add coverage
+            # (libFuzzer's merge: a small set, not the whole work corpus).
+            before=$(ls "corpus/$t" | wc -l)
+            cargo fuzz run -O "$t" "corpus/$t" "$WORK/$t" -- -merge=1 -rss_limit_mb=2048 >"$LOG.merge" 2>&1 \
+                || { status=1; echo "fuzz: merging $t's corpus failed (log $LOG.merge)" >&2; }
+            echo "fuzz: $t seeds: $before -> $(ls "corpus/$t" | wc -l) inputs ($(du -sh "corpus/$t" | cut -f1)); commit fuzz/corpus/$t and log the run in fuzz/README.md"
+        fi
     else
         status=1
         echo "fuzz: $t FAILED (log $LOG, reproducer in fuzz/artifacts/$t/):" >&2
