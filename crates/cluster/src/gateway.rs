@@ -23,7 +23,8 @@
 //!
 //! The registry ([`Registry`], with `--snapshot-store`): CreateFunction puts the code
 //! bundle into the agents' store and writes the ThawFunction (the agents deploy it,
-//! [`crate::follow`]); UpdateFunctionCode and DeleteFunction change or delete it;
+//! [`crate::follow`]); UpdateFunctionCode, UpdateFunctionConfiguration and
+//! DeleteFunction change or delete it;
 //! ListFunctions reads it; GetFunction asks the placed agent and, before any agent
 //! has deployed the function, answers from the registry (State Pending).
 //!
@@ -295,6 +296,10 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
             let (function, _) = function_name(&name, None)?;
             let zip = update_code_zip(&body)?;
             Ok(json(StatusCode::OK, &registry()?.update_code(&function, zip).await?))
+        }
+        Action::UpdateFunctionConfiguration(name) => {
+            let (function, _) = function_name(&name, None)?;
+            Ok(json(StatusCode::OK, &registry()?.update_configuration(&function, &body).await?))
         }
         Action::DeleteFunction(name) => {
             let (function, _) = function_name(&name, None)?;

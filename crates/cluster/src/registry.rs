@@ -2,7 +2,7 @@
 //! (deploy/base/crd-thawfunction.yaml) in the apiserver, its code bundle in the
 //! snapshot store (`thaw_store::bundle`). The agents deploy what it holds
 //! ([`crate::follow`]); the gateway writes it for the Lambda API's CreateFunction,
-//! UpdateFunctionCode and DeleteFunction and reads it for GetFunction and
+//! UpdateFunctionCode, UpdateFunctionConfiguration and DeleteFunction and reads it for GetFunction and
 //! ListFunctions ([`Registry`]). This module is the vocabulary both sides share.
 
 use std::collections::BTreeMap;
@@ -172,6 +172,40 @@ impl Registry {
         let patch = json!({"spec": {"code": {"key": key, "sha256": sha}}});
         let obj = self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         self.configuration(&obj, Some(size))
+    }
+
+    /// UpdateFunctionConfiguration: what the body changes, into the object (runtime,
+    /// handler, memory, timeout, environment; layers are refused, role and
+    /// description are not kept by the registry).
+    pub async fn update_configuration(&self, name: &str, body: &[u8]) -> Result<Value, ApiError> {
+        let obj = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        let w = Wanted::from_object(&obj).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+        let change = thaw_node::api::config_change(body, &w.runtime, &w.handler)?;
+        if change.layers.as_ref().is_some_and(|l| !l.is_empty()) {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "InvalidParameterValueException", "Layers are not supported through the gateway yet."));
+        }
+        if change.revision_id.as_ref().is_some_and(|r| Some(r) != obj.metadata.resource_version.as_ref()) {
+            return Err(ApiError::new(StatusCode::PRECONDITION_FAILED, "PreconditionFailedException", "The RevisionId provided does not match the latest RevisionId for the Lambda function."));
+        }
+        let mut spec = serde_json::Map::new();
+        if let Some(v) = change.runtime {
+            spec.insert("runtime".into(), json!(v));
+        }
+        if let Some(v) = change.handler {
+            spec.insert("handler".into(), json!(v));
+        }
+        if let Some(v) = change.memory_mb {
+            spec.insert("memory".into(), json!(v));
+        }
+        if let Some(v) = change.timeout_s {
+            spec.insert("timeout".into(), json!(v));
+        }
+        if let Some(env) = change.env {
+            spec.insert("env".into(), json!(env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()));
+        }
+        let patch = json!({"spec": spec});
+        let obj = self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        self.configuration(&obj, None)
     }
 
     pub async fn delete(&self, name: &str) -> Result<(), ApiError> {

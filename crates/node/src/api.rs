@@ -542,7 +542,9 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
 }
 
 /// UpdateFunctionConfiguration's input, validated (fields absent are unchanged).
-fn config_change(body: &[u8], current_runtime: &str, current_handler: &str) -> Result<ConfigChange, ApiError> {
+/// Validate an UpdateFunctionConfiguration request against the function's current
+/// runtime and handler.
+pub fn config_change(body: &[u8], current_runtime: &str, current_handler: &str) -> Result<ConfigChange, ApiError> {
     let input: UpdateConfigInput = parse_json(body)?;
     let runtime = input.runtime.clone().unwrap_or_else(|| current_runtime.to_string());
     let handler = input.handler.clone().unwrap_or_else(|| current_handler.to_string());

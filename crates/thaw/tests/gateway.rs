@@ -445,11 +445,23 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     assert!(status == 200 && body.contains("\"State\":\"Active\""), "GetFunction answered by an agent that has it: {status} {body}");
     let (status, _, body) = call(gport, "GET", "/2015-03-31/functions/", b"", SECRET);
     assert!(status == 200 && body.contains("\"FunctionName\":\"viaapi\"") && !body.contains("\"FunctionName\":\"hello\""), "{status} {body}");
-    // New code, then deleted.
+    // New code, a new configuration, then deleted.
     let update = serde_json::json!({"ZipFile": b64(&v2)});
     let (status, _, body) = call(gport, "PUT", "/2015-03-31/functions/viaapi/code", update.to_string().as_bytes(), SECRET);
     assert_eq!(status, 200, "{body}");
     invoke_until(gport, "viaapi", "the code updated through the gateway", |st, b| st == 200 && b.contains("\"v\": 2"));
+    let configure = serde_json::json!({"MemorySize": 512, "Environment": {"Variables": {"GREETING": "hello"}}});
+    let (status, _, body) = call(gport, "PUT", "/2015-03-31/functions/viaapi/configuration", configure.to_string().as_bytes(), SECRET);
+    assert!(status == 200 && body.contains("\"MemorySize\":512"), "{status} {body}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, _, body) = call(ports[0], "GET", "/2015-03-31/functions/viaapi/configuration", b"", SECRET);
+        if status == 200 && body.contains("\"MemorySize\":512") && body.contains("\"GREETING\":\"hello\"") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new configuration did not reach the agent: {status} {body}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
     let (status, _, body) = call(gport, "DELETE", "/2015-03-31/functions/viaapi", b"", SECRET);
     assert_eq!(status, 204, "{body}");
     assert!(kubectl(&cp, &["get", "thawfunctions", "-A", "-o", "name"], None).lines().all(|l| !l.ends_with("/viaapi")), "the ThawFunction is deleted");
