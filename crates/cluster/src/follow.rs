@@ -109,30 +109,22 @@ impl Follower {
         let mut listing: Option<BTreeMap<String, Result<Wanted, String>>> = None;
         let mut tick = tokio::time::interval(RESYNC);
         let mut listed = false;
+        let mut failing = false;
         loop {
             tokio::select! {
                 ev = events.next() => match ev {
-                    Some(Ok(Event::Init)) => listing = Some(BTreeMap::new()),
-                    Some(Ok(Event::InitApply(o))) => {
-                        if let (Some(l), Some(n)) = (listing.as_mut(), o.metadata.name.clone()) {
-                            l.insert(n, Wanted::from_object(&o));
+                    Some(Err(e)) => {
+                        if !failing {
+                            warn!(error = %e, "watching ThawFunctions failed; retrying (deployed functions keep serving)");
                         }
+                        failing = true;
                     }
-                    Some(Ok(Event::InitDone)) => {
-                        wanted = listing.take().unwrap_or_default();
-                        listed = true;
-                    }
-                    Some(Ok(Event::Apply(o))) => {
-                        if let Some(n) = o.metadata.name.clone() {
-                            wanted.insert(n, Wanted::from_object(&o));
+                    Some(Ok(ev)) => {
+                        if std::mem::take(&mut failing) {
+                            info!("watching ThawFunctions again");
                         }
+                        Self::note(ev, &mut wanted, &mut listing, &mut listed);
                     }
-                    Some(Ok(Event::Delete(o))) => {
-                        if let Some(n) = o.metadata.name.as_ref() {
-                            wanted.remove(n);
-                        }
-                    }
-                    Some(Err(e)) => warn!(error = %e, "watching ThawFunctions failed; retrying (deployed functions keep serving)"),
                     None => return,
                 },
                 _ = tick.tick() => {}
@@ -140,6 +132,32 @@ impl Follower {
             }
             if listed {
                 self.reconcile(&wanted).await;
+            }
+        }
+    }
+
+    /// Take in a watch event: the wanted functions as of a full listing, then changes.
+    fn note(ev: Event<DynamicObject>, wanted: &mut BTreeMap<String, Result<Wanted, String>>, listing: &mut Option<BTreeMap<String, Result<Wanted, String>>>, listed: &mut bool) {
+        match ev {
+            Event::Init => *listing = Some(BTreeMap::new()),
+            Event::InitApply(o) => {
+                if let (Some(l), Some(n)) = (listing.as_mut(), o.metadata.name.clone()) {
+                    l.insert(n, Wanted::from_object(&o));
+                }
+            }
+            Event::InitDone => {
+                *wanted = listing.take().unwrap_or_default();
+                *listed = true;
+            }
+            Event::Apply(o) => {
+                if let Some(n) = o.metadata.name.clone() {
+                    wanted.insert(n, Wanted::from_object(&o));
+                }
+            }
+            Event::Delete(o) => {
+                if let Some(n) = o.metadata.name.as_ref() {
+                    wanted.remove(n);
+                }
             }
         }
     }

@@ -402,6 +402,7 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     // One whose bundle does not match its sha256 (v1's bytes under v2's hash), applied first.
     kubectl(&cp, &["apply", "-f", "-"], Some(&thawfunction("a-mismatched", &key1, &sha2)));
     kubectl(&cp, &["apply", "-f", "-"], Some(&thawfunction("hello", &key1, &sha1)));
+    kubectl(&cp, &["apply", "-f", "-"], Some(&thawfunction("keep", &key1, &sha1)));
     let body = invoke_until(gport, "hello", "the ThawFunction deployed", |st, _| st == 200);
     assert!(body.contains("\"v\": 1") && body.contains("registry"), "{body}");
     // Every agent has it (each fetched the bundle and built its own snapshot).
@@ -468,6 +469,17 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     invoke_until(gport, "viaapi", "the function deleted through the gateway", |st, _| st == 404);
     let (status, h, _) = call(gport, "DELETE", "/2015-03-31/functions/viaapi", b"", SECRET);
     assert_eq!((status, header(&h, "x-amzn-errortype")), (404, Some("ResourceNotFoundException")));
+
+    // The apiserver goes away: what is deployed is still served; writes to the registry
+    // are refused with a clear error.
+    invoke_until(gport, "keep", "keep deployed", |st, _| st == 200);
+    cp.stop();
+    let (status, _, body) = invoke(gport, "keep", SECRET);
+    assert_eq!(status, 200, "served from the last-known state: {body}");
+    let again = serde_json::json!({"FunctionName": "later", "Runtime": "python3.12", "Role": "r", "Handler": "app.handler", "Code": {"ZipFile": b64(&v1)}});
+    let (status, h, body) = call(gport, "POST", "/2015-03-31/functions", again.to_string().as_bytes(), SECRET);
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (503, Some("ServiceException")), "{body}");
+    assert!(body.contains("the registry (apiserver) is unavailable"), "{body}");
     drop(agents);
 }
 
