@@ -384,7 +384,8 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     let mut agents = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"reg-{i}\"}}}}")));
-        let store = ["--snapshot-store", "s3://registry", "--create-bucket"];
+        // Room for 16 concurrent calls of one function on one agent (the kill test below).
+        let store = ["--snapshot-store", "s3://registry", "--create-bucket", "--max-instances-per-function", "16"];
         agents.push(agent_with(&tmp.path().join(format!("reg-{i}")), *port, &format!("reg-{i}"), &kc, &store, &env));
     }
     let gport = free_port();
@@ -470,9 +471,45 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     let (status, h, _) = call(gport, "DELETE", "/2015-03-31/functions/viaapi", b"", SECRET);
     assert_eq!((status, header(&h, "x-amzn-errortype")), (404, Some("ResourceNotFoundException")));
 
+    // 1,000 invocations from 16 clients, agent 0 killed midway: every answer is the
+    // function's or an explicit Lambda-shaped 5xx, and none is lost (each client gets an
+    // answer to every call; a dead agent's calls are placed again or fail at once).
+    invoke_until(gport, "keep", "keep deployed", |st, _| st == 200);
+    for port in ports {
+        invoke_until(port, "keep", "keep deployed on each agent", |st, _| st == 200);
+    }
+    let answered = std::sync::atomic::AtomicUsize::new(0);
+    let outcomes: Vec<Vec<(u16, Option<String>, bool)>> = std::thread::scope(|sc| {
+        let clients: Vec<_> = (0..16)
+            .map(|_| {
+                sc.spawn(|| {
+                    (0..63)
+                        .map(|_| {
+                            let (status, h, body) = invoke(gport, "keep", SECRET);
+                            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            (status, header(&h, "x-amzn-errortype").map(str::to_string), body.contains("registry"))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        while answered.load(std::sync::atomic::Ordering::Relaxed) < 300 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(agents.remove(0));
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let all: Vec<_> = outcomes.iter().flatten().collect();
+    assert_eq!(all.len(), 16 * 63, "an answer to every call");
+    for (status, kind, theirs) in &all {
+        assert!((*status == 200 && *theirs) || (*status >= 500 && kind.is_some()), "neither the function's answer nor an explicit 5xx: {status} {kind:?}");
+    }
+    let ok = all.iter().filter(|(s, _, _)| *s == 200).count();
+    eprintln!("1,008 calls, agent 0 killed after 300: {ok} answered by the function, {} explicit 5xx", all.len() - ok);
+    assert!(outcomes.iter().all(|c| c.last().is_some_and(|(s, _, _)| *s == 200)), "after the kill, agent 1 answers: {:?}", outcomes.iter().map(|c| c.last()).collect::<Vec<_>>());
+
     // The apiserver goes away: what is deployed is still served; writes to the registry
     // are refused with a clear error.
-    invoke_until(gport, "keep", "keep deployed", |st, _| st == 200);
     cp.stop();
     let (status, _, body) = invoke(gport, "keep", SECRET);
     assert_eq!(status, 200, "served from the last-known state: {body}");
