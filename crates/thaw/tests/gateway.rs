@@ -367,7 +367,9 @@ fn invoke_until(port: u16, function: &str, what: &str, done: impl Fn(u16, &str) 
 /// The registry (issue #29): a ThawFunction applied with kubectl is deployed on every
 /// agent from its bundle in the store and answers through the gateway; new code in
 /// the object is deployed; a bundle whose bytes do not match the object's sha256 is
-/// never deployed; deleting the object deletes the function.
+/// never deployed; deleting the object deletes the function. Through two gateways, the
+/// Lambda API writes the registry (create through one, invoke through the other), 1,008
+/// calls survive an agent killed midway, and the apiserver away refuses writes only.
 #[test]
 fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gateway() {
     let m = minio::Minio::start();
@@ -388,8 +390,10 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
         let store = ["--snapshot-store", "s3://registry", "--create-bucket", "--max-instances-per-function", "16"];
         agents.push(agent_with(&tmp.path().join(format!("reg-{i}")), *port, &format!("reg-{i}"), &kc, &store, &env));
     }
-    let gport = free_port();
+    // Two gateways: what one writes, the other serves (they share nothing but the apiserver).
+    let (gport, gport2) = (free_port(), free_port());
     let _gateway = gateway_with(gport, &kc, &["--snapshot-store", "s3://registry"], &env);
+    let _gateway2 = gateway_with(gport2, &kc, &["--snapshot-store", "s3://registry"], &env);
 
     let v1 = zip_of(tmp.path(), "v1.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 1}\n")]);
     let v2 = zip_of(tmp.path(), "v2.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 2}\n")]);
@@ -442,6 +446,7 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     assert_eq!(spec, format!("256 {sha1} hi"), "the ThawFunction holds the function");
     let (status, h, body) = call(gport, "POST", "/2015-03-31/functions", create.to_string().as_bytes(), SECRET);
     assert_eq!((status, header(&h, "x-amzn-errortype")), (409, Some("ResourceConflictException")), "{body}");
+    invoke_until(gport2, "viaapi", "the function created through one gateway, invoked through the other", |st, b| st == 200 && b.contains("\"v\": 1"));
     invoke_until(gport, "viaapi", "the function created through the gateway", |st, b| st == 200 && b.contains("\"v\": 1"));
     let (status, _, body) = call(gport, "GET", "/2015-03-31/functions/viaapi", b"", SECRET);
     assert!(status == 200 && body.contains("\"State\":\"Active\""), "GetFunction answered by an agent that has it: {status} {body}");
