@@ -54,9 +54,11 @@ for t in "${TARGETS[@]}"; do
         echo "fuzz: $t ok: $runs inputs in $(( $(date +%s) - start )) s"
         if [ "$MERGE" = 1 ]; then
             # Keep in the committed seeds only the inputs of the run that add coverage
-            # (libFuzzer's merge: a small set, not the whole work corpus).
+            # (libFuzzer's merge: a small set, not the whole work corpus), and only those
+            # up to THAW_FUZZ_MERGE_MAX_LEN bytes (default 4 KiB: the seeds stay small;
+            # larger finds stay in the work corpus). The seeds already there are kept.
             before=$(ls "corpus/$t" | wc -l)
-            cargo fuzz run -O "$t" "corpus/$t" "$WORK/$t" -- -merge=1 -rss_limit_mb=2048 >"$LOG.merge" 2>&1 \
+            cargo fuzz run -O "$t" "corpus/$t" "$WORK/$t" -- -merge=1 -max_len="${THAW_FUZZ_MERGE_MAX_LEN:-4096}" -rss_limit_mb=2048 >"$LOG.merge" 2>&1 \
                 || { status=1; echo "fuzz: merging $t's corpus failed (log $LOG.merge)" >&2; }
             echo "fuzz: $t seeds: $before -> $(ls "corpus/$t" | wc -l) inputs ($(du -sh "corpus/$t" | cut -f1)); commit fuzz/corpus/$t and log the run in fuzz/README.md"
         fi
