@@ -6,7 +6,8 @@
 //!
 //! A ThawFunction names its code bundle in the agents' snapshot store (`spec.code`:
 //! key and SHA-256; `thaw bundle push` puts one there), fetched and checked by each
-//! agent. The function's name on the node is the object's name. A function the
+//! agent. The function's name on the node is the object's name: one name in two
+//! namespaces is refused until one is left. A function the
 //! follower deployed says so in its description (`ThawFunction NAMESPACE/NAME`); it
 //! never touches another function of the same name (one made through the node's own
 //! Lambda API), and removes its own once their object is gone, also when that
@@ -36,6 +37,25 @@ use crate::registry::{thawfunction_resource, Wanted, MARKER};
 
 /// How often everything wanted is checked again (failed fetches, builds in progress).
 pub const RESYNC: Duration = Duration::from_secs(5);
+
+/// The ThawFunctions watched, by (namespace, name).
+type Objects = BTreeMap<(String, String), Result<Wanted, String>>;
+
+/// The functions wanted, by name. Function names are cluster-wide on the agents: a name
+/// used in two namespaces is refused (not deployed or changed, never deleted) until
+/// only one is left, rather than deployed as whichever was seen last.
+fn by_name(objects: &Objects) -> BTreeMap<String, Result<Wanted, String>> {
+    let mut out: BTreeMap<String, Result<Wanted, String>> = BTreeMap::new();
+    let mut spaces: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for ((ns, name), w) in objects {
+        spaces.entry(name).or_default().push(ns);
+        out.insert(name.clone(), w.clone());
+    }
+    for (name, nss) in spaces.into_iter().filter(|(_, nss)| nss.len() > 1) {
+        out.insert(name.to_string(), Err(format!("is in namespaces {}: function names are cluster-wide, keep one", nss.join(", "))));
+    }
+    out
+}
 
 /// What one reconcile of a function found to do.
 #[derive(Debug, PartialEq, Eq)]
@@ -105,8 +125,8 @@ impl Follower {
     pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &thawfunction_resource());
         let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
-        let mut wanted: BTreeMap<String, Result<Wanted, String>> = BTreeMap::new();
-        let mut listing: Option<BTreeMap<String, Result<Wanted, String>>> = None;
+        let mut wanted: Objects = BTreeMap::new();
+        let mut listing: Option<Objects> = None;
         let mut tick = tokio::time::interval(RESYNC);
         let mut listed = false;
         let mut failing = false;
@@ -131,32 +151,33 @@ impl Follower {
                 _ = stop.changed() => return,
             }
             if listed {
-                self.reconcile(&wanted).await;
+                self.reconcile(&by_name(&wanted)).await;
             }
         }
     }
 
-    /// Take in a watch event: the wanted functions as of a full listing, then changes.
-    fn note(ev: Event<DynamicObject>, wanted: &mut BTreeMap<String, Result<Wanted, String>>, listing: &mut Option<BTreeMap<String, Result<Wanted, String>>>, listed: &mut bool) {
+    /// Take in a watch event: the ThawFunctions as of a full listing, then changes.
+    fn note(ev: Event<DynamicObject>, objects: &mut Objects, listing: &mut Option<Objects>, listed: &mut bool) {
+        let key = |o: &DynamicObject| Some((o.metadata.namespace.clone().unwrap_or_default(), o.metadata.name.clone()?));
         match ev {
             Event::Init => *listing = Some(BTreeMap::new()),
             Event::InitApply(o) => {
-                if let (Some(l), Some(n)) = (listing.as_mut(), o.metadata.name.clone()) {
-                    l.insert(n, Wanted::from_object(&o));
+                if let (Some(l), Some(k)) = (listing.as_mut(), key(&o)) {
+                    l.insert(k, Wanted::from_object(&o));
                 }
             }
             Event::InitDone => {
-                *wanted = listing.take().unwrap_or_default();
+                *objects = listing.take().unwrap_or_default();
                 *listed = true;
             }
             Event::Apply(o) => {
-                if let Some(n) = o.metadata.name.clone() {
-                    wanted.insert(n, Wanted::from_object(&o));
+                if let Some(k) = key(&o) {
+                    objects.insert(k, Wanted::from_object(&o));
                 }
             }
             Event::Delete(o) => {
-                if let Some(n) = o.metadata.name.as_ref() {
-                    wanted.remove(n);
+                if let Some(k) = key(&o) {
+                    objects.remove(&k);
                 }
             }
         }
@@ -264,6 +285,23 @@ mod tests {
         assert!(Wanted::from_object(&from_secret).unwrap_err().contains("valueFrom"));
         let bad_sha = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "AB"}}));
         assert!(Wanted::from_object(&bad_sha).is_err());
+    }
+
+    #[test]
+    fn a_name_in_two_namespaces_is_refused_not_flapped() {
+        let w = |ns: &str| {
+            let mut o = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "00".repeat(32)}}));
+            o.metadata.namespace = Some(ns.into());
+            Wanted::from_object(&o)
+        };
+        let mut objects: Objects = BTreeMap::new();
+        objects.insert(("team-a".into(), "hello".into()), w("team-a"));
+        assert!(by_name(&objects)["hello"].is_ok());
+        objects.insert(("team-b".into(), "hello".into()), w("team-b"));
+        let e = by_name(&objects)["hello"].clone().unwrap_err();
+        assert!(e.contains("team-a, team-b"), "{e}");
+        objects.remove(&("team-a".to_string(), "hello".to_string()));
+        assert_eq!(by_name(&objects)["hello"].as_ref().unwrap().description, "ThawFunction team-b/hello");
     }
 
     #[test]
