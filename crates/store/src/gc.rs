@@ -1,5 +1,7 @@
 //! Garbage collection of packs (and format 1 chunks) no manifest references.
-//! "Object" below is either: `packs/<sha>` or `chunks/<sha>`.
+//! "Object" below is either: `packs/<sha>` or `chunks/<sha>` (and, collected the same
+//! way, a base's manifest no diff names and a recorded working set, `ws/<id>.trace`,
+//! whose snapshot is gone).
 //!
 //! Two phases, so that a publish in flight never loses an object:
 //! 1. A run *condemns* the unreferenced chunks older than the grace period and
@@ -88,8 +90,9 @@ pub async fn condemned(remote: &Remote) -> Result<HashSet<String>> {
 }
 
 /// Every object (key) referenced by a manifest, and how many manifests there are;
-/// and the manifests of bases no manifest names any more (with their metadata),
-/// collected like objects. A manifest that cannot be read or verified stops the
+/// and, collected like objects, the manifests of bases no manifest names any more and
+/// the recorded working sets (`ws/<id>.trace`) of snapshots whose manifest is gone
+/// (with their metadata). A manifest that cannot be read or verified stops the
 /// collection: what it references is unknown.
 pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize, Vec<(String, object_store::ObjectMeta)>)> {
     let mut refs = HashSet::new();
@@ -111,11 +114,15 @@ pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize, Vec<
             refs.extend(m.unique_chunks().into_iter().map(|(s, _)| Remote::chunk_key(&s)));
         }
     }
-    let unnamed = list
+    let mut unnamed: Vec<_> = list
         .iter()
         .filter(|(key, _)| bases.iter().any(|b| *key == Remote::manifest_key(b) && !named.contains(b)))
         .cloned()
         .collect();
+    let ids: HashSet<&str> = list.iter().filter_map(|(k, _)| k.strip_prefix("snapshots/")?.strip_suffix(".json")).collect();
+    unnamed.extend(remote.list("ws").await?.into_iter().filter(|(key, _)| {
+        key.strip_prefix("ws/").and_then(|k| k.strip_suffix(".trace")).is_none_or(|id| !ids.contains(id))
+    }));
     Ok((refs, list.len(), unnamed))
 }
 

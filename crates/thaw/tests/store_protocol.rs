@@ -141,6 +141,17 @@ fn gc_keeps_what_manifests_reference_and_a_publisher_revives_condemned_chunks() 
     let dest = scratch().join("pulled-gc");
     s.pull(&second.id, &dest, &no_progress).unwrap();
     assert_eq!(files(&dest), files(snap));
+    // Recorded working sets (ws/<id>.trace, written by nodes beside a snapshot): the
+    // one of a snapshot that is gone is collected in two runs, the live one's kept.
+    let (live, gone) = (Remote::ws_key(&second.id), Remote::ws_key(&first.id.chars().rev().collect::<String>()));
+    for key in [&live, &gone] {
+        s.block_on(s.remote.put(key, thaw_store::bytes::Bytes::from_static(b"a trace"))).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(s.gc(Duration::ZERO).unwrap().condemned, 1, "the orphan trace");
+    let r = s.gc(Duration::ZERO).unwrap();
+    assert_eq!(r.deleted, 1);
+    assert_eq!(objects(&s, "ws").into_iter().map(|(k, _)| k).collect::<Vec<_>>(), vec![live]);
 }
 
 #[test]
