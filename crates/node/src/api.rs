@@ -39,20 +39,7 @@ use crate::sigv4::{SigV4Error, SignedRequest, Verifier};
 pub const MAX_BODY: usize = 80 * 1024 * 1024;
 /// Lambda's limit for a synchronous invocation's payload.
 pub const MAX_PAYLOAD: usize = 6 * 1024 * 1024;
-/// Runtimes accepted by CreateFunction, as Lambda names them.
-pub const RUNTIMES: &[&str] = &["python3.11", "python3.12", "nodejs20.x", "java17", "provided.al2023", "provided.al2"];
-
-/// The engine runtime serving a Lambda runtime name (the Python versions share the
-/// host's python3).
-pub fn engine_runtime(name: &str) -> Option<thaw_runtime::Runtime> {
-    match name {
-        "python3.11" | "python3.12" => Some(thaw_runtime::Runtime::Python3),
-        "nodejs20.x" => Some(thaw_runtime::Runtime::Nodejs20),
-        "java17" => Some(thaw_runtime::Runtime::Java17),
-        "provided.al2023" | "provided.al2" => Some(thaw_runtime::Runtime::Provided),
-        _ => None,
-    }
-}
+pub use crate::runtimes::{engine_runtime, RUNTIMES};
 const API_PREFIX: &str = "/2015-03-31/functions";
 
 pub struct App {

@@ -19,5 +19,6 @@ pub mod keys;
 pub mod metrics;
 pub mod node;
 pub mod registry;
+pub mod runtimes;
 pub mod sigv4;
 pub mod workers;

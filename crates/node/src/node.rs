@@ -175,7 +175,7 @@ impl Revision {
     }
 
     fn new(rec: &RevisionRecord, name: &str, cfg: &NodeConfig) -> Revision {
-        let runtime = crate::api::engine_runtime(&rec.runtime).unwrap_or(Runtime::Python3);
+        let runtime = crate::runtimes::engine_runtime(&rec.runtime).unwrap_or(Runtime::Python3);
         let mut boot = FunctionConfig::new(runtime, &rec.handler, rec.dir.join("code"), cfg.runtime_dir.clone());
         boot.memory_mb = rec.memory_mb;
         boot.function_name = name.to_string();
