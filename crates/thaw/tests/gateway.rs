@@ -364,7 +364,7 @@ fn invoke_until(port: u16, function: &str, what: &str, done: impl Fn(u16, &str) 
     }
 }
 
-/// The registry (issue #29): a ThawFunction applied with kubectl is deployed on every
+/// The registry (issue #29; three agents, two gateways): a ThawFunction applied with kubectl is deployed on every
 /// agent from its bundle in the store and answers through the gateway; new code in
 /// the object is deployed; a bundle whose bytes do not match the object's sha256 is
 /// never deployed; deleting the object deletes the function. Through two gateways, the
@@ -380,7 +380,7 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
         kubectl(&cp, &["wait", "--for=condition=Established", &format!("crd/{crd}.thaw.dev"), "--timeout=30s"], None);
     }
     let tmp = tempfile::tempdir().unwrap();
-    let ports = [free_port(), free_port()];
+    let ports = [free_port(), free_port(), free_port()];
     let kc = cp.kubeconfig();
     let env: Vec<(&str, String)> = m.env();
     let mut agents = Vec::new();
