@@ -24,12 +24,12 @@
 //! The registry ([`Registry`], with `--snapshot-store`): CreateFunction puts the code
 //! bundle into the agents' store and writes the ThawFunction (the agents deploy it,
 //! [`crate::follow`]); UpdateFunctionCode, UpdateFunctionConfiguration and
-//! DeleteFunction change or delete it;
-//! ListFunctions reads it; GetFunction asks the placed agent and, before any agent
-//! has deployed the function, answers from the registry (State Pending).
+//! DeleteFunction change or delete it; ListFunctions reads it; GetFunction asks the
+//! placed agent and, before any agent has deployed the function, answers from the
+//! registry (State Pending).
 //!
-//! Not yet: the other operations (configuration, versions, aliases, concurrency, URLs,
-//! tags, layers), retries of asynchronous invocations on another node, metrics.
+//! Not yet: the other operations (versions, aliases, concurrency, URLs, tags, layers),
+//! retries of asynchronous invocations on another node, metrics.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -210,7 +210,7 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
 
 async fn serve(args: GatewayArgs, store: Option<Arc<thaw_store::Store>>) -> Result<(), GatewayError> {
     let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
-    let registry = store.map(|s| Registry::new(client.clone(), &args.namespace, s, &args.region, "000000000000"));
+    let registry = store.map(|s| Registry::new(client.clone(), &args.namespace, s, &args.region, thaw_node::node::ACCOUNT));
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(ClusterView::new(Vec::new(), args.policy, args.load_factor)));
     tokio::spawn(watch_nodes(client, args.policy, args.load_factor, tx));
     let keys = vec![Credentials { access_key_id: args.access_key_id.clone(), secret_access_key: args.secret_access_key.clone() }];
@@ -307,23 +307,33 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::ListFunctions => Ok(json(StatusCode::OK, &registry()?.list().await?)),
-        // An agent that has deployed the function answers with its state; before any
-        // has, the registry answers (State Pending).
-        Action::GetFunction(name) | Action::GetFunctionConfiguration(name) => {
-            let whole = matches!(route(&parts.method, path), Some(Action::GetFunction(_)));
-            let (function, _) = function_name(&name, None)?;
-            let r = registry()?;
-            let answered = send(gw, &parts, body, &function, request_id).await?;
-            if answered.status() != StatusCode::NOT_FOUND {
-                return Ok(answered);
-            }
-            match r.get(&function).await? {
-                Some(config) if whole => Ok(json(StatusCode::OK, &serde_json::json!({"Configuration": config, "Code": {"RepositoryType": "S3"}}))),
-                Some(config) => Ok(json(StatusCode::OK, &config)),
-                None => Ok(answered),
-            }
-        }
+        Action::GetFunction(name) => get_function(gw, registry()?, &parts, body, &name, true, request_id).await,
+        Action::GetFunctionConfiguration(name) => get_function(gw, registry()?, &parts, body, &name, false, request_id).await,
         other => Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", format!("the gateway does not serve {other:?} yet"))),
+    }
+}
+
+/// GetFunction (`whole`) or GetFunctionConfiguration of `name`: an agent that has
+/// deployed the function answers with its state; before any has, the registry
+/// answers (State Pending).
+async fn get_function(
+    gw: &Gateway,
+    registry: &Registry,
+    parts: &axum::http::request::Parts,
+    body: Bytes,
+    name: &str,
+    whole: bool,
+    request_id: &str,
+) -> Result<Response, ApiError> {
+    let (function, _) = function_name(name, None)?;
+    let answered = send(gw, parts, body, &function, request_id).await?;
+    if answered.status() != StatusCode::NOT_FOUND {
+        return Ok(answered);
+    }
+    match registry.get(&function).await? {
+        Some(config) if whole => Ok(json(StatusCode::OK, &serde_json::json!({"Configuration": config, "Code": {"RepositoryType": "S3"}}))),
+        Some(config) => Ok(json(StatusCode::OK, &config)),
+        None => Ok(answered),
     }
 }
 

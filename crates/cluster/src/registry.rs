@@ -91,7 +91,7 @@ impl Wanted {
         FunctionSpec {
             name: self.name.clone(),
             runtime: self.runtime.clone(),
-            role: format!("arn:aws:iam::{account}:role/thaw-function"),
+            role: role_arn(account),
             handler: self.handler.clone(),
             description: self.description.clone(),
             timeout_s: self.timeout_s,
@@ -102,6 +102,11 @@ impl Wanted {
     }
 }
 
+
+/// The execution role a registry function gets (ThawFunctions name none).
+fn role_arn(account: &str) -> String {
+    format!("arn:aws:iam::{account}:role/thaw-function")
+}
 
 /// The ThawFunction of `spec` in namespace `ns`, its bundle at `key` (SHA-256 `sha256`, hex).
 pub fn object_of(spec: &FunctionSpec, ns: &str, key: &str, sha256: &str) -> Value {
@@ -235,7 +240,7 @@ impl Registry {
         let env: serde_json::Map<String, Value> = w.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
         Ok(json!({
             "FunctionName": w.name, "FunctionArn": self.arn(&w.name), "Runtime": w.runtime, "Handler": w.handler,
-            "Role": format!("arn:aws:iam::{}:role/thaw-function", self.account), "MemorySize": w.memory_mb, "Timeout": w.timeout_s,
+            "Role": role_arn(&self.account), "MemorySize": w.memory_mb, "Timeout": w.timeout_s,
             "CodeSha256": w.code_sha256(), "CodeSize": code_size.unwrap_or(0), "Description": w.description,
             "Environment": {"Variables": env}, "Version": "$LATEST", "PackageType": "Zip", "Architectures": ["x86_64"],
             "State": "Pending", "StateReason": "The function is being deployed on the agents.", "StateReasonCode": "Creating",

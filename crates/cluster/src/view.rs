@@ -98,8 +98,9 @@ impl ClusterView {
         nodes.dedup_by(|a, b| a.name == b.name);
         let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
         let placer = Placer::new(policy, Ring::new(&names, DEFAULT_VNODES), load_factor);
-        let (mut warm, mut cached, mut cached_functions): (HashMap<String, Vec<usize>>, HashMap<String, Vec<usize>>, HashMap<String, Vec<usize>>) =
-            Default::default();
+        let mut warm: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut cached: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut cached_functions: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, n) in nodes.iter().enumerate() {
             for (f, _) in &n.warm {
                 warm.entry(f.clone()).or_default().push(i);

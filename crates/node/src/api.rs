@@ -466,7 +466,7 @@ pub fn create_spec(body: &[u8]) -> Result<(FunctionSpec, Vec<u8>), ApiError> {
     let spec = FunctionSpec {
         name,
         runtime,
-        role: input.role.unwrap_or_else(|| "arn:aws:iam::000000000000:role/thaw".into()),
+        role: input.role.unwrap_or_else(|| format!("arn:aws:iam::{}:role/thaw", crate::node::ACCOUNT)),
         handler,
         description: input.description.unwrap_or_default(),
         timeout_s,
@@ -528,9 +528,8 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// UpdateFunctionConfiguration's input, validated (fields absent are unchanged).
-/// Validate an UpdateFunctionConfiguration request against the function's current
-/// runtime and handler.
+/// UpdateFunctionConfiguration's input, validated against the function's current
+/// runtime and handler (fields absent are unchanged).
 pub fn config_change(body: &[u8], current_runtime: &str, current_handler: &str) -> Result<ConfigChange, ApiError> {
     let input: UpdateConfigInput = parse_json(body)?;
     let runtime = input.runtime.clone().unwrap_or_else(|| current_runtime.to_string());

@@ -226,7 +226,7 @@ pub fn serve_with(args: ServeArgs, data_dir: &Path, beside: Option<Beside>) -> R
         state_dir,
         runtime_dir,
         region: args.region.clone(),
-        account: "000000000000".into(),
+        account: crate::node::ACCOUNT.into(),
         keep_alive: args.keep_alive,
         max_per_function: args.max_instances_per_function,
         max_instances: args.max_instances,

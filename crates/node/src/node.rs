@@ -52,6 +52,8 @@ use crate::workers::{WorkerError, WorkerPool};
 
 /// How long a function's init may take while its snapshot is built.
 pub const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The account of function and role ARNs (a node, and the cluster's gateways, serve one).
+pub const ACCOUNT: &str = "000000000000";
 
 /// Node-wide settings.
 #[derive(Debug, Clone)]

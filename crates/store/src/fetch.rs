@@ -100,7 +100,7 @@ pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn
     for (fi, f) in files {
         f.sync_all().map_err(StoreError::local(dir, format!("syncing {}", m.files[*fi].name)))?;
     }
-    derive(m, dir, None, true)?;
+    derive(m, dir, true)?;
     Ok((requests, bytes))
 }
 
@@ -136,7 +136,7 @@ pub(crate) async fn recorded_trace(remote: &Remote, m: &Manifest, id: &str) -> O
     }
 }
 
-/// Where [`derive`] and [`install_trace`] get a page of pages.img: `(file page, buffer)`.
+/// Where [`install_trace`] gets a page of pages.img: `(file page, buffer)`.
 pub(crate) type PageRead<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>;
 
 /// The pages of the snapshot in `dir` as the engine numbers them: its pages.img,
@@ -173,33 +173,33 @@ pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path,
     installed.is_ok()
 }
 
-/// Write ws.pages for the ws.trace in `dir` (if any) out of its complete image (synced
-/// when `durable`): a lazy fetch's placeholder replaced once every page is here.
-pub(crate) fn derive_pages(m: &Manifest, dir: &Path, durable: bool) -> Result<()> {
-    let trace = match std::fs::read(dir.join(TRACE_FILE)) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(StoreError::local(dir, "reading ws.trace")(e)),
-    };
-    let set = WorkingSet::parse(dir, &trace, m.image_id).map_err(|source| StoreError::WorkingSet { dir: dir.to_path_buf(), source })?;
-    ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, durable).map_err(|source| StoreError::WorkingSet { dir: dir.to_path_buf(), source })?;
-    Ok(())
-}
-
-/// Rebuild ws.pages (the working set's pages, copied out of pages.img, or got from
-/// `read` (see `lazy.rs`); synced when `durable`).
-pub(crate) fn derive(m: &Manifest, dir: &Path, read: Option<PageRead>, durable: bool) -> Result<()> {
+/// Rebuild ws.pages (the working set's pages, copied out of the complete pages.img)
+/// for the ws.trace in `dir`, when the manifest lists it as derived; synced when
+/// `durable`.
+pub(crate) fn derive(m: &Manifest, dir: &Path, durable: bool) -> Result<()> {
     if !m.derived.iter().any(|d| d == ws::PAGES_FILE) {
         return Ok(());
     }
-    let wse = |source| StoreError::WorkingSet { dir: dir.to_path_buf(), source };
     let trace = std::fs::read(dir.join(TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
-    let set = WorkingSet::parse(dir, &trace, m.image_id).map_err(wse)?;
-    match read {
-        Some(read) => ws::write_from(dir, m.image_id, &set.trace, read, durable),
-        None => ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, durable),
+    write_ws_pages(m, dir, &trace, durable)
+}
+
+/// [`derive`] for a lazy fetch's ws.pages placeholder, once every page is here: for
+/// the ws.trace in `dir` if there is one (recorded beside the snapshot, or merged by
+/// a restore meanwhile), whatever the manifest lists.
+pub(crate) fn derive_pages(m: &Manifest, dir: &Path, durable: bool) -> Result<()> {
+    match std::fs::read(dir.join(TRACE_FILE)) {
+        Ok(trace) => write_ws_pages(m, dir, &trace, durable),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::local(dir, "reading ws.trace")(e)),
     }
-    .map_err(wse)?;
+}
+
+/// ws.pages for `trace` out of `dir`'s complete image.
+fn write_ws_pages(m: &Manifest, dir: &Path, trace: &[u8], durable: bool) -> Result<()> {
+    let wse = |source| StoreError::WorkingSet { dir: dir.to_path_buf(), source };
+    let set = WorkingSet::parse(dir, trace, m.image_id).map_err(wse)?;
+    ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, durable).map_err(wse)?;
     Ok(())
 }
 

@@ -265,9 +265,8 @@ impl RemoteFill {
 
     /// The chunks of pages.img overlapping bytes `offset..offset + len`.
     fn overlapping(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
-        let c = self.chunks();
-        let first = c.partition_point(|c| c.offset + c.len <= offset);
-        let end = c.partition_point(|c| c.offset < offset + len);
+        let first = self.chunk_index(offset);
+        let end = self.chunks().partition_point(|c| c.offset < offset + len);
         first..end.max(first)
     }
 
