@@ -415,10 +415,26 @@ impl Span {
     }
 }
 
+/// Spans up to this size are checked on the task that read them; larger ones on a
+/// blocking thread, so that the runtime's two threads stay free to receive what
+/// other reads bring (a miss's state waited behind the checking of the head's pages).
+const CHECK_INLINE: u64 = 64 << 10;
+
 /// Read span `s` and return each of its chunks' bytes, checked against its hash.
 pub(crate) async fn read_span(remote: &Remote, s: &Span) -> Result<Vec<Bytes>> {
     let key = pack_key(&s.pack);
     let data = read_range(remote, &key, s.start..s.end).await?;
+    let object = remote.url.object_url(&key);
+    if s.end - s.start <= CHECK_INLINE {
+        return check_span(&object, s, data);
+    }
+    let s = s.clone();
+    tokio::task::spawn_blocking(move || check_span(&object, &s, data)).await.map_err(|e| StoreError::Task { detail: e.to_string() })?
+}
+
+/// The chunks of span `s` in `data` (its bytes, read from `object`): decompressed
+/// when stored so, each checked against its hash.
+fn check_span(object: &str, s: &Span, data: Bytes) -> Result<Vec<Bytes>> {
     // One context for the span's chunks (making one per chunk costs more than the
     // decompression of an 8 KiB chunk).
     let mut unzip = None;
@@ -429,10 +445,7 @@ pub(crate) async fn read_span(remote: &Remote, s: &Span) -> Result<Vec<Bytes>> {
             let part = match unzipped {
                 // Never more than the manifest says (a hostile pack cannot make us allocate more).
                 Some(len) => {
-                    let corrupt = |e: std::io::Error| StoreError::Corrupt {
-                        object: remote.url.object_url(&key),
-                        detail: format!("the chunk at {at} does not decompress: {e}"),
-                    };
+                    let corrupt = |e: std::io::Error| StoreError::Corrupt { object: object.to_string(), detail: format!("the chunk at {at} does not decompress: {e}") };
                     let d = match &mut unzip {
                         Some(d) => d,
                         None => unzip.insert(zstd::bulk::Decompressor::new().map_err(corrupt)?),
@@ -443,7 +456,7 @@ pub(crate) async fn read_span(remote: &Remote, s: &Span) -> Result<Vec<Bytes>> {
             };
             let got = sha256_hex(&part);
             if got != *sha {
-                return Err(StoreError::Corrupt { object: remote.url.object_url(&key), detail: format!("the chunk at {at} hashes to {got}, not {sha}") });
+                return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("the chunk at {at} hashes to {got}, not {sha}") });
             }
             Ok(part)
         })

@@ -110,12 +110,7 @@ pub fn is_sha256_hex(s: &str) -> bool {
 }
 
 pub fn sha256_hex(data: &[u8]) -> String {
-    let d = Sha256::digest(data);
-    let mut s = String::with_capacity(64);
-    for b in d {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    hex::encode(Sha256::digest(data))
 }
 
 /// How to reach the store. Unset fields come from the environment the way the
