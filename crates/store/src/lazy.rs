@@ -24,7 +24,7 @@ use thaw_engine::pagefiles::PageFill;
 
 use crate::error::{Result, StoreError};
 use crate::manifest::Manifest;
-use crate::pack::{read_span, spans_of, Span};
+use crate::pack::{read_span, spans_of, Check, Span};
 use crate::Store;
 
 /// Chunks a fault may bring along with its own (missing neighbours in the same
@@ -129,7 +129,11 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     let t0 = std::time::Instant::now();
     // 1. The head: its files (state.bin, ws.trace; its start) waited for, its pages
     //    (the rest) read beside them and after: HEAD_READS parallel reads when large
-    //    (each checks its chunks' hashes as it arrives, on a thread of its own).
+    //    (each decompresses its chunks as it arrives, on a thread of its own). When
+    //    these reads cover the head's pack, as they do unless the head holds chunks
+    //    no file uses, the pages are checked at once by the pack's name (the hash of
+    //    its stored bytes: a third of hashing every decompressed chunk) before any is
+    //    used; else each chunk by its own hash.
     let first = spans_of(&m, |fi, c| fi != file && c.pack == Some(head), u64::MAX);
     let head_pages = spans_of(&m, |fi, c| fi == file && c.pack == Some(head), u64::MAX);
     let large = head_pages.iter().map(|s| s.end - s.start).sum::<u64>() > 1 << 20;
@@ -137,10 +141,15 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     for i in span_chunks(&head_pages, file).map(|(_, off)| chunk_of(off)) {
         state[i] = State::Fetching;
     }
-    let pages_read = store.spawn(crate::pack::read_spans_owned(remote.clone(), head_pages.clone()));
-    let (first_parts, recorded) =
-        store.block_on(async { futures::join!(crate::pack::read_spans(remote, &first), crate::fetch::recorded_trace(remote, &m, id)) });
-    let first_parts = first_parts?;
+    let head_pack = m.packs[head as usize].clone();
+    let whole = crate::pack::covers(first.iter().chain(&head_pages), head_pack.size) && std::env::var("THAW_STORE_HEAD_CHECK").as_deref() != Ok("chunks");
+    let pages_read = store.spawn(crate::pack::read_spans_owned(remote.clone(), head_pages.clone(), if whole { Check::Pack } else { Check::Chunks }));
+    let (first_read, recorded) =
+        store.block_on(async { futures::join!(crate::pack::read_spans_as(remote, &first, Check::Chunks), crate::fetch::recorded_trace(remote, &m, id)) });
+    let first_read = first_read?;
+    // The first reads' stored bytes, for the check of the whole head.
+    let first_stored: Vec<(u64, bytes::Bytes)> = first.iter().zip(&first_read).map(|(s, r)| (s.start, r.0.clone())).collect();
+    let first_parts: Vec<Vec<bytes::Bytes>> = first_read.into_iter().map(|r| r.1).collect();
     counters.requests.fetch_add(first.len() as u64 + u64::from(m.file(TRACE_FILE).is_none()), Ordering::Relaxed);
     counters.bytes.fetch_add(recorded.as_ref().map_or(0, |t| t.len() as u64) + first.iter().map(|s| s.end - s.start).sum::<u64>(), Ordering::Relaxed);
     // 2. Every file but pages.img, complete.
@@ -184,7 +193,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     for i in span_chunks(&ws_spans, file).map(|(_, off)| chunk_of(off)) {
         state[i] = State::Fetching;
     }
-    let ws_read = (!ws_spans.is_empty()).then(|| store.spawn(crate::pack::read_spans_owned(remote.clone(), ws_spans.clone())));
+    let ws_read = (!ws_spans.is_empty()).then(|| store.spawn(crate::pack::read_spans_owned(remote.clone(), ws_spans.clone(), Check::Chunks)));
     let t_first = t0.elapsed();
     let pages = files.swap_remove(file);
     let fill = Arc::new(RemoteFill {
@@ -203,12 +212,24 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         pending: Mutex::new(HashMap::new()),
         deferred_ws,
     });
-    for (spans, read) in [(head_pages, Some(pages_read)), (ws_spans, ws_read)] {
+    let whole_check = whole.then(|| (first_stored, head_pack.name.clone(), remote.url.object_url(&crate::pack::pack_key(&head_pack.name))));
+    for (spans, read, check) in [(head_pages, Some(pages_read), whole_check), (ws_spans, ws_read, None)] {
         if let Some(read) = read {
             let f = fill.clone();
             store.spawn(async move {
                 let got = read.await.unwrap_or_else(|e| Err(StoreError::Task { detail: e.to_string() }));
-                f.arrived(&spans, got, t0);
+                let got = match (got, check) {
+                    (Ok(reads), Some((mut stored, name, object))) => {
+                        stored.extend(spans.iter().zip(&reads).map(|(s, r)| (s.start, r.0.clone())));
+                        match tokio::task::spawn_blocking(move || crate::pack::whole_digest(stored)).await {
+                            Ok(digest) if digest == name => Ok(reads),
+                            Ok(digest) => Err(StoreError::Corrupt { object, detail: format!("its bytes hash to {digest}") }),
+                            Err(e) => Err(StoreError::Task { detail: e.to_string() }),
+                        }
+                    }
+                    (got, _) => got,
+                };
+                f.arrived(&spans, got.map(|reads| reads.into_iter().map(|r| r.1).collect()), t0);
             });
         }
     }

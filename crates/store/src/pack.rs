@@ -420,21 +420,72 @@ impl Span {
 /// other reads bring (a miss's state waited behind the checking of the head's pages).
 const CHECK_INLINE: u64 = 64 << 10;
 
+/// How the chunks a span brings are checked.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Check {
+    /// Each against its hash (after decompression).
+    Chunks,
+    /// Not one by one: the caller checks the whole pack against its name
+    /// ([`whole_digest`]) before anything uses them. Hashing the stored (compressed)
+    /// bytes once costs a third of hashing every decompressed chunk.
+    Pack,
+}
+
 /// Read span `s` and return each of its chunks' bytes, checked against its hash.
 pub(crate) async fn read_span(remote: &Remote, s: &Span) -> Result<Vec<Bytes>> {
+    Ok(read_span_as(remote, s, Check::Chunks).await?.1)
+}
+
+/// Read span `s`: its bytes as stored, and each of its chunks' bytes (decompressed),
+/// checked as `check` says.
+pub(crate) async fn read_span_as(remote: &Remote, s: &Span, check: Check) -> Result<(Bytes, Vec<Bytes>)> {
     let key = pack_key(&s.pack);
     let data = read_range(remote, &key, s.start..s.end).await?;
     let object = remote.url.object_url(&key);
     if s.end - s.start <= CHECK_INLINE {
-        return check_span(&object, s, data);
+        return Ok((data.clone(), check_span(&object, s, data, check)?));
     }
     let s = s.clone();
-    tokio::task::spawn_blocking(move || check_span(&object, &s, data)).await.map_err(|e| StoreError::Task { detail: e.to_string() })?
+    tokio::task::spawn_blocking(move || Ok((data.clone(), check_span(&object, &s, data, check)?)))
+        .await
+        .map_err(|e| StoreError::Task { detail: e.to_string() })?
+}
+
+/// Whether `spans` (reads of one pack of `size` bytes, in any order, possibly
+/// overlapping) cover every byte of it, so [`whole_digest`] can check them at once.
+pub(crate) fn covers<'a>(spans: impl IntoIterator<Item = &'a Span>, size: u64) -> bool {
+    let mut r: Vec<(u64, u64)> = spans.into_iter().map(|s| (s.start, s.end)).collect();
+    r.sort_unstable();
+    let mut at = 0;
+    for (start, end) in r {
+        if start > at {
+            return false;
+        }
+        at = at.max(end);
+    }
+    at == size
+}
+
+/// The SHA-256 (hex) of a pack from the bytes of reads covering it ([`covers`]):
+/// (offset in the pack, bytes) in any order, overlaps hashed once.
+pub(crate) fn whole_digest(mut parts: Vec<(u64, Bytes)>) -> String {
+    use sha2::Digest;
+    parts.sort_unstable_by_key(|p| p.0);
+    let mut h = sha2::Sha256::new();
+    let mut at = 0u64;
+    for (start, b) in parts {
+        let end = start + b.len() as u64;
+        if end > at {
+            h.update(&b[at.saturating_sub(start) as usize..]);
+            at = end;
+        }
+    }
+    hex::encode(h.finalize())
 }
 
 /// The chunks of span `s` in `data` (its bytes, read from `object`): decompressed
-/// when stored so, each checked against its hash.
-fn check_span(object: &str, s: &Span, data: Bytes) -> Result<Vec<Bytes>> {
+/// when stored so, each checked against its hash unless `check` leaves that to the caller.
+fn check_span(object: &str, s: &Span, data: Bytes, check: Check) -> Result<Vec<Bytes>> {
     // One context for the span's chunks (making one per chunk costs more than the
     // decompression of an 8 KiB chunk).
     let mut unzip = None;
@@ -454,6 +505,9 @@ fn check_span(object: &str, s: &Span, data: Bytes) -> Result<Vec<Bytes>> {
                 }
                 None => part,
             };
+            if check == Check::Pack {
+                return Ok(part);
+            }
             let got = sha256_hex(&part);
             if got != *sha {
                 return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("the chunk at {at} hashes to {got}, not {sha}") });
@@ -463,14 +517,13 @@ fn check_span(object: &str, s: &Span, data: Bytes) -> Result<Vec<Bytes>> {
         .collect()
 }
 
-/// [`read_span`] of every span at once, each a task of its own (so their hashing
-/// runs on the runtime's threads in parallel). Call within the store's runtime.
-pub(crate) async fn read_spans(remote: &Remote, spans: &[Span]) -> Result<Vec<Vec<Bytes>>> {
+/// [`read_span_as`] of every span at once, each a task of its own.
+pub(crate) async fn read_spans_as(remote: &Remote, spans: &[Span], check: Check) -> Result<Vec<(Bytes, Vec<Bytes>)>> {
     let tasks: Vec<_> = spans
         .iter()
         .map(|s| {
             let (remote, s) = (remote.clone(), s.clone());
-            tokio::spawn(async move { read_span(&remote, &s).await })
+            tokio::spawn(async move { read_span_as(&remote, &s, check).await })
         })
         .collect();
     let mut out = Vec::with_capacity(tasks.len());
@@ -480,9 +533,9 @@ pub(crate) async fn read_spans(remote: &Remote, spans: &[Span]) -> Result<Vec<Ve
     Ok(out)
 }
 
-/// [`read_spans`] of owned arguments (for a task of its own).
-pub(crate) async fn read_spans_owned(remote: Remote, spans: Vec<Span>) -> Result<Vec<Vec<Bytes>>> {
-    read_spans(&remote, &spans).await
+/// [`read_spans_as`] of owned arguments (for a task of its own).
+pub(crate) async fn read_spans_owned(remote: Remote, spans: Vec<Span>, check: Check) -> Result<Vec<(Bytes, Vec<Bytes>)>> {
+    read_spans_as(&remote, &spans, check).await
 }
 
 /// The reads that fetch every stored chunk of `m` (format 2): per pack, the chunks'
@@ -569,6 +622,22 @@ async fn read_range(remote: &Remote, key: &str, range: std::ops::Range<u64>) -> 
 mod tests {
     use super::*;
     use crate::manifest::{Chunk, FileEntry};
+
+    #[test]
+    fn reads_that_cover_a_pack_check_it_whole_by_its_name() {
+        let pack: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let span = |start: u64, end: u64| Span { pack: "p".into(), start, end, chunks: vec![] };
+        let part = |start: usize, end: usize| (start as u64, Bytes::copy_from_slice(&pack[start..end]));
+        // Out of order and overlapping (a chunk both files use is read twice): hashed once, in order.
+        assert!(covers(&[span(6000, 10_000), span(0, 4000), span(3000, 7000)], 10_000));
+        assert_eq!(whole_digest(vec![part(6000, 10_000), part(0, 4000), part(3000, 7000)]), sha256_hex(&pack));
+        assert!(!covers(&[span(0, 4000), span(4001, 10_000)], 10_000), "a gap");
+        assert!(!covers(&[span(0, 4000)], 10_000), "short");
+        assert!(!covers(&[span(100, 10_000)], 10_000), "the start missing");
+        let mut bad = part(6000, 10_000);
+        bad.1 = Bytes::from(vec![0u8; 4000]);
+        assert_ne!(whole_digest(vec![bad, part(0, 6000)]), sha256_hex(&pack), "a changed byte changes the digest");
+    }
 
     #[test]
     fn a_span_splits_at_chunk_boundaries_into_parts_of_about_equal_size() {
