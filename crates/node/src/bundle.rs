@@ -4,6 +4,7 @@
 use std::io::{Cursor, Read};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use sha2::{Digest, Sha256};
@@ -11,6 +12,10 @@ use thiserror::Error;
 
 /// Lambda's limit for an unzipped deployment package.
 pub const MAX_UNZIPPED: u64 = 250 * 1024 * 1024;
+
+/// The modification time of what a zip gives none: 1980-01-01T00:00:00Z, the
+/// earliest time a zip can hold.
+pub const DOS_EPOCH: u64 = 315_532_800;
 
 #[derive(Debug, Error)]
 pub enum BundleError {
@@ -75,6 +80,13 @@ pub fn overlay_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
 /// Unpack `zip` into `dest` (created; must not exist), writing at most [`MAX_UNZIPPED`]
 /// bytes. Directories get 0755, files 0644 (0755 if executable in the archive), so the
 /// sandbox's unprivileged user can read them whatever the node's umask.
+///
+/// Every entry's modification time is the zip's (as Lambda keeps them; a directory
+/// the zip does not list gets [`DOS_EPOCH`]), not the time of the unpacking: the same
+/// zip unpacked on two nodes gives the same bundle fingerprint
+/// (`thaw_engine::fingerprint`, which includes times), so a snapshot captured on one
+/// node matches the bundle on another; and `.pyc` files shipped in the zip stay valid
+/// for their sources.
 pub fn extract(zip: &[u8], dest: &Path) -> Result<u64, BundleError> {
     extract_limited(zip, dest, MAX_UNZIPPED)
 }
@@ -92,6 +104,8 @@ pub fn extract_limited(zip: &[u8], dest: &Path, limit: u64) -> Result<u64, Bundl
     std::fs::create_dir_all(dest).map_err(werr(dest))?;
     std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755)).map_err(werr(dest))?;
     let mut total = 0u64;
+    // Directories' times are set last (what is created in one changes its time).
+    let mut dir_times: std::collections::HashMap<PathBuf, SystemTime> = std::collections::HashMap::new();
     for i in 0..archive.len() {
         let mut entry = archive.by_index(i).map_err(BundleError::NotAZip)?;
         let name = entry.name().to_string();
@@ -100,8 +114,10 @@ pub fn extract_limited(zip: &[u8], dest: &Path, limit: u64) -> Result<u64, Bundl
             return Err(BundleError::UnsafePath(name));
         }
         let path = dest.join(&rel);
+        let time = entry_time(entry.last_modified());
         if entry.is_dir() {
             mkdirs(dest, &rel, &name)?;
+            dir_times.insert(rel.components().collect(), time);
             continue;
         }
         if let Some(parent) = rel.parent() {
@@ -115,6 +131,8 @@ pub fn extract_limited(zip: &[u8], dest: &Path, limit: u64) -> Result<u64, Bundl
                 return Err(BundleError::UnsafePath(format!("{name} -> {target}")));
             }
             std::os::unix::fs::symlink(&target, &path).map_err(|e| conflict_or_write(e, &name, &path))?;
+            let t = rustix::fs::Timestamps { last_access: timespec(time), last_modification: timespec(time) };
+            rustix::fs::utimensat(rustix::fs::CWD, &path, &t, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).map_err(|e| werr(&path)(e.into()))?;
             continue;
         }
         let exec = entry.unix_mode().is_some_and(|m| m & 0o111 != 0);
@@ -136,8 +154,42 @@ pub fn extract_limited(zip: &[u8], dest: &Path, limit: u64) -> Result<u64, Bundl
             return Err(BundleError::TooLarge);
         }
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(if exec { 0o755 } else { 0o644 })).map_err(werr(&path))?;
+        file.set_modified(time).map_err(werr(&path))?;
     }
+    set_dir_times(dest, Path::new(""), &dir_times).map_err(|(path, e)| werr(&path)(e))?;
     Ok(total)
+}
+
+/// A zip entry's time as a time of the file system (zip times carry no zone: read
+/// as UTC, so that every node gives the same); [`DOS_EPOCH`] when absent or invalid.
+fn entry_time(t: Option<zip::DateTime>) -> SystemTime {
+    let secs = t.and_then(|t| {
+        let day = chrono::NaiveDate::from_ymd_opt(t.year().into(), t.month().into(), t.day().into())?;
+        Some(day.and_hms_opt(t.hour().into(), t.minute().into(), t.second().into())?.and_utc().timestamp())
+    });
+    UNIX_EPOCH + Duration::from_secs(secs.and_then(|s| u64::try_from(s).ok()).unwrap_or(DOS_EPOCH))
+}
+
+fn timespec(t: SystemTime) -> rustix::fs::Timespec {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    rustix::fs::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos().into() }
+}
+
+/// Give every directory below `root` (`rel` within it) its zip time (`times`, by
+/// relative path), or [`DOS_EPOCH`]; the deepest first.
+fn set_dir_times(root: &Path, rel: &Path, times: &std::collections::HashMap<PathBuf, SystemTime>) -> Result<(), (PathBuf, std::io::Error)> {
+    let dir = root.join(rel);
+    let err = |e| (dir.clone(), e);
+    for e in std::fs::read_dir(&dir).map_err(err)? {
+        let e = e.map_err(err)?;
+        if e.file_type().map_err(err)?.is_dir() {
+            let sub = rel.join(e.file_name());
+            set_dir_times(root, &sub, times)?;
+            let t = times.get(&sub.components().collect::<PathBuf>()).copied().unwrap_or(UNIX_EPOCH + Duration::from_secs(DOS_EPOCH));
+            std::fs::File::open(root.join(&sub)).and_then(|f| f.set_modified(t)).map_err(|e| (root.join(&sub), e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Whether a symlink at `rel` (relative to the bundle's root) pointing at `target`
@@ -212,6 +264,32 @@ mod tests {
         let mode = std::fs::metadata(dest.join("pkg")).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o755);
         assert_eq!(code_sha256(b"").len(), 44);
+    }
+
+    #[test]
+    fn the_same_zip_unpacks_to_the_same_fingerprint_with_the_zips_times() {
+        let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        let at = zip::DateTime::from_date_and_time(2024, 5, 6, 7, 8, 10).unwrap();
+        let opts = zip::write::SimpleFileOptions::default().last_modified_time(at);
+        w.add_directory("lib/", opts).unwrap();
+        w.start_file("lib/util.py", opts).unwrap();
+        w.write_all(b"u = 1\n").unwrap();
+        w.start_file("pkg/mod.py", opts).unwrap(); // pkg/ is not listed
+        w.write_all(b"m = 2\n").unwrap();
+        w.add_symlink("link.py", "lib/util.py", opts).unwrap();
+        let z = w.finish().unwrap().into_inner();
+        let dir = tempfile::tempdir().unwrap();
+        extract(&z, &dir.path().join("a")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        extract(&z, &dir.path().join("b")).unwrap();
+        let print = |d: &str| thaw_engine::fingerprint::of_dir(&dir.path().join(d)).unwrap();
+        assert_eq!(print("a"), print("b"), "unpacked twice, 20 ms apart");
+        let mtime = |p: &str| std::fs::symlink_metadata(dir.path().join("a").join(p)).unwrap().modified().unwrap();
+        let zip_time = UNIX_EPOCH + Duration::from_secs(1_714_979_290); // 2024-05-06T07:08:10Z
+        for p in ["lib", "lib/util.py", "pkg/mod.py", "link.py"] {
+            assert_eq!(mtime(p), zip_time, "{p}");
+        }
+        assert_eq!(mtime("pkg"), UNIX_EPOCH + Duration::from_secs(DOS_EPOCH), "a directory the zip does not list");
     }
 
     #[test]
