@@ -35,8 +35,10 @@ pub enum CodeCheck {
     Beside,
     /// The opener knows the fingerprint of the bundle at these paths (a node, of the
     /// revision directories it owns: written once at deploy, root-only, never
-    /// changed). Compared with the image's, no walk; an image captured over other
-    /// paths is walked before it opens.
+    /// changed). Compared with the image's, no walk. An image captured over other
+    /// paths with this same fingerprint (the same bundle unpacked elsewhere, e.g. on
+    /// another node) is restored over these paths; with another fingerprint, its own
+    /// paths are walked before it opens.
     Known { code_dir: PathBuf, opt_dir: Option<PathBuf>, fingerprint: String },
     /// No check: the baseline of benchmarks that measure what the check costs.
     Unchecked,

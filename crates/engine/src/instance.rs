@@ -279,7 +279,17 @@ impl LoadedSnapshot {
     /// [`crate::pagefiles::PageFill`]). State, working set and the rest of the
     /// directory must be complete.
     pub fn open_filled(dir: &Path, share_memory: bool, check: CodeCheck, fill: Option<Arc<dyn crate::pagefiles::PageFill>>) -> Result<LoadedSnapshot, InstanceError> {
-        let Snapshot { dir, image, pages, id, sealer } = Snapshot::open(dir)?;
+        let Snapshot { dir, mut image, pages, id, sealer } = Snapshot::open(dir)?;
+        // Captured over other paths (another node unpacked the same bundle elsewhere)
+        // and the bundle at the known paths has the fingerprint the image recorded:
+        // restored over the known paths. The process sees /var/task and /opt either way.
+        if let CodeCheck::Known { code_dir, opt_dir, fingerprint } = &check {
+            let elsewhere = *code_dir != image.sandbox.code_dir || *opt_dir != image.sandbox.opt_dir;
+            if elsewhere && *fingerprint == image.sandbox.code_fingerprint && opt_dir.is_some() == image.sandbox.opt_dir.is_some() {
+                tracing::debug!(captured = %image.sandbox.code_dir.display(), here = %code_dir.display(), "the snapshot's bundle is here under another path");
+                (image.sandbox.code_dir, image.sandbox.opt_dir) = (code_dir.clone(), opt_dir.clone());
+            }
+        }
         let (code, opt) = (&image.sandbox.code_dir, image.sandbox.opt_dir.as_deref());
         let recorded = &image.sandbox.code_fingerprint;
         let code_verdict = match check {

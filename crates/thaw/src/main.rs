@@ -180,6 +180,13 @@ enum SnapshotCmd {
         /// prepared_sandbox and sandbox_prepare_ms.
         #[arg(long)]
         prepared_sandbox: bool,
+        /// Restore over the function bundle at this directory instead of where the
+        /// snapshot was captured (the same bundle unpacked elsewhere, e.g. on another
+        /// machine, with its files' times kept: `cp -a`, `rsync -a`, or a zip unpacked
+        /// by `thaw serve`). Refused unless its fingerprint (names, sizes, times, modes)
+        /// is the captured one.
+        #[arg(long, value_name = "DIR")]
+        code: Option<PathBuf>,
     },
     /// Print a summary of a snapshot as JSON.
     Inspect {
@@ -247,6 +254,23 @@ struct InvokeArgs {
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("expected KEY=VALUE, got '{s}'"))
+}
+
+/// `snapshot restore --code DIR`: the check that restores snapshot `snapdir` over the
+/// bundle at `dir`, refused unless that bundle is the one the snapshot captured (a
+/// snapshot with layers keeps its /opt where it was captured).
+fn code_elsewhere(snapdir: &std::path::Path, dir: &std::path::Path) -> Result<thaw_engine::fingerprint::CodeCheck> {
+    let image = thaw_engine::image::Snapshot::open(snapdir)?.image;
+    let opt_dir = image.sandbox.opt_dir.clone();
+    let fingerprint = thaw_engine::fingerprint::of_bundle(dir, opt_dir.as_deref()).with_context(|| format!("reading the function bundle {}", dir.display()))?;
+    if fingerprint != image.sandbox.code_fingerprint {
+        bail!(
+            "the function bundle {} is not the one the snapshot captured ({}): its files' names, sizes, times or modes differ (copy it with its times: cp -a, rsync -a)",
+            dir.display(),
+            image.sandbox.code_dir.display()
+        );
+    }
+    Ok(thaw_engine::fingerprint::CodeCheck::Known { code_dir: dir.to_path_buf(), opt_dir, fingerprint })
 }
 
 fn main() -> ExitCode {
@@ -450,7 +474,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, noop_resets, share_memory, prepared_sandbox }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, noop_resets, share_memory, prepared_sandbox, code }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
@@ -458,7 +482,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let t0 = Instant::now();
             let cpu0 = process_cpu_ms();
             let mut fetched = store_cmd::resolve(&snapdir, &cli.data_dir, cache_max_bytes)?;
-            let check = thaw_engine::fingerprint::CodeCheck::from_env().map_err(anyhow::Error::msg)?;
+            let check = match code {
+                Some(dir) => code_elsewhere(fetched.dir(), &dir)?,
+                None => thaw_engine::fingerprint::CodeCheck::from_env().map_err(anyhow::Error::msg)?,
+            };
             let mut snap = LoadedSnapshot::open_filled(fetched.dir(), share_memory, check, fetched.fill())?;
             snap.reprofile_threshold = reprofile_threshold;
             snap.set_track_writes(reset);

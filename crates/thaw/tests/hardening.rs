@@ -190,6 +190,35 @@ fn a_changed_bundle_refuses_the_restore() {
     );
 }
 
+/// A snapshot moves with its bundle: restored over a copy of the bundle kept with its
+/// times (as another node unpacks the same zip), after the original is gone; refused
+/// over a copy that differs, naming both.
+#[test]
+fn a_snapshot_restores_over_its_bundle_copied_elsewhere() {
+    let (snap, o) = create("moving", "import helper\n\ndef handler(e, c):\n    return helper.V\n");
+    assert!(!o.status.success(), "helper.py does not exist yet");
+    let code = bundle("moving", &[("helper.py", "V = 7\n")]);
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let here = scratch().join("moved-bundle");
+    let _ = std::fs::remove_dir_all(&here);
+    ok(std::process::Command::new("cp").args(["-a", code.to_str().unwrap(), here.to_str().unwrap()]).output().unwrap());
+    let gone = scratch().join("moving-original");
+    let _ = std::fs::remove_dir_all(&gone);
+    std::fs::rename(&code, &gone).unwrap();
+    let o = thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", "{}", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "the captured path is gone: {}", stderr(&o));
+    for paging in ["lazy", "prefetch"] {
+        let o = ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--code", here.to_str().unwrap(), "--paging", paging, "--payload", "{}", "--quiet"]));
+        assert_eq!(stdout(&o).trim(), "7", "{paging}");
+    }
+    std::fs::write(here.join("helper.py"), "V = 8\n").unwrap();
+    let o = thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--code", here.to_str().unwrap(), "--payload", "{}", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains(&format!("the function bundle {} is not the one the snapshot captured ({})", here.display(), code.display())), "{e}");
+    std::fs::rename(&gone, &code).unwrap();
+}
+
 /// Nothing depends on the caller's umask (defect 3): under 077, 027 and 000 a boot, a
 /// capture and a restore work, and what thaw writes (the snapshot, its data
 /// directory) is private to root whatever the umask.
