@@ -235,7 +235,7 @@ pub fn beside(node: String, endpoint: Option<String>, kubeconfig: Option<std::pa
             let endpoint = endpoint.unwrap_or_else(|| format!("http://{local}"));
             let client = crate::kube_client(kubeconfig.as_deref()).await?;
             let mut agent = Agent::new(client.clone(), &node, &endpoint);
-            let follower = crate::follow::Follower::new(client, n.clone());
+            let follower = crate::follow::Follower::new(client, n.clone(), &node);
             let source = move || Advert::from_node_status(&n.status());
             let deadline = tokio::time::Instant::now() + FIRST_PUBLISH_WAIT;
             loop {

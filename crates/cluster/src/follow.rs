@@ -13,9 +13,19 @@
 //! Lambda API), and removes its own once their object is gone, also when that
 //! happened while the agent was down (found at the next full listing).
 //!
-//! Every agent builds its own snapshot of each version for now (one build per version
-//! per cluster, by the builder placement names, is still to come), and nothing is
-//! written back to the ThawFunction's status yet.
+//! One build per function version per cluster: the function's *builder* is its home
+//! on the placement ring over the agents that advertise themselves (a ThawNode with a
+//! boot id and a recent heartbeat), the node a gateway places the function's first
+//! cold start on. The builder deploys the function, captures its snapshot, publishes
+//! it to the store, and records it in the ThawFunction's status (`status.snapshot`:
+//! id, the object generation it was built for, builder; the Ready condition). Every
+//! other agent waits for that, then deploys the function serving from the published
+//! snapshot (fetched when first needed; the same zip unpacks to the same bundle
+//! fingerprint on every node, see `thaw_node::bundle::extract`) instead of capturing
+//! its own. An agent captures its own when the published snapshot does not serve
+//! there, or when the builder has published nothing after [`BUILD_WAIT`] (gone, or
+//! failing). `spec.snapshotManifest` pins a snapshot for every agent. Updates of code
+//! or configuration are still built by every agent.
 //!
 //! The follower reconciles on every watch event and every [`RESYNC`] (what failed —
 //! the store down, a build still running — is tried again then); a failure is logged
@@ -23,20 +33,39 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 use thaw_node::node::{ConfigChange, Node};
-use tracing::{info, warn};
+use serde_json::json;
+use tracing::{debug, info, warn};
 
 use crate::registry::{thawfunction_resource, Wanted, MARKER};
 
 /// How often everything wanted is checked again (failed fetches, builds in progress).
 pub const RESYNC: Duration = Duration::from_secs(5);
+
+/// How long an agent waits for a function's builder to publish its snapshot before
+/// capturing its own.
+pub const BUILD_WAIT: Duration = Duration::from_secs(60);
+
+/// An advertisement whose heartbeat is older than this does not count as an agent
+/// that can build.
+const BUILDER_HEARTBEAT: Duration = Duration::from_secs(60);
+
+/// The builder of function `name` among the agents `names`: its home on the placement
+/// ring (as the gateways build it: names sorted, [`crate::ring::DEFAULT_VNODES`]).
+pub fn builder_of<'a>(name: &str, names: &'a [String]) -> Option<&'a str> {
+    let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let ring = crate::ring::Ring::new(&sorted, crate::ring::DEFAULT_VNODES);
+    ring.homes(crate::hash::hash_str(name), 1).first().map(|&i| sorted[i])
+}
 
 /// The ThawFunctions watched, by (namespace, name).
 type Objects = BTreeMap<(String, String), Result<Wanted, String>>;
@@ -112,13 +141,27 @@ fn step(w: &Wanted, have: Option<Have>) -> Step {
 pub struct Follower {
     client: Client,
     node: Arc<Node>,
+    /// The Node this agent runs on (its ThawNode's name).
+    node_name: String,
     /// (function, cause) last complained about, so a cause is logged once.
     complained: HashMap<String, String>,
+    /// Since when each (function, generation) has waited for its builder's snapshot.
+    waiting: HashMap<(String, i64), Instant>,
 }
 
 impl Follower {
-    pub fn new(client: Client, node: Arc<Node>) -> Follower {
-        Follower { client, node, complained: HashMap::new() }
+    pub fn new(client: Client, node: Arc<Node>, node_name: &str) -> Follower {
+        Follower { client, node, node_name: node_name.to_string(), complained: HashMap::new(), waiting: HashMap::new() }
+    }
+
+    /// The agents that advertise themselves (published, heartbeat recent). None: the
+    /// apiserver cannot say (then every agent builds for itself).
+    async fn agents(&self) -> Option<Vec<String>> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &crate::view::thawnode_resource());
+        let list = api.list(&ListParams::default()).await.ok()?;
+        let now = k8s_openapi::chrono::Utc::now();
+        let fresh = |ad: &crate::view::NodeAd| ad.heartbeat.is_none_or(|h| (now - h).to_std().unwrap_or_default() < BUILDER_HEARTBEAT);
+        Some(list.items.iter().filter_map(|o| crate::view::NodeAd::from_object(o).ok()).filter(fresh).map(|ad| ad.name).collect())
     }
 
     /// Follow the registry until `stop` turns true.
@@ -185,9 +228,13 @@ impl Follower {
 
     /// Bring the node's registry functions in line with `wanted`.
     async fn reconcile(&mut self, wanted: &BTreeMap<String, Result<Wanted, String>>) {
+        let agents = self.agents().await;
         for (name, w) in wanted {
             let outcome = match w {
-                Ok(w) => self.apply(w).await,
+                Ok(w) => match self.apply(w, agents.as_deref()).await {
+                    Ok(()) => self.publish_status(w, agents.as_deref()).await,
+                    Err(e) => Err(e),
+                },
                 Err(why) => Err(format!("cannot be deployed: {why}")),
             };
             match outcome {
@@ -213,16 +260,30 @@ impl Follower {
         }
     }
 
-    async fn apply(&self, w: &Wanted) -> Result<(), String> {
+    async fn apply(&mut self, w: &Wanted, agents: Option<&[String]>) -> Result<(), String> {
         let account = self.node.cfg.account.clone();
         let err = |e: thaw_node::node::DeployError| thaw_node::node::error_chain(&e);
         match step(w, self.node.record(&w.name).as_ref().map(Have::from)) {
             Step::Nothing => Ok(()),
             Step::Foreign => Err("is not deployed here: a function of that name exists that the registry did not deploy".into()),
             Step::Create => {
+                let adopt = w.snapshot.clone();
+                let builder = agents.and_then(|a| builder_of(&w.name, a)).map(str::to_string);
+                if adopt.is_none() {
+                    if let Some(b) = builder.as_deref().filter(|b| *b != self.node_name) {
+                        let since = *self.waiting.entry((w.name.clone(), w.generation)).or_insert_with(Instant::now);
+                        if since.elapsed() < BUILD_WAIT {
+                            debug!(function = %w.name, builder = b, "waiting for the builder to publish the snapshot");
+                            return Ok(());
+                        }
+                        warn!(function = %w.name, builder = b, wait_s = BUILD_WAIT.as_secs(), "the builder published no snapshot in time; capturing one here");
+                    }
+                }
+                self.waiting.retain(|(f, _), _| *f != w.name);
                 let zip = self.bundle(w).await?;
-                self.node.create_function(w.spec(&account), zip).await.map_err(err)?;
-                info!(function = %w.name, bundle = %w.key, "deployed from its ThawFunction");
+                let how = if adopt.is_some() { "serving the snapshot published by its builder" } else { "capturing its snapshot" };
+                self.node.create_function_adopting(w.spec(&account), zip, adopt).await.map_err(err)?;
+                info!(function = %w.name, bundle = %w.key, builder = builder.as_deref().unwrap_or("-"), "deployed from its ThawFunction, {how}");
                 Ok(())
             }
             Step::UpdateCode => {
@@ -246,6 +307,42 @@ impl Follower {
                 Ok(())
             }
         }
+    }
+
+    /// The builder of `w` (or any agent when none has): once its function is deployed
+    /// as wanted and serves from a snapshot it published itself, record that snapshot
+    /// in the ThawFunction's status for the other agents (and `kubectl get`).
+    async fn publish_status(&self, w: &Wanted, agents: Option<&[String]>) -> Result<(), String> {
+        // An agent serving the builder's snapshot follows it when published again.
+        if let (Some(id), Some((have, true))) = (&w.snapshot, self.node.active_snapshot(&w.name)) {
+            if *id != have && self.node.readopt(&w.name, id) {
+                info!(function = %w.name, snapshot = %id, replaces = %have, "serving the snapshot its builder published again");
+            }
+            return Ok(());
+        }
+        let builder = agents.and_then(|a| builder_of(&w.name, a));
+        if builder.is_some_and(|b| b != self.node_name) && w.published.as_ref().is_some_and(|(_, g)| *g == w.generation) {
+            return Ok(());
+        }
+        let Some(rec) = self.node.record(&w.name) else { return Ok(()) };
+        if rec.state != "Active" || rec.last_update_status != "Successful" || step(w, Some(Have::from(&rec))) != Step::Nothing {
+            return Ok(()); // a build in progress: its snapshot is not this generation's yet
+        }
+        let Some((id, false)) = self.node.active_snapshot(&w.name) else { return Ok(()) };
+        if w.published.as_ref() == Some(&(id.clone(), w.generation)) {
+            return Ok(());
+        }
+        let now = k8s_openapi::chrono::Utc::now().to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true);
+        let status = json!({"status": {
+            "observedGeneration": w.generation,
+            "snapshot": {"id": id, "generation": w.generation, "builtBy": self.node_name, "publishedAt": now},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "SnapshotPublished", "lastTransitionTime": now,
+                            "observedGeneration": w.generation, "message": format!("snapshot built by {} and published", self.node_name)}],
+        }});
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &w.namespace, &thawfunction_resource());
+        api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&status)).await.map_err(|e| format!("recording its snapshot in its status: {e}"))?;
+        info!(function = %w.name, snapshot = %id, generation = w.generation, "snapshot recorded in the ThawFunction's status");
+        Ok(())
     }
 
     /// The function's bundle from the node's snapshot store, checked.
@@ -285,6 +382,30 @@ mod tests {
         assert!(Wanted::from_object(&from_secret).unwrap_err().contains("valueFrom"));
         let bad_sha = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "AB"}}));
         assert!(Wanted::from_object(&bad_sha).is_err());
+    }
+
+    #[test]
+    fn a_function_has_one_builder_whatever_the_order_of_the_agents() {
+        let names: Vec<String> = ["c", "a", "b"].iter().map(|s| s.to_string()).collect();
+        let mut shuffled = names.clone();
+        shuffled.reverse();
+        let picks: Vec<&str> = (0..50).map(|i| builder_of(&format!("fn-{i}"), &names).unwrap()).collect();
+        assert!((0..50).all(|i| builder_of(&format!("fn-{i}"), &shuffled) == Some(picks[i])), "the same on every agent");
+        assert!(["a", "b", "c"].iter().all(|n| picks.contains(n)), "spread over the agents: {picks:?}");
+        assert_eq!(builder_of("f", &[]), None);
+    }
+
+    #[test]
+    fn the_builders_snapshot_counts_for_the_generation_it_was_built_for() {
+        let mut o = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "00".repeat(32)}}));
+        o.metadata.generation = Some(2);
+        o.data["status"] = json!({"snapshot": {"id": "s1", "generation": 1, "builtBy": "n"}});
+        let w = Wanted::from_object(&o).unwrap();
+        assert_eq!((w.snapshot, w.published), (None, Some(("s1".to_string(), 1))), "built for the spec before");
+        o.data["status"]["snapshot"]["generation"] = json!(2);
+        assert_eq!(Wanted::from_object(&o).unwrap().snapshot.as_deref(), Some("s1"));
+        o.data["spec"]["snapshotManifest"] = json!("pinned");
+        assert_eq!(Wanted::from_object(&o).unwrap().snapshot.as_deref(), Some("pinned"), "a pin wins");
     }
 
     #[test]

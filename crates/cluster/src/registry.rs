@@ -38,6 +38,15 @@ pub struct Wanted {
     pub sha256: String,
     /// `ThawFunction NAMESPACE/NAME`, the deployed function's description.
     pub description: String,
+    pub namespace: String,
+    /// The object's generation (its spec's version).
+    pub generation: i64,
+    /// A stored snapshot of this very generation to serve from instead of building
+    /// one: pinned (`spec.snapshotManifest`), or published by the builder
+    /// (`status.snapshot`, when its `generation` is this one).
+    pub snapshot: Option<String>,
+    /// What `status.snapshot` says now: (id, generation), to tell when it is stale.
+    pub published: Option<(String, i64)>,
 }
 
 impl Wanted {
@@ -68,7 +77,16 @@ impl Wanted {
         if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
             return Err(format!("spec.code.sha256 '{sha256}' is not 64 lowercase hex digits"));
         }
+        let generation = obj.metadata.generation.unwrap_or(0);
+        let st = &obj.data["status"]["snapshot"];
+        let published = st["id"].as_str().filter(|id| !id.is_empty()).map(|id| (id.to_string(), st["generation"].as_i64().unwrap_or(-1)));
+        let pinned = spec["snapshotManifest"].as_str().filter(|id| !id.is_empty()).map(str::to_string);
+        let snapshot = pinned.or_else(|| published.clone().filter(|(_, g)| *g == generation).map(|(id, _)| id));
         Ok(Wanted {
+            namespace: ns.clone(),
+            generation,
+            snapshot,
+            published,
             runtime: text("runtime")?,
             handler: text("handler")?,
             memory_mb: spec["memory"].as_u64().unwrap_or(128),

@@ -34,6 +34,7 @@ pub struct Metrics {
     pub starts: IntCounterVec,
     pub resets: IntCounterVec,
     pub restore_fallbacks: IntCounter,
+    pub snapshot_builds: IntCounterVec,
     pub start_seconds: HistogramVec,
     pub invoke_seconds: HistogramVec,
     pub request_seconds: HistogramVec,
@@ -72,6 +73,11 @@ impl Metrics {
         Metrics {
             invocations: counter("thaw_invocations_total", "Invocations by function and outcome", &["function", "outcome"]),
             errors: counter("thaw_errors_total", "Failed invocations by function and kind", &["function", "kind"]),
+            snapshot_builds: counter(
+                "thaw_snapshot_builds_total",
+                "Snapshots a deploy gave a revision: captured here, or adopted (published by another node of the cluster)",
+                &["how"],
+            ),
             starts: counter("thaw_starts_total", "How invocations got their instance: boot, restore-<paging> or warm", &["kind"]),
             resets: counter("thaw_resets_total", "In-place resets after invocations of functions tagged thaw:isolation=invocation: done, or refused (instance discarded)", &["outcome"]),
             restore_fallbacks,

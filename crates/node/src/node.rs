@@ -195,6 +195,7 @@ impl Revision {
             snapshot: SnapshotSlot::new(
                 rec.dir.join("snapshot"),
                 rec.snapshot_id.clone(),
+                rec.snapshot_adopted,
                 cfg.snapshot_store.clone(),
                 snapstore::OpenSettings { fault_cpu_share: cfg.fault_cpu_share, sandboxes: cfg.sandbox_pool.clone() },
                 bundle,
@@ -527,6 +528,30 @@ impl Node {
         }
     }
 
+    /// The stored snapshot the function's active revision serves from, and whether
+    /// another node published it (adopted). None: not active yet, or not stored.
+    pub fn active_snapshot(&self, name: &str) -> Option<(String, bool)> {
+        let f = self.function(name)?;
+        let st = f.lock();
+        let rev = st.active.as_ref()?;
+        Some((rev.snapshot.stored_id()?, rev.snapshot.adopted()))
+    }
+
+    /// The function's active revision, serving from an adopted snapshot, serves from
+    /// `id` from now on (its builder published it again, e.g. with the working set its
+    /// first invocation recorded, and deletes the old one): the next open fetches `id`;
+    /// the snapshot open now stays until unused. Whether anything changed.
+    pub fn readopt(&self, name: &str, id: &str) -> bool {
+        let Some(f) = self.function(name) else { return false };
+        let st = f.lock();
+        let Some(rev) = st.active.as_ref().filter(|r| r.snapshot.adopted() && r.snapshot.stored_id().as_deref() != Some(id)) else { return false };
+        rev.snapshot.set_stored(id.to_string());
+        if let Err(e) = self.registry.set_adopted_snapshot(rev.id, id) {
+            warn!(function = %name, error = %error_chain(&e), "recording an adopted snapshot");
+        }
+        true
+    }
+
     pub fn record(&self, name: &str) -> Option<FunctionRecord> {
         self.function(name).map(|f| f.lock().rec.clone())
     }
@@ -572,6 +597,7 @@ impl Node {
             error: None,
             snapshot_bytes: None,
             snapshot_id: None,
+            snapshot_adopted: false,
             layers: spec.layers.clone(),
         }
     }
@@ -611,6 +637,16 @@ impl Node {
 
     /// CreateFunction: unpack, register as Pending, build the snapshot in the background.
     pub async fn create_function(self: &Arc<Self>, spec: FunctionSpec, zip: Vec<u8>) -> Result<FunctionRecord, DeployError> {
+        self.create_function_adopting(spec, zip, None).await
+    }
+
+    /// [`Node::create_function`] serving from `adopt`, a stored snapshot another node
+    /// published of this very function (same bundle and configuration: a cluster's
+    /// builder), instead of capturing one: the build fetches and opens it, and
+    /// captures only if it does not serve here (another bundle, a store down). The
+    /// node never deletes or replaces an adopted snapshot. Without a store, `adopt`
+    /// is ignored.
+    pub async fn create_function_adopting(self: &Arc<Self>, spec: FunctionSpec, zip: Vec<u8>, adopt: Option<String>) -> Result<FunctionRecord, DeployError> {
         if self.function(&spec.name).is_some() {
             return Err(DeployError::Exists(spec.name));
         }
@@ -619,6 +655,9 @@ impl Node {
         let (dir, code_bytes) = self.unpack(&spec.name, Arc::new(zip)).await?;
         self.add_layers(&dir, &spec.layers, code_bytes).await?;
         let mut rev = Self::revision_record(&spec, dir.clone(), &sha, size);
+        if let Some(id) = adopt.filter(|_| self.cfg.snapshot_store.is_some()) {
+            (rev.snapshot_id, rev.snapshot_adopted) = (Some(id), true);
+        }
         let rec = FunctionRecord {
             name: spec.name.clone(),
             runtime: spec.runtime.clone(),
@@ -838,9 +877,27 @@ impl Node {
         let t0 = Instant::now();
         let job_rev = rev.clone();
         let bases = self.cfg.bases.clone();
+        let (node, rev_id) = (self.clone(), rec.id);
         let result = self
             .build_workers
             .run(move || -> Result<(u64, Option<String>), InstanceError> {
+                if job_rev.snapshot.adopted() {
+                    let id = job_rev.snapshot.stored_id().unwrap_or_default();
+                    match job_rev.loaded() {
+                        Ok(snap) => {
+                            let bytes = dir_size(&snap.dir);
+                            snap.prepare_sandboxes(0, Duration::ZERO);
+                            node.metrics.snapshot_builds.with_label_values(&["adopted"]).inc();
+                            info!(snapshot = %id, ms = t0.elapsed().as_secs_f64() * 1e3, "serving the stored snapshot another node published: no capture");
+                            return Ok((bytes, None));
+                        }
+                        Err(e) => {
+                            warn!(snapshot = %id, error = %e, "the stored snapshot another node published does not serve here; capturing one");
+                            job_rev.snapshot.unadopt();
+                            let _ = node.registry.set_snapshot_id(rev_id, None);
+                        }
+                    }
+                }
                 if !job_rev.boot.runtime.snapshots() {
                     // A custom runtime: boot once so an init error fails the deploy, as
                     // for the others; its instances are cold-booted (see `start_instance`).
@@ -851,6 +908,7 @@ impl Node {
                 let snapdir = job_rev.snapshot_dir();
                 let _ = std::fs::remove_dir_all(&snapdir);
                 let (dir, stats) = layered::capture(&job_rev.boot, &snapdir, bases.as_ref())?;
+                node.metrics.snapshot_builds.with_label_values(&["captured"]).inc();
                 let bytes = dir_size(&dir);
                 info!(boot_capture_ms = t0.elapsed().as_secs_f64() * 1e3, pages = stats.pages_stored, bytes, "snapshot captured");
                 let stored = job_rev.snapshot.publish().and_then(|r| {

@@ -146,6 +146,9 @@ pub struct RevisionRecord {
     pub snapshot_bytes: Option<u64>,
     /// Id of the snapshot in the node's snapshot store, once published (#13).
     pub snapshot_id: Option<String>,
+    /// `snapshot_id` was published by another node (a cluster's builder) and adopted
+    /// here: this node never deletes or replaces it.
+    pub snapshot_adopted: bool,
     /// The layer versions (ARNs) extracted into `dir/opt`, in order.
     pub layers: Vec<String>,
 }
@@ -230,7 +233,8 @@ CREATE TABLE IF NOT EXISTS revisions (
     snapshot_bytes INTEGER,
     runtime TEXT NOT NULL DEFAULT 'python3.12',
     snapshot_id TEXT,
-    layers_json TEXT NOT NULL DEFAULT '[]'
+    layers_json TEXT NOT NULL DEFAULT '[]',
+    snapshot_adopted INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS function_settings (
     name TEXT PRIMARY KEY,
@@ -286,7 +290,7 @@ const FN_COLS: &str = "name, runtime, role, handler, description, timeout_s, mem
     state_reason_code, last_update_status, last_update_status_reason, last_update_status_reason_code, last_modified, \
     revision_id, code_sha256, code_size, latest_revision, active_revision, layers_json";
 const REV_COLS: &str =
-    "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id, layers_json";
+    "id, function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id, layers_json, snapshot_adopted";
 
 /// A list of layer ARNs as stored (`layers_json`); a corrupt list reads as none.
 fn layers_from(json: String) -> Vec<String> {
@@ -367,6 +371,7 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<(RevisionRecord, String)> {
             runtime: r.get(11)?,
             snapshot_id: r.get(12)?,
             layers: layers_from(r.get(13)?),
+            snapshot_adopted: r.get(14)?,
         },
         r.get(7)?,
     ))
@@ -408,6 +413,7 @@ impl Registry {
             ("events", "qualifier", "ALTER TABLE events ADD COLUMN qualifier TEXT;"),
             ("functions", "layers_json", "ALTER TABLE functions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
             ("revisions", "layers_json", "ALTER TABLE revisions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
+            ("revisions", "snapshot_adopted", "ALTER TABLE revisions ADD COLUMN snapshot_adopted INTEGER NOT NULL DEFAULT 0;"),
         ] {
             let present: i64 = conn
                 .query_row("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name=?2", [table, column], |r| r.get(0))
@@ -557,11 +563,11 @@ impl Registry {
     pub fn insert_revision(&self, r: &RevisionRecord) -> Result<i64, RegistryError> {
         let c = self.conn();
         c.execute(
-            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id, layers_json) \
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)",
+            "INSERT INTO revisions (function, code_sha256, code_size, dir, handler, memory_mb, env_json, status, error, snapshot_bytes, runtime, snapshot_id, layers_json, snapshot_adopted) \
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)",
             params![
                 r.function, r.code_sha256, r.code_size, r.dir.to_string_lossy(), r.handler, r.memory_mb, env_json(self.key.as_deref(), &r.env)?,
-                r.status, r.error, r.snapshot_bytes, r.runtime, r.snapshot_id, layers_json(&r.layers)
+                r.status, r.error, r.snapshot_bytes, r.runtime, r.snapshot_id, layers_json(&r.layers), r.snapshot_adopted
             ],
         )
         .map_err(q("insert revision"))?;
@@ -579,11 +585,20 @@ impl Registry {
         Ok(())
     }
 
-    /// Record where revision `id`'s snapshot is stored (None: only on this node's disk).
+    /// Record where revision `id`'s snapshot is stored (None: only on this node's disk),
+    /// published by this node.
     pub fn set_snapshot_id(&self, id: i64, snapshot_id: Option<&str>) -> Result<(), RegistryError> {
         self.conn()
-            .execute("UPDATE revisions SET snapshot_id=?2 WHERE id=?1", params![id, snapshot_id])
+            .execute("UPDATE revisions SET snapshot_id=?2, snapshot_adopted=0 WHERE id=?1", params![id, snapshot_id])
             .map_err(q("record snapshot id"))?;
+        Ok(())
+    }
+
+    /// Record that revision `id` serves from `snapshot_id`, published by another node.
+    pub fn set_adopted_snapshot(&self, id: i64, snapshot_id: &str) -> Result<(), RegistryError> {
+        self.conn()
+            .execute("UPDATE revisions SET snapshot_id=?2, snapshot_adopted=1 WHERE id=?1", params![id, snapshot_id])
+            .map_err(q("record adopted snapshot id"))?;
         Ok(())
     }
 
@@ -873,10 +888,17 @@ mod tests {
             error: None,
             snapshot_bytes: None,
             snapshot_id: None,
+            snapshot_adopted: false,
             layers: vec!["arn:aws:lambda:local:000000000000:layer:l:2".into()],
         };
         let a = reg.insert_revision(&rev).unwrap();
-        let b = reg.insert_revision(&RevisionRecord { dir: "/tmp/r2".into(), ..rev.clone() }).unwrap();
+        let b = reg.insert_revision(&RevisionRecord { dir: "/tmp/r2".into(), snapshot_id: Some("s".into()), snapshot_adopted: true, ..rev.clone() }).unwrap();
+        assert!(reg.get_revision(b).unwrap().unwrap().snapshot_adopted, "another node's snapshot, adopted");
+        reg.set_snapshot_id(b, Some("t")).unwrap();
+        assert!(!reg.get_revision(b).unwrap().unwrap().snapshot_adopted, "one this node published is its own");
+        reg.set_adopted_snapshot(b, "u").unwrap();
+        let got = reg.get_revision(b).unwrap().unwrap();
+        assert_eq!((got.snapshot_id.as_deref(), got.snapshot_adopted), (Some("u"), true));
         assert_ne!(a, b);
         reg.finish_revision(a, "ready", None, Some(4096)).unwrap();
         let got = reg.get_revision(a).unwrap().unwrap();

@@ -382,7 +382,9 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     let tmp = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port(), free_port()];
     let kc = cp.kubeconfig();
-    let env: Vec<(&str, String)> = m.env();
+    let mut env: Vec<(&str, String)> = m.env();
+    // The cluster's snapshot key, shared by the agents (deploy/: Secret thaw-node-key).
+    env.push(("THAW_NODE_KEY", "5e".repeat(32)));
     let mut agents = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"reg-{i}\"}}}}")));
@@ -410,10 +412,40 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     kubectl(&cp, &["apply", "-f", "-"], Some(&thawfunction("keep", &key1, &sha1)));
     let body = invoke_until(gport, "hello", "the ThawFunction deployed", |st, _| st == 200);
     assert!(body.contains("\"v\": 1") && body.contains("registry"), "{body}");
-    // Every agent has it (each fetched the bundle and built its own snapshot).
+    // Every agent has it (each fetched the bundle; one built the snapshot).
     for port in ports {
         invoke_until(port, "hello", "deployed on each agent", |st, b| st == 200 && b.contains("\"v\": 1"));
+        invoke_until(port, "keep", "keep deployed on each agent", |st, _| st == 200);
     }
+    // One build per function in the cluster: its builder (its home on the placement
+    // ring) captured and published the snapshot and recorded it in the status; the
+    // other agents serve from what it published (the same zip unpacks to the same
+    // bundle fingerprint on every agent).
+    let names: Vec<String> = (0..3).map(|i| format!("reg-{i}")).collect();
+    for f in ["hello", "keep"] {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            let st = kubectl(&cp, &["get", "thawfunction", f, "-o", "jsonpath={.status.snapshot.builtBy} {.status.snapshot.id} {.status.conditions[0].status}"], None);
+            if st.split(' ').count() == 3 && !st.starts_with(' ') {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "{f}: no snapshot recorded in the status: {st:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let builder = thaw_cluster::follow::builder_of(f, &names).unwrap();
+        assert!(status.starts_with(&format!("{builder} ")) && status.ends_with(" True"), "{f}: {status}");
+    }
+    let builds = |how: &str| -> u64 {
+        ports
+            .iter()
+            .map(|&p| {
+                let (_, _, body) = get(p, "/metrics");
+                let line = format!("thaw_snapshot_builds_total{{how=\"{how}\"}} ");
+                body.lines().find_map(|l| l.strip_prefix(line.as_str())).map_or(0, |n| n.trim().parse().unwrap())
+            })
+            .sum()
+    };
+    assert_eq!((builds("captured"), builds("adopted")), (2, 4), "hello and keep: each captured once, adopted by the two other agents");
     let listed = kubectl(&cp, &["get", "thawfunctions", "-A"], None);
     assert!(listed.contains("hello") && listed.contains("python3.12"), "{listed}");
     // The mismatched one (first in name order) was tried before hello, and refused.

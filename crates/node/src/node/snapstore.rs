@@ -446,6 +446,9 @@ pub(super) struct SnapshotSlot {
     ws_published: Mutex<Option<SystemTime>>,
     /// What the snapshot's bundle must be.
     pub(super) bundle: BundlePrint,
+    /// The stored snapshot was published by another node (a cluster's builder): never
+    /// deleted or published again from here.
+    adopted: std::sync::atomic::AtomicBool,
 }
 
 enum Slot {
@@ -457,9 +460,17 @@ enum Slot {
 }
 
 impl SnapshotSlot {
-    pub(super) fn new(local_dir: PathBuf, stored: Option<String>, store: Option<Arc<SnapshotStore>>, open: OpenSettings, bundle: BundlePrint) -> SnapshotSlot {
+    pub(super) fn new(
+        local_dir: PathBuf,
+        stored: Option<String>,
+        adopted: bool,
+        store: Option<Arc<SnapshotStore>>,
+        open: OpenSettings,
+        bundle: BundlePrint,
+    ) -> SnapshotSlot {
         SnapshotSlot {
             bundle,
+            adopted: std::sync::atomic::AtomicBool::new(adopted && stored.is_some() && store.is_some()),
             state: Mutex::new(Slot::Closed),
             stored: Mutex::new(stored),
             store,
@@ -475,6 +486,19 @@ impl SnapshotSlot {
 
     pub(super) fn stored_id(&self) -> Option<String> {
         self.stored.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether the stored snapshot is another node's (see `adopted`).
+    pub(super) fn adopted(&self) -> bool {
+        self.adopted.load(Ordering::Acquire)
+    }
+
+    /// The adopted snapshot does not serve here: forget it (closed), so that the one
+    /// captured instead is published as this node's own.
+    pub(super) fn unadopt(&self) {
+        *self.lock() = Slot::Closed;
+        *self.stored.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.adopted.store(false, Ordering::Release);
     }
 
     /// The opened snapshot. Blocks while it is fetched: call from worker threads.
@@ -672,7 +696,7 @@ impl SnapshotSlot {
     /// published: (store, stored id, cached directory). Marks it as being published;
     /// [`ws_publish_failed`](Self::ws_publish_failed) undoes that. Never blocks.
     pub(super) fn working_set_to_publish(&self) -> Option<(Arc<SnapshotStore>, String, PathBuf)> {
-        let store = self.store.as_ref()?;
+        let store = self.store.as_ref().filter(|_| !self.adopted())?;
         let st = self.state.try_lock().ok()?;
         let Slot::Open { _pin: Some(h), .. } = &*st else { return None };
         let dir = h.dir().to_path_buf();
@@ -704,7 +728,7 @@ impl SnapshotSlot {
 
     /// The revision is gone: delete its stored snapshot.
     pub(super) fn retire(&self) {
-        if let (Some(store), Some(id)) = (&self.store, self.stored_id()) {
+        if let (Some(store), Some(id), false) = (&self.store, self.stored_id(), self.adopted()) {
             store.remove_later(id);
         }
     }
@@ -789,7 +813,7 @@ impl super::Node {
     /// Revision `id` is being forgotten at start: delete its stored snapshot too.
     pub(super) fn forget_stored(&self, id: i64) {
         if let Some(store) = &self.cfg.snapshot_store {
-            if let Ok(Some(rec)) = self.registry.get_revision(id) {
+            if let Ok(Some(rec)) = self.registry.get_revision(id).map(|r| r.filter(|r| !r.snapshot_adopted)) {
                 if let Some(sid) = rec.snapshot_id {
                     store.remove_later(sid);
                 }
