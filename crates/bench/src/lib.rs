@@ -6,6 +6,7 @@
 //! writes a table, summary lines, JSON and SVG charts. See bench/README.md.
 
 pub mod charts;
+pub mod cpu;
 pub mod disk;
 pub mod report;
 pub mod runner;

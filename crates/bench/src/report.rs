@@ -35,6 +35,9 @@ fn metric_values(r: &RunRecord) -> Vec<(&'static str, Option<f64>)> {
         ("ws_install_ms", r.ws_install_ms),
         ("ws_read_mib_s", ws_bandwidth(r)),
         ("mem_peak", r.mem_peak.map(|v| v as f64)),
+        ("node_cpu_ms", r.node_cpu_ms),
+        ("instance_cpu_ms", r.instance_cpu_ms),
+        ("cpu_ms", r.node_cpu_ms.zip(r.instance_cpu_ms).map(|(a, b)| a + b)),
     ]
 }
 
@@ -166,6 +169,14 @@ pub struct ConcPoint {
     /// of the time to first response.
     pub median_ms: f64,
     pub p99_ms: f64,
+    /// Per instance: median CPU time of a start (the harness's share of the trial plus
+    /// the instance's own), and the two parts, ms.
+    #[serde(default)]
+    pub cpu_ms: f64,
+    #[serde(default)]
+    pub node_cpu_ms: f64,
+    #[serde(default)]
+    pub instance_cpu_ms: f64,
 }
 
 /// function -> mode -> points by N.
@@ -178,7 +189,13 @@ pub fn concurrency_summary(recs: &[ConcRecord]) -> ConcSummary {
     }
     type Acc = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>);
     let mut by_n: BTreeMap<(String, String, u32), Acc> = BTreeMap::new();
+    // (harness, instance) CPU per start, by (function, mode, N).
+    type Cpu = (Vec<f64>, Vec<f64>);
+    let mut cpu: BTreeMap<(String, String, u32), Cpu> = BTreeMap::new();
     for ((f, m, n, _), t) in trials {
+        let c = cpu.entry((f.clone(), m.clone(), n)).or_default();
+        c.0.extend(t.iter().map(|r| r.node_cpu_ms));
+        c.1.extend(t.iter().map(|r| r.instance_cpu_ms).filter(|v| v.is_finite()));
         let e = by_n.entry((f, m, n)).or_default();
         e.4.extend(t.iter().map(|r| r.ttfr_ms));
         e.0.push(t.iter().map(|r| r.ttfr_ms).sum::<f64>() / t.len() as f64);
@@ -188,7 +205,12 @@ pub fn concurrency_summary(recs: &[ConcRecord]) -> ConcSummary {
     }
     let mut out = ConcSummary::new();
     for ((f, m, n), (avg, mx, pfs, reads, each)) in by_n {
+        let (node, inst) = cpu.remove(&(f.clone(), m.clone(), n)).unwrap_or_default();
+        let (node, inst) = (stats::median(&node).unwrap_or(f64::NAN), stats::median(&inst).unwrap_or(f64::NAN));
         out.entry(f).or_default().entry(m).or_default().push(ConcPoint {
+            cpu_ms: node + inst,
+            node_cpu_ms: node,
+            instance_cpu_ms: inst,
             n,
             avg_ms: stats::median(&avg).unwrap_or(f64::NAN),
             max_ms: stats::median(&mx).unwrap_or(f64::NAN),
@@ -288,14 +310,14 @@ fn f1(v: Option<f64>) -> String {
 pub fn table(pf: &PerFunction, functions: &[String]) -> String {
     let mut s = String::new();
     s += &format!(
-        "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}\n",
-        "function", "mode", "n", "restore ms", "invoke ms", "TTFR ms", "faults", "read MiB", "WS MiB", "mem MiB"
+        "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}  {:>13}\n",
+        "function", "mode", "n", "restore ms", "invoke ms", "TTFR ms", "faults", "read MiB", "WS MiB", "mem MiB", "CPU ms"
     );
     s += &format!(
-        "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}\n",
-        "", "", "", "med / p90", "med / p90", "med / p90", "med", "med", "", "peak"
+        "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}  {:>13}\n",
+        "", "", "", "med / p90", "med / p90", "med / p90", "med", "med", "", "peak", "node + inst"
     );
-    s += &"-".repeat(113);
+    s += &"-".repeat(128);
     s.push('\n');
     for f in functions {
         let Some(modes) = pf.get(f) else { continue };
@@ -308,8 +330,12 @@ pub fn table(pf: &PerFunction, functions: &[String]) -> String {
             };
             let restore = if mode == "warm" { "-".to_string() } else { pair("restore_ms") };
             let mib = |k: &str| g(k).map(|x| format!("{:.2}", x.median / (1 << 20) as f64)).unwrap_or_else(|| "-".into());
+            let cpu = match (g("node_cpu_ms"), g("instance_cpu_ms")) {
+                (Some(a), Some(b)) => format!("{:.1} + {:.1}", a.median, b.median),
+                _ => "-".into(),
+            };
             s += &format!(
-                "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}\n",
+                "{:<12} {:<9} {:>3}  {:>15}  {:>15}  {:>15}  {:>7}  {:>8}  {:>6}  {:>7}  {:>13}\n",
                 f,
                 mode,
                 g("ttfr_ms").map(|x| x.n).unwrap_or(0),
@@ -320,6 +346,7 @@ pub fn table(pf: &PerFunction, functions: &[String]) -> String {
                 if mode == "boot" { "-".into() } else { mib("bytes_read") },
                 mib("ws_bytes"),
                 g("mem_peak").map(|x| format!("{:.1}", x.median / (1 << 20) as f64)).unwrap_or_else(|| "-".into()),
+                cpu,
             );
         }
     }
@@ -390,7 +417,7 @@ pub fn summary_lines(h: &Headline, conc: &ConcSummary) -> Vec<String> {
             out.push(format!(
                 "concurrency {f} {m}: time to first response per instance median/p99: {}",
                 pts.iter()
-                    .map(|p| format!("N={} {:.1}/{:.1} ms ({} WS reads)", p.n, p.median_ms, p.p99_ms, p.ws_reads))
+                    .map(|p| format!("N={} {:.1}/{:.1} ms ({} WS reads, CPU {:.1} + {:.1} ms per start)", p.n, p.median_ms, p.p99_ms, p.ws_reads, p.node_cpu_ms, p.instance_cpu_ms))
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
@@ -547,6 +574,8 @@ mod tests {
                         ttfr_ms: 10.0 * (i + 1) as f64,
                         page_faults: 3,
                         ws_bytes_read: 0,
+                        node_cpu_ms: 1.5,
+                        instance_cpu_ms: 0.5 * f64::from(i + 1),
                     });
                 }
             }
@@ -580,6 +609,7 @@ mod tests {
         let pts = &c["helloworld"]["lazy"];
         assert_eq!(pts.len(), 2);
         assert_eq!((pts[1].n, pts[1].avg_ms, pts[1].max_ms), (2, 15.0, 20.0));
+        assert_eq!((pts[0].node_cpu_ms, pts[0].instance_cpu_ms, pts[0].cpu_ms), (1.5, 0.5, 2.0), "CPU per start: the harness's share and the instance's");
         let lines = summary_lines(&h, &c);
         assert!(lines[0].contains("average 3.73x") && lines[0].contains(": met"), "{}", lines[0]);
         assert!(lines[2].contains("NOT met"), "{}", lines[2]);

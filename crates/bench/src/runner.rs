@@ -78,6 +78,12 @@ pub struct RunRecord {
     pub ws_invalidated: bool,
     /// Peak memory charged to the instance's cgroup up to the measured response, bytes.
     pub mem_peak: Option<u64>,
+    /// CPU time to the first response: the harness's (the node's side: open, sandbox,
+    /// restore, page server; see `crate::cpu`) and the instance's, ms.
+    #[serde(default)]
+    pub node_cpu_ms: Option<f64>,
+    #[serde(default)]
+    pub instance_cpu_ms: Option<f64>,
 }
 
 /// One instance of a concurrent cold-start trial.
@@ -96,6 +102,12 @@ pub struct ConcRecord {
     /// copy another restore of the burst had read).
     #[serde(default)]
     pub ws_bytes_read: u64,
+    /// CPU time of the trial's harness (the node's side) divided by the burst's size,
+    /// and this instance's own to its first response, ms.
+    #[serde(default)]
+    pub node_cpu_ms: f64,
+    #[serde(default)]
+    pub instance_cpu_ms: f64,
 }
 
 pub struct Results {
@@ -342,6 +354,7 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
         evict_dentries()?;
     }
     let t0 = Instant::now();
+    let cpu0 = crate::cpu::process_ms();
     let mut loaded = open_snapshot(snap, &p.code_check)?;
     // Every run uses the reference working set as recorded (REAP); misses are not merged.
     loaded.merge_misses = false;
@@ -359,6 +372,8 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
         let t = Instant::now();
         let out = inst.invoke(REQUEST_ID, p.payload, TIMEOUT);
         let first = ms(t.elapsed());
+        let node_cpu = crate::cpu::process_ms() - cpu0;
+        let instance_cpu = crate::cpu::task_ms(inst.pid());
         let mut v = outcome(out)?;
         let before = inst.page_stats();
         let mut rec = RunRecord {
@@ -373,6 +388,8 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
             page_faults: before.page_faults,
             bytes_read: before.bytes_read_from_image,
             pages_installed_upfront: before.pages_installed_upfront,
+            node_cpu_ms: (!warm).then_some(node_cpu),
+            instance_cpu_ms: instance_cpu.filter(|_| !warm),
             ..Default::default()
         };
         rec.ttfr_ms = rec.restore_ms + first;
@@ -537,6 +554,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                                 let res = inst.invoke(REQUEST_ID, payload, TIMEOUT);
                                 let first = ms(t.elapsed());
                                 let ttfr = ms(t0.elapsed());
+                                let instance_cpu_ms = crate::cpu::task_ms(inst.pid()).unwrap_or(f64::NAN);
                                 let checked = outcome(res).and_then(|v| check_output(&reference, &v, &name, mode));
                                 if let Err(e) = checked {
                                     inst.kill();
@@ -553,6 +571,8 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                                     ttfr_ms: ttfr,
                                     page_faults: inst.page_stats().page_faults,
                                     ws_bytes_read: inst.prefetch_stats().filter(|p| !p.shared).map(|p| p.ws_bytes).unwrap_or(0),
+                                    node_cpu_ms: 0.0,
+                                    instance_cpu_ms,
                                 };
                                 Ok((rec, inst))
                             })();
@@ -563,11 +583,15 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                         })
                     })
                     .collect();
+                let cpu0 = crate::cpu::process_ms();
                 go.wait();
                 done.wait();
+                let node_cpu = (crate::cpu::process_ms() - cpu0) / f64::from(n);
                 let mut trial = Vec::new();
                 for h in handles {
-                    trial.push(h.join().map_err(|_| anyhow!("a concurrency thread panicked"))??);
+                    let mut rec = h.join().map_err(|_| anyhow!("a concurrency thread panicked"))??;
+                    rec.node_cpu_ms = node_cpu;
+                    trial.push(rec);
                 }
                 let avg = trial.iter().map(|r| r.ttfr_ms).sum::<f64>() / trial.len() as f64;
                 let mx = trial.iter().map(|r| r.ttfr_ms).fold(0.0, f64::max);
