@@ -614,3 +614,90 @@ fn gateway_overhead_on_a_warm_invoke() {
         std::fs::write(out, json.to_string()).unwrap();
     }
 }
+
+/// Benchmark (issue #29: a cold start on an agent that has never had the function's
+/// snapshot, fetched from the store, against a cold start from the local cache of the
+/// agent that built it; target ≤ 2x), not part of the normal run: `bench/gateway.py
+/// --fresh` runs it. Two agents, MinIO on loopback, a ThawFunction; each sample restarts
+/// the adopter with an empty snapshot cache (what a new node, or one that evicted the
+/// snapshot, has) and the builder with its cache's page cache dropped, then invokes each
+/// once, straight to the agent; the node's own start time (x-thaw-timing-ms) is kept.
+/// Writes THAW_BENCH_OUT (JSON).
+#[test]
+#[ignore]
+fn fresh_agent_cold_start() {
+    let runs: usize = std::env::var("THAW_BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(7);
+    let m = minio::Minio::start();
+    let cp = ControlPlane::start(Options::default()).unwrap_or_else(|e| panic!("{e}"));
+    for crd in ["thawnode", "thawfunction"] {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../deploy/base/crd-{crd}.yaml"));
+        kubectl(&cp, &["apply", "--server-side", "-f", file.to_str().unwrap()], None);
+        kubectl(&cp, &["wait", "--for=condition=Established", &format!("crd/{crd}s.thaw.dev"), "--timeout=30s"], None);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let kc = cp.kubeconfig();
+    let mut env: Vec<(&str, String)> = m.env();
+    env.push(("THAW_NODE_KEY", "5e".repeat(32)));
+    let store = ["--snapshot-store", "s3://fresh", "--create-bucket"];
+    let names = ["fresh-0", "fresh-1"];
+    let ports = [free_port(), free_port()];
+    let start = |i: usize| agent_with(&tmp.path().join(names[i]), ports[i], names[i], &kc, &store, &env);
+    let mut agents: Vec<Option<Proc>> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{name}\"}}}}")));
+        agents.push(Some(start(i)));
+    }
+    let zip = zip_of(tmp.path(), "hello.zip", &[("app.py", "import json\n\ndef handler(event, context):\n    return {'message': 'hello, ' + event.get('name', '')}\n")]);
+    let (key, sha) = bundle_push(&m, &zip, "s3://fresh");
+    kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"thaw.dev/v1alpha1\",\"kind\":\"ThawFunction\",\"metadata\":{{\"name\":\"cold\",\"namespace\":\"default\"}},\
+        \"spec\":{{\"runtime\":\"python3.12\",\"handler\":\"app.handler\",\"code\":{{\"key\":\"{key}\",\"sha256\":\"{sha}\"}}}}}}")));
+    for port in ports {
+        invoke_until(port, "cold", "deployed", |st, _| st == 200);
+    }
+    let built_by = kubectl(&cp, &["get", "thawfunction", "cold", "-o", "jsonpath={.status.snapshot.builtBy}"], None);
+    let builder = names.iter().position(|n| *n == built_by).unwrap_or_else(|| panic!("built by {built_by:?}"));
+    let adopter = 1 - builder;
+    let cache = |i: usize| tmp.path().join(names[i]).join("node/snapshot-cache");
+    assert!(cache(adopter).is_dir(), "the adopter's snapshot cache is at {}", cache(adopter).display());
+    // The start time the node reports for one invocation, and how it started.
+    let start_ms = |port: u16| -> (f64, String) {
+        let (status, h, body) = invoke(port, "cold", SECRET);
+        assert_eq!(status, 200, "{body}");
+        let timing = header(&h, "x-thaw-timing-ms").unwrap_or_default().to_string();
+        let ms = timing.split(';').find_map(|kv| kv.strip_prefix("start=")).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{timing}"));
+        (ms, header(&h, "x-thaw-start").unwrap_or_default().to_string())
+    };
+    let (mut fresh, mut local, mut kinds) = (Vec::new(), Vec::new(), std::collections::BTreeSet::new());
+    for i in 0..runs {
+        for who in if i % 2 == 0 { [adopter, builder] } else { [builder, adopter] } {
+            drop(agents[who].take());
+            if who == adopter {
+                std::fs::remove_dir_all(cache(who)).unwrap();
+            } else {
+                // The builder's cached snapshot stays on disk, out of the page cache.
+                let files = Command::new("find").args([cache(who).to_str().unwrap(), "-type", "f"]).output().unwrap();
+                for f in String::from_utf8_lossy(&files.stdout).lines() {
+                    let _ = Command::new("dd").args([&format!("if={f}"), "iflag=nocache", "count=0", "status=none"]).status();
+                }
+            }
+            agents[who] = Some(start(who));
+            // Wait until the agent serves the function (its registry is on disk), without invoking it.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !call(ports[who], "GET", "/2015-03-31/functions/cold/configuration", b"", SECRET).2.contains("\"State\":\"Active\"") {
+                assert!(Instant::now() < deadline, "the restarted agent does not serve the function");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let (ms, kind) = start_ms(ports[who]);
+            kinds.insert(format!("{}: {kind}", if who == adopter { "fresh" } else { "local" }));
+            if who == adopter { fresh.push(ms) } else { local.push(ms) }
+        }
+    }
+    let (f, l) = (median(&mut fresh.clone()), median(&mut local.clone()));
+    println!("cold start, {runs} each, interleaved: fresh agent (snapshot fetched from the store) {f:.2} ms, the builder from its cache {l:.2} ms: {:.2}x ({kinds:?})", f / l);
+    if let Ok(out) = std::env::var("THAW_BENCH_OUT") {
+        let json = serde_json::json!({"runs": runs, "fresh_ms": fresh, "local_ms": local, "median_fresh_ms": f, "median_local_ms": l,
+            "ratio": f / l, "start_kinds": kinds, "store": "MinIO on loopback", "function": "python3.12 hello"});
+        std::fs::write(out, json.to_string()).unwrap();
+    }
+    drop(agents);
+}
