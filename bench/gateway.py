@@ -44,6 +44,18 @@ def chart(data, path):
     return path
 
 
+def run_ignored(test, runs):
+    """Run the ignored benchmark test `test` of crates/thaw/tests/gateway.rs; its JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "bench.json"
+        env = dict(os.environ, THAW_BENCH_OUT=str(raw), THAW_BENCH_RUNS=str(runs))
+        r = subprocess.run(["cargo", "test", "--release", "-q", "-p", "thaw", "--test", "gateway", "--", "--ignored", "--nocapture", test],
+                           cwd=ROOT, env=env, capture_output=True, text=True)
+        if r.returncode != 0 or not raw.exists():
+            raise SystemExit(f"the benchmark failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+        return json.loads(raw.read_text())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=300)
@@ -54,14 +66,7 @@ def main():
     a = p.parse_args()
     if a.fresh:
         return fresh(a)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "gateway.json"
-        env = dict(os.environ, THAW_BENCH_OUT=str(raw), THAW_BENCH_RUNS=str(a.runs))
-        r = subprocess.run(["cargo", "test", "--release", "-q", "-p", "thaw", "--test", "gateway", "--", "--ignored", "--nocapture",
-                            "gateway_overhead_on_a_warm_invoke"], cwd=ROOT, env=env, capture_output=True, text=True)
-        if r.returncode != 0 or not raw.exists():
-            raise SystemExit(f"the benchmark failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
-        data = json.loads(raw.read_text())
+    data = run_ignored("gateway_overhead_on_a_warm_invoke", a.runs)
     print(f"warm invoke, {data['runs']} each, interleaved: straight to the agent {data['median_direct_ms']:.3f} ms "
           f"(p99 {data['p99_direct_ms']:.3f}), through the gateway {data['median_gateway_ms']:.3f} ms "
           f"(p99 {data['p99_gateway_ms']:.3f}): overhead {data['overhead_median_ms']:.3f} ms at the median")
@@ -75,15 +80,7 @@ def main():
 
 
 def fresh(a):
-    runs = a.runs if a.runs != 300 else 7
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "fresh.json"
-        env = dict(os.environ, THAW_BENCH_OUT=str(raw), THAW_BENCH_RUNS=str(runs))
-        r = subprocess.run(["cargo", "test", "--release", "-q", "-p", "thaw", "--test", "gateway", "--", "--ignored", "--nocapture",
-                            "fresh_agent_cold_start"], cwd=ROOT, env=env, capture_output=True, text=True)
-        if r.returncode != 0 or not raw.exists():
-            raise SystemExit(f"the benchmark failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
-        data = json.loads(raw.read_text())
+    data = run_ignored("fresh_agent_cold_start", a.runs if a.runs != 300 else 7)
     print(f"cold start, {data['runs']} each, interleaved: on a fresh agent (snapshot fetched from the store) "
           f"{data['median_fresh_ms']:.2f} ms, on the builder from its cache {data['median_local_ms']:.2f} ms: "
           f"{data['ratio']:.2f}x (target <= 2x)")
