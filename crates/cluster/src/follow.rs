@@ -24,8 +24,9 @@
 //! fingerprint on every node, see `thaw_node::bundle::extract`) instead of capturing
 //! its own. An agent captures its own when the published snapshot does not serve
 //! there, or when the builder has published nothing after [`BUILD_WAIT`] (gone, or
-//! failing). `spec.snapshotManifest` pins a snapshot for every agent. Updates of code
-//! or configuration are still built by every agent.
+//! failing). `spec.snapshotManifest` pins a snapshot for every agent. An update of the
+//! code or of what the snapshot holds (runtime, handler, memory, environment) is a new
+//! generation: built once again the same way.
 //!
 //! The follower reconciles on every watch event and every [`RESYNC`] (what failed —
 //! the store down, a build still running — is tried again then); a failure is logged
@@ -267,28 +268,17 @@ impl Follower {
             Step::Nothing => Ok(()),
             Step::Foreign => Err("is not deployed here: a function of that name exists that the registry did not deploy".into()),
             Step::Create => {
-                let adopt = w.snapshot.clone();
-                let builder = agents.and_then(|a| builder_of(&w.name, a)).map(str::to_string);
-                if adopt.is_none() {
-                    if let Some(b) = builder.as_deref().filter(|b| *b != self.node_name) {
-                        let since = *self.waiting.entry((w.name.clone(), w.generation)).or_insert_with(Instant::now);
-                        if since.elapsed() < BUILD_WAIT {
-                            debug!(function = %w.name, builder = b, "waiting for the builder to publish the snapshot");
-                            return Ok(());
-                        }
-                        warn!(function = %w.name, builder = b, wait_s = BUILD_WAIT.as_secs(), "the builder published no snapshot in time; capturing one here");
-                    }
-                }
-                self.waiting.retain(|(f, _), _| *f != w.name);
+                let Some(adopt) = self.snapshot_to_use(w, agents) else { return Ok(()) };
                 let zip = self.bundle(w).await?;
-                let how = if adopt.is_some() { "serving the snapshot published by its builder" } else { "capturing its snapshot" };
+                let how = if adopt.is_some() { "serving the snapshot its builder published" } else { "capturing its snapshot" };
                 self.node.create_function_adopting(w.spec(&account), zip, adopt).await.map_err(err)?;
-                info!(function = %w.name, bundle = %w.key, builder = builder.as_deref().unwrap_or("-"), "deployed from its ThawFunction, {how}");
+                info!(function = %w.name, bundle = %w.key, "deployed from its ThawFunction, {how}");
                 Ok(())
             }
             Step::UpdateCode => {
+                let Some(adopt) = self.snapshot_to_use(w, agents) else { return Ok(()) };
                 let zip = self.bundle(w).await?;
-                self.node.update_code(&w.name, zip).await.map_err(err)?;
+                self.node.update_code_adopting(&w.name, zip, adopt).await.map_err(err)?;
                 info!(function = %w.name, bundle = %w.key, "code updated from its ThawFunction");
                 Ok(())
             }
@@ -302,17 +292,53 @@ impl Follower {
                     description: Some(w.description.clone()),
                     ..ConfigChange::default()
                 };
-                self.node.update_configuration(&w.name, change).await.map_err(err)?;
+                // A change the snapshot does not hold (timeout, description) needs no build.
+                let rebuilds = self.node.record(&w.name).is_some_and(|r| r.runtime != w.runtime || r.handler != w.handler || r.memory_mb != w.memory_mb || r.env != w.env);
+                let adopt = if rebuilds {
+                    let Some(adopt) = self.snapshot_to_use(w, agents) else { return Ok(()) };
+                    adopt
+                } else {
+                    None
+                };
+                self.node.update_configuration_adopting(&w.name, change, adopt).await.map_err(err)?;
                 info!(function = %w.name, "configuration updated from its ThawFunction");
                 Ok(())
             }
         }
     }
 
+    /// How this agent deploys `w` now: Some(Some(id)) serving the snapshot its builder
+    /// published for this generation, Some(None) capturing its own (it is the builder,
+    /// there is no view of the agents, or the builder published nothing in
+    /// [`BUILD_WAIT`]), None not yet (waiting for the builder).
+    fn snapshot_to_use(&mut self, w: &Wanted, agents: Option<&[String]>) -> Option<Option<String>> {
+        if w.snapshot.is_some() {
+            self.waiting.retain(|(f, _), _| *f != w.name);
+            return Some(w.snapshot.clone());
+        }
+        let builder = agents.and_then(|a| builder_of(&w.name, a));
+        if let Some(b) = builder.filter(|b| *b != self.node_name) {
+            let since = *self.waiting.entry((w.name.clone(), w.generation)).or_insert_with(Instant::now);
+            if since.elapsed() < BUILD_WAIT {
+                debug!(function = %w.name, builder = b, "waiting for the builder to publish the snapshot");
+                return None;
+            }
+            warn!(function = %w.name, builder = b, wait_s = BUILD_WAIT.as_secs(), "the builder published no snapshot in time; capturing one here");
+        }
+        self.waiting.retain(|(f, _), _| *f != w.name);
+        Some(None)
+    }
+
     /// The builder of `w` (or any agent when none has): once its function is deployed
     /// as wanted and serves from a snapshot it published itself, record that snapshot
     /// in the ThawFunction's status for the other agents (and `kubectl get`).
     async fn publish_status(&self, w: &Wanted, agents: Option<&[String]>) -> Result<(), String> {
+        // Only once the function serves this generation (not while a build of it runs:
+        // the revision serving meanwhile is an older one).
+        let Some(rec) = self.node.record(&w.name) else { return Ok(()) };
+        if rec.state != "Active" || rec.last_update_status != "Successful" || step(w, Some(Have::from(&rec))) != Step::Nothing {
+            return Ok(());
+        }
         // An agent serving the builder's snapshot follows it when published again.
         if let (Some(id), Some((have, true))) = (&w.snapshot, self.node.active_snapshot(&w.name)) {
             if *id != have && self.node.readopt(&w.name, id) {
@@ -323,10 +349,6 @@ impl Follower {
         let builder = agents.and_then(|a| builder_of(&w.name, a));
         if builder.is_some_and(|b| b != self.node_name) && w.published.as_ref().is_some_and(|(_, g)| *g == w.generation) {
             return Ok(());
-        }
-        let Some(rec) = self.node.record(&w.name) else { return Ok(()) };
-        if rec.state != "Active" || rec.last_update_status != "Successful" || step(w, Some(Have::from(&rec))) != Step::Nothing {
-            return Ok(()); // a build in progress: its snapshot is not this generation's yet
         }
         let Some((id, false)) = self.node.active_snapshot(&w.name) else { return Ok(()) };
         if w.published.as_ref() == Some(&(id.clone(), w.generation)) {

@@ -38,8 +38,9 @@ pub fn code_sha256(zip: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(Sha256::digest(zip))
 }
 
-/// Copy the tree `from` into `to` (created if absent): files with their modes,
-/// directories, symbolic links as they are. What `from` holds replaces what `to` holds
+/// Copy the tree `from` into `to` (created if absent): files with their modes and
+/// modification times (so a copy of a bundle keeps its fingerprint), directories,
+/// symbolic links as they are. What `from` holds replaces what `to` holds
 /// at the same path (a later layer overrides an earlier one); nothing is ever written
 /// through a symbolic link already in `to`. Returns the bytes of the files copied.
 pub fn overlay_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
@@ -66,12 +67,17 @@ pub fn overlay_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
                 std::fs::remove_file(&dst)?;
             }
         }
+        let modified = std::fs::symlink_metadata(&src)?.modified()?;
         if t.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+            let ts = rustix::fs::Timestamps { last_access: timespec(modified), last_modification: timespec(modified) };
+            rustix::fs::utimensat(rustix::fs::CWD, &dst, &ts, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
         } else if t.is_dir() {
             bytes += overlay_tree(&src, &dst)?;
+            std::fs::File::open(&dst)?.set_modified(modified)?;
         } else {
             bytes += std::fs::copy(&src, &dst)?;
+            std::fs::OpenOptions::new().write(true).open(&dst)?.set_modified(modified)?;
         }
     }
     Ok(bytes)
@@ -284,6 +290,8 @@ mod tests {
         extract(&z, &dir.path().join("b")).unwrap();
         let print = |d: &str| thaw_engine::fingerprint::of_dir(&dir.path().join(d)).unwrap();
         assert_eq!(print("a"), print("b"), "unpacked twice, 20 ms apart");
+        overlay_tree(&dir.path().join("a"), &dir.path().join("c")).unwrap();
+        assert_eq!(print("a"), print("c"), "copied (a configuration update's new revision)");
         let mtime = |p: &str| std::fs::symlink_metadata(dir.path().join("a").join(p)).unwrap().modified().unwrap();
         let zip_time = UNIX_EPOCH + Duration::from_secs(1_714_979_290); // 2024-05-06T07:08:10Z
         for p in ["lib", "lib/util.py", "pkg/mod.py", "link.py"] {

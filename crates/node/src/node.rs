@@ -582,6 +582,14 @@ impl Node {
         }
     }
 
+    /// Revision `rev` serves from stored snapshot `adopt` (another node's), if the node
+    /// has a store.
+    fn adopting(&self, rev: &mut RevisionRecord, adopt: Option<String>) {
+        if let Some(id) = adopt.filter(|_| self.cfg.snapshot_store.is_some()) {
+            (rev.snapshot_id, rev.snapshot_adopted) = (Some(id), true);
+        }
+    }
+
     fn revision_record(spec: &FunctionSpec, dir: PathBuf, sha: &str, size: u64) -> RevisionRecord {
         RevisionRecord {
             id: 0,
@@ -655,9 +663,7 @@ impl Node {
         let (dir, code_bytes) = self.unpack(&spec.name, Arc::new(zip)).await?;
         self.add_layers(&dir, &spec.layers, code_bytes).await?;
         let mut rev = Self::revision_record(&spec, dir.clone(), &sha, size);
-        if let Some(id) = adopt.filter(|_| self.cfg.snapshot_store.is_some()) {
-            (rev.snapshot_id, rev.snapshot_adopted) = (Some(id), true);
-        }
+        self.adopting(&mut rev, adopt);
         let rec = FunctionRecord {
             name: spec.name.clone(),
             runtime: spec.runtime.clone(),
@@ -731,6 +737,12 @@ impl Node {
 
     /// UpdateFunctionCode: unpack, mark InProgress, build; the old revision serves meanwhile.
     pub async fn update_code(self: &Arc<Self>, name: &str, zip: Vec<u8>) -> Result<FunctionRecord, DeployError> {
+        self.update_code_adopting(name, zip, None).await
+    }
+
+    /// [`Node::update_code`] serving the new revision from `adopt`, a stored snapshot
+    /// of it another node published (see [`Node::create_function_adopting`]).
+    pub async fn update_code_adopting(self: &Arc<Self>, name: &str, zip: Vec<u8>, adopt: Option<String>) -> Result<FunctionRecord, DeployError> {
         let f = self.function(name).ok_or_else(|| DeployError::NotFound(self.arn(name)))?;
         if f.lock().building.is_some() {
             return Err(DeployError::InProgress(self.arn(name)));
@@ -743,19 +755,22 @@ impl Node {
             st.rec.latest_revision.or(st.rec.active_revision)
         };
         self.copy_layers(name, latest, &dir).await?;
-        self.start_revision(f, dir, sha, size, |_| {})
+        self.start_revision(f, dir, sha, size, adopt, |_| {})
     }
 
     /// Register a new revision of `f` (its code unpacked in `dir`, its configuration
     /// the current one changed by `change`) and build its snapshot in the background;
     /// the active revision keeps serving until the new one is ready. `dir` is removed
     /// on failure.
+    /// `adopt`: serve it from this stored snapshot another node published (see
+    /// [`Node::create_function_adopting`]).
     fn start_revision(
         self: &Arc<Self>,
         f: Arc<Function>,
         dir: PathBuf,
         sha: String,
         size: u64,
+        adopt: Option<String>,
         change: impl FnOnce(&mut FunctionSpec),
     ) -> Result<FunctionRecord, DeployError> {
         let name = f.name.as_str();
@@ -783,6 +798,7 @@ impl Node {
         };
         change(&mut spec);
         let mut rev = Self::revision_record(&spec, dir.clone(), &sha, size);
+        self.adopting(&mut rev, adopt);
         let res = self.registry.insert_revision(&rev);
         let id = match res {
             Ok(id) => id,

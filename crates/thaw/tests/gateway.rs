@@ -457,6 +457,10 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     // New code in the object: deployed.
     kubectl(&cp, &["patch", "thawfunction", "hello", "--type=merge", "-p", &format!("{{\"spec\":{{\"code\":{{\"key\":\"{key2}\",\"sha256\":\"{sha2}\"}}}}}}")], None);
     invoke_until(gport, "hello", "the new code deployed", |st, b| st == 200 && b.contains("\"v\": 2"));
+    for port in ports {
+        invoke_until(port, "hello", "the new code on each agent", |st, b| st == 200 && b.contains("\"v\": 2"));
+    }
+    assert_eq!((builds("captured"), builds("adopted")), (3, 6), "the update built once too, by the same builder");
 
     // Deleted: gone from every agent.
     kubectl(&cp, &["delete", "thawfunction", "hello"], None);

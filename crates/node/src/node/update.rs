@@ -40,6 +40,12 @@ impl ConfigChange {
 
 impl Node {
     pub async fn update_configuration(self: &Arc<Self>, name: &str, change: ConfigChange) -> Result<FunctionRecord, DeployError> {
+        self.update_configuration_adopting(name, change, None).await
+    }
+
+    /// [`Node::update_configuration`] serving a new revision from `adopt`, a stored
+    /// snapshot of it another node published (see [`Node::create_function_adopting`]).
+    pub async fn update_configuration_adopting(self: &Arc<Self>, name: &str, change: ConfigChange, adopt: Option<String>) -> Result<FunctionRecord, DeployError> {
         let f = self.function(name).ok_or_else(|| DeployError::NotFound(self.arn(name)))?;
         let (code, sha, size) = {
             let mut st = f.lock();
@@ -91,7 +97,7 @@ impl Node {
             }
             None => self.copy_layers(name, Some(latest), &dir).await?,
         }
-        self.start_revision(f, dir, sha, size, move |spec| {
+        self.start_revision(f, dir, sha, size, adopt, move |spec| {
             if let Some(v) = change.runtime {
                 spec.runtime = v;
             }
