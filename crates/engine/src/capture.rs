@@ -259,9 +259,7 @@ fn capture_inner(
     Ok((dir, stats))
 }
 
-/// The namespace pid of the captured process: PID 1 is the sandbox's init (the
-/// reaper, recreated by every sandbox), PID 2 the runtime.
-pub const MAIN_PID: i32 = 2;
+pub use crate::conventions::MAIN_PID;
 
 /// Child processes are not captured: refuse, naming each, rather than silently
 /// dropping them (a restore would run without them). Orphans the runtime left are
@@ -356,7 +354,7 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
     let mut unix: Option<std::collections::HashMap<u32, sockdiag::UnixSock>> = None;
     for f in &list {
         let (fd, t, flags) = (f.fd, f.target.as_str(), f.flags as i32);
-        if fd as u64 == crate::restore::UFFD_KEEP_FD && t == "anon_inode:[userfaultfd]" {
+        if fd as u64 == crate::conventions::UFFD_KEEP_FD && t == "anon_inode:[userfaultfd]" {
             // A restored process (a base restored for a diff): the restore's own
             // userfaultfd, which every restore makes again.
             continue;
@@ -487,8 +485,7 @@ fn is_log_pipe(list: &[procfs::FdInfo], target: &str) -> bool {
     !list.iter().any(|g| g.target == target && g.flags as i32 & libc::O_ACCMODE == libc::O_RDONLY)
 }
 
-/// Descriptors at or above this number are used by the restore as scratch.
-pub const HIGH_FD_BASE: i32 = 700;
+pub use crate::conventions::HIGH_FD_BASE;
 
 fn prot_of(m: &MapEntry) -> i32 {
     (if m.read { libc::PROT_READ } else { 0 })

@@ -247,11 +247,11 @@ pub struct Comparer {
 }
 
 impl Comparer {
-    /// The pages of base `meta`, opened (for the restore the diff is captured from) as `snap`.
-    pub fn new(meta: &BaseMeta, snap: &crate::instance::LoadedSnapshot) -> Result<Comparer, LayerError> {
-        let index = snap.image.pages.clone();
-        let map = snap.source.file().map(index.stored_pages()).map_err(io_err(&meta.dir, "mapping the pages of base"))?;
-        Ok(Comparer { meta: meta.clone(), state_crc: snap.id, index, map })
+    /// The pages of base `meta`, as opened for the restore the diff is captured from:
+    /// its page index, its page files and its id (the CRC of its state).
+    pub fn new(meta: &BaseMeta, index: &PageIndex, files: &PageFiles, state_crc: u32) -> Result<Comparer, LayerError> {
+        let map = files.map(index.stored_pages()).map_err(io_err(&meta.dir, "mapping the pages of base"))?;
+        Ok(Comparer { meta: meta.clone(), state_crc, index: index.clone(), map })
     }
 
     /// Whether the base's page at `vaddr` holds exactly `page`.
@@ -385,25 +385,6 @@ impl LayerSizes {
     }
 }
 
-/// Build (or find) the base for `cfg`'s runtime and sandbox shape in `bases`: boot
-/// the runtime with an empty /var/task and no function environment, capture it
-/// waiting for its function, install it under its content id.
-pub fn build_base(cfg: &crate::instance::FunctionConfig, bases: &Path) -> Result<BaseMeta, crate::instance::InstanceError> {
-    supported(cfg.runtime)?;
-    let placeholder = placeholder(bases)?;
-    let inst = crate::instance::Instance::boot_base(cfg, &placeholder)?;
-    let key = key_for(cfg);
-    let tmp = bases.join(format!(".building-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let (dir, _) = inst.capture_as(&tmp, crate::capture::Layer::Base)?;
-    Ok(install(&dir, bases, key)?)
-}
-
-/// The base key `cfg` would be layered on.
-pub fn key_for(cfg: &crate::instance::FunctionConfig) -> BaseKey {
-    BaseKey::of(&cfg.record())
-}
-
 /// Whether `runtime` can have a base, and if not why.
 pub fn supported(runtime: thaw_runtime::Runtime) -> Result<(), LayerError> {
     match runtime {
@@ -413,30 +394,4 @@ pub fn supported(runtime: thaw_runtime::Runtime) -> Result<(), LayerError> {
             why: "its shim loads the handler as the VM starts and cannot yet wait for a function after start-up; its snapshots are full images",
         }),
     }
-}
-
-/// Create a diff snapshot of `cfg` in `out` on `base`: restore the base eagerly into
-/// the function's sandbox, let the runtime load the function (its init), capture
-/// what differs from the base.
-pub fn create_diff(
-    cfg: &crate::instance::FunctionConfig,
-    base: &BaseMeta,
-    out: &Path,
-) -> Result<(PathBuf, crate::capture::CaptureStats), crate::instance::InstanceError> {
-    use crate::instance::{Instance, LoadedSnapshot};
-    let key = key_for(cfg);
-    if key != base.key {
-        return Err(LayerError::Refused(format!("base {} was built for {:?}, not {:?}", base.id, base.key, key)).into());
-    }
-    let snap = LoadedSnapshot::open(&base.dir)?;
-    let comparer = Comparer::new(base, &snap)?;
-    let mut inst = Instance::restore_as(&snap, crate::pageserver::Paging::Eager, cfg.record())?;
-    if let Err(e) = inst.load_function(cfg) {
-        inst.kill();
-        return Err(e);
-    }
-    let (dir, stats) = inst.capture_as(out, crate::capture::Layer::Diff(&comparer))?;
-    add_user(base, &dir)?;
-    info!(dir = %dir.display(), base = %base.id, stored = stats.pages_stored, from_base = stats.pages_from_base, "diff captured");
-    Ok((dir, stats))
 }

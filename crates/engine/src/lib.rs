@@ -8,9 +8,11 @@
 //! stopped tracee.
 
 pub mod capture;
+pub mod conventions;
 pub mod fingerprint;
 pub mod image;
 pub mod instance;
+pub mod layered;
 pub mod layers;
 pub mod inject;
 pub mod pagefiles;

@@ -581,7 +581,7 @@ fn reset_inner(
     for &(fd, its, ticks, ticks_at) in &timerfds {
         calls.push(Call::new("timerfd_settime", libc::SYS_timerfd_settime, &[fd as u64, 0, arg(its), 0]));
         if ticks > 0 {
-            calls.push(Call::new("ioctl(TFD_IOC_SET_TICKS)", libc::SYS_ioctl, &[fd as u64, crate::restore::TFD_IOC_SET_TICKS, arg(ticks_at)]));
+            calls.push(Call::new("ioctl(TFD_IOC_SET_TICKS)", libc::SYS_ioctl, &[fd as u64, crate::conventions::TFD_IOC_SET_TICKS, arg(ticks_at)]));
         }
     }
     for (&(fd, reads, want), &off) in eventfd_fixes.iter().zip(&counters) {

@@ -49,10 +49,7 @@ pub enum RestoreError {
     Incompatible(String),
 }
 
-/// Descriptor number the userfaultfd keeps inside the restored process. Holding
-/// it there keeps the fault context alive even if the node dies, so faults
-/// block (and the process is killed) instead of reading zero pages.
-pub const UFFD_KEEP_FD: u64 = 1000;
+pub use crate::conventions::UFFD_KEEP_FD;
 /// Where the search for a free injection region starts.
 const REGION_SEARCH_START: u64 = 0x1000_0000;
 /// Space after the region used to shuffle the vDSO mappings.
@@ -179,11 +176,11 @@ fn restore_inner(
     };
     let inj_err = |source| RestoreError::Inject { pid, source };
     let thread = match img.threads.first() {
-        Some(t) if t.tid == crate::capture::MAIN_PID => t,
+        Some(t) if t.tid == crate::conventions::MAIN_PID => t,
         _ => {
             return Err(RestoreError::Incompatible(format!(
                 "the image's first thread is not PID {}",
-                crate::capture::MAIN_PID
+                crate::conventions::MAIN_PID
             )))
         }
     };
@@ -722,7 +719,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         .collect();
 
     // Steps 2 and 3.
-    let high = crate::capture::HIGH_FD_BASE as u64;
+    let high = crate::conventions::HIGH_FD_BASE as u64;
     let mut data = DataArea::new(inj.region);
     let mut calls = Vec::new();
     for (i, &t) in temp.iter().enumerate() {
@@ -765,7 +762,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 }
                 if *ticks > 0 {
                     let t = data.push(&ticks.to_le_bytes());
-                    calls.push(Call::new("ioctl(TFD_IOC_SET_TICKS)", libc::SYS_ioctl, &[r.fd as u64, TFD_IOC_SET_TICKS, t]));
+                    calls.push(Call::new("ioctl(TFD_IOC_SET_TICKS)", libc::SYS_ioctl, &[r.fd as u64, crate::conventions::TFD_IOC_SET_TICKS, t]));
                 }
             }
             _ => {}
@@ -822,8 +819,6 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     inj.run(&calls, &mut data).map(|_| ())
 }
 
-/// `_IOW('T', 0, u64)`: set a timerfd's count of expirations (CONFIG_CHECKPOINT_RESTORE).
-pub(crate) const TFD_IOC_SET_TICKS: u64 = (1 << 30) | (8 << 16) | ((b'T' as u64) << 8);
 
 const CLONE_THREAD_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_FS

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 use serde_json::json;
 use thaw_engine::instance::FunctionConfig;
+use thaw_engine::layered;
 use thaw_engine::layers::{self, BaseMeta};
 use thaw_runtime::Runtime;
 
@@ -54,11 +55,11 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
             let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir)?;
             let mut cfg = FunctionConfig::new(runtime, "", bases.clone(), runtime_dir);
             cfg.memory_mb = memory;
-            let meta = match layers::find(&bases, &layers::key_for(&cfg))? {
+            let meta = match layers::find(&bases, &layered::key_for(&cfg))? {
                 Some(m) => m,
                 None => {
                     eprintln!("building the {} base ({memory} MB)...", runtime.name());
-                    layers::build_base(&cfg, &bases)?
+                    layered::build_base(&cfg, &bases)?
                 }
             };
             println!("{}", describe(&meta));
@@ -83,5 +84,5 @@ pub fn default_base(cfg: &FunctionConfig, data_dir: &Path) -> Result<Option<Base
         tracing::info!("{e}");
         return Ok(None);
     }
-    Ok(layers::find(&bases_dir(data_dir), &layers::key_for(cfg))?)
+    Ok(layers::find(&bases_dir(data_dir), &layered::key_for(cfg))?)
 }

@@ -455,7 +455,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let t0 = Instant::now();
             let base = if no_base { None } else { base_cmd::default_base(&cfg, &cli.data_dir)? };
             if let Some(base) = base {
-                match thaw_engine::layers::create_diff(&cfg, &base, &out) {
+                match thaw_engine::layered::create_diff(&cfg, &base, &out) {
                     Ok((dir, stats)) => {
                         let v = json!({"snapshot": dir, "base": base.id, "create_ms": ms(t0.elapsed()), "capture": stats});
                         println!("{}", serde_json::to_string(&v)?);

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use thaw_engine::capture::CaptureStats;
 use thaw_engine::instance::{FunctionConfig, Instance, InstanceError};
+use thaw_engine::layered;
 use thaw_engine::layers::{self, BaseMeta};
 use tracing::{info, warn};
 
@@ -24,7 +25,7 @@ static BUILDING: Mutex<()> = Mutex::new(());
 
 fn base_for(cfg: &FunctionConfig, bases: &Bases) -> Option<BaseMeta> {
     layers::supported(cfg.runtime).ok()?;
-    let key = layers::key_for(cfg);
+    let key = layered::key_for(cfg);
     let find = || layers::find(&bases.dir, &key).map_err(|e| warn!(error = %e, "listing the bases")).ok().flatten();
     if let Some(b) = find() {
         return Some(b);
@@ -40,7 +41,7 @@ fn base_for(cfg: &FunctionConfig, bases: &Bases) -> Option<BaseMeta> {
         warn!(error = %e, dir = %bases.dir.display(), "cannot create the bases directory");
         return None;
     }
-    match layers::build_base(cfg, &bases.dir) {
+    match layered::build_base(cfg, &bases.dir) {
         Ok(b) => {
             info!(base = %b.id, runtime = %b.key.runtime, memory_mb = b.key.memory_mb, bytes = b.bytes, "base built");
             Some(b)
@@ -55,7 +56,7 @@ fn base_for(cfg: &FunctionConfig, bases: &Bases) -> Option<BaseMeta> {
 /// Capture `cfg` into `snapdir`: a diff on its base when there is one, else a full image.
 pub fn capture(cfg: &FunctionConfig, snapdir: &Path, bases: Option<&Bases>) -> Result<(PathBuf, CaptureStats), InstanceError> {
     if let Some(base) = bases.and_then(|b| base_for(cfg, b)) {
-        match layers::create_diff(cfg, &base, snapdir) {
+        match layered::create_diff(cfg, &base, snapdir) {
             Ok(r) => return Ok(r),
             // The function's own init failed: a full image would fail the same way.
             Err(e @ (InstanceError::Init(_) | InstanceError::InitOutOfMemory { .. })) => return Err(e),

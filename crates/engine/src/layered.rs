@@ -1,0 +1,58 @@
+//! Building layered snapshots (issue #31): a runtime's base (the runtime booted with
+//! no function, captured waiting for one) and a function's diff on it (the base
+//! restored into the function's sandbox, the function loaded, what differs captured).
+//! It composes the instance (boot, restore, capture) with the layers' format
+//! ([`crate::layers`]: bases on disk, the comparer, page sources), so it sits above
+//! both (issue #34: `layers` no longer imports the instance that uses it).
+
+use std::path::{Path, PathBuf};
+
+use tracing::info;
+
+use crate::capture::{CaptureStats, Layer};
+use crate::instance::{FunctionConfig, Instance, InstanceError, LoadedSnapshot};
+use crate::layers::{add_user, install, placeholder, supported, BaseKey, BaseMeta, Comparer, LayerError};
+
+/// Build (or find) the base for `cfg`'s runtime and sandbox shape in `bases`: boot
+/// the runtime with an empty /var/task and no function environment, capture it
+/// waiting for its function, install it under its content id.
+pub fn build_base(cfg: &FunctionConfig, bases: &Path) -> Result<BaseMeta, InstanceError> {
+    supported(cfg.runtime)?;
+    let placeholder = placeholder(bases)?;
+    let inst = Instance::boot_base(cfg, &placeholder)?;
+    let key = key_for(cfg);
+    let tmp = bases.join(format!(".building-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let (dir, _) = inst.capture_as(&tmp, Layer::Base)?;
+    Ok(install(&dir, bases, key)?)
+}
+
+/// The base key `cfg` would be layered on.
+pub fn key_for(cfg: &FunctionConfig) -> BaseKey {
+    BaseKey::of(&cfg.record())
+}
+
+/// Create a diff snapshot of `cfg` in `out` on `base`: restore the base eagerly into
+/// the function's sandbox, let the runtime load the function (its init), capture
+/// what differs from the base.
+pub fn create_diff(
+    cfg: &FunctionConfig,
+    base: &BaseMeta,
+    out: &Path,
+) -> Result<(PathBuf, CaptureStats), InstanceError> {
+    let key = key_for(cfg);
+    if key != base.key {
+        return Err(LayerError::Refused(format!("base {} was built for {:?}, not {:?}", base.id, base.key, key)).into());
+    }
+    let snap = LoadedSnapshot::open(&base.dir)?;
+    let comparer = Comparer::new(base, &snap.image.pages, snap.source.file(), snap.id)?;
+    let mut inst = Instance::restore_as(&snap, crate::pageserver::Paging::Eager, cfg.record())?;
+    if let Err(e) = inst.load_function(cfg) {
+        inst.kill();
+        return Err(e);
+    }
+    let (dir, stats) = inst.capture_as(out, Layer::Diff(&comparer))?;
+    add_user(base, &dir)?;
+    info!(dir = %dir.display(), base = %base.id, stored = stats.pages_stored, from_base = stats.pages_from_base, "diff captured");
+    Ok((dir, stats))
+}
