@@ -11,7 +11,8 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
-use super::{error_chain, start_instance, timestamp, FnState, Function, Idle, Node, NodeError};
+use super::invoke::start_instance;
+use super::{error_chain, timestamp, FnState, Function, Idle, Node, NodeError};
 use crate::node::VersionError;
 
 /// Provisioned concurrency of one version.
