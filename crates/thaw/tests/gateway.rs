@@ -394,9 +394,17 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     }
     // Two gateways: what one writes, the other serves (they share nothing but the apiserver).
     let (gport, gport2) = (free_port(), free_port());
-    let _gateway = gateway_with(gport, &kc, &["--snapshot-store", "s3://registry"], &env);
+    let gateway1 = gateway_with(gport, &kc, &["--snapshot-store", "s3://registry"], &env);
     let _gateway2 = gateway_with(gport2, &kc, &["--snapshot-store", "s3://registry"], &env);
 
+    // Functions are applied to a running cluster: every agent has published its ThawNode
+    // (an agent that has not yet is not counted when the builder is chosen; one that
+    // comes later only adds a build).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while kubectl(&cp, &["get", "thawnodes", "-o", "jsonpath={range .items[*]}{.status.bootId} {end}"], None).split_whitespace().count() < 3 {
+        assert!(Instant::now() < deadline, "the agents did not publish their ThawNodes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let v1 = zip_of(tmp.path(), "v1.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 1}\n")]);
     let v2 = zip_of(tmp.path(), "v2.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 2}\n")]);
     let (key1, sha1) = bundle_push(&m, &v1, "s3://registry");
@@ -548,6 +556,13 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     let ok = all.iter().filter(|(s, _, _)| *s == 200).count();
     eprintln!("1,008 calls, agent 0 killed after 300: {ok} answered by the function, {} explicit 5xx", all.len() - ok);
     assert!(outcomes.iter().all(|c| c.last().is_some_and(|(s, _, _)| *s == 200)), "after the kill, agent 1 answers: {:?}", outcomes.iter().map(|c| c.last()).collect::<Vec<_>>());
+
+    // A gateway killed: the other serves on (they share nothing but the apiserver).
+    drop(gateway1);
+    let (status, _, body) = invoke(gport2, "keep", SECRET);
+    assert_eq!(status, 200, "the other gateway: {body}");
+    assert!(TcpStream::connect(("127.0.0.1", gport)).is_err(), "the killed gateway is gone");
+    let _gateway1 = gateway_with(gport, &kc, &["--snapshot-store", "s3://registry"], &env);
 
     // The apiserver goes away: what is deployed is still served; writes to the registry
     // are refused with a clear error.
