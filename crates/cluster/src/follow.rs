@@ -23,8 +23,10 @@
 //! snapshot (fetched when first needed; the same zip unpacks to the same bundle
 //! fingerprint on every node, see `thaw_node::bundle::extract`) instead of capturing
 //! its own. An agent captures its own when the published snapshot does not serve
-//! there, or when the builder has published nothing after [`BUILD_WAIT`] (gone, or
-//! failing). `spec.snapshotManifest` pins a snapshot for every agent. An update of the
+//! there, or when the builder has published nothing after [`BUILD_WAIT`] (gone). A
+//! build that fails (the function's init raised, say) is recorded by the builder too
+//! (Ready False, reason BuildFailed, the node's reason), and the others stop waiting:
+//! their own build fails the same way and their node says why. `spec.snapshotManifest` pins a snapshot for every agent. An update of the
 //! code or of what the snapshot holds (runtime, handler, memory, environment) is a new
 //! generation: built once again the same way.
 //!
@@ -317,7 +319,7 @@ impl Follower {
             return Some(w.snapshot.clone());
         }
         let builder = agents.and_then(|a| builder_of(&w.name, a));
-        if let Some(b) = builder.filter(|b| *b != self.node_name) {
+        if let Some(b) = builder.filter(|b| *b != self.node_name && !w.build_failed) {
             let since = *self.waiting.entry((w.name.clone(), w.generation)).or_insert_with(Instant::now);
             if since.elapsed() < BUILD_WAIT {
                 debug!(function = %w.name, builder = b, "waiting for the builder to publish the snapshot");
@@ -333,9 +335,24 @@ impl Follower {
     /// as wanted and serves from a snapshot it published itself, record that snapshot
     /// in the ThawFunction's status for the other agents (and `kubectl get`).
     async fn publish_status(&self, w: &Wanted, agents: Option<&[String]>) -> Result<(), String> {
+        let Some(rec) = self.node.record(&w.name) else { return Ok(()) };
+        let builder = agents.and_then(|a| builder_of(&w.name, a));
+        // The builder's build of this generation failed: say so, with the node's reason.
+        if rec.last_update_status == "Failed"
+            && step(w, Some(Have::from(&rec))) == Step::Nothing
+            && builder.is_none_or(|b| b == self.node_name)
+            && !w.build_failed && w.published.as_ref().is_none_or(|(_, g)| *g != w.generation) {
+            let reason = rec.last_update_status_reason.clone().unwrap_or_default();
+            let now = k8s_openapi::chrono::Utc::now().to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true);
+            let status = json!({"status": {"observedGeneration": w.generation, "conditions": [{"type": "Ready", "status": "False", "reason": "BuildFailed",
+                "lastTransitionTime": now, "observedGeneration": w.generation, "message": format!("the build on {} failed: {reason}", self.node_name)}]}});
+            let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &w.namespace, &thawfunction_resource());
+            api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&status)).await.map_err(|e| format!("recording its failed build in its status: {e}"))?;
+            warn!(function = %w.name, generation = w.generation, reason = %reason, "the build failed; recorded in the ThawFunction's status");
+            return Ok(());
+        }
         // Only once the function serves this generation (not while a build of it runs:
         // the revision serving meanwhile is an older one).
-        let Some(rec) = self.node.record(&w.name) else { return Ok(()) };
         if rec.state != "Active" || rec.last_update_status != "Successful" || step(w, Some(Have::from(&rec))) != Step::Nothing {
             return Ok(());
         }
@@ -346,7 +363,6 @@ impl Follower {
             }
             return Ok(());
         }
-        let builder = agents.and_then(|a| builder_of(&w.name, a));
         if builder.is_some_and(|b| b != self.node_name) && w.published.as_ref().is_some_and(|(_, g)| *g == w.generation) {
             return Ok(());
         }

@@ -47,6 +47,9 @@ pub struct Wanted {
     pub snapshot: Option<String>,
     /// What `status.snapshot` says now: (id, generation), to tell when it is stale.
     pub published: Option<(String, i64)>,
+    /// The builder's build of this generation failed (Ready=False, BuildFailed): the
+    /// other agents stop waiting for a snapshot (their own build says why too).
+    pub build_failed: bool,
 }
 
 impl Wanted {
@@ -82,11 +85,14 @@ impl Wanted {
         let published = st["id"].as_str().filter(|id| !id.is_empty()).map(|id| (id.to_string(), st["generation"].as_i64().unwrap_or(-1)));
         let pinned = spec["snapshotManifest"].as_str().filter(|id| !id.is_empty()).map(str::to_string);
         let snapshot = pinned.or_else(|| published.clone().filter(|(_, g)| *g == generation).map(|(id, _)| id));
+        let ready = obj.data["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).cloned().unwrap_or_default();
+        let build_failed = ready["status"] == "False" && ready["reason"] == "BuildFailed" && ready["observedGeneration"].as_i64() == Some(generation);
         Ok(Wanted {
             namespace: ns.clone(),
             generation,
             snapshot,
             published,
+            build_failed,
             runtime: text("runtime")?,
             handler: text("handler")?,
             memory_mb: spec["memory"].as_u64().unwrap_or(128),

@@ -462,6 +462,35 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
         assert_eq!((status, header(&h, "x-amzn-errortype")), (404, Some("ResourceNotFoundException")), "{body}");
     }
 
+    // A function whose init fails: its builder says so in the status (Ready False,
+    // BuildFailed, the error), and the other agents do not wait for a snapshot that
+    // will not come (well within the 60 s they would wait for a silent builder).
+    let broken = zip_of(tmp.path(), "broken.zip", &[("app.py", "raise RuntimeError('boom at init')\n")]);
+    let (bkey, bsha) = bundle_push(&m, &broken, "s3://registry");
+    kubectl(&cp, &["apply", "-f", "-"], Some(&thawfunction("broken", &bkey, &bsha)));
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let status = loop {
+        let st = kubectl(&cp, &["get", "thawfunction", "broken", "-o", "jsonpath={.status.conditions[0].status} {.status.conditions[0].reason} {.status.conditions[0].message}"], None);
+        if st.starts_with("False BuildFailed") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "no failed build in the status: {st:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.contains("boom at init"), "{status}");
+    for port in ports {
+        loop {
+            let (_, _, body) = call(port, "GET", "/2015-03-31/functions/broken/configuration", b"", SECRET);
+            if body.contains("\"State\":\"Failed\"") {
+                assert!(body.contains("boom at init"), "{body}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "an agent still waits: {body}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    kubectl(&cp, &["delete", "thawfunction", "broken"], None);
+
     // New code in the object: deployed.
     kubectl(&cp, &["patch", "thawfunction", "hello", "--type=merge", "-p", &format!("{{\"spec\":{{\"code\":{{\"key\":\"{key2}\",\"sha256\":\"{sha2}\"}}}}}}")], None);
     invoke_until(gport, "hello", "the new code deployed", |st, b| st == 200 && b.contains("\"v\": 2"));
