@@ -16,7 +16,7 @@
 //! One build per function version per cluster: the function's *builder* is its home
 //! on the placement ring over the agents that advertise themselves (a ThawNode with a
 //! boot id and a recent heartbeat), the node a gateway places the function's first
-//! cold start on. The builder deploys the function, captures its snapshot, publishes
+//! cold start on; a starting agent lets the others advertise for [`SETTLE`] first. The builder deploys the function, captures its snapshot, publishes
 //! it to the store, and records it in the ThawFunction's status (`status.snapshot`:
 //! id, the object generation it was built for, builder; the Ready condition). Every
 //! other agent waits for that, then deploys the function serving from the published
@@ -55,6 +55,11 @@ pub const RESYNC: Duration = Duration::from_secs(5);
 /// How long an agent waits for a function's builder to publish its snapshot before
 /// capturing its own.
 pub const BUILD_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a starting agent gives the others to advertise themselves before it
+/// chooses a builder (agents of a new cluster start together: one that chose among the
+/// few advertised so far would build what another agent builds too).
+pub const SETTLE: Duration = Duration::from_secs(5);
 
 /// An advertisement whose heartbeat is older than this does not count as an agent
 /// that can build.
@@ -150,11 +155,12 @@ pub struct Follower {
     complained: HashMap<String, String>,
     /// Since when each (function, generation) has waited for its builder's snapshot.
     waiting: HashMap<(String, i64), Instant>,
+    started: Instant,
 }
 
 impl Follower {
     pub fn new(client: Client, node: Arc<Node>, node_name: &str) -> Follower {
-        Follower { client, node, node_name: node_name.to_string(), complained: HashMap::new(), waiting: HashMap::new() }
+        Follower { client, node, node_name: node_name.to_string(), complained: HashMap::new(), waiting: HashMap::new(), started: Instant::now() }
     }
 
     /// The agents that advertise themselves (published, heartbeat recent). None: the
@@ -317,6 +323,10 @@ impl Follower {
         if w.snapshot.is_some() {
             self.waiting.retain(|(f, _), _| *f != w.name);
             return Some(w.snapshot.clone());
+        }
+        if agents.is_some() && self.started.elapsed() < SETTLE && !w.build_failed {
+            debug!(function = %w.name, "letting the other agents advertise before choosing its builder");
+            return None;
         }
         let builder = agents.and_then(|a| builder_of(&w.name, a));
         if let Some(b) = builder.filter(|b| *b != self.node_name && !w.build_failed) {
