@@ -11,11 +11,12 @@ pub fn process_ms() -> f64 {
 }
 
 /// CPU time process `pid`'s live threads have used, ms (the first field of each
-/// thread's schedstat: nanoseconds on a CPU). None if /proc cannot say.
+/// thread's schedstat: nanoseconds on a CPU). None if /proc cannot say. A thread that
+/// ends between the listing and the read is left out (its time is lost with it).
 pub fn task_ms(pid: i32) -> Option<f64> {
     let mut ns: u64 = 0;
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
-        let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+        let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) else { continue };
         ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
     }
     Some(ns as f64 / 1e6)
