@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def chart(data, path):
+def cdf_chart(data, path, series, xlabel, ylabel, title):
+    """An SVG of the distributions of `series` ((key in data, label)), or None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -32,12 +33,12 @@ def chart(data, path):
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("direct_ms", "straight to the agent"), ("gateway_ms", "through the gateway")):
+    for key, label in series:
         v = sorted(data[key])
-        ax.plot(v, [i / len(v) for i in range(len(v))], label=label)
-    ax.set_xlabel("warm invoke, ms (new connection, SigV4)")
-    ax.set_ylabel("fraction of invokes")
-    ax.set_title(f"gateway overhead: {data['overhead_median_ms']:.2f} ms at the median")
+        ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], marker="o" if len(v) < 50 else None, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
@@ -75,7 +76,9 @@ def main():
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = out / f"gateway-{stamp}.json"
     path.write_text(json.dumps(data, indent=1))
-    svg = chart(data, out / f"gateway-{stamp}.svg")
+    svg = cdf_chart(data, out / f"gateway-{stamp}.svg", (("direct_ms", "straight to the agent"), ("gateway_ms", "through the gateway")),
+                    "warm invoke, ms (new connection, SigV4)", "fraction of invokes",
+                    f"gateway overhead: {data['overhead_median_ms']:.2f} ms at the median")
     print(f"wrote {path}" + (f" and {svg}" if svg else ""))
 
 
@@ -88,28 +91,10 @@ def fresh(a):
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"cluster-cold-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.write_text(json.dumps(data, indent=1))
-    svg = chart_fresh(data, path.with_suffix(".svg"))
+    svg = cdf_chart(data, path.with_suffix(".svg"), (("local_ms", "the builder, from its cache"), ("fresh_ms", "a fresh agent, from the store")),
+                    "cold start in the node, ms (x-thaw-timing-ms start)", "fraction of starts",
+                    f"fresh agent vs local: {data['ratio']:.2f}x at the median (target <= 2x)")
     print(f"wrote {path}" + (f" and {svg}" if svg else ""))
-
-
-def chart_fresh(data, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("local_ms", "the builder, from its cache"), ("fresh_ms", "a fresh agent, from the store")):
-        v = sorted(data[key])
-        ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], marker="o", label=label)
-    ax.set_xlabel("cold start in the node, ms (x-thaw-timing-ms start)")
-    ax.set_ylabel("fraction of starts")
-    ax.set_title(f"fresh agent vs local: {data['ratio']:.2f}x at the median (target <= 2x)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
 
 
 if __name__ == "__main__":

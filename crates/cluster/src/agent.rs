@@ -102,10 +102,7 @@ impl Advert {
     }
 }
 
-/// UTC now as the apiserver's date-time (RFC 3339, seconds).
-fn now_rfc3339() -> String {
-    k8s_openapi::chrono::Utc::now().to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true)
-}
+use crate::now_rfc3339;
 
 /// One node's agent, publishing its ThawNode.
 pub struct Agent {

@@ -65,14 +65,31 @@ pub const SETTLE: Duration = Duration::from_secs(5);
 /// that can build.
 const BUILDER_HEARTBEAT: Duration = Duration::from_secs(60);
 
-/// The builder of function `name` among the agents `names`: its home on the placement
-/// ring (as the gateways build it: names sorted, [`crate::ring::DEFAULT_VNODES`]).
-pub fn builder_of<'a>(name: &str, names: &'a [String]) -> Option<&'a str> {
-    let mut sorted: Vec<&str> = names.iter().map(String::as_str).collect();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let ring = crate::ring::Ring::new(&sorted, crate::ring::DEFAULT_VNODES);
-    ring.homes(crate::hash::hash_str(name), 1).first().map(|&i| sorted[i])
+/// The agents that can build, on the placement ring as the gateways build it (names
+/// sorted, [`crate::ring::DEFAULT_VNODES`]): made once per reconcile.
+pub struct Builders {
+    names: Vec<String>,
+    ring: crate::ring::Ring,
+}
+
+impl Builders {
+    pub fn new(names: &[String]) -> Builders {
+        let mut names = names.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        let ring = crate::ring::Ring::new(&names, crate::ring::DEFAULT_VNODES);
+        Builders { names, ring }
+    }
+
+    /// The builder of function `name`: its home on the ring.
+    pub fn of(&self, name: &str) -> Option<&str> {
+        self.ring.homes(crate::hash::hash_str(name), 1).first().map(|&i| self.names[i].as_str())
+    }
+}
+
+/// The builder of function `name` among the agents `names` (see [`Builders`]).
+pub fn builder_of(name: &str, names: &[String]) -> Option<String> {
+    Builders::new(names).of(name).map(str::to_string)
 }
 
 /// The ThawFunctions watched, by (namespace, name).
@@ -237,11 +254,11 @@ impl Follower {
 
     /// Bring the node's registry functions in line with `wanted`.
     async fn reconcile(&mut self, wanted: &BTreeMap<String, Result<Wanted, String>>) {
-        let agents = self.agents().await;
+        let agents = self.agents().await.map(|a| Builders::new(&a));
         for (name, w) in wanted {
             let outcome = match w {
-                Ok(w) => match self.apply(w, agents.as_deref()).await {
-                    Ok(()) => self.publish_status(w, agents.as_deref()).await,
+                Ok(w) => match self.apply(w, agents.as_ref()).await {
+                    Ok(()) => self.publish_status(w, agents.as_ref()).await,
                     Err(e) => Err(e),
                 },
                 Err(why) => Err(format!("cannot be deployed: {why}")),
@@ -269,7 +286,7 @@ impl Follower {
         }
     }
 
-    async fn apply(&mut self, w: &Wanted, agents: Option<&[String]>) -> Result<(), String> {
+    async fn apply(&mut self, w: &Wanted, agents: Option<&Builders>) -> Result<(), String> {
         let account = self.node.cfg.account.clone();
         let err = |e: thaw_node::node::DeployError| thaw_node::node::error_chain(&e);
         match step(w, self.node.record(&w.name).as_ref().map(Have::from)) {
@@ -301,8 +318,7 @@ impl Follower {
                     ..ConfigChange::default()
                 };
                 // A change the snapshot does not hold (timeout, description) needs no build.
-                let rebuilds = self.node.record(&w.name).is_some_and(|r| r.runtime != w.runtime || r.handler != w.handler || r.memory_mb != w.memory_mb || r.env != w.env);
-                let adopt = if rebuilds {
+                let adopt = if self.node.record(&w.name).is_some_and(|r| change.rebuilds(&r)) {
                     let Some(adopt) = self.snapshot_to_use(w, agents) else { return Ok(()) };
                     adopt
                 } else {
@@ -319,7 +335,7 @@ impl Follower {
     /// published for this generation, Some(None) capturing its own (it is the builder,
     /// there is no view of the agents, or the builder published nothing in
     /// [`BUILD_WAIT`]), None not yet (waiting for the builder).
-    fn snapshot_to_use(&mut self, w: &Wanted, agents: Option<&[String]>) -> Option<Option<String>> {
+    fn snapshot_to_use(&mut self, w: &Wanted, agents: Option<&Builders>) -> Option<Option<String>> {
         if w.snapshot.is_some() {
             self.waiting.retain(|(f, _), _| *f != w.name);
             return Some(w.snapshot.clone());
@@ -328,7 +344,7 @@ impl Follower {
             debug!(function = %w.name, "letting the other agents advertise before choosing its builder");
             return None;
         }
-        let builder = agents.and_then(|a| builder_of(&w.name, a));
+        let builder = agents.and_then(|a| a.of(&w.name));
         if let Some(b) = builder.filter(|b| *b != self.node_name && !w.build_failed) {
             let since = *self.waiting.entry((w.name.clone(), w.generation)).or_insert_with(Instant::now);
             if since.elapsed() < BUILD_WAIT {
@@ -344,26 +360,27 @@ impl Follower {
     /// The builder of `w` (or any agent when none has): once its function is deployed
     /// as wanted and serves from a snapshot it published itself, record that snapshot
     /// in the ThawFunction's status for the other agents (and `kubectl get`).
-    async fn publish_status(&self, w: &Wanted, agents: Option<&[String]>) -> Result<(), String> {
+    async fn publish_status(&self, w: &Wanted, agents: Option<&Builders>) -> Result<(), String> {
         let Some(rec) = self.node.record(&w.name) else { return Ok(()) };
-        let builder = agents.and_then(|a| builder_of(&w.name, a));
+        let builder = agents.and_then(|a| a.of(&w.name));
+        // Deployed as wanted (this generation's code and configuration).
+        let current = step(w, Some(Have::from(&rec))) == Step::Nothing;
         // The builder's build of this generation failed: say so, with the node's reason.
         if rec.last_update_status == "Failed"
-            && step(w, Some(Have::from(&rec))) == Step::Nothing
+            && current
             && builder.is_none_or(|b| b == self.node_name)
-            && !w.build_failed && w.published.as_ref().is_none_or(|(_, g)| *g != w.generation) {
+            && !w.build_failed
+            && w.published.as_ref().is_none_or(|(_, g)| *g != w.generation)
+        {
             let reason = rec.last_update_status_reason.clone().unwrap_or_default();
-            let now = k8s_openapi::chrono::Utc::now().to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true);
-            let status = json!({"status": {"observedGeneration": w.generation, "conditions": [{"type": "Ready", "status": "False", "reason": "BuildFailed",
-                "lastTransitionTime": now, "observedGeneration": w.generation, "message": format!("the build on {} failed: {reason}", self.node_name)}]}});
-            let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &w.namespace, &thawfunction_resource());
-            api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&status)).await.map_err(|e| format!("recording its failed build in its status: {e}"))?;
+            let condition = json!({"type": "Ready", "status": "False", "reason": "BuildFailed", "message": format!("the build on {} failed: {reason}", self.node_name)});
+            self.patch_status(w, None, condition).await.map_err(|e| format!("recording its failed build in its status: {e}"))?;
             warn!(function = %w.name, generation = w.generation, reason = %reason, "the build failed; recorded in the ThawFunction's status");
             return Ok(());
         }
         // Only once the function serves this generation (not while a build of it runs:
         // the revision serving meanwhile is an older one).
-        if rec.state != "Active" || rec.last_update_status != "Successful" || step(w, Some(Have::from(&rec))) != Step::Nothing {
+        if rec.state != "Active" || rec.last_update_status != "Successful" || !current {
             return Ok(());
         }
         // An agent serving the builder's snapshot follows it when published again.
@@ -380,17 +397,24 @@ impl Follower {
         if w.published.as_ref() == Some(&(id.clone(), w.generation)) {
             return Ok(());
         }
-        let now = k8s_openapi::chrono::Utc::now().to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true);
-        let status = json!({"status": {
-            "observedGeneration": w.generation,
-            "snapshot": {"id": id, "generation": w.generation, "builtBy": self.node_name, "publishedAt": now},
-            "conditions": [{"type": "Ready", "status": "True", "reason": "SnapshotPublished", "lastTransitionTime": now,
-                            "observedGeneration": w.generation, "message": format!("snapshot built by {} and published", self.node_name)}],
-        }});
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &w.namespace, &thawfunction_resource());
-        api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&status)).await.map_err(|e| format!("recording its snapshot in its status: {e}"))?;
+        let snapshot = json!({"id": id, "generation": w.generation, "builtBy": self.node_name, "publishedAt": crate::now_rfc3339()});
+        let condition = json!({"type": "Ready", "status": "True", "reason": "SnapshotPublished", "message": format!("snapshot built by {} and published", self.node_name)});
+        self.patch_status(w, Some(snapshot), condition).await.map_err(|e| format!("recording its snapshot in its status: {e}"))?;
         info!(function = %w.name, snapshot = %id, generation = w.generation, "snapshot recorded in the ThawFunction's status");
         Ok(())
+    }
+
+    /// Write `w`'s status for its generation: its Ready `condition` (stamped with the
+    /// time and the generation) and, if given, the published `snapshot`.
+    async fn patch_status(&self, w: &Wanted, snapshot: Option<serde_json::Value>, mut condition: serde_json::Value) -> Result<(), kube::Error> {
+        condition["lastTransitionTime"] = json!(crate::now_rfc3339());
+        condition["observedGeneration"] = json!(w.generation);
+        let mut status = json!({"observedGeneration": w.generation, "conditions": [condition]});
+        if let Some(s) = snapshot {
+            status["snapshot"] = s;
+        }
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &w.namespace, &thawfunction_resource());
+        api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await.map(drop)
     }
 
     /// The function's bundle from the node's snapshot store, checked.
@@ -437,9 +461,9 @@ mod tests {
         let names: Vec<String> = ["c", "a", "b"].iter().map(|s| s.to_string()).collect();
         let mut shuffled = names.clone();
         shuffled.reverse();
-        let picks: Vec<&str> = (0..50).map(|i| builder_of(&format!("fn-{i}"), &names).unwrap()).collect();
-        assert!((0..50).all(|i| builder_of(&format!("fn-{i}"), &shuffled) == Some(picks[i])), "the same on every agent");
-        assert!(["a", "b", "c"].iter().all(|n| picks.contains(n)), "spread over the agents: {picks:?}");
+        let picks: Vec<String> = (0..50).map(|i| builder_of(&format!("fn-{i}"), &names).unwrap()).collect();
+        assert!((0..50).all(|i| builder_of(&format!("fn-{i}"), &shuffled).as_ref() == Some(&picks[i])), "the same on every agent");
+        assert!(["a", "b", "c"].iter().all(|n| picks.iter().any(|p| p == n)), "spread over the agents: {picks:?}");
         assert_eq!(builder_of("f", &[]), None);
     }
 

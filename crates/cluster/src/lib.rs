@@ -29,6 +29,11 @@ mod chart;
 /// Select rustls's ring provider for every kube client of the process. The workspace
 /// also links rustls with aws-lc-rs (object_store in thaw-store), and with two
 /// providers compiled in rustls cannot pick one by itself (it panics).
+/// UTC now as the apiserver's date-time (RFC 3339, seconds).
+pub(crate) fn now_rfc3339() -> String {
+    k8s_openapi::chrono::Utc::now().to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true)
+}
+
 pub(crate) fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -70,8 +70,7 @@ pub fn overlay_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
         let modified = std::fs::symlink_metadata(&src)?.modified()?;
         if t.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
-            let ts = rustix::fs::Timestamps { last_access: timespec(modified), last_modification: timespec(modified) };
-            rustix::fs::utimensat(rustix::fs::CWD, &dst, &ts, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+            set_link_time(&dst, modified)?;
         } else if t.is_dir() {
             bytes += overlay_tree(&src, &dst)?;
             std::fs::File::open(&dst)?.set_modified(modified)?;
@@ -137,8 +136,7 @@ pub fn extract_limited(zip: &[u8], dest: &Path, limit: u64) -> Result<u64, Bundl
                 return Err(BundleError::UnsafePath(format!("{name} -> {target}")));
             }
             std::os::unix::fs::symlink(&target, &path).map_err(|e| conflict_or_write(e, &name, &path))?;
-            let t = rustix::fs::Timestamps { last_access: timespec(time), last_modification: timespec(time) };
-            rustix::fs::utimensat(rustix::fs::CWD, &path, &t, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).map_err(|e| werr(&path)(e.into()))?;
+            set_link_time(&path, time).map_err(werr(&path))?;
             continue;
         }
         let exec = entry.unix_mode().is_some_and(|m| m & 0o111 != 0);
@@ -176,9 +174,12 @@ fn entry_time(t: Option<zip::DateTime>) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs.and_then(|s| u64::try_from(s).ok()).unwrap_or(DOS_EPOCH))
 }
 
-fn timespec(t: SystemTime) -> rustix::fs::Timespec {
+/// Set the modification (and access) time of the symbolic link at `path` itself.
+fn set_link_time(path: &Path, t: SystemTime) -> std::io::Result<()> {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    rustix::fs::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos().into() }
+    let ts = rustix::fs::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: d.subsec_nanos().into() };
+    let times = rustix::fs::Timestamps { last_access: ts, last_modification: ts };
+    Ok(rustix::fs::utimensat(rustix::fs::CWD, path, &times, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?)
 }
 
 /// Give every directory below `root` (`rel` within it) its zip time (`times`, by
@@ -191,7 +192,7 @@ fn set_dir_times(root: &Path, rel: &Path, times: &std::collections::HashMap<Path
         if e.file_type().map_err(err)?.is_dir() {
             let sub = rel.join(e.file_name());
             set_dir_times(root, &sub, times)?;
-            let t = times.get(&sub.components().collect::<PathBuf>()).copied().unwrap_or(UNIX_EPOCH + Duration::from_secs(DOS_EPOCH));
+            let t = times.get(&sub.components().collect::<PathBuf>()).copied().unwrap_or_else(|| entry_time(None));
             std::fs::File::open(root.join(&sub)).and_then(|f| f.set_modified(t)).map_err(|e| (root.join(&sub), e))?;
         }
     }

@@ -442,13 +442,13 @@ pub(crate) async fn read_span_as(remote: &Remote, s: &Span, check: Check) -> Res
     let key = pack_key(&s.pack);
     let data = read_range(remote, &key, s.start..s.end).await?;
     let object = remote.url.object_url(&key);
-    if s.end - s.start <= CHECK_INLINE {
-        return Ok((data.clone(), check_span(&object, s, data, check)?));
-    }
-    let s = s.clone();
-    tokio::task::spawn_blocking(move || Ok((data.clone(), check_span(&object, &s, data, check)?)))
-        .await
-        .map_err(|e| StoreError::Task { detail: e.to_string() })?
+    let parts = if s.end - s.start <= CHECK_INLINE {
+        check_span(&object, s, data.clone(), check)
+    } else {
+        let (s, stored) = (s.clone(), data.clone());
+        tokio::task::spawn_blocking(move || check_span(&object, &s, stored, check)).await.map_err(|e| StoreError::Task { detail: e.to_string() })?
+    };
+    Ok((data, parts?))
 }
 
 /// Whether `spans` (reads of one pack of `size` bytes, in any order, possibly

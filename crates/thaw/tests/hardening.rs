@@ -195,9 +195,8 @@ fn a_changed_bundle_refuses_the_restore() {
 /// over a copy that differs, naming both.
 #[test]
 fn a_snapshot_restores_over_its_bundle_copied_elsewhere() {
-    let (snap, o) = create("moving", "import helper\n\ndef handler(e, c):\n    return helper.V\n");
-    assert!(!o.status.success(), "helper.py does not exist yet");
-    let code = bundle("moving", &[("helper.py", "V = 7\n")]);
+    let code = bundle("moving", &[("handler.py", "import helper\n\ndef handler(e, c):\n    return helper.V\n"), ("helper.py", "V = 7\n")]);
+    let snap = scratch().join("snap-moving");
     ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     let here = scratch().join("moved-bundle");
     let _ = std::fs::remove_dir_all(&here);

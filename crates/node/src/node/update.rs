@@ -29,7 +29,7 @@ pub struct ConfigChange {
 
 impl ConfigChange {
     /// Whether applying it to `r` changes what the snapshot holds.
-    fn rebuilds(&self, r: &FunctionRecord) -> bool {
+    pub fn rebuilds(&self, r: &FunctionRecord) -> bool {
         self.runtime.as_ref().is_some_and(|v| *v != r.runtime)
             || self.handler.as_ref().is_some_and(|v| *v != r.handler)
             || self.memory_mb.is_some_and(|v| v != r.memory_mb)
