@@ -9,6 +9,29 @@ cd "$ROOT"
 bash scripts/setup.sh || { echo "test: set-up failed" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
 
+# The tests write snapshots, MinIO buckets and etcd data under the temporary directory;
+# MinIO refuses every write once its drive is nearly full, which reads as many unrelated
+# failures. Say how much room there is, and warn early.
+tmp="${TMPDIR:-/tmp}"
+free_kib=$(df -Pk "$tmp" | awk 'NR == 2 { print $4 }')
+echo "test: $((free_kib / 1024 / 1024)) GiB free in $tmp"
+if [ "${free_kib:-0}" -lt $((8 * 1024 * 1024)) ]; then
+    echo "test: WARNING: less than 8 GiB free in $tmp; the store and cluster tests need room (MinIO refuses writes on a nearly full drive)" >&2
+fi
+
+# Scratch directories of test binaries whose process has ended (thaw-CRATE-PID-XXXXXX,
+# crates/thaw/tests/common/mod.rs): removed at the start and at the end of the run.
+sweep_scratch() {
+    local d pid
+    for d in "$tmp"/thaw-*-[0-9]*-*; do
+        [ -d "$d" ] || continue
+        pid="${d%-*}"; pid="${pid##*-}"
+        case "$pid" in *[!0-9]*|'') continue ;; esac
+        [ -e "/proc/$pid" ] || rm -rf -- "$d"
+    done
+}
+sweep_scratch
+
 echo "== Module map (no new import circle inside a crate; scripts/modmap.py)"
 python3 scripts/modmap.py
 mods=$?
@@ -27,6 +50,8 @@ secs="${THAW_FUZZ_SECONDS:-15}"
 echo "== Fuzzing (cargo-fuzz + AddressSanitizer, $secs s per target)"
 CARGO_TARGET_DIR="${THAW_CACHE_DIR:-/var/cache/thaw}/fuzz-target" bash scripts/fuzz.sh "$secs"
 fz=$?
+
+sweep_scratch
 
 if [ $mods -ne 0 ] || [ $rust -ne 0 ] || [ $py -ne 0 ] || [ $fz -ne 0 ]; then
     echo "test: FAILED (modmap exit $mods, cargo exit $rust, pytest exit $py, fuzz exit $fz)" >&2

@@ -18,11 +18,33 @@ pub fn sample(name: &str) -> PathBuf {
     p
 }
 
-/// A scratch directory shared by the tests of this binary (data dir, snapshots).
+/// A scratch directory shared by the tests of this binary (data dir, snapshots), named
+/// `thaw-CRATE-PID-XXXXXX` in the temporary directory.
+///
+/// A static is never dropped, so the directory outlives the run; the next run of the same
+/// binary removes every such directory whose process has ended (`scripts/test.sh` sweeps
+/// them all at its end). Without this, each run left up to a gigabyte behind and the disk
+/// filled until MinIO refused writes.
 pub fn scratch() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::Builder::new().prefix(&format!("thaw-{}-", env!("CARGO_CRATE_NAME"))).tempdir().unwrap())
-        .path()
+    DIR.get_or_init(|| {
+        let prefix = format!("thaw-{}-", env!("CARGO_CRATE_NAME"));
+        sweep_ended(&std::env::temp_dir(), &prefix);
+        tempfile::Builder::new().prefix(&format!("{prefix}{}-", std::process::id())).tempdir().unwrap()
+    })
+    .path()
+}
+
+/// Remove the scratch directories `PREFIX<pid>-*` in `tmp` whose process no longer exists.
+fn sweep_ended(tmp: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(tmp) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((pid, _)) = name.strip_prefix(prefix).and_then(|rest| rest.split_once('-')) else { continue };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Run the `thaw` binary with this binary's data directory.
