@@ -28,7 +28,9 @@
 //! (Ready False, reason BuildFailed, the node's reason), and the others stop waiting:
 //! their own build fails the same way and their node says why. `spec.snapshotManifest` pins a snapshot for every agent. An update of the
 //! code or of what the snapshot holds (runtime, handler, memory, environment) is a new
-//! generation: built once again the same way.
+//! generation: built once again the same way. A function whose runtime is not
+//! snapshotted (custom runtimes) is deployed by every agent at once, served by cold
+//! boots; its builder records Ready True, reason ColdBoot.
 //!
 //! The follower reconciles on every watch event and every [`RESYNC`] (what failed —
 //! the store down, a build still running — is tried again then); a failure is logged
@@ -336,9 +338,10 @@ impl Follower {
     /// there is no view of the agents, or the builder published nothing in
     /// [`BUILD_WAIT`]), None not yet (waiting for the builder).
     fn snapshot_to_use(&mut self, w: &Wanted, agents: Option<&Builders>) -> Option<Option<String>> {
-        if w.snapshot.is_some() {
+        if w.snapshot.is_some() || w.unsnapshotted {
+            // A runtime that is not snapshotted: every agent boots it, no build to wait for.
             self.waiting.retain(|(f, _), _| *f != w.name);
-            return Some(w.snapshot.clone());
+            return Some(w.snapshot.clone().filter(|_| !w.unsnapshotted));
         }
         if agents.is_some() && self.started.elapsed() < SETTLE && !w.build_failed {
             debug!(function = %w.name, "letting the other agents advertise before choosing its builder");
@@ -381,6 +384,15 @@ impl Follower {
         // Only once the function serves this generation (not while a build of it runs:
         // the revision serving meanwhile is an older one).
         if rec.state != "Active" || rec.last_update_status != "Successful" || !current {
+            return Ok(());
+        }
+        // Served by cold boots: the builder says it is ready, and that no snapshot comes.
+        if w.unsnapshotted {
+            if !w.cold_boot_ready && builder.is_none_or(|b| b == self.node_name) {
+                let condition = json!({"type": "Ready", "status": "True", "reason": crate::registry::COLD_BOOT, "message": format!("deployed; served by cold boots ({})", thaw_node::api::UNSNAPSHOTTED)});
+                self.patch_status(w, None, condition).await.map_err(|e| format!("recording in its status that it is served by cold boots: {e}"))?;
+                info!(function = %w.name, generation = w.generation, "served by cold boots (its runtime is not snapshotted); recorded in the ThawFunction's status");
+            }
             return Ok(());
         }
         // An agent serving the builder's snapshot follows it when published again.

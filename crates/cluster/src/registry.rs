@@ -20,6 +20,10 @@ use thaw_node::node::FunctionSpec;
 /// What the description of a function deployed from the registry starts with.
 pub const MARKER: &str = "ThawFunction ";
 
+/// The Ready condition's reason for a function served by cold boots (its runtime cannot
+/// be snapshotted): deployed, and no snapshot will be published.
+pub const COLD_BOOT: &str = "ColdBoot";
+
 pub fn thawfunction_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("thaw.dev", "v1alpha1", "ThawFunction"), "thawfunctions")
 }
@@ -50,6 +54,12 @@ pub struct Wanted {
     /// The builder's build of this generation failed (Ready=False, BuildFailed): the
     /// other agents stop waiting for a snapshot (their own build says why too).
     pub build_failed: bool,
+    /// Its runtime's instances cannot be snapshotted (custom runtimes): every agent
+    /// cold-boots it, none waits for a build.
+    pub unsnapshotted: bool,
+    /// Ready=True for this generation, reason ColdBoot: the builder said it serves by
+    /// cold boots.
+    pub cold_boot_ready: bool,
 }
 
 impl Wanted {
@@ -86,14 +96,20 @@ impl Wanted {
         let pinned = spec["snapshotManifest"].as_str().filter(|id| !id.is_empty()).map(str::to_string);
         let snapshot = pinned.or_else(|| published.clone().filter(|(_, g)| *g == generation).map(|(id, _)| id));
         let ready = obj.data["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Ready")).cloned().unwrap_or_default();
-        let build_failed = ready["status"] == "False" && ready["reason"] == "BuildFailed" && ready["observedGeneration"].as_i64() == Some(generation);
+        let this_generation = ready["observedGeneration"].as_i64() == Some(generation);
+        let build_failed = ready["status"] == "False" && ready["reason"] == "BuildFailed" && this_generation;
+        let cold_boot_ready = ready["status"] == "True" && ready["reason"] == COLD_BOOT && this_generation;
+        let runtime = text("runtime")?;
+        let unsnapshotted = thaw_node::runtimes::engine_runtime(&runtime).is_some_and(|r| !r.snapshots());
         Ok(Wanted {
             namespace: ns.clone(),
             generation,
             snapshot,
             published,
             build_failed,
-            runtime: text("runtime")?,
+            unsnapshotted,
+            cold_boot_ready,
+            runtime,
             handler: text("handler")?,
             memory_mb: spec["memory"].as_u64().unwrap_or(128),
             timeout_s: spec["timeout"].as_u64().unwrap_or(3),

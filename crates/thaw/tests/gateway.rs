@@ -328,7 +328,10 @@ fn k8s_openapi_time(secs: u64) -> String {
 /// A zip of `files` (name, text), made with Python's zipfile (as a user's tooling would).
 fn zip_of(dir: &Path, name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
     let out = dir.join(name);
-    let py = "import json, sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\nfor n, t in json.loads(sys.argv[2]): z.writestr(n, t)\nz.close()\n";
+    // A custom runtime's `bootstrap` is executable, as a user's zip would have it.
+    let py = "import json, sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\nfor n, t in json.loads(sys.argv[2]):\n    \
+              i = zipfile.ZipInfo(n, (1980, 1, 1, 0, 0, 0))\n    i.external_attr = (0o100755 if n == 'bootstrap' else 0o100644) << 16\n    \
+              z.writestr(i, t)\nz.close()\n";
     let files = serde_json::to_string(files).unwrap();
     let st = Command::new("python3").args(["-c", py, out.to_str().unwrap(), &files]).status().unwrap();
     assert!(st.success(), "making {name}");
@@ -490,6 +493,37 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
         }
     }
     kubectl(&cp, &["delete", "thawfunction", "broken"], None);
+
+    // A custom runtime (not snapshotted): every agent deploys it at once and serves it by
+    // cold boots, none waits for a snapshot that will not come (they would for 60 s);
+    // its builder says so in the status (Ready True, ColdBoot).
+    let bootstrap = "#!/usr/bin/python3\nimport json, os, urllib.request\n\
+                     api = 'http://' + os.environ['AWS_LAMBDA_RUNTIME_API'] + '/2018-06-01/runtime'\n\
+                     while True:\n\
+                     \x20   r = urllib.request.urlopen(api + '/invocation/next')\n\
+                     \x20   rid = r.headers['Lambda-Runtime-Aws-Request-Id']\n\
+                     \x20   body = json.dumps({'custom': os.environ['_HANDLER']}).encode()\n\
+                     \x20   urllib.request.urlopen(urllib.request.Request(api + '/invocation/' + rid + '/response', data=body, method='POST'))\n";
+    let custom = zip_of(tmp.path(), "custom.zip", &[("bootstrap", bootstrap)]);
+    let (ckey, csha) = bundle_push(&m, &custom, "s3://registry");
+    let applied = Instant::now();
+    kubectl(&cp, &["apply", "-f", "-"], Some(&thawfunction("custom", &ckey, &csha).replace("python3.12", "provided.al2023")));
+    for port in ports {
+        let body = invoke_until(port, "custom", "the custom runtime on each agent", |st, _| st == 200);
+        assert!(body.contains("\"custom\": \"app.handler\""), "{body}");
+    }
+    let waited = applied.elapsed();
+    assert!(waited < thaw_cluster::follow::BUILD_WAIT / 2, "an agent waited for a build: {waited:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = kubectl(&cp, &["get", "thawfunction", "custom", "-o", "jsonpath={.status.conditions[0].status} {.status.conditions[0].reason} {.status.snapshot.id}"], None);
+        if st.trim() == "True ColdBoot" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not recorded as served by cold boots: {st:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    kubectl(&cp, &["delete", "thawfunction", "custom"], None);
 
     // New code in the object: deployed.
     kubectl(&cp, &["patch", "thawfunction", "hello", "--type=merge", "-p", &format!("{{\"spec\":{{\"code\":{{\"key\":\"{key2}\",\"sha256\":\"{sha2}\"}}}}}}")], None);
