@@ -775,7 +775,16 @@ impl Instance {
             let _ = self.sandbox.kill();
             return Err(crate::reset::ResetError::NotTracked("it was restored from another snapshot".into()).into());
         }
-        let mut st = crate::reset::reset(self.sandbox.pid(), &snap.image, &snap.source, tracking, stats)?;
+        // The sandbox's processes but its init and the instance: what the tenant started.
+        let (main, init) = (self.sandbox.pid(), self.sandbox.init_pid());
+        let others: Vec<i32> = match self.sandbox.cgroup().pids() {
+            Ok(p) => p.into_iter().filter(|&p| p != main && p != init).collect(),
+            Err(e) => {
+                let _ = self.sandbox.kill();
+                return Err(crate::reset::ResetError::Children { pid: main, what: format!("listing the sandbox's processes: {e}") }.into());
+            }
+        };
+        let mut st = crate::reset::reset(main, &others, &snap.image, &snap.source, tracking, stats)?;
         let _ = self.channel.take_logs();
         // Whatever the previous tenant left on the control channel is dropped (and any
         // frame it could still produce lacks the next request's nonce).

@@ -8,10 +8,16 @@
 //! pages write-protected (`UFFDIO_COPY_MODE_WP`), so faulting in is not writing.
 //! The layout (maps), descriptor table and cwd at that point are the baseline.
 //!
-//! Reset ([`reset`]): seize every thread; anything we cannot put back is refused
+//! Reset ([`reset`]): what real handlers leave behind goes first (issue #30): the
+//! sandbox's other processes (children, double-forked daemons) are killed, then every
+//! thread is seized, the threads started since the restore end (each runs `exit`),
+//! the killed children are reaped by the process itself (an injected `wait4`), and
+//! POSIX timers created since are deleted. Anything we cannot put back is refused
 //! with a [`ResetError`] and the instance is killed (fail closed: the caller
-//! restores a fresh one). Otherwise: unmap mappings created since, restore brk,
-//! close new descriptors, rewind file offsets, cwd, umask, a fresh /tmp; the
+//! restores a fresh one). Otherwise: unmap mappings created since (the ended
+//! threads' stacks among them), restore brk,
+//! close new descriptors (the ended threads' and children's sockets, pipes, timerfds
+//! among them), rewind file offsets, cwd, umask, a fresh /tmp; the
 //! page server forgets released ranges; PAGEMAP_SCAN lists written pages, which
 //! are rewritten from the image (or from the mapped file, or zero) and
 //! write-protected again; every thread's registers, FPU/SIMD state and signal mask
@@ -47,8 +53,8 @@ pub enum ResetError {
     Io { pid: i32, what: String, #[source] source: io::Error },
     #[error("instance {pid}: {found} threads, the snapshot had {expected} (threads started since are not reset)")]
     Threads { pid: i32, expected: usize, found: usize },
-    #[error("instance {pid}: child processes were created since the restore")]
-    Children { pid: i32 },
+    #[error("instance {pid}: child processes were created since the restore and could not be ended: {what}")]
+    Children { pid: i32, what: String },
     #[error("instance {pid}: signals are pending (thread {pending:#x}, process {shared:#x})")]
     PendingSignals { pid: i32, pending: u64, shared: u64 },
     #[error("instance {pid}: changed since the restore, and not put back by a reset: {what}")]
@@ -93,13 +99,25 @@ pub struct Tracking {
     limits: String,
 }
 
-/// /proc/PID/status lines a reset refuses to see changed: signal dispositions
-/// (ignored / caught), seccomp, no-new-privs, capabilities.
+/// /proc/PID/status lines a reset watches: signal dispositions (ignored / caught: put
+/// back from the image when changed), seccomp, no-new-privs, capabilities (a change
+/// refuses the reset).
 const GUARDED: [&str; 6] = ["SigIgn:", "SigCgt:", "Seccomp:", "NoNewPrivs:", "CapEff:", "CapBnd:"];
 
 fn guarded(pid: i32) -> io::Result<Vec<String>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     Ok(text.lines().filter(|l| GUARDED.iter().any(|g| l.starts_with(g))).map(str::to_string).collect())
+}
+
+/// The signals (numbers) whose disposition — ignored, caught, default — differs
+/// between two readings of [`GUARDED`] (SigIgn and SigCgt masks; SIGKILL and SIGSTOP
+/// cannot change).
+fn changed_dispositions(before: &[String], now: &[String]) -> Vec<u32> {
+    let mask = |lines: &[String], key: &str| {
+        lines.iter().find_map(|l| l.strip_prefix(key)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0)
+    };
+    let diff = (mask(before, "SigIgn:") ^ mask(now, "SigIgn:")) | (mask(before, "SigCgt:") ^ mask(now, "SigCgt:"));
+    (0..64u32).filter(|b| diff & (1 << b) != 0).map(|b| b + 1).filter(|&s| s != libc::SIGKILL as u32 && s != libc::SIGSTOP as u32).collect()
 }
 
 /// Arguments for injected syscalls, laid out to be written in one go.
@@ -137,6 +155,14 @@ pub struct ResetStats {
     pub pages_written_back: u64,
     pub mappings_unmapped: u64,
     pub fds_closed: u64,
+    /// Threads started since the restore, ended.
+    pub threads_ended: u64,
+    /// Other processes of the sandbox (children, daemons) killed.
+    pub processes_killed: u64,
+    /// POSIX timers created since the restore, deleted.
+    pub timers_deleted: u64,
+    /// Signal dispositions changed since the restore, put back.
+    pub signals_reset: u64,
     pub tmp_reset: bool,
     /// The tenant changed resource limits; the image's were put back.
     pub limits_reset: bool,
@@ -284,12 +310,48 @@ fn closable(target: &str) -> bool {
             .any(|p| target.starts_with(p))
 }
 
-/// Reset the instance `pid` (not traced, idle between invocations) to `img`. On
+/// How long killed processes of the sandbox get to exit.
+const KILL_WAIT_MS: u16 = 2000;
+
+/// SIGKILL `others` (host pids) that are still in `pid`'s cgroup, and wait until
+/// each has exited. Returns how many were killed. (Each is opened as a pidfd, then
+/// checked to be in the instance's cgroup: a pid reused since the listing is never
+/// signalled.)
+fn kill_others(pid: i32, others: &[i32]) -> Result<u64, ResetError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let cgroup = |p: i32| std::fs::read_to_string(format!("/proc/{p}/cgroup"));
+    let ours = cgroup(pid).map_err(|source| ResetError::Io { pid, what: "reading its cgroup".into(), source })?;
+    let mut killed = Vec::new();
+    for &p in others {
+        let Ok(fd) = crate::sys::mem::pidfd_open(p) else { continue };
+        if cgroup(p).ok().as_ref() != Some(&ours) {
+            continue;
+        }
+        match crate::sys::mem::pidfd_kill(fd.as_fd()) {
+            Ok(()) => killed.push((p, fd)),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(source) => return Err(ResetError::Io { pid, what: format!("killing process {p} of the sandbox"), source }),
+        }
+    }
+    let deadline = Instant::now() + std::time::Duration::from_millis(KILL_WAIT_MS.into());
+    for (p, fd) in &killed {
+        let left = deadline.saturating_duration_since(Instant::now()).as_millis().min(u128::from(KILL_WAIT_MS)) as u16;
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        if !matches!(poll(&mut fds, PollTimeout::from(left)), Ok(n) if n > 0) {
+            return Err(ResetError::Children { pid, what: format!("process {p} did not exit within {KILL_WAIT_MS} ms of SIGKILL") });
+        }
+    }
+    Ok(killed.len() as u64)
+}
+
+/// Reset the instance `pid` (not traced, idle between invocations) to `img`.
+/// `others`: the host pids of the other processes in its sandbox (all but its init
+/// and itself: children it started, daemons they left), which are killed. On
 /// error the process has been killed (and its threads reaped): the caller discards
 /// the instance. Must run on one thread from start to end (it becomes the tracer).
-pub fn reset(pid: i32, img: &ProcessImage, source: &PageSource, t: &Tracking, stats: &Stats) -> Result<ResetStats, ResetError> {
+pub fn reset(pid: i32, others: &[i32], img: &ProcessImage, source: &PageSource, t: &Tracking, stats: &Stats) -> Result<ResetStats, ResetError> {
     let mut traced = Vec::new();
-    let r = reset_inner(pid, img, source, t, stats, &mut traced);
+    let r = reset_inner(pid, others, img, source, t, stats, &mut traced);
     match &r {
         Ok(_) => {}
         Err(e) => {
@@ -302,6 +364,7 @@ pub fn reset(pid: i32, img: &ProcessImage, source: &PageSource, t: &Tracking, st
 
 fn reset_inner(
     pid: i32,
+    others: &[i32],
     img: &ProcessImage,
     source: &PageSource,
     t: &Tracking,
@@ -321,51 +384,90 @@ fn reset_inner(
     };
     let inj = |source| ResetError::Inject { pid, source };
 
-    // ---- Stop every thread; the set of threads must be the image's.
+    // ---- The sandbox's other processes: killed (their exit is not reported to the
+    //      instance as a signal: it is not traced yet, and SIGCHLD's default is to
+    //      discard it).
+    out.processes_killed = kill_others(pid, others)?;
+    phase("processes", &mut out);
+
+    // ---- Stop every thread; the image's must all be there, those started since end.
     let tids = procfs::tids(pid).map_err(ioe("listing threads"))?;
     for &tid in &tids {
         traced.push(Tracee::seize_and_stop(tid).map_err(ioe(&format!("seizing thread {tid} (is another tracer attached?)")))?);
     }
     // A thread may have started between the listing and the stops.
     let again = procfs::tids(pid).map_err(ioe("listing threads"))?;
-    if again.len() != img.threads.len() || tids.len() != img.threads.len() {
+    if again.len() != tids.len() {
         return Err(ResetError::Threads { pid, expected: img.threads.len(), found: again.len().max(tids.len()) });
     }
     let mut by_thread = Vec::with_capacity(tids.len());
+    let mut extra = Vec::new();
     let mut main_umask = img.umask;
     for (tr, &tid) in traced.iter().zip(&tids) {
         let st = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
         let ns_tid = *st.nspid.last().unwrap_or(&tid);
-        let image = img.threads.iter().find(|x| x.tid == ns_tid).ok_or(ResetError::Threads {
-            pid,
-            expected: img.threads.len(),
-            found: tids.len(),
-        })?;
+        let Some(image) = img.threads.iter().find(|x| x.tid == ns_tid) else {
+            extra.push(*tr);
+            continue;
+        };
         if tid == pid {
             main_umask = st.umask;
         }
+        by_thread.push((*tr, image));
+    }
+    if by_thread.len() != img.threads.len() || by_thread.first().is_none_or(|(tr, _)| tr.pid.as_raw() != pid) {
+        return Err(ResetError::Threads { pid, expected: img.threads.len(), found: by_thread.len() });
+    }
+    let main = traced[0];
+    let insn = t.syscall_insn;
+    // Threads started since the restore: each runs exit() where it stands. What it
+    // held in memory goes back with the memory below; its stack is a mapping created
+    // since, unmapped below; its descriptors are the process's, closed below.
+    for tr in &extra {
+        tr.exit_thread(insn).map_err(ioe(&format!("ending thread {} (started since the restore)", tr.pid)))?;
+        traced.retain(|x| x.pid != tr.pid);
+        out.threads_ended += 1;
+    }
+    // Children killed above are zombies until their parent reaps them: the process
+    // reaps them itself (the snapshot had no children, so any child is one).
+    loop {
+        let call = Call::new("wait4(killed child)", libc::SYS_wait4, &[u64::MAX, 0, (libc::WNOHANG | libc::__WALL) as u64, 0]);
+        match inject::single(&main, insn, call) {
+            Ok(r) if r > 0 => continue,
+            Ok(_) => break,
+            Err(InjectError::Syscall { err, .. }) if err.raw_os_error() == Some(libc::ECHILD) => break,
+            Err(e) => return Err(inj(e)),
+        }
+    }
+    for (tr, _) in &by_thread {
+        let st = procfs::thread_status(pid, tr.pid.as_raw()).map_err(ioe("reading thread status"))?;
         if st.sig_pending != 0 || st.shared_pending != 0 {
             return Err(ResetError::PendingSignals { pid, pending: st.sig_pending, shared: st.shared_pending });
         }
+    }
+    for &tid in &procfs::tids(pid).map_err(ioe("listing threads"))? {
         let children = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).map_err(ioe("reading children"))?;
         if !children.trim().is_empty() {
-            return Err(ResetError::Children { pid });
+            return Err(ResetError::Children { pid, what: format!("still running after the kill: {}", children.trim()) });
         }
-        by_thread.push((*tr, image));
     }
-    let main = traced[0];
     let now = guarded(pid).map_err(ioe("reading status"))?;
-    if now != t.guarded {
-        let what: Vec<String> = now.iter().filter(|l| !t.guarded.contains(l)).cloned().collect();
+    // Signal dispositions a handler changed (a signal handler installed; glibc's own
+    // when the first thread starts) go back to the image's; anything else guarded
+    // refuses.
+    let changed_signals = changed_dispositions(&t.guarded, &now);
+    let dispositions = |l: &&String| l.starts_with("SigIgn:") || l.starts_with("SigCgt:");
+    if now.iter().filter(|l| !dispositions(l)).ne(t.guarded.iter().filter(|l| !dispositions(l))) {
+        let what: Vec<String> = now.iter().filter(|l| !t.guarded.contains(l) && !dispositions(l)).cloned().collect();
         return Err(ResetError::Attributes { pid, what: what.join(", ") });
     }
     let timers = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
     if !img.attrs.posix_timers.is_empty() {
         return Err(ResetError::Attributes { pid, what: "POSIX timers of the snapshot (a reset does not rewind them)".into() });
     }
-    if !timers.trim().is_empty() {
-        return Err(ResetError::Attributes { pid, what: "POSIX timers were created".into() });
-    }
+    // POSIX timers created since (the snapshot has none): deleted below, with the
+    // layout's calls.
+    let new_timers: Vec<u64> = timers.lines().filter_map(|l| l.strip_prefix("ID:")?.trim().parse().ok()).collect();
     phase("stop", &mut out);
 
     // ---- Layout: what is new goes, the rest must be exactly the baseline.
@@ -376,8 +478,8 @@ fn reset_inner(
         procfs::parse_maps(&maps_text).ok_or_else(|| ResetError::Layout { pid, what: "unparsable maps".into() })?
     };
     let mem = ProcMem::open(pid, true).map_err(ioe("opening /proc/PID/mem"))?;
-    let insn = t.syscall_insn;
-    let mut calls = Vec::new();
+    let mut calls: Vec<Call> = new_timers.iter().map(|&id| Call::new("timer_delete", libc::SYS_timer_delete, &[id])).collect();
+    out.timers_deleted = new_timers.len() as u64;
     let mut brk = false;
     let mut layout_calls = false;
     let mut reprotect: Vec<&MapEntry> = Vec::new();
@@ -524,6 +626,16 @@ fn reset_inner(
             scratch.push(&[ss.sp.to_le_bytes(), (ss.flags as i64).to_le_bytes(), ss.size.to_le_bytes()].concat())
         })
         .collect();
+    // Signal dispositions as in the image (SIG_DFL where it has none).
+    let sigactions: Vec<(u32, usize)> = changed_signals
+        .iter()
+        .map(|&sig| {
+            let sa = img.sigactions.iter().find(|a| a.sig == sig);
+            let words = sa.map_or([0; 4], |a| [a.handler, a.flags, a.restorer, a.mask]);
+            (sig, scratch.push(&words.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>()))
+        })
+        .collect();
+    out.signals_reset = sigactions.len() as u64;
     // Eventfd counters as restored: an 8-byte buffer to read into, one per value to write.
     let drain_buf = scratch.push(&[0u8; 8]);
     let counters: Vec<usize> = eventfd_fixes.iter().map(|&(_, _, want)| scratch.push(&want.to_le_bytes())).collect();
@@ -577,6 +689,9 @@ fn reset_inner(
     }
     for &(res, off) in &rlimits {
         calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, arg(off), 0]));
+    }
+    for &(sig, off) in &sigactions {
+        calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig as u64, arg(off), 0, 8]));
     }
     for &(fd, its, ticks, ticks_at) in &timerfds {
         calls.push(Call::new("timerfd_settime", libc::SYS_timerfd_settime, &[fd as u64, 0, arg(its), 0]));

@@ -64,6 +64,7 @@ def altstack():
     LIBC.sigaltstack(None, ctypes.byref(old))
     return [old.ss_sp or 0, old.ss_flags, old.ss_size]
 CACHE = {}
+KEEP = []
 BIG = []
 ALT = []
 FDS = []
@@ -86,6 +87,10 @@ def handler(event, context):
         "eventfd": efd_value(),
         "timerfd": tfd_left(),
         "socketpair": sock_unread(),
+        "tasks": len(os.listdir("/proc/self/task")),
+        "procs": sorted(p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())),
+        "timers": sum(1 for l in open("/proc/self/timers") if l.startswith("ID:")),
+        "signals": [l for l in open("/proc/self/status") if l.startswith(("SigIgn:", "SigCgt:"))],
     }
     do = event.get("do", "gcbfetdwuirav")
     if "g" in do:
@@ -143,6 +148,27 @@ def handler(event, context):
         signal.signal(signal.SIGUSR2, lambda *a: None)
     elif extra == "sockdata":
         SP_A.send(c.encode())
+    elif extra == "pool":
+        import concurrent.futures
+        KEEP.append(concurrent.futures.ThreadPoolExecutor(4))
+        list(KEEP[-1].map(lambda x: threading.Event().wait(0.05), range(8)))
+    elif extra == "child":
+        import subprocess, sys
+        KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"]))
+    elif extra == "daemon":
+        if os.fork() == 0:
+            if os.fork() == 0:
+                os.setsid()
+                threading.Event().wait(1000)
+            os._exit(0)
+        os.wait()
+    elif extra == "ptimer":
+        sev = ctypes.create_string_buffer(64)
+        sev[12] = 1  # sigev_notify = SIGEV_NONE
+        tid = ctypes.c_int(-1)
+        if LIBC.syscall(222, 1, sev, ctypes.byref(tid)) != 0:  # timer_create(CLOCK_MONOTONIC)
+            raise OSError(ctypes.get_errno(), "timer_create")
+        LIBC.syscall(223, tid, 0, ctypes.byref(Itimerspec(0, 0, 1000, 0)), None)  # timer_settime
     return seen
 "#;
 
@@ -255,12 +281,34 @@ fn consecutive_and_noop_resets_leave_the_instance_answering_identically() {
     }
 }
 
+/// What everyday handlers leave behind (issue #30): a background thread, a thread
+/// pool, a child process, a double-forked daemon in a session of its own, a POSIX
+/// timer, a signal handler. A reset ends them all (the handler's disposition goes
+/// back to the image's); the next invocation sees the threads, processes and
+/// timers of the snapshot, and nothing else.
+#[test]
+fn threads_children_daemons_and_timers_left_behind_are_reset() {
+    for (extra, field, at_least) in
+        [("thread", "threads_ended", 1), ("pool", "threads_ended", 2), ("child", "processes_killed", 1), ("daemon", "processes_killed", 1), ("ptimer", "timers_deleted", 1), ("signal", "signals_reset", 1)]
+    {
+        let (answers, stats) = run(&payload(Some(extra)), &["--invocations", "3", "--reset"]);
+        assert_eq!(answers.len(), 3, "{extra}: every invocation answered");
+        let first = &answers[0];
+        assert_eq!((first["procs"].as_array().map(Vec::len), &first["timers"]), (Some(1), &serde_json::json!(0)), "{extra}: only the sandbox's init beside it: {first}");
+        assert!(answers.iter().all(|a| a == first), "{extra}: an invocation saw what the one before left: {answers:?}");
+        let resets = stats["resets"].as_array().unwrap();
+        assert_eq!(resets.len(), 2, "{stats}");
+        for r in resets {
+            assert!(r.get("discarded").is_none(), "{extra}: the reset was refused: {r}");
+            assert!(r[field].as_u64().unwrap() >= at_least, "{extra}: {field} in {r}");
+        }
+    }
+}
+
 #[test]
 fn what_a_reset_cannot_take_back_is_refused_and_a_fresh_restore_answers() {
     for (extra, reason) in [
-        ("thread", "threads"),
         ("pidfd", "anon_inode:[pidfd]"),
-        ("signal", "SigCgt"),
         ("epoll", "registrations"),
         ("sockdata", "socketpair holding data"),
     ] {

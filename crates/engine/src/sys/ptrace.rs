@@ -181,6 +181,28 @@ impl Tracee {
     pub fn detach(&self) -> io::Result<()> {
         nptrace::detach(self.pid, None).map_err(nix_io)
     }
+
+    /// End this thread (not the leader): it runs `exit(0)` (the thread alone, not
+    /// `exit_group`) at the `syscall` instruction at `insn`, as if it had returned
+    /// from its start routine without cleaning up; returns once it is gone (reaped).
+    /// Whatever it was blocked in is abandoned, not restarted.
+    pub fn exit_thread(&self, insn: u64) -> io::Result<()> {
+        let mut regs = self.get_regs()?;
+        regs.rip = insn;
+        regs.rax = libc::SYS_exit as u64;
+        regs.orig_rax = u64::MAX;
+        regs.rdi = 0;
+        self.set_regs(&regs)?;
+        self.cont()?;
+        loop {
+            match waitpid(self.pid, Some(WaitPidFlag::__WALL)).map_err(nix_io)? {
+                WaitStatus::Exited(..) | WaitStatus::Signaled(..) => return Ok(()),
+                // A stop on the way (a signal that was pending): go on to the exit.
+                WaitStatus::Stopped(..) | WaitStatus::PtraceEvent(..) | WaitStatus::PtraceSyscall(_) => self.cont()?,
+                _ => continue,
+            }
+        }
+    }
 }
 
 /// `get_robust_list(2)` of another thread: (head, len).
