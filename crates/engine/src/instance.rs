@@ -54,6 +54,8 @@ pub enum InstanceError {
     Freezer(#[source] Box<thaw_sandbox::CgroupError>),
     #[error("reset failed; the instance was discarded")]
     Reset(#[from] crate::reset::ResetError),
+    #[error("inspecting the instance")]
+    Inspect(#[from] crate::inspect::InspectError),
     #[error(transparent)]
     Layer(#[from] Box<crate::layers::LayerError>),
 }
@@ -804,6 +806,15 @@ impl Instance {
         st.reset_ms = t0.elapsed().as_secs_f64() * 1e3;
         info!(id = self.sandbox.id(), reset_ms = st.reset_ms, pages_written_back = st.pages_written_back, "reset");
         Ok(st)
+    }
+
+    /// The idle instance's layout, page contents, registers, descriptors and signal
+    /// state as named facts (see `inspect.rs`), for differential checks: after a reset
+    /// they must be a fresh restore's. `snap` must be the snapshot it was restored from.
+    pub fn inspect(&mut self, snap: &LoadedSnapshot) -> Result<std::collections::BTreeMap<String, String>, InstanceError> {
+        // A frozen instance cannot reach a ptrace stop.
+        self.thaw()?;
+        Ok(crate::inspect::state(self.sandbox.pid(), &snap.source)?)
     }
 
     /// How many times `needle` occurs in the instance's readable memory, read from

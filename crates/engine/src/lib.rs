@@ -15,6 +15,7 @@ pub mod instance;
 pub mod layered;
 pub mod layers;
 pub mod inject;
+pub mod inspect;
 pub mod pagefiles;
 pub mod pageserver;
 pub mod procfs;

@@ -164,6 +164,14 @@ enum SnapshotCmd {
         /// and report them in `--stats` as memory_matches (an isolation check).
         #[arg(long, value_name = "STRING")]
         search_memory: Option<String>,
+        /// Before each invocation (right after the restore, then after each reset or
+        /// the invocation before), write the idle instance's state into
+        /// DIR/state-N.json: its layout, a hash of every page, every thread's
+        /// registers, its descriptors and signal state, as named facts. Two such files
+        /// compare key by key (a differential check: a reset instance against a fresh
+        /// restore).
+        #[arg(long, value_name = "DIR")]
+        dump_state: Option<PathBuf>,
         /// After the invocations, reset the idle instance this many times in a row
         /// (nothing runs in between: no-op resets) and report each in `--stats`
         /// (noop_resets); the instance then answers once more to show it still works.
@@ -474,7 +482,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, noop_resets, share_memory, prepared_sandbox, code }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, dump_state, noop_resets, share_memory, prepared_sandbox, code }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
@@ -513,6 +521,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut cpu_first = 0.0;
             let mut ok = true;
             let mut resets = Vec::new();
+            if let Some(d) = &dump_state {
+                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            }
             for i in 0..invocations {
                 if reset && i > 0 {
                     let t = Instant::now();
@@ -531,6 +542,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                             resets.push(json!({"invocation": i + 1, "reset_ms": null, "discarded": reason, "restore_ms": ms(t.elapsed())}));
                         }
                     }
+                }
+                if let Some(d) = &dump_state {
+                    let facts = inst.inspect(&snap).context("reading the instance's state (--dump-state)")?;
+                    let path = d.join(format!("state-{i}.json"));
+                    std::fs::write(&path, serde_json::to_vec(&facts)?).with_context(|| format!("writing {}", path.display()))?;
                 }
                 let t = Instant::now();
                 let out = inst.invoke(&format!("restore-{}", i + 1), &payload, Duration::from_secs(inv.timeout));

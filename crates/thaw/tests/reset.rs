@@ -305,6 +305,62 @@ fn threads_children_daemons_and_timers_left_behind_are_reset() {
     }
 }
 
+/// The differential check (issue #30): `--dump-state` reads the idle instance at the
+/// ready point before each invocation — right after the restore, then after each reset
+/// — as named facts: every mapping, a hash of every page (a never-touched one as the
+/// image holds it), every thread's registers, extended state and signal mask, every
+/// descriptor with its flags and offset, signal dispositions and pending signals,
+/// timers, limits, cwd. After a reset they must all be the fresh restore's, but the
+/// pages the runtime itself writes answering the restore notice (marked `written`:
+/// reseeding), which must stay few. Without resets, the same reading tells the
+/// instance apart from its fresh self (the check can fail).
+///
+/// `registers`: whether threads' registers and extended state are compared too. Not for
+/// runtimes whose threads run on their own after the ready point (V8's platform
+/// threads and event loop, the JVM's VM and compiler threads): where each is when it
+/// is read is a matter of timing; their signal masks and pending signals still are.
+fn reset_is_a_fresh_restore(snap: &std::path::Path, name: &str, payload: &str, registers: bool) {
+    let dir = scratch().join(format!("dump-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    restore_with(snap, name, payload, &["--invocations", "3", "--reset", "--dump-state", dir.to_str().unwrap()]);
+    let read = |d: &std::path::Path, i: usize| -> std::collections::BTreeMap<String, String> {
+        serde_json::from_slice(&std::fs::read(d.join(format!("state-{i}.json"))).unwrap()).unwrap()
+    };
+    let differences = |a: &std::collections::BTreeMap<String, String>, b: &std::collections::BTreeMap<String, String>| -> Vec<String> {
+        let noted = |v: Option<&String>| v.is_some_and(|v| v.ends_with(" written"));
+        let timing = |k: &str| !registers && k.starts_with("thread:") && !k.ends_with(":sigmask") && !k.ends_with(":SigPnd") && !k.ends_with(":SigBlk");
+        a.keys()
+            .chain(b.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .filter(|k| a.get(*k) != b.get(*k) && !noted(a.get(*k)) && !noted(b.get(*k)) && !timing(k))
+            .map(|k| format!("{k}: {:?} -> {:?}", a.get(k), b.get(k)))
+            .collect()
+    };
+    let fresh = read(&dir, 0);
+    let pages = fresh.keys().filter(|k| k.starts_with("page:")).count();
+    let written = fresh.values().filter(|v| v.ends_with(" written")).count();
+    assert!(pages > 1000 && written * 20 < pages, "{name}: {pages} pages read, {written} written after the restore");
+    assert!(fresh.keys().any(|k| k.ends_with(":rip")) && fresh.keys().any(|k| k.starts_with("fd:")), "{name}: no registers or descriptors read");
+    for i in [1, 2] {
+        let d = differences(&fresh, &read(&dir, i));
+        assert!(d.is_empty(), "{name}: after reset {i}, {} facts differ from the fresh restore's: {:#?}", d.len(), &d[..d.len().min(20)]);
+    }
+    // The control: without resets, the instance after an invocation is not its fresh self.
+    let plain = scratch().join(format!("dump-{name}-plain"));
+    let _ = std::fs::remove_dir_all(&plain);
+    restore_with(snap, &format!("{name}-plain"), payload, &["--invocations", "2", "--dump-state", plain.to_str().unwrap()]);
+    let d = differences(&read(&plain, 0), &read(&plain, 1));
+    assert!(d.len() > 10, "{name}: an invocation changed nothing the reading sees: {d:?}");
+}
+
+#[test]
+fn a_reset_instance_is_a_fresh_restore_fact_for_fact() {
+    for extra in [None, Some("thread"), Some("pool"), Some("child"), Some("daemon"), Some("ptimer"), Some("signal")] {
+        reset_is_a_fresh_restore(&snapshot(), &format!("python-{}", extra.unwrap_or("canaries")), &payload(extra), true);
+    }
+}
+
 #[test]
 fn what_a_reset_cannot_take_back_is_refused_and_a_fresh_restore_answers() {
     for (extra, reason) in [
@@ -371,6 +427,7 @@ fn nodejs_instances_reset_to_a_clean_state_too() {
         assert!(r.get("discarded").is_none(), "a Node.js reset was refused: {r}");
     }
     assert_eq!(stats["memory_matches"], 0, "{stats}");
+    reset_is_a_fresh_restore(&snap, "nodejs", &payload(None), false);
 }
 
 /// The same from a Java function: static fields, a large array on the heap and a
@@ -440,4 +497,5 @@ fn java_instances_reset_to_a_clean_state_too() {
         assert!(r["mappings_reprotected"].as_u64() > Some(0), "the heap did not grow: {r}");
     }
     assert_eq!(stats["memory_matches"], 0, "{stats}");
+    reset_is_a_fresh_restore(&snap, "java", &grow, false);
 }
