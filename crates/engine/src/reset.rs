@@ -319,6 +319,9 @@ const KILL_WAIT_MS: u16 = 2000;
 /// signalled.)
 fn kill_others(pid: i32, others: &[i32]) -> Result<u64, ResetError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    if others.is_empty() {
+        return Ok(0);
+    }
     let cgroup = |p: i32| std::fs::read_to_string(format!("/proc/{p}/cgroup"));
     let ours = cgroup(pid).map_err(|source| ResetError::Io { pid, what: "reading its cgroup".into(), source })?;
     let mut killed = Vec::new();
@@ -413,6 +416,9 @@ fn reset_inner(
         if tid == pid {
             main_umask = st.umask;
         }
+        if st.sig_pending != 0 || st.shared_pending != 0 {
+            return Err(ResetError::PendingSignals { pid, pending: st.sig_pending, shared: st.shared_pending });
+        }
         by_thread.push((*tr, image));
     }
     if by_thread.len() != img.threads.len() || by_thread.first().is_none_or(|(tr, _)| tr.pid.as_raw() != pid) {
@@ -429,26 +435,29 @@ fn reset_inner(
         out.threads_ended += 1;
     }
     // Children killed above are zombies until their parent reaps them: the process
-    // reaps them itself (the snapshot had no children, so any child is one).
-    loop {
-        let call = Call::new("wait4(killed child)", libc::SYS_wait4, &[u64::MAX, 0, (libc::WNOHANG | libc::__WALL) as u64, 0]);
-        match inject::single(&main, insn, call) {
-            Ok(r) if r > 0 => continue,
-            Ok(_) => break,
-            Err(InjectError::Syscall { err, .. }) if err.raw_os_error() == Some(libc::ECHILD) => break,
-            Err(e) => return Err(inj(e)),
+    // reaps them itself (the snapshot had no children, so any child is one). The
+    // children of a thread that ended are its remaining threads' now.
+    let children = |by_thread: &[(Tracee, &crate::image::ThreadState)]| -> Result<String, ResetError> {
+        let mut all = Vec::new();
+        for (tr, _) in by_thread {
+            let list = std::fs::read_to_string(format!("/proc/{pid}/task/{}/children", tr.pid)).map_err(ioe("reading children"))?;
+            all.extend(list.split_whitespace().map(str::to_string));
         }
-    }
-    for (tr, _) in &by_thread {
-        let st = procfs::thread_status(pid, tr.pid.as_raw()).map_err(ioe("reading thread status"))?;
-        if st.sig_pending != 0 || st.shared_pending != 0 {
-            return Err(ResetError::PendingSignals { pid, pending: st.sig_pending, shared: st.shared_pending });
+        Ok(all.join(" "))
+    };
+    if out.processes_killed > 0 || !children(&by_thread)?.is_empty() {
+        loop {
+            let call = Call::new("wait4(killed child)", libc::SYS_wait4, &[u64::MAX, 0, (libc::WNOHANG | libc::__WALL) as u64, 0]);
+            match inject::single(&main, insn, call) {
+                Ok(r) if r > 0 => continue,
+                Ok(_) => break,
+                Err(InjectError::Syscall { err, .. }) if err.raw_os_error() == Some(libc::ECHILD) => break,
+                Err(e) => return Err(inj(e)),
+            }
         }
-    }
-    for &tid in &procfs::tids(pid).map_err(ioe("listing threads"))? {
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).map_err(ioe("reading children"))?;
-        if !children.trim().is_empty() {
-            return Err(ResetError::Children { pid, what: format!("still running after the kill: {}", children.trim()) });
+        let left = children(&by_thread)?;
+        if !left.is_empty() {
+            return Err(ResetError::Children { pid, what: format!("still running after the kill: {left}") });
         }
     }
     let now = guarded(pid).map_err(ioe("reading status"))?;
