@@ -566,7 +566,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 for _ in 0..noop_resets.max(1) {
                     match inst.reset(&snap) {
                         Ok(st) => noop.push(json!({"reset_ms": st.reset_ms, "pages_written": st.pages_written, "pages_written_back": st.pages_written_back,
-                            "after_restore_ms": st.phases.iter().find(|p| p.0 == "after_restore").map(|p| p.1)})),
+                            "after_restore_ms": st.phases.iter().find(|p| p.0 == "after_restore").map(|p| p.1),
+                            "phases_ms": st.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()})),
                         Err(e) => {
                             inst.kill();
                             return Err(anyhow::Error::from(e).context("a reset with nothing run since the previous one failed"));

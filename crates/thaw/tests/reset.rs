@@ -139,7 +139,7 @@ def handler(event, context):
             raise OSError(ctypes.get_errno(), "sigaltstack")
     extra = event.get("extra")
     if extra == "thread":
-        threading.Thread(target=lambda: threading.Event().wait(), daemon=True).start()
+        threading.Thread(target=lambda held=c * 100: threading.Event().wait(), daemon=True).start()
     elif extra == "pidfd":
         FDS.append(os.pidfd_open(os.getpid()))
     elif extra == "epoll":
@@ -152,9 +152,10 @@ def handler(event, context):
         import concurrent.futures
         KEEP.append(concurrent.futures.ThreadPoolExecutor(4))
         list(KEEP[-1].map(lambda x: threading.Event().wait(0.05), range(8)))
+        KEEP[-1].submit(lambda held=c * 100: threading.Event().wait())
     elif extra == "child":
         import subprocess, sys
-        KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"]))
+        KEEP.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)", c]))
     elif extra == "daemon":
         if os.fork() == 0:
             if os.fork() == 0:
@@ -291,8 +292,12 @@ fn threads_children_daemons_and_timers_left_behind_are_reset() {
     for (extra, field, at_least) in
         [("thread", "threads_ended", 1), ("pool", "threads_ended", 2), ("child", "processes_killed", 1), ("daemon", "processes_killed", 1), ("ptimer", "timers_deleted", 1), ("signal", "signals_reset", 1)]
     {
-        let (answers, stats) = run(&payload(Some(extra)), &["--invocations", "3", "--reset"]);
+        let (answers, stats) = run(&payload(Some(extra)), &["--invocations", "3", "--reset", "--search-memory", CANARY]);
         assert_eq!(answers.len(), 3, "{extra}: every invocation answered");
+        // The threads held the canary (a thread's own reference, on its stack and in
+        // the heap), the child had it in its arguments: after the reset following the
+        // last call, nothing of it is in the frozen instance's memory.
+        assert_eq!(stats["memory_matches"], 0, "{extra}: the canary survived in memory: {stats}");
         let first = &answers[0];
         assert_eq!((first["procs"].as_array().map(Vec::len), &first["timers"]), (Some(1), &serde_json::json!(0)), "{extra}: only the sandbox's init beside it: {first}");
         assert!(answers.iter().all(|a| a == first), "{extra}: an invocation saw what the one before left: {answers:?}");
