@@ -553,8 +553,21 @@ fn reset_inner(
     {
         return Err(ResetError::Layout { pid, what: format!("{:#x}-{:#x} {} was unmapped or changed", b.start, b.end, b.name) });
     }
+    // The heap back to the image's break. Where the tenant's free() shrank it (malloc
+    // trims the top of the heap), brk grows it back as a new, unregistered mapping of
+    // zeros: it is registered below, so the page server serves the image's pages there
+    // again (and it merges with the rest of the heap).
+    let mut regrown = None;
     if brk || !maps.is_empty() && !maps.iter().any(|m| m.name == "[heap]") && t.maps.iter().any(|b| b.name == "[heap]") {
         calls.push(Call::new("brk", libc::SYS_brk, &[img.mm.brk]));
+        let heap_end = |ms: &[MapEntry]| ms.iter().filter(|m| m.name == "[heap]").map(|m| m.end).max();
+        if let (Some(was), now) = (heap_end(&t.maps), heap_end(&maps)) {
+            let now = now.unwrap_or_else(|| t.maps.iter().filter(|m| m.name == "[heap]").map(|m| m.start).min().unwrap_or(was));
+            let end = was.min(img.mm.brk.next_multiple_of(PAGE_SIZE));
+            if now < end {
+                regrown = Some((now, end));
+            }
+        }
     }
     layout_calls |= !calls.is_empty() || !maps.is_empty();
 
@@ -728,10 +741,10 @@ fn reset_inner(
             return Err(ResetError::Layout { pid, what: format!("{} failed with errno {}", c.name, -r) });
         }
     }
-    for &(start, end, _) in &pieces {
+    for (start, end, what) in pieces.iter().map(|&(s, e, _)| (s, e, "a re-protected piece put back")).chain(regrown.map(|(s, e)| (s, e, "the heap grown back"))) {
         uffd::register(t.uffd.as_fd(), start, end - start, uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP)
             .and_then(|()| uffd::writeprotect(t.uffd.as_fd(), start, end - start, true))
-            .map_err(ioe(&format!("UFFDIO_REGISTER {start:#x}-{end:#x} (a re-protected piece put back)")))?;
+            .map_err(ioe(&format!("UFFDIO_REGISTER {start:#x}-{end:#x} ({what})")))?;
     }
     for ((tr, _), &off) in by_thread.iter().zip(&altstacks) {
         let r = inject::single(tr, insn, Call::new("sigaltstack", libc::SYS_sigaltstack, &[arg(off), 0])).map_err(inj)?;

@@ -65,6 +65,9 @@ def altstack():
     return [old.ss_sp or 0, old.ss_flags, old.ss_size]
 CACHE = {}
 KEEP = []
+# Heap memory from init (malloc's, below the program break) that a call may free:
+# malloc then gives the top of the heap back (brk shrinks).
+TRIM = [bytearray(1000) for _ in range(3000)]
 BIG = []
 ALT = []
 FDS = []
@@ -90,6 +93,7 @@ def handler(event, context):
         "tasks": len(os.listdir("/proc/self/task")),
         "procs": sorted(p for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())),
         "timers": sum(1 for l in open("/proc/self/timers") if l.startswith("ID:")),
+        "trim": len(TRIM),
         "signals": [l for l in open("/proc/self/status") if l.startswith(("SigIgn:", "SigCgt:"))],
     }
     do = event.get("do", "gcbfetdwuirav")
@@ -163,6 +167,11 @@ def handler(event, context):
                 threading.Event().wait(1000)
             os._exit(0)
         os.wait()
+    elif extra == "trim":
+        TRIM.clear()
+        import gc
+        gc.collect()
+        LIBC.malloc_trim(0)  # what malloc does by itself when enough is free at the top
     elif extra == "ptimer":
         sev = ctypes.create_string_buffer(64)
         sev[12] = 1  # sigev_notify = SIGEV_NONE
@@ -284,15 +293,19 @@ fn consecutive_and_noop_resets_leave_the_instance_answering_identically() {
 
 /// What everyday handlers leave behind (issue #30): a background thread, a thread
 /// pool, a child process, a double-forked daemon in a session of its own, a POSIX
-/// timer, a signal handler. A reset ends them all (the handler's disposition goes
+/// timer, a signal handler, heap memory freed back to the kernel (brk shrunk: grown
+/// back, and served from the image again). A reset ends them all (the handler's disposition goes
 /// back to the image's); the next invocation sees the threads, processes and
 /// timers of the snapshot, and nothing else.
 #[test]
 fn threads_children_daemons_and_timers_left_behind_are_reset() {
     for (extra, field, at_least) in
-        [("thread", "threads_ended", 1), ("pool", "threads_ended", 2), ("child", "processes_killed", 1), ("daemon", "processes_killed", 1), ("ptimer", "timers_deleted", 1), ("signal", "signals_reset", 1)]
+        [("thread", "threads_ended", 1), ("pool", "threads_ended", 2), ("child", "processes_killed", 1), ("daemon", "processes_killed", 1), ("ptimer", "timers_deleted", 1), ("signal", "signals_reset", 1), ("trim", "pages_written_back", 1)]
     {
-        let (answers, stats) = run(&payload(Some(extra)), &["--invocations", "3", "--reset", "--search-memory", CANARY]);
+        // (trim: the call frees heap memory and plants no more than it must, or the
+        // heap would grow by more than it gives back.)
+        let p = if extra == "trim" { format!(r#"{{"tag":"{TAG}","extra":"trim","do":"gc"}}"#) } else { payload(Some(extra)) };
+        let (answers, stats) = run(&p, &["--invocations", "3", "--reset", "--search-memory", CANARY]);
         assert_eq!(answers.len(), 3, "{extra}: every invocation answered");
         // The threads held the canary (a thread's own reference, on its stack and in
         // the heap), the child had it in its arguments: after the reset following the
@@ -364,6 +377,7 @@ fn a_reset_instance_is_a_fresh_restore_fact_for_fact() {
     for extra in [None, Some("thread"), Some("pool"), Some("child"), Some("daemon"), Some("ptimer"), Some("signal")] {
         reset_is_a_fresh_restore(&snapshot(), &format!("python-{}", extra.unwrap_or("canaries")), &payload(extra), true);
     }
+    reset_is_a_fresh_restore(&snapshot(), "python-trim", &format!(r#"{{"tag":"{TAG}","extra":"trim","do":"gc"}}"#), true);
 }
 
 #[test]
