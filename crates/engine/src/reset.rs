@@ -23,7 +23,7 @@
 //! write-protected again; every thread's registers, FPU/SIMD state and signal mask
 //! are loaded from the image; detach.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
@@ -163,6 +163,9 @@ pub struct ResetStats {
     pub timers_deleted: u64,
     /// Signal dispositions changed since the restore, put back.
     pub signals_reset: u64,
+    /// Epoll registrations changed since the restore, put back (removed, re-added or
+    /// modified).
+    pub epoll_changes: u64,
     pub tmp_reset: bool,
     /// The tenant changed resource limits; the image's were put back.
     pub limits_reset: bool,
@@ -268,6 +271,54 @@ fn watched_state(target: &str, info: &str) -> Option<String> {
             .collect::<Vec<_>>()
             .join("\n")
     })
+}
+
+/// An epoll's registrations as its fdinfo lists them: target fd -> (events, data,
+/// the target file's `ino:` and `sdev:`).
+fn epoll_registrations(info: &str) -> BTreeMap<i32, (u32, u64, String)> {
+    info.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            if it.next()? != "tfd:" {
+                return None;
+            }
+            let tfd = it.next()?.parse().ok()?;
+            let (mut events, mut data, mut file) = (None, None, Vec::new());
+            while let Some(k) = it.next() {
+                match k {
+                    "events:" => events = u32::from_str_radix(it.next()?, 16).ok(),
+                    "data:" => data = u64::from_str_radix(it.next()?, 16).ok(),
+                    f if f.starts_with("ino:") || f.starts_with("sdev:") => file.push(f),
+                    _ => {}
+                }
+            }
+            Some((tfd, (events?, data?, file.join(" "))))
+        })
+        .collect()
+}
+
+/// `epoll_ctl` operations that bring registrations `now` back to `before`: (op, target
+/// fd, events, data). Err: a registration that cannot be put back (its target is
+/// another file now; EPOLLEXCLUSIVE, which cannot be modified).
+fn epoll_rewind(before: &BTreeMap<i32, (u32, u64, String)>, now: &BTreeMap<i32, (u32, u64, String)>) -> Result<Vec<(i32, i32, u32, u64)>, &'static str> {
+    let mut ops = Vec::new();
+    for (&tfd, (ev, data, file)) in now {
+        match before.get(&tfd) {
+            None => ops.push((libc::EPOLL_CTL_DEL, tfd, 0, 0)),
+            Some((_, _, f)) if f != file => return Err("an epoll registration whose descriptor is another file now"),
+            Some((bev, bdata, _)) if (bev, bdata) != (ev, data) => {
+                if (bev | ev) & libc::EPOLLEXCLUSIVE as u32 != 0 {
+                    return Err("an EPOLLEXCLUSIVE registration changed (it cannot be modified)");
+                }
+                ops.push((libc::EPOLL_CTL_MOD, tfd, *bev, *bdata));
+            }
+            Some(_) => {}
+        }
+    }
+    for (&tfd, &(bev, bdata, _)) in before.iter().filter(|(tfd, _)| !now.contains_key(tfd)) {
+        ops.push((libc::EPOLL_CTL_ADD, tfd, bev, bdata));
+    }
+    Ok(ops)
 }
 
 /// A reset does not rewind socketpairs: one that holds unread data (the tenant's,
@@ -575,6 +626,10 @@ fn reset_inner(
     let mut fds = Vec::new();
     // (fd, reads that drain it, counter to write back)
     let mut eventfd_fixes: Vec<(i32, u64, u64)> = Vec::new();
+    // Epoll registrations put back: (epoll fd, op, target fd, events, data). Removals
+    // go first, before new descriptors are closed (a registration is keyed by file and
+    // descriptor number).
+    let mut epoll_fixes: Vec<(i32, i32, i32, u32, u64)> = Vec::new();
     for ent in std::fs::read_dir(format!("/proc/{pid}/fd")).map_err(ioe("listing descriptors"))? {
         let ent = ent.map_err(ioe("listing descriptors"))?;
         let Ok(fd) = ent.file_name().to_string_lossy().parse::<i32>() else { continue };
@@ -589,7 +644,15 @@ fn reset_inner(
                         // (drained, then the restored value written); anything else refuses.
                         let count = |s: &str| procfs::fdinfo_field(s, "eventfd-count").and_then(|v| v.parse::<u64>().ok());
                         let rest = |s: &str| s.lines().filter(|l| !l.starts_with("eventfd-count:")).collect::<Vec<_>>().join("\n");
+                        let settings = |s: &str| s.lines().filter(|l| !l.starts_with("tfd:")).collect::<Vec<_>>().join("\n");
                         match (now.as_deref().map(|n| (count(n), rest(n))), count(before)) {
+                            // An epoll whose registrations alone changed gets them back
+                            // (checked again once the calls have run).
+                            _ if target == "anon_inode:[eventpoll]" && now.as_deref().map(settings) == Some(settings(before)) => {
+                                let ops = epoll_rewind(&epoll_registrations(before), &epoll_registrations(now.as_deref().unwrap_or_default()))
+                                    .map_err(|what| ResetError::Fd { pid, fd, target: target.clone(), what })?;
+                                epoll_fixes.extend(ops.into_iter().map(|(op, tfd, ev, data)| (fd, op, tfd, ev, data)));
+                            }
                             (Some((Some(have), r)), Some(want)) if r == rest(before) => {
                                 let semaphore = procfs::fdinfo_field(&info, "eventfd-semaphore").as_deref() == Some("1");
                                 if semaphore && have > 64 {
@@ -661,6 +724,8 @@ fn reset_inner(
     // Eventfd counters as restored: an 8-byte buffer to read into, one per value to write.
     let drain_buf = scratch.push(&[0u8; 8]);
     let counters: Vec<usize> = eventfd_fixes.iter().map(|&(_, _, want)| scratch.push(&want.to_le_bytes())).collect();
+    // struct epoll_event (packed on x86-64: u32 events, u64 data) of each ADD and MOD.
+    let epoll_events: Vec<usize> = epoll_fixes.iter().map(|&(_, _, _, ev, data)| scratch.push(&[&ev.to_le_bytes()[..], &data.to_le_bytes()[..]].concat())).collect();
     // Snapshot timerfds re-armed as restored (what was left at capture, relative) and
     // their unread expirations set back, as the restore did: always, since a timer's
     // remaining time cannot be compared with a baseline.
@@ -729,6 +794,16 @@ fn reset_inner(
             calls.push(Call::new("write(eventfd)", libc::SYS_write, &[fd as u64, arg(off), 8]));
         }
     }
+    let mut dels = Vec::new();
+    for (&(epfd, op, tfd, _, _), &off) in epoll_fixes.iter().zip(&epoll_events) {
+        let call = Call::new("epoll_ctl", libc::SYS_epoll_ctl, &[epfd as u64, op as u64, tfd as u64, if op == libc::EPOLL_CTL_DEL { 0 } else { arg(off) }]);
+        if op == libc::EPOLL_CTL_DEL {
+            dels.push(call);
+        } else {
+            calls.push(call);
+        }
+    }
+    calls.splice(0..0, dels);
     for c in calls {
         let r = inject::single(&main, insn, c).map_err(inj)?;
         if c.nr == libc::SYS_brk && r as u64 != img.mm.brk {
@@ -741,6 +816,18 @@ fn reset_inner(
             return Err(ResetError::Layout { pid, what: format!("{} failed with errno {}", c.name, -r) });
         }
     }
+    let mut checked = Vec::new();
+    for &(epfd, ..) in &epoll_fixes {
+        if checked.contains(&epfd) {
+            continue;
+        }
+        checked.push(epfd);
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{epfd}")).map_err(ioe("reading fdinfo"))?;
+        if watched_state("anon_inode:[eventpoll]", &info).as_ref() != t.fd_state.get(&epfd) {
+            return Err(ResetError::Fd { pid, fd: epfd, target: "anon_inode:[eventpoll]".into(), what: "registrations not as restored after putting them back" });
+        }
+    }
+    out.epoll_changes = epoll_fixes.len() as u64;
     for (start, end, what) in pieces.iter().map(|&(s, e, _)| (s, e, "a re-protected piece put back")).chain(regrown.map(|(s, e)| (s, e, "the heap grown back"))) {
         uffd::register(t.uffd.as_fd(), start, end - start, uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP)
             .and_then(|()| uffd::writeprotect(t.uffd.as_fd(), start, end - start, true))
