@@ -4,9 +4,12 @@
 1. Isolation against none (Groundhog's overhead). For each function: snapshot it once,
    then, alternating ROUNDS times, restore it and invoke it CALLS times in a row
    without resets (the baseline: a warm instance shared by every call) and with a
-   reset after each call (`--reset`: per-invocation isolation). A call under
-   isolation costs its invocation plus the reset that follows it; the overhead is
-   median(invocation + reset) / median(invocation without) - 1, same run.
+   reset after each call (`--reset`: per-invocation isolation). Two overheads, same
+   run: the latency a caller sees, median(isolated invocation) / median(invocation
+   without) - 1 (the node resets after the response is sent: a call pays for the
+   write tracking and for faulting in again what the reset took back), and the
+   instance's occupancy, median(invocation + the reset that follows it) /
+   median(invocation without) - 1 (what back-to-back calls on one instance pay).
 2. Reset latency against dirtied memory (Refunction, figs. 10-12). A Python function
    holding a 64 MiB buffer from its init writes one byte in every page of the first
    MIB of it per call; each reset then writes back what it dirtied.
@@ -106,7 +109,7 @@ def main():
     work = tempfile.mkdtemp(prefix="thaw-bench-isolation-")
     env = dict(os.environ, THAW_DATA_DIR=os.path.join(work, "data"))
     results = {"calls": a.calls, "rounds": a.rounds, "isolation": {}, "dirty": []}
-    print(f"{'function':<20}{'call ms':>10}{'isolated':>10}{'reset':>8}{'overhead':>10}")
+    print(f"{'function':<20}{'call ms':>10}{'isolated':>10}{'reset':>8}{'latency +':>10}{'occupancy +':>12}{'1st call':>10}")
     for fn in a.functions.split(","):
         snap = os.path.join(work, "snap-" + fn.replace("/", "-"))
         runtime, code, handler, sample_payload = function_spec(fn, a.samples)
@@ -114,20 +117,28 @@ def main():
         subprocess.run([a.thaw, "snapshot", "create", "--runtime", runtime, "--code", code, "--handler", handler, "--out", snap],
                        check=True, env=env, stdout=subprocess.DEVNULL)
         restore(a.thaw, env, snap, payload, 1, False)  # records the working set
-        plain, isolated, resets, refused = [], [], [], 0
+        plain, isolated, resets, refused, fresh = [], [], [], 0, []
         for _ in range(a.rounds):
-            # The first call of each restore is a cold one: left out of both.
-            plain += restore(a.thaw, env, snap, payload, a.calls, False)["invocations_ms"][1:]
+            # The first call of each restore is a cold one: left out of both, and kept
+            # as what a call costs on a freshly restored instance (the other way to
+            # isolate calls: a restore per call, from the same snapshot).
+            times = restore(a.thaw, env, snap, payload, a.calls, False)["invocations_ms"]
+            plain += times[1:]
+            fresh.append(times[0])
             st = restore(a.thaw, env, snap, payload, a.calls, True)
             isolated += st["invocations_ms"][1:]
+            fresh.append(st["invocations_ms"][0])
             resets += [r["reset_ms"] for r in st["resets"] if r.get("reset_ms") is not None]
             refused += sum(1 for r in st["resets"] if r.get("discarded"))
         call, iso, rst = median(plain), median(isolated), median(resets)
         # Most resets refused: the isolated calls ran on fresh restores; no overhead to state.
-        overhead = (iso + rst) / call - 1 if rst is not None and refused * 2 < len(isolated) else None
+        valid = rst is not None and refused * 2 < len(isolated)
+        overhead = (iso + rst) / call - 1 if valid else None
+        latency = iso / call - 1 if valid else None
         results["isolation"][fn] = {"call_ms": call, "isolated_call_ms": iso, "reset_ms": rst, "overhead": overhead,
-                                    "resets_refused": refused, "calls": len(plain)}
-        shown = f"{overhead:>9.1%}" if overhead is not None else f"{'-':>9}"
+                                    "first_call_after_restore_ms": median(fresh),
+                                    "latency_overhead": latency, "resets_refused": refused, "calls": len(plain)}
+        shown = (f"{latency:>10.1%}{overhead:>12.1%}" if valid else f"{'-':>10}{'-':>12}") + f"{median(fresh):>10.3f}"
         print(f"{fn:<20}{call:>10.3f}{iso:>10.3f}{(rst or 0):>8.3f}{shown}" + (f"  ({refused} resets refused)" if refused else ""))
     code = os.path.join(work, "dirty")
     os.makedirs(code)
