@@ -345,6 +345,28 @@ fn socketpair_end(unix: &std::collections::HashMap<u32, sockdiag::UnixSock>, lis
     Ok((s.peer, s))
 }
 
+/// The largest memfd carried across a snapshot (its contents go into state.bin).
+const MEMFD_MAX: u64 = 16 << 20;
+
+/// The contents and seals of memfd descriptor `fd` of `pid`, read through
+/// /proc/PID/fd/FD (a second open file description: the process's offset is not
+/// moved). Err(None): larger than [`MEMFD_MAX`].
+fn read_memfd(pid: i32, fd: i32) -> Result<(Vec<u8>, u32), Option<std::io::Error>> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(format!("/proc/{pid}/fd/{fd}")).map_err(Some)?;
+    if f.metadata().map_err(Some)?.len() > MEMFD_MAX {
+        return Err(None);
+    }
+    let mut content = Vec::new();
+    (&f).take(MEMFD_MAX + 1).read_to_end(&mut content).map_err(Some)?;
+    if content.len() as u64 > MEMFD_MAX {
+        return Err(None);
+    }
+    let seals = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_GET_SEALS).map_err(|e| Some(std::io::Error::from(e)))?;
+    Ok((content, seals as u32))
+}
+
 fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
     let list = procfs::fds(pid).map_err(|source| CaptureError::Io { pid, what: "listing descriptors".into(), source })?;
@@ -447,6 +469,14 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 mask: procfs::fdinfo_field(&f.info, "sigmask").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0),
                 flags,
             },
+            (_, t) if t.starts_with("/memfd:") && t.ends_with(" (deleted)") => {
+                let name = t["/memfd:".len()..t.len() - " (deleted)".len()].to_string();
+                let (content, seals) = read_memfd(pid, fd).map_err(|e| match e {
+                    Some(source) => CaptureError::Io { pid, what: format!("reading memfd descriptor {fd} ({t})"), source },
+                    None => refuse(format!("descriptor {fd} is a memfd ({t}) larger than {} MiB; the engine carries memfds up to that size", MEMFD_MAX >> 20)),
+                })?;
+                FdKind::MemFd { name, content, seals, flags, pos: f.pos }
+            }
             (_, t) if t.starts_with('/') && !t.ends_with(" (deleted)") => {
                 let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
                     .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {fd}"), source })?;

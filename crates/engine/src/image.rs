@@ -219,6 +219,10 @@ pub enum FdKind {
     /// stream), sent again from the other end at restore; `shutdown` the
     /// RCV_SHUTDOWN (1) / SEND_SHUTDOWN (2) bits of this end.
     SocketPair { pair: u64, first: bool, sock_type: i32, flags: i32, shutdown: u8, queued: Vec<Vec<u8>> },
+    /// A memfd (memfd_create) only held open, not mapped: its name, its whole
+    /// contents (its size is their length), its seals (F_GET_SEALS), offset and flags.
+    /// (Appended last: the variants before keep their numbers in older images.)
+    MemFd { name: String, content: Vec<u8>, seals: u32, flags: i32, pos: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

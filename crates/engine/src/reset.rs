@@ -166,6 +166,8 @@ pub struct ResetStats {
     /// Epoll registrations changed since the restore, put back (removed, re-added or
     /// modified).
     pub epoll_changes: u64,
+    /// Memfds of the snapshot a tenant wrote, rewritten with their contents.
+    pub memfds_rewritten: u64,
     pub tmp_reset: bool,
     /// The tenant changed resource limits; the image's were put back.
     pub limits_reset: bool,
@@ -319,6 +321,34 @@ fn epoll_rewind(before: &BTreeMap<i32, (u32, u64, String)>, now: &BTreeMap<i32, 
         ops.push((libc::EPOLL_CTL_ADD, tfd, bev, bdata));
     }
     Ok(ops)
+}
+
+/// Put a memfd of the snapshot (descriptor `fd`) back to its `content`: rewritten
+/// through /proc/PID/fd/FD when a tenant changed it. Returns whether it had changed.
+/// Its seals must be the snapshot's (seals cannot be taken off: one added since
+/// refuses the reset).
+fn memfd_back(pid: i32, fd: i32, content: &[u8], seals: u32) -> Result<bool, ResetError> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let ioe = |what: &'static str| move |source| ResetError::Io { pid, what: format!("{what} memfd descriptor {fd}"), source };
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let f = std::fs::File::open(&path).map_err(ioe("opening"))?;
+    let now_seals = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_GET_SEALS).map_err(|e| ResetError::Io {
+        pid,
+        what: format!("reading the seals of memfd descriptor {fd}"),
+        source: e.into(),
+    })?;
+    if now_seals as u32 != seals {
+        return Err(ResetError::Fd { pid, fd, target: format!("memfd (seals {seals:#x})"), what: "a memfd of the snapshot sealed since the restore" });
+    }
+    let mut now = Vec::with_capacity(content.len());
+    (&f).take(content.len() as u64 + 1).read_to_end(&mut now).map_err(ioe("reading"))?;
+    if now == content {
+        return Ok(false);
+    }
+    let w = std::fs::OpenOptions::new().write(true).open(&path).map_err(ioe("opening for writing"))?;
+    w.set_len(content.len() as u64).and_then(|()| w.write_all_at(content, 0)).map_err(ioe("rewriting"))?;
+    Ok(true)
 }
 
 /// A reset does not rewind socketpairs: one that holds unread data (the tenant's,
@@ -679,7 +709,12 @@ fn reset_inner(
     }
     socketpairs_untouched(pid, img, t)?;
     for r in &img.fds {
-        if let crate::image::FdKind::Path { pos, .. } = &r.kind {
+        if let crate::image::FdKind::MemFd { content, seals, .. } = &r.kind {
+            out.memfds_rewritten += u64::from(memfd_back(pid, r.fd, content, *seals)?);
+        }
+    }
+    for r in &img.fds {
+        if let crate::image::FdKind::Path { pos, .. } | crate::image::FdKind::MemFd { pos, .. } = &r.kind {
             let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", r.fd)).map_err(ioe("reading fdinfo"))?;
             let now = procfs::parse_fdinfo(&info).0;
             if now != *pos {

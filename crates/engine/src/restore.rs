@@ -703,6 +703,13 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 };
                 Src::PipeEnd(if *first { at } else { at + 4 })
             }
+            FdKind::MemFd { name, .. } => {
+                // Sealable, so its seals can be put back once its contents are in
+                // (F_SEAL_SEAL alone is what a memfd made without MFD_ALLOW_SEALING has).
+                let a = data.push_cstr(name);
+                calls.push(Call::new("memfd_create", libc::SYS_memfd_create, &[a, (libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) as u64]));
+                Src::Call(calls.len() - 1)
+            }
             FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } => unreachable!("filtered above"),
         };
         sources.push(src);
@@ -730,7 +737,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         let flags = match &r.kind {
             FdKind::Path { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
             FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } | FdKind::TimerFd { flags, .. } => *flags,
-            FdKind::SocketPair { flags, .. } => *flags,
+            FdKind::SocketPair { flags, .. } | FdKind::MemFd { flags, .. } => *flags,
             _ => 0,
         } as u64;
         calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[high + i as u64, r.fd as u64, flags & cloexec]));
@@ -746,7 +753,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     // Step 4.
     for r in &recs {
         match &r.kind {
-            FdKind::Path { pos, .. } if *pos != 0 => {
+            FdKind::Path { pos, .. } | FdKind::MemFd { pos, .. } if *pos != 0 => {
                 calls.push(Call::new("lseek", libc::SYS_lseek, &[r.fd as u64, *pos, libc::SEEK_SET as u64]));
             }
             FdKind::Pipe { flags, .. } | FdKind::SocketPair { flags, .. } if *flags as u64 & nonblock != 0 => {
@@ -816,7 +823,31 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             }
         }
     }
-    inj.run(&calls, &mut data).map(|_| ())
+    inj.run(&calls, &mut data)?;
+    restore_memfd_contents(inj, &recs)
+}
+
+/// Write each memfd's contents through /proc/PID/fd/FD (any size; the process's own
+/// offset, set above, is not moved), then put its seals back from inside the process
+/// (after the writes: F_SEAL_WRITE would refuse them).
+fn restore_memfd_contents(inj: &Injector<'_>, recs: &[&FdRecord]) -> Result<(), InjectError> {
+    use std::os::unix::fs::FileExt;
+    let pid = inj.tracee.pid.as_raw();
+    let mut calls = Vec::new();
+    for r in recs {
+        if let FdKind::MemFd { content, seals, .. } = &r.kind {
+            let f = std::fs::OpenOptions::new().write(true).open(format!("/proc/{pid}/fd/{}", r.fd));
+            f.and_then(|f| f.write_all_at(content, 0).and_then(|()| f.set_len(content.len() as u64)))
+                .map_err(|source| InjectError::Memory { pid, addr: 0, source })?;
+            if *seals != 0 {
+                calls.push(Call::new("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[r.fd as u64, libc::F_ADD_SEALS as u64, *seals as u64]));
+            }
+        }
+    }
+    if calls.is_empty() {
+        return Ok(());
+    }
+    inj.run(&calls, &mut DataArea::new(inj.region)).map(|_| ())
 }
 
 

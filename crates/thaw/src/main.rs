@@ -531,7 +531,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         Ok(st) => resets.push(json!({"invocation": i + 1, "reset_ms": st.reset_ms, "pages_written": st.pages_written,
                             "pages_written_back": st.pages_written_back, "mappings_unmapped": st.mappings_unmapped, "mappings_reprotected": st.mappings_reprotected,
                             "fds_closed": st.fds_closed, "tmp_reset": st.tmp_reset, "limits_reset": st.limits_reset,
-                            "threads_ended": st.threads_ended, "processes_killed": st.processes_killed, "timers_deleted": st.timers_deleted, "signals_reset": st.signals_reset, "epoll_changes": st.epoll_changes,
+                            "threads_ended": st.threads_ended, "processes_killed": st.processes_killed, "timers_deleted": st.timers_deleted, "signals_reset": st.signals_reset, "epoll_changes": st.epoll_changes, "memfds_rewritten": st.memfds_rewritten,
                             "phases_ms": st.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()})),
                         Err(e) => {
                             // Fail closed: discard, and serve the next invocation from a fresh restore.

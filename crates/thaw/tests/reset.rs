@@ -36,6 +36,8 @@ def tfd_left():
     cur = Itimerspec()
     LIBC.timerfd_gettime(TFD, ctypes.byref(cur))
     return cur.v_s
+MFD = os.memfd_create("canary")  # a memfd of the snapshot, only held open
+os.write(MFD, b"clean")
 EP = __import__("select").epoll()
 EP.register(EFD, 1)  # EPOLLIN: a registration of the snapshot
 
@@ -101,6 +103,7 @@ def handler(event, context):
         "timers": sum(1 for l in open("/proc/self/timers") if l.startswith("ID:")),
         "trim": len(TRIM),
         "epoll": epoll_view(),
+        "memfd": os.pread(MFD, 64, 0).decode(),
         "signals": [l for l in open("/proc/self/status") if l.startswith(("SigIgn:", "SigCgt:"))],
     }
     do = event.get("do", "gcbfetdwuirav")
@@ -157,6 +160,8 @@ def handler(event, context):
         EP.register(os.eventfd(0))  # a new descriptor (closed by the reset)
         EP.register(SP_B.fileno(), 1)  # a descriptor of the snapshot
         EP.modify(EFD, 5)  # the snapshot's registration changed (EPOLLIN | EPOLLOUT)
+    elif extra == "memfd":
+        os.pwrite(MFD, c.encode(), 0)  # overwrites "clean", and grows it
     elif extra == "epollrm":
         EP.unregister(EFD)  # the snapshot's registration removed
     elif extra == "signal":
@@ -306,13 +311,13 @@ fn consecutive_and_noop_resets_leave_the_instance_answering_identically() {
 /// pool, a child process, a double-forked daemon in a session of its own, a POSIX
 /// timer, a signal handler, heap memory freed back to the kernel (brk shrunk: grown
 /// back, and served from the image again), epoll registrations added, changed and
-/// removed. A reset ends them all (the handler's disposition goes
+/// removed, a memfd of the snapshot written. A reset ends them all (the handler's disposition goes
 /// back to the image's); the next invocation sees the threads, processes and
 /// timers of the snapshot, and nothing else.
 #[test]
 fn threads_children_daemons_and_timers_left_behind_are_reset() {
     for (extra, field, at_least) in
-        [("thread", "threads_ended", 1), ("pool", "threads_ended", 2), ("child", "processes_killed", 1), ("daemon", "processes_killed", 1), ("ptimer", "timers_deleted", 1), ("signal", "signals_reset", 1), ("trim", "pages_written_back", 1), ("epoll", "epoll_changes", 3), ("epollrm", "epoll_changes", 1)]
+        [("thread", "threads_ended", 1), ("pool", "threads_ended", 2), ("child", "processes_killed", 1), ("daemon", "processes_killed", 1), ("ptimer", "timers_deleted", 1), ("signal", "signals_reset", 1), ("trim", "pages_written_back", 1), ("epoll", "epoll_changes", 3), ("epollrm", "epoll_changes", 1), ("memfd", "memfds_rewritten", 1)]
     {
         // (trim: the call frees heap memory and plants no more than it must, or the
         // heap would grow by more than it gives back.)
@@ -392,7 +397,7 @@ fn reset_is_a_fresh_restore(snap: &std::path::Path, name: &str, payload: &str, r
 
 #[test]
 fn a_reset_instance_is_a_fresh_restore_fact_for_fact() {
-    for extra in [None, Some("thread"), Some("pool"), Some("child"), Some("daemon"), Some("ptimer"), Some("signal"), Some("epoll"), Some("epollrm")] {
+    for extra in [None, Some("thread"), Some("pool"), Some("child"), Some("daemon"), Some("ptimer"), Some("signal"), Some("epoll"), Some("epollrm"), Some("memfd")] {
         reset_is_a_fresh_restore(&snapshot(), &format!("python-{}", extra.unwrap_or("canaries")), &payload(extra), true, extra.is_none());
     }
     reset_is_a_fresh_restore(&snapshot(), "python-trim", &format!(r#"{{"tag":"{TAG}","extra":"trim","do":"gc"}}"#), true, false);
