@@ -485,9 +485,15 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 if !(ft.is_file() || ft.is_char_device() || ft.is_dir()) {
                     return Err(refuse(format!("descriptor {fd} ({t}) is neither a regular file nor a device")));
                 }
+                if f.info.lines().any(|l| l.starts_with("lock:")) {
+                    return Err(refuse(format!("descriptor {fd} ({t}) holds a file lock (flock, POSIX or OFD), which cannot be carried across a snapshot")));
+                }
+                // Open for writing: only a file of the instance's own /tmp or /dev/shm
+                // (restored afresh for every instance), never one others share.
                 let acc = flags & libc::O_ACCMODE;
-                if ft.is_file() && acc != libc::O_RDONLY {
-                    return Err(refuse(format!("descriptor {fd} ({t}) is open for writing")));
+                let own = crate::tmpfs::MOUNTS.iter().any(|m| t.strip_prefix(m).is_some_and(|rest| rest.starts_with('/')));
+                if ft.is_file() && acc != libc::O_RDONLY && !own {
+                    return Err(refuse(format!("descriptor {fd} ({t}) is open for writing (only files in /tmp or /dev/shm may be)")));
                 }
                 FdKind::Path { path: t.to_string(), flags, pos: f.pos }
             }

@@ -893,6 +893,13 @@ fn reset_inner(
     let root = PathBuf::from(format!("/proc/{pid}/root"));
     let same_tmp = matches!(crate::tmpfs::capture(&root), Ok(now) if now == img.tmp);
     if !same_tmp {
+        // /tmp is put back by unlinking and recreating its files: a descriptor of the
+        // snapshot on one of them would stay on the old file (restores open it again).
+        let in_tmp = |p: &str| crate::tmpfs::MOUNTS.iter().any(|m| p.strip_prefix(m).is_some_and(|rest| rest.starts_with('/')));
+        if let Some(r) = img.fds.iter().find(|r| matches!(&r.kind, crate::image::FdKind::Path { path, .. } if in_tmp(path))) {
+            let target = t.fds.get(&r.fd).cloned().unwrap_or_default();
+            return Err(ResetError::Fd { pid, fd: r.fd, target, what: "a descriptor of the snapshot on a file in /tmp or /dev/shm, which changed (a reset recreates those files)" });
+        }
         for m in crate::tmpfs::MOUNTS {
             let dir = root.join(m.trim_start_matches('/'));
             let Ok(rd) = std::fs::read_dir(&dir) else { continue };

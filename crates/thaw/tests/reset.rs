@@ -560,3 +560,31 @@ fn nodejs_io_changes_epoll_registrations_and_is_reset() {
     assert!(resets.iter().all(|r| r.get("discarded").is_none()), "a reset was refused: {stats}");
     assert!(resets.iter().any(|r| r["epoll_changes"].as_u64() > Some(0)), "no epoll registration changed: {stats}");
 }
+
+/// A /tmp file the function holds open for writing from its init is carried across the
+/// snapshot (each instance's /tmp is its own copy). A call that writes through it
+/// changes /tmp; a reset recreates /tmp's files, which would leave the descriptor on
+/// the old file, so it refuses, and the next call runs on a fresh restore: every call
+/// sees the file as the snapshot had it.
+#[test]
+fn a_tmp_file_held_open_for_writing_is_restored_and_its_reset_refused() {
+    let code = bundle(
+        "tmp-held",
+        &[(
+            "handler.py",
+            "import os\nFD = os.open('/tmp/held', os.O_RDWR | os.O_CREAT)\nos.write(FD, b'init')\n\n\
+             def handler(event, context):\n    seen = open('/tmp/held').read()\n    os.write(FD, b'+call')\n    return seen\n",
+        )],
+    );
+    let snap = scratch().join("snap-tmp-held");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "tmp-held", "{}", &["--invocations", "3", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!("init"); 3], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        let why = r["discarded"].as_str().unwrap_or_else(|| panic!("the reset was not refused: {r}"));
+        assert!(why.contains("/tmp"), "{why}");
+    }
+    // Without resets the same instance answers on: the file keeps what each call wrote.
+    let (answers, _) = restore_with(&snap, "tmp-held-plain", "{}", &["--invocations", "2"]);
+    assert_eq!(answers, vec![serde_json::json!("init"), serde_json::json!("init+call")]);
+}
