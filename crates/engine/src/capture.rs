@@ -345,17 +345,21 @@ fn socketpair_end(unix: &std::collections::HashMap<u32, sockdiag::UnixSock>, lis
     Ok((s.peer, s))
 }
 
-/// The largest memfd carried across a snapshot (its contents go into state.bin).
+/// The largest memfd or deleted /tmp file carried across a snapshot (its contents go
+/// into state.bin).
 const MEMFD_MAX: u64 = 16 << 20;
 
-/// The contents and seals of memfd descriptor `fd` of `pid`, read through
-/// /proc/PID/fd/FD (a second open file description: the process's offset is not
-/// moved). Err(None): larger than [`MEMFD_MAX`].
-fn read_memfd(pid: i32, fd: i32) -> Result<(Vec<u8>, u32), Option<std::io::Error>> {
+/// The contents, seals (0 where a file has none) and mode of the file behind
+/// descriptor `fd` of `pid`, read through /proc/PID/fd/FD (a second open file
+/// description: the process's offset is not moved). Err(None): larger than
+/// [`MEMFD_MAX`].
+fn read_fd_file(pid: i32, fd: i32) -> Result<(Vec<u8>, u32, u32), Option<std::io::Error>> {
+    use std::os::unix::fs::PermissionsExt;
     use std::io::Read;
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(format!("/proc/{pid}/fd/{fd}")).map_err(Some)?;
-    if f.metadata().map_err(Some)?.len() > MEMFD_MAX {
+    let meta = f.metadata().map_err(Some)?;
+    if meta.len() > MEMFD_MAX {
         return Err(None);
     }
     let mut content = Vec::new();
@@ -363,8 +367,9 @@ fn read_memfd(pid: i32, fd: i32) -> Result<(Vec<u8>, u32), Option<std::io::Error
     if content.len() as u64 > MEMFD_MAX {
         return Err(None);
     }
-    let seals = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_GET_SEALS).map_err(|e| Some(std::io::Error::from(e)))?;
-    Ok((content, seals as u32))
+    // EINVAL: a file system without seals (a /tmp file).
+    let seals = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_GET_SEALS).unwrap_or(0);
+    Ok((content, seals as u32, meta.permissions().mode() & 0o7777))
 }
 
 fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
@@ -471,11 +476,29 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
             },
             (_, t) if t.starts_with("/memfd:") && t.ends_with(" (deleted)") => {
                 let name = t["/memfd:".len()..t.len() - " (deleted)".len()].to_string();
-                let (content, seals) = read_memfd(pid, fd).map_err(|e| match e {
+                let (content, seals, _) = read_fd_file(pid, fd).map_err(|e| match e {
                     Some(source) => CaptureError::Io { pid, what: format!("reading memfd descriptor {fd} ({t})"), source },
                     None => refuse(format!("descriptor {fd} is a memfd ({t}) larger than {} MiB; the engine carries memfds up to that size", MEMFD_MAX >> 20)),
                 })?;
                 FdKind::MemFd { name, content, seals, flags, pos: f.pos }
+            }
+            (_, t) if t.ends_with(" (deleted)") && crate::tmpfs::MOUNTS.iter().any(|m| t.strip_prefix(m).is_some_and(|rest| rest.starts_with('/'))) => {
+                // A file of the instance's own /tmp, open and then deleted: made again at
+                // its path, which must be free.
+                let path = t[..t.len() - " (deleted)".len()].to_string();
+                if std::fs::symlink_metadata(format!("/proc/{pid}/root{path}")).is_ok() {
+                    return Err(refuse(format!("descriptor {fd} is a deleted file ({t}) whose path was taken again; it cannot be made again there")));
+                }
+                let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
+                    .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {fd}"), source })?;
+                if !meta.file_type().is_file() || std::os::unix::fs::MetadataExt::nlink(&meta) != 0 {
+                    return Err(refuse(format!("descriptor {fd} ({t}) is a deleted file that is not a regular file, or still linked elsewhere")));
+                }
+                let (content, _, mode) = read_fd_file(pid, fd).map_err(|e| match e {
+                    Some(source) => CaptureError::Io { pid, what: format!("reading deleted file descriptor {fd} ({t})"), source },
+                    None => refuse(format!("descriptor {fd} is a deleted file ({t}) larger than {} MiB", MEMFD_MAX >> 20)),
+                })?;
+                FdKind::DeletedTmp { path, content, mode, flags, pos: f.pos }
             }
             (_, t) if t.starts_with('/') && !t.ends_with(" (deleted)") => {
                 let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))

@@ -223,6 +223,10 @@ pub enum FdKind {
     /// contents (its size is their length), its seals (F_GET_SEALS), offset and flags.
     /// (Appended last: the variants before keep their numbers in older images.)
     MemFd { name: String, content: Vec<u8>, seals: u32, flags: i32, pos: u64 },
+    /// A file of the instance's own /tmp or /dev/shm, open and then deleted: its path
+    /// (free again at capture), its whole contents, mode, flags and offset; made again
+    /// at that path, opened, unlinked. (Appended last, as MemFd.)
+    DeletedTmp { path: String, content: Vec<u8>, mode: u32, flags: i32, pos: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -166,7 +166,8 @@ pub struct ResetStats {
     /// Epoll registrations changed since the restore, put back (removed, re-added or
     /// modified).
     pub epoll_changes: u64,
-    /// Memfds of the snapshot a tenant wrote, rewritten with their contents.
+    /// Memfds and deleted /tmp files of the snapshot a tenant wrote, rewritten with
+    /// their contents.
     pub memfds_rewritten: u64,
     pub tmp_reset: bool,
     /// The tenant changed resource limits; the image's were put back.
@@ -323,22 +324,25 @@ fn epoll_rewind(before: &BTreeMap<i32, (u32, u64, String)>, now: &BTreeMap<i32, 
     Ok(ops)
 }
 
-/// Put a memfd of the snapshot (descriptor `fd`) back to its `content`: rewritten
-/// through /proc/PID/fd/FD when a tenant changed it. Returns whether it had changed.
-/// Its seals must be the snapshot's (seals cannot be taken off: one added since
-/// refuses the reset).
-fn memfd_back(pid: i32, fd: i32, content: &[u8], seals: u32) -> Result<bool, ResetError> {
+/// Put a memfd or deleted /tmp file of the snapshot (descriptor `fd`) back to its
+/// `content`: rewritten through /proc/PID/fd/FD when a tenant changed it. Returns
+/// whether it had changed. A memfd's seals must be the snapshot's (`seals`; they
+/// cannot be taken off: one added since refuses the reset).
+fn file_back(pid: i32, fd: i32, content: &[u8], seals: Option<u32>) -> Result<bool, ResetError> {
     use std::io::Read;
     use std::os::fd::AsRawFd;
     let ioe = |what: &'static str| move |source| ResetError::Io { pid, what: format!("{what} memfd descriptor {fd}"), source };
     let path = format!("/proc/{pid}/fd/{fd}");
     let f = std::fs::File::open(&path).map_err(ioe("opening"))?;
-    let now_seals = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_GET_SEALS).map_err(|e| ResetError::Io {
-        pid,
-        what: format!("reading the seals of memfd descriptor {fd}"),
-        source: e.into(),
-    })?;
-    if now_seals as u32 != seals {
+    let now_seals = match seals {
+        Some(_) => nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_GET_SEALS).map_err(|e| ResetError::Io {
+            pid,
+            what: format!("reading the seals of memfd descriptor {fd}"),
+            source: e.into(),
+        })?,
+        None => 0,
+    };
+    if let Some(seals) = seals.filter(|&s| s != now_seals as u32) {
         return Err(ResetError::Fd { pid, fd, target: format!("memfd (seals {seals:#x})"), what: "a memfd of the snapshot sealed since the restore" });
     }
     let mut now = Vec::with_capacity(content.len());
@@ -709,8 +713,10 @@ fn reset_inner(
     }
     socketpairs_untouched(pid, img, t)?;
     for r in &img.fds {
-        if let crate::image::FdKind::MemFd { content, seals, .. } = &r.kind {
-            out.memfds_rewritten += u64::from(memfd_back(pid, r.fd, content, *seals)?);
+        match &r.kind {
+            crate::image::FdKind::MemFd { content, seals, .. } => out.memfds_rewritten += u64::from(file_back(pid, r.fd, content, Some(*seals))?),
+            crate::image::FdKind::DeletedTmp { content, .. } => out.memfds_rewritten += u64::from(file_back(pid, r.fd, content, None)?),
+            _ => {}
         }
     }
     for r in &img.fds {

@@ -710,6 +710,16 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("memfd_create", libc::SYS_memfd_create, &[a, (libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) as u64]));
                 Src::Call(calls.len() - 1)
             }
+            FdKind::DeletedTmp { path, mode, flags, .. } => {
+                // Made again at its path (free: checked at capture; this instance's own
+                // /tmp) and unlinked at once; its contents follow, from outside.
+                let a = data.push_cstr(path);
+                let f = (*flags & !(libc::O_TRUNC | libc::O_EXCL)) | libc::O_CREAT | libc::O_EXCL;
+                calls.push(Call::new("openat(deleted file)", libc::SYS_openat, &[libc::AT_FDCWD as u64, a, f as u64, *mode as u64]));
+                let src = Src::Call(calls.len() - 1);
+                calls.push(Call::new("unlinkat(deleted file)", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, a, 0]));
+                src
+            }
             FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } => unreachable!("filtered above"),
         };
         sources.push(src);
@@ -737,7 +747,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         let flags = match &r.kind {
             FdKind::Path { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
             FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } | FdKind::TimerFd { flags, .. } => *flags,
-            FdKind::SocketPair { flags, .. } | FdKind::MemFd { flags, .. } => *flags,
+            FdKind::SocketPair { flags, .. } | FdKind::MemFd { flags, .. } | FdKind::DeletedTmp { flags, .. } => *flags,
             _ => 0,
         } as u64;
         calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[high + i as u64, r.fd as u64, flags & cloexec]));
@@ -753,7 +763,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     // Step 4.
     for r in &recs {
         match &r.kind {
-            FdKind::Path { pos, .. } | FdKind::MemFd { pos, .. } if *pos != 0 => {
+            FdKind::Path { pos, .. } | FdKind::MemFd { pos, .. } | FdKind::DeletedTmp { pos, .. } if *pos != 0 => {
                 calls.push(Call::new("lseek", libc::SYS_lseek, &[r.fd as u64, *pos, libc::SEEK_SET as u64]));
             }
             FdKind::Pipe { flags, .. } | FdKind::SocketPair { flags, .. } if *flags as u64 & nonblock != 0 => {
@@ -827,18 +837,20 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     restore_memfd_contents(inj, &recs)
 }
 
-/// Write each memfd's contents through /proc/PID/fd/FD (any size; the process's own
-/// offset, set above, is not moved), then put its seals back from inside the process
-/// (after the writes: F_SEAL_WRITE would refuse them).
+/// Write each memfd's and deleted /tmp file's contents through /proc/PID/fd/FD (any
+/// size; the process's own offset, set above, is not moved), then put a memfd's seals
+/// back from inside the process (after the writes: F_SEAL_WRITE would refuse them).
 fn restore_memfd_contents(inj: &Injector<'_>, recs: &[&FdRecord]) -> Result<(), InjectError> {
     use std::os::unix::fs::FileExt;
     let pid = inj.tracee.pid.as_raw();
     let mut calls = Vec::new();
     for r in recs {
-        if let FdKind::MemFd { content, seals, .. } = &r.kind {
+        if let FdKind::MemFd { content, seals: _, .. } | FdKind::DeletedTmp { content, .. } = &r.kind {
             let f = std::fs::OpenOptions::new().write(true).open(format!("/proc/{pid}/fd/{}", r.fd));
             f.and_then(|f| f.write_all_at(content, 0).and_then(|()| f.set_len(content.len() as u64)))
                 .map_err(|source| InjectError::Memory { pid, addr: 0, source })?;
+        }
+        if let FdKind::MemFd { seals, .. } = &r.kind {
             if *seals != 0 {
                 calls.push(Call::new("fcntl(F_ADD_SEALS)", libc::SYS_fcntl, &[r.fd as u64, libc::F_ADD_SEALS as u64, *seals as u64]));
             }

@@ -588,3 +588,28 @@ fn a_tmp_file_held_open_for_writing_is_restored_and_its_reset_refused() {
     let (answers, _) = restore_with(&snap, "tmp-held-plain", "{}", &["--invocations", "2"]);
     assert_eq!(answers, vec![serde_json::json!("init"), serde_json::json!("init+call")]);
 }
+
+/// A /tmp file opened and then deleted at init is carried across the snapshot (made
+/// again at its path, opened, unlinked). A call that writes it is reset: its contents
+/// go back (rewritten through the descriptor), and every call reads them as the
+/// snapshot had them.
+#[test]
+fn a_deleted_tmp_file_held_open_is_restored_and_reset() {
+    let code = bundle(
+        "tmp-deleted",
+        &[(
+            "handler.py",
+            "import os\nFD = os.open('/tmp/scratch', os.O_RDWR | os.O_CREAT)\nos.write(FD, b'init')\nos.unlink('/tmp/scratch')\n\n\
+             def handler(event, context):\n    seen = os.pread(FD, 100, 0).decode()\n    os.pwrite(FD, b'+call+call', 4)\n    \
+             return [seen, os.path.exists('/tmp/scratch'), os.readlink('/proc/self/fd/%d' % FD)]\n",
+        )],
+    );
+    let snap = scratch().join("snap-tmp-deleted");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "tmp-deleted", "{}", &["--invocations", "3", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!(["init", false, "/tmp/scratch (deleted)"]); 3], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        assert!(r.get("discarded").is_none(), "the reset was refused: {r}");
+        assert_eq!(r["memfds_rewritten"], 1, "{r}");
+    }
+}
