@@ -3,9 +3,10 @@
 //! and written back into the new sandbox before the restored process resumes.
 //!
 //! Only what can be recreated exactly is captured: directories, regular files
-//! (contents, mode, owner, mtime) and symlinks. A FIFO, socket or device node is
-//! refused at capture, naming it; so is a regular file with several links (the
-//! restore would split it into independent copies).
+//! (contents, mode, owner, mtime), symlinks, FIFOs (made again empty: what was in
+//! one belongs to a descriptor, and a FIFO the process holds open is refused with
+//! it) and hard links (a file's further names, linked again to its first). A socket
+//! or device node is refused at capture, naming it.
 
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -21,8 +22,6 @@ pub const MOUNTS: [&str; 2] = ["/tmp", "/dev/shm"];
 pub enum TmpfsError {
     #[error("{path} is a {kind}, which cannot be carried across a snapshot (remove it before init ends)")]
     Unsupported { path: String, kind: &'static str },
-    #[error("{path} has {links} hard links, which cannot be carried across a snapshot")]
-    HardLinks { path: String, links: u64 },
     #[error("{what} {path}")]
     Io { what: &'static str, path: PathBuf, #[source] source: io::Error },
 }
@@ -32,6 +31,10 @@ pub enum EntryKind {
     Dir,
     File { data: Vec<u8> },
     Symlink { target: String },
+    /// A named pipe (appended: older images keep their variants' numbers).
+    Fifo,
+    /// A further name of the file first captured at `to` (a hard link).
+    Link { to: String },
 }
 
 /// One file system object, with its path inside the sandbox.
@@ -49,16 +52,18 @@ pub struct Entry {
 /// the sandbox's root as seen from the host (`/proc/PID/root`).
 pub fn capture(root: &Path) -> Result<Vec<Entry>, TmpfsError> {
     let mut out = Vec::new();
+    let mut seen = std::collections::HashMap::new();
     for m in MOUNTS {
         let host = root.join(m.trim_start_matches('/'));
         if host.is_dir() {
-            walk(&host, m, &mut out)?;
+            walk(&host, m, &mut out, &mut seen)?;
         }
     }
     Ok(out)
 }
 
-fn walk(host: &Path, inside: &str, out: &mut Vec<Entry>) -> Result<(), TmpfsError> {
+/// `seen`: the first path of each file with several links, by (device, inode).
+fn walk(host: &Path, inside: &str, out: &mut Vec<Entry>, seen: &mut std::collections::HashMap<(u64, u64), String>) -> Result<(), TmpfsError> {
     let ioe = |what: &'static str, path: &Path| {
         let path = path.to_path_buf();
         move |source| TmpfsError::Io { what, path, source }
@@ -79,16 +84,18 @@ fn walk(host: &Path, inside: &str, out: &mut Vec<Entry>) -> Result<(), TmpfsErro
         } else if ft.is_symlink() {
             let t = std::fs::read_link(&h).map_err(ioe("reading link", &h))?;
             EntryKind::Symlink { target: t.to_string_lossy().into_owned() }
+        } else if ft.is_file() && meta.nlink() > 1 && seen.contains_key(&(meta.dev(), meta.ino())) {
+            EntryKind::Link { to: seen[&(meta.dev(), meta.ino())].clone() }
         } else if ft.is_file() {
             if meta.nlink() > 1 {
-                return Err(TmpfsError::HardLinks { path, links: meta.nlink() });
+                seen.insert((meta.dev(), meta.ino()), path.clone());
             }
             EntryKind::File { data: std::fs::read(&h).map_err(ioe("reading", &h))? }
+        } else if std::os::unix::fs::FileTypeExt::is_fifo(&ft) {
+            EntryKind::Fifo
         } else {
             use std::os::unix::fs::FileTypeExt;
-            let kind = if ft.is_fifo() {
-                "FIFO"
-            } else if ft.is_socket() {
+            let kind = if ft.is_socket() {
                 "unix socket"
             } else {
                 "device node"
@@ -105,7 +112,7 @@ fn walk(host: &Path, inside: &str, out: &mut Vec<Entry>) -> Result<(), TmpfsErro
             mtime: (meta.mtime(), meta.mtime_nsec()),
         });
         if is_dir {
-            walk(&h, &path, out)?;
+            walk(&h, &path, out, seen)?;
         }
     }
     Ok(())
@@ -125,6 +132,9 @@ pub fn restore(root: &Path, entries: &[Entry]) -> Result<(), TmpfsError> {
             EntryKind::Dir => std::fs::create_dir(&h).map_err(ioe("creating directory", &h))?,
             EntryKind::File { data } => std::fs::write(&h, data).map_err(ioe("writing", &h))?,
             EntryKind::Symlink { target } => std::os::unix::fs::symlink(target, &h).map_err(ioe("creating symlink", &h))?,
+            EntryKind::Fifo => nix::unistd::mkfifo(&h, nix::sys::stat::Mode::from_bits_truncate(e.mode))
+                .map_err(|err| TmpfsError::Io { what: "making FIFO", path: h.clone(), source: err.into() })?,
+            EntryKind::Link { to } => std::fs::hard_link(root.join(to.trim_start_matches('/')), &h).map_err(ioe("linking", &h))?,
         }
         std::os::unix::fs::lchown(&h, Some(e.uid), Some(e.gid)).map_err(ioe("chown of", &h))?;
         if !matches!(e.kind, EntryKind::Symlink { .. }) {
@@ -156,7 +166,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn round_trips_a_tree_and_refuses_fifos() {
+    fn round_trips_a_tree_fifos_and_hard_links_and_refuses_sockets() {
         let src = tempfile::tempdir().unwrap();
         let tmp = src.path().join("tmp");
         std::fs::create_dir_all(tmp.join("a/b")).unwrap();
@@ -176,8 +186,24 @@ mod tests {
         assert_eq!(std::fs::read_link(dst.path().join("tmp/link")).unwrap(), Path::new("a/b/f"));
         assert_eq!(capture(dst.path()).unwrap(), entries, "contents, modes, owners and times survive");
 
+        // A FIFO and a second name of a file are made again as such.
         nix::unistd::mkfifo(&tmp.join("pipe"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        std::fs::hard_link(tmp.join("a/b/f"), tmp.join("f2")).unwrap();
+        let entries = capture(src.path()).unwrap();
+        assert!(entries.iter().any(|e| e.path == "/tmp/f2" && e.kind == EntryKind::Link { to: "/tmp/a/b/f".into() }), "{entries:?}");
+        assert!(entries.iter().any(|e| e.path == "/tmp/pipe" && e.kind == EntryKind::Fifo), "{entries:?}");
+        let dst = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dst.path().join("tmp")).unwrap();
+        restore(dst.path(), &entries).unwrap();
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(dst.path().join("tmp/pipe")).unwrap().file_type().is_fifo());
+        let (a, b) = (std::fs::metadata(dst.path().join("tmp/a/b/f")).unwrap(), std::fs::metadata(dst.path().join("tmp/f2")).unwrap());
+        assert_eq!((a.ino(), a.nlink()), (b.ino(), 2), "one file with two names");
+        assert_eq!(capture(dst.path()).unwrap(), entries);
+
+        // A unix socket is refused, naming it.
+        let _l = std::os::unix::net::UnixListener::bind(tmp.join("sock")).unwrap();
         let e = capture(src.path()).unwrap_err().to_string();
-        assert_eq!(e, "/tmp/pipe is a FIFO, which cannot be carried across a snapshot (remove it before init ends)");
+        assert_eq!(e, "/tmp/sock is a unix socket, which cannot be carried across a snapshot (remove it before init ends)");
     }
 }

@@ -41,6 +41,10 @@ def describe():
         d['leaf'] = open(p + '/a/b/c/leaf').read()
     elif VARIANT not in ('fifo',):
         d['data'] = __import__('hashlib').sha256(open(p, 'rb').read()).hexdigest()
+    if VARIANT == 'hardlink':
+        # One file with two names, not two copies.
+        d['links'] = st.st_nlink
+        d['same_file'] = os.lstat(p + '-2').st_ino == st.st_ino
     return d
 
 
