@@ -470,6 +470,11 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 }
             }
             (_, "anon_inode:[eventpoll]") => FdKind::Epoll { flags, items: procfs::parse_epoll_items(&f.info) },
+            // fdinfo's Pid is in the reader's namespace: the host pid.
+            (_, "anon_inode:[pidfd]") if procfs::fdinfo_field(&f.info, "Pid").and_then(|p| p.parse::<i32>().ok()) == Some(pid) => FdKind::PidFdSelf { flags },
+            (_, "anon_inode:[pidfd]") => {
+                return Err(refuse(format!("descriptor {fd} is a pidfd of another process ({}); only one of the process itself is carried across a snapshot", f.info.lines().find(|l| l.starts_with("Pid:")).unwrap_or("Pid: ?").trim())));
+            }
             (_, "anon_inode:[signalfd]") => FdKind::SignalFd {
                 mask: procfs::fdinfo_field(&f.info, "sigmask").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0),
                 flags,

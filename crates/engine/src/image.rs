@@ -227,6 +227,9 @@ pub enum FdKind {
     /// (free again at capture), its whole contents, mode, flags and offset; made again
     /// at that path, opened, unlinked. (Appended last, as MemFd.)
     DeletedTmp { path: String, content: Vec<u8>, mode: u32, flags: i32, pos: u64 },
+    /// A pidfd of the process itself (pidfd_open(getpid())), opened again by the
+    /// restored process. (Appended last.)
+    PidFdSelf { flags: i32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -720,6 +720,12 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("unlinkat(deleted file)", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, a, 0]));
                 src
             }
+            FdKind::PidFdSelf { flags } => {
+                // Its own pid in its namespace, where the injected call runs.
+                let f = if *flags as u64 & nonblock != 0 { libc::PIDFD_NONBLOCK as u64 } else { 0 };
+                calls.push(Call::new("pidfd_open(self)", libc::SYS_pidfd_open, &[crate::conventions::MAIN_PID as u64, f]));
+                Src::Call(calls.len() - 1)
+            }
             FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } => unreachable!("filtered above"),
         };
         sources.push(src);
@@ -747,7 +753,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         let flags = match &r.kind {
             FdKind::Path { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
             FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } | FdKind::TimerFd { flags, .. } => *flags,
-            FdKind::SocketPair { flags, .. } | FdKind::MemFd { flags, .. } | FdKind::DeletedTmp { flags, .. } => *flags,
+            FdKind::SocketPair { flags, .. } | FdKind::MemFd { flags, .. } | FdKind::DeletedTmp { flags, .. } | FdKind::PidFdSelf { flags } => *flags,
             _ => 0,
         } as u64;
         calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[high + i as u64, r.fd as u64, flags & cloexec]));
