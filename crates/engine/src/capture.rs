@@ -386,8 +386,8 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
             // userfaultfd, which every restore makes again.
             continue;
         }
-        if fd >= HIGH_FD_BASE {
-            return Err(refuse(format!("descriptor {fd} is numbered {HIGH_FD_BASE} or higher; the engine reserves that range")));
+        if fd as u64 == crate::conventions::UFFD_KEEP_FD {
+            return Err(refuse(format!("descriptor {fd} has the number the engine keeps a restored process's userfaultfd at; the engine reserves it")));
         }
         // A dup of a descriptor already recorded shares its open file description
         // (one offset): recorded as such, restored with dup3 (kcmp(KCMP_FILE) decides).

@@ -5,7 +5,8 @@
 /// reaper, recreated by every sandbox), PID 2 the runtime.
 pub const MAIN_PID: i32 = 2;
 
-/// Descriptors at or above this number are used by the restore as scratch.
+/// The restore moves new descriptors through scratch numbers from here (or from above
+/// the image's highest descriptor, see restore.rs `scratch_base`).
 pub const HIGH_FD_BASE: i32 = 700;
 
 /// Descriptor number the userfaultfd keeps inside the restored process. Holding

@@ -629,6 +629,20 @@ fn push_cred_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImag
 /// 2. move them all to a private high range (so step 3 cannot clobber one),
 /// 3. dup3 each into its recorded number, then close the high range,
 /// 4. restore offsets, O_NONBLOCK on pipe ends, and epoll registrations.
+/// The first of the `n` scratch descriptors [`restore_fds`] moves new descriptors
+/// through: at or above [`crate::conventions::HIGH_FD_BASE`], above every descriptor
+/// of the image, and clear of [`UFFD_KEEP_FD`] (F_DUPFD would skip an open one and
+/// the move that follows would take the wrong descriptor).
+fn scratch_base(img: &ProcessImage, n: u64) -> u64 {
+    let top = img.fds.iter().map(|r| r.fd as u64 + 1).max().unwrap_or(0);
+    let base = (crate::conventions::HIGH_FD_BASE as u64).max(top);
+    if base <= UFFD_KEEP_FD && base + n > UFFD_KEEP_FD {
+        UFFD_KEEP_FD + 1
+    } else {
+        base
+    }
+}
+
 fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError> {
     let dups: Vec<&FdRecord> = img.fds.iter().filter(|r| matches!(r.kind, FdKind::Dup { .. })).collect();
     let recs: Vec<&FdRecord> = img
@@ -742,7 +756,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         .collect();
 
     // Steps 2 and 3.
-    let high = crate::conventions::HIGH_FD_BASE as u64;
+    let high = scratch_base(img, temp.len() as u64);
     let mut data = DataArea::new(inj.region);
     let mut calls = Vec::new();
     for (i, &t) in temp.iter().enumerate() {

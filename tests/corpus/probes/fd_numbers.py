@@ -1,8 +1,8 @@
-# kind: descriptors (descriptor numbers: a gap, a high number, one past the scratch range base)
-# variants: gap high699 scratch800
+# kind: descriptors (descriptor numbers: a gap, a high number, past the scratch range base, just below and at the number the engine keeps its userfaultfd at)
+# variants: gap high699 scratch800 below1000 at1000
 # refusal-names: 700|descriptor
 from _probe import *
-N = {'gap': 64, 'high699': 699, 'scratch800': 800}[VARIANT]
+N = {'gap': 64, 'high699': 699, 'scratch800': 800, 'below1000': 999, 'at1000': 1000}[VARIANT]
 fd = os.open('/var/task/handler.py', os.O_RDONLY)
 os.dup2(fd, N)
 os.close(fd)
