@@ -624,11 +624,6 @@ fn push_cred_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImag
     calls.push(Call::new("setresuid", libc::SYS_setresuid, &[ru as u64, eu as u64, su as u64]));
 }
 
-/// Recreate the image's descriptors (other than the sandbox's own 0-3):
-/// 1. create every object at whatever number the kernel picks,
-/// 2. move them all to a private high range (so step 3 cannot clobber one),
-/// 3. dup3 each into its recorded number, then close the high range,
-/// 4. restore offsets, O_NONBLOCK on pipe ends, and epoll registrations.
 /// The first of the `n` scratch descriptors [`restore_fds`] moves new descriptors
 /// through: at or above [`crate::conventions::HIGH_FD_BASE`], above every descriptor
 /// of the image, and clear of [`UFFD_KEEP_FD`] (F_DUPFD would skip an open one and
@@ -643,6 +638,11 @@ fn scratch_base(img: &ProcessImage, n: u64) -> u64 {
     }
 }
 
+/// Recreate the image's descriptors (other than the sandbox's own 0-3):
+/// 1. create every object at whatever number the kernel picks,
+/// 2. move them all to a private high range (so step 3 cannot clobber one),
+/// 3. dup3 each into its recorded number, then close the high range,
+/// 4. restore offsets, O_NONBLOCK on pipe ends, and epoll registrations.
 fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError> {
     let dups: Vec<&FdRecord> = img.fds.iter().filter(|r| matches!(r.kind, FdKind::Dup { .. })).collect();
     let recs: Vec<&FdRecord> = img
