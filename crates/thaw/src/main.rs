@@ -636,7 +636,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 "created_unix_ms": img.created_unix_ms, "sandbox": img.sandbox, "exe": img.mm.exe, "cwd": img.cwd,
                 "threads": img.threads.len(), "vmas": img.vmas.len(), "vma_kinds": kinds, "files": img.files.len(),
                 "stored_pages": img.pages.stored_pages(), "page_runs": img.pages.runs.len(),
-                "stored_bytes": img.pages.stored_pages() * 4096, "fds": img.fds, "sigactions": img.sigactions.len(),
+                "stored_bytes": img.pages.stored_pages() * 4096, "fds": fds_summary(&img.fds), "sigactions": img.sigactions.len(),
                 "sealed_with_key": img.seal.as_ref().map(|s| &s.key_id),
             });
             let layers = thaw_engine::layers::LayerSizes::of(img);
@@ -696,4 +696,24 @@ fn print_logs(inst: &mut Instance, quiet: bool) {
 /// instance's.
 fn process_cpu_ms() -> f64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID).map_or(0.0, |t| t.tv_sec() as f64 * 1e3 + t.tv_nsec() as f64 / 1e6)
+}
+
+/// The image's descriptors for `snapshot inspect`: as recorded, but the bytes a
+/// descriptor carries (a memfd's or deleted file's contents, what waited in a pipe or
+/// on a socketpair) as their length, not as the bytes themselves.
+fn fds_summary(fds: &[thaw_engine::image::FdRecord]) -> serde_json::Value {
+    let mut v = serde_json::to_value(fds).unwrap_or_default();
+    for r in v.as_array_mut().into_iter().flatten() {
+        for kind in r["kind"].as_object_mut().into_iter().flat_map(|k| k.values_mut()) {
+            for field in ["content", "buffered"] {
+                if let Some(n) = kind.get(field).and_then(|b| b.as_array()).map(Vec::len) {
+                    kind[field] = json!({"bytes": n});
+                }
+            }
+            if let Some(q) = kind.get("queued").and_then(|b| b.as_array()).map(|q| q.iter().map(|m| m.as_array().map_or(0, Vec::len)).collect::<Vec<_>>()) {
+                kind["queued"] = json!({"messages_bytes": q});
+            }
+        }
+    }
+    v
 }
