@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
@@ -167,6 +167,9 @@ fn step(w: &Wanted, have: Option<Have>) -> Step {
 
 pub struct Follower {
     client: Client,
+    /// The ThawNodes, as a watch keeps them (not listed at every reconcile: with N
+    /// agents that was N lists of every ThawNode each [`RESYNC`]).
+    nodes: tokio::sync::watch::Receiver<Arc<crate::view::ClusterView>>,
     node: Arc<Node>,
     /// The Node this agent runs on (its ThawNode's name).
     node_name: String,
@@ -178,18 +181,27 @@ pub struct Follower {
 }
 
 impl Follower {
+    /// A follower for `node` (Node `node_name`); it starts its watch of the ThawNodes
+    /// (on the current tokio runtime).
     pub fn new(client: Client, node: Arc<Node>, node_name: &str) -> Follower {
-        Follower { client, node, node_name: node_name.to_string(), complained: HashMap::new(), waiting: HashMap::new(), started: Instant::now() }
+        let empty = crate::view::ClusterView::new(Vec::new(), crate::placement::Policy::Thaw, crate::placement::DEFAULT_LOAD_FACTOR);
+        let (tx, nodes) = tokio::sync::watch::channel(Arc::new(empty));
+        tokio::spawn(crate::view::watch_nodes(client.clone(), crate::placement::Policy::Thaw, crate::placement::DEFAULT_LOAD_FACTOR, tx));
+        Follower { client, nodes, node, node_name: node_name.to_string(), complained: HashMap::new(), waiting: HashMap::new(), started: Instant::now() }
     }
 
-    /// The agents that advertise themselves (published, heartbeat recent). None: the
-    /// apiserver cannot say (then every agent builds for itself).
-    async fn agents(&self) -> Option<Vec<String>> {
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &crate::view::thawnode_resource());
-        let list = api.list(&ListParams::default()).await.ok()?;
+    /// The agents that advertise themselves (published, heartbeat recent), from the
+    /// watch. None: it has not listed them yet — this agent publishes its own ThawNode
+    /// before it follows, so a view without it is one not synced — (then every agent
+    /// builds for itself).
+    fn agents(&self) -> Option<Vec<String>> {
+        let view = self.nodes.borrow().clone();
+        if !view.nodes().iter().any(|ad| ad.name == self.node_name) {
+            return None;
+        }
         let now = k8s_openapi::chrono::Utc::now();
-        let fresh = |ad: &crate::view::NodeAd| ad.heartbeat.is_none_or(|h| (now - h).to_std().unwrap_or_default() < BUILDER_HEARTBEAT);
-        Some(list.items.iter().filter_map(|o| crate::view::NodeAd::from_object(o).ok()).filter(fresh).map(|ad| ad.name).collect())
+        let fresh = |ad: &&crate::view::NodeAd| ad.heartbeat.is_none_or(|h| (now - h).to_std().unwrap_or_default() < BUILDER_HEARTBEAT);
+        Some(view.nodes().iter().filter(fresh).map(|ad| ad.name.clone()).collect())
     }
 
     /// Follow the registry until `stop` turns true.
@@ -256,7 +268,7 @@ impl Follower {
 
     /// Bring the node's registry functions in line with `wanted`.
     async fn reconcile(&mut self, wanted: &BTreeMap<String, Result<Wanted, String>>) {
-        let agents = self.agents().await.map(|a| Builders::new(&a));
+        let agents = self.agents().map(|a| Builders::new(&a));
         for (name, w) in wanted {
             let outcome = match w {
                 Ok(w) => match self.apply(w, agents.as_ref()).await {
