@@ -225,8 +225,29 @@ impl<'a> Injector<'a> {
 
 /// Execute a single syscall in a stopped tracee using an existing `syscall`
 /// instruction at `insn` (found in its vDSO). Used once per capture, to map the
-/// injection region.
+/// injection region, and by resets (which map none). The `syscall` instruction is
+/// single-stepped: one stop (the kernel reports the step once the call has
+/// returned), where stopping at its entry and its exit took two.
 pub fn single(tracee: &Tracee, insn: u64, call: Call) -> Result<i64, InjectError> {
+    let pid = tracee.pid.as_raw();
+    let perr = |op| move |source| InjectError::Ptrace { op, pid, source };
+    set_call(tracee, insn, call)?;
+    tracee.step().map_err(perr("SINGLESTEP"))?;
+    let sig = tracee.wait_stop().map_err(perr("wait(step)"))?;
+    let after = tracee.get_regs().map_err(perr("GETREGS"))?;
+    if after.rip != insn + 2 {
+        return Err(InjectError::UnexpectedStop { pid, rip: after.rip, signal: sig.map(|s| s.to_string()) });
+    }
+    let r = after.rax as i64;
+    if (-4095..0).contains(&r) {
+        return Err(InjectError::Syscall { pid, index: 0, name: call.name, nr: call.nr, err: io::Error::from_raw_os_error(-r as i32) });
+    }
+    Ok(r)
+}
+
+/// Point the stopped tracee at the `syscall` instruction at `insn`, with `call`'s
+/// number and arguments.
+fn set_call(tracee: &Tracee, insn: u64, call: Call) -> Result<(), InjectError> {
     let pid = tracee.pid.as_raw();
     let perr = |op| move |source| InjectError::Ptrace { op, pid, source };
     let mut regs = tracee.get_regs().map_err(perr("GETREGS"))?;
@@ -239,15 +260,6 @@ pub fn single(tracee: &Tracee, insn: u64, call: Call) -> Result<i64, InjectError
     regs.r10 = call.args[3];
     regs.r8 = call.args[4];
     regs.r9 = call.args[5];
-    tracee.set_regs(&regs).map_err(perr("SETREGS"))?;
-    tracee.syscall().map_err(perr("SYSCALL(entry)"))?;
-    tracee.wait_stop().map_err(perr("wait(entry)"))?;
-    tracee.syscall().map_err(perr("SYSCALL(exit)"))?;
-    tracee.wait_stop().map_err(perr("wait(exit)"))?;
-    let after = tracee.get_regs().map_err(perr("GETREGS"))?;
-    let r = after.rax as i64;
-    if (-4095..0).contains(&r) {
-        return Err(InjectError::Syscall { pid, index: 0, name: call.name, nr: call.nr, err: io::Error::from_raw_os_error(-r as i32) });
-    }
-    Ok(r)
+    regs.eflags &= !(1 << 8); // TF: the step sets it
+    tracee.set_regs(&regs).map_err(perr("SETREGS"))
 }

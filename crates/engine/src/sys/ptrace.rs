@@ -172,6 +172,11 @@ impl Tracee {
         nptrace::cont(self.pid, None).map_err(nix_io)
     }
 
+    /// Resume for one instruction (a `syscall` instruction: until the call returns).
+    pub fn step(&self) -> io::Result<()> {
+        nptrace::step(self.pid, None).map_err(nix_io)
+    }
+
     /// Resume until the next syscall entry or exit stop.
     pub fn syscall(&self) -> io::Result<()> {
         nptrace::syscall(self.pid, None).map_err(nix_io)
