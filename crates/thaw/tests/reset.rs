@@ -551,7 +551,7 @@ fn java_instances_reset_to_a_clean_state_too() {
 }
 
 /// A Node.js function doing I/O (the imageresize sample: files and libuv's thread
-/// pool) changes its event loop's epoll registrations in every call; the reset puts
+/// pool) changes its event loop's epoll registrations in most calls; the reset puts
 /// them back (the snapshot's re-added or modified, new ones removed) instead of
 /// refusing, and every call answers the same.
 #[test]
@@ -565,9 +565,11 @@ fn nodejs_io_changes_epoll_registrations_and_is_reset() {
     ]));
     let (answers, stats) = restore_with(&snap, "node-io", r#"{"width": 80}"#, &["--invocations", "4", "--reset"]);
     assert!(answers.iter().all(|a| a == &answers[0]) && answers[0]["width"] == 80, "{answers:?}");
+    // (Whether libuv changed its registrations in these calls depends on its thread
+    // pool's timing: most runs do, some do not; the Python epoll cases above put
+    // each kind of change back deterministically.)
     let resets = stats["resets"].as_array().unwrap();
     assert!(resets.iter().all(|r| r.get("discarded").is_none()), "a reset was refused: {stats}");
-    assert!(resets.iter().any(|r| r["epoll_changes"].as_u64() > Some(0)), "no epoll registration changed: {stats}");
 }
 
 /// A /tmp file the function holds open for writing from its init is carried across the
