@@ -487,7 +487,7 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 })?;
                 FdKind::MemFd { name, content, seals, flags, pos: f.pos }
             }
-            (_, t) if t.ends_with(" (deleted)") && crate::tmpfs::MOUNTS.iter().any(|m| t.strip_prefix(m).is_some_and(|rest| rest.starts_with('/'))) => {
+            (_, t) if t.ends_with(" (deleted)") && crate::tmpfs::holds(t) => {
                 // A file of the instance's own /tmp, open and then deleted: made again at
                 // its path, which must be free.
                 let path = t[..t.len() - " (deleted)".len()].to_string();
@@ -519,8 +519,7 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 // Open for writing: only a file of the instance's own /tmp or /dev/shm
                 // (restored afresh for every instance), never one others share.
                 let acc = flags & libc::O_ACCMODE;
-                let own = crate::tmpfs::MOUNTS.iter().any(|m| t.strip_prefix(m).is_some_and(|rest| rest.starts_with('/')));
-                if ft.is_file() && acc != libc::O_RDONLY && !own {
+                if ft.is_file() && acc != libc::O_RDONLY && !crate::tmpfs::holds(t) {
                     return Err(refuse(format!("descriptor {fd} ({t}) is open for writing (only files in /tmp or /dev/shm may be)")));
                 }
                 FdKind::Path { path: t.to_string(), flags, pos: f.pos }

@@ -53,6 +53,12 @@ const REGS: [&str; 27] = [
 /// /proc/PID/status lines of the process's signal state (and of each thread's).
 const SIGNAL_LINES: [&str; 5] = ["SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:", "SigCgt:"];
 
+/// An [`InspectError::Io`] of instance `pid` while doing `what`.
+fn ioe(pid: i32, what: &str) -> impl FnOnce(io::Error) -> InspectError {
+    let what = what.to_string();
+    move |source| InspectError::Io { pid, what, source }
+}
+
 fn hash(bytes: &[u8]) -> String {
     hex::encode(&Sha256::digest(bytes)[..8])
 }
@@ -66,10 +72,7 @@ const QUIET_WAIT: Duration = Duration::from_millis(500);
 /// [`QUIET_WAIT`]): a thread still on its way back to its wait would read as another
 /// state. Every thread is stopped while it is read, then let go.
 pub fn state(pid: i32, source: &PageSource) -> Result<BTreeMap<String, String>, InspectError> {
-    let ioe = |what: &str| {
-        let what = what.to_string();
-        move |source| InspectError::Io { pid, what, source }
-    };
+    let ioe = |what: &str| ioe(pid, what);
     let tids = procfs::tids(pid).map_err(ioe("listing threads"))?;
     // Blocked in a system call: /proc/.../syscall names it ("running" while it runs,
     // -1 while it is blocked elsewhere, in a page fault the page server serves).
@@ -98,10 +101,7 @@ pub fn state(pid: i32, source: &PageSource) -> Result<BTreeMap<String, String>, 
 
 /// Read the instance `pid`, every thread (`tids`) stopped (`traced`), into `out`.
 fn read(pid: i32, source: &PageSource, traced: &[Tracee], tids: &[i32], out: &mut BTreeMap<String, String>) -> Result<(), InspectError> {
-    let ioe = |what: &str| {
-        let what = what.to_string();
-        move |source| InspectError::Io { pid, what, source }
-    };
+    let ioe = |what: &str| ioe(pid, what);
     // Threads: registers, extended state, signal mask and pending signals.
     {
         for (tr, &tid) in traced.iter().zip(tids) {

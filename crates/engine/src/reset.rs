@@ -334,16 +334,12 @@ fn file_back(pid: i32, fd: i32, content: &[u8], seals: Option<u32>) -> Result<bo
     let ioe = |what: &'static str| move |source| ResetError::Io { pid, what: format!("{what} memfd descriptor {fd}"), source };
     let path = format!("/proc/{pid}/fd/{fd}");
     let f = std::fs::File::open(&path).map_err(ioe("opening"))?;
-    let now_seals = match seals {
-        Some(_) => nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_GET_SEALS).map_err(|e| ResetError::Io {
-            pid,
-            what: format!("reading the seals of memfd descriptor {fd}"),
-            source: e.into(),
-        })?,
-        None => 0,
-    };
-    if let Some(seals) = seals.filter(|&s| s != now_seals as u32) {
-        return Err(ResetError::Fd { pid, fd, target: format!("memfd (seals {seals:#x})"), what: "a memfd of the snapshot sealed since the restore" });
+    if let Some(seals) = seals {
+        let now = nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_GET_SEALS)
+            .map_err(|e| ResetError::Io { pid, what: format!("reading the seals of memfd descriptor {fd}"), source: e.into() })?;
+        if now as u32 != seals {
+            return Err(ResetError::Fd { pid, fd, target: format!("memfd (seals {seals:#x})"), what: "a memfd of the snapshot sealed since the restore" });
+        }
     }
     let mut now = Vec::with_capacity(content.len());
     (&f).take(content.len() as u64 + 1).read_to_end(&mut now).map_err(ioe("reading"))?;
@@ -857,12 +853,8 @@ fn reset_inner(
             return Err(ResetError::Layout { pid, what: format!("{} failed with errno {}", c.name, -r) });
         }
     }
-    let mut checked = Vec::new();
-    for &(epfd, ..) in &epoll_fixes {
-        if checked.contains(&epfd) {
-            continue;
-        }
-        checked.push(epfd);
+    let epolls: std::collections::BTreeSet<i32> = epoll_fixes.iter().map(|&(epfd, ..)| epfd).collect();
+    for epfd in epolls {
         let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{epfd}")).map_err(ioe("reading fdinfo"))?;
         if watched_state("anon_inode:[eventpoll]", &info).as_ref() != t.fd_state.get(&epfd) {
             return Err(ResetError::Fd { pid, fd: epfd, target: "anon_inode:[eventpoll]".into(), what: "registrations not as restored after putting them back" });
@@ -901,8 +893,7 @@ fn reset_inner(
     if !same_tmp {
         // /tmp is put back by unlinking and recreating its files: a descriptor of the
         // snapshot on one of them would stay on the old file (restores open it again).
-        let in_tmp = |p: &str| crate::tmpfs::MOUNTS.iter().any(|m| p.strip_prefix(m).is_some_and(|rest| rest.starts_with('/')));
-        if let Some(r) = img.fds.iter().find(|r| matches!(&r.kind, crate::image::FdKind::Path { path, .. } if in_tmp(path))) {
+        if let Some(r) = img.fds.iter().find(|r| matches!(&r.kind, crate::image::FdKind::Path { path, .. } if crate::tmpfs::holds(path))) {
             let target = t.fds.get(&r.fd).cloned().unwrap_or_default();
             return Err(ResetError::Fd { pid, fd: r.fd, target, what: "a descriptor of the snapshot on a file in /tmp or /dev/shm, which changed (a reset recreates those files)" });
         }

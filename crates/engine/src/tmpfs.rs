@@ -9,7 +9,7 @@
 //! or device node is refused at capture, naming it.
 
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -17,6 +17,12 @@ use thiserror::Error;
 
 /// The tmpfs mounts of a sandbox that belong to the instance.
 pub const MOUNTS: [&str; 2] = ["/tmp", "/dev/shm"];
+
+/// Whether `path` (inside the sandbox) lies below one of [`MOUNTS`]: a file of the
+/// instance's own, which every instance gets a copy of.
+pub fn holds(path: &str) -> bool {
+    MOUNTS.iter().any(|m| path.strip_prefix(m).is_some_and(|rest| rest.starts_with('/')))
+}
 
 #[derive(Debug, Error)]
 pub enum TmpfsError {
@@ -91,10 +97,9 @@ fn walk(host: &Path, inside: &str, out: &mut Vec<Entry>, seen: &mut std::collect
                 seen.insert((meta.dev(), meta.ino()), path.clone());
             }
             EntryKind::File { data: std::fs::read(&h).map_err(ioe("reading", &h))? }
-        } else if std::os::unix::fs::FileTypeExt::is_fifo(&ft) {
+        } else if ft.is_fifo() {
             EntryKind::Fifo
         } else {
-            use std::os::unix::fs::FileTypeExt;
             let kind = if ft.is_socket() {
                 "unix socket"
             } else {
@@ -195,7 +200,6 @@ mod tests {
         let dst = tempfile::tempdir().unwrap();
         std::fs::create_dir(dst.path().join("tmp")).unwrap();
         restore(dst.path(), &entries).unwrap();
-        use std::os::unix::fs::FileTypeExt;
         assert!(std::fs::symlink_metadata(dst.path().join("tmp/pipe")).unwrap().file_type().is_fifo());
         let (a, b) = (std::fs::metadata(dst.path().join("tmp/a/b/f")).unwrap(), std::fs::metadata(dst.path().join("tmp/f2")).unwrap());
         assert_eq!((a.ino(), a.nlink()), (b.ino(), 2), "one file with two names");

@@ -532,7 +532,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                             "pages_written_back": st.pages_written_back, "mappings_unmapped": st.mappings_unmapped, "mappings_reprotected": st.mappings_reprotected,
                             "fds_closed": st.fds_closed, "tmp_reset": st.tmp_reset, "limits_reset": st.limits_reset,
                             "threads_ended": st.threads_ended, "processes_killed": st.processes_killed, "timers_deleted": st.timers_deleted, "signals_reset": st.signals_reset, "epoll_changes": st.epoll_changes, "memfds_rewritten": st.memfds_rewritten,
-                            "phases_ms": st.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()})),
+                            "phases_ms": phases_ms(&st.phases)})),
                         Err(e) => {
                             // Fail closed: discard, and serve the next invocation from a fresh restore.
                             let reason = format!("{:#}", anyhow::Error::from(e));
@@ -567,7 +567,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     match inst.reset(&snap) {
                         Ok(st) => noop.push(json!({"reset_ms": st.reset_ms, "pages_written": st.pages_written, "pages_written_back": st.pages_written_back,
                             "after_restore_ms": st.phases.iter().find(|p| p.0 == "after_restore").map(|p| p.1),
-                            "phases_ms": st.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()})),
+                            "phases_ms": phases_ms(&st.phases)})),
                         Err(e) => {
                             inst.kill();
                             return Err(anyhow::Error::from(e).context("a reset with nothing run since the previous one failed"));
@@ -612,7 +612,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                        "pages_installed_upfront": first.pages_installed_upfront,
                        "page_faults_all": all.page_faults, "bytes_read_from_image_all": all.bytes_read_from_image,
                        "server_cpu_ms": all.server_cpu_ms, "throttled_ms": all.throttled_ms,
-                       "phases_ms": start.phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()}),
+                       "phases_ms": phases_ms(&start.phases)}),
             )?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
@@ -694,6 +694,11 @@ fn print_logs(inst: &mut Instance, quiet: bool) {
 /// CPU time (user + system) this process has used, in ms: `thaw snapshot restore`'s
 /// own share of a cold start (the fetch, the restore, the page server), not the
 /// instance's.
+/// Phase timings as `--stats` writes them: an object of milliseconds by phase name.
+fn phases_ms(phases: &[(&'static str, f64)]) -> serde_json::Map<String, serde_json::Value> {
+    phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect()
+}
+
 fn process_cpu_ms() -> f64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID).map_or(0.0, |t| t.tv_sec() as f64 * 1e3 + t.tv_nsec() as f64 / 1e6)
 }
