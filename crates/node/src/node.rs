@@ -44,9 +44,10 @@ mod invoke;
 mod lifecycle;
 mod versions;
 mod snapstore;
+mod slot;
 pub mod layered;
 pub use snapstore::{SnapStoreError, SnapshotStore};
-use snapstore::SnapshotSlot;
+use slot::SnapshotSlot;
 pub use settings::{check_tags, AccountSettings, SettingsError};
 pub use update::ConfigChange;
 pub use provisioned::ProvisionedView;
@@ -190,7 +191,7 @@ impl Revision {
         boot.env.push(("AWS_REGION".into(), cfg.region.clone()));
         boot.env.push(("AWS_DEFAULT_REGION".into(), cfg.region.clone()));
         boot.init_timeout = INIT_TIMEOUT;
-        let bundle = snapstore::BundlePrint::new(boot.code_dir.clone(), boot.opt_dir.clone());
+        let bundle = slot::BundlePrint::new(boot.code_dir.clone(), boot.opt_dir.clone());
         Revision {
             id: rec.id,
             dir: rec.dir.clone(),
@@ -200,7 +201,7 @@ impl Revision {
                 rec.snapshot_id.clone(),
                 rec.snapshot_adopted,
                 cfg.snapshot_store.clone(),
-                snapstore::OpenSettings { fault_cpu_share: cfg.fault_cpu_share, sandboxes: cfg.sandbox_pool.clone() },
+                slot::OpenSettings { fault_cpu_share: cfg.fault_cpu_share, sandboxes: cfg.sandbox_pool.clone() },
                 bundle,
             ),
             snapshot_bytes: AtomicU64::new(rec.snapshot_bytes.unwrap_or(0)),
