@@ -15,6 +15,9 @@ For each function, in one sitting and interleaved run by run (the order rotates)
                 pack's name (the hash of its compressed bytes: less CPU)
   remote-cold-early-sandbox  remote-cold with the sandbox prepared while the head arrives
                 (THAW_STORE_EARLY_SANDBOX=1; off by default, it measured slower)
+  remote-cold-ws-derived  remote-cold of the same snapshot pushed without ws.pages (format 3,
+                THAW_STORE_WS=derived: the miss assembles the working set out of pages.img's
+                chunks), the baseline of storing ws.pages in the head (format 4)
   remote-cold-window  remote-cold of the same snapshot pushed with pages.img cut by 8 KiB
                 address windows (THAW_STORE_CHUNKS=window), the baseline of content-defined chunks
   remote-cold-v2  remote-cold of the same snapshot pushed with its chunks raw (format 2,
@@ -60,7 +63,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
          "layered-local", "layered-remote-cold", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
@@ -133,7 +136,7 @@ def run_thaw(thaw, env, args, stats):
     return json.loads(stats.read_text())
 
 
-def bench_function(thaw, fn, store, runs, tmp):
+def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
     code = ROOT / "build" / "samples" / "python" / fn
     data = tmp / f"data-{store.link}-{fn}"
     env = dict(store.env, THAW_DATA_DIR=str(data))
@@ -163,22 +166,26 @@ def bench_function(thaw, fn, store, runs, tmp):
     push_w = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-window"],
                             env=dict(env, THAW_STORE_CHUNKS="window"), check=True, capture_output=True, text=True)
     url_w = push_w.stdout.strip().splitlines()[-1]
+    push_wd = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-ws-derived"],
+                             env=dict(env, THAW_STORE_WS="derived"), check=True, capture_output=True, text=True)
+    url_wd = push_wd.stdout.strip().splitlines()[-1]
     pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2]),
+              "ws-derived": json.loads(push_wd.stdout.strip().splitlines()[-2]),
               "v2": json.loads(push_v2.stdout.strip().splitlines()[-2]), "layered": json.loads(push_d.stdout.strip().splitlines()[-2]),
               "window": json.loads(push_w.stdout.strip().splitlines()[-2])}
-    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w}
+    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd}
     base_entry = pushes["layered"]["base"]
     cache = data / "snapshot-cache" / "entries"
     rows = []
     for i in range(runs):
-        order = MODES[i % len(MODES):] + MODES[:i % len(MODES)]
+        order = [m for m in MODES[i % len(MODES):] + MODES[:i % len(MODES)] if m in modes]
         for mode in order:
             if mode == "boot":
                 st = run_thaw(thaw, env, ["boot", "--code", str(code), "--handler", "handler.handler"], stats)
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
                 menv = {"remote-cold-whole": dict(env, THAW_STORE_FETCH="whole"),
                         "remote-cold-head-wait": dict(env, THAW_STORE_HEAD="wait"),
@@ -215,7 +222,7 @@ def bench_function(thaw, fn, store, runs, tmp):
                          "fetch_ms": s.get("fetch_ms", 0.0) if "remote" in mode else 0.0,
                          "cpu_ms": st.get("cpu_ms_before_first_response", 0.0),
                          "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2", "layered-remote-cold": "layered",
-                                         "remote-cold-window": "window"}.get(mode, "packs")]
+                                         "remote-cold-window": "window", "remote-cold-ws-derived": "ws-derived"}.get(mode, "packs")]
                          if "remote" in mode else None})
     return rows
 
@@ -243,8 +250,9 @@ def chart(med, path):
         return None
     groups = sorted({(link, fn) for link, fn, _ in med})
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
-    w = 0.8 / len(MODES)
-    for j, mode in enumerate(MODES):
+    run = [m for m in MODES if any(k[2] == m for k in med)]
+    w = 0.8 / len(run)
+    for j, mode in enumerate(run):
         ys = [med.get((link, fn, mode), {}).get("total_ms", 0) for link, fn in groups]
         ax.bar([i + j * w for i in range(len(groups))], ys, w, label=mode)
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(groups))])
@@ -264,9 +272,15 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--links", default="loopback,1gbit,100mbit",
                     help="loopback and/or tc rates (e.g. 1gbit, 100mbit) of a veth pair to the store")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="the modes to run, comma-separated (local is always run: every ratio is against it)")
     ap.add_argument("--thaw", default=str(ROOT / "target/release/thaw"))
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     a = ap.parse_args()
+    modes = set(a.modes.split(",")) | {"local"}
+    unknown = modes - set(MODES)
+    if unknown:
+        ap.error(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="thaw-store-bench-") as tmp:
         tmp = Path(tmp)
@@ -274,7 +288,7 @@ def main():
             store = Store(tmp, link)
             try:
                 for fn in a.functions.split(","):
-                    rows += bench_function(a.thaw, fn, store, a.runs, tmp)
+                    rows += bench_function(a.thaw, fn, store, a.runs, tmp, modes)
             finally:
                 store.stop()
     med = medians(rows)
@@ -286,7 +300,8 @@ def main():
         print(f"{link:9s} {fn:11s} {mode:24s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
               f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f} {m['cpu_ms']:7.1f}")
     for (link, fn, mode), m in sorted(med.items()):
-        label = {"remote-cold": "format 3, compressed packs", "remote-cold-window": "format 3, 8 KiB address windows",
+        label = {"remote-cold": "format 4, compressed packs, ws.pages in the head", "remote-cold-ws-derived": "format 3, ws.pages derived",
+                 "remote-cold-window": "format 3, 8 KiB address windows",
                  "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",
                  "layered-remote-cold": "format 3, diff + base"}
         if mode in label and m.get("push"):

@@ -33,6 +33,13 @@ pub trait PageFill: Send + Sync {
     fn copy(&self, _offset: u64, _buf: &mut [u8]) -> io::Result<bool> {
         Ok(false)
     }
+    /// Copy the working set's pages (what ws.pages holds for the trace whose layout
+    /// is `layout`, see `ws::WorkingSet`) into `buf` if the fill holds them in memory,
+    /// waiting for a fetch of them in flight. `Ok(false)`: assemble them from the page
+    /// files. The caller checks them against the image as it checks ws.pages.
+    fn working_set(&self, _layout: &[(u64, u64)], _buf: &mut [u8]) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// One image's page files, numbered one after the other.
@@ -61,6 +68,14 @@ impl PageFiles {
     pub fn with_fill(mut self, fill: Option<Arc<dyn PageFill>>) -> PageFiles {
         self.fill = fill;
         self
+    }
+
+    /// [`PageFill::working_set`] of the fill, if there is one.
+    pub fn fill_working_set(&self, layout: &[(u64, u64)], buf: &mut [u8]) -> io::Result<bool> {
+        match &self.fill {
+            Some(f) => f.working_set(layout, buf),
+            None => Ok(false),
+        }
     }
 
     /// Number of the first base page (`u64::MAX` for a single file).

@@ -174,22 +174,21 @@ impl WorkingSet {
 
     /// The working set's pages read out of the image's `pages` instead of ws.pages:
     /// for a snapshot arriving from a store, whose fill hands them over from memory
-    /// as they arrive (ws.pages is written once the fetch completes). Checked as
-    /// [`WorkingSet::read_pages`] checks them.
+    /// as they arrive (ws.pages is written once the fetch completes), whole when it
+    /// holds ws.pages itself (a store's format 4), else page run by page run. Checked
+    /// as [`WorkingSet::read_pages`] checks them.
     pub fn assemble(&self, dir: &Path, index: &PageIndex, pages: &crate::pagefiles::PageFiles) -> Result<(AlignedBuf, f64), WsError> {
         let t0 = Instant::now();
         let mut buf = AlignedBuf::new(self.pages_bytes() as usize);
+        let ioe = |source| WsError::Io { dir: dir.to_path_buf(), what: "reading the working set's pages out of the image".into(), source };
+        let whole = pages.fill_working_set(&self.layout, buf.as_mut()).map_err(ioe)?;
         // Runs of consecutive file pages in one read each.
-        let mut i = 0;
+        let mut i = if whole { self.layout.len() } else { 0 };
         while i < self.layout.len() {
             let fp = self.layout[i].1;
             let n = self.layout[i..].iter().enumerate().take_while(|&(k, &(_, f))| f == fp + k as u64).count();
             let at = i * PAGE_SIZE as usize;
-            pages.read_exact_at(&mut buf.as_mut()[at..at + n * PAGE_SIZE as usize], fp * PAGE_SIZE).map_err(|source| WsError::Io {
-                dir: dir.to_path_buf(),
-                what: "reading the working set's pages out of the image".into(),
-                source,
-            })?;
+            pages.read_exact_at(&mut buf.as_mut()[at..at + n * PAGE_SIZE as usize], fp * PAGE_SIZE).map_err(ioe)?;
             i += n;
         }
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;

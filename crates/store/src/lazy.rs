@@ -84,6 +84,46 @@ pub struct RemoteFill {
     pending: Mutex<HashMap<u64, bytes::Bytes>>,
     /// ws.pages is a placeholder that [`RemoteFill::complete`] writes.
     deferred_ws: bool,
+    /// The stored ws.pages (format 4) of the head's trace, arriving with the head.
+    ws: Mutex<HeldWs>,
+}
+
+/// ws.pages as a miss holds it (format 4): fetched with the head, handed whole to the
+/// restore assembling its working set ([`PageFill::working_set`]), and the source of
+/// pages.img's chunks of working-set pages, built from it instead of fetched.
+enum HeldWs {
+    /// Not stored, or not usable (its trace did not parse, its read failed).
+    None,
+    /// Arriving with the head's pages, for the trace of this layout.
+    Fetching(Vec<(u64, u64)>),
+    Here {
+        /// The trace's layout (`WorkingSet::layout`) these pages are for.
+        layout: Vec<(u64, u64)>,
+        /// Image file page -> its page in ws.pages.
+        index: HashMap<u64, usize>,
+        /// ws.pages' stored chunks: (offset, bytes); zero chunks are absent.
+        parts: Vec<(u64, bytes::Bytes)>,
+        len: u64,
+    },
+}
+
+impl HeldWs {
+    fn held(layout: Vec<(u64, u64)>, parts: Vec<(u64, bytes::Bytes)>, len: u64) -> HeldWs {
+        let index = layout.iter().enumerate().map(|(i, &(_, fp))| (fp, i)).collect();
+        HeldWs::Here { layout, index, parts, len }
+    }
+
+    /// Copy bytes `at..at + buf.len()` of ws.pages into `buf` (zeros where no part is).
+    fn read(parts: &[(u64, bytes::Bytes)], at: u64, buf: &mut [u8]) {
+        buf.fill(0);
+        let end = at + buf.len() as u64;
+        for (off, part) in parts {
+            let (from, to) = (at.max(*off), end.min(off + part.len() as u64));
+            if from < to {
+                buf[(from - at) as usize..(to - at) as usize].copy_from_slice(&part[(from - off) as usize..(to - off) as usize]);
+            }
+        }
+    }
 }
 
 /// Fetch the head of stored snapshot `id` into the empty directory `dir` and return
@@ -104,6 +144,9 @@ pub struct RemoteFill {
 pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Option<Arc<RemoteFill>>> {
     let Some(head) = m.head else { return Ok(None) };
     let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
+    // ws.pages stored (format 4): read with the head's pages, not waited for.
+    let wsf = m.files.iter().position(|f| f.name == thaw_engine::ws::PAGES_FILE);
+    let later = |fi: usize| fi == file || Some(fi) == wsf;
     // Every file but pages.img must be in the head: one read brings it all.
     let elsewhere = m.files.iter().enumerate().any(|(fi, f)| fi != file && f.chunks.iter().any(|c| c.sha256.is_some() && c.pack != Some(head)));
     if elsewhere {
@@ -134,8 +177,8 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     //    no file uses, the pages are checked at once by the pack's name (the hash of
     //    its stored bytes: a third of hashing every decompressed chunk) before any is
     //    used; else each chunk by its own hash.
-    let first = spans_of(&m, |fi, c| fi != file && c.pack == Some(head), u64::MAX);
-    let head_pages = spans_of(&m, |fi, c| fi == file && c.pack == Some(head), u64::MAX);
+    let first = spans_of(&m, |fi, c| !later(fi) && c.pack == Some(head), u64::MAX);
+    let head_pages = spans_of(&m, |fi, c| later(fi) && c.pack == Some(head), u64::MAX);
     let large = head_pages.iter().map(|s| s.end - s.start).sum::<u64>() > 1 << 20;
     let head_pages: Vec<Span> = head_pages.into_iter().flat_map(|s| s.split(if large { HEAD_READS } else { 1 })).collect();
     for i in span_chunks(&head_pages, file).map(|(_, off)| chunk_of(off)) {
@@ -155,7 +198,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     // 2. Every file but pages.img, complete.
     for (s, parts) in first.iter().zip(&first_parts) {
         for (c, part) in s.chunks.iter().zip(parts) {
-            for &(fi, off) in c.places.iter().filter(|(fi, _)| *fi != file) {
+            for &(fi, off) in c.places.iter().filter(|(fi, _)| !later(*fi)) {
                 files[fi].write_all_at(part, off).map_err(StoreError::local(dir, format!("writing {}", m.files[fi].name)))?;
             }
         }
@@ -163,6 +206,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     // 3. The working set (recorded beside the snapshot, or the head's own): ws.trace,
     //    and ws.pages as a placeholder of its size until `complete` writes it.
     let mut deferred_ws = false;
+    let mut held_ws = HeldWs::None;
     let trace = match &recorded {
         Some(t) => Some(t.clone()),
         None => std::fs::read(dir.join(TRACE_FILE)).ok().map(bytes::Bytes::from),
@@ -176,7 +220,19 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
             let placeholder = File::create(dir.join(thaw_engine::ws::PAGES_FILE)).map_err(StoreError::local(dir, "creating ws.pages"))?;
             placeholder.set_len(set.pages_bytes()).map_err(StoreError::local(dir, "sizing ws.pages"))?;
             deferred_ws = true;
-            set.layout.iter().map(|&(_, fp)| chunk_of(fp * PAGE)).filter(|&i| i < chunks.len()).collect()
+            if let (Some(w), None) = (wsf, &recorded) {
+                if m.files[w].size == set.pages_bytes() {
+                    let arriving = span_chunks(&head_pages, w).next().is_some();
+                    // Every page of it zeros (no stored chunk): nothing to wait for.
+                    held_ws = if arriving { HeldWs::Fetching(set.layout.clone()) } else { HeldWs::held(set.layout.clone(), Vec::new(), set.pages_bytes()) };
+                }
+            }
+            if !matches!(held_ws, HeldWs::None) {
+                // The head's ws.pages brings them: nothing more to read.
+                HashSet::new()
+            } else {
+                set.layout.iter().map(|&(_, fp)| chunk_of(fp * PAGE)).filter(|&i| i < chunks.len()).collect()
+            }
         }
         Some((_, Err(e))) => {
             let object = if recorded.is_some() { remote.url.object_url(&crate::Remote::ws_key(id)) } else { remote.url.object_url(&crate::Remote::manifest_key(id)) };
@@ -211,6 +267,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         at_first_response: Mutex::new(None),
         pending: Mutex::new(HashMap::new()),
         deferred_ws,
+        ws: Mutex::new(held_ws),
     });
     let whole_check = whole.then(|| (first_stored, head_pack.name.clone(), remote.url.object_url(&crate::pack::pack_key(&head_pack.name))));
     for (spans, read, check) in [(head_pages, Some(pages_read), whole_check), (ws_spans, ws_read, None)] {
@@ -335,19 +392,34 @@ impl RemoteFill {
     /// instance that needed the page is killed).
     fn arrived(&self, spans: &[Span], got: Result<Vec<Vec<bytes::Bytes>>>, t0: std::time::Instant) {
         let idx: Vec<usize> = span_chunks(spans, self.file).map(|(_, off)| self.chunk_index(off)).collect();
+        let wsf = self.m.files.iter().position(|f| f.name == thaw_engine::ws::PAGES_FILE);
+        let ws_here = matches!(*self.ws.lock().unwrap_or_else(|p| p.into_inner()), HeldWs::Fetching(_))
+            && spans.iter().flat_map(|s| &s.chunks).any(|c| c.places.iter().any(|(fi, _)| Some(*fi) == wsf));
         match got {
             Ok(parts) => {
                 self.counters.requests.fetch_add(spans.len() as u64, Ordering::Relaxed);
                 self.counters.bytes.fetch_add(spans.iter().map(|s| s.end - s.start).sum(), Ordering::Relaxed);
                 let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                let mut ws_parts = Vec::new();
                 for (s, parts) in spans.iter().zip(parts) {
                     for (c, part) in s.chunks.iter().zip(parts) {
-                        for &(_, off) in c.places.iter().filter(|(fi, _)| *fi == self.file) {
-                            pending.insert(off, part.clone());
+                        for &(fi, off) in &c.places {
+                            if fi == self.file {
+                                pending.insert(off, part.clone());
+                            } else if Some(fi) == wsf {
+                                ws_parts.push((off, part.clone()));
+                            }
                         }
                     }
                 }
                 drop(pending);
+                if ws_here {
+                    let mut ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
+                    if let HeldWs::Fetching(layout) = std::mem::replace(&mut *ws, HeldWs::None) {
+                        let len = self.m.file(thaw_engine::ws::PAGES_FILE).map_or(0, |f| f.size);
+                        *ws = HeldWs::held(layout, ws_parts, len);
+                    }
+                }
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
                 for &i in &idx {
                     st[i] = State::Pending;
@@ -356,6 +428,9 @@ impl RemoteFill {
             }
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "fetching the head's pages failed; each is fetched again when needed");
+                if ws_here {
+                    *self.ws.lock().unwrap_or_else(|p| p.into_inner()) = HeldWs::None;
+                }
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
                 for &i in &idx {
                     st[i] = State::Absent;
@@ -363,6 +438,32 @@ impl RemoteFill {
             }
         }
         self.changed.notify_all();
+    }
+
+    /// Build chunks `idx` of pages.img (marked Fetching) that hold working-set pages
+    /// only from the ws.pages held in memory, checked against their hashes and written;
+    /// they end Present. Returns those it could not build.
+    fn build_from_ws(&self, idx: Vec<usize>) -> Vec<usize> {
+        let ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
+        let HeldWs::Here { index, parts, .. } = &*ws else { return idx };
+        let (mut built, mut rest) = (Vec::new(), Vec::new());
+        for i in idx {
+            let c = &self.chunks()[i];
+            let pages: Option<Vec<usize>> = (c.offset / PAGE..(c.offset + c.len) / PAGE).map(|fp| index.get(&fp).copied()).collect();
+            let ok = pages.is_some_and(|pages| {
+                let mut buf = vec![0u8; c.len as usize];
+                for (k, wp) in pages.iter().enumerate() {
+                    HeldWs::read(parts, *wp as u64 * PAGE, &mut buf[k * PAGE as usize..(k + 1) * PAGE as usize]);
+                }
+                c.sha256.as_deref() == Some(crate::remote::sha256_hex(&buf).as_str()) && self.pages.write_all_at(&buf, c.offset).is_ok()
+            });
+            if ok { built.push(i) } else { rest.push(i) }
+        }
+        drop(ws);
+        if !built.is_empty() {
+            self.settle(&built, &built);
+        }
+        rest
     }
 
     /// Wait until no read started at open is in flight.
@@ -421,6 +522,7 @@ impl RemoteFill {
         let size = self.m.files[self.file].size;
         self.ensure_with(0, size, usize::MAX)?;
         self.pages.sync_all()?;
+        *self.ws.lock().unwrap_or_else(|p| p.into_inner()) = HeldWs::None;
         // ws.pages, a placeholder until now, from the complete image (for the trace
         // there now: a restore may have merged its misses into it meanwhile).
         if self.deferred_ws {
@@ -479,7 +581,11 @@ impl RemoteFill {
                 continue;
             }
             drop(st);
-            self.fetch(&mine)?;
+            // Chunks of working-set pages come from ws.pages when it is here.
+            let mine = self.build_from_ws(mine);
+            if !mine.is_empty() {
+                self.fetch(&mine)?;
+            }
         }
     }
 }
@@ -487,6 +593,24 @@ impl RemoteFill {
 impl PageFill for RemoteFill {
     fn ensure(&self, offset: u64, len: u64) -> std::io::Result<()> {
         self.ensure_with(offset, len, FAULT_NEIGHBOURS)
+    }
+
+    fn working_set(&self, layout: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<bool> {
+        // Wait for the head's reads: `arrived` sets `ws`, then takes the state lock to
+        // notify `changed` (locks in the order state, then ws).
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while matches!(*self.ws.lock().unwrap_or_else(|p| p.into_inner()), HeldWs::Fetching(_)) {
+            st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(st);
+        let ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
+        match &*ws {
+            HeldWs::Here { layout: held, parts, len, .. } if held.as_slice() == layout && *len == buf.len() as u64 => {
+                HeldWs::read(parts, 0, buf);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     fn copy(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<bool> {

@@ -334,8 +334,9 @@ impl<'a> StoreSource<'a> {
 impl cache::Source for StoreSource<'_> {
     fn size(&self, id: &str) -> std::result::Result<u64, cache::SourceError> {
         let m = self.manifest(id)?;
-        // ws.pages is rebuilt locally: at most one page per trace entry.
-        let ws = m.file(thaw_engine::ws::TRACE_FILE).map(|f| f.size.saturating_sub(28) / 16 * 4096).unwrap_or(0);
+        // ws.pages, unless stored (format 4), is rebuilt locally: at most one page per trace entry.
+        let derived = m.file(thaw_engine::ws::PAGES_FILE).is_none();
+        let ws = m.file(thaw_engine::ws::TRACE_FILE).filter(|_| derived).map(|f| f.size.saturating_sub(28) / 16 * 4096).unwrap_or(0);
         Ok(m.total_bytes() + ws)
     }
 

@@ -23,9 +23,14 @@
 //! A layered snapshot's diff names its base, a stored snapshot of its own (`base`,
 //! format 3): the base is stored once for all its diffs, fetched once per node,
 //! and found beside the fetched diff (`thaw_engine::layers::BASE_LINK`).
-//! `derived` files are rebuilt by the reader from the others (ws.pages is a copy
-//! of the working set's pages out of pages.img, so storing it would store those
-//! bytes twice). The snapshot's id is the SHA-256 of the manifest's bytes, so a
+//! `derived` files are rebuilt by the reader from the others: before format 4,
+//! ws.pages (a copy of the working set's pages out of pages.img, in the order the
+//! trace touched them). Format 4 stores ws.pages itself, in 1 MiB chunks in the
+//! head, so a miss gets the working set as a few large, well-compressed chunks it
+//! installs as they are, instead of assembling it page by page out of pages.img's
+//! small chunks (pages.img's chunks that hold only working-set pages are packed
+//! last, and a miss builds them from ws.pages instead of fetching them).
+//! The snapshot's id is the SHA-256 of the manifest's bytes, so a
 //! manifest is verified like any other object, and the id names exactly one set
 //! of chunks, each verified by its own hash wherever it is read from (a Merkle
 //! tree). The manifest holds nothing that differs between two publishers of the
@@ -37,19 +42,23 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, StoreError};
 use crate::remote::is_sha256_hex;
 
-/// The format this build writes.
-pub const MANIFEST_FORMAT: u32 = 3;
+/// The format this build writes: 4 stores ws.pages (see the module's doc).
+pub const MANIFEST_FORMAT: u32 = 4;
+/// Chunks compressed (zstd), bases: format 3 and later; still read.
+pub const MANIFEST_FORMAT_COMPRESSED: u32 = 3;
 /// Packs, every chunk raw: still read.
 pub const MANIFEST_FORMAT_PACKS: u32 = 2;
 /// Chunks as objects of their own (`chunks/<sha256>`): still read.
 pub const MANIFEST_FORMAT_CHUNKS: u32 = 1;
 /// Refuse to parse manifests larger than this.
 pub const MAX_MANIFEST_LEN: usize = 64 << 20;
-/// The files of a snapshot directory the store knows, in manifest order.
-pub const STORED_FILES: [&str; 3] = [
+/// The files of a snapshot directory the store knows, in manifest order (ws.pages
+/// from format 4 on).
+pub const STORED_FILES: [&str; 4] = [
     thaw_engine::image::STATE_FILE,
     thaw_engine::image::PAGES_FILE,
     thaw_engine::ws::TRACE_FILE,
+    thaw_engine::ws::PAGES_FILE,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,7 +165,8 @@ impl Manifest {
                 return Err(bad(format!("bad pack name '{}'", p.name)));
             }
         }
-        if m.base.as_deref().is_some_and(|b| !is_sha256_hex(b) || m.format < MANIFEST_FORMAT) || (m.is_base && (m.base.is_some() || m.format < MANIFEST_FORMAT)) {
+        let compressed = m.format >= MANIFEST_FORMAT_COMPRESSED;
+        if m.base.as_deref().is_some_and(|b| !is_sha256_hex(b) || !compressed) || (m.is_base && (m.base.is_some() || !compressed)) {
             return Err(bad("bad base".into()));
         }
         if m.head.is_some_and(|h| h as usize >= m.packs.len()) {
@@ -178,13 +188,19 @@ impl Manifest {
             if !STORED_FILES.contains(&f.name.as_str()) || m.files[..i].iter().any(|g| g.name == f.name) {
                 return Err(bad(format!("unexpected or repeated file '{}'", f.name)));
             }
+            // ws.pages is stored from format 4 on, with its trace, and never also derived.
+            if f.name == thaw_engine::ws::PAGES_FILE
+                && (m.format < MANIFEST_FORMAT || m.file(thaw_engine::ws::TRACE_FILE).is_none() || !m.derived.is_empty())
+            {
+                return Err(bad("ws.pages stored without its trace, derived too, or before format 4".into()));
+            }
             let mut at = 0;
             for c in &f.chunks {
                 if c.offset != at || c.len == 0 || c.sha256.as_deref().is_some_and(|s| !is_sha256_hex(s)) {
                     return Err(bad(format!("{}: bad chunk at offset {}", f.name, c.offset)));
                 }
                 // Only format 3 compresses, and a compressed chunk is smaller.
-                if c.zlen.is_some_and(|z| m.format < MANIFEST_FORMAT || z == 0 || z >= c.len || c.pack.is_none()) {
+                if c.zlen.is_some_and(|z| !compressed || z == 0 || z >= c.len || c.pack.is_none()) {
                     return Err(bad(format!("{}: chunk at offset {} has a bad compressed length", f.name, c.offset)));
                 }
                 // Stored chunks of format 2 lie inside a pack; nothing else names one.
@@ -308,7 +324,7 @@ mod tests {
         assert!(Manifest::parse("m", &newer.to_bytes()).unwrap_err().to_string().contains("this build restores"));
         let mut future = sample();
         future.format = MANIFEST_FORMAT + 1;
-        assert!(Manifest::parse("m", &future.to_bytes()).unwrap_err().to_string().contains("this build reads 1 to 3): upgrade thaw"));
+        assert!(Manifest::parse("m", &future.to_bytes()).unwrap_err().to_string().contains("this build reads 1 to 4): upgrade thaw"));
     }
 
     #[test]
@@ -351,6 +367,27 @@ mod tests {
         assert!(Manifest::parse("m", &diff.to_bytes()).is_ok());
         diff.format = MANIFEST_FORMAT_PACKS;
         assert!(Manifest::parse("m", &diff.to_bytes()).unwrap_err().to_string().contains("bad base"), "format 2 has no bases");
+    }
+
+    #[test]
+    fn ws_pages_is_stored_from_format_4_on_with_its_trace_and_not_also_derived() {
+        let file = |name: &str| FileEntry { name: name.into(), size: 8, chunks: vec![Chunk::new(0, 8, None)] };
+        let mut m = sample();
+        m.files.push(file("ws.trace"));
+        m.files.push(file("ws.pages"));
+        assert!(Manifest::parse("m", &m.to_bytes()).is_ok());
+        let mut v3 = m.clone();
+        v3.format = MANIFEST_FORMAT_COMPRESSED;
+        assert!(Manifest::parse("m", &v3.to_bytes()).unwrap_err().to_string().contains("ws.pages stored"), "format 3 derives it");
+        let mut both = m.clone();
+        both.derived = vec!["ws.pages".into()];
+        assert!(Manifest::parse("m", &both.to_bytes()).unwrap_err().to_string().contains("derived too"));
+        let mut alone = m.clone();
+        alone.files.remove(2);
+        assert!(Manifest::parse("m", &alone.to_bytes()).unwrap_err().to_string().contains("without its trace"));
+        let mut twice = m.clone();
+        twice.files.push(file("ws.pages"));
+        assert!(Manifest::parse("m", &twice.to_bytes()).unwrap_err().to_string().contains("repeated file"));
     }
 
     #[test]

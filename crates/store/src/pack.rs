@@ -28,7 +28,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Result, StoreError};
 use crate::fetch::manifest;
-use crate::manifest::{Manifest, PackRef, MANIFEST_FORMAT};
+use crate::manifest::{Manifest, PackRef, MANIFEST_FORMAT, MANIFEST_FORMAT_COMPRESSED};
 use crate::publish::Plan;
 use crate::remote::{is_sha256_hex, sha256_hex, Remote};
 
@@ -60,7 +60,7 @@ const ZSTD_LEVEL: i32 = 3;
 /// hash of the JSON; lrserving's 1.2 MB manifest is stored in ~0.4 MB, and it is
 /// read before anything else on every miss), earlier formats as JSON.
 fn stored_manifest(m: &Manifest, json: Vec<u8>) -> Bytes {
-    if m.format >= MANIFEST_FORMAT {
+    if m.format >= MANIFEST_FORMAT_COMPRESSED {
         if let Ok(z) = zstd::bulk::compress(&json, ZSTD_LEVEL) {
             return Bytes::from(z);
         }
@@ -183,7 +183,12 @@ async fn stored_whole(remote: &Remote, pack: &PackRef, condemned: &HashSet<Strin
 pub fn new_packs(plan: &Plan, stored: impl Fn(&str) -> bool, target: u64) -> Vec<Vec<usize>> {
     let mut packs: Vec<Vec<usize>> = Vec::new();
     let mut fill = target;
-    for (i, u) in plan.uploads.iter().enumerate() {
+    // `plan.last` after the others: on-demand reads of the others coalesce, and a miss
+    // never reads these (it builds them from ws.pages).
+    let last: HashSet<usize> = plan.last.iter().copied().collect();
+    let order = (0..plan.uploads.len()).filter(|i| !last.contains(i)).chain(plan.last.iter().copied());
+    for i in order {
+        let u = &plan.uploads[i];
         if stored(&u.sha256) {
             continue;
         }
@@ -284,7 +289,13 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         }
     }
     let mut m = plan.manifest.clone();
-    m.format = if compressing() { MANIFEST_FORMAT } else { crate::manifest::MANIFEST_FORMAT_PACKS };
+    // Format 4 only where it stores ws.pages: readers of format 3 read the rest.
+    let ws_stored = m.file(thaw_engine::ws::PAGES_FILE).is_some();
+    m.format = match (compressing(), ws_stored) {
+        (true, true) => MANIFEST_FORMAT,
+        (true, false) => MANIFEST_FORMAT_COMPRESSED,
+        (false, _) => crate::manifest::MANIFEST_FORMAT_PACKS,
+    };
     if has_head {
         // Pack 0, so every chunk in it is placed there.
         let (head, _) = new_refs[0].clone().expect("the head was stored");

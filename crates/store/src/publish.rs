@@ -11,7 +11,12 @@
 //! resume) begin and end, so the head holds nothing else. A page that changes
 //! changes the chunk it is in; pages added or removed shift nothing beyond the
 //! chunks around them (the content resynchronizes the cuts). A chunk of zeros is
-//! not stored. ws.pages is not stored at all (see manifest.rs).
+//! not stored. ws.pages (format 4) is cut into 1 MiB pieces, in the head: a miss
+//! installs the working set from a few large chunks, which compress better and
+//! decompress faster than the hundreds of small ones its pages are in pages.img. The
+//! pages.img chunks that hold only working-set pages (cut apart from the others) are
+//! packed last, and a miss builds them from ws.pages (see `lazy.rs`).
+//! `THAW_STORE_WS=derived` stores no ws.pages (format 3, the baseline).
 //!
 //! Measured (bench/chunking.py, bench/results/chunking-20261125T190731Z: two
 //! versions of a function captured with the same layout; stored = compressed
@@ -105,6 +110,13 @@ fn cut_windows(pages: &thaw_engine::image::PageIndex, window: u64) -> Vec<(u64, 
     cuts
 }
 
+/// Whether a publish stores ws.pages (format 4). `THAW_STORE_WS=derived` (and formats
+/// 1 and 2) leave it to the reader to rebuild, as format 3 did (kept to measure against).
+pub fn stores_ws_pages() -> bool {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    !matches!(var("THAW_STORE_FORMAT").as_str(), "1" | "2") && var("THAW_STORE_WS") != "derived"
+}
+
 /// `pages` and the gaps of at most `gap` pages between them.
 fn with_gaps(pages: &[u64], gap: u64) -> HashSet<u64> {
     let mut sorted = pages.to_vec();
@@ -119,16 +131,16 @@ fn with_gaps(pages: &[u64], gap: u64) -> HashSet<u64> {
 }
 
 /// pages.img (`data`) by content: (first file page, pages) per chunk. The file is
-/// first split where membership in `apart` changes; each piece is cut by FastCDC
-/// (min avg/4, max 4 avg), each cut moved up to the next page boundary (a page
-/// never spans two chunks, so a fault needs one).
-fn cut_content(data: &[u8], avg: u32, apart: &HashSet<u64>) -> Vec<(u64, u64)> {
+/// first split where a page's `class` changes (what a restore reads first, what
+/// else); each piece is cut by FastCDC (min avg/4, max 4 avg), each cut moved up to
+/// the next page boundary (a page never spans two chunks, so a fault needs one).
+fn cut_content(data: &[u8], avg: u32, class: impl Fn(u64) -> u8) -> Vec<(u64, u64)> {
     let pages = data.len() as u64 / PAGE;
     let mut out = Vec::new();
     let mut first = 0;
     while first < pages {
-        let inside = apart.contains(&first);
-        let end = (first + 1..pages).find(|p| apart.contains(p) != inside).unwrap_or(pages);
+        let inside = class(first);
+        let end = (first + 1..pages).find(|&p| class(p) != inside).unwrap_or(pages);
         let piece = &data[(first * PAGE) as usize..(end * PAGE) as usize];
         let cdc = fastcdc::v2020::FastCDC::new(piece, avg / 4, avg, avg * 4);
         let mut at = 0;
@@ -157,9 +169,14 @@ pub struct Plan {
     /// `uploads`): state.bin, ws.trace, the chunks of the working set's pages in the
     /// order the trace first touched them, then those of the pages written before
     /// resume (private file mappings, rseq areas). Stored as a pack of its own (the head),
-    /// so a restore that misses the cache starts after one read.
+    /// so a restore that misses the cache starts after one read. With ws.pages stored
+    /// (format 4): state.bin, ws.trace, ws.pages, then the pages written before resume.
     pub head: Vec<usize>,
+    /// Chunks packed after every other (indexes into `uploads`): pages.img's chunks of
+    /// working-set pages only, which a miss builds from ws.pages instead of reading.
+    pub last: Vec<usize>,
     ws_trace: Option<Bytes>,
+    ws_pages: Option<Bytes>,
     /// A diff's base, where it is (to be published first, see [`Plan::set_base`]).
     pub base_dir: Option<PathBuf>,
 }
@@ -211,6 +228,11 @@ fn cut_fixed(f: &File, size: u64) -> std::io::Result<Vec<(u64, u64, Option<Strin
     Ok(out)
 }
 
+/// `data` (a file held in memory) in [`FILE_CHUNK`] pieces: (offset, length, name).
+fn cut_bytes(data: &[u8]) -> Vec<(u64, u64, Option<String>)> {
+    data.chunks(FILE_CHUNK as usize).enumerate().map(|(i, c)| (i as u64 * FILE_CHUNK, c.len() as u64, chunk_name(c))).collect()
+}
+
 fn chunk_name(data: &[u8]) -> Option<String> {
     (!data.iter().all(|&b| b == 0)).then(|| sha256_hex(data))
 }
@@ -248,23 +270,29 @@ pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
     // the order the trace first touched them, then the copy-on-written pages of
     // private file mappings and each thread's rseq area (written before resume).
     let mut ws_trace = None;
+    let mut ws_pages = None;
     let mut head_pages: Vec<u64> = Vec::new();
     if WorkingSet::exists(dir) {
         match WorkingSet::load(dir, snap.id) {
             Ok(set) => {
                 head_pages = set.trace.iter().filter_map(|t| t.file_page).collect();
                 let t = std::fs::read(dir.join(TRACE_FILE)).map_err(io("reading ws.trace"))?;
-                let chunks = t
-                    .chunks(FILE_CHUNK as usize)
-                    .enumerate()
-                    .map(|(i, c)| (i as u64 * FILE_CHUNK, c.len() as u64, chunk_name(c)))
-                    .collect();
-                files.push((TRACE_FILE, t.len() as u64, chunks));
+                files.push((TRACE_FILE, t.len() as u64, cut_bytes(&t)));
                 ws_trace = Some(Bytes::from(t));
+                if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
+                    let p = std::fs::read(dir.join(thaw_engine::ws::PAGES_FILE)).map_err(io("reading ws.pages"))?;
+                    if p.len() as u64 != set.pages_bytes() {
+                        return Err(StoreError::Snapshot { dir: dir.to_path_buf(), detail: "ws.pages changed while it was being published".into() });
+                    }
+                    files.push((thaw_engine::ws::PAGES_FILE, p.len() as u64, cut_bytes(&p)));
+                    ws_pages = Some(Bytes::from(p));
+                }
             }
             Err(e) => tracing::warn!("publishing {} without its working set: {e}", dir.display()),
         }
     }
+    // With ws.pages stored, the working set's pages in pages.img are not in the head.
+    let ws_page_set: HashSet<u64> = if ws_pages.is_some() { head_pages.drain(..).collect() } else { HashSet::new() };
     head_pages.extend(thaw_engine::restore::file_cow_runs(&snap.image, &snap.image.pages).flat_map(|(_, fp, n)| fp..fp + n));
     head_pages.extend(thaw_engine::restore::rseq_pages(&snap.image).into_iter().filter_map(|vaddr| snap.image.pages.lookup(vaddr)));
     let mut seen = HashSet::new();
@@ -285,9 +313,13 @@ pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
         Chunking::Cdc { avg, head_gap } => {
             let mut data = vec![0u8; pages_size as usize];
             snap.pages.read_exact_at(&mut data, 0).map_err(io("reading pages.img"))?;
+            // Cut apart: the head's pages, the working set's (when ws.pages is stored), the rest.
             let apart = head_gap.map_or_else(HashSet::new, |g| with_gaps(&head_pages, g));
+            let ws_pages: Vec<u64> = ws_page_set.iter().copied().collect();
+            let ws_apart = head_gap.map_or_else(HashSet::new, |g| with_gaps(&ws_pages, g));
+            let class = |p: u64| if apart.contains(&p) { 2 } else { u8::from(ws_apart.contains(&p)) };
             let bytes = |fp: u64, n: u64| &data[(fp * PAGE) as usize..((fp + n) * PAGE) as usize];
-            cut_content(&data, avg, &apart).into_iter().map(|(fp, n)| (fp * PAGE, n * PAGE, chunk_name(bytes(fp, n)))).collect()
+            cut_content(&data, avg, class).into_iter().map(|(fp, n)| (fp * PAGE, n * PAGE, chunk_name(bytes(fp, n)))).collect()
         }
     };
     files.insert(1, (PAGES_FILE, pages_size, page_chunks));
@@ -326,6 +358,7 @@ pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
             add(&c.sha256, &mut head);
         }
     }
+    let mut last = Vec::new();
     if let Some(pages) = entries.iter().find(|e| e.name == PAGES_FILE) {
         let chunk_at = |fp: u64| {
             let off = fp * PAGE;
@@ -337,9 +370,20 @@ pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
                 add(&c.sha256, &mut head);
             }
         }
+        // Chunks of working-set pages only (ws.pages holds them): last.
+        let mut in_last = HashSet::new();
+        for c in &pages.chunks {
+            let only_ws = (c.offset / PAGE..(c.offset + c.len) / PAGE).all(|p| ws_page_set.contains(&p));
+            if let Some(&i) = c.sha256.as_deref().and_then(|s| upload_of.get(s)) {
+                if only_ws && !in_head.contains(&i) && in_last.insert(i) {
+                    last.push(i);
+                }
+            }
+        }
     }
-    let derived = if ws_trace.is_some() { vec![thaw_engine::ws::PAGES_FILE.to_string()] } else { vec![] };
+    let derived = if ws_trace.is_some() && ws_pages.is_none() { vec![thaw_engine::ws::PAGES_FILE.to_string()] } else { vec![] };
     let manifest = Manifest {
+        // Set by the publisher (format 1, or that of its packs).
         format: MANIFEST_FORMAT_CHUNKS,
         packs: vec![],
         head: None,
@@ -353,7 +397,7 @@ pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
     };
     let manifest_bytes = manifest.to_bytes();
     let id = sha256_hex(&manifest_bytes);
-    Ok(Plan { dir: dir.to_path_buf(), manifest, manifest_bytes, id, uploads, head, ws_trace, base_dir })
+    Ok(Plan { dir: dir.to_path_buf(), manifest, manifest_bytes, id, uploads, head, last, ws_trace, ws_pages, base_dir })
 }
 
 impl Plan {
@@ -374,8 +418,12 @@ impl Plan {
     /// The bytes of upload `u`, checked against its name (the files must not
     /// change between planning and uploading).
     pub fn read(&self, u: &Upload) -> Result<Bytes> {
-        let data = if u.file == TRACE_FILE {
-            let t = self.ws_trace.as_ref().expect("planned with a trace");
+        let held = match u.file {
+            TRACE_FILE => self.ws_trace.as_ref(),
+            thaw_engine::ws::PAGES_FILE => self.ws_pages.as_ref(),
+            _ => None,
+        };
+        let data = if let Some(t) = held {
             t.slice(u.offset as usize..(u.offset + u.len) as usize)
         } else {
             let f = File::open(self.dir.join(u.file)).map_err(StoreError::local(&self.dir, format!("opening {}", u.file)))?;
@@ -469,7 +517,7 @@ mod tests {
     fn content_cuts_tile_the_file_on_page_boundaries_and_keep_the_head_apart() {
         let data = noise(600, 7);
         let apart: HashSet<u64> = (100..130).chain(131..132).chain(400..600).collect();
-        let cuts = cut_content(&data, 64 << 10, &apart);
+        let cuts = cut_content(&data, 64 << 10, |p| u8::from(apart.contains(&p)));
         tiles(&cuts, 600);
         for &(fp, n) in &cuts {
             let inside = apart.contains(&fp);
@@ -478,8 +526,8 @@ mod tests {
         // Content-defined: about the average asked for (600 pages, 2.3 MiB, at 64 KiB).
         let outside: Vec<_> = cuts.iter().filter(|(fp, _)| !apart.contains(fp)).collect();
         assert!(outside.len() >= 4 && outside.iter().all(|&&(_, n)| n <= 64), "{cuts:?}");
-        tiles(&cut_content(&[], 64 << 10, &HashSet::new()), 0);
-        tiles(&cut_content(&data[..PAGE as usize], 64 << 10, &HashSet::new()), 1);
+        tiles(&cut_content(&[], 64 << 10, |_| 0), 0);
+        tiles(&cut_content(&data[..PAGE as usize], 64 << 10, |_| 0), 1);
     }
 
     #[test]
@@ -488,13 +536,13 @@ mod tests {
         let name = |d: &[u8], cuts: Vec<(u64, u64)>| -> HashSet<Option<String>> {
             cuts.into_iter().map(|(fp, n)| chunk_name(&d[(fp * PAGE) as usize..((fp + n) * PAGE) as usize])).collect()
         };
-        let before = name(&data, cut_content(&data, 32 << 10, &HashSet::new()));
+        let before = name(&data, cut_content(&data, 32 << 10, |_| 0));
         // Three new pages near the start (an address window scheme would keep the
         // later chunks too; fixed offsets would shift every one).
         let mut grown = data[..50 * PAGE as usize].to_vec();
         grown.extend(noise(3, 99));
         grown.extend_from_slice(&data[50 * PAGE as usize..]);
-        let after = name(&grown, cut_content(&grown, 32 << 10, &HashSet::new()));
+        let after = name(&grown, cut_content(&grown, 32 << 10, |_| 0));
         let changed = after.difference(&before).count();
         assert!(changed <= 3, "{changed} of {} chunks changed", after.len());
         assert!(after.len() > 60, "{} chunks", after.len());

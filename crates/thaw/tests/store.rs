@@ -55,6 +55,11 @@ fn push_pull_restore_round_trip() {
     // third and fourth do the same fetching everything first (THAW_STORE_FETCH=whole).
     let snapshot_bytes = r["snapshot_bytes"].as_u64().unwrap();
     let id = url.rsplit('/').next().unwrap();
+    // Format 4: ws.pages is stored (in the head), not derived.
+    let manifest = s3::store(&m, "s3://rt-bucket/fns/hello").manifest(id).unwrap();
+    assert_eq!((manifest.format, manifest.derived.len()), (4, 0), "{:?}", manifest.derived);
+    assert!(manifest.file("ws.pages").is_some_and(|f| f.size == std::fs::metadata(snap.join("ws.pages")).unwrap().len()));
+    let mut fetched_by = [0u64; 5];
     for (i, hit, whole) in [(1, false, false), (2, true, false), (3, false, true), (4, true, true)] {
         if i == 3 {
             std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id)).unwrap();
@@ -72,6 +77,7 @@ fn push_pull_restore_round_trip() {
         assert_eq!(s["cached"], true, "{st}");
         let fetched = s["bytes_fetched"].as_u64().unwrap();
         assert!(if hit { fetched == 0 } else { fetched > 1 << 20 }, "{st}");
+        fetched_by[i] = fetched;
         if !hit {
             let (reqs, first) = (s["requests_before_first_response"].as_u64().unwrap(), s["bytes_fetched_before_first_response"].as_u64().unwrap());
             assert!(reqs <= 4, "{reqs} requests before the first response: {s}");
@@ -87,6 +93,10 @@ fn push_pull_restore_round_trip() {
         }
         eprintln!("restore from the store #{i}: {s}");
     }
+    // The miss from the head built pages.img's chunks of working-set pages from the
+    // stored ws.pages instead of fetching them (packed last): it read less than the
+    // whole fetch, which reads every pack.
+    assert!(fetched_by[1] < fetched_by[3], "lazy {} vs whole {} bytes", fetched_by[1], fetched_by[3]);
     // THAW_STORE_EARLY_SANDBOX=1: the manifest names the sandbox; it is prepared while
     // the rest arrives, and used.
     std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id)).unwrap();
@@ -208,7 +218,7 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
             "handler.py",
             "import os\n\
              BLOCKS = [bytes([i % 251]) * 4096 for i in range(4096)]  # 16 MiB, each page its own\n\
-             NOISE = os.urandom(1 << 16)  # pages no compressor shrinks, read by every call\n\n\
+             NOISE = os.urandom(1 << 21)  # pages no compressor shrinks (a whole chunk of ws.pages), read by every call\n\n\
              def handler(event, context):\n    \
              return sum(b[0] for b in BLOCKS) if event.get('touch') else 'idle' if hash(NOISE) else 'zero'\n",
         )],
@@ -250,7 +260,7 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
     // decompression would notice) fails that restore too, naming the head, whatever
     // the call touches.
     let key = format!("packs/{}", manifest.packs[head].name);
-    let raw = manifest.file("pages.img").unwrap().chunks.iter().find(|c| c.pack == Some(head as u32) && c.zlen.is_none()).expect("the noise is in the head, raw");
+    let raw = manifest.file("ws.pages").unwrap().chunks.iter().find(|c| c.pack == Some(head as u32) && c.zlen.is_none()).expect("the noise is in the head, raw");
     let mut data = store.block_on(store.remote.get(&key)).unwrap().to_vec();
     data[(raw.at.unwrap() + raw.len / 2) as usize] ^= 0xff;
     store.block_on(store.remote.put(&key, data.into())).unwrap();

@@ -101,7 +101,8 @@ fn a_publisher_killed_after_any_object_leaves_nothing_visible_and_gc_removes_the
 fn the_format_before_packs_is_still_read_and_collected() {
     let m = Minio::start();
     let s = store(&m, "s3://snaps/v1");
-    let plan = publish::plan(hello_snapshot()).unwrap();
+    // As THAW_STORE_FORMAT=1 plans it: address windows, ws.pages derived.
+    let plan = publish::plan_with(hello_snapshot(), publish::Chunking::WINDOWS).unwrap();
     let none = Default::default();
     s.block_on(publish::upload(&s.remote, &plan, 0..plan.uploads.len(), &none, &no_progress)).unwrap();
     s.block_on(publish::commit(&s.remote, &plan)).unwrap();
