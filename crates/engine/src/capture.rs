@@ -558,9 +558,15 @@ fn prot_of(m: &MapEntry) -> i32 {
 
 /// The madvise() advice a VMA's flags (smaps VmFlags) record and a restore must set
 /// again: dc = MADV_DONTFORK, wf = MADV_WIPEONFORK, hg = MADV_HUGEPAGE,
-/// nh = MADV_NOHUGEPAGE.
+/// nh = MADV_NOHUGEPAGE; lo = locked ([`crate::image::ADVICE_MLOCK`]).
 fn advice_of(m: &MapEntry) -> Vec<i32> {
-    [("dc", libc::MADV_DONTFORK), ("wf", libc::MADV_WIPEONFORK), ("hg", libc::MADV_HUGEPAGE), ("nh", libc::MADV_NOHUGEPAGE)]
+    [
+        ("dc", libc::MADV_DONTFORK),
+        ("wf", libc::MADV_WIPEONFORK),
+        ("hg", libc::MADV_HUGEPAGE),
+        ("nh", libc::MADV_NOHUGEPAGE),
+        ("lo", crate::image::ADVICE_MLOCK),
+    ]
         .into_iter()
         .filter(|(flag, _)| m.has_flag(flag))
         .map(|(_, advice)| advice)
@@ -575,6 +581,18 @@ fn classify_vmas(pid: i32, maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<FileRef>)
         let kind = match m.name.as_str() {
             "[vsyscall]" | "[uprobes]" => continue,
             "[vdso]" | "[vvar]" | "[vvar_vclock]" => VmaKind::Special { name: m.name.clone() },
+            name if m.shared && name.starts_with("/dev/zero") => {
+                if m.end - m.start > crate::image::MAX_SHARED_ANON {
+                    return Err(refuse(format!(
+                        "it has shared anonymous memory of {} MiB at {:#x}-{:#x}, over the {} MiB stored whole",
+                        (m.end - m.start) >> 20,
+                        m.start,
+                        m.end,
+                        crate::image::MAX_SHARED_ANON >> 20
+                    )));
+                }
+                VmaKind::SharedAnon
+            }
             name if m.is_file() => {
                 if name.ends_with(" (deleted)") {
                     return Err(refuse(format!("it maps a deleted file: {name}")));
@@ -622,8 +640,10 @@ fn page_wanted(kind: &VmaKind, pm: u64) -> bool {
         VmaKind::Anon { .. } => pm & (PM_PRESENT | PM_SWAPPED) != 0,
         // Only copy-on-written (now anonymous) pages differ from the file.
         VmaKind::FilePrivate { .. } => pm & PM_PRESENT != 0 && pm & PM_FILE == 0,
-        // The whole contents (written pages and the file's own).
-        VmaKind::FileCopied { .. } => true,
+        // The whole contents (written pages and the file's own). Shared memory too:
+        // a page it holds need not be mapped (pagemap says nothing of one released
+        // with MADV_DONTNEED, still in the shared object).
+        VmaKind::FileCopied { .. } | VmaKind::SharedAnon => true,
         VmaKind::FileShared { .. } | VmaKind::Special { .. } => false,
     }
 }

@@ -173,7 +173,18 @@ pub enum VmaKind {
     FileShared { file: usize, offset: u64 },
     /// Kernel-provided mapping moved into place (`[vdso]`, `[vvar]`, `[vvar_vclock]`).
     Special { name: String },
+    /// Shared anonymous memory (MAP_SHARED|MAP_ANONYMOUS, shown as "/dev/zero
+    /// (deleted)"), stored whole: mapped again shared and anonymous, its contents
+    /// written before the process resumes (not served by the page server: a fault in
+    /// shared memory is not one a private registration sees). Shared with the
+    /// instance's threads; an instance has no other process to share it with
+    /// (other processes are refused). Appended last: older images decode as before.
+    SharedAnon,
 }
+
+/// Shared anonymous memory larger than this is refused at capture (it is stored
+/// whole and written before the process resumes).
+pub const MAX_SHARED_ANON: u64 = 64 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Vma {
@@ -183,9 +194,18 @@ pub struct Vma {
     pub prot: i32,
     pub kind: VmaKind,
     /// madvise() advice set again after the mapping is recreated (MADV_DONTFORK,
-    /// MADV_WIPEONFORK, MADV_(NO)HUGEPAGE): VMA flags the mapping itself does not carry.
+    /// MADV_WIPEONFORK, MADV_(NO)HUGEPAGE): VMA flags the mapping itself does not carry;
+    /// and [`ADVICE_MLOCK`].
     pub advice: Vec<i32>,
 }
+
+/// In [`Vma::advice`], not a madvise() advice: the mapping was locked (mlock, VmFlags
+/// `lo`). The restore locks it again with mlock2(MLOCK_ONFAULT): its pages are locked
+/// as they arrive (from the page server, or a prefetch) instead of all being faulted
+/// in during the restore. A process locked with mlockall(MCL_FUTURE) is not seen as
+/// such (no VMA flag records it): its existing mappings are locked again, its future
+/// ones are not.
+pub const ADVICE_MLOCK: i32 = -1;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FdKind {

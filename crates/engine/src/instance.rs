@@ -771,7 +771,8 @@ impl Instance {
         // A frozen instance cannot reach a ptrace stop.
         self.thaw()?;
         let (Some(tracking), Some(stats)) = (self.tracking.as_ref(), self.page_stats.as_ref()) else {
-            return Err(crate::reset::ResetError::NotTracked("it was not restored with write tracking".into()).into());
+            let why = crate::reset::untrackable(&snap.image).unwrap_or_else(|| "it was not restored with write tracking".into());
+            return Err(crate::reset::ResetError::NotTracked(why).into());
         };
         if self.image_id != Some(snap.id) {
             let _ = self.sandbox.kill();

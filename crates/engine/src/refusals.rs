@@ -12,25 +12,18 @@ use crate::procfs::MapEntry;
 /// process before the VMAs are classified.
 pub fn refuse_mapping(m: &MapEntry) -> Option<String> {
     let range = format!("{:#x}-{:#x}", m.start, m.end);
-    // Shared anonymous memory shows up as a mapping of the deleted "/dev/zero";
-    // System V segments as "/SYSV<key> (deleted)". Both are shared with whoever else
-    // maps them (forks, other processes), which a private restore cannot reproduce.
-    if m.shared && m.name.starts_with("/dev/zero") {
-        return Some(format!(
-            "it has shared anonymous memory (MAP_SHARED|MAP_ANONYMOUS) at {range}, which the engine cannot recreate yet"
-        ));
-    }
+    // System V segments show up as "/SYSV<key> (deleted)": shared with whoever else
+    // attaches them (by key, from outside the instance too), which a restore cannot
+    // reproduce. (Shared anonymous memory, "/dev/zero (deleted)", is restored:
+    // `VmaKind::SharedAnon`.)
     if m.name.starts_with("/SYSV") {
         return Some(format!(
             "it has a System V shared memory segment (shmat) attached at {range}; SysV shm is not carried across a snapshot"
         ));
     }
-    // VMA flags the restore does not set again: losing them changes behaviour.
-    // (MADV_DONTFORK and MADV_WIPEONFORK are set again: see `Vma::advice`.)
-    let lost = [("lo", "mlock'd memory (mlock/MCL_FUTURE): the restore would not lock it")];
-    lost.iter()
-        .find(|(flag, _)| m.has_flag(flag))
-        .map(|(_, what)| format!("it has {what} at {range}"))
+    // VMA flags the restore sets again (MADV_DONTFORK, MADV_WIPEONFORK, THP advice,
+    // mlock: see `Vma::advice`) need no refusal.
+    None
 }
 
 /// The first refusal among the process's mappings.
@@ -61,13 +54,13 @@ mod tests {
     #[test]
     fn refusals_name_the_state() {
         let msg = |m: MapEntry| refuse_mapping(&m).unwrap_or_default();
-        assert!(msg(map("/dev/zero (deleted)", true, &[])).contains("shared anonymous memory (MAP_SHARED|MAP_ANONYMOUS) at 0x1000-0x3000"));
+        assert_eq!(refuse_mapping(&map("/dev/zero (deleted)", true, &[])), None, "shared anonymous memory is restored");
         assert!(msg(map("/SYSV00000000 (deleted)", true, &[])).contains("System V shared memory"));
-        assert!(msg(map("", false, &["rd", "lo"])).contains("mlock'd memory"));
+        assert_eq!(refuse_mapping(&map("", false, &["rd", "lo"])), None, "mlock is restored");
         assert_eq!(refuse_mapping(&map("", false, &["rd", "wf"])), None, "WIPEONFORK is restored");
         assert_eq!(refuse_mapping(&map("", false, &["rd", "dc"])), None, "DONTFORK is restored");
         assert_eq!(refuse_mapping(&map("/usr/lib/libc.so.6", false, &["rd", "mr"])), None);
         assert_eq!(refuse_mapping(&map("", false, &["rd", "wr", "gd"])), None);
-        assert!(check_maps(&[map("", false, &[]), map("", false, &["lo"])]).is_err());
+        assert!(check_maps(&[map("", false, &[]), map("/SYSV00000001 (deleted)", true, &[])]).is_err());
     }
 }

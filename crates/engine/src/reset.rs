@@ -179,21 +179,31 @@ pub struct ResetStats {
 /// userfaultfd (already set up with WP-async) and write-protect it; record the
 /// baseline. The process is stopped and not yet resumed; `anon` are the ranges the
 /// page server serves (registered MISSING already).
+/// Why the memory of an instance of `img` cannot be tracked for resets, if it cannot:
+/// a writable shared file mapping writes the file itself, which a reset cannot take
+/// back; writes to shared anonymous memory are not seen by the private registration.
+pub fn untrackable(img: &ProcessImage) -> Option<String> {
+    img.vmas.iter().find_map(|v| match v.kind {
+        VmaKind::FileShared { .. } if v.prot & libc::PROT_WRITE != 0 => Some(format!("{:#x}-{:#x} is a writable shared file mapping", v.start, v.end)),
+        VmaKind::SharedAnon => Some(format!("{:#x}-{:#x} is shared anonymous memory, which a reset does not track", v.start, v.end)),
+        _ => None,
+    })
+}
+
 pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Result<Tracking, ResetError> {
     let ioe = |what: String| move |source| ResetError::Io { pid, what, source };
+    if let Some(why) = untrackable(img) {
+        return Err(ResetError::NotTracked(why));
+    }
     let mut ranges = Vec::new();
     for (i, v) in img.vmas.iter().enumerate() {
         let mode = match v.kind {
             VmaKind::Anon { .. } | VmaKind::FileCopied { .. } => uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
             VmaKind::FilePrivate { .. } => uffd::REGISTER_MODE_WP,
             // Read-only shared file mappings cannot become writable (the file was
-            // opened read-only to map them, see restore.rs); writable ones write the
-            // file itself, which a reset cannot take back.
-            VmaKind::FileShared { .. } if v.prot & libc::PROT_WRITE == 0 => continue,
-            VmaKind::FileShared { .. } => {
-                return Err(ResetError::NotTracked(format!("{:#x}-{:#x} is a writable shared file mapping", v.start, v.end)))
-            }
-            VmaKind::Special { .. } => continue,
+            // opened read-only to map them, see restore.rs); writable ones and shared
+            // anonymous memory: see `untrackable`.
+            VmaKind::FileShared { .. } | VmaKind::SharedAnon | VmaKind::Special { .. } => continue,
         };
         uffd::register(uffd_fd.as_fd(), v.start, v.end - v.start, mode)
             .map_err(ioe(format!("UFFDIO_REGISTER(WP) {:#x}-{:#x}", v.start, v.end)))?;

@@ -310,10 +310,18 @@ fn restore_inner(
             }
             VmaKind::FilePrivate { file, offset } => (libc::MAP_PRIVATE as u64 | noreplace, file_fds[*file], *offset),
             VmaKind::FileShared { file, offset } => (libc::MAP_SHARED as u64 | noreplace, file_fds[*file], *offset),
+            VmaKind::SharedAnon => ((libc::MAP_SHARED | libc::MAP_ANONYMOUS) as u64 | noreplace, u64::MAX, 0),
         };
-        calls.push(Call::new("mmap", libc::SYS_mmap, &[v.start, len, v.prot as u64, flags, fd, off]));
-        for advice in &v.advice {
-            calls.push(Call::new("madvise", libc::SYS_madvise, &[v.start, len, *advice as u64]));
+        // Shared anonymous memory is writable until its contents are written (a
+        // forced write into a read-only shared mapping fails); its protection is set
+        // with the main thread's last calls.
+        let prot = if matches!(v.kind, VmaKind::SharedAnon) { (libc::PROT_READ | libc::PROT_WRITE) as u64 } else { v.prot as u64 };
+        calls.push(Call::new("mmap", libc::SYS_mmap, &[v.start, len, prot, flags, fd, off]));
+        for &advice in &v.advice {
+            calls.push(match advice {
+                crate::image::ADVICE_MLOCK => Call::new("mlock2", libc::SYS_mlock2, &[v.start, len, libc::MLOCK_ONFAULT as u64]),
+                _ => Call::new("madvise", libc::SYS_madvise, &[v.start, len, advice as u64]),
+            });
         }
     }
     let exe_fd = *file_fds.last().expect("exe is always opened");
@@ -411,6 +419,11 @@ fn restore_inner(
             // So does dumpability (to suid_dumpable, 0 here): without this the process's
             // own /proc/self files (environ, mem, ...) became unreadable to it.
             calls.push(Call::new("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as u64, img.attrs.dumpable as u64]));
+            // Shared anonymous memory, its contents written (write_file_cow_pages): its
+            // own protection.
+            for v in img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::SharedAnon) && v.prot != libc::PROT_READ | libc::PROT_WRITE) {
+                calls.push(Call::new("mprotect(shared)", libc::SYS_mprotect, &[v.start, v.end - v.start, v.prot as u64]));
+            }
         }
         ti.run(&calls, &mut data).map_err(inj_err)?;
     }
@@ -492,11 +505,12 @@ pub fn rseq_pages(img: &ProcessImage) -> Vec<u64> {
         .collect()
 }
 
-/// The stored pages of private file mappings (the ones the process had written), as
-/// (address, first file page, pages) per contiguous run inside a mapping: what
-/// [`write_file_cow_pages`] writes before the process resumes.
+/// The stored pages of private file mappings (the ones the process had written) and
+/// of shared anonymous memory, as (address, first file page, pages) per contiguous
+/// run inside a mapping: what [`write_file_cow_pages`] writes before the process
+/// resumes.
 pub fn file_cow_runs<'a>(img: &'a ProcessImage, index: &'a crate::image::PageIndex) -> impl Iterator<Item = (u64, u64, u64)> + 'a {
-    img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. })).flat_map(move |v| {
+    img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. } | VmaKind::SharedAnon)).flat_map(move |v| {
         let first = index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= v.start);
         index.runs[first..].iter().take_while(move |r| r.vaddr < v.end).map(move |run| {
             let s = run.vaddr.max(v.start);
@@ -508,7 +522,8 @@ pub fn file_cow_runs<'a>(img: &'a ProcessImage, index: &'a crate::image::PageInd
 
 /// Pages of private file mappings that the process had written (relocations,
 /// .data) differ from the file: write them now through /proc/PID/mem, which
-/// performs the copy-on-write just as the original writes did.
+/// performs the copy-on-write just as the original writes did. Shared anonymous
+/// memory's pages are written the same way (into the shared object).
 fn write_file_cow_pages(
     pid: i32,
     wmem: &ProcMem,

@@ -628,6 +628,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     VmaKind::FileCopied { .. } => "file_copied",
                     VmaKind::FileShared { .. } => "file_shared",
                     VmaKind::Special { .. } => "special",
+                    VmaKind::SharedAnon => "shared_anon",
                 };
                 *kinds.entry(k).or_default() += 1;
             }

@@ -600,6 +600,34 @@ fn a_tmp_file_held_open_for_writing_is_restored_and_its_reset_refused() {
     assert_eq!(answers, vec![serde_json::json!("init"), serde_json::json!("init+call")]);
 }
 
+/// Shared anonymous memory (Python's `mmap.mmap(-1, n)` is MAP_SHARED|MAP_ANONYMOUS)
+/// is restored with its contents and stays shared. A reset cannot track writes to it,
+/// so every reset is refused by name (fail closed: the instance is discarded and the
+/// next call gets a fresh restore): every call sees the snapshot's contents.
+#[test]
+fn shared_anonymous_memory_is_restored_and_its_reset_refused() {
+    let code = bundle(
+        "shared-anon",
+        &[(
+            "handler.py",
+            "import mmap\nM = mmap.mmap(-1, 4 * 4096)\nM[:4] = b'init'\n\n\
+             def handler(event, context):\n    seen = M[:8].rstrip(b'\\0').decode()\n    M[4:8] = b'+cal'\n    \
+             shared = [l.split()[1] for l in open('/proc/self/maps') if 'dev/zero' in l]\n    return [seen, shared]\n",
+        )],
+    );
+    let snap = scratch().join("snap-shared-anon");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "shared-anon", "{}", &["--invocations", "3", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!(["init", ["rw-s"]]); 3], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        let why = r["discarded"].as_str().unwrap_or_else(|| panic!("the reset was not refused: {r}"));
+        assert!(why.contains("shared anonymous memory"), "{why}");
+    }
+    // Without resets the same instance answers on: the memory keeps what each call wrote.
+    let (answers, _) = restore_with(&snap, "shared-anon-plain", "{}", &["--invocations", "2"]);
+    assert_eq!(answers, vec![serde_json::json!(["init", ["rw-s"]]), serde_json::json!(["init+cal", ["rw-s"]])]);
+}
+
 /// A /tmp file opened and then deleted at init is carried across the snapshot (made
 /// again at its path, opened, unlinked). A call that writes it is reset: its contents
 /// go back (rewritten through the descriptor), and every call reads them as the
