@@ -513,8 +513,11 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 if !(ft.is_file() || ft.is_char_device() || ft.is_dir()) {
                     return Err(refuse(format!("descriptor {fd} ({t}) is neither a regular file nor a device")));
                 }
-                if f.info.lines().any(|l| l.starts_with("lock:")) {
-                    return Err(refuse(format!("descriptor {fd} ({t}) holds a file lock (flock, POSIX or OFD), which cannot be carried across a snapshot")));
+                // File locks: taken again on the instance's own /tmp files (no other
+                // process shares those), refused by name elsewhere.
+                let locks = parse_locks(&f.info).map_err(|line| refuse(format!("descriptor {fd} ({t}) holds a file lock thaw cannot take again: {line}")))?;
+                if !locks.is_empty() && !(ft.is_file() && crate::tmpfs::holds(t)) {
+                    return Err(refuse(format!("descriptor {fd} ({t}) holds a file lock (flock, POSIX or OFD) on a file outside /tmp and /dev/shm, which cannot be carried across a snapshot")));
                 }
                 // Open for writing: only a file of the instance's own /tmp or /dev/shm
                 // (restored afresh for every instance), never one others share.
@@ -522,7 +525,11 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 if ft.is_file() && acc != libc::O_RDONLY && !crate::tmpfs::holds(t) {
                     return Err(refuse(format!("descriptor {fd} ({t}) is open for writing (only files in /tmp or /dev/shm may be)")));
                 }
-                FdKind::Path { path: t.to_string(), flags, pos: f.pos }
+                if locks.is_empty() {
+                    FdKind::Path { path: t.to_string(), flags, pos: f.pos }
+                } else {
+                    FdKind::PathLocked { path: t.to_string(), flags, pos: f.pos, locks }
+                }
             }
             (_, t) => {
                 return Err(refuse(format!("descriptor {fd} is of a kind the engine cannot recreate yet: {t}")));
@@ -554,6 +561,38 @@ fn prot_of(m: &MapEntry) -> i32 {
     (if m.read { libc::PROT_READ } else { 0 })
         | (if m.write { libc::PROT_WRITE } else { 0 })
         | (if m.exec { libc::PROT_EXEC } else { 0 })
+}
+
+/// The file locks in a descriptor's fdinfo (`lock:\t1: POSIX  ADVISORY  WRITE 42
+/// 00:2f:1234 0 EOF`, as /proc/locks prints them). Err: a line naming a lock this
+/// engine does not take again (a lease, a mandatory lock, one it cannot read).
+fn parse_locks(info: &str) -> Result<Vec<crate::image::FileLock>, String> {
+    use crate::image::{FileLock, LockKind};
+    let mut out = Vec::new();
+    for line in info.lines().filter_map(|l| l.strip_prefix("lock:")) {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let parsed = (|| {
+            let kind = match *w.get(1)? {
+                "FLOCK" => LockKind::Flock,
+                "POSIX" => LockKind::Posix,
+                "OFDLCK" => LockKind::Ofd,
+                _ => return None,
+            };
+            let write = match (*w.get(2)?, *w.get(3)?) {
+                ("ADVISORY", "WRITE") => true,
+                ("ADVISORY", "READ") => false,
+                _ => return None,
+            };
+            let start: u64 = w.get(6)?.parse().ok()?;
+            let len = match *w.get(7)? {
+                "EOF" => 0,
+                end => end.parse::<u64>().ok()?.checked_sub(start)? + 1,
+            };
+            Some(FileLock { kind, write, start, len })
+        })();
+        out.push(parsed.ok_or_else(|| line.trim().to_string())?);
+    }
+    Ok(out)
 }
 
 /// The madvise() advice a VMA's flags (smaps VmFlags) record and a restore must set
@@ -1037,6 +1076,22 @@ fn injected_state(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_locks_are_read_from_fdinfo_and_leases_refused() {
+        use crate::image::{FileLock, LockKind};
+        let info = "pos:\t0\nflags:\t02\nlock:\t1: FLOCK  ADVISORY  WRITE 42 00:2f:1234 0 EOF\nlock:\t2: POSIX  ADVISORY  READ 42 00:2f:1234 10 19\n";
+        assert_eq!(
+            parse_locks(info).unwrap(),
+            vec![
+                FileLock { kind: LockKind::Flock, write: true, start: 0, len: 0 },
+                FileLock { kind: LockKind::Posix, write: false, start: 10, len: 10 }
+            ]
+        );
+        assert_eq!(parse_locks("pos:\t0\n").unwrap(), vec![]);
+        assert!(parse_locks("lock:\t1: LEASE  ACTIVE    READ 42 00:2f:1234 0 EOF\n").is_err());
+        assert!(parse_locks("lock:\t1: POSIX  ADVISORY  WRITE 42 00:2f:1234 9 3\n").is_err(), "an end before the start");
+    }
 
     #[test]
     fn wanted_pages_follow_the_vma_kind() {

@@ -250,6 +250,30 @@ pub enum FdKind {
     /// A pidfd of the process itself (pidfd_open(getpid())), opened again by the
     /// restored process. (Appended last.)
     PidFdSelf { flags: i32 },
+    /// A file of the instance's own /tmp or /dev/shm reopened by path (as `Path`) on
+    /// which the process holds file locks, taken again once it is at its number.
+    /// (Appended last.)
+    PathLocked { path: String, flags: i32, pos: u64, locks: Vec<FileLock> },
+}
+
+/// A file lock a descriptor holds (fdinfo's `lock:` lines, as /proc/locks prints them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLock {
+    pub kind: LockKind,
+    pub write: bool,
+    pub start: u64,
+    /// 0: to the end of the file, however it grows.
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockKind {
+    /// flock(2): of the open file description.
+    Flock,
+    /// fcntl(F_SETLK): of the process.
+    Posix,
+    /// fcntl(F_OFD_SETLK): of the open file description.
+    Ofd,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -179,14 +179,23 @@ pub struct ResetStats {
 /// userfaultfd (already set up with WP-async) and write-protect it; record the
 /// baseline. The process is stopped and not yet resumed; `anon` are the ranges the
 /// page server serves (registered MISSING already).
-/// Why the memory of an instance of `img` cannot be tracked for resets, if it cannot:
-/// a writable shared file mapping writes the file itself, which a reset cannot take
-/// back; writes to shared anonymous memory are not seen by the private registration.
+/// Why an instance of `img` cannot be tracked for resets, if it cannot: a writable
+/// shared file mapping writes the file itself, which a reset cannot take back; writes
+/// to shared anonymous memory are not seen by the private registration; a file lock
+/// a call released would not be taken again.
 pub fn untrackable(img: &ProcessImage) -> Option<String> {
     img.vmas.iter().find_map(|v| match v.kind {
         VmaKind::FileShared { .. } if v.prot & libc::PROT_WRITE != 0 => Some(format!("{:#x}-{:#x} is a writable shared file mapping", v.start, v.end)),
         VmaKind::SharedAnon => Some(format!("{:#x}-{:#x} is shared anonymous memory, which a reset does not track", v.start, v.end)),
         _ => None,
+    })
+    .or_else(|| {
+        img.fds.iter().find_map(|r| match &r.kind {
+            crate::image::FdKind::PathLocked { path, .. } => {
+                Some(format!("descriptor {} holds a file lock on {path}, which a reset does not check", r.fd))
+            }
+            _ => None,
+        })
     })
 }
 
@@ -726,7 +735,7 @@ fn reset_inner(
         }
     }
     for r in &img.fds {
-        if let crate::image::FdKind::Path { pos, .. } | crate::image::FdKind::MemFd { pos, .. } = &r.kind {
+        if let crate::image::FdKind::Path { pos, .. } | crate::image::FdKind::PathLocked { pos, .. } | crate::image::FdKind::MemFd { pos, .. } = &r.kind {
             let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", r.fd)).map_err(ioe("reading fdinfo"))?;
             let now = procfs::parse_fdinfo(&info).0;
             if now != *pos {
@@ -903,7 +912,7 @@ fn reset_inner(
     if !same_tmp {
         // /tmp is put back by unlinking and recreating its files: a descriptor of the
         // snapshot on one of them would stay on the old file (restores open it again).
-        if let Some(r) = img.fds.iter().find(|r| matches!(&r.kind, crate::image::FdKind::Path { path, .. } if crate::tmpfs::holds(path))) {
+        if let Some(r) = img.fds.iter().find(|r| matches!(&r.kind, crate::image::FdKind::Path { path, .. } | crate::image::FdKind::PathLocked { path, .. } if crate::tmpfs::holds(path))) {
             let target = t.fds.get(&r.fd).cloned().unwrap_or_default();
             return Err(ResetError::Fd { pid, fd: r.fd, target, what: "a descriptor of the snapshot on a file in /tmp or /dev/shm, which changed (a reset recreates those files)" });
         }

@@ -204,7 +204,7 @@ fn restore_inner(
     let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
     crate::tmpfs::restore(&root, &img.tmp).map_err(|e| RestoreError::Io { pid, what: "restoring /tmp".into(), source: io::Error::other(e) })?;
     for r in &img.fds {
-        if let FdKind::Path { path, .. } = &r.kind {
+        if let FdKind::Path { path, .. } | FdKind::PathLocked { path, .. } = &r.kind {
             if std::fs::symlink_metadata(root.join(path.trim_start_matches('/'))).is_err() {
                 return Err(RestoreError::Incompatible(format!(
                     "descriptor {} refers to {path}, which does not exist in the new sandbox",
@@ -653,6 +653,35 @@ fn scratch_base(img: &ProcessImage, n: u64) -> u64 {
     }
 }
 
+/// Take descriptor `fd`'s file locks again (non-blocking: the file is the instance's
+/// own, in its /tmp, so nothing else can hold a conflicting one).
+fn push_lock_calls(calls: &mut Vec<Call>, data: &mut DataArea, fd: i32, locks: &[crate::image::FileLock]) {
+    use crate::image::LockKind;
+    for l in locks {
+        let fd = fd as u64;
+        match l.kind {
+            LockKind::Flock => {
+                let op = if l.write { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
+                calls.push(Call::new("flock", libc::SYS_flock, &[fd, op as u64]));
+            }
+            LockKind::Posix | LockKind::Ofd => {
+                // struct flock: l_type, l_whence (i16 each), padding, l_start, l_len (i64),
+                // l_pid (i32, 0 for OFD locks), padding.
+                let mut f = Vec::with_capacity(32);
+                f.extend_from_slice(&(if l.write { libc::F_WRLCK } else { libc::F_RDLCK } as i16).to_le_bytes());
+                f.extend_from_slice(&(libc::SEEK_SET as i16).to_le_bytes());
+                f.extend_from_slice(&[0; 4]);
+                f.extend_from_slice(&l.start.to_le_bytes());
+                f.extend_from_slice(&l.len.to_le_bytes());
+                f.extend_from_slice(&[0; 8]);
+                let a = data.push(&f);
+                let cmd = if l.kind == LockKind::Ofd { libc::F_OFD_SETLK } else { libc::F_SETLK };
+                calls.push(Call::new("fcntl(lock)", libc::SYS_fcntl, &[fd, cmd as u64, a]));
+            }
+        }
+    }
+}
+
 /// Recreate the image's descriptors (other than the sandbox's own 0-3):
 /// 1. create every object at whatever number the kernel picks,
 /// 2. move them all to a private high range (so step 3 cannot clobber one),
@@ -683,7 +712,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     let mut pairs: Vec<(u64, u64)> = Vec::new(); // (socketpair id, address of int[2])
     for r in &recs {
         let src = match &r.kind {
-            FdKind::Path { path, flags, .. } => {
+            FdKind::Path { path, flags, .. } | FdKind::PathLocked { path, flags, .. } => {
                 let a = data.push_cstr(path);
                 let f = (*flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)) as u64;
                 calls.push(Call::new("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, a, f]));
@@ -780,7 +809,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     }
     for (i, r) in recs.iter().enumerate() {
         let flags = match &r.kind {
-            FdKind::Path { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
+            FdKind::Path { flags, .. } | FdKind::PathLocked { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
             FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } | FdKind::TimerFd { flags, .. } => *flags,
             FdKind::SocketPair { flags, .. } | FdKind::MemFd { flags, .. } | FdKind::DeletedTmp { flags, .. } | FdKind::PidFdSelf { flags } => *flags,
             _ => 0,
@@ -797,8 +826,11 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     }
     // Step 4.
     for r in &recs {
+        if let FdKind::PathLocked { locks, .. } = &r.kind {
+            push_lock_calls(&mut calls, &mut data, r.fd, locks);
+        }
         match &r.kind {
-            FdKind::Path { pos, .. } | FdKind::MemFd { pos, .. } | FdKind::DeletedTmp { pos, .. } if *pos != 0 => {
+            FdKind::Path { pos, .. } | FdKind::PathLocked { pos, .. } | FdKind::MemFd { pos, .. } | FdKind::DeletedTmp { pos, .. } if *pos != 0 => {
                 calls.push(Call::new("lseek", libc::SYS_lseek, &[r.fd as u64, *pos, libc::SEEK_SET as u64]));
             }
             FdKind::Pipe { flags, .. } | FdKind::SocketPair { flags, .. } if *flags as u64 & nonblock != 0 => {
