@@ -175,10 +175,6 @@ pub struct ResetStats {
     pub phases: Vec<(&'static str, f64)>,
 }
 
-/// Register the restored process's memory for write tracking on the page server's
-/// userfaultfd (already set up with WP-async) and write-protect it; record the
-/// baseline. The process is stopped and not yet resumed; `anon` are the ranges the
-/// page server serves (registered MISSING already).
 /// Why an instance of `img` cannot be tracked for resets, if it cannot: a writable
 /// shared file mapping writes the file itself, which a reset cannot take back; writes
 /// to shared anonymous memory are not seen by the private registration; a file lock
@@ -199,6 +195,10 @@ pub fn untrackable(img: &ProcessImage) -> Option<String> {
     })
 }
 
+/// Register the restored process's memory for write tracking on the page server's
+/// userfaultfd (already set up with WP-async) and write-protect it; record the
+/// baseline. The process is stopped and not yet resumed; `anon` are the ranges the
+/// page server serves (registered MISSING already).
 pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Result<Tracking, ResetError> {
     let ioe = |what: String| move |source| ResetError::Io { pid, what, source };
     if let Some(why) = untrackable(img) {

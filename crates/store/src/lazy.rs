@@ -86,6 +86,8 @@ pub struct RemoteFill {
     deferred_ws: bool,
     /// The stored ws.pages (format 4) of the head's trace, arriving with the head.
     ws: Mutex<HeldWs>,
+    /// Index of ws.pages in `m.files`, when stored.
+    ws_file: Option<usize>,
 }
 
 /// ws.pages as a miss holds it (format 4): fetched with the head, handed whole to the
@@ -101,16 +103,16 @@ enum HeldWs {
         layout: Vec<(u64, u64)>,
         /// Image file page -> its page in ws.pages.
         index: HashMap<u64, usize>,
-        /// ws.pages' stored chunks: (offset, bytes); zero chunks are absent.
+        /// ws.pages' stored chunks: (offset, bytes); zero chunks are absent. Its
+        /// length is the layout's pages (checked at open against the manifest's).
         parts: Vec<(u64, bytes::Bytes)>,
-        len: u64,
     },
 }
 
 impl HeldWs {
-    fn held(layout: Vec<(u64, u64)>, parts: Vec<(u64, bytes::Bytes)>, len: u64) -> HeldWs {
+    fn held(layout: Vec<(u64, u64)>, parts: Vec<(u64, bytes::Bytes)>) -> HeldWs {
         let index = layout.iter().enumerate().map(|(i, &(_, fp))| (fp, i)).collect();
-        HeldWs::Here { layout, index, parts, len }
+        HeldWs::Here { layout, index, parts }
     }
 
     /// Copy bytes `at..at + buf.len()` of ws.pages into `buf` (zeros where no part is).
@@ -224,7 +226,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
                 if m.files[w].size == set.pages_bytes() {
                     let arriving = span_chunks(&head_pages, w).next().is_some();
                     // Every page of it zeros (no stored chunk): nothing to wait for.
-                    held_ws = if arriving { HeldWs::Fetching(set.layout.clone()) } else { HeldWs::held(set.layout.clone(), Vec::new(), set.pages_bytes()) };
+                    held_ws = if arriving { HeldWs::Fetching(set.layout.clone()) } else { HeldWs::held(set.layout.clone(), Vec::new()) };
                 }
             }
             if !matches!(held_ws, HeldWs::None) {
@@ -268,6 +270,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         pending: Mutex::new(HashMap::new()),
         deferred_ws,
         ws: Mutex::new(held_ws),
+        ws_file: wsf,
     });
     let whole_check = whole.then(|| (first_stored, head_pack.name.clone(), remote.url.object_url(&crate::pack::pack_key(&head_pack.name))));
     for (spans, read, check) in [(head_pages, Some(pages_read), whole_check), (ws_spans, ws_read, None)] {
@@ -392,7 +395,7 @@ impl RemoteFill {
     /// instance that needed the page is killed).
     fn arrived(&self, spans: &[Span], got: Result<Vec<Vec<bytes::Bytes>>>, t0: std::time::Instant) {
         let idx: Vec<usize> = span_chunks(spans, self.file).map(|(_, off)| self.chunk_index(off)).collect();
-        let wsf = self.m.files.iter().position(|f| f.name == thaw_engine::ws::PAGES_FILE);
+        let wsf = self.ws_file;
         let ws_here = matches!(*self.ws.lock().unwrap_or_else(|p| p.into_inner()), HeldWs::Fetching(_))
             && spans.iter().flat_map(|s| &s.chunks).any(|c| c.places.iter().any(|(fi, _)| Some(*fi) == wsf));
         match got {
@@ -416,8 +419,7 @@ impl RemoteFill {
                 if ws_here {
                     let mut ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
                     if let HeldWs::Fetching(layout) = std::mem::replace(&mut *ws, HeldWs::None) {
-                        let len = self.m.file(thaw_engine::ws::PAGES_FILE).map_or(0, |f| f.size);
-                        *ws = HeldWs::held(layout, ws_parts, len);
+                        *ws = HeldWs::held(layout, ws_parts);
                     }
                 }
                 let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -605,7 +607,7 @@ impl PageFill for RemoteFill {
         drop(st);
         let ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
         match &*ws {
-            HeldWs::Here { layout: held, parts, len, .. } if held.as_slice() == layout && *len == buf.len() as u64 => {
+            HeldWs::Here { layout: held, parts, .. } if held.as_slice() == layout && buf.len() as u64 == layout.len() as u64 * PAGE => {
                 HeldWs::read(parts, 0, buf);
                 Ok(true)
             }

@@ -315,8 +315,8 @@ pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
             snap.pages.read_exact_at(&mut data, 0).map_err(io("reading pages.img"))?;
             // Cut apart: the head's pages, the working set's (when ws.pages is stored), the rest.
             let apart = head_gap.map_or_else(HashSet::new, |g| with_gaps(&head_pages, g));
-            let ws_pages: Vec<u64> = ws_page_set.iter().copied().collect();
-            let ws_apart = head_gap.map_or_else(HashSet::new, |g| with_gaps(&ws_pages, g));
+            let ws_list: Vec<u64> = ws_page_set.iter().copied().collect();
+            let ws_apart = head_gap.map_or_else(HashSet::new, |g| with_gaps(&ws_list, g));
             let class = |p: u64| if apart.contains(&p) { 2 } else { u8::from(ws_apart.contains(&p)) };
             let bytes = |fp: u64, n: u64| &data[(fp * PAGE) as usize..((fp + n) * PAGE) as usize];
             cut_content(&data, avg, class).into_iter().map(|(fp, n)| (fp * PAGE, n * PAGE, chunk_name(bytes(fp, n)))).collect()
