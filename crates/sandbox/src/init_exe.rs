@@ -53,15 +53,33 @@ pub fn check_init_binary(path: &Path) -> Result<(), String> {
     if m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0 {
         return Err("owned by another user or writable by group/others".into());
     }
-    let out = std::process::Command::new(path)
-        .arg(BUILD_ID_ARG)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .output()
-        .map_err(|e| e.to_string())?;
+    let out = run_build_id(path).map_err(|e| e.to_string())?;
     let theirs = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() || theirs.trim() != BUILD_ID {
         return Err(format!("another build ({})", theirs.trim()));
     }
     Ok(())
+}
+
+/// Runs `path --build-id`. A file that was just written may be briefly "busy" (ETXTBSY):
+/// a fork elsewhere in this process, between its fork and its exec, still holds the
+/// writer's descriptor (close-on-exec closes it only at that exec). That clears within
+/// milliseconds, so the exec is tried again for up to a second before it counts.
+fn run_build_id(path: &Path) -> std::io::Result<std::process::Output> {
+    let mut delay = std::time::Duration::from_millis(1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        let out = std::process::Command::new(path)
+            .arg(BUILD_ID_ARG)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output();
+        match out {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(std::time::Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
 }

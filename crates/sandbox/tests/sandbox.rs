@@ -666,3 +666,23 @@ fn the_small_init_is_used_only_from_the_same_build_and_safe_to_exec() {
     assert_eq!(check_init_binary(&other), Ok(()), "a copy of the same build is fine");
     assert!(check_init_binary(&dir.path().join("missing")).is_err());
 }
+
+#[test]
+fn the_small_init_check_waits_out_a_writer_that_is_about_to_close() {
+    // What a fork elsewhere in the process does between its fork and its exec: it holds
+    // a descriptor open for writing on the freshly copied binary for a moment.
+    use thaw_sandbox::init_exe::check_init_binary;
+    let ours = Path::new(env!("CARGO_BIN_EXE_thaw-sandbox-init"));
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("thaw-sandbox-init");
+    std::fs::copy(ours, &copy).unwrap();
+    let writer = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+    let err = std::process::Command::new(&copy).arg("--build-id").output().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ETXTBSY), "the writer makes the file busy");
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(writer);
+    });
+    assert_eq!(check_init_binary(&copy), Ok(()), "busy for 50 ms is waited out");
+    closer.join().unwrap();
+}
