@@ -26,6 +26,8 @@ use crate::sys::mem::ProcMem;
 use crate::sys::ptrace::{self, Tracee};
 use crate::sys::PAGE_SIZE;
 
+mod unlinked;
+
 #[derive(Debug, Error)]
 pub enum CaptureError {
     #[error("cannot capture pid {pid}: {reason}")]
@@ -147,13 +149,13 @@ fn capture_inner(
     let auxv = procfs::auxv(pid).map_err(ioe("reading auxv"))?;
     let exe = procfs::exe(pid).map_err(ioe("reading exe link"))?;
     let personality = procfs::personality(pid).map_err(ioe("reading personality"))?;
-    let fds = capture_fds(pid)?;
+    let mut fds = capture_fds(pid)?;
     let tmp = crate::tmpfs::capture(Path::new(&format!("/proc/{pid}/root"))).map_err(|e| match e {
         crate::tmpfs::TmpfsError::Io { .. } => CaptureError::Io { pid, what: "capturing /tmp".into(), source: io::Error::other(e) },
         refusal => refuse(refusal.to_string()),
     })?;
 
-    let (mut vmas, files) = classify_vmas(pid, &maps)?;
+    let (mut vmas, files) = classify_vmas(pid, &maps, &mut fds)?;
     let mem = ProcMem::open(pid, false).map_err(ioe("opening /proc/PID/mem"))?;
     let base = match layer {
         Layer::Diff(b) => Some(b),
@@ -188,7 +190,6 @@ fn capture_inner(
             injected.sysv_segments
         )));
     }
-    let mut fds = fds;
     for (fd, bytes) in injected.pipe_data {
         if let Some(FdRecord { kind: FdKind::Pipe { buffered, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
             *buffered = bytes;
@@ -354,10 +355,15 @@ const MEMFD_MAX: u64 = 16 << 20;
 /// description: the process's offset is not moved). Err(None): larger than
 /// [`MEMFD_MAX`].
 fn read_fd_file(pid: i32, fd: i32) -> Result<(Vec<u8>, u32, u32), Option<std::io::Error>> {
+    read_file(&format!("/proc/{pid}/fd/{fd}"))
+}
+
+/// [`read_fd_file`] of any path (/proc/PID/map_files/... for an object only mapped).
+fn read_file(path: &str) -> Result<(Vec<u8>, u32, u32), Option<std::io::Error>> {
     use std::os::unix::fs::PermissionsExt;
     use std::io::Read;
     use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(format!("/proc/{pid}/fd/{fd}")).map_err(Some)?;
+    let f = std::fs::File::open(path).map_err(Some)?;
     let meta = f.metadata().map_err(Some)?;
     if meta.len() > MEMFD_MAX {
         return Err(None);
@@ -612,8 +618,12 @@ fn advice_of(m: &MapEntry) -> Vec<i32> {
         .collect()
 }
 
-fn classify_vmas(pid: i32, maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<FileRef>), CaptureError> {
+/// The process's mappings as the image records them, and the files they map. A
+/// mapped memfd or deleted /tmp file the process holds no descriptor of is added to
+/// `fds` (see [`unlinked`]).
+fn classify_vmas(pid: i32, maps: &[MapEntry], fds: &mut Vec<FdRecord>) -> Result<(Vec<Vma>, Vec<FileRef>), CaptureError> {
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
+    let mut unlinked = unlinked::Unlinked::new(pid, fds)?;
     let mut vmas = Vec::new();
     let mut files: Vec<FileRef> = Vec::new();
     for m in maps {
@@ -632,6 +642,7 @@ fn classify_vmas(pid: i32, maps: &[MapEntry]) -> Result<(Vec<Vma>, Vec<FileRef>)
                 }
                 VmaKind::SharedAnon
             }
+            _ if unlinked::is_unlinked(m) => unlinked.kind(m, fds)?,
             name if m.is_file() => {
                 if name.ends_with(" (deleted)") {
                     return Err(refuse(format!("it maps a deleted file: {name}")));
@@ -678,12 +689,13 @@ fn page_wanted(kind: &VmaKind, pm: u64) -> bool {
     match kind {
         VmaKind::Anon { .. } => pm & (PM_PRESENT | PM_SWAPPED) != 0,
         // Only copy-on-written (now anonymous) pages differ from the file.
-        VmaKind::FilePrivate { .. } => pm & PM_PRESENT != 0 && pm & PM_FILE == 0,
+        VmaKind::FilePrivate { .. } | VmaKind::Unlinked { shared: false, .. } => pm & PM_PRESENT != 0 && pm & PM_FILE == 0,
         // The whole contents (written pages and the file's own). Shared memory too:
         // a page it holds need not be mapped (pagemap says nothing of one released
         // with MADV_DONTNEED, still in the shared object).
         VmaKind::FileCopied { .. } | VmaKind::SharedAnon => true,
-        VmaKind::FileShared { .. } | VmaKind::Special { .. } => false,
+        // Shared memfd or deleted-file memory is its object's contents (its descriptor's).
+        VmaKind::FileShared { .. } | VmaKind::Special { .. } | VmaKind::Unlinked { shared: true, .. } => false,
     }
 }
 
@@ -730,7 +742,7 @@ fn dump_pages(
                 stats.vmas_copied_whole += 1;
             }
         }
-        let is_file = matches!(v.kind, VmaKind::FilePrivate { .. });
+        let is_file = matches!(v.kind, VmaKind::FilePrivate { .. } | VmaKind::Unlinked { .. });
         let mut i = 0;
         while i < npages {
             if !page_wanted(&v.kind, entry(i)) {

@@ -180,6 +180,14 @@ pub enum VmaKind {
     /// instance's threads; an instance has no other process to share it with
     /// (other processes are refused). Appended last: older images decode as before.
     SharedAnon,
+    /// A mapping of an object no path reaches: a memfd, or a file of the instance's
+    /// own /tmp or /dev/shm deleted since it was mapped. Mapped again from descriptor
+    /// `fd` once the descriptors are restored: a `MemFd` or `DeletedTmp` the process
+    /// holds of the same object, or an [`FdKind::MapOnly`] made for its mappings. The
+    /// object's contents travel with that descriptor; a private mapping's
+    /// copy-on-written pages are stored in the image, as a `FilePrivate`'s.
+    /// (Appended last.)
+    Unlinked { fd: i32, offset: u64, shared: bool },
 }
 
 /// Shared anonymous memory larger than this is refused at capture (it is stored
@@ -254,6 +262,11 @@ pub enum FdKind {
     /// which the process holds file locks, taken again once it is at its number.
     /// (Appended last.)
     PathLocked { path: String, flags: i32, pos: u64, locks: Vec<FileLock> },
+    /// Not one of the process's descriptors: a memfd or deleted /tmp file it maps
+    /// but holds no descriptor of. `object` (a `MemFd` or `DeletedTmp`) is made at
+    /// this number, otherwise unused, for its mappings ([`VmaKind::Unlinked`]) and
+    /// closed once they are made. (Appended last.)
+    MapOnly { object: Box<FdKind> },
 }
 
 /// A file lock a descriptor holds (fdinfo's `lock:` lines, as /proc/locks prints them).

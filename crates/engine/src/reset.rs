@@ -183,6 +183,7 @@ pub fn untrackable(img: &ProcessImage) -> Option<String> {
     img.vmas.iter().find_map(|v| match v.kind {
         VmaKind::FileShared { .. } if v.prot & libc::PROT_WRITE != 0 => Some(format!("{:#x}-{:#x} is a writable shared file mapping", v.start, v.end)),
         VmaKind::SharedAnon => Some(format!("{:#x}-{:#x} is shared anonymous memory, which a reset does not track", v.start, v.end)),
+        VmaKind::Unlinked { .. } => Some(format!("{:#x}-{:#x} maps a memfd or a deleted file, which a reset does not track", v.start, v.end)),
         _ => None,
     })
     .or_else(|| {
@@ -212,7 +213,7 @@ pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Re
             // Read-only shared file mappings cannot become writable (the file was
             // opened read-only to map them, see restore.rs); writable ones and shared
             // anonymous memory: see `untrackable`.
-            VmaKind::FileShared { .. } | VmaKind::SharedAnon | VmaKind::Special { .. } => continue,
+            VmaKind::FileShared { .. } | VmaKind::SharedAnon | VmaKind::Special { .. } | VmaKind::Unlinked { .. } => continue,
         };
         uffd::register(uffd_fd.as_fd(), v.start, v.end - v.start, mode)
             .map_err(ioe(format!("UFFDIO_REGISTER(WP) {:#x}-{:#x}", v.start, v.end)))?;

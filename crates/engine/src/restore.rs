@@ -37,6 +37,8 @@ use crate::sys::mem::{self, ProcMem};
 use crate::sys::ptrace::Tracee;
 use crate::sys::{uffd, PAGE_SIZE};
 
+mod unlinked;
+
 #[derive(Debug, Error)]
 pub enum RestoreError {
     #[error("restoring into pid {pid}: {what}")]
@@ -289,7 +291,8 @@ fn restore_inner(
         let len = v.end - v.start;
         let noreplace = libc::MAP_FIXED_NOREPLACE as u64;
         let (flags, fd, off) = match &v.kind {
-            VmaKind::Special { .. } => continue,
+            // Mapped from their descriptors once those are restored (see `unlinked`).
+            VmaKind::Special { .. } | VmaKind::Unlinked { .. } => continue,
             // Served by the page server: anonymous memory and file mappings stored whole.
             VmaKind::Anon { .. } | VmaKind::FileCopied { .. } => {
                 anon_vmas.push((v.start, v.end));
@@ -318,10 +321,7 @@ fn restore_inner(
         let prot = if matches!(v.kind, VmaKind::SharedAnon) { (libc::PROT_READ | libc::PROT_WRITE) as u64 } else { v.prot as u64 };
         calls.push(Call::new("mmap", libc::SYS_mmap, &[v.start, len, prot, flags, fd, off]));
         for &advice in &v.advice {
-            calls.push(match advice {
-                crate::image::ADVICE_MLOCK => Call::new("mlock2", libc::SYS_mlock2, &[v.start, len, libc::MLOCK_ONFAULT as u64]),
-                _ => Call::new("madvise", libc::SYS_madvise, &[v.start, len, advice as u64]),
-            });
+            calls.push(advice_call(v.start, len, advice));
         }
     }
     let exe_fd = *file_fds.last().expect("exe is always opened");
@@ -358,6 +358,10 @@ fn restore_inner(
     calls.push(Call::new("personality", libc::SYS_personality, &[img.personality as u64]));
     inj.run(&calls, &mut data).map_err(inj_err)?;
     restore_fds(&inj, img).map_err(inj_err)?;
+    let unlinked = unlinked::calls(img);
+    if !unlinked.is_empty() {
+        inj.run(&unlinked, &mut DataArea::new(region)).map_err(inj_err)?;
+    }
     create_threads(&inj, &wmem, region, img, threads).map_err(inj_err)?;
     // Resource limits last (still as root, before the credentials drop): a lowered
     // RLIMIT_NOFILE or RLIMIT_NPROC must not refuse the descriptors and threads
@@ -492,6 +496,14 @@ fn restore_inner(
     Ok(Restored { pageserver, stats, prefetch, phases, tracking })
 }
 
+/// The call that sets `advice` (a [`crate::image::Vma::advice`]) on a mapping again.
+fn advice_call(start: u64, len: u64, advice: i32) -> Call {
+    match advice {
+        crate::image::ADVICE_MLOCK => Call::new("mlock2", libc::SYS_mlock2, &[start, len, libc::MLOCK_ONFAULT as u64]),
+        _ => Call::new("madvise", libc::SYS_madvise, &[start, len, advice as u64]),
+    }
+}
+
 /// The pages holding the threads' rseq areas, installed before the process resumes.
 pub fn rseq_pages(img: &ProcessImage) -> Vec<u64> {
     img.threads
@@ -510,7 +522,7 @@ pub fn rseq_pages(img: &ProcessImage) -> Vec<u64> {
 /// run inside a mapping: what [`write_file_cow_pages`] writes before the process
 /// resumes.
 pub fn file_cow_runs<'a>(img: &'a ProcessImage, index: &'a crate::image::PageIndex) -> impl Iterator<Item = (u64, u64, u64)> + 'a {
-    img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. } | VmaKind::SharedAnon)).flat_map(move |v| {
+    img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. } | VmaKind::SharedAnon | VmaKind::Unlinked { shared: false, .. })).flat_map(move |v| {
         let first = index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= v.start);
         index.runs[first..].iter().take_while(move |r| r.vaddr < v.end).map(move |run| {
             let s = run.vaddr.max(v.start);
@@ -689,10 +701,20 @@ fn push_lock_calls(calls: &mut Vec<Call>, data: &mut DataArea, fd: i32, locks: &
 /// 4. restore offsets, O_NONBLOCK on pipe ends, and epoll registrations.
 fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError> {
     let dups: Vec<&FdRecord> = img.fds.iter().filter(|r| matches!(r.kind, FdKind::Dup { .. })).collect();
+    // Objects made only for their mappings: made as what they hold (closed once mapped).
+    let map_only: Vec<FdRecord> = img
+        .fds
+        .iter()
+        .filter_map(|r| match &r.kind {
+            FdKind::MapOnly { object } => Some(FdRecord { fd: r.fd, kind: object.as_ref().clone() }),
+            _ => None,
+        })
+        .collect();
     let recs: Vec<&FdRecord> = img
         .fds
         .iter()
-        .filter(|r| !matches!(r.kind, FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. }))
+        .filter(|r| !matches!(r.kind, FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } | FdKind::MapOnly { .. }))
+        .chain(&map_only)
         .collect();
     if recs.is_empty() {
         return Ok(());
@@ -784,7 +806,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("pidfd_open(self)", libc::SYS_pidfd_open, &[crate::conventions::MAIN_PID as u64, f]));
                 Src::Call(calls.len() - 1)
             }
-            FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } => unreachable!("filtered above"),
+            FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } | FdKind::MapOnly { .. } => unreachable!("filtered above"),
         };
         sources.push(src);
     }

@@ -629,6 +629,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     VmaKind::FileShared { .. } => "file_shared",
                     VmaKind::Special { .. } => "special",
                     VmaKind::SharedAnon => "shared_anon",
+                    VmaKind::Unlinked { .. } => "unlinked",
                 };
                 *kinds.entry(k).or_default() += 1;
             }

@@ -628,6 +628,39 @@ fn shared_anonymous_memory_is_restored_and_its_reset_refused() {
     assert_eq!(answers, vec![serde_json::json!(["init", ["rw-s"]]), serde_json::json!(["init+cal", ["rw-s"]])]);
 }
 
+/// A memfd mapped shared and its descriptor closed at init (what V8 and JITs do) is
+/// carried across the snapshot: made again for its mapping and closed once mapped.
+/// A reset is refused by name (its writes are not tracked); without resets the memory
+/// keeps what each call wrote.
+#[test]
+fn a_mapped_memfd_whose_descriptor_was_closed_is_restored_and_its_reset_refused() {
+    // libc's mmap through ctypes: Python's mmap module keeps a dup of the descriptor.
+    let code = bundle(
+        "memfd-mapped",
+        &[(
+            "handler.py",
+            "import ctypes, os\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n\
+             libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+             fd = os.memfd_create('jit')\nos.ftruncate(fd, 2 * 4096)\nA = libc.mmap(None, 2 * 4096, 3, 1, fd, 0)\nos.close(fd)\n\
+             ctypes.memmove(A, b'init', 4)\n\n\
+             def handler(event, context):\n    seen = ctypes.string_at(A, 8).rstrip(b'\\0').decode()\n    ctypes.memmove(A + 4, b'+cal', 4)\n    \
+             maps = [l.split()[1] for l in open('/proc/self/maps') if 'memfd:jit' in l]\n    \
+             fds = [n for n in os.listdir('/proc/self/fd') if os.path.exists('/proc/self/fd/' + n) and os.readlink('/proc/self/fd/' + n).startswith('/memfd:')]\n    \
+             return [seen, maps, fds]\n",
+        )],
+    );
+    let snap = scratch().join("snap-memfd-mapped");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "memfd-mapped", "{}", &["--invocations", "2", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!(["init", ["rw-s"], []]); 2], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        let why = r["discarded"].as_str().unwrap_or_else(|| panic!("the reset was not refused: {r}"));
+        assert!(why.contains("memfd"), "{why}");
+    }
+    let (answers, _) = restore_with(&snap, "memfd-mapped-plain", "{}", &["--invocations", "2"]);
+    assert_eq!(answers, vec![serde_json::json!(["init", ["rw-s"], []]), serde_json::json!(["init+cal", ["rw-s"], []])]);
+}
+
 /// A /tmp file opened and then deleted at init is carried across the snapshot (made
 /// again at its path, opened, unlinked). A call that writes it is reset: its contents
 /// go back (rewritten through the descriptor), and every call reads them as the
