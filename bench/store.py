@@ -18,6 +18,10 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   remote-cold-ws-derived  remote-cold of the same snapshot pushed without ws.pages (format 3,
                 THAW_STORE_WS=derived: the miss assembles the working set out of pages.img's
                 chunks), the baseline of storing ws.pages in the head (format 4)
+  remote-cold-no-head-copy  remote-cold of the same snapshot pushed without the head's copy
+                under its id (THAW_STORE_HEAD_COPY=0: the miss reads the head from its
+                pack once the manifest is here), the baseline of reading the head's
+                copy beside the manifest
   remote-cold-window  remote-cold of the same snapshot pushed with pages.img cut by 8 KiB
                 address windows (THAW_STORE_CHUNKS=window), the baseline of content-defined chunks
   remote-cold-v2  remote-cold of the same snapshot pushed with its chunks raw (format 2,
@@ -63,7 +67,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
          "layered-local", "layered-remote-cold", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
@@ -169,11 +173,15 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
     push_wd = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-ws-derived"],
                              env=dict(env, THAW_STORE_WS="derived"), check=True, capture_output=True, text=True)
     url_wd = push_wd.stdout.strip().splitlines()[-1]
+    push_nc = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-no-head-copy"],
+                             env=dict(env, THAW_STORE_HEAD_COPY="0"), check=True, capture_output=True, text=True)
+    url_nc = push_nc.stdout.strip().splitlines()[-1]
     pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2]),
               "ws-derived": json.loads(push_wd.stdout.strip().splitlines()[-2]),
+              "no-head-copy": json.loads(push_nc.stdout.strip().splitlines()[-2]),
               "v2": json.loads(push_v2.stdout.strip().splitlines()[-2]), "layered": json.loads(push_d.stdout.strip().splitlines()[-2]),
               "window": json.loads(push_w.stdout.strip().splitlines()[-2])}
-    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd}
+    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd, "remote-cold-no-head-copy": url_nc}
     base_entry = pushes["layered"]["base"]
     cache = data / "snapshot-cache" / "entries"
     rows = []
@@ -185,7 +193,7 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
                 menv = {"remote-cold-whole": dict(env, THAW_STORE_FETCH="whole"),
                         "remote-cold-head-wait": dict(env, THAW_STORE_HEAD="wait"),
@@ -222,7 +230,8 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
                          "fetch_ms": s.get("fetch_ms", 0.0) if "remote" in mode else 0.0,
                          "cpu_ms": st.get("cpu_ms_before_first_response", 0.0),
                          "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2", "layered-remote-cold": "layered",
-                                         "remote-cold-window": "window", "remote-cold-ws-derived": "ws-derived"}.get(mode, "packs")]
+                                         "remote-cold-window": "window", "remote-cold-ws-derived": "ws-derived",
+                                         "remote-cold-no-head-copy": "no-head-copy"}.get(mode, "packs")]
                          if "remote" in mode else None})
     return rows
 
@@ -300,7 +309,8 @@ def main():
         print(f"{link:9s} {fn:11s} {mode:24s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
               f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f} {m['cpu_ms']:7.1f}")
     for (link, fn, mode), m in sorted(med.items()):
-        label = {"remote-cold": "format 4, compressed packs, ws.pages in the head", "remote-cold-ws-derived": "format 3, ws.pages derived",
+        label = {"remote-cold": "format 4, compressed packs, ws.pages in the head, head copy", "remote-cold-ws-derived": "format 3, ws.pages derived",
+                 "remote-cold-no-head-copy": "format 4, no head copy",
                  "remote-cold-window": "format 3, 8 KiB address windows",
                  "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",
                  "layered-remote-cold": "format 3, diff + base"}

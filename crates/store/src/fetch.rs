@@ -59,6 +59,36 @@ pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
     Ok((Manifest::parse(&object, &bytes)?, len))
 }
 
+/// What a miss fetches first: the manifest of the snapshot (verified against its
+/// name) and, read beside it in parallel, the copy of its head pack
+/// ([`Remote::head_key`], checked against the manifest's head by `lazy::open`).
+pub struct MissStart {
+    pub manifest: Manifest,
+    /// The manifest's size in the store.
+    pub manifest_len: u64,
+    /// The head copy's bytes; None where the store has none (published before
+    /// copies, or without one) or its read failed (the head is then read from its
+    /// pack, after the manifest, as before).
+    pub head: Option<bytes::Bytes>,
+}
+
+/// The manifest of snapshot `id` and, in parallel, its head copy (one round trip
+/// for both, where the head otherwise needed a second one after the manifest).
+pub async fn manifest_and_head(remote: &Remote, id: &str) -> Result<MissStart> {
+    let head_key = Remote::head_key(id);
+    let (m, head) = futures::join!(manifest(remote, id), remote.get(&head_key));
+    let (manifest, manifest_len) = m?;
+    let head = match head {
+        Ok(b) => Some(b),
+        Err(StoreError::NotFound { .. }) => None,
+        Err(e) => {
+            tracing::debug!(error = %e, "reading the head copy failed; reading the head from its pack");
+            None
+        }
+    };
+    Ok(MissStart { manifest, manifest_len, head })
+}
+
 /// Fetch every file of `m` into the existing empty directory `dir` and rebuild
 /// its derived files. Returns (requests, bytes) made and read: a few ranged
 /// reads of packs (format 2), or one read per chunk (format 1).

@@ -143,7 +143,12 @@ impl HeldWs {
 /// A snapshot published before its working set was recorded (a node publishes what
 /// it captures at once) has a working set beside it, `ws/<id>.trace`: it is read
 /// with the head, and its pages follow in a few coalesced range reads, in parallel.
-pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Option<Arc<RemoteFill>>> {
+///
+/// `head_copy`: the head pack's copy read beside the manifest ([`crate::fetch::MissStart`]):
+/// where it has the head's size, the head is taken from it instead of read from its
+/// pack (state.bin and ws.trace checked chunk by chunk, the pages by the pack's name,
+/// as reads of the pack are); a copy that fails those checks is not used.
+pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Option<bytes::Bytes>) -> Result<Option<Arc<RemoteFill>>> {
     let Some(head) = m.head else { return Ok(None) };
     let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
     // ws.pages stored (format 4): read with the head's pages, not waited for.
@@ -188,15 +193,54 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
     }
     let head_pack = m.packs[head as usize].clone();
     let whole = crate::pack::covers(first.iter().chain(&head_pages), head_pack.size) && std::env::var("THAW_STORE_HEAD_CHECK").as_deref() != Ok("chunks");
-    let pages_read = store.spawn(crate::pack::read_spans_owned(remote.clone(), head_pages.clone(), if whole { Check::Pack } else { Check::Chunks }));
-    let (first_read, recorded) =
-        store.block_on(async { futures::join!(crate::pack::read_spans_as(remote, &first, Check::Chunks), crate::fetch::recorded_trace(remote, &m, id)) });
+    let pages_check = if whole { Check::Pack } else { Check::Chunks };
+    let copy_object = remote.url.object_url(&crate::Remote::head_key(id));
+    // The copy's read is counted whether or not it is used (a read that found none is not).
+    if let Some(c) = &head_copy {
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        counters.bytes.fetch_add(c.len() as u64, Ordering::Relaxed);
+    }
+    let head_copy = head_copy.filter(|c| {
+        let fits = c.len() as u64 == head_pack.size;
+        if !fits {
+            tracing::warn!(object = %copy_object, len = c.len(), head = head_pack.size, "the head's copy is not the head's size; reading the head from its pack");
+        }
+        fits
+    });
+    // state.bin and ws.trace out of the copy, each chunk checked by its hash.
+    let first_from_copy = head_copy.as_ref().and_then(|c| match crate::pack::slice_spans(&copy_object, c, &first, Check::Chunks) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(error = %e, "the head's copy does not check; reading the head from its pack");
+            None
+        }
+    });
+    let head_copy = head_copy.filter(|_| first_from_copy.is_some());
+    let pages_read = match &head_copy {
+        Some(c) => {
+            let (c, spans, object) = (c.clone(), head_pages.clone(), copy_object.clone());
+            store.spawn(async move {
+                tokio::task::spawn_blocking(move || crate::pack::slice_spans(&object, &c, &spans, pages_check))
+                    .await
+                    .unwrap_or_else(|e| Err(StoreError::Task { detail: e.to_string() }))
+            })
+        }
+        None => store.spawn(crate::pack::read_spans_owned(remote.clone(), head_pages.clone(), pages_check)),
+    };
+    let (first_read, recorded) = match first_from_copy {
+        Some(r) => (Ok(r), store.block_on(crate::fetch::recorded_trace(remote, &m, id))),
+        None => store.block_on(async { futures::join!(crate::pack::read_spans_as(remote, &first, Check::Chunks), crate::fetch::recorded_trace(remote, &m, id)) }),
+    };
     let first_read = first_read?;
+    // Reads of the head's pack count as they arrive (the copy was counted above).
+    let copied = head_copy.is_some();
     // The first reads' stored bytes, for the check of the whole head.
     let first_stored: Vec<(u64, bytes::Bytes)> = first.iter().zip(&first_read).map(|(s, r)| (s.start, r.0.clone())).collect();
     let first_parts: Vec<Vec<bytes::Bytes>> = first_read.into_iter().map(|r| r.1).collect();
-    counters.requests.fetch_add(first.len() as u64 + u64::from(m.file(TRACE_FILE).is_none()), Ordering::Relaxed);
-    counters.bytes.fetch_add(recorded.as_ref().map_or(0, |t| t.len() as u64) + first.iter().map(|s| s.end - s.start).sum::<u64>(), Ordering::Relaxed);
+    let first_reads = if copied { 0 } else { first.len() as u64 };
+    let first_bytes = if copied { 0 } else { first.iter().map(|s| s.end - s.start).sum::<u64>() };
+    counters.requests.fetch_add(first_reads + u64::from(m.file(TRACE_FILE).is_none()), Ordering::Relaxed);
+    counters.bytes.fetch_add(recorded.as_ref().map_or(0, |t| t.len() as u64) + first_bytes, Ordering::Relaxed);
     // 2. Every file but pages.img, complete.
     for (s, parts) in first.iter().zip(&first_parts) {
         for (c, part) in s.chunks.iter().zip(parts) {
@@ -273,7 +317,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
         ws_file: wsf,
     });
     let whole_check = whole.then(|| (first_stored, head_pack.name.clone(), remote.url.object_url(&crate::pack::pack_key(&head_pack.name))));
-    for (spans, read, check) in [(head_pages, Some(pages_read), whole_check), (ws_spans, ws_read, None)] {
+    for (spans, read, check, counted) in [(head_pages, Some(pages_read), whole_check, copied), (ws_spans, ws_read, None, false)] {
         if let Some(read) = read {
             let f = fill.clone();
             store.spawn(async move {
@@ -289,7 +333,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path) -> Result<Opti
                     }
                     (got, _) => got,
                 };
-                f.arrived(&spans, got.map(|reads| reads.into_iter().map(|r| r.1).collect()), t0);
+                f.arrived(&spans, got.map(|reads| reads.into_iter().map(|r| r.1).collect()), t0, counted);
             });
         }
     }
@@ -393,15 +437,18 @@ impl RemoteFill {
     /// done: their chunks are kept in memory (Pending), or, if the read failed, left to
     /// be fetched when needed (Absent; a store that is down fails that fetch, and the
     /// instance that needed the page is killed).
-    fn arrived(&self, spans: &[Span], got: Result<Vec<Vec<bytes::Bytes>>>, t0: std::time::Instant) {
+    /// `counted`: their bytes came with a request counted already (the head's copy).
+    fn arrived(&self, spans: &[Span], got: Result<Vec<Vec<bytes::Bytes>>>, t0: std::time::Instant, counted: bool) {
         let idx: Vec<usize> = span_chunks(spans, self.file).map(|(_, off)| self.chunk_index(off)).collect();
         let wsf = self.ws_file;
         let ws_here = matches!(*self.ws.lock().unwrap_or_else(|p| p.into_inner()), HeldWs::Fetching(_))
             && spans.iter().flat_map(|s| &s.chunks).any(|c| c.places.iter().any(|(fi, _)| Some(*fi) == wsf));
         match got {
             Ok(parts) => {
-                self.counters.requests.fetch_add(spans.len() as u64, Ordering::Relaxed);
-                self.counters.bytes.fetch_add(spans.iter().map(|s| s.end - s.start).sum(), Ordering::Relaxed);
+                if !counted {
+                    self.counters.requests.fetch_add(spans.len() as u64, Ordering::Relaxed);
+                    self.counters.bytes.fetch_add(spans.iter().map(|s| s.end - s.start).sum(), Ordering::Relaxed);
+                }
                 let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                 let mut ws_parts = Vec::new();
                 for (s, parts) in spans.iter().zip(parts) {

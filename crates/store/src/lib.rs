@@ -127,6 +127,7 @@ impl Store {
             report.packs = p.packs;
             report.packs_uploaded = p.packs_uploaded;
             report.bytes_uploaded = p.bytes_uploaded;
+            report.head_copy_bytes = p.head_copy_bytes;
             report.bytes_deduplicated = stored - p.chunk_bytes_uploaded;
             report.requests = p.requests + 1;
         }
@@ -157,6 +158,7 @@ impl Store {
         if let Some(b) = pushed_base {
             report.requests += b.requests;
             report.bytes_uploaded += b.bytes_uploaded;
+            report.head_copy_bytes += b.head_copy_bytes;
             report.base = Some(b.id);
         }
         Ok(report)
@@ -177,18 +179,26 @@ impl Store {
         self.rt.block_on(fetch::manifest(&self.remote, id))
     }
 
-    /// Delete snapshot `id` (its manifest and recorded working set; its packs
-    /// become orphans for [`Store::gc`] unless other snapshots use them).
+    /// Delete snapshot `id` (its manifest, recorded working set and head copy; its
+    /// packs become orphans for [`Store::gc`] unless other snapshots use them).
     pub fn remove(&self, id: &str) -> Result<()> {
         let key = Remote::manifest_key(id);
         if self.rt.block_on(self.remote.head(&key))?.is_none() {
             return Err(StoreError::NotFound { object: self.remote.url.object_url(&key) });
         }
-        match self.rt.block_on(self.remote.delete(&Remote::ws_key(id))) {
-            Ok(()) | Err(StoreError::NotFound { .. }) => {}
-            Err(e) => return Err(e),
+        for extra in [Remote::ws_key(id), Remote::head_key(id)] {
+            match self.rt.block_on(self.remote.delete(&extra)) {
+                Ok(()) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
         self.rt.block_on(self.remote.delete(&key))
+    }
+
+    /// What a miss of snapshot `id` fetches first: its manifest and, in parallel,
+    /// its head copy (see [`fetch::manifest_and_head`]).
+    pub fn miss_start(&self, id: &str) -> Result<fetch::MissStart> {
+        self.rt.block_on(fetch::manifest_and_head(&self.remote, id))
     }
 
     /// Publish the working set recorded in `dir` (ws.trace) for stored snapshot
@@ -216,12 +226,13 @@ pub struct Miss {
     pub base: Option<cache::Handle>,
 }
 
-/// Stored snapshot `id` (manifest `m`, `manifest_len` bytes in the store), missing
-/// from `cache`, served from its head: a diff's base is fetched whole into the
+/// Stored snapshot `id` (`start`: its manifest and the head's copy, read in
+/// parallel), missing from `cache`, served from its head: a diff's base is fetched whole into the
 /// cache first (once for all its diffs) and linked beside it. None: the snapshot
 /// has no head (fetch it whole). The fill counts the manifest and the base as
 /// fetched before the head.
-pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, m: Manifest, manifest_len: u64) -> Result<Option<Miss>> {
+pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start: fetch::MissStart) -> Result<Option<Miss>> {
+    let fetch::MissStart { manifest: m, manifest_len, head } = start;
     if m.head.is_none() {
         return Ok(None);
     }
@@ -231,7 +242,7 @@ pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, m: Man
         None => None,
     };
     let dir = cache.scratch_dir(id).map_err(Box::new)?;
-    let opened = base.as_ref().map_or(Ok(()), |b| fetch::link_base(&dir, b.dir())).and_then(|()| lazy::open(store.clone(), m, id, &dir));
+    let opened = base.as_ref().map_or(Ok(()), |b| fetch::link_base(&dir, b.dir())).and_then(|()| lazy::open(store.clone(), m, id, &dir, head));
     match opened {
         Ok(Some(fill)) => {
             fill.count_before_head(1 + source.requests.load(std::sync::atomic::Ordering::Relaxed), manifest_len + source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed));

@@ -90,8 +90,10 @@ pub struct Published {
     pub chunk_bytes_uploaded: u64,
     pub packs: usize,
     pub packs_uploaded: usize,
-    /// Bytes sent (packs and the manifest).
+    /// Bytes sent (packs, the head's copy and the manifest).
     pub bytes_uploaded: u64,
+    /// Bytes of the head's copy under the snapshot's id (`Remote::head_key`).
+    pub head_copy_bytes: u64,
     /// Requests made to the store.
     pub requests: u64,
 }
@@ -215,22 +217,29 @@ pub fn packs_to_store(plan: &Plan, stored: impl Fn(&str) -> bool) -> Vec<Vec<usi
 }
 
 /// Build new pack `members` of `plan` and store it (unless the store has it, whole
-/// and not condemned). Returns the pack and whether it was sent.
+/// and not condemned). Returns the pack, whether it was sent, its layout and bytes.
 pub async fn store_pack(
     remote: &Remote,
     plan: &Plan,
     members: &[usize],
     condemned: &HashSet<String>,
     requests: &AtomicU64,
-) -> Result<(PackRef, bool, Layout)> {
+) -> Result<(PackRef, bool, Layout, Bytes)> {
     let (data, layout) = assemble(plan, members)?;
     let pack = PackRef { name: sha256_hex(&data), size: data.len() as u64 };
     if stored_whole(remote, &pack, condemned, requests).await? {
-        return Ok((pack, false, layout));
+        return Ok((pack, false, layout, data));
     }
     requests.fetch_add(1, Relaxed);
-    remote.put(&pack_key(&pack.name), data).await?;
-    Ok((pack, true, layout))
+    remote.put(&pack_key(&pack.name), data.clone()).await?;
+    Ok((pack, true, layout, data))
+}
+
+/// Whether a publish also stores a copy of the head under the snapshot's id
+/// ([`Remote::head_key`]; the default). `THAW_STORE_HEAD_COPY=0` leaves it out:
+/// the baseline of bench/store.py, where a miss reads the head after the manifest.
+fn copying_head() -> bool {
+    std::env::var("THAW_STORE_HEAD_COPY").as_deref() != Ok("0")
 }
 
 /// Publish `plan` in packs: the chunks the store lacks go into new packs, then the
@@ -261,23 +270,27 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     let new_packs = packs_to_store(plan, |sha| places.contains_key(sha));
     let has_head = !plan.head.is_empty();
     let requests_ref = &requests;
-    let stored: Vec<(usize, PackRef, bool, Layout)> = futures::stream::iter(new_packs.iter().enumerate())
+    let stored: Vec<(usize, PackRef, bool, Layout, Option<Bytes>)> = futures::stream::iter(new_packs.iter().enumerate())
         .map(|(n, members)| async move {
-            let (pack, sent, layout) = store_pack(remote, plan, members, condemned, requests_ref).await?;
+            let (pack, sent, layout, data) = store_pack(remote, plan, members, condemned, requests_ref).await?;
             for &i in members {
                 progress(plan.uploads[i].len);
             }
-            Ok::<_, StoreError>((n, pack, sent, layout))
+            // The head's bytes, for its copy under the snapshot's id.
+            let data = (n == 0 && has_head).then_some(data);
+            Ok::<_, StoreError>((n, pack, sent, layout, data))
         })
         .buffer_unordered(PACK_CONCURRENCY)
         .try_collect()
         .await?;
     let mut new_refs: Vec<Option<(PackRef, Layout)>> = vec![None; new_packs.len()];
     let mut uploaded = (0, 0u64);
-    for (n, pack, sent, layout) in stored {
+    let mut head_data = None;
+    for (n, pack, sent, layout, data) in stored {
         if sent {
             uploaded = (uploaded.0 + 1, uploaded.1 + pack.size);
         }
+        head_data = head_data.or(data);
         new_refs[n] = Some((pack, layout));
     }
     // Where every stored chunk is.
@@ -321,7 +334,18 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     let id = sha256_hex(&bytes);
     let stored = stored_manifest(&m, bytes);
     let manifest_len = stored.len() as u64;
-    remote.put(&Remote::manifest_key(&id), stored).await?;
+    // The head's copy beside the manifest (the commit point): a reader that sees the
+    // manifest first reads the head from its pack, as one without copies does.
+    let head_copy = head_data.filter(|_| copying_head());
+    let copied = head_copy.as_ref().map_or(0, |d| d.len() as u64);
+    let copy = async {
+        match head_copy {
+            Some(d) => remote.put(&Remote::head_key(&id), d).await,
+            None => Ok(()),
+        }
+    };
+    let manifest_key = Remote::manifest_key(&id);
+    futures::try_join!(remote.put(&manifest_key, stored), copy)?;
     // Chunks the store did not have (the head may repeat some it had elsewhere).
     let new_chunks: Vec<u64> =
         new_packs.iter().flatten().map(|&i| &plan.uploads[i]).filter(|u| !places.contains_key(&u.sha256)).map(|u| u.len).collect();
@@ -332,8 +356,9 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         chunk_bytes_uploaded: new_chunks.iter().sum(),
         packs: m.packs.len(),
         packs_uploaded: uploaded.0,
-        bytes_uploaded: uploaded.1 + manifest_len,
-        requests: requests.into_inner() + 1,
+        bytes_uploaded: uploaded.1 + manifest_len + copied,
+        head_copy_bytes: copied,
+        requests: requests.into_inner() + 1 + u64::from(copied > 0),
     })
 }
 
@@ -524,6 +549,20 @@ fn check_span(object: &str, s: &Span, data: Bytes, check: Check) -> Result<Vec<B
                 return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("the chunk at {at} hashes to {got}, not {sha}") });
             }
             Ok(part)
+        })
+        .collect()
+}
+
+/// [`read_span_as`] of `spans` out of `pack`, the whole pack's bytes already here
+/// (the head's copy, read from `object`): no request.
+pub(crate) fn slice_spans(object: &str, pack: &Bytes, spans: &[Span], check: Check) -> Result<Vec<(Bytes, Vec<Bytes>)>> {
+    spans
+        .iter()
+        .map(|s| {
+            let data = pack.get(s.start as usize..s.end as usize).map(|_| pack.slice(s.start as usize..s.end as usize)).ok_or_else(|| {
+                StoreError::Corrupt { object: object.to_string(), detail: format!("holds {} bytes, a read wants {}..{}", pack.len(), s.start, s.end) }
+            })?;
+            Ok((data.clone(), check_span(object, s, data, check)?))
         })
         .collect()
 }

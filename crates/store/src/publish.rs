@@ -205,8 +205,12 @@ pub struct PushReport {
     pub packs_uploaded: usize,
     /// Requests made to the store.
     pub requests: u64,
-    /// Bytes sent to the store (packs or chunks it did not have, plus the manifest).
+    /// Bytes sent to the store (packs or chunks it did not have, the head's copy,
+    /// the manifest).
     pub bytes_uploaded: u64,
+    /// Of those, the copy of the head pack under the snapshot's id, which a miss
+    /// reads beside the manifest (`Remote::head_key`); a pull does not read it.
+    pub head_copy_bytes: u64,
     /// Chunk bytes the store already had.
     pub bytes_deduplicated: u64,
     pub seconds: f64,

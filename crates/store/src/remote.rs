@@ -191,6 +191,12 @@ impl Remote {
         format!("snapshots/{id}.json")
     }
 
+    /// A copy of snapshot `id`'s head pack under a name its id gives, so a miss reads
+    /// it beside the manifest instead of after it (see `fetch::manifest_and_head`).
+    pub fn head_key(id: &str) -> String {
+        format!("heads/{id}")
+    }
+
     /// The working set recorded for snapshot `id` after it was published (advisory: see fetch::working_set).
     pub fn ws_key(id: &str) -> String {
         format!("ws/{id}.trace")

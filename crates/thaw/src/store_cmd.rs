@@ -299,7 +299,15 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     }
     let store = Arc::new(Store::open(&url.store, &StoreConfig::default())?);
     let t_open = t0.elapsed();
-    let (m, manifest_len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
+    // A miss served from the head reads the head's copy beside the manifest.
+    let lazy = thaw_store::lazy::enabled();
+    let (m, manifest_len, head) = if lazy {
+        let start = store.block_on(thaw_store::fetch::manifest_and_head(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
+        (start.manifest, start.manifest_len, start.head)
+    } else {
+        let (m, len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
+        (m, len, None)
+    };
     tracing::debug!(
         store_open_ms = t_open.as_secs_f64() * 1e3,
         manifest_ms = (t0.elapsed() - t_open).as_secs_f64() * 1e3,
@@ -322,8 +330,9 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
             None
         }
     });
-    if thaw_store::lazy::enabled() {
-        let miss = thaw_store::open_miss(&store, &cache, &url.id, m.clone(), manifest_len).with_context(|| format!("fetching {url}"))?;
+    if lazy {
+        let start = thaw_store::fetch::MissStart { manifest: m.clone(), manifest_len, head };
+        let miss = thaw_store::open_miss(&store, &cache, &url.id, start).with_context(|| format!("fetching {url}"))?;
         if let Some(thaw_store::Miss { fill, dir, base }) = miss {
             let (requests, bytes) = fill.fetched();
             let stats = json!({"url": url.to_string(), "cache_hit": false, "lazy": true, "bytes_fetched": bytes,

@@ -40,7 +40,9 @@ fn push_pull_restore_round_trip() {
     let pulled = scratch().join("rt-pulled");
     let o = ok(thaw_s3(&m, &["snapshot", "pull", &url, pulled.to_str().unwrap()]));
     let p: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
-    assert_eq!(p["bytes_fetched"], r["bytes_uploaded"]);
+    // Everything pushed but the head's copy (a miss's shortcut) is pulled.
+    assert!(r["head_copy_bytes"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(p["bytes_fetched"].as_u64().unwrap(), r["bytes_uploaded"].as_u64().unwrap() - r["head_copy_bytes"].as_u64().unwrap());
     let stats = scratch().join("rt-stats.json");
     let restored = stdout(&ok(thaw(&[
         "snapshot", "restore", pulled.to_str().unwrap(), "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap(),
@@ -81,6 +83,10 @@ fn push_pull_restore_round_trip() {
         if !hit {
             let (reqs, first) = (s["requests_before_first_response"].as_u64().unwrap(), s["bytes_fetched_before_first_response"].as_u64().unwrap());
             assert!(reqs <= 4, "{reqs} requests before the first response: {s}");
+            if !whole {
+                // The manifest and, beside it, the head's copy under the snapshot's id.
+                assert_eq!(reqs, 2, "{s}");
+            }
             assert_eq!(s["lazy"], !whole, "{s}");
             // By default the sandbox is made after the fetch (see THAW_STORE_EARLY_SANDBOX).
             assert_eq!(s["sandbox_during_fetch"], false, "{s}");
@@ -97,6 +103,30 @@ fn push_pull_restore_round_trip() {
     // stored ws.pages instead of fetching them (packed last): it read less than the
     // whole fetch, which reads every pack.
     assert!(fetched_by[1] < fetched_by[3], "lazy {} vs whole {} bytes", fetched_by[1], fetched_by[3]);
+    // The head's copy is only a shortcut: corrupt (its first byte, in state.bin,
+    // flipped) or missing, the miss reads the head from its pack after the manifest
+    // (two more requests) and answers the same; the corrupt copy is never used.
+    let store = s3::store(&m, "s3://rt-bucket/fns/hello");
+    let head_key = thaw_store::Remote::head_key(id);
+    let copy = store.block_on(store.remote.get(&head_key)).unwrap();
+    let mut flipped = copy.to_vec();
+    flipped[0] ^= 1;
+    for (what, put, requests) in [("corrupt", Some(flipped), 4), ("missing", None, 3)] {
+        match put {
+            Some(b) => store.block_on(store.remote.put(&head_key, b.into())).unwrap(),
+            None => store.block_on(store.remote.delete(&head_key)).unwrap(),
+        }
+        std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id)).unwrap();
+        let stats = scratch().join(format!("rt-s3-stats-{what}-copy.json"));
+        let o = ok(thaw_s3(&m, &["snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]));
+        assert_eq!(stdout(&o), original, "head copy {what}");
+        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert_eq!((&st["store"]["requests_before_first_response"], &st["mode"]), (&serde_json::json!(requests), &serde_json::json!("prefetch")), "head copy {what}: {st}");
+        if what == "corrupt" {
+            assert!(stderr(&o).contains("the head's copy does not check"), "{}", stderr(&o));
+        }
+    }
+    store.block_on(store.remote.put(&head_key, copy)).unwrap();
     // THAW_STORE_EARLY_SANDBOX=1: the manifest names the sandbox; it is prepared while
     // the rest arrives, and used.
     std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id)).unwrap();
@@ -116,8 +146,9 @@ fn push_pull_restore_round_trip() {
     assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
     let o = thaw_s3(&m, &["snapshot", "pull", "s3://rt-bucket/fns/hello/xyz", "/tmp/never"]);
     assert!(stderr(&o).contains("the last segment must be a snapshot id"), "{}", stderr(&o));
-    // Removed: no longer pullable.
+    // Removed: no longer pullable, and its head's copy went with it.
     ok(thaw_s3(&m, &["snapshot", "rm", &url]));
+    assert!(store.block_on(store.remote.head(&head_key)).unwrap().is_none(), "snapshot rm leaves {head_key}");
     let o = thaw_s3(&m, &["snapshot", "pull", &url, scratch().join("rt-removed").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("not found in the store"), "{}", stderr(&o));
@@ -151,8 +182,11 @@ fn a_second_version_stores_only_what_changed() {
     }
     let up = |i: usize, k: &str| reports[i][k].as_u64().unwrap();
     assert_ne!(reports[0]["id"], reports[1]["id"]);
-    let one = up(0, "bytes_uploaded");
-    let total = one + up(1, "bytes_uploaded");
+    // The packs (the heads' copies under each snapshot's id, a miss's shortcut, are
+    // each version's own by design: printed, not counted).
+    eprintln!("heads' copies: {} + {} bytes", up(0, "head_copy_bytes"), up(1, "head_copy_bytes"));
+    let one = up(0, "bytes_uploaded") - up(0, "head_copy_bytes");
+    let total = one + up(1, "bytes_uploaded") - up(1, "head_copy_bytes");
     eprintln!("store holds {total} bytes for two versions = {:.3}x one version", total as f64 / one as f64);
     // Measured: 1.44x to 1.48x with content-defined chunks of 8 to 16 KiB, 1.50x with
     // the 8 KiB address windows before them. The heads weigh most: each version's
@@ -259,11 +293,15 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
     // the head's name: a head with one byte changed inside a page stored raw (which no
     // decompression would notice) fails that restore too, naming the head, whatever
     // the call touches.
+    // The head's copy under the snapshot's id too (else the miss reads that instead):
+    // it fails its check, and the pages are read from the head's pack.
     let key = format!("packs/{}", manifest.packs[head].name);
     let raw = manifest.file("ws.pages").unwrap().chunks.iter().find(|c| c.pack == Some(head as u32) && c.zlen.is_none()).expect("the noise is in the head, raw");
-    let mut data = store.block_on(store.remote.get(&key)).unwrap().to_vec();
-    data[(raw.at.unwrap() + raw.len / 2) as usize] ^= 0xff;
-    store.block_on(store.remote.put(&key, data.into())).unwrap();
+    for k in [key.clone(), thaw_store::Remote::head_key(&id)] {
+        let mut data = store.block_on(store.remote.get(&k)).unwrap().to_vec();
+        data[(raw.at.unwrap() + raw.len / 2) as usize] ^= 0xff;
+        store.block_on(store.remote.put(&k, data.into())).unwrap();
+    }
     let o = thaw_s3(&m, &["snapshot", "restore", &url, "--payload", r#"{"touch":false}"#, "--quiet"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let e = stderr(&o);
@@ -361,4 +399,7 @@ fn layered_snapshots_store_their_base_once_and_restore_from_the_store() {
     gc("delete its packs");
     assert!(s3::objects(&store, "packs").len() < packs, "the base's packs went too");
     assert!(manifests().is_empty(), "{:?}", manifests());
+    // The heads' copies: the diffs' went with `snapshot rm`, the base's (its manifest
+    // collected) with its packs.
+    assert!(s3::objects(&store, "heads").is_empty(), "{:?}", s3::objects(&store, "heads"));
 }

@@ -36,9 +36,13 @@ fn round_trip_is_byte_identical_and_a_second_push_uploads_nothing() {
     assert!(objects(&s, "chunks").is_empty());
     assert_eq!((packs.len(), r.packs, r.packs_uploaded), (r.packs, r.packs, r.packs));
     assert!(r.packs as u64 <= r.snapshot_bytes / publish_pack_target() + 2, "the head, then packs of the target size: {r:?}");
-    assert!(r.requests <= 2 * r.packs as u64 + 3, "LIST, HEAD+PUT per pack, the manifest, the GC list: {r:?}");
+    assert!(r.requests <= 2 * r.packs as u64 + 4, "LIST, HEAD+PUT per pack, the head's copy, the manifest, the GC list: {r:?}");
     let stored: u64 = packs.iter().map(|(_, n)| n).sum();
-    assert_eq!(r.bytes_uploaded, stored + objects(&s, "snapshots")[0].1, "bytes reported = packs + manifest in the store");
+    // The head's copy under the snapshot's id: the head pack's bytes again.
+    let heads = objects(&s, "heads");
+    assert_eq!(heads, vec![(format!("heads/{}", r.id), r.head_copy_bytes)], "{r:?}");
+    assert!(packs.iter().any(|(_, n)| *n == r.head_copy_bytes), "the copy has the head pack's size: {packs:?}");
+    assert_eq!(r.bytes_uploaded, stored + objects(&s, "snapshots")[0].1 + r.head_copy_bytes, "bytes reported = packs + manifest + the head's copy in the store");
     let raw: u64 = publish::plan(snap).unwrap().uploads.iter().map(|u| u.len).sum();
     assert_eq!(counted.into_inner(), raw, "progress covers every chunk once");
     assert!(stored < raw * 2 / 3, "packs hold chunks compressed: {stored} bytes for {raw}");
@@ -53,7 +57,7 @@ fn round_trip_is_byte_identical_and_a_second_push_uploads_nothing() {
 
     let dest = scratch().join("pulled-rt");
     let p = s.pull(&r.id, &dest, &no_progress).unwrap();
-    assert_eq!(p.bytes_fetched, r.bytes_uploaded);
+    assert_eq!(p.bytes_fetched, r.bytes_uploaded - r.head_copy_bytes, "a pull reads all but the head's copy");
     assert_eq!(p.chunks_fetched, r.packs, "one ranged read per pack");
     assert_eq!(files(&dest), files(snap), "pulled files (ws.pages rebuilt) equal the original");
     let e = s.pull(&r.id, &dest, &no_progress).unwrap_err();

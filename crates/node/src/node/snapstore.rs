@@ -201,8 +201,9 @@ impl SnapshotStore {
 
     fn get_lazy(&self, id: &str) -> Result<Option<Arc<LazyMiss>>, SnapStoreError> {
         let t0 = Instant::now();
-        let (m, manifest_len) = self.store.manifest_with_len(id)?;
-        let Some(thaw_store::Miss { fill, dir, base }) = thaw_store::open_miss(&self.store, &self.cache, id, m, manifest_len)? else {
+        let start = self.store.miss_start(id)?;
+        let manifest_len = start.manifest_len;
+        let Some(thaw_store::Miss { fill, dir, base }) = thaw_store::open_miss(&self.store, &self.cache, id, start)? else {
             return Ok(None);
         };
         // The base (fetched whole, if not cached) and the head; not the manifest.
