@@ -26,6 +26,7 @@ use crate::sys::mem::ProcMem;
 use crate::sys::ptrace::{self, Tracee};
 use crate::sys::PAGE_SIZE;
 
+mod inotify;
 mod unlinked;
 
 #[derive(Debug, Error)]
@@ -188,6 +189,12 @@ fn capture_inner(
         return Err(refuse(format!(
             "it created {} System V shared memory segment(s) (shmget) that are not attached; SysV shm is not carried across a snapshot",
             injected.sysv_segments
+        )));
+    }
+    if let Some(&(fd, n)) = injected.inotify_queued.first() {
+        writer.abandon();
+        return Err(refuse(format!(
+            "descriptor {fd} is an inotify instance with {n} bytes of events queued; queued events cannot be carried across a snapshot (read them before init ends)"
         )));
     }
     for (fd, bytes) in injected.pipe_data {
@@ -476,6 +483,7 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
                 }
             }
             (_, "anon_inode:[eventpoll]") => FdKind::Epoll { flags, items: procfs::parse_epoll_items(&f.info) },
+            (_, "anon_inode:inotify") => FdKind::Inotify { flags, watches: inotify::watches(pid, fd, &f.info)? },
             // fdinfo's Pid is in the reader's namespace: the host pid.
             (_, "anon_inode:[pidfd]") if procfs::fdinfo_field(&f.info, "Pid").and_then(|p| p.parse::<i32>().ok()) == Some(pid) => FdKind::PidFdSelf { flags },
             (_, "anon_inode:[pidfd]") => {
@@ -786,6 +794,8 @@ struct Injected {
     per_thread: Vec<(u64, Option<AltStack>)>,
     /// Bytes buffered in each non-empty pipe (by read-end descriptor).
     pipe_data: Vec<(i32, Vec<u8>)>,
+    /// Bytes of events queued on each inotify instance that has any (by descriptor).
+    inotify_queued: Vec<(i32, u32)>,
     /// What waited to be read on each socketpair end (by descriptor).
     socket_data: Vec<(i32, Drained)>,
     brk: u64,
@@ -934,14 +944,19 @@ fn injected_state(
         outs.push((sig as u32, out));
         calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig, 0, out, 8]));
     }
-    // How many bytes each pipe holds (read out below: data left in a pipe would be lost).
+    // How many bytes each pipe holds (read out below: data left in a pipe would be lost),
+    // and each inotify instance's queued events (refused: they cannot be put back).
     let mut pipe_checks = Vec::new();
+    let mut inotify_checks = Vec::new();
     for r in fds {
-        if let FdKind::Pipe { write: false, .. } = r.kind {
-            let out = data.reserve(4);
-            pipe_checks.push((r.fd, out));
-            calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
-        }
+        let checks = match r.kind {
+            FdKind::Pipe { write: false, .. } => &mut pipe_checks,
+            FdKind::Inotify { .. } => &mut inotify_checks,
+            _ => continue,
+        };
+        let out = data.reserve(4);
+        checks.push((r.fd, out));
+        calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
     }
     let brk_call = calls.len();
     calls.push(Call::new("brk", libc::SYS_brk, &[0]));
@@ -1021,6 +1036,7 @@ fn injected_state(
             sigactions.push(sa);
         }
     }
+    let inotify_queued: Vec<(i32, u32)> = inotify_checks.iter().map(|&(fd, out)| (fd, data.u32_at(out))).filter(|q| q.1 > 0).collect();
     // Take out what is buffered in pipes (the process is never resumed, so reading
     // it is harmless); restore writes it back into the new pipe.
     let mut pipe_data = Vec::new();
@@ -1076,6 +1092,7 @@ fn injected_state(
         sigactions,
         per_thread,
         pipe_data,
+        inotify_queued,
         socket_data,
         brk: res[brk_call] as u64,
         rlimits,

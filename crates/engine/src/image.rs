@@ -267,6 +267,19 @@ pub enum FdKind {
     /// this number, otherwise unused, for its mappings ([`VmaKind::Unlinked`]) and
     /// closed once they are made. (Appended last.)
     MapOnly { object: Box<FdKind> },
+    /// An inotify instance (inotify_init1 `flags`) and its watches, added again by
+    /// path in watch descriptor order (no events were queued at capture). (Appended
+    /// last.)
+    Inotify { flags: i32, watches: Vec<InotifyWatch> },
+}
+
+/// One watch of an inotify instance: its watch descriptor, the path (in the instance)
+/// of what it watches, and its mask (IN_* events and flags, as fdinfo gives it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InotifyWatch {
+    pub wd: i32,
+    pub path: String,
+    pub mask: u32,
 }
 
 /// A file lock a descriptor holds (fdinfo's `lock:` lines, as /proc/locks prints them).

@@ -191,6 +191,9 @@ pub fn untrackable(img: &ProcessImage) -> Option<String> {
             crate::image::FdKind::PathLocked { path, .. } => {
                 Some(format!("descriptor {} holds a file lock on {path}, which a reset does not check", r.fd))
             }
+            crate::image::FdKind::Inotify { .. } => {
+                Some(format!("descriptor {} is an inotify instance, whose watches and queued events a reset does not check", r.fd))
+            }
             _ => None,
         })
     })

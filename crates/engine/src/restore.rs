@@ -800,6 +800,10 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("unlinkat(deleted file)", libc::SYS_unlinkat, &[libc::AT_FDCWD as u64, a, 0]));
                 src
             }
+            FdKind::Inotify { flags, .. } => {
+                calls.push(Call::new("inotify_init1", libc::SYS_inotify_init1, &[*flags as u64 & (nonblock | cloexec)]));
+                Src::Call(calls.len() - 1)
+            }
             FdKind::PidFdSelf { flags } => {
                 // Its own pid in its namespace, where the injected call runs.
                 let f = if *flags as u64 & nonblock != 0 { libc::PIDFD_NONBLOCK as u64 } else { 0 };
@@ -834,6 +838,7 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             FdKind::Path { flags, .. } | FdKind::PathLocked { flags, .. } | FdKind::Pipe { flags, .. } | FdKind::EventFd { flags, .. } => *flags,
             FdKind::Epoll { flags, .. } | FdKind::SignalFd { flags, .. } | FdKind::TimerFd { flags, .. } => *flags,
             FdKind::SocketPair { flags, .. } | FdKind::MemFd { flags, .. } | FdKind::DeletedTmp { flags, .. } | FdKind::PidFdSelf { flags } => *flags,
+            FdKind::Inotify { flags, .. } => *flags,
             _ => 0,
         } as u64;
         calls.push(Call::new("dup3(fd)", libc::SYS_dup3, &[high + i as u64, r.fd as u64, flags & cloexec]));
@@ -922,7 +927,40 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             }
         }
     }
-    inj.run(&calls, &mut data)?;
+    // inotify watches, each added again by path in watch descriptor order: a fresh
+    // instance numbers them from 1, so a gap (a watch removed before the capture) is
+    // taken by a watch added and removed at once. Each result is checked below.
+    let mut watch_calls = Vec::new();
+    let root = data.push_cstr("/");
+    for r in &recs {
+        let FdKind::Inotify { watches, .. } = &r.kind else { continue };
+        let mut next = 1;
+        let mut gaps = 0u64;
+        for w in watches {
+            while next < w.wd {
+                calls.push(Call::new("inotify_add_watch(gap)", libc::SYS_inotify_add_watch, &[r.fd as u64, root, libc::IN_ATTRIB as u64]));
+                calls.push(Call::new("inotify_rm_watch(gap)", libc::SYS_inotify_rm_watch, &[r.fd as u64, next as u64]));
+                next += 1;
+                gaps += 1;
+            }
+            let p = data.push_cstr(&w.path);
+            watch_calls.push((calls.len(), w.wd));
+            calls.push(Call::new("inotify_add_watch", libc::SYS_inotify_add_watch, &[r.fd as u64, p, w.mask as u64]));
+            next = w.wd + 1;
+        }
+        if gaps > 0 {
+            // Each removal queued an IN_IGNORED event (16 bytes, no name) the process
+            // never had: read them all out (nothing else happens in the sandbox now).
+            let len = gaps * std::mem::size_of::<libc::inotify_event>() as u64;
+            let buf = data.reserve(len as usize);
+            calls.push(Call::new("read(inotify gaps)", libc::SYS_read, &[r.fd as u64, buf, len]));
+        }
+    }
+    let res = inj.run(&calls, &mut data)?;
+    if let Some(&(i, want)) = watch_calls.iter().find(|&&(i, want)| res[i] != want as i64) {
+        let err = io::Error::other(format!("it gave watch descriptor {}, the image has {want}", res[i]));
+        return Err(InjectError::Syscall { pid: inj.tracee.pid.as_raw(), index: i, name: "inotify_add_watch", nr: libc::SYS_inotify_add_watch, err });
+    }
     restore_memfd_contents(inj, &recs)
 }
 

@@ -661,6 +661,31 @@ fn a_mapped_memfd_whose_descriptor_was_closed_is_restored_and_its_reset_refused(
     assert_eq!(answers, vec![serde_json::json!(["init", ["rw-s"], []]), serde_json::json!(["init+cal", ["rw-s"], []])]);
 }
 
+/// An inotify instance watching a /tmp directory is carried across the snapshot (the
+/// watch added again by path); a reset is refused by name (it does not check the
+/// watches and queued events a call leaves).
+#[test]
+fn an_inotify_watch_is_restored_and_its_reset_refused() {
+    let code = bundle(
+        "inotify",
+        &[(
+            "handler.py",
+            "import ctypes, os, struct\nlibc = ctypes.CDLL(None)\nos.makedirs('/tmp/w', exist_ok=True)\n\
+             FD = libc.inotify_init1(os.O_NONBLOCK)\nWD = libc.inotify_add_watch(FD, b'/tmp/w', 0x100)\n\n\
+             def handler(event, context):\n    open('/tmp/w/f%d' % len(os.listdir('/tmp/w')), 'w').close()\n    \
+             w, mask = struct.unpack_from('<iI', os.read(FD, 4096))\n    return [WD, w, mask]\n",
+        )],
+    );
+    let snap = scratch().join("snap-inotify");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "inotify", "{}", &["--invocations", "2", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!([1, 1, 0x100]); 2], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        let why = r["discarded"].as_str().unwrap_or_else(|| panic!("the reset was not refused: {r}"));
+        assert!(why.contains("inotify"), "{why}");
+    }
+}
+
 /// A /tmp file opened and then deleted at init is carried across the snapshot (made
 /// again at its path, opened, unlinked). A call that writes it is reset: its contents
 /// go back (rewritten through the descriptor), and every call reads them as the
