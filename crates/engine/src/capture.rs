@@ -27,6 +27,7 @@ use crate::sys::ptrace::{self, Tracee};
 use crate::sys::PAGE_SIZE;
 
 mod inotify;
+mod passed;
 mod unlinked;
 
 #[derive(Debug, Error)]
@@ -219,8 +220,13 @@ fn capture_inner(
     for (fd, drained) in injected.socket_data {
         match drained {
             Drained::Messages(m) => {
+                // Descriptors in flight: recorded at numbers the process does not use.
+                if let Err(what) = passed::record(pid, fd, &m, &mut fds) {
+                    writer.abandon();
+                    return Err(refuse(format!("descriptor {fd} is a unix socketpair end with a descriptor in flight (SCM_RIGHTS) that is {what}")));
+                }
                 if let Some(FdRecord { kind: FdKind::SocketPair { queued, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
-                    *queued = m;
+                    *queued = m.into_iter().map(|(bytes, _)| bytes).collect();
                 }
             }
             Drained::Refused(what) => {
@@ -808,8 +814,9 @@ struct Injected {
 
 /// What draining one socketpair end found.
 enum Drained {
-    /// The messages, in order (a stream's bytes as one or more pieces).
-    Messages(Vec<Vec<u8>>),
+    /// The messages, in order (a stream's bytes as one or more pieces), each with the
+    /// descriptors it passed (SCM_RIGHTS), now received into the process.
+    Messages(Vec<(Vec<u8>, Vec<i32>)>),
     /// Something that cannot be carried (named in the refusal).
     Refused(&'static str),
 }
@@ -841,9 +848,13 @@ fn drain_socket(inj: &Injector<'_>, region: u64, fd: i32, sock_type: i32, rcv_sh
             Err(e) => return Err(e),
         };
         let (controllen, flags) = (d.u64_at(msg, 5), d.u32_at(msg + 48) as i32);
-        if controllen > 0 || flags & libc::MSG_CTRUNC != 0 {
-            return Ok(Drained::Refused("a queued message carries ancillary data (passed descriptors or credentials)"));
+        if flags & libc::MSG_CTRUNC != 0 {
+            return Ok(Drained::Refused("a queued message passes more descriptors than a snapshot carries"));
         }
+        let rights = match passed::rights(d.bytes(ctl, (controllen as usize).min(CTL))) {
+            Ok(r) => r,
+            Err(what) => return Ok(Drained::Refused(what)),
+        };
         if flags & libc::MSG_TRUNC != 0 {
             return Ok(Drained::Refused("a queued message is larger than a snapshot carries"));
         }
@@ -855,9 +866,21 @@ fn drain_socket(inj: &Injector<'_>, region: u64, fd: i32, sock_type: i32, rcv_sh
             return Ok(Drained::Messages(msgs));
         }
         total += got;
-        msgs.push(d.bytes(buf, got).to_vec());
+        msgs.push((d.bytes(buf, got).to_vec(), rights));
     }
     Ok(Drained::Refused("more queued messages than a snapshot carries"))
+}
+
+/// A descriptor number above every one of `fds` and clear of the one the engine keeps
+/// a restored process's userfaultfd at: for what a restore makes and closes again
+/// (`FdKind::MapOnly`, `FdKind::InFlight`).
+pub(super) fn unused_number(fds: &[FdRecord]) -> i32 {
+    let n = fds.iter().map(|r| r.fd + 1).max().unwrap_or(0).max(4);
+    if n as u64 == crate::conventions::UFFD_KEEP_FD {
+        n + 1
+    } else {
+        n
+    }
 }
 
 /// Most messages a socketpair end may hold at capture.

@@ -271,6 +271,13 @@ pub enum FdKind {
     /// path in watch descriptor order (no events were queued at capture). (Appended
     /// last.)
     Inotify { flags: i32, watches: Vec<InotifyWatch> },
+    /// Not one of the process's descriptors: an open file in flight, passed
+    /// (SCM_RIGHTS) with queued messages and not received at the snapshot. `sends`:
+    /// (socketpair end, message index on it, place among the message's descriptors)
+    /// of each time it was passed (one open file description passed twice is one
+    /// record). `object` (a `Path`) is made at this number, otherwise unused, sent
+    /// again with those messages, and closed. (Appended last.)
+    InFlight { sends: Vec<(i32, u32, u32)>, object: Box<FdKind> },
 }
 
 /// One watch of an inotify instance: its watch descriptor, the path (in the instance)

@@ -191,6 +191,9 @@ pub fn untrackable(img: &ProcessImage) -> Option<String> {
             crate::image::FdKind::PathLocked { path, .. } => {
                 Some(format!("descriptor {} holds a file lock on {path}, which a reset does not check", r.fd))
             }
+            crate::image::FdKind::InFlight { .. } => {
+                Some("a descriptor was in flight on a socketpair (SCM_RIGHTS), which a reset does not send again".to_string())
+            }
             crate::image::FdKind::Inotify { .. } => {
                 Some(format!("descriptor {} is an inotify instance, whose watches and queued events a reset does not check", r.fd))
             }

@@ -701,20 +701,23 @@ fn push_lock_calls(calls: &mut Vec<Call>, data: &mut DataArea, fd: i32, locks: &
 /// 4. restore offsets, O_NONBLOCK on pipe ends, and epoll registrations.
 fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError> {
     let dups: Vec<&FdRecord> = img.fds.iter().filter(|r| matches!(r.kind, FdKind::Dup { .. })).collect();
-    // Objects made only for their mappings: made as what they hold (closed once mapped).
-    let map_only: Vec<FdRecord> = img
+    // Objects made only for their mappings or to be sent with a queued message: made as
+    // what they hold (closed once mapped, or sent).
+    let made_for: Vec<FdRecord> = img
         .fds
         .iter()
         .filter_map(|r| match &r.kind {
-            FdKind::MapOnly { object } => Some(FdRecord { fd: r.fd, kind: object.as_ref().clone() }),
+            FdKind::MapOnly { object } | FdKind::InFlight { object, .. } => Some(FdRecord { fd: r.fd, kind: object.as_ref().clone() }),
             _ => None,
         })
         .collect();
     let recs: Vec<&FdRecord> = img
         .fds
         .iter()
-        .filter(|r| !matches!(r.kind, FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } | FdKind::MapOnly { .. }))
-        .chain(&map_only)
+        .filter(|r| {
+            !matches!(r.kind, FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } | FdKind::MapOnly { .. } | FdKind::InFlight { .. })
+        })
+        .chain(&made_for)
         .collect();
     if recs.is_empty() {
         return Ok(());
@@ -810,7 +813,9 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("pidfd_open(self)", libc::SYS_pidfd_open, &[crate::conventions::MAIN_PID as u64, f]));
                 Src::Call(calls.len() - 1)
             }
-            FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } | FdKind::MapOnly { .. } => unreachable!("filtered above"),
+            FdKind::Null | FdKind::Log | FdKind::Control | FdKind::Dup { .. } | FdKind::MapOnly { .. } | FdKind::InFlight { .. } => {
+                unreachable!("filtered above")
+            }
         };
         sources.push(src);
     }
@@ -897,9 +902,26 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         if let FdKind::SocketPair { pair, first, queued, .. } = &r.kind {
             let peer = recs.iter().find(|x| matches!(&x.kind, FdKind::SocketPair { pair: p, first: f, .. } if p == pair && f != first));
             if let Some(peer) = peer.filter(|_| !queued.is_empty()) {
-                for m in queued {
+                for (i, m) in queued.iter().enumerate() {
                     let a = data.push(m);
-                    calls.push(Call::new("sendto(socketpair)", libc::SYS_sendto, &[peer.fd as u64, a, m.len() as u64, libc::MSG_DONTWAIT as u64, 0, 0]));
+                    // Each descriptor at its place in the message.
+                    let mut rights: Vec<(u32, i32)> = img
+                        .fds
+                        .iter()
+                        .flat_map(|x| match &x.kind {
+                            FdKind::InFlight { sends, .. } => {
+                                sends.iter().filter(|s| s.0 == r.fd && s.1 as usize == i).map(|s| (s.2, x.fd)).collect()
+                            }
+                            _ => Vec::new(),
+                        })
+                        .collect();
+                    rights.sort_unstable();
+                    let rights: Vec<i32> = rights.into_iter().map(|(_, fd)| fd).collect();
+                    if rights.is_empty() {
+                        calls.push(Call::new("sendto(socketpair)", libc::SYS_sendto, &[peer.fd as u64, a, m.len() as u64, libc::MSG_DONTWAIT as u64, 0, 0]));
+                    } else {
+                        calls.push(sendmsg_rights(&mut data, peer.fd, a, m.len(), &rights));
+                    }
                 }
             }
         }
@@ -926,6 +948,10 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                 calls.push(Call::new("epoll_ctl(ADD)", libc::SYS_epoll_ctl, &[r.fd as u64, libc::EPOLL_CTL_ADD as u64, tfd as u64, a]));
             }
         }
+    }
+    // Descriptors in flight are in their messages now: closed.
+    for r in img.fds.iter().filter(|r| matches!(r.kind, FdKind::InFlight { .. })) {
+        calls.push(Call::new("close(in flight)", libc::SYS_close, &[r.fd as u64]));
     }
     // inotify watches, each added again by path in watch descriptor order: a fresh
     // instance numbers them from 1, so a gap (a watch removed before the capture) is
@@ -962,6 +988,27 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         return Err(InjectError::Syscall { pid: inj.tracee.pid.as_raw(), index: i, name: "inotify_add_watch", nr: libc::SYS_inotify_add_watch, err });
     }
     restore_memfd_contents(inj, &recs)
+}
+
+/// sendmsg(2) of `len` bytes at `buf` from `fd` with descriptors `rights` (SCM_RIGHTS),
+/// its message header and control buffer in `data`.
+fn sendmsg_rights(data: &mut DataArea, fd: i32, buf: u64, len: usize, rights: &[i32]) -> Call {
+    // struct cmsghdr: len (u64), level, type (i32), then the descriptors; padded to 8.
+    let cmsg_len = 16 + 4 * rights.len();
+    let mut ctl = (cmsg_len as u64).to_le_bytes().to_vec();
+    ctl.extend_from_slice(&libc::SOL_SOCKET.to_le_bytes());
+    ctl.extend_from_slice(&libc::SCM_RIGHTS.to_le_bytes());
+    for r in rights {
+        ctl.extend_from_slice(&r.to_le_bytes());
+    }
+    ctl.resize(cmsg_len.div_ceil(8) * 8, 0);
+    let ctl_len = ctl.len() as u64;
+    let ctl = data.push(&ctl);
+    let iov = data.push(&[buf.to_le_bytes(), (len as u64).to_le_bytes()].concat());
+    // struct msghdr: name, namelen(+pad), iov, iovlen, control, controllen, flags(+pad).
+    let hdr: Vec<u8> = [0u64, 0, iov, 1, ctl, ctl_len, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
+    let msg = data.push(&hdr);
+    Call::new("sendmsg(socketpair, SCM_RIGHTS)", libc::SYS_sendmsg, &[fd as u64, msg, libc::MSG_DONTWAIT as u64])
 }
 
 /// Write each memfd's and deleted /tmp file's contents through /proc/PID/fd/FD (any

@@ -25,8 +25,6 @@ pub(super) struct Unlinked {
     pid: i32,
     /// (device, inode) of each `MemFd`/`DeletedTmp` descriptor, with its number.
     held: Vec<((u64, u64), i32)>,
-    /// The number the next `MapOnly` descriptor takes.
-    next_fd: i32,
 }
 
 impl Unlinked {
@@ -37,8 +35,7 @@ impl Unlinked {
                 .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {}", r.fd), source })?;
             held.push(((meta.dev(), meta.ino()), r.fd));
         }
-        let next_fd = fds.iter().map(|r| r.fd + 1).max().unwrap_or(0).max(4);
-        Ok(Self { pid, held, next_fd })
+        Ok(Self { pid, held })
     }
 
     /// The kind of mapping `m` (for which [`is_unlinked`] holds); a mapped object the
@@ -51,7 +48,7 @@ impl Unlinked {
         let fd = match self.held.iter().find(|h| h.0 == key) {
             Some(&(_, fd)) => fd,
             None => {
-                let fd = self.take_number();
+                let fd = super::unused_number(fds);
                 let object = self.read_object(m, &range)?;
                 fds.push(FdRecord { fd, kind: FdKind::MapOnly { object: Box::new(object) } });
                 self.held.push((key, fd));
@@ -81,17 +78,6 @@ impl Unlinked {
             }
         }
         Ok(VmaKind::Unlinked { fd, offset: m.offset, shared: m.shared })
-    }
-
-    /// A number above every descriptor of the process and clear of the one the engine
-    /// keeps a restored process's userfaultfd at.
-    fn take_number(&mut self) -> i32 {
-        let mut n = self.next_fd;
-        if n as u64 == crate::conventions::UFFD_KEEP_FD {
-            n += 1;
-        }
-        self.next_fd = n + 1;
-        n
     }
 
     /// The object behind mapping `m`, read whole through /proc/PID/map_files.
