@@ -957,13 +957,14 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     // instance numbers them from 1, so a gap (a watch removed before the capture) is
     // taken by a watch added and removed at once. Each result is checked below.
     let mut watch_calls = Vec::new();
-    let root = data.push_cstr("/");
+    let mut root = None;
     for r in &recs {
         let FdKind::Inotify { watches, .. } = &r.kind else { continue };
         let mut next = 1;
         let mut gaps = 0u64;
         for w in watches {
             while next < w.wd {
+                let root = *root.get_or_insert_with(|| data.push_cstr("/"));
                 calls.push(Call::new("inotify_add_watch(gap)", libc::SYS_inotify_add_watch, &[r.fd as u64, root, libc::IN_ATTRIB as u64]));
                 calls.push(Call::new("inotify_rm_watch(gap)", libc::SYS_inotify_rm_watch, &[r.fd as u64, next as u64]));
                 next += 1;

@@ -62,6 +62,7 @@ pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
 /// What a miss fetches first: the manifest of the snapshot (verified against its
 /// name) and, read beside it in parallel, the copy of its head pack
 /// ([`Remote::head_key`], checked against the manifest's head by `lazy::open`).
+#[derive(Clone)]
 pub struct MissStart {
     pub manifest: Manifest,
     /// The manifest's size in the store.

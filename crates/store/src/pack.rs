@@ -559,9 +559,10 @@ pub(crate) fn slice_spans(object: &str, pack: &Bytes, spans: &[Span], check: Che
     spans
         .iter()
         .map(|s| {
-            let data = pack.get(s.start as usize..s.end as usize).map(|_| pack.slice(s.start as usize..s.end as usize)).ok_or_else(|| {
-                StoreError::Corrupt { object: object.to_string(), detail: format!("holds {} bytes, a read wants {}..{}", pack.len(), s.start, s.end) }
-            })?;
+            if s.start > s.end || s.end > pack.len() as u64 {
+                return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("holds {} bytes, a read wants {}..{}", pack.len(), s.start, s.end) });
+            }
+            let data = pack.slice(s.start as usize..s.end as usize);
             Ok((data.clone(), check_span(object, s, data, check)?))
         })
         .collect()

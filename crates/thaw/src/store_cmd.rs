@@ -301,13 +301,13 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     let t_open = t0.elapsed();
     // A miss served from the head reads the head's copy beside the manifest.
     let lazy = thaw_store::lazy::enabled();
-    let (m, manifest_len, head) = if lazy {
-        let start = store.block_on(thaw_store::fetch::manifest_and_head(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
-        (start.manifest, start.manifest_len, start.head)
+    let start = if lazy {
+        store.block_on(thaw_store::fetch::manifest_and_head(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?
     } else {
-        let (m, len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
-        (m, len, None)
+        let (manifest, manifest_len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
+        thaw_store::fetch::MissStart { manifest, manifest_len, head: None }
     };
+    let manifest_len = start.manifest_len;
     tracing::debug!(
         store_open_ms = t_open.as_secs_f64() * 1e3,
         manifest_ms = (t0.elapsed() - t_open).as_secs_f64() * 1e3,
@@ -320,7 +320,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     // threads receiving the head) made misses slower, not faster (1 Gbit, 11 runs:
     // pyaes 16.07 ms without, 18.17 with; lrserving 56.67, 57.82).
     let early = std::env::var("THAW_STORE_EARLY_SANDBOX").as_deref() == Ok("1");
-    let sandboxes = m.sandbox.as_ref().filter(|_| early).and_then(|rec| match thaw_sandbox::SandboxPool::new(1) {
+    let sandboxes = start.manifest.sandbox.as_ref().filter(|_| early).and_then(|rec| match thaw_sandbox::SandboxPool::new(1) {
         Ok(pool) => {
             thaw_engine::instance::prepare_restore_sandbox(&pool, rec);
             Some(Arc::new(pool))
@@ -331,8 +331,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
         }
     });
     if lazy {
-        let start = thaw_store::fetch::MissStart { manifest: m.clone(), manifest_len, head };
-        let miss = thaw_store::open_miss(&store, &cache, &url.id, start).with_context(|| format!("fetching {url}"))?;
+        let miss = thaw_store::open_miss(&store, &cache, &url.id, start.clone()).with_context(|| format!("fetching {url}"))?;
         if let Some(thaw_store::Miss { fill, dir, base }) = miss {
             let (requests, bytes) = fill.fetched();
             let stats = json!({"url": url.to_string(), "cache_hit": false, "lazy": true, "bytes_fetched": bytes,
@@ -341,7 +340,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
             return Ok(Resolved { dir, _pin: None, _base: base, stats, lazy: Some(lazy), sandboxes });
         }
     }
-    let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, m);
+    let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, start.manifest);
     let (handle, base) = source.cached(&cache, &url.id).with_context(|| format!("fetching {url}"))?;
     let bytes = source.bytes_fetched.load(Ordering::Relaxed) + manifest_len;
     let requests = source.requests.load(Ordering::Relaxed) + 1;
