@@ -28,8 +28,13 @@
 //! placed agent and, before any agent has deployed the function, answers from the
 //! registry (State Pending).
 //!
+//! Asynchronous invocations (`X-Amz-Invocation-Type: Event`) of a function in the
+//! registry are queued in the store and run at least once, whichever agent or gateway
+//! dies ([`crate::events`]); those of a function the registry does not know (made
+//! through an agent's own API) are forwarded to its agent, whose own queue takes them.
+//!
 //! Not yet: the other operations (versions, aliases, concurrency, URLs, tags, layers),
-//! retries of asynchronous invocations on another node, metrics.
+//! metrics.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -44,9 +49,13 @@ use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
-use thaw_node::api::{create_spec, function_name, route, update_code_zip, Action, ApiError, MAX_BODY, URL_PREFIX};
+use futures::future::BoxFuture;
+use thaw_node::api::{create_spec, function_name, invoke_payload, route, update_code_zip, Action, ApiError, MAX_BODY, URL_PREFIX};
 use thaw_node::node::error_chain;
-use thaw_node::sigv4::{Credentials, SignedRequest, Verifier};
+use thaw_node::sigv4::{sign, Credentials, SignedRequest, Verifier};
+use thaw_store::events::{Event, EventQueue};
+
+use crate::events::{Deliver, Delivery, Dispatcher, EventArgs};
 
 use crate::hash::Rng;
 use crate::placement::{Policy, DEFAULT_LOAD_FACTOR};
@@ -88,6 +97,8 @@ pub struct GatewayArgs {
     /// Region of function ARNs (as the agents' --region).
     #[arg(long, default_value = "us-east-1")]
     pub region: String,
+    #[command(flatten)]
+    pub events: EventArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +130,11 @@ struct Gateway {
     usable: Mutex<Option<Usable>>,
     /// The function registry (None: no --snapshot-store, Invoke and URLs only).
     registry: Option<Registry>,
+    /// Asynchronous invocations queued in the store (with the registry).
+    events: Option<Arc<Dispatcher>>,
+    /// The key and region the gateway signs its own Invokes with (queued events).
+    signer: Credentials,
+    region: String,
 }
 
 /// (the watched view, the nodes left out of it, the view without them)
@@ -210,12 +226,16 @@ pub fn run(args: GatewayArgs) -> Result<(), GatewayError> {
 
 async fn serve(args: GatewayArgs, store: Option<Arc<thaw_store::Store>>) -> Result<(), GatewayError> {
     let client = crate::kube_client(args.kubeconfig.as_deref()).await?;
-    let registry = store.map(|s| Registry::new(client.clone(), &args.namespace, s, &args.region, thaw_node::node::ACCOUNT));
+    let registry = store.clone().map(|s| Registry::new(client.clone(), &args.namespace, s, &args.region, thaw_node::node::ACCOUNT));
     let (tx, rx) = tokio::sync::watch::channel(Arc::new(ClusterView::new(Vec::new(), args.policy, args.load_factor)));
     tokio::spawn(watch_nodes(client, args.policy, args.load_factor, tx));
     let keys = vec![Credentials { access_key_id: args.access_key_id.clone(), secret_access_key: args.secret_access_key.clone() }];
-    let gw = Arc::new(Gateway {
+    let signer = keys[0].clone();
+    let gw = Arc::new_cyclic(|me: &std::sync::Weak<Gateway>| Gateway {
         view: rx,
+        events: store.map(|s| Dispatcher::new(EventQueue::new(s), args.events.clone(), Arc::new(Deliverer(me.clone())))),
+        signer,
+        region: args.region.clone(),
         verifier: Verifier::new("lambda", keys),
         http: HttpClient::builder(TokioExecutor::new()).build_http(),
         in_flight: Mutex::new(HashMap::new()),
@@ -227,6 +247,9 @@ async fn serve(args: GatewayArgs, store: Option<Arc<thaw_store::Store>>) -> Resu
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|source| GatewayError::Io { what: format!("listening on {}", args.listen), source })?;
+    if let Some(d) = &gw.events {
+        tokio::spawn(d.clone().sweep());
+    }
     tracing::info!(listen = %args.listen, policy = %args.policy, "gateway listening");
     axum::serve(listener, axum::Router::new().fallback(handle).with_state(gw))
         .await
@@ -286,7 +309,11 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
     match action {
         Action::Invoke(name) => {
             let (function, _) = function_name(&name, None)?;
-            send(gw, &parts, body, &function, request_id).await
+            let event = parts.headers.get("x-amz-invocation-type").is_some_and(|v| v == "Event");
+            match (&gw.events, &gw.registry) {
+                (Some(events), Some(registry)) if event => queue_event(gw, events, registry, &parts, body, &function, request_id).await,
+                _ => send(gw, &parts, body, &function, request_id).await,
+            }
         }
         Action::CreateFunction => {
             let (spec, zip) = create_spec(&body)?;
@@ -334,6 +361,91 @@ async fn get_function(
         Some(config) if whole => Ok(json(StatusCode::OK, &serde_json::json!({"Configuration": config, "Code": {"RepositoryType": "S3"}}))),
         Some(config) => Ok(json(StatusCode::OK, &config)),
         None => Ok(answered),
+    }
+}
+
+/// An asynchronous Invoke of `function`: queued in the store and answered 202 (the
+/// event runs at least once, [`crate::events`]); forwarded to an agent when the
+/// registry does not know the function (one made through an agent's own API).
+async fn queue_event(
+    gw: &Gateway,
+    events: &Arc<Dispatcher>,
+    registry: &Registry,
+    parts: &axum::http::request::Parts,
+    body: Bytes,
+    function: &str,
+    request_id: &str,
+) -> Result<Response, ApiError> {
+    let payload = invoke_payload(&body, "Event")?;
+    match registry.get(function).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return send(gw, parts, body, function, request_id).await,
+        // The apiserver away: the data plane serves on; a function that is not there
+        // after all is dropped when its event runs.
+        Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => {}
+        Err(e) => return Err(e),
+    }
+    let path = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str());
+    events.accept(request_id, function, path, payload).await.map_err(|e| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", format!("the event could not be queued in the snapshot store: {}", error_chain(&e)))
+    })?;
+    let mut r = StatusCode::ACCEPTED.into_response();
+    if let Ok(v) = HeaderValue::from_str(request_id) {
+        r.headers_mut().insert("x-amzn-requestid", v);
+    }
+    Ok(r)
+}
+
+/// Runs queued events through the gateway (a weak handle: the gateway owns the queue).
+struct Deliverer(std::sync::Weak<Gateway>);
+
+impl Deliver for Deliverer {
+    fn deliver<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Delivery> {
+        Box::pin(async move {
+            match self.0.upgrade() {
+                Some(gw) => run_event(&gw, event).await,
+                None => Delivery::Retry("the gateway is stopping".into()),
+            }
+        })
+    }
+}
+
+/// Run `event` as a synchronous Invoke signed with the gateway's own key, placed and
+/// forwarded as a client's would be.
+async fn run_event(gw: &Gateway, event: &Event) -> Delivery {
+    let (path, query) = match event.path.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (event.path.as_str(), None),
+    };
+    let base = [("host", "thaw-gateway"), ("x-amz-invocation-type", "RequestResponse"), ("content-type", "application/json")];
+    let signed = SignedRequest { method: "POST", raw_path: path, raw_query: query, headers: base.to_vec(), body: event.payload.as_bytes() };
+    let added = sign(&gw.signer, &gw.region, "lambda", &signed, SystemTime::now());
+    let mut req = axum::http::Request::builder().method("POST").uri(&event.path);
+    for (k, v) in base.iter().map(|(k, v)| (*k, v.to_string())).chain(added) {
+        req = req.header(k, v);
+    }
+    let parts = match req.body(()) {
+        Ok(r) => r.into_parts().0,
+        Err(e) => return Delivery::Dropped(format!("its path {} is not a request: {e}", event.path)),
+    };
+    let resp = match send(gw, &parts, Bytes::from(event.payload.clone()), &event.function, &event.id).await {
+        Ok(r) => r,
+        Err(e) => return Delivery::Retry(e.to_string()),
+    };
+    let status = resp.status();
+    let failed = resp.headers().contains_key("x-amz-function-error");
+    let node = resp.headers().get("x-thaw-node").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let body = axum::body::to_bytes(resp.into_body(), MAX_BODY).await.unwrap_or_default();
+    let answer: String = String::from_utf8_lossy(&body).chars().take(256).collect();
+    match status.as_u16() {
+        200 if !failed => {
+            tracing::debug!(event = %event.id, function = %event.function, node, answer, "event ran");
+            Delivery::Done
+        }
+        200 => Delivery::FunctionError(format!("on {node}: {answer}")),
+        404 => Delivery::Dropped(format!("{status}: {answer}")),
+        429 | 500..=599 => Delivery::Retry(format!("{status} from {node}: {answer}")),
+        _ => Delivery::Dropped(format!("{status} from {node}: {answer}")),
     }
 }
 

@@ -7,6 +7,7 @@
 //! - [`agent`]: `thaw serve --cluster`: the node's advertisement (its ThawNode), published;
 //! - [`follow`]: `thaw serve --cluster`: the functions of the registry (ThawFunctions), deployed;
 //! - [`registry`]: the function registry (ThawFunctions + bundles in the store), shared by agents and gateways;
+//! - [`events`]: asynchronous invocations through the gateways, queued in the store, run at least once;
 //! - [`view`]: advertisements (ThawNode objects) watched from the apiserver, as placement inputs;
 //! - [`gateway`]: `thaw gateway` (skeleton): Lambda API + SigV4, Invoke forwarded to the placed agent;
 //! - [`controlplane`]: a real etcd + kube-apiserver on 127.0.0.1 for tests.
@@ -15,6 +16,7 @@
 pub mod agent;
 pub mod cli;
 pub mod controlplane;
+pub mod events;
 pub mod follow;
 pub mod gateway;
 pub mod hash;

@@ -590,13 +590,9 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &HeaderMap, body: Bytes, request_id: &str) -> Result<Response, ApiError> {
-    let t0 = Instant::now();
-    let node = &app.node;
-    let (name, q) = function_name(&name, qualifier.as_deref())?;
-    let version = versions::version_of(node, &name, &versions::target(node, &name, q.as_deref())?)?;
-    let target = InvokeTarget { version, qualifier: q };
-    let kind = header(headers, "x-amz-invocation-type").unwrap_or("RequestResponse");
+/// The payload of an Invoke of type `kind` (`Event`, `RequestResponse`, `DryRun`) as
+/// Lambda checks it: within the type's size limit, JSON text (an empty body is `{}`).
+pub fn invoke_payload(body: &[u8], kind: &str) -> Result<String, ApiError> {
     let limit = if kind == "Event" { events::MAX_EVENT_PAYLOAD } else { MAX_PAYLOAD };
     if body.len() > limit {
         return Err(ApiError::new(
@@ -605,20 +601,25 @@ async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &He
             format!("{} byte payload is too large for the {kind} invocation type (limit {limit} bytes)", body.len()),
         ));
     }
-    let payload = if body.is_empty() {
-        "{}".to_string()
-    } else {
-        let text = std::str::from_utf8(&body)
-            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequestContentException", "Could not parse request body into json: not UTF-8"))?;
-        if serde_json::from_str::<serde::de::IgnoredAny>(text).is_err() {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "InvalidRequestContentException",
-                "Could not parse request body into json: Could not parse payload into json",
-            ));
-        }
-        text.to_string()
-    };
+    if body.is_empty() {
+        return Ok("{}".to_string());
+    }
+    let text = std::str::from_utf8(body)
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequestContentException", "Could not parse request body into json: not UTF-8"))?;
+    if serde_json::from_str::<serde::de::IgnoredAny>(text).is_err() {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequestContentException", "Could not parse request body into json: Could not parse payload into json"));
+    }
+    Ok(text.to_string())
+}
+
+async fn invoke(app: &App, name: String, qualifier: Option<String>, headers: &HeaderMap, body: Bytes, request_id: &str) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
+    let node = &app.node;
+    let (name, q) = function_name(&name, qualifier.as_deref())?;
+    let version = versions::version_of(node, &name, &versions::target(node, &name, q.as_deref())?)?;
+    let target = InvokeTarget { version, qualifier: q };
+    let kind = header(headers, "x-amz-invocation-type").unwrap_or("RequestResponse");
+    let payload = invoke_payload(&body, kind)?;
     let tail = match header(headers, "x-amz-log-type") {
         None | Some("None") => false,
         Some("Tail") => true,

@@ -16,7 +16,8 @@ use crate::keys::{self, KeySource};
 use crate::node::{Node, NodeConfig, SnapshotStore};
 use crate::sigv4::Verifier;
 
-fn parse_secs(s: &str) -> Result<Duration, String> {
+/// A clap value parser of seconds (fractions allowed), e.g. `--event-retry-delay 0.5`.
+pub fn parse_secs(s: &str) -> Result<Duration, String> {
     let v: f64 = s.parse().map_err(|_| format!("expected seconds, got '{s}'"))?;
     if !(v.is_finite() && v >= 0.0) {
         return Err(format!("expected a non-negative number of seconds, got '{s}'"));

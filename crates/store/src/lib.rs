@@ -13,6 +13,7 @@
 pub mod bundle;
 pub mod cache;
 pub mod error;
+pub mod events;
 pub mod fetch;
 pub mod gc;
 pub mod lazy;
@@ -80,6 +81,16 @@ impl Store {
         F::Output: Send + 'static,
     {
         self.rt.spawn(f)
+    }
+
+    /// Run `f` on the store's runtime from a task of another runtime and await it
+    /// there (the S3 client's connections live on the store's runtime).
+    pub async fn run<F>(&self, f: F) -> Result<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.rt.spawn(f).await.map_err(|e| StoreError::Task { detail: e.to_string() })
     }
 
     pub fn ensure_bucket(&self) -> Result<()> {

@@ -241,6 +241,34 @@ impl Remote {
         Ok(())
     }
 
+    /// Put small `data` at `key` only if the object is as the caller last saw it:
+    /// `seen` is the version (ETag) it read or wrote, or None for "not there yet".
+    /// Returns the new version, or None when the condition failed (another writer
+    /// changed or created it meanwhile, or it was deleted). S3's conditional writes
+    /// (If-Match / If-None-Match), which MinIO and AWS S3 honour.
+    pub async fn put_if(&self, key: &str, data: Bytes, seen: Option<&str>) -> Result<Option<String>> {
+        let mode = match seen {
+            None => object_store::PutMode::Create,
+            Some(e) => object_store::PutMode::Update(object_store::UpdateVersion { e_tag: Some(e.to_string()), version: None }),
+        };
+        match self.s3.put_opts(&self.path(key), data.into(), mode.into()).await {
+            Ok(r) => Ok(Some(r.e_tag.unwrap_or_default())),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(None),
+            Err(e) => Err(self.remote_err("PUT (conditional)", key)(e)),
+        }
+    }
+
+    /// Object `key` and its version (ETag), or None if absent.
+    pub async fn get_versioned(&self, key: &str) -> Result<Option<(Bytes, String)>> {
+        let r = match self.s3.get(&self.path(key)).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.remote_err("GET", key)(e)),
+        };
+        let etag = r.meta.e_tag.clone().unwrap_or_default();
+        Ok(Some((r.bytes().await.map_err(self.remote_err("GET", key))?, etag)))
+    }
+
     /// The whole object `key`, unverified (callers verify against the name).
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let r = self.s3.get(&self.path(key)).await.map_err(self.remote_err("GET", key))?;

@@ -293,6 +293,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
+        // Colours only for a terminal: a log file or journal gets plain text to grep.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli) {
         Ok(code) => code,

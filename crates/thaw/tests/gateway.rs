@@ -72,8 +72,13 @@ fn invoke(port: u16, function: &str, secret: &str) -> (u16, Vec<(String, String)
 
 /// A signed Lambda API request through `port`: (status, headers lower-cased, body).
 fn call(port: u16, method: &str, path: &str, body: &[u8], secret: &str) -> (u16, Vec<(String, String)>, String) {
+    call_as(port, method, path, body, secret, "RequestResponse")
+}
+
+/// [`call`] with `X-Amz-Invocation-Type: {kind}`.
+fn call_as(port: u16, method: &str, path: &str, body: &[u8], secret: &str, kind: &str) -> (u16, Vec<(String, String)>, String) {
     let host = format!("127.0.0.1:{port}");
-    let base = vec![("host", host.as_str()), ("x-amz-invocation-type", "RequestResponse")];
+    let base = vec![("host", host.as_str()), ("x-amz-invocation-type", kind)];
     let req = SignedRequest { method, raw_path: path, raw_query: None, headers: base.clone(), body };
     let key = Credentials { access_key_id: KEY.into(), secret_access_key: secret.into() };
     let added = sign(&key, "us-east-1", "lambda", &req, SystemTime::now());
@@ -140,12 +145,18 @@ fn gateway(port: u16, kubeconfig: &Path) -> Proc {
 
 /// [`gateway`] with more arguments and environment.
 fn gateway_with(port: u16, kubeconfig: &Path, args: &[&str], env: &[(&str, String)]) -> Proc {
+    gateway_logged(port, kubeconfig, args, env, Stdio::inherit())
+}
+
+/// [`gateway_with`], its log (stderr) to `log`.
+fn gateway_logged(port: u16, kubeconfig: &Path, args: &[&str], env: &[(&str, String)], log: impl Into<Stdio>) -> Proc {
     let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"));
     c.args(["gateway", "--listen", &format!("127.0.0.1:{port}"), "--kubeconfig", kubeconfig.to_str().unwrap()])
         .args(args)
         .env("THAW_ACCESS_KEY_ID", KEY)
         .env("THAW_SECRET_ACCESS_KEY", SECRET)
-        .stdout(Stdio::null());
+        .stdout(Stdio::null())
+        .stderr(log);
     for (k, v) in env {
         c.env(k, v);
     }
@@ -367,14 +378,21 @@ fn invoke_until(port: u16, function: &str, what: &str, done: impl Fn(u16, &str) 
     }
 }
 
-/// The registry (issue #29; three agents, two gateways): a ThawFunction applied with kubectl is deployed on every
-/// agent from its bundle in the store and answers through the gateway; new code in
-/// the object is deployed; a bundle whose bytes do not match the object's sha256 is
-/// never deployed; deleting the object deletes the function. Through two gateways, the
-/// Lambda API writes the registry (create through one, invoke through the other), 1,008
-/// calls survive an agent killed midway, and the apiserver away refuses writes only.
-#[test]
-fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gateway() {
+/// A control plane with Thaw's CRDs, a MinIO, and three `thaw serve --cluster` agents
+/// (Nodes `{name}-0`..`{name}-2`) sharing the store `s3://{bucket}` and the cluster's
+/// snapshot key, each of which has published its ThawNode. Functions are applied to a
+/// running cluster: an agent that has not published yet is not counted when a
+/// function's builder is chosen (one that comes later only adds a build).
+struct Cluster {
+    m: minio::Minio,
+    cp: ControlPlane,
+    tmp: tempfile::TempDir,
+    ports: [u16; 3],
+    env: Vec<(&'static str, String)>,
+    agents: Vec<Proc>,
+}
+
+fn cluster(name: &str, bucket: &str) -> Cluster {
     let m = minio::Minio::start();
     let cp = ControlPlane::start(Options::default()).unwrap_or_else(|e| panic!("{e}"));
     for crd in ["thawnodes", "thawfunctions"] {
@@ -390,24 +408,34 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     env.push(("THAW_NODE_KEY", "5e".repeat(32)));
     let mut agents = Vec::new();
     for (i, port) in ports.iter().enumerate() {
-        kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"reg-{i}\"}}}}")));
-        // Room for 16 concurrent calls of one function on one agent (the kill test below).
-        let store = ["--snapshot-store", "s3://registry", "--create-bucket", "--max-instances-per-function", "16"];
-        agents.push(agent_with(&tmp.path().join(format!("reg-{i}")), *port, &format!("reg-{i}"), &kc, &store, &env));
+        kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{name}-{i}\"}}}}")));
+        // Room for 16 concurrent calls of one function on one agent (the kill tests).
+        let store = ["--snapshot-store", &format!("s3://{bucket}"), "--create-bucket", "--max-instances-per-function", "16"];
+        agents.push(agent_with(&tmp.path().join(format!("{name}-{i}")), *port, &format!("{name}-{i}"), &kc, &store, &env));
     }
-    // Two gateways: what one writes, the other serves (they share nothing but the apiserver).
-    let (gport, gport2) = (free_port(), free_port());
-    let gateway1 = gateway_with(gport, &kc, &["--snapshot-store", "s3://registry"], &env);
-    let _gateway2 = gateway_with(gport2, &kc, &["--snapshot-store", "s3://registry"], &env);
-
-    // Functions are applied to a running cluster: every agent has published its ThawNode
-    // (an agent that has not yet is not counted when the builder is chosen; one that
-    // comes later only adds a build).
     let deadline = Instant::now() + Duration::from_secs(60);
     while kubectl(&cp, &["get", "thawnodes", "-o", "jsonpath={range .items[*]}{.status.bootId} {end}"], None).split_whitespace().count() < 3 {
         assert!(Instant::now() < deadline, "the agents did not publish their ThawNodes");
         std::thread::sleep(Duration::from_millis(100));
     }
+    Cluster { m, cp, tmp, ports, env, agents }
+}
+
+/// The registry (issue #29; three agents, two gateways): a ThawFunction applied with kubectl is deployed on every
+/// agent from its bundle in the store and answers through the gateway; new code in
+/// the object is deployed; a bundle whose bytes do not match the object's sha256 is
+/// never deployed; deleting the object deletes the function. Through two gateways, the
+/// Lambda API writes the registry (create through one, invoke through the other), 1,008
+/// calls survive an agent killed midway, and the apiserver away refuses writes only.
+#[test]
+fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gateway() {
+    let Cluster { m, cp, tmp, ports, env, mut agents } = cluster("reg", "registry");
+    let kc = cp.kubeconfig();
+    // Two gateways: what one writes, the other serves (they share nothing but the apiserver).
+    let (gport, gport2) = (free_port(), free_port());
+    let gateway1 = gateway_with(gport, &kc, &["--snapshot-store", "s3://registry"], &env);
+    let _gateway2 = gateway_with(gport2, &kc, &["--snapshot-store", "s3://registry"], &env);
+
     let v1 = zip_of(tmp.path(), "v1.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 1}\n")]);
     let v2 = zip_of(tmp.path(), "v2.zip", &[("app.py", "def handler(event, context):\n    return {'from': 'registry', 'v': 2}\n")]);
     let (key1, sha1) = bundle_push(&m, &v1, "s3://registry");
@@ -636,6 +664,108 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     let (status, h, body) = call(gport, "POST", "/2015-03-31/functions", again.to_string().as_bytes(), SECRET);
     assert_eq!((status, header(&h, "x-amzn-errortype")), (503, Some("ServiceException")), "{body}");
     assert!(body.contains("the registry (apiserver) is unavailable"), "{body}");
+    drop(agents);
+}
+
+/// A signed asynchronous Invoke (`X-Amz-Invocation-Type: Event`) through `port`.
+fn invoke_event(port: u16, function: &str, payload: &[u8]) -> (u16, Vec<(String, String)>, String) {
+    call_as(port, "POST", &format!("/2015-03-31/functions/{function}/invocations"), payload, SECRET, "Event")
+}
+
+/// Asynchronous invocations through the gateways (issue #29): each event is queued in
+/// the store before its 202 and runs at least once although an agent and the gateway
+/// that took half of them are killed while they run (the other gateway takes over the
+/// dead one's events once their lease has run out); a failing function is retried
+/// twice, then dropped; what Lambda refuses at once is refused at once. The proof that
+/// an event ran is the function's own answer, with the event's nonce, in a gateway's log.
+#[test]
+fn asynchronous_events_run_at_least_once_whichever_agent_or_gateway_dies() {
+    let Cluster { m, cp, tmp, ports, env, mut agents } = cluster("ev", "events");
+    let kc = cp.kubeconfig();
+    // Leases of 3 s (a dead gateway's events are taken over within ~4 s), retries after 0.2 s.
+    let gw_args = ["--snapshot-store", "s3://events", "--event-lease", "3", "--event-retry-delay", "0.2"];
+    let mut gw_env = env.clone();
+    gw_env.push(("THAW_LOG", "warn,thaw_cluster=debug".into()));
+    let logs = [tmp.path().join("gateway-0.log"), tmp.path().join("gateway-1.log")];
+    let (gport, gport2) = (free_port(), free_port());
+    let gateway0 = gateway_logged(gport, &kc, &gw_args, &gw_env, std::fs::File::create(&logs[0]).unwrap());
+    let _gateway1 = gateway_logged(gport2, &kc, &gw_args, &gw_env, std::fs::File::create(&logs[1]).unwrap());
+    let code = "import time\n\
+                def handler(event, context):\n\
+                \x20   if event.get('fail'):\n\
+                \x20       raise RuntimeError('failing on purpose ' + event['nonce'])\n\
+                \x20   time.sleep(event.get('sleep', 0))\n\
+                \x20   return {'ran': event['nonce']}\n";
+    let zip = zip_of(tmp.path(), "events.zip", &[("app.py", code)]);
+    use base64::Engine;
+    let create = serde_json::json!({"FunctionName": "events", "Runtime": "python3.12", "Role": "arn:aws:iam::000000000000:role/t",
+        "Handler": "app.handler", "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(std::fs::read(&zip).unwrap())}});
+    let (status, _, body) = call(gport, "POST", "/2015-03-31/functions", create.to_string().as_bytes(), SECRET);
+    assert_eq!(status, 201, "{body}");
+    for port in ports {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (status, _, body) = call(port, "POST", "/2015-03-31/functions/events/invocations", b"{\"nonce\": \"warm\"}", SECRET);
+            if status == 200 && body.contains("\"ran\": \"warm\"") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the function on each agent: {status} {body}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    // Refused at once, as Lambda refuses them: a payload that is not JSON, one over
+    // 256 KiB, a function nobody has.
+    let (status, h, body) = invoke_event(gport, "events", b"not json");
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (400, Some("InvalidRequestContentException")), "{body}");
+    let big = format!("{{\"pad\": \"{}\"}}", "x".repeat(300 << 10));
+    let (status, h, body) = invoke_event(gport, "events", big.as_bytes());
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (413, Some("RequestEntityTooLargeException")), "{body}");
+    let (status, h, body) = invoke_event(gport, "nosuch", b"{}");
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (404, Some("ResourceNotFoundException")), "{body}");
+
+    // 60 events through both gateways, then agent 0 and gateway 0 killed while they run.
+    let nonces: Vec<String> = (0..60).map(|i| format!("n{i:03}x")).collect();
+    for (i, n) in nonces.iter().enumerate() {
+        let port = if i % 2 == 0 { gport } else { gport2 };
+        let (status, h, body) = invoke_event(port, "events", format!("{{\"nonce\": \"{n}\", \"sleep\": 0.5}}").as_bytes());
+        assert_eq!(status, 202, "{body}");
+        assert!(header(&h, "x-amzn-requestid").is_some_and(|r| !r.is_empty()));
+    }
+    // One whose function fails every time: retried twice, then dropped.
+    let (status, _, body) = invoke_event(gport2, "events", b"{\"nonce\": \"fails\", \"fail\": true}");
+    assert_eq!(status, 202, "{body}");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(agents.remove(0));
+    drop(gateway0);
+
+    let store = thaw_store::Store::open(
+        &thaw_store::StoreUrl::parse("s3://events").unwrap(),
+        &thaw_store::StoreConfig { endpoint: Some(m.endpoint()), access_key_id: Some(minio::ACCESS_KEY.into()), secret_access_key: Some(minio::SECRET_KEY.into()), ..Default::default() },
+    )
+    .unwrap();
+    let store = std::sync::Arc::new(store);
+    let queue = thaw_store::events::EventQueue::new(store.clone());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let ran = |n: &str| logs.iter().any(|l| std::fs::read_to_string(l).unwrap().lines().any(|line| line.contains("event ran") && line.contains(&format!("\\\"ran\\\": \\\"{n}\\\""))));
+    loop {
+        let left = store.block_on(queue.ids()).unwrap().len();
+        let missing: Vec<&String> = nonces.iter().filter(|n| !ran(n)).collect();
+        if left == 0 && missing.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after 90 s: {left} events still queued; never ran: {missing:?}\n{}", std::fs::read_to_string(&logs[1]).unwrap());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let log1 = std::fs::read_to_string(&logs[1]).unwrap();
+    let log0 = std::fs::read_to_string(&logs[0]).unwrap();
+    let taken = log1.lines().filter(|l| l.contains("took over an event")).count();
+    eprintln!("60 events, agent 0 and gateway 0 killed 0.3 s after: every one ran; gateway 1 took over {taken} of gateway 0's");
+    assert!(taken > 0, "gateway 0 was killed holding events, so gateway 1 took some over:\n{log1}");
+    let dropped: Vec<&str> = log1.lines().filter(|l| l.contains("event dropped after its last attempt")).collect();
+    assert!(dropped.len() == 1 && dropped[0].contains("attempts=3") && dropped[0].contains("failing on purpose fails"), "{log1}");
+    assert_eq!(log1.matches("event failed; will retry").count(), 2, "two retries:\n{log1}");
+    assert!(!log0.contains("panicked") && !log1.contains("panicked"));
     drop(agents);
 }
 
