@@ -45,7 +45,7 @@ use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
-use thaw_node::node::{ConfigChange, Node};
+use thaw_node::node::{ConfigChange, Node, VersionSpec, VersionState};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -111,6 +111,26 @@ fn by_name(objects: &Objects) -> BTreeMap<String, Result<Wanted, String>> {
         out.insert(name.to_string(), Err(format!("is in namespaces {}: function names are cluster-wide, keep one", nss.join(", "))));
     }
     out
+}
+
+/// The published versions wanted, by (function, number).
+type Versions = BTreeMap<(String, u64), Wanted>;
+
+/// The objects of functions, and the versions (objects `NAME.vN`, `spec.version`).
+fn split_versions(objects: &Objects) -> (Objects, Versions) {
+    let mut functions = Objects::new();
+    let mut versions = Versions::new();
+    for (k, w) in objects {
+        match w {
+            Ok(v) if v.version.is_some() => {
+                versions.insert((v.name.clone(), v.version.unwrap_or_default()), v.clone());
+            }
+            _ => {
+                functions.insert(k.clone(), w.clone());
+            }
+        }
+    }
+    (functions, versions)
 }
 
 /// What one reconcile of a function found to do.
@@ -234,7 +254,10 @@ impl Follower {
                 _ = stop.changed() => return,
             }
             if listed {
-                self.reconcile(&by_name(&wanted)).await;
+                let (functions, versions) = split_versions(&wanted);
+                let functions = by_name(&functions);
+                self.reconcile(&functions).await;
+                self.reconcile_versions(&functions, &versions).await;
             }
         }
     }
@@ -295,6 +318,53 @@ impl Follower {
                 match self.node.delete_function(&r.name) {
                     Ok(()) => info!(function = %r.name, "deleted: its ThawFunction is gone"),
                     Err(e) => warn!(function = %r.name, error = %thaw_node::node::error_chain(&e), "cannot delete a function whose ThawFunction is gone"),
+                }
+            }
+        }
+    }
+
+    /// Bring the published versions of the node's registry functions in line with
+    /// `versions`: each made under its number (from the active revision when that is
+    /// its code and configuration, else built from its bundle); those the registry no
+    /// longer has deleted.
+    async fn reconcile_versions(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>, versions: &Versions) {
+        let account = self.node.cfg.account.clone();
+        let err = |e: thaw_node::node::DeployError| thaw_node::node::error_chain(&e);
+        for ((name, n), v) in versions {
+            // Versions of a function this agent deployed from the registry.
+            let ours = self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER));
+            if !ours || !matches!(functions.get(name), Some(Ok(_))) {
+                continue;
+            }
+            let mut spec = v.spec(&account);
+            spec.description = v.version_description.clone();
+            let vs = VersionSpec { version: *n, spec, code_sha256: v.code_sha256() };
+            let outcome = match self.node.ensure_version(name, &vs, None).await {
+                Ok(VersionState::NeedsCode) => match self.bundle(v).await {
+                    Ok(zip) => self.node.ensure_version(name, &vs, Some(zip)).await.map(drop).map_err(err),
+                    Err(e) => Err(e),
+                },
+                other => other.map(drop).map_err(err),
+            };
+            let key = format!("{name}:{n}");
+            match outcome {
+                Ok(()) => {
+                    self.complained.remove(&key);
+                }
+                Err(why) => {
+                    if self.complained.get(&key) != Some(&why) {
+                        warn!(function = %name, version = n, "version {n} of {name} cannot be published here: {why}");
+                        self.complained.insert(key, why);
+                    }
+                }
+            }
+        }
+        for r in self.node.records().into_iter().filter(|r| r.description.starts_with(MARKER)) {
+            let Ok(have) = self.node.versions(&r.name) else { continue };
+            for n in have.iter().map(|v| v.version.version).filter(|n| !versions.contains_key(&(r.name.clone(), *n))) {
+                match self.node.delete_version(&r.name, n) {
+                    Ok(()) => info!(function = %r.name, version = n, "version deleted: its ThawFunction is gone"),
+                    Err(e) => warn!(function = %r.name, version = n, error = %e, "cannot delete a version whose ThawFunction is gone"),
                 }
             }
         }
@@ -478,6 +548,28 @@ mod tests {
         assert!(Wanted::from_object(&from_secret).unwrap_err().contains("valueFrom"));
         let bad_sha = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "AB"}}));
         assert!(Wanted::from_object(&bad_sha).is_err());
+    }
+
+    #[test]
+    fn a_version_object_is_a_version_of_its_function_not_a_function() {
+        let sha = "ab".repeat(32);
+        let spec = json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": sha}});
+        let mut v = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": sha},
+            "function": "hello", "version": 3, "description": "third"}));
+        v.metadata.name = Some("hello.v3".into());
+        let w = Wanted::from_object(&v).unwrap();
+        assert_eq!((w.name.as_str(), w.version, w.version_description.as_str()), ("hello", Some(3), "third"));
+        assert_eq!(w.description, "ThawFunction team-a/hello", "deployed as part of its function");
+        let mut objects: Objects = BTreeMap::new();
+        objects.insert(("team-a".into(), "hello".into()), Wanted::from_object(&object(spec)));
+        objects.insert(("team-a".into(), "hello.v3".into()), Ok(w));
+        let (functions, versions) = split_versions(&objects);
+        assert_eq!(functions.len(), 1);
+        assert!(by_name(&functions)["hello"].is_ok(), "the version is not a second function of that name");
+        assert_eq!(versions.keys().collect::<Vec<_>>(), [&("hello".to_string(), 3)]);
+        let mut nameless = v.clone();
+        nameless.data["spec"]["function"] = json!("not a name");
+        assert!(Wanted::from_object(&nameless).is_err());
     }
 
     #[test]

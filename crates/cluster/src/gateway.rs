@@ -33,8 +33,12 @@
 //! dies ([`crate::events`]); those of a function the registry does not know (made
 //! through an agent's own API) are forwarded to its agent, whose own queue takes them.
 //!
-//! Not yet: the other operations (versions, aliases, concurrency, URLs, tags, layers),
-//! metrics.
+//! Versions: PublishVersion writes the version's own ThawFunction (`NAME.vN`, numbered
+//! by the registry), ListVersionsByFunction lists them, DeleteFunction with a version
+//! qualifier deletes one; the agents publish each under its number
+//! ([`crate::follow`]), and Invoke with a qualifier is placed and forwarded as any.
+//!
+//! Not yet: the other operations (aliases, concurrency, URLs, tags, layers), metrics.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -50,7 +54,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use futures::future::BoxFuture;
-use thaw_node::api::{create_spec, function_name, invoke_payload, route, update_code_zip, Action, ApiError, MAX_BODY, URL_PREFIX};
+use thaw_node::api::{create_spec, function_name, invoke_payload, query_param, route, update_code_zip, Action, ApiError, MAX_BODY, URL_PREFIX};
 use thaw_node::node::error_chain;
 use thaw_node::sigv4::{sign, Credentials, SignedRequest, Verifier};
 use thaw_store::events::{Event, EventQueue};
@@ -329,9 +333,21 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
             Ok(json(StatusCode::OK, &registry()?.update_configuration(&function, &body).await?))
         }
         Action::DeleteFunction(name) => {
-            let (function, _) = function_name(&name, None)?;
-            registry()?.delete(&function).await?;
+            let (function, q) = function_name(&name, query_param(parts.uri.query(), "Qualifier").as_deref())?;
+            match q.as_deref().map(|q| (q, q.parse::<u64>())) {
+                None | Some(("$LATEST", _)) => registry()?.delete(&function).await?,
+                Some((_, Ok(n))) => registry()?.delete_version(&function, n).await?,
+                Some((a, Err(_))) => return Err(ApiError::invalid(format!("Deleting a function by alias ({a}) is not possible; use DeleteAlias."))),
+            }
             Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Action::PublishVersion(name) => {
+            let (function, _) = function_name(&name, None)?;
+            Ok(json(StatusCode::CREATED, &registry()?.publish_version(&function, &body).await?))
+        }
+        Action::ListVersionsByFunction(name) => {
+            let (function, _) = function_name(&name, None)?;
+            Ok(json(StatusCode::OK, &registry()?.list_versions(&function).await?))
         }
         Action::ListFunctions => Ok(json(StatusCode::OK, &registry()?.list().await?)),
         Action::GetFunction(name) => get_function(gw, registry()?, &parts, body, &name, true, request_id).await,
@@ -352,12 +368,18 @@ async fn get_function(
     whole: bool,
     request_id: &str,
 ) -> Result<Response, ApiError> {
-    let (function, _) = function_name(name, None)?;
+    let (function, q) = function_name(name, query_param(parts.uri.query(), "Qualifier").as_deref())?;
     let answered = send(gw, parts, body, &function, request_id).await?;
     if answered.status() != StatusCode::NOT_FOUND {
         return Ok(answered);
     }
-    match registry.get(&function).await? {
+    let known = match q.as_deref().map(|q| (q, q.parse::<u64>())) {
+        None | Some(("$LATEST", _)) => registry.get(&function).await?,
+        Some((_, Ok(n))) => registry.get_version(&function, n).await?,
+        // Aliases are not in the registry yet.
+        Some((_, Err(_))) => None,
+    };
+    match known {
         Some(config) if whole => Ok(json(StatusCode::OK, &serde_json::json!({"Configuration": config, "Code": {"RepositoryType": "S3"}}))),
         Some(config) => Ok(json(StatusCode::OK, &config)),
         None => Ok(answered),

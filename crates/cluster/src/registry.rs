@@ -60,18 +60,28 @@ pub struct Wanted {
     /// Ready=True for this generation, reason ColdBoot: the builder said it serves by
     /// cold boots.
     pub cold_boot_ready: bool,
+    /// A published version of function `name` (the object `NAME.vN`), not the function.
+    pub version: Option<u64>,
+    /// A published version's own description.
+    pub version_description: String,
 }
 
 impl Wanted {
     /// Read a ThawFunction. Err: why it cannot be deployed (the apiserver has checked
     /// the schema; what is left is what the node accepts).
     pub fn from_object(obj: &DynamicObject) -> Result<Wanted, String> {
-        let name = obj.metadata.name.clone().ok_or("no name")?;
+        let object_name = obj.metadata.name.clone().ok_or("no name")?;
         let ns = obj.metadata.namespace.clone().unwrap_or_default();
+        let spec = &obj.data["spec"];
+        let version = spec["version"].as_u64();
+        // A version's object is NAME.vN; the function is in its spec.
+        let name = match version {
+            Some(_) => spec["function"].as_str().ok_or("spec.function is missing")?.to_string(),
+            None => object_name,
+        };
         if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
             return Err(format!("'{name}' is not a Lambda function name (letters, digits, - and _, at most 64)"));
         }
-        let spec = &obj.data["spec"];
         let text = |k: &str| spec[k].as_str().map(str::to_string).ok_or(format!("spec.{k} is missing"));
         let mut env = BTreeMap::new();
         for e in spec["env"].as_array().map(Vec::as_slice).unwrap_or_default() {
@@ -116,6 +126,8 @@ impl Wanted {
             env,
             key: spec["code"]["key"].as_str().ok_or("spec.code.key is missing")?.to_string(),
             description: format!("{MARKER}{ns}/{name}"),
+            version,
+            version_description: spec["description"].as_str().unwrap_or_default().to_string(),
             sha256,
             name,
         })
@@ -158,6 +170,24 @@ pub fn object_of(spec: &FunctionSpec, ns: &str, key: &str, sha256: &str) -> Valu
         "spec": {"runtime": spec.runtime, "handler": spec.handler, "memory": spec.memory_mb, "timeout": spec.timeout_s,
                  "env": env, "code": {"key": key, "sha256": sha256}}
     })
+}
+
+/// The label a version's object names its function by (and the one of its number).
+pub const FUNCTION_LABEL: &str = "thaw.dev/function";
+const VERSION_LABEL: &str = "thaw.dev/version";
+/// The function object's annotation of the last version number given (never reused,
+/// as Lambda never reuses one, even once its version is deleted).
+const LAST_VERSION: &str = "thaw.dev/last-version";
+
+/// The object of version `n` of the function whose object is `f`.
+pub fn version_object_name(function: &str, n: u64) -> String {
+    format!("{}.v{n}", function.to_ascii_lowercase())
+}
+
+/// The spec fields that make a version (code and configuration): equal ones are the
+/// same version.
+fn version_fields(spec: &Value) -> Value {
+    json!([spec["runtime"], spec["handler"], spec["memory"], spec["timeout"], spec["env"], spec["code"]])
 }
 
 /// Where the gateway's registry lives: the ThawFunctions of one namespace, bundles in one store.
@@ -253,8 +283,117 @@ impl Registry {
         self.configuration(&obj, None)
     }
 
+    /// DeleteFunction: the function's object and those of its versions.
     pub async fn delete(&self, name: &str) -> Result<(), ApiError> {
-        self.api.delete(name, &DeleteParams::default()).await.map(drop).map_err(|e| kube_error(e, name, &self.arn(name)))
+        self.api.delete(name, &DeleteParams::default()).await.map(drop).map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        for (n, _) in self.versions(name).await? {
+            self.delete_version(name, n).await?;
+        }
+        Ok(())
+    }
+
+    /// DeleteFunction with a version qualifier: that version's object.
+    pub async fn delete_version(&self, name: &str, n: u64) -> Result<(), ApiError> {
+        let arn = format!("{}:{n}", self.arn(name));
+        self.api.delete(&version_object_name(name, n), &DeleteParams::default()).await.map(drop).map_err(|e| kube_error(e, name, &arn))
+    }
+
+    /// The version objects of `name`, by number.
+    async fn versions(&self, name: &str) -> Result<BTreeMap<u64, DynamicObject>, ApiError> {
+        let lp = ListParams::default().labels(&format!("{FUNCTION_LABEL}={}", name.to_ascii_lowercase()));
+        let all = self.api.list(&lp).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        Ok(all.items.into_iter().filter(|o| o.data["spec"]["function"] == name).filter_map(|o| Some((o.data["spec"]["version"].as_u64()?, o))).collect())
+    }
+
+    /// PublishVersion: $LATEST's code and configuration as the next version, an object
+    /// of its own (or the latest version again when nothing changed since it was
+    /// published, as Lambda does). `body`: Description, CodeSha256 and RevisionId
+    /// (preconditions), all optional.
+    pub async fn publish_version(&self, name: &str, body: &[u8]) -> Result<Value, ApiError> {
+        #[derive(serde::Deserialize, Default)]
+        #[serde(rename_all = "PascalCase")]
+        struct Publish {
+            description: Option<String>,
+            code_sha256: Option<String>,
+            revision_id: Option<String>,
+        }
+        let p: Publish = if body.is_empty() { Publish::default() } else { thaw_node::api::parse_json(body)? };
+        if p.description.as_ref().is_some_and(|d| d.len() > 256) {
+            return Err(ApiError::invalid("Description must be at most 256 characters"));
+        }
+        for _ in 0..5 {
+            let f = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+            if f.data["spec"]["version"].is_u64() {
+                return Err(ApiError::not_found(format!("Function not found: {}", self.arn(name))));
+            }
+            let w = Wanted::from_object(&f).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+            if let Some(c) = p.code_sha256.as_ref().filter(|c| **c != w.code_sha256()) {
+                return Err(ApiError::new(
+                    StatusCode::PRECONDITION_FAILED,
+                    "PreconditionFailedException",
+                    format!("CodeSHA256 ({c}) is different from current CodeSHA256 in $LATEST ({}). Please try again with the CodeSHA256 in $LATEST.", w.code_sha256()),
+                ));
+            }
+            if p.revision_id.as_ref().is_some_and(|r| Some(r) != f.metadata.resource_version.as_ref()) {
+                return Err(ApiError::new(StatusCode::PRECONDITION_FAILED, "PreconditionFailedException", "The Revision Id provided does not match the latest Revision Id. Call the GetFunction/GetAlias API to retrieve the latest Revision Id"));
+            }
+            let versions = self.versions(name).await?;
+            if let Some((_, latest)) = versions.iter().next_back() {
+                let same_description = p.description.as_ref().is_none_or(|d| latest.data["spec"]["description"].as_str() == Some(d));
+                if version_fields(&latest.data["spec"]) == version_fields(&f.data["spec"]) && same_description {
+                    return self.configuration(latest, None);
+                }
+            }
+            let given = f.metadata.annotations.as_ref().and_then(|a| a.get(LAST_VERSION)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let n = given.max(versions.keys().next_back().copied().unwrap_or(0)) + 1;
+            // Take the number: the annotation written over the object as read (a
+            // concurrent publish through another gateway gets a conflict and tries again).
+            let claim = json!({"metadata": {"resourceVersion": f.metadata.resource_version, "annotations": {LAST_VERSION: n.to_string()}}});
+            match self.api.patch(name, &PatchParams::default(), &Patch::Merge(&claim)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(a)) if a.code == 409 => continue,
+                Err(e) => return Err(kube_error(e, name, &self.arn(name))),
+            }
+            let mut spec = f.data["spec"].clone();
+            spec["function"] = json!(name);
+            spec["version"] = json!(n);
+            spec["description"] = json!(p.description.clone().unwrap_or_default());
+            if let Some(m) = spec.as_object_mut() {
+                m.remove("snapshotManifest");
+            }
+            let obj = json!({
+                "apiVersion": "thaw.dev/v1alpha1", "kind": "ThawFunction",
+                "metadata": {"name": version_object_name(name, n), "namespace": self.ns,
+                             "labels": {FUNCTION_LABEL: name.to_ascii_lowercase(), VERSION_LABEL: n.to_string()}},
+                "spec": spec,
+            });
+            let obj: DynamicObject = serde_json::from_value(obj).expect("a ThawFunction");
+            match self.api.create(&PostParams::default(), &obj).await {
+                Ok(created) => return self.configuration(&created, None),
+                Err(kube::Error::Api(a)) if a.code == 409 => continue,
+                Err(e) => return Err(kube_error(e, name, &self.arn(name))),
+            }
+        }
+        Err(ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("versions of {name} are being published concurrently; try again")))
+    }
+
+    /// ListVersionsByFunction: $LATEST, then every version, oldest first.
+    pub async fn list_versions(&self, name: &str) -> Result<Value, ApiError> {
+        let f = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        let mut out = vec![self.configuration(&f, None)?];
+        for o in self.versions(name).await?.values() {
+            out.push(self.configuration(o, None)?);
+        }
+        Ok(json!({"Versions": out}))
+    }
+
+    /// The FunctionConfiguration of version `n` of `name` as the registry has it.
+    pub async fn get_version(&self, name: &str, n: u64) -> Result<Option<Value>, ApiError> {
+        let arn = format!("{}:{n}", self.arn(name));
+        match self.api.get_opt(&version_object_name(name, n)).await.map_err(|e| kube_error(e, name, &arn))? {
+            Some(o) if o.data["spec"]["function"] == name => self.configuration(&o, None).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// The FunctionConfiguration of `name` as the registry has it, if it has it.
@@ -268,7 +407,8 @@ impl Registry {
     /// ListFunctions: every function of the registry (those it cannot read are left out).
     pub async fn list(&self) -> Result<Value, ApiError> {
         let all = self.api.list(&ListParams::default()).await.map_err(|e| kube_error(e, "", ""))?;
-        let mut fns: Vec<Value> = all.items.iter().filter_map(|o| self.configuration(o, None).ok()).collect();
+        let functions = all.items.iter().filter(|o| o.data["spec"]["version"].is_null());
+        let mut fns: Vec<Value> = functions.filter_map(|o| self.configuration(o, None).ok()).collect();
         fns.sort_by(|a, b| a["FunctionName"].as_str().cmp(&b["FunctionName"].as_str()));
         Ok(json!({"Functions": fns}))
     }
@@ -278,11 +418,15 @@ impl Registry {
     fn configuration(&self, obj: &DynamicObject, code_size: Option<u64>) -> Result<Value, ApiError> {
         let w = Wanted::from_object(obj).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
         let env: serde_json::Map<String, Value> = w.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+        let (arn, version, description) = match w.version {
+            Some(n) => (format!("{}:{n}", self.arn(&w.name)), n.to_string(), w.version_description.clone()),
+            None => (self.arn(&w.name), "$LATEST".to_string(), w.description.clone()),
+        };
         Ok(json!({
-            "FunctionName": w.name, "FunctionArn": self.arn(&w.name), "Runtime": w.runtime, "Handler": w.handler,
+            "FunctionName": w.name, "FunctionArn": arn, "Runtime": w.runtime, "Handler": w.handler,
             "Role": role_arn(&self.account), "MemorySize": w.memory_mb, "Timeout": w.timeout_s,
-            "CodeSha256": w.code_sha256(), "CodeSize": code_size.unwrap_or(0), "Description": w.description,
-            "Environment": {"Variables": env}, "Version": "$LATEST", "PackageType": "Zip", "Architectures": ["x86_64"],
+            "CodeSha256": w.code_sha256(), "CodeSize": code_size.unwrap_or(0), "Description": description,
+            "Environment": {"Variables": env}, "Version": version, "PackageType": "Zip", "Architectures": ["x86_64"],
             "State": "Pending", "StateReason": "The function is being deployed on the agents.", "StateReasonCode": "Creating",
             "LastUpdateStatus": "InProgress", "RevisionId": obj.metadata.resource_version.clone().unwrap_or_default(),
             "LastModified": obj.metadata.creation_timestamp.as_ref().map(|t| t.0.to_rfc3339()).unwrap_or_default(),

@@ -76,10 +76,10 @@ impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
         ApiError { status, kind, message: message.into(), reason: None }
     }
-    fn invalid(message: impl Into<String>) -> ApiError {
+    pub fn invalid(message: impl Into<String>) -> ApiError {
         Self::new(StatusCode::BAD_REQUEST, "InvalidParameterValueException", message)
     }
-    fn not_found(message: impl Into<String>) -> ApiError {
+    pub fn not_found(message: impl Into<String>) -> ApiError {
         Self::new(StatusCode::NOT_FOUND, "ResourceNotFoundException", message)
     }
     fn service(message: impl Into<String>) -> ApiError {
@@ -269,7 +269,7 @@ fn query_values(raw: Option<&str>, key: &str) -> Vec<String> {
 }
 
 /// The first value of `key` in a query string, decoded.
-fn query_param(raw: Option<&str>, key: &str) -> Option<String> {
+pub fn query_param(raw: Option<&str>, key: &str) -> Option<String> {
     query_values(raw, key).into_iter().next()
 }
 
@@ -429,7 +429,8 @@ fn decode_zip(b64: Option<String>, s3: Option<String>, image: Option<String>) ->
         .map_err(|_| ApiError::invalid("Could not unzip uploaded file. Please check your file, then try to upload again."))
 }
 
-fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+/// A JSON request body, or the InvalidRequestContentException Lambda answers.
+pub fn parse_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::new(StatusCode::BAD_REQUEST, "InvalidRequestContentException", format!("Could not parse request body into json: {e}"))
     })

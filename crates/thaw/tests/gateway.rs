@@ -769,6 +769,107 @@ fn asynchronous_events_run_at_least_once_whichever_agent_or_gateway_dies() {
     drop(agents);
 }
 
+/// Call `method path` through `port` until `done(status, body)` holds (the agents
+/// deploy what the registry holds asynchronously).
+fn call_until(port: u16, method: &str, path: &str, what: &str, done: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, _, body) = call(port, method, path, b"{}", SECRET);
+        if done(status, &body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {status} {body} after 120 s");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Versions through the gateway (issue #29): PublishVersion writes the version's own
+/// ThawFunction, numbered by the registry (never a number twice, the same version
+/// again when nothing changed, CodeSha256 checked); every agent serves each version
+/// under its number, also one that joins after $LATEST has moved on (it builds the old
+/// version from its bundle); ListVersionsByFunction lists them; a deleted version is
+/// gone everywhere; deleting the function deletes its versions.
+#[test]
+fn versions_published_through_the_gateway_are_served_under_their_numbers_by_every_agent() {
+    let Cluster { m: _m, cp, tmp, ports, env, mut agents } = cluster("ver", "versions");
+    let kc = cp.kubeconfig();
+    let gport = free_port();
+    let _gateway = gateway_with(gport, &kc, &["--snapshot-store", "s3://versions"], &env);
+    use base64::Engine;
+    let zip = |v: u32| {
+        let z = zip_of(tmp.path(), &format!("v{v}.zip"), &[("app.py", &format!("def handler(event, context):\n    return {{'v': {v}}}\n"))]);
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(z).unwrap())
+    };
+    let create = serde_json::json!({"FunctionName": "pv", "Runtime": "python3.12", "Role": "arn:aws:iam::000000000000:role/t",
+        "Handler": "app.handler", "Code": {"ZipFile": zip(1)}});
+    let (status, _, body) = call(gport, "POST", "/2015-03-31/functions", create.to_string().as_bytes(), SECRET);
+    assert_eq!(status, 201, "{body}");
+    let invocation = |q: &str| format!("/2015-03-31/functions/pv{q}/invocations");
+    for port in ports {
+        call_until(port, "POST", &invocation(""), "pv on each agent", |st, b| st == 200 && b.contains("\"v\": 1"));
+    }
+    let publish = |body: &str| {
+        let (status, h, out) = call(gport, "POST", "/2015-03-31/functions/pv/versions", body.as_bytes(), SECRET);
+        (status, header(&h, "x-amzn-errortype").map(str::to_string), serde_json::from_str::<serde_json::Value>(&out).unwrap_or_default())
+    };
+    let (status, _, v) = publish("{\"Description\": \"first\"}");
+    assert_eq!((status, v["Version"].as_str(), v["Description"].as_str()), (201, Some("1"), Some("first")), "{v}");
+    assert!(v["FunctionArn"].as_str().unwrap().ends_with(":function:pv:1"), "{v}");
+    let (status, _, v) = publish("");
+    assert_eq!((status, v["Version"].as_str()), (201, Some("1")), "nothing changed: the same version: {v}");
+    let (status, kind, _) = publish("{\"CodeSha256\": \"not-the-code\"}");
+    assert_eq!((status, kind.as_deref()), (412, Some("PreconditionFailedException")));
+
+    // New code, then version 2; both versions answer on every agent, under their numbers.
+    let (status, _, body) = call(gport, "PUT", "/2015-03-31/functions/pv/code", serde_json::json!({"ZipFile": zip(2)}).to_string().as_bytes(), SECRET);
+    assert_eq!(status, 200, "{body}");
+    for port in ports {
+        call_until(port, "POST", &invocation(""), "the new code on each agent", |st, b| st == 200 && b.contains("\"v\": 2"));
+    }
+    let (status, _, v) = publish("");
+    assert_eq!((status, v["Version"].as_str()), (201, Some("2")), "{v}");
+    let objects = kubectl(&cp, &["get", "thawfunctions", "-o", "name"], None);
+    assert!(objects.contains("/pv.v1") && objects.contains("/pv.v2"), "a ThawFunction per version: {objects}");
+    for port in ports.iter().copied().chain([gport]) {
+        call_until(port, "POST", &invocation(":1"), "version 1", |st, b| st == 200 && b.contains("\"v\": 1"));
+        call_until(port, "POST", &invocation(":2"), "version 2", |st, b| st == 200 && b.contains("\"v\": 2"));
+        call_until(port, "POST", &invocation(""), "$LATEST", |st, b| st == 200 && b.contains("\"v\": 2"));
+    }
+    let (status, _, body) = call(gport, "GET", "/2015-03-31/functions/pv/versions", b"", SECRET);
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let numbers: Vec<&str> = listed["Versions"].as_array().unwrap().iter().filter_map(|v| v["Version"].as_str()).collect();
+    assert_eq!((status, numbers), (200, vec!["$LATEST", "1", "2"]), "{body}");
+
+    // An agent that joins now: $LATEST is version 2's code, so it builds version 1 from
+    // its bundle.
+    kubectl(&cp, &["apply", "-f", "-"], Some("{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"ver-3\"}}"));
+    let late = free_port();
+    agents.push(agent_with(&tmp.path().join("ver-3"), late, "ver-3", &kc, &["--snapshot-store", "s3://versions"], &env));
+    call_until(late, "POST", &invocation(":1"), "version 1 on an agent that joined later", |st, b| st == 200 && b.contains("\"v\": 1"));
+    call_until(late, "POST", &invocation(":2"), "version 2 on an agent that joined later", |st, b| st == 200 && b.contains("\"v\": 2"));
+
+    // Version 1 deleted: gone from every agent; a new version takes a new number.
+    let (status, _, body) = call(gport, "DELETE", "/2015-03-31/functions/pv:1", b"", SECRET);
+    assert_eq!(status, 204, "{body}");
+    for port in ports.iter().copied().chain([late]) {
+        call_until(port, "POST", &invocation(":1"), "version 1 deleted", |st, _| st == 404);
+        call_until(port, "POST", &invocation(":2"), "version 2 kept", |st, b| st == 200 && b.contains("\"v\": 2"));
+    }
+    let (status, _, body) = call(gport, "PUT", "/2015-03-31/functions/pv/code", serde_json::json!({"ZipFile": zip(1)}).to_string().as_bytes(), SECRET);
+    assert_eq!(status, 200, "{body}");
+    let (_, _, v) = publish("");
+    assert_eq!(v["Version"].as_str(), Some("3"), "never a number twice: {v}");
+    call_until(late, "POST", &invocation(":3"), "version 3", |st, b| st == 200 && b.contains("\"v\": 1"));
+
+    // The function deleted: its versions' objects go with it.
+    let (status, _, body) = call(gport, "DELETE", "/2015-03-31/functions/pv", b"", SECRET);
+    assert_eq!(status, 204, "{body}");
+    let objects = kubectl(&cp, &["get", "thawfunctions", "-o", "name"], None);
+    assert!(!objects.contains("pv"), "{objects}");
+    call_until(ports[0], "POST", &invocation(":2"), "the function deleted", |st, _| st == 404);
+    drop(agents);
+}
+
 /// Median of `v` (sorted in place).
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

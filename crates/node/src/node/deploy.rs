@@ -320,16 +320,23 @@ impl Node {
     }
 
     pub(super) fn spawn_build(self: &Arc<Self>, f: Arc<Function>, rev: RevisionRecord) {
+        self.spawn_build_for(f, rev, None);
+    }
+
+    /// [`Node::spawn_build`] of a revision that becomes published version `version`
+    /// when ready (None: the active revision, $LATEST).
+    pub(super) fn spawn_build_for(self: &Arc<Self>, f: Arc<Function>, rev: RevisionRecord, version: Option<crate::registry::VersionRecord>) {
         let node = self.clone();
         self.builds.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(async move {
-            node.build(f, rev).await;
+            node.build(f, rev, version).await;
             node.builds.fetch_sub(1, Ordering::AcqRel);
         });
     }
 
-    /// Boot the revision once, capture it, and make it the active one.
-    pub(super) async fn build(self: &Arc<Self>, f: Arc<Function>, rec: RevisionRecord) {
+    /// Boot the revision once, capture it, and make it the active one (or, with
+    /// `version`, that published version; $LATEST is left as it is).
+    pub(super) async fn build(self: &Arc<Self>, f: Arc<Function>, rec: RevisionRecord, version: Option<crate::registry::VersionRecord>) {
         let rev = Arc::new(Revision::new(&rec, &f.name, &self.cfg));
         let t0 = Instant::now();
         let job_rev = rev.clone();
@@ -399,13 +406,33 @@ impl Node {
             rev.retire();
             return;
         }
-        match result {
-            Ok((bytes, stored)) => {
-                let _ = self.registry.finish_revision(rec.id, "ready", None, Some(bytes));
-                if let Some(id) = &stored {
-                    let _ = self.registry.set_snapshot_id(rec.id, Some(id));
+        if let Ok((bytes, stored)) = &result {
+            let _ = self.registry.finish_revision(rec.id, "ready", None, Some(*bytes));
+            if let Some(id) = stored {
+                let _ = self.registry.set_snapshot_id(rec.id, Some(id));
+            }
+            rev.snapshot_bytes.store(*bytes, Ordering::Release);
+        }
+        match (result, version) {
+            (Ok((bytes, _)), Some(v)) => {
+                if let Err(e) = self.registry.insert_version(&v) {
+                    drop(st);
+                    warn!(function = %f.name, version = v.version, error = %error_chain(&e), "recording a version built for the registry");
+                    let _ = self.registry.delete_revision(rec.id);
+                    rev.retire();
+                    return;
                 }
-                rev.snapshot_bytes.store(bytes, Ordering::Release);
+                self.metrics.snapshot_bytes.add(bytes as i64);
+                st.versions.insert(v.version, super::versions::Published { rec: v.clone(), rev });
+                info!(function = %f.name, version = v.version, revision = rec.id, ms = t0.elapsed().as_secs_f64() * 1e3, "version built and published");
+            }
+            (Err((_, reason)), Some(v)) => {
+                drop(st);
+                let _ = self.registry.delete_revision(rec.id);
+                rev.retire();
+                warn!(function = %f.name, version = v.version, revision = rec.id, reason = %reason, "building a version failed");
+            }
+            (Ok((bytes, _)), None) => {
                 st.rec.state = "Active".into();
                 st.rec.state_reason = None;
                 st.rec.state_reason_code = None;
@@ -436,7 +463,7 @@ impl Node {
                 }
                 info!(function = %f.name, revision = rec.id, ms = t0.elapsed().as_secs_f64() * 1e3, "function active");
             }
-            Err((code, reason)) => {
+            (Err((code, reason)), None) => {
                 let _ = self.registry.finish_revision(rec.id, "failed", Some(&reason), None);
                 st.rec.last_update_status = "Failed".into();
                 st.rec.last_update_status_reason = Some(reason.clone());

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use super::{timestamp, Node, NodeError, Revision};
+use super::{timestamp, FunctionSpec, Node, NodeError, Revision};
 use crate::registry::{AliasRecord, RegistryError, RevisionRecord, VersionRecord};
 
 /// A version as the node serves it.
@@ -168,6 +168,103 @@ impl Node {
         }
         info!(function = name, version, "version deleted");
         Ok(())
+    }
+}
+
+/// A version as the cluster's registry numbered it (issue #29): its number, and the
+/// code and configuration $LATEST had when it was published.
+#[derive(Debug, Clone)]
+pub struct VersionSpec {
+    pub version: u64,
+    /// Its configuration (`description` and `timeout_s` are the version's own).
+    pub spec: FunctionSpec,
+    /// Lambda's CodeSha256 of its bundle (base64 of the zip's SHA-256).
+    pub code_sha256: String,
+}
+
+/// How [`Node::ensure_version`] left a version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionState {
+    /// Published: invocations with its number are served.
+    Serving,
+    /// Its revision is being built (or another build of the function runs): ask again.
+    Building,
+    /// It needs a revision of its own: ask again with its bundle.
+    NeedsCode,
+}
+
+impl Node {
+    /// Make version `v.version` of `name` exist as the registry describes it, under that
+    /// very number (the cluster numbers versions, not the node). Served from the active
+    /// revision when that is the version's code and configuration (the common case:
+    /// published right after a deploy); else from a revision built for it from `zip`
+    /// (its snapshot captured here) without touching $LATEST. A version the node has
+    /// already is left as it is (versions do not change).
+    pub async fn ensure_version(self: &Arc<Self>, name: &str, v: &VersionSpec, zip: Option<Vec<u8>>) -> Result<VersionState, super::DeployError> {
+        use super::DeployError;
+        let f = self.function(name).ok_or_else(|| DeployError::NotFound(self.arn(name)))?;
+        let record = |revision: i64| VersionRecord {
+            function: name.to_string(),
+            version: v.version,
+            revision,
+            description: v.spec.description.clone(),
+            timeout_s: v.spec.timeout_s,
+            revision_id: uuid::Uuid::new_v4().to_string(),
+            last_modified: timestamp(),
+        };
+        {
+            let mut st = f.lock();
+            if st.versions.contains_key(&v.version) {
+                return Ok(VersionState::Serving);
+            }
+            if st.building.is_some() {
+                return Ok(VersionState::Building);
+            }
+            if let Some(active) = st.active.clone() {
+                let same = self.registry.get_revision(active.id)?.is_some_and(|r| {
+                    r.code_sha256 == v.code_sha256
+                        && r.runtime == v.spec.runtime
+                        && r.handler == v.spec.handler
+                        && r.memory_mb == v.spec.memory_mb
+                        && r.env == v.spec.env
+                        && r.layers == v.spec.layers
+                });
+                if same {
+                    let rec = record(active.id);
+                    self.registry.insert_version(&rec)?;
+                    info!(function = name, version = v.version, revision = active.id, "version of the registry published from the active revision");
+                    st.versions.insert(v.version, Published { rec, rev: active });
+                    return Ok(VersionState::Serving);
+                }
+            }
+        }
+        let Some(zip) = zip else { return Ok(VersionState::NeedsCode) };
+        let sha = crate::bundle::code_sha256(&zip);
+        let size = zip.len() as u64;
+        let (dir, code_bytes) = self.unpack(name, Arc::new(zip)).await?;
+        self.add_layers(&dir, &v.spec.layers, code_bytes).await?;
+        let mut rev = Self::revision_record(&v.spec, dir.clone(), &sha, size);
+        let mut st = f.lock();
+        if st.deleted || st.building.is_some() {
+            let deleted = st.deleted;
+            drop(st);
+            let _ = std::fs::remove_dir_all(&dir);
+            return if deleted { Err(DeployError::NotFound(self.arn(name))) } else { Ok(VersionState::Building) };
+        }
+        rev.id = match self.registry.insert_revision(&rev) {
+            Ok(id) => id,
+            Err(e) => {
+                drop(st);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.into());
+            }
+        };
+        st.building = Some(dir);
+        drop(st);
+        info!(function = name, version = v.version, revision = rev.id, "building a revision for a version of the registry");
+        let rec = record(rev.id);
+        self.spawn_build_for(f, rev, Some(rec));
+        Ok(VersionState::Building)
     }
 }
 
