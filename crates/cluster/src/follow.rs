@@ -45,7 +45,7 @@ use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
-use thaw_node::node::{ConfigChange, Node, VersionSpec, VersionState};
+use thaw_node::node::{AliasChange, ConfigChange, Node, VersionSpec, VersionState};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -359,12 +359,54 @@ impl Follower {
                 }
             }
         }
+        self.reconcile_aliases(functions);
         for r in self.node.records().into_iter().filter(|r| r.description.starts_with(MARKER)) {
             let Ok(have) = self.node.versions(&r.name) else { continue };
             for n in have.iter().map(|v| v.version.version).filter(|n| !versions.contains_key(&(r.name.clone(), *n))) {
                 match self.node.delete_version(&r.name, n) {
                     Ok(()) => info!(function = %r.name, version = n, "version deleted: its ThawFunction is gone"),
                     Err(e) => warn!(function = %r.name, version = n, error = %e, "cannot delete a version whose ThawFunction is gone"),
+                }
+            }
+        }
+    }
+
+    /// Put the aliases of the node's registry functions as their objects hold them
+    /// (after their versions: an alias routes to published versions only); remove
+    /// those the registry no longer has.
+    fn reconcile_aliases(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>) {
+        for (name, w) in functions {
+            let Ok(w) = w else { continue };
+            let Ok(have) = self.node.aliases(name) else { continue };
+            if !self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER)) {
+                continue;
+            }
+            let have: BTreeMap<&str, &thaw_node::registry::AliasRecord> = have.iter().map(|a| (a.name.as_str(), a)).collect();
+            for (alias, want) in &w.aliases {
+                let same = have.get(alias.as_str()).is_some_and(|h| h.version == want.version && h.weights == want.weights && h.description == want.description);
+                if same {
+                    continue;
+                }
+                let change = AliasChange { version: Some(want.version), description: Some(want.description.clone()), weights: Some(want.weights.clone()), revision_id: None };
+                let key = format!("{name}@{alias}");
+                match self.node.put_alias(name, alias, change, !have.contains_key(alias.as_str())) {
+                    Ok(_) => {
+                        info!(function = %name, alias = %alias, version = want.version, "alias put from its ThawFunction");
+                        self.complained.remove(&key);
+                    }
+                    Err(e) => {
+                        let why = e.to_string();
+                        if self.complained.get(&key) != Some(&why) {
+                            warn!(function = %name, alias = %alias, "alias {alias} of {name} cannot be put here yet: {why}");
+                            self.complained.insert(key, why);
+                        }
+                    }
+                }
+            }
+            for alias in have.keys().filter(|a| !w.aliases.contains_key(**a)) {
+                match self.node.delete_alias(name, alias) {
+                    Ok(()) => info!(function = %name, alias = %alias, "alias deleted: its ThawFunction no longer has it"),
+                    Err(e) => warn!(function = %name, alias = %alias, error = %e, "cannot delete an alias the registry no longer has"),
                 }
             }
         }

@@ -38,7 +38,11 @@
 //! qualifier deletes one; the agents publish each under its number
 //! ([`crate::follow`]), and Invoke with a qualifier is placed and forwarded as any.
 //!
-//! Not yet: the other operations (aliases, concurrency, URLs, tags, layers), metrics.
+//! Aliases (CreateAlias, UpdateAlias, GetAlias, ListAliases, DeleteAlias) live in the
+//! function object's annotation `thaw.dev/aliases`; the agents put them on their node,
+//! and an Invoke through an alias is routed by the agent that runs it.
+//!
+//! Not yet: the other operations (concurrency, URLs, tags, layers), metrics.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -348,6 +352,23 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         Action::ListVersionsByFunction(name) => {
             let (function, _) = function_name(&name, None)?;
             Ok(json(StatusCode::OK, &registry()?.list_versions(&function).await?))
+        }
+        Action::CreateAlias(name) => {
+            let (function, _) = function_name(&name, None)?;
+            Ok(json(StatusCode::CREATED, &registry()?.put_alias(&function, None, &body).await?))
+        }
+        Action::UpdateAlias(name, alias) => {
+            let (function, _) = function_name(&name, None)?;
+            Ok(json(StatusCode::OK, &registry()?.put_alias(&function, Some(&alias), &body).await?))
+        }
+        Action::GetAlias(name, alias) => Ok(json(StatusCode::OK, &registry()?.get_alias(&function_name(&name, None)?.0, &alias).await?)),
+        Action::ListAliases(name) => {
+            let version = query_param(parts.uri.query(), "FunctionVersion");
+            Ok(json(StatusCode::OK, &registry()?.list_aliases(&function_name(&name, None)?.0, version.as_deref()).await?))
+        }
+        Action::DeleteAlias(name, alias) => {
+            registry()?.delete_alias(&function_name(&name, None)?.0, &alias).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::ListFunctions => Ok(json(StatusCode::OK, &registry()?.list().await?)),
         Action::GetFunction(name) => get_function(gw, registry()?, &parts, body, &name, true, request_id).await,

@@ -14,8 +14,9 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Pos
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, Client};
 use serde_json::{json, Value};
-use thaw_node::api::ApiError;
-use thaw_node::node::FunctionSpec;
+use thaw_node::api::{alias_json, alias_request, ApiError};
+use thaw_node::node::{changed_alias, check_routing, FunctionSpec};
+use thaw_node::registry::AliasRecord;
 
 /// What the description of a function deployed from the registry starts with.
 pub const MARKER: &str = "ThawFunction ";
@@ -64,6 +65,8 @@ pub struct Wanted {
     pub version: Option<u64>,
     /// A published version's own description.
     pub version_description: String,
+    /// The function's aliases (its object's annotation `thaw.dev/aliases`).
+    pub aliases: BTreeMap<String, AliasRecord>,
 }
 
 impl Wanted {
@@ -128,6 +131,7 @@ impl Wanted {
             description: format!("{MARKER}{ns}/{name}"),
             version,
             version_description: spec["description"].as_str().unwrap_or_default().to_string(),
+            aliases: aliases_of(obj, &name)?,
             sha256,
             name,
         })
@@ -178,6 +182,45 @@ const VERSION_LABEL: &str = "thaw.dev/version";
 /// The function object's annotation of the last version number given (never reused,
 /// as Lambda never reuses one, even once its version is deleted).
 const LAST_VERSION: &str = "thaw.dev/last-version";
+
+/// The function object's annotation holding its aliases: JSON, alias name ->
+/// [`StoredAlias`]. An annotation, not the spec: an alias moves without a new
+/// generation of the function (nothing to build).
+const ALIASES: &str = "thaw.dev/aliases";
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+struct StoredAlias {
+    version: u64,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    weights: BTreeMap<u64, f64>,
+    #[serde(default)]
+    revision_id: String,
+}
+
+/// The aliases of function `name` as its object `obj` holds them.
+fn aliases_of(obj: &DynamicObject, name: &str) -> Result<BTreeMap<String, AliasRecord>, String> {
+    let Some(text) = obj.metadata.annotations.as_ref().and_then(|a| a.get(ALIASES)) else { return Ok(BTreeMap::new()) };
+    let stored: BTreeMap<String, StoredAlias> = serde_json::from_str(text).map_err(|e| format!("annotation {ALIASES} is not a map of aliases: {e}"))?;
+    Ok(stored
+        .into_iter()
+        .map(|(a, s)| {
+            let rec = AliasRecord { function: name.to_string(), name: a.clone(), version: s.version, description: s.description, weights: s.weights, revision_id: s.revision_id };
+            (a, rec)
+        })
+        .collect())
+}
+
+/// The annotation holding `aliases`.
+fn aliases_annotation(aliases: &BTreeMap<String, AliasRecord>) -> String {
+    let stored: BTreeMap<&String, StoredAlias> = aliases
+        .iter()
+        .map(|(a, r)| (a, StoredAlias { version: r.version, description: r.description.clone(), weights: r.weights.clone(), revision_id: r.revision_id.clone() }))
+        .collect();
+    serde_json::to_string(&stored).expect("aliases serialize")
+}
 
 /// The object of version `n` of the function whose object is `f`.
 pub fn version_object_name(function: &str, n: u64) -> String {
@@ -292,9 +335,21 @@ impl Registry {
         Ok(())
     }
 
-    /// DeleteFunction with a version qualifier: that version's object.
+    /// DeleteFunction with a version qualifier: that version's object (refused while
+    /// an alias routes to it, as Lambda refuses it).
     pub async fn delete_version(&self, name: &str, n: u64) -> Result<(), ApiError> {
         let arn = format!("{}:{n}", self.arn(name));
+        if let Some(f) = self.api.get_opt(name).await.map_err(|e| kube_error(e, name, &arn))? {
+            let aliases = aliases_of(&f, name).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+            let users: Vec<&str> = aliases.values().filter(|a| a.version == n || a.weights.contains_key(&n)).map(|a| a.name.as_str()).collect();
+            if !users.is_empty() {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "ResourceConflictException",
+                    format!("Unable to delete version because the following aliases reference it: [{}]", users.join(", ")),
+                ));
+            }
+        }
         self.api.delete(&version_object_name(name, n), &DeleteParams::default()).await.map(drop).map_err(|e| kube_error(e, name, &arn))
     }
 
@@ -375,6 +430,71 @@ impl Registry {
             }
         }
         Err(ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("versions of {name} are being published concurrently; try again")))
+    }
+
+    /// The function object of `name` and its aliases (a version's object is not one).
+    async fn function_object(&self, name: &str) -> Result<(DynamicObject, BTreeMap<String, AliasRecord>), ApiError> {
+        let f = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        if !f.data["spec"]["version"].is_null() {
+            return Err(ApiError::not_found(format!("Function not found: {}", self.arn(name))));
+        }
+        let aliases = aliases_of(&f, name).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+        Ok((f, aliases))
+    }
+
+    /// CreateAlias (`alias` None: named in the body) or UpdateAlias: into the function
+    /// object's annotation, written over the object as read (a concurrent change through
+    /// another gateway is a conflict, and this one tries again).
+    pub async fn put_alias(&self, name: &str, alias: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
+        let arn = self.arn(name);
+        let (alias, change, create) = alias_request(&arn, alias, body)?;
+        for _ in 0..5 {
+            let (f, mut aliases) = self.function_object(name).await?;
+            let rec = changed_alias(&arn, name, &alias, aliases.get(&alias).cloned(), change.clone(), create)?;
+            let versions = self.versions(name).await?;
+            check_routing(&arn, rec.version, &rec.weights, |v| versions.contains_key(&v))?;
+            aliases.insert(alias.clone(), rec.clone());
+            if self.write_aliases(name, &f, &aliases).await? {
+                return Ok(alias_json(&arn, &rec));
+            }
+        }
+        Err(ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("the aliases of {name} are being changed concurrently; try again")))
+    }
+
+    /// Write `aliases` into function object `f` as read. false: it changed meanwhile.
+    async fn write_aliases(&self, name: &str, f: &DynamicObject, aliases: &BTreeMap<String, AliasRecord>) -> Result<bool, ApiError> {
+        let patch = json!({"metadata": {"resourceVersion": f.metadata.resource_version, "annotations": {ALIASES: aliases_annotation(aliases)}}});
+        match self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(a)) if a.code == 409 => Ok(false),
+            Err(e) => Err(kube_error(e, name, &self.arn(name))),
+        }
+    }
+
+    /// GetAlias.
+    pub async fn get_alias(&self, name: &str, alias: &str) -> Result<Value, ApiError> {
+        let (_, aliases) = self.function_object(name).await?;
+        let a = aliases.get(alias).ok_or_else(|| ApiError::not_found(format!("Function not found: {}:{alias}", self.arn(name))))?;
+        Ok(alias_json(&self.arn(name), a))
+    }
+
+    /// ListAliases (those routing to `function_version` when given).
+    pub async fn list_aliases(&self, name: &str, function_version: Option<&str>) -> Result<Value, ApiError> {
+        let (_, aliases) = self.function_object(name).await?;
+        let arn = self.arn(name);
+        let all: Vec<Value> = aliases.values().map(|a| alias_json(&arn, a)).filter(|a| function_version.is_none_or(|v| a["FunctionVersion"] == v)).collect();
+        Ok(json!({"Aliases": all}))
+    }
+
+    /// DeleteAlias (one that is not there is no error).
+    pub async fn delete_alias(&self, name: &str, alias: &str) -> Result<(), ApiError> {
+        for _ in 0..5 {
+            let (f, mut aliases) = self.function_object(name).await?;
+            if aliases.remove(alias).is_none() || self.write_aliases(name, &f, &aliases).await? {
+                return Ok(());
+            }
+        }
+        Err(ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("the aliases of {name} are being changed concurrently; try again")))
     }
 
     /// ListVersionsByFunction: $LATEST, then every version, oldest first.

@@ -29,6 +29,7 @@ pub use url::URL_PREFIX;
 mod versions;
 
 use versions::Target;
+pub use versions::{alias_json, alias_request};
 
 use crate::events;
 use crate::node::{error_chain, version_label, ConfigChange, DeployError, FunctionSpec, InvokeError, InvokeTarget, Node, Outcome};

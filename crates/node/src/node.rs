@@ -51,7 +51,7 @@ use slot::SnapshotSlot;
 pub use settings::{check_tags, AccountSettings, SettingsError};
 pub use update::ConfigChange;
 pub use provisioned::ProvisionedView;
-pub use versions::{VersionError, VersionSpec, VersionState, VersionView, LATEST};
+pub use versions::{changed_alias, check_routing, AliasChange, VersionError, VersionSpec, VersionState, VersionView, LATEST};
 use crate::workers::{WorkerError, WorkerPool};
 
 /// How long a function's init may take while its snapshot is built.

@@ -788,9 +788,12 @@ fn call_until(port: u16, method: &str, path: &str, what: &str, done: impl Fn(u16
 /// again when nothing changed, CodeSha256 checked); every agent serves each version
 /// under its number, also one that joins after $LATEST has moved on (it builds the old
 /// version from its bundle); ListVersionsByFunction lists them; a deleted version is
-/// gone everywhere; deleting the function deletes its versions.
+/// gone everywhere; deleting the function deletes its versions. Aliases written through
+/// the gateway reach every agent (a version, then another, then a weighted split whose
+/// both sides answer); a version an alias routes to cannot be deleted; a deleted alias
+/// is gone everywhere.
 #[test]
-fn versions_published_through_the_gateway_are_served_under_their_numbers_by_every_agent() {
+fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     let Cluster { m: _m, cp, tmp, ports, env, mut agents } = cluster("ver", "versions");
     let kc = cp.kubeconfig();
     let gport = free_port();
@@ -840,6 +843,40 @@ fn versions_published_through_the_gateway_are_served_under_their_numbers_by_ever
     let numbers: Vec<&str> = listed["Versions"].as_array().unwrap().iter().filter_map(|v| v["Version"].as_str()).collect();
     assert_eq!((status, numbers), (200, vec!["$LATEST", "1", "2"]), "{body}");
 
+    // Aliases: in the registry, put on every agent, routed by the agent that runs the call.
+    let alias = |method: &str, path: &str, body: serde_json::Value| {
+        let (status, h, out) = call(gport, method, &format!("/2015-03-31/functions/pv/aliases{path}"), body.to_string().as_bytes(), SECRET);
+        (status, header(&h, "x-amzn-errortype").map(str::to_string), serde_json::from_str::<serde_json::Value>(&out).unwrap_or_default())
+    };
+    let (status, _, a) = alias("POST", "", serde_json::json!({"Name": "live", "FunctionVersion": "1", "Description": "prod"}));
+    assert_eq!((status, a["FunctionVersion"].as_str()), (201, Some("1")), "{a}");
+    assert!(a["AliasArn"].as_str().unwrap().ends_with(":function:pv:live"), "{a}");
+    assert_eq!(alias("POST", "", serde_json::json!({"Name": "live", "FunctionVersion": "1"})).1.as_deref(), Some("ResourceConflictException"));
+    assert_eq!(alias("POST", "", serde_json::json!({"Name": "next", "FunctionVersion": "9"})).0, 404, "no version 9");
+    for port in ports.iter().copied().chain([gport]) {
+        call_until(port, "POST", &invocation(":live"), "live -> 1", |st, b| st == 200 && b.contains("\"v\": 1"));
+    }
+    let (status, _, a) = alias("PUT", "/live", serde_json::json!({"FunctionVersion": "2"}));
+    assert_eq!((status, a["FunctionVersion"].as_str(), a["Description"].as_str()), (200, Some("2"), Some("prod")), "{a}");
+    for port in ports.iter().copied().chain([gport]) {
+        call_until(port, "POST", &invocation(":live"), "live -> 2", |st, b| st == 200 && b.contains("\"v\": 2"));
+    }
+    // Half the calls to version 1: both answer through the gateway.
+    let (status, _, a) = alias("PUT", "/live", serde_json::json!({"FunctionVersion": "2", "RoutingConfig": {"AdditionalVersionWeights": {"1": 0.5}}}));
+    assert_eq!(status, 200, "{a}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut ones, mut twos) = (0, 0);
+    while ones == 0 || twos == 0 {
+        assert!(Instant::now() < deadline, "the routing did not reach the agents: {ones} x v1, {twos} x v2");
+        let (_, _, b) = call(gport, "POST", &invocation(":live"), b"{}", SECRET);
+        ones += usize::from(b.contains("\"v\": 1"));
+        twos += usize::from(b.contains("\"v\": 2"));
+    }
+    let (status, _, got) = alias("GET", "/live", serde_json::json!({}));
+    assert_eq!((status, got["RoutingConfig"]["AdditionalVersionWeights"]["1"].as_f64()), (200, Some(0.5)), "{got}");
+    let (_, _, listed) = alias("GET", "", serde_json::json!({}));
+    assert_eq!(listed["Aliases"].as_array().map(Vec::len), Some(1), "{listed}");
+
     // An agent that joins now: $LATEST is version 2's code, so it builds version 1 from
     // its bundle.
     kubectl(&cp, &["apply", "-f", "-"], Some("{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"ver-3\"}}"));
@@ -847,8 +884,14 @@ fn versions_published_through_the_gateway_are_served_under_their_numbers_by_ever
     agents.push(agent_with(&tmp.path().join("ver-3"), late, "ver-3", &kc, &["--snapshot-store", "s3://versions"], &env));
     call_until(late, "POST", &invocation(":1"), "version 1 on an agent that joined later", |st, b| st == 200 && b.contains("\"v\": 1"));
     call_until(late, "POST", &invocation(":2"), "version 2 on an agent that joined later", |st, b| st == 200 && b.contains("\"v\": 2"));
+    call_until(late, "POST", &invocation(":live"), "the alias on an agent that joined later", |st, b| st == 200 && (b.contains("\"v\": 1") || b.contains("\"v\": 2")));
 
-    // Version 1 deleted: gone from every agent; a new version takes a new number.
+    // Version 1 deleted (once no alias routes to it): gone from every agent; a new
+    // version takes a new number.
+    let (status, h, body) = call(gport, "DELETE", "/2015-03-31/functions/pv:1", b"", SECRET);
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (409, Some("ResourceConflictException")), "live routes to it: {body}");
+    let (status, _, a) = alias("PUT", "/live", serde_json::json!({"RoutingConfig": {"AdditionalVersionWeights": {}}}));
+    assert!(status == 200 && a.get("RoutingConfig").is_none(), "{a}");
     let (status, _, body) = call(gport, "DELETE", "/2015-03-31/functions/pv:1", b"", SECRET);
     assert_eq!(status, 204, "{body}");
     for port in ports.iter().copied().chain([late]) {
@@ -860,6 +903,10 @@ fn versions_published_through_the_gateway_are_served_under_their_numbers_by_ever
     let (_, _, v) = publish("");
     assert_eq!(v["Version"].as_str(), Some("3"), "never a number twice: {v}");
     call_until(late, "POST", &invocation(":3"), "version 3", |st, b| st == 200 && b.contains("\"v\": 1"));
+    assert_eq!(alias("DELETE", "/live", serde_json::json!({})).0, 204);
+    for port in ports.iter().copied().chain([late]) {
+        call_until(port, "POST", &invocation(":live"), "the alias deleted", |st, _| st == 404);
+    }
 
     // The function deleted: its versions' objects go with it.
     let (status, _, body) = call(gport, "DELETE", "/2015-03-31/functions/pv", b"", SECRET);

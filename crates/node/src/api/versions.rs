@@ -13,7 +13,7 @@ use super::{configuration, json_response, parse_json, ApiError};
 use std::sync::Arc;
 
 use super::{function_name, Action};
-use crate::node::{Node, ProvisionedView, VersionError, VersionView, LATEST};
+use crate::node::{AliasChange, Node, ProvisionedView, VersionError, VersionView, LATEST};
 use crate::registry::{AliasRecord, FunctionRecord};
 use std::collections::BTreeMap;
 
@@ -70,9 +70,10 @@ pub(super) fn configuration_of(node: &Node, latest: &FunctionRecord, t: &Target)
     })
 }
 
-fn alias_json(node: &Node, a: &AliasRecord) -> Value {
+/// An alias as the Lambda API shows it (`function_arn`: its function's ARN).
+pub fn alias_json(function_arn: &str, a: &AliasRecord) -> Value {
     let mut v = json!({
-        "AliasArn": format!("{}:{}", node.arn(&a.function), a.name),
+        "AliasArn": format!("{function_arn}:{}", a.name),
         "Name": a.name,
         "FunctionVersion": if a.version == LATEST { "$LATEST".to_string() } else { a.version.to_string() },
         "Description": a.description,
@@ -101,43 +102,48 @@ struct AliasInput {
     revision_id: Option<String>,
 }
 
-fn version_number(name: &str, node: &Node, v: &str) -> Result<u64, ApiError> {
+fn version_number(arn: &str, v: &str) -> Result<u64, ApiError> {
     match v.parse::<u64>() {
         Ok(n) if n > 0 => Ok(n),
         _ if v == "$LATEST" => Err(ApiError::invalid("$LATEST cannot take a share of an alias's routing; publish a version.")),
-        _ => Err(ApiError::not_found(format!("Function not found: {}:{v}", node.arn(name)))),
+        _ => Err(ApiError::not_found(format!("Function not found: {arn}:{v}"))),
     }
 }
 
-fn weights(name: &str, node: &Node, r: Option<RoutingInput>) -> Result<Option<BTreeMap<u64, f64>>, ApiError> {
-    r.map(|r| r.additional_version_weights.unwrap_or_default().iter().map(|(k, w)| Ok((version_number(name, node, k)?, *w))).collect())
-        .transpose()
-}
-
-/// CreateAlias (`alias` None: the name is in the body) or UpdateAlias.
-pub(super) fn put_alias(node: &Node, name: &str, alias: Option<&str>, body: &[u8]) -> Result<Response, ApiError> {
+/// A CreateAlias (`alias` None: the name is in the body) or UpdateAlias request of the
+/// function `arn`: (the alias's name, what it asks for, whether it creates).
+pub fn alias_request(arn: &str, alias: Option<&str>, body: &[u8]) -> Result<(String, AliasChange, bool), ApiError> {
     let i: AliasInput = parse_json(body)?;
     let create = alias.is_none();
     let alias = match alias {
         Some(a) => a.to_string(),
         None => i.name.clone().ok_or_else(|| ApiError::invalid("Name is required"))?,
     };
-    let version = i.function_version.as_deref().map(|v| if v == "$LATEST" { Ok(LATEST) } else { version_number(name, node, v) }).transpose()?;
-    let w = weights(name, node, i.routing_config)?;
-    let a = node.put_alias(name, &alias, version, i.description, w, i.revision_id.as_deref(), create)?;
-    Ok(json_response(if create { StatusCode::CREATED } else { StatusCode::OK }, &alias_json(node, &a)))
+    let version = i.function_version.as_deref().map(|v| if v == "$LATEST" { Ok(LATEST) } else { version_number(arn, v) }).transpose()?;
+    let weights: Option<BTreeMap<u64, f64>> = i
+        .routing_config
+        .map(|r| r.additional_version_weights.unwrap_or_default().iter().map(|(k, w)| Ok::<_, ApiError>((version_number(arn, k)?, *w))).collect())
+        .transpose()?;
+    Ok((alias, AliasChange { version, description: i.description, weights, revision_id: i.revision_id }, create))
+}
+
+/// CreateAlias (`alias` None: the name is in the body) or UpdateAlias.
+pub(super) fn put_alias(node: &Node, name: &str, alias: Option<&str>, body: &[u8]) -> Result<Response, ApiError> {
+    let (alias, change, create) = alias_request(&node.arn(name), alias, body)?;
+    let a = node.put_alias(name, &alias, change, create)?;
+    Ok(json_response(if create { StatusCode::CREATED } else { StatusCode::OK }, &alias_json(&node.arn(name), &a)))
 }
 
 pub(super) fn get_alias(node: &Node, name: &str, alias: &str) -> Result<Response, ApiError> {
-    Ok(json_response(StatusCode::OK, &alias_json(node, &node.alias(name, alias)?)))
+    Ok(json_response(StatusCode::OK, &alias_json(&node.arn(name), &node.alias(name, alias)?)))
 }
 
 pub(super) fn list_aliases(node: &Node, name: &str, function_version: Option<&str>) -> Result<Response, ApiError> {
     let all: Vec<Value> = node
         .aliases(name)?
         .iter()
-        .filter(|a| function_version.is_none_or(|v| alias_json(node, a)["FunctionVersion"] == v))
-        .map(|a| alias_json(node, a))
+        .filter(|a| function_version.is_none_or(|v| alias_json(&node.arn(name), a)["FunctionVersion"] == v))
+        .map(|a| alias_json(&node.arn(name), a))
         .collect();
     Ok(json_response(StatusCode::OK, &json!({"Aliases": all})))
 }

@@ -274,6 +274,86 @@ pub const LATEST: u64 = 0;
 /// At most this many extra versions in an alias's routing, as Lambda allows.
 const MAX_ADDITIONAL_VERSIONS: usize = 1;
 
+/// An alias routing to `version` and `weights` (extra versions and their shares) is
+/// valid, the versions being those `exists` says are published (`arn`: the function's,
+/// for the messages). Shared by the node and the cluster's registry.
+pub fn check_routing(arn: &str, version: u64, weights: &BTreeMap<u64, f64>, exists: impl Fn(u64) -> bool) -> Result<(), VersionError> {
+    let missing = |v: u64| VersionError::NotFound(format!("{arn}:{v}"));
+    if version == LATEST {
+        return match weights.is_empty() {
+            true => Ok(()),
+            false => Err(VersionError::Invalid("RoutingConfig is not supported for an alias of $LATEST.".into())),
+        };
+    }
+    if !exists(version) {
+        return Err(missing(version));
+    }
+    if weights.len() > MAX_ADDITIONAL_VERSIONS {
+        return Err(VersionError::Invalid(format!("RoutingConfig may name at most {MAX_ADDITIONAL_VERSIONS} additional version.")));
+    }
+    for (&v, &w) in weights {
+        if !(0.0..=1.0).contains(&w) || w.is_nan() {
+            return Err(VersionError::Invalid(format!(
+                "1 validation error detected: Value '{w}' at 'routingConfig.additionalVersionWeights' failed to satisfy constraint: Member must have value between 0.0 and 1.0"
+            )));
+        }
+        if v == version {
+            return Err(VersionError::Invalid("The additional version in RoutingConfig must differ from the alias's FunctionVersion.".into()));
+        }
+        if !exists(v) {
+            return Err(missing(v));
+        }
+    }
+    Ok(())
+}
+
+/// What CreateAlias / UpdateAlias ask for (fields `None` are kept by an update).
+#[derive(Debug, Clone, Default)]
+pub struct AliasChange {
+    pub version: Option<u64>,
+    pub description: Option<String>,
+    pub weights: Option<BTreeMap<u64, f64>>,
+    /// The precondition of an update: the alias's current RevisionId.
+    pub revision_id: Option<String>,
+}
+
+/// Alias `alias` of function `name` (ARN `arn`) after `change`, from what it was
+/// (`old`): created (`create`) or updated, as Lambda refuses or merges it. Its
+/// routing is checked by the caller ([`check_routing`]).
+pub fn changed_alias(arn: &str, name: &str, alias: &str, old: Option<AliasRecord>, change: AliasChange, create: bool) -> Result<AliasRecord, VersionError> {
+    if !alias_name_ok(alias) {
+        return Err(VersionError::Invalid(format!(
+            "1 validation error detected: Value '{alias}' at 'name' failed to satisfy constraint: Member must satisfy regular expression pattern: (?!^[0-9]+$)([a-zA-Z0-9-_]+)"
+        )));
+    }
+    match (old, create) {
+        (Some(_), true) => Err(VersionError::Conflict(format!("Alias already exists: {arn}:{alias}"))),
+        (None, false) => Err(VersionError::NotFound(format!("Alias not found: {arn}:{alias}"))),
+        (Some(old), false) => {
+            if change.revision_id.as_ref().is_some_and(|r| *r != old.revision_id) {
+                return Err(VersionError::Precondition(
+                    "The Revision Id provided does not match the latest Revision Id. Call the GetFunction/GetAlias API to retrieve the latest Revision Id".into(),
+                ));
+            }
+            Ok(AliasRecord {
+                version: change.version.unwrap_or(old.version),
+                description: change.description.unwrap_or(old.description),
+                weights: change.weights.unwrap_or(old.weights),
+                revision_id: uuid::Uuid::new_v4().to_string(),
+                ..old
+            })
+        }
+        (None, true) => Ok(AliasRecord {
+            function: name.to_string(),
+            name: alias.to_string(),
+            version: change.version.ok_or_else(|| VersionError::Invalid("FunctionVersion is required".into()))?,
+            description: change.description.unwrap_or_default(),
+            weights: change.weights.unwrap_or_default(),
+            revision_id: uuid::Uuid::new_v4().to_string(),
+        }),
+    }
+}
+
 fn alias_name_ok(a: &str) -> bool {
     (1..=128).contains(&a.len())
         && a.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
@@ -286,81 +366,15 @@ impl Node {
     }
 
     fn check_alias(&self, st: &super::FnState, name: &str, version: u64, weights: &BTreeMap<u64, f64>) -> Result<(), VersionError> {
-        let missing = |v: u64| VersionError::NotFound(format!("{}:{v}", self.arn(name)));
-        if version == LATEST {
-            return match weights.is_empty() {
-                true => Ok(()),
-                false => Err(VersionError::Invalid("RoutingConfig is not supported for an alias of $LATEST.".into())),
-            };
-        }
-        if !st.versions.contains_key(&version) {
-            return Err(missing(version));
-        }
-        if weights.len() > MAX_ADDITIONAL_VERSIONS {
-            return Err(VersionError::Invalid(format!("RoutingConfig may name at most {MAX_ADDITIONAL_VERSIONS} additional version.")));
-        }
-        for (&v, &w) in weights {
-            if !(0.0..=1.0).contains(&w) || w.is_nan() {
-                return Err(VersionError::Invalid(format!(
-                    "1 validation error detected: Value '{w}' at 'routingConfig.additionalVersionWeights' failed to satisfy constraint: Member must have value between 0.0 and 1.0"
-                )));
-            }
-            if v == version {
-                return Err(VersionError::Invalid("The additional version in RoutingConfig must differ from the alias's FunctionVersion.".into()));
-            }
-            if !st.versions.contains_key(&v) {
-                return Err(missing(v));
-            }
-        }
-        Ok(())
+        check_routing(&self.arn(name), version, weights, |v| st.versions.contains_key(&v))
     }
 
     /// CreateAlias (`create`) or UpdateAlias (fields `None` are kept).
-    #[allow(clippy::too_many_arguments)]
-    pub fn put_alias(
-        &self,
-        name: &str,
-        alias: &str,
-        version: Option<u64>,
-        description: Option<String>,
-        weights: Option<BTreeMap<u64, f64>>,
-        revision_id: Option<&str>,
-        create: bool,
-    ) -> Result<AliasRecord, VersionError> {
-        if !alias_name_ok(alias) {
-            return Err(VersionError::Invalid(format!(
-                "1 validation error detected: Value '{alias}' at 'name' failed to satisfy constraint: Member must satisfy regular expression pattern: (?!^[0-9]+$)([a-zA-Z0-9-_]+)"
-            )));
-        }
+    pub fn put_alias(&self, name: &str, alias: &str, change: AliasChange, create: bool) -> Result<AliasRecord, VersionError> {
         let f = self.function(name).ok_or_else(|| VersionError::NotFound(self.arn(name)))?;
         let mut st = f.lock();
         let old = st.aliases.get(alias).cloned();
-        let rec = match (old, create) {
-            (Some(_), true) => return Err(VersionError::Conflict(format!("Alias already exists: {}:{alias}", self.arn(name)))),
-            (None, false) => return Err(VersionError::NotFound(format!("Alias not found: {}:{alias}", self.arn(name)))),
-            (Some(old), false) => {
-                if revision_id.is_some_and(|r| r != old.revision_id) {
-                    return Err(VersionError::Precondition(
-                        "The Revision Id provided does not match the latest Revision Id. Call the GetFunction/GetAlias API to retrieve the latest Revision Id".into(),
-                    ));
-                }
-                AliasRecord {
-                    version: version.unwrap_or(old.version),
-                    description: description.unwrap_or(old.description),
-                    weights: weights.unwrap_or(old.weights),
-                    revision_id: uuid::Uuid::new_v4().to_string(),
-                    ..old
-                }
-            }
-            (None, true) => AliasRecord {
-                function: name.to_string(),
-                name: alias.to_string(),
-                version: version.ok_or_else(|| VersionError::Invalid("FunctionVersion is required".into()))?,
-                description: description.unwrap_or_default(),
-                weights: weights.unwrap_or_default(),
-                revision_id: uuid::Uuid::new_v4().to_string(),
-            },
-        };
+        let rec = changed_alias(&self.arn(name), name, alias, old, change, create)?;
         self.check_alias(&st, name, rec.version, &rec.weights)?;
         self.registry.put_alias(&rec)?;
         st.aliases.insert(alias.to_string(), rec.clone());
