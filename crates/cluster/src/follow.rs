@@ -360,6 +360,7 @@ impl Follower {
             }
         }
         self.reconcile_aliases(functions);
+        self.reconcile_tags(functions);
         for r in self.node.records().into_iter().filter(|r| r.description.starts_with(MARKER)) {
             let Ok(have) = self.node.versions(&r.name) else { continue };
             for n in have.iter().map(|v| v.version.version).filter(|n| !versions.contains_key(&(r.name.clone(), *n))) {
@@ -367,6 +368,26 @@ impl Follower {
                     Ok(()) => info!(function = %r.name, version = n, "version deleted: its ThawFunction is gone"),
                     Err(e) => warn!(function = %r.name, version = n, error = %e, "cannot delete a version whose ThawFunction is gone"),
                 }
+            }
+        }
+    }
+
+    /// Give the node's registry functions the tags their objects hold.
+    fn reconcile_tags(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>) {
+        for (name, w) in functions {
+            let Ok(w) = w else { continue };
+            if !self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER)) {
+                continue;
+            }
+            let Ok(have) = self.node.settings(name).map(|s| s.tags) else { continue };
+            if have == w.tags {
+                continue;
+            }
+            let gone: Vec<String> = have.keys().filter(|k| !w.tags.contains_key(*k)).cloned().collect();
+            let done = self.node.untag(name, &gone).and_then(|()| self.node.tag(name, &w.tags));
+            match done {
+                Ok(()) => info!(function = %name, tags = w.tags.len(), "tags put from its ThawFunction"),
+                Err(e) => warn!(function = %name, error = %e, "cannot put the tags of its ThawFunction"),
             }
         }
     }

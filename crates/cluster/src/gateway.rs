@@ -42,9 +42,13 @@
 //! function object's annotation `thaw.dev/aliases`; the agents put them on their node,
 //! and an Invoke through an alias is routed by the agent that runs it.
 //!
-//! Not yet: the other operations (concurrency, URLs, tags, layers), metrics.
+//! Tags (TagResource, UntagResource, ListTags, CreateFunction's Tags) live in the
+//! annotation `thaw.dev/tags`, put on every agent's function (`thaw:isolation` among
+//! them).
+//!
+//! Not yet: the other operations (concurrency, URLs, layers), metrics.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -58,7 +62,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use futures::future::BoxFuture;
-use thaw_node::api::{create_spec, function_name, invoke_payload, query_param, route, update_code_zip, Action, ApiError, MAX_BODY, URL_PREFIX};
+use thaw_node::api::{
+    create_spec, function_name, invoke_payload, query_param, query_values, route, tagged_function, tags_in, update_code_zip, Action, ApiError, MAX_BODY, URL_PREFIX,
+};
 use thaw_node::node::error_chain;
 use thaw_node::sigv4::{sign, Credentials, SignedRequest, Verifier};
 use thaw_store::events::{Event, EventQueue};
@@ -325,7 +331,7 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         }
         Action::CreateFunction => {
             let (spec, zip) = create_spec(&body)?;
-            Ok(json(StatusCode::CREATED, &registry()?.create(&spec, zip).await?))
+            Ok(json(StatusCode::CREATED, &registry()?.create(&spec, zip, &tags_in(&body)?).await?))
         }
         Action::UpdateFunctionCode(name) => {
             let (function, _) = function_name(&name, None)?;
@@ -366,6 +372,16 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
             let version = query_param(parts.uri.query(), "FunctionVersion");
             Ok(json(StatusCode::OK, &registry()?.list_aliases(&function_name(&name, None)?.0, version.as_deref()).await?))
         }
+        Action::TagResource(arn) => {
+            registry()?.retag(&tagged_function(&arn)?, &tags_in(&body)?, &[]).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Action::UntagResource(arn) => {
+            let keys = query_values(parts.uri.query(), "tagKeys");
+            registry()?.retag(&tagged_function(&arn)?, &BTreeMap::new(), &keys).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Action::ListTags(arn) => Ok(json(StatusCode::OK, &registry()?.tags(&tagged_function(&arn)?).await?)),
         Action::DeleteAlias(name, alias) => {
             registry()?.delete_alias(&function_name(&name, None)?.0, &alias).await?;
             Ok(StatusCode::NO_CONTENT.into_response())

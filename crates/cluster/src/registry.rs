@@ -67,6 +67,8 @@ pub struct Wanted {
     pub version_description: String,
     /// The function's aliases (its object's annotation `thaw.dev/aliases`).
     pub aliases: BTreeMap<String, AliasRecord>,
+    /// The function's tags (its object's annotation `thaw.dev/tags`).
+    pub tags: BTreeMap<String, String>,
 }
 
 impl Wanted {
@@ -132,6 +134,7 @@ impl Wanted {
             version,
             version_description: spec["description"].as_str().unwrap_or_default().to_string(),
             aliases: aliases_of(obj, &name)?,
+            tags: tags_of(obj)?,
             sha256,
             name,
         })
@@ -213,6 +216,16 @@ fn aliases_of(obj: &DynamicObject, name: &str) -> Result<BTreeMap<String, AliasR
         .collect())
 }
 
+/// The function object's annotation holding its tags (JSON, key -> value).
+const TAGS: &str = "thaw.dev/tags";
+
+fn tags_of(obj: &DynamicObject) -> Result<BTreeMap<String, String>, String> {
+    match obj.metadata.annotations.as_ref().and_then(|a| a.get(TAGS)) {
+        Some(text) => serde_json::from_str(text).map_err(|e| format!("annotation {TAGS} is not a map of tags: {e}")),
+        None => Ok(BTreeMap::new()),
+    }
+}
+
 /// The annotation holding `aliases`.
 fn aliases_annotation(aliases: &BTreeMap<String, AliasRecord>) -> String {
     let stored: BTreeMap<&String, StoredAlias> = aliases
@@ -270,14 +283,20 @@ impl Registry {
             .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", format!("storing the code bundle: {}", thaw_node::node::error_chain(&e))))
     }
 
-    /// CreateFunction: the bundle into the store, then the ThawFunction (the commit point).
-    pub async fn create(&self, spec: &FunctionSpec, zip: Vec<u8>) -> Result<Value, ApiError> {
+    /// CreateFunction: the bundle into the store, then the ThawFunction (the commit point),
+    /// with its `tags`.
+    pub async fn create(&self, spec: &FunctionSpec, zip: Vec<u8>, tags: &BTreeMap<String, String>) -> Result<Value, ApiError> {
+        thaw_node::node::check_tags(tags).map_err(|e| ApiError::invalid(e.to_string()))?;
         if !spec.layers.is_empty() {
             return Err(ApiError::new(StatusCode::BAD_REQUEST, "InvalidParameterValueException", "Layers are not supported through the gateway yet."));
         }
         let size = zip.len() as u64;
         let (key, sha) = self.put_bundle(zip).await?;
-        let obj: DynamicObject = serde_json::from_value(object_of(spec, &self.ns, &key, &sha)).expect("a ThawFunction");
+        let mut obj = object_of(spec, &self.ns, &key, &sha);
+        if !tags.is_empty() {
+            obj["metadata"]["annotations"] = json!({TAGS: serde_json::to_string(tags).expect("tags serialize")});
+        }
+        let obj: DynamicObject = serde_json::from_value(obj).expect("a ThawFunction");
         let created = self.api.create(&PostParams::default(), &obj).await.map_err(|e| kube_error(e, &spec.name, &self.arn(&spec.name)))?;
         self.configuration(&created, Some(size))
     }
@@ -442,33 +461,44 @@ impl Registry {
         Ok((f, aliases))
     }
 
-    /// CreateAlias (`alias` None: named in the body) or UpdateAlias: into the function
-    /// object's annotation, written over the object as read (a concurrent change through
-    /// another gateway is a conflict, and this one tries again).
+    /// Change the annotation `key` of function `name`'s object: `change` gets the object
+    /// as read and its aliases and gives the annotation's new text (None: nothing to
+    /// write) and what to answer; the object is written over the version read (a
+    /// concurrent change through another gateway is a conflict: read and try again).
+    async fn update_annotation<T>(
+        &self,
+        name: &str,
+        key: &str,
+        change: impl Fn(&DynamicObject, BTreeMap<String, AliasRecord>) -> Result<(Option<String>, T), ApiError>,
+    ) -> Result<T, ApiError> {
+        for _ in 0..5 {
+            let (f, aliases) = self.function_object(name).await?;
+            let (text, answer) = change(&f, aliases)?;
+            let Some(text) = text else { return Ok(answer) };
+            let patch = json!({"metadata": {"resourceVersion": f.metadata.resource_version, "annotations": {key: text}}});
+            match self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => return Ok(answer),
+                Err(kube::Error::Api(a)) if a.code == 409 => continue,
+                Err(e) => return Err(kube_error(e, name, &self.arn(name))),
+            }
+        }
+        Err(ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("{name} is being changed concurrently; try again")))
+    }
+
+    /// CreateAlias (`alias` None: named in the body) or UpdateAlias, into the function
+    /// object's annotation.
     pub async fn put_alias(&self, name: &str, alias: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
         let arn = self.arn(name);
         let (alias, change, create) = alias_request(&arn, alias, body)?;
-        for _ in 0..5 {
-            let (f, mut aliases) = self.function_object(name).await?;
+        let versions = self.versions(name).await?;
+        self.update_annotation(name, ALIASES, |_, mut aliases| {
             let rec = changed_alias(&arn, name, &alias, aliases.get(&alias).cloned(), change.clone(), create)?;
-            let versions = self.versions(name).await?;
             check_routing(&arn, rec.version, &rec.weights, |v| versions.contains_key(&v))?;
-            aliases.insert(alias.clone(), rec.clone());
-            if self.write_aliases(name, &f, &aliases).await? {
-                return Ok(alias_json(&arn, &rec));
-            }
-        }
-        Err(ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("the aliases of {name} are being changed concurrently; try again")))
-    }
-
-    /// Write `aliases` into function object `f` as read. false: it changed meanwhile.
-    async fn write_aliases(&self, name: &str, f: &DynamicObject, aliases: &BTreeMap<String, AliasRecord>) -> Result<bool, ApiError> {
-        let patch = json!({"metadata": {"resourceVersion": f.metadata.resource_version, "annotations": {ALIASES: aliases_annotation(aliases)}}});
-        match self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(a)) if a.code == 409 => Ok(false),
-            Err(e) => Err(kube_error(e, name, &self.arn(name))),
-        }
+            let answer = alias_json(&arn, &rec);
+            aliases.insert(alias.clone(), rec);
+            Ok((Some(aliases_annotation(&aliases)), answer))
+        })
+        .await
     }
 
     /// GetAlias.
@@ -488,13 +518,28 @@ impl Registry {
 
     /// DeleteAlias (one that is not there is no error).
     pub async fn delete_alias(&self, name: &str, alias: &str) -> Result<(), ApiError> {
-        for _ in 0..5 {
-            let (f, mut aliases) = self.function_object(name).await?;
-            if aliases.remove(alias).is_none() || self.write_aliases(name, &f, &aliases).await? {
-                return Ok(());
+        self.update_annotation(name, ALIASES, |_, mut aliases| Ok((aliases.remove(alias).map(|_| aliases_annotation(&aliases)), ()))).await
+    }
+
+    /// TagResource (`add`) or UntagResource (`remove`) on function `name`.
+    pub async fn retag(&self, name: &str, add: &BTreeMap<String, String>, remove: &[String]) -> Result<(), ApiError> {
+        self.update_annotation(name, TAGS, |f, _| {
+            let mut tags = tags_of(f).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+            for k in remove {
+                tags.remove(k);
             }
-        }
-        Err(ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("the aliases of {name} are being changed concurrently; try again")))
+            tags.extend(add.iter().map(|(k, v)| (k.clone(), v.clone())));
+            thaw_node::node::check_tags(&tags).map_err(|e| ApiError::invalid(e.to_string()))?;
+            Ok((Some(serde_json::to_string(&tags).expect("tags serialize")), ()))
+        })
+        .await
+    }
+
+    /// ListTags of function `name`.
+    pub async fn tags(&self, name: &str) -> Result<Value, ApiError> {
+        let (f, _) = self.function_object(name).await?;
+        let tags = tags_of(&f).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+        Ok(json!({"Tags": tags}))
     }
 
     /// ListVersionsByFunction: $LATEST, then every version, oldest first.

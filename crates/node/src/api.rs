@@ -30,6 +30,7 @@ mod versions;
 
 use versions::Target;
 pub use versions::{alias_json, alias_request};
+pub use settings::tagged_function;
 
 use crate::events;
 use crate::node::{error_chain, version_label, ConfigChange, DeployError, FunctionSpec, InvokeError, InvokeTarget, Node, Outcome};
@@ -259,7 +260,8 @@ fn segments(raw_path: &str) -> Vec<&str> {
 }
 
 /// Every value of `key` in a query string (`tagKeys=a&tagKeys=b`), decoded.
-fn query_values(raw: Option<&str>, key: &str) -> Vec<String> {
+/// Every value of query parameter `key` (decoded), in order.
+pub fn query_values(raw: Option<&str>, key: &str) -> Vec<String> {
     raw.unwrap_or("")
         .split('&')
         .filter_map(|p| {
@@ -685,7 +687,7 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
         Action::Invoke(name) => invoke(app, name, qualifier, headers, body, request_id).await,
         Action::CreateFunction => {
             let (spec, zip) = create_spec(&body)?;
-            let tags = parse_json::<CreateTags>(&body)?.tags;
+            let tags = tags_in(&body)?;
             crate::node::check_tags(&tags)?;
             let snap_start = snap_start_of(&body)?;
             let rec = node.create_function(spec, zip).await?;
@@ -795,9 +797,14 @@ async fn dispatch(app: &App, action: Action, raw_query: Option<&str>, headers: &
 
 /// CreateFunction's `Tags` (the rest of its input is `create_spec`'s).
 #[derive(Deserialize)]
-struct CreateTags {
+struct TagsInput {
     #[serde(rename = "Tags", default)]
     tags: BTreeMap<String, String>,
+}
+
+/// The `Tags` of a CreateFunction or TagResource request (none: empty).
+pub fn tags_in(body: &[u8]) -> Result<BTreeMap<String, String>, ApiError> {
+    Ok(parse_json::<TagsInput>(body)?.tags)
 }
 
 fn too_large() -> ApiError {

@@ -79,7 +79,11 @@ fn call(port: u16, method: &str, path: &str, body: &[u8], secret: &str) -> (u16,
 fn call_as(port: u16, method: &str, path: &str, body: &[u8], secret: &str, kind: &str) -> (u16, Vec<(String, String)>, String) {
     let host = format!("127.0.0.1:{port}");
     let base = vec![("host", host.as_str()), ("x-amz-invocation-type", kind)];
-    let req = SignedRequest { method, raw_path: path, raw_query: None, headers: base.clone(), body };
+    let (raw_path, raw_query) = match path.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path, None),
+    };
+    let req = SignedRequest { method, raw_path, raw_query, headers: base.clone(), body };
     let key = Credentials { access_key_id: KEY.into(), secret_access_key: secret.into() };
     let added = sign(&key, "us-east-1", "lambda", &req, SystemTime::now());
     let mut text = format!("{method} {path} HTTP/1.1\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
@@ -791,7 +795,7 @@ fn call_until(port: u16, method: &str, path: &str, what: &str, done: impl Fn(u16
 /// gone everywhere; deleting the function deletes its versions. Aliases written through
 /// the gateway reach every agent (a version, then another, then a weighted split whose
 /// both sides answer); a version an alias routes to cannot be deleted; a deleted alias
-/// is gone everywhere.
+/// is gone everywhere. Tags written through the gateway are on every agent's function.
 #[test]
 fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     let Cluster { m: _m, cp, tmp, ports, env, mut agents } = cluster("ver", "versions");
@@ -876,6 +880,20 @@ fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     assert_eq!((status, got["RoutingConfig"]["AdditionalVersionWeights"]["1"].as_f64()), (200, Some(0.5)), "{got}");
     let (_, _, listed) = alias("GET", "", serde_json::json!({}));
     assert_eq!(listed["Aliases"].as_array().map(Vec::len), Some(1), "{listed}");
+
+    // Tags: in the registry, on every agent's function.
+    let tags = format!("/2017-03-31/tags/{}", got["AliasArn"].as_str().unwrap().trim_end_matches(":live"));
+    let (status, _, body) = call(gport, "POST", &tags, b"{\"Tags\": {\"team\": \"a\", \"tier\": \"gold\"}}", SECRET);
+    assert_eq!(status, 204, "{body}");
+    let (status, h, body) = call(gport, "POST", &tags, b"{\"Tags\": {\"aws:reserved\": \"x\"}}", SECRET);
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (400, Some("InvalidParameterValueException")), "{body}");
+    let (status, _, body) = call(gport, "DELETE", &format!("{tags}?tagKeys=tier"), b"", SECRET);
+    assert_eq!(status, 204, "{body}");
+    let (status, _, body) = call(gport, "GET", &tags, b"", SECRET);
+    assert_eq!((status, body.as_str()), (200, "{\"Tags\":{\"team\":\"a\"}}"));
+    for port in ports {
+        call_until(port, "GET", &tags, "the tags on each agent", |st, b| st == 200 && b == "{\"Tags\":{\"team\":\"a\"}}");
+    }
 
     // An agent that joins now: $LATEST is version 2's code, so it builds version 1 from
     // its bundle.

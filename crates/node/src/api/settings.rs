@@ -2,7 +2,6 @@
 //! (issue #16): TagResource, UntagResource, ListTags, Put/Get/DeleteFunctionConcurrency,
 //! GetAccountSettings, each on the path and API version boto3 and the AWS CLI use.
 
-use std::collections::BTreeMap;
 
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -42,19 +41,14 @@ pub(super) fn route(method: &Method, raw_path: &str) -> Option<Action> {
 }
 
 #[derive(Deserialize)]
-struct TagInput {
-    #[serde(rename = "Tags", default)]
-    tags: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
 struct ConcurrencyInput {
     #[serde(rename = "ReservedConcurrentExecutions")]
     reserved: Option<i64>,
 }
 
 /// A tagged resource is a function, named by its (unqualified) ARN.
-fn tagged_function(arn: &str) -> Result<String, ApiError> {
+/// The function a TagResource / UntagResource / ListTags ARN names (a qualified one is refused).
+pub fn tagged_function(arn: &str) -> Result<String, ApiError> {
     match function_name(arn, None)? {
         (name, None) => Ok(name),
         (_, Some(_)) => Err(ApiError::invalid(format!("Tags apply to a function, not to a qualified ARN: {arn}"))),
@@ -92,8 +86,7 @@ pub(super) fn dispatch(node: &Node, action: Action, raw_query: Option<&str>, bod
             ))
         }
         Action::TagResource(arn) => {
-            let input: TagInput = parse_json(body)?;
-            node.tag(&tagged_function(&arn)?, &input.tags)?;
+            node.tag(&tagged_function(&arn)?, &super::tags_in(body)?)?;
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::UntagResource(arn) => {
