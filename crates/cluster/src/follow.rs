@@ -361,12 +361,61 @@ impl Follower {
         }
         self.reconcile_aliases(functions);
         self.reconcile_tags(functions);
+        self.reconcile_urls(functions);
         for r in self.node.records().into_iter().filter(|r| r.description.starts_with(MARKER)) {
             let Ok(have) = self.node.versions(&r.name) else { continue };
             for n in have.iter().map(|v| v.version.version).filter(|n| !versions.contains_key(&(r.name.clone(), *n))) {
                 match self.node.delete_version(&r.name, n) {
                     Ok(()) => info!(function = %r.name, version = n, "version deleted: its ThawFunction is gone"),
                     Err(e) => warn!(function = %r.name, version = n, error = %e, "cannot delete a version whose ThawFunction is gone"),
+                }
+            }
+        }
+    }
+
+    /// Give the node's registry functions the URL configurations their objects hold
+    /// (after the aliases they may belong to).
+    fn reconcile_urls(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>) {
+        for (name, w) in functions {
+            let Ok(w) = w else { continue };
+            if !self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER)) {
+                continue;
+            }
+            let Ok(settings) = self.node.settings(name) else { continue };
+            let mut have: BTreeMap<String, thaw_node::registry::UrlConfig> = settings.alias_urls.clone();
+            if let Some(u) = settings.url.clone() {
+                have.insert(String::new(), u);
+            }
+            for (key, want) in &w.urls {
+                let alias = (!key.is_empty()).then_some(key.as_str());
+                let old = have.get(key);
+                if old.is_some_and(|h| h.auth_type == want.auth_type && h.cors == want.cors) {
+                    continue;
+                }
+                // Replaced whole (Cors removed must go too).
+                if old.is_some() {
+                    let _ = self.node.delete_url(name, alias);
+                }
+                let k = format!("{name} url {key}");
+                match self.node.put_url(name, alias, Some(want.auth_type.clone()), want.cors.clone(), true) {
+                    Ok(_) => {
+                        info!(function = %name, alias = ?alias, auth = %want.auth_type, "function URL configured from its ThawFunction");
+                        self.complained.remove(&k);
+                    }
+                    Err(e) => {
+                        let why = e.to_string();
+                        if self.complained.get(&k) != Some(&why) {
+                            warn!(function = %name, alias = ?alias, "the function URL of its ThawFunction cannot be configured here yet: {why}");
+                            self.complained.insert(k, why);
+                        }
+                    }
+                }
+            }
+            for key in have.keys().filter(|k| !w.urls.contains_key(*k)) {
+                let alias = (!key.is_empty()).then_some(key.as_str());
+                match self.node.delete_url(name, alias) {
+                    Ok(()) => info!(function = %name, alias = ?alias, "function URL removed: its ThawFunction no longer has it"),
+                    Err(e) => warn!(function = %name, alias = ?alias, error = %e, "cannot remove a function URL the registry no longer has"),
                 }
             }
         }

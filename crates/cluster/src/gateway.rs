@@ -46,7 +46,10 @@
 //! annotation `thaw.dev/tags`, put on every agent's function (`thaw:isolation` among
 //! them).
 //!
-//! Not yet: the other operations (concurrency, URLs, layers), metrics.
+//! Function URL configurations live in the annotation `thaw.dev/urls` (their URLs are the
+//! gateway's, `/url/<function>/`, placed like an Invoke), put on every agent.
+//!
+//! Not yet: the other operations (concurrency, layers), metrics.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -63,7 +66,8 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 use futures::future::BoxFuture;
 use thaw_node::api::{
-    create_spec, function_name, invoke_payload, query_param, query_values, route, tagged_function, tags_in, update_code_zip, Action, ApiError, MAX_BODY, URL_PREFIX,
+    create_spec, function_name, invoke_payload, query_param, query_values, route, tagged_function, tags_in, update_code_zip, url_target, Action, ApiError, MAX_BODY,
+    URL_PREFIX,
 };
 use thaw_node::node::error_chain;
 use thaw_node::sigv4::{sign, Credentials, SignedRequest, Verifier};
@@ -320,6 +324,7 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
     let registry = || {
         gw.registry.as_ref().ok_or_else(|| ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", "this gateway has no --snapshot-store: it serves Invoke and function URLs only"))
     };
+    let host = parts.headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_string();
     match action {
         Action::Invoke(name) => {
             let (function, _) = function_name(&name, None)?;
@@ -379,6 +384,24 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         Action::UntagResource(arn) => {
             let keys = query_values(parts.uri.query(), "tagKeys");
             registry()?.retag(&tagged_function(&arn)?, &BTreeMap::new(), &keys).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Action::CreateFunctionUrlConfig(name) => {
+            let (function, alias) = url_target(&name, parts.uri.query())?;
+            Ok(json(StatusCode::CREATED, &registry()?.put_url(&function, alias.as_deref(), &body, true, &host).await?))
+        }
+        Action::UpdateFunctionUrlConfig(name) => {
+            let (function, alias) = url_target(&name, parts.uri.query())?;
+            Ok(json(StatusCode::OK, &registry()?.put_url(&function, alias.as_deref(), &body, false, &host).await?))
+        }
+        Action::GetFunctionUrlConfig(name) => {
+            let (function, alias) = url_target(&name, parts.uri.query())?;
+            Ok(json(StatusCode::OK, &registry()?.urls(&function, Some(alias.as_deref()), &host).await?))
+        }
+        Action::ListFunctionUrlConfigs(name) => Ok(json(StatusCode::OK, &registry()?.urls(&function_name(&name, None)?.0, None, &host).await?)),
+        Action::DeleteFunctionUrlConfig(name) => {
+            let (function, alias) = url_target(&name, parts.uri.query())?;
+            registry()?.delete_url(&function, alias.as_deref()).await?;
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::ListTags(arn) => Ok(json(StatusCode::OK, &registry()?.tags(&tagged_function(&arn)?).await?)),

@@ -14,9 +14,9 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Pos
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, Client};
 use serde_json::{json, Value};
-use thaw_node::api::{alias_json, alias_request, ApiError};
-use thaw_node::node::{changed_alias, check_routing, FunctionSpec};
-use thaw_node::registry::AliasRecord;
+use thaw_node::api::{alias_json, alias_request, url_config_json, url_request, ApiError};
+use thaw_node::node::{changed_alias, changed_url, check_routing, FunctionSpec};
+use thaw_node::registry::{AliasRecord, UrlConfig};
 
 /// What the description of a function deployed from the registry starts with.
 pub const MARKER: &str = "ThawFunction ";
@@ -69,6 +69,9 @@ pub struct Wanted {
     pub aliases: BTreeMap<String, AliasRecord>,
     /// The function's tags (its object's annotation `thaw.dev/tags`).
     pub tags: BTreeMap<String, String>,
+    /// Its function URLs' configurations, by alias ("" for $LATEST's) (annotation
+    /// `thaw.dev/urls`).
+    pub urls: BTreeMap<String, UrlConfig>,
 }
 
 impl Wanted {
@@ -135,6 +138,7 @@ impl Wanted {
             version_description: spec["description"].as_str().unwrap_or_default().to_string(),
             aliases: aliases_of(obj, &name)?,
             tags: tags_of(obj)?,
+            urls: urls_of(obj)?,
             sha256,
             name,
         })
@@ -226,6 +230,17 @@ fn tags_of(obj: &DynamicObject) -> Result<BTreeMap<String, String>, String> {
     }
 }
 
+/// The function object's annotation holding its URLs' configurations (JSON, alias or
+/// "" for $LATEST -> the node's UrlConfig).
+const URLS: &str = "thaw.dev/urls";
+
+fn urls_of(obj: &DynamicObject) -> Result<BTreeMap<String, UrlConfig>, String> {
+    match obj.metadata.annotations.as_ref().and_then(|a| a.get(URLS)) {
+        Some(text) => serde_json::from_str(text).map_err(|e| format!("annotation {URLS} is not a map of function URLs: {e}")),
+        None => Ok(BTreeMap::new()),
+    }
+}
+
 /// The annotation holding `aliases`.
 fn aliases_annotation(aliases: &BTreeMap<String, AliasRecord>) -> String {
     let stored: BTreeMap<&String, StoredAlias> = aliases
@@ -244,6 +259,11 @@ pub fn version_object_name(function: &str, n: u64) -> String {
 /// same version.
 fn version_fields(spec: &Value) -> Value {
     json!([spec["runtime"], spec["handler"], spec["memory"], spec["timeout"], spec["env"], spec["code"]])
+}
+
+/// The error of a registry object that does not read (a hand-edited annotation, say).
+fn unreadable(why: String) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", why)
 }
 
 /// Where the gateway's registry lives: the ThawFunctions of one namespace, bundles in one store.
@@ -316,7 +336,7 @@ impl Registry {
     /// description are not kept by the registry).
     pub async fn update_configuration(&self, name: &str, body: &[u8]) -> Result<Value, ApiError> {
         let obj = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
-        let w = Wanted::from_object(&obj).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+        let w = Wanted::from_object(&obj).map_err(unreadable)?;
         let change = thaw_node::api::config_change(body, &w.runtime, &w.handler)?;
         if change.layers.as_ref().is_some_and(|l| !l.is_empty()) {
             return Err(ApiError::new(StatusCode::BAD_REQUEST, "InvalidParameterValueException", "Layers are not supported through the gateway yet."));
@@ -359,7 +379,7 @@ impl Registry {
     pub async fn delete_version(&self, name: &str, n: u64) -> Result<(), ApiError> {
         let arn = format!("{}:{n}", self.arn(name));
         if let Some(f) = self.api.get_opt(name).await.map_err(|e| kube_error(e, name, &arn))? {
-            let aliases = aliases_of(&f, name).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+            let aliases = aliases_of(&f, name).map_err(unreadable)?;
             let users: Vec<&str> = aliases.values().filter(|a| a.version == n || a.weights.contains_key(&n)).map(|a| a.name.as_str()).collect();
             if !users.is_empty() {
                 return Err(ApiError::new(
@@ -400,7 +420,7 @@ impl Registry {
             if f.data["spec"]["version"].is_u64() {
                 return Err(ApiError::not_found(format!("Function not found: {}", self.arn(name))));
             }
-            let w = Wanted::from_object(&f).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+            let w = Wanted::from_object(&f).map_err(unreadable)?;
             if let Some(c) = p.code_sha256.as_ref().filter(|c| **c != w.code_sha256()) {
                 return Err(ApiError::new(
                     StatusCode::PRECONDITION_FAILED,
@@ -457,7 +477,7 @@ impl Registry {
         if !f.data["spec"]["version"].is_null() {
             return Err(ApiError::not_found(format!("Function not found: {}", self.arn(name))));
         }
-        let aliases = aliases_of(&f, name).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+        let aliases = aliases_of(&f, name).map_err(unreadable)?;
         Ok((f, aliases))
     }
 
@@ -516,15 +536,21 @@ impl Registry {
         Ok(json!({"Aliases": all}))
     }
 
-    /// DeleteAlias (one that is not there is no error).
+    /// DeleteAlias (one that is not there is no error); its function URL goes with it
+    /// (as in Lambda).
     pub async fn delete_alias(&self, name: &str, alias: &str) -> Result<(), ApiError> {
-        self.update_annotation(name, ALIASES, |_, mut aliases| Ok((aliases.remove(alias).map(|_| aliases_annotation(&aliases)), ()))).await
+        self.update_annotation(name, ALIASES, |_, mut aliases| Ok((aliases.remove(alias).map(|_| aliases_annotation(&aliases)), ()))).await?;
+        self.update_annotation(name, URLS, |f, _| {
+            let mut urls = urls_of(f).map_err(unreadable)?;
+            Ok((urls.remove(alias).map(|_| serde_json::to_string(&urls).expect("URLs serialize")), ()))
+        })
+        .await
     }
 
     /// TagResource (`add`) or UntagResource (`remove`) on function `name`.
     pub async fn retag(&self, name: &str, add: &BTreeMap<String, String>, remove: &[String]) -> Result<(), ApiError> {
         self.update_annotation(name, TAGS, |f, _| {
-            let mut tags = tags_of(f).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+            let mut tags = tags_of(f).map_err(unreadable)?;
             for k in remove {
                 tags.remove(k);
             }
@@ -535,10 +561,67 @@ impl Registry {
         .await
     }
 
+    /// Create/UpdateFunctionUrlConfig (`create`) of function `name` (or its `alias`);
+    /// the answer shows the URL at `host` (the gateway's).
+    pub async fn put_url(&self, name: &str, alias: Option<&str>, body: &[u8], create: bool, host: &str) -> Result<Value, ApiError> {
+        let (auth_type, cors) = url_request(body)?;
+        let url_arn = self.url_arn(name, alias);
+        self.update_annotation(name, URLS, |f, aliases| {
+            if let Some(a) = alias.filter(|a| !aliases.contains_key(*a)) {
+                return Err(ApiError::not_found(format!("The resource you requested does not exist. (Alias {a} of {})", self.arn(name))));
+            }
+            let mut urls = urls_of(f).map_err(unreadable)?;
+            let key = alias.unwrap_or_default().to_string();
+            let u = changed_url(&url_arn, urls.remove(&key), auth_type.clone(), cors.clone(), create).map_err(ApiError::from)?;
+            let answer = url_config_json(&url_arn, name, alias, host, &u);
+            urls.insert(key, u);
+            Ok((Some(serde_json::to_string(&urls).expect("URLs serialize")), answer))
+        })
+        .await
+    }
+
+    /// DeleteFunctionUrlConfig.
+    pub async fn delete_url(&self, name: &str, alias: Option<&str>) -> Result<(), ApiError> {
+        let url_arn = self.url_arn(name, alias);
+        self.update_annotation(name, URLS, |f, _| {
+            let mut urls = urls_of(f).map_err(unreadable)?;
+            if urls.remove(alias.unwrap_or_default()).is_none() {
+                return Err(ApiError::not_found(format!("The resource you requested does not exist. (Function URL of {url_arn})")));
+            }
+            Ok((Some(serde_json::to_string(&urls).expect("URLs serialize")), ()))
+        })
+        .await
+    }
+
+    /// GetFunctionUrlConfig (`alias` Some(..)) or ListFunctionUrlConfigs (None: all).
+    pub async fn urls(&self, name: &str, alias: Option<Option<&str>>, host: &str) -> Result<Value, ApiError> {
+        let (f, _) = self.function_object(name).await?;
+        let urls = urls_of(&f).map_err(unreadable)?;
+        let show = |key: &str, u: &UrlConfig| {
+            let alias = (!key.is_empty()).then_some(key);
+            url_config_json(&self.url_arn(name, alias), name, alias, host, u)
+        };
+        match alias {
+            None => Ok(json!({"FunctionUrlConfigs": urls.iter().map(|(k, u)| show(k, u)).collect::<Vec<_>>()})),
+            Some(a) => {
+                let key = a.unwrap_or_default();
+                let u = urls.get(key).ok_or_else(|| ApiError::not_found(format!("The resource you requested does not exist. (Function URL of {})", self.url_arn(name, a))))?;
+                Ok(show(key, u))
+            }
+        }
+    }
+
+    fn url_arn(&self, name: &str, alias: Option<&str>) -> String {
+        match alias {
+            Some(a) => format!("{}:{a}", self.arn(name)),
+            None => self.arn(name),
+        }
+    }
+
     /// ListTags of function `name`.
     pub async fn tags(&self, name: &str) -> Result<Value, ApiError> {
         let (f, _) = self.function_object(name).await?;
-        let tags = tags_of(&f).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+        let tags = tags_of(&f).map_err(unreadable)?;
         Ok(json!({"Tags": tags}))
     }
 
@@ -581,7 +664,7 @@ impl Registry {
     /// A FunctionConfiguration from a ThawFunction: what the registry knows (the state
     /// of the deploy on the agents is theirs: Pending until an agent answers for it).
     fn configuration(&self, obj: &DynamicObject, code_size: Option<u64>) -> Result<Value, ApiError> {
-        let w = Wanted::from_object(obj).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e))?;
+        let w = Wanted::from_object(obj).map_err(unreadable)?;
         let env: serde_json::Map<String, Value> = w.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
         let (arn, version, description) = match w.version {
             Some(n) => (format!("{}:{n}", self.arn(&w.name)), n.to_string(), w.version_description.clone()),

@@ -25,7 +25,7 @@ mod layers;
 mod settings;
 mod unimplemented;
 mod url;
-pub use url::URL_PREFIX;
+pub use url::{url_config_json, url_request, url_target, URL_PREFIX};
 mod versions;
 
 use versions::Target;

@@ -48,7 +48,7 @@ mod slot;
 pub mod layered;
 pub use snapstore::{SnapStoreError, SnapshotStore};
 use slot::SnapshotSlot;
-pub use settings::{check_tags, AccountSettings, SettingsError};
+pub use settings::{changed_url, check_tags, AccountSettings, SettingsError};
 pub use update::ConfigChange;
 pub use provisioned::ProvisionedView;
 pub use versions::{changed_alias, check_routing, AliasChange, VersionError, VersionSpec, VersionState, VersionView, LATEST};

@@ -795,7 +795,8 @@ fn call_until(port: u16, method: &str, path: &str, what: &str, done: impl Fn(u16
 /// gone everywhere; deleting the function deletes its versions. Aliases written through
 /// the gateway reach every agent (a version, then another, then a weighted split whose
 /// both sides answer); a version an alias routes to cannot be deleted; a deleted alias
-/// is gone everywhere. Tags written through the gateway are on every agent's function.
+/// is gone everywhere. Tags and function URL configurations written through the gateway
+/// are on every agent's function.
 #[test]
 fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     let Cluster { m: _m, cp, tmp, ports, env, mut agents } = cluster("ver", "versions");
@@ -893,6 +894,47 @@ fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     assert_eq!((status, body.as_str()), (200, "{\"Tags\":{\"team\":\"a\"}}"));
     for port in ports {
         call_until(port, "GET", &tags, "the tags on each agent", |st, b| st == 200 && b == "{\"Tags\":{\"team\":\"a\"}}");
+    }
+
+    // Function URLs: configured through the gateway, served by every agent (and through
+    // the gateway, whose URL the configuration shows).
+    let url_config = |method: &str, q: &str, body: &str| {
+        let (status, h, out) = call(gport, method, &format!("/2021-10-31/functions/pv/url{q}"), body.as_bytes(), SECRET);
+        (status, header(&h, "x-amzn-errortype").map(str::to_string), serde_json::from_str::<serde_json::Value>(&out).unwrap_or_default())
+    };
+    let (status, _, u) = url_config("POST", "", "{\"AuthType\": \"NONE\"}");
+    assert_eq!(status, 201, "{u}");
+    assert_eq!(u["FunctionUrl"].as_str(), Some(format!("http://127.0.0.1:{gport}/url/pv/").as_str()), "{u}");
+    assert_eq!(url_config("POST", "", "{\"AuthType\": \"NONE\"}").1.as_deref(), Some("ResourceConflictException"));
+    assert_eq!(url_config("POST", "?Qualifier=nosuch", "{\"AuthType\": \"NONE\"}").0, 404, "no such alias");
+    let (status, _, _) = url_config("POST", "?Qualifier=live", "{\"AuthType\": \"AWS_IAM\"}");
+    assert_eq!(status, 201);
+    let open_url = |port: u16, path: &str, what: &str, done: &dyn Fn(u16, &str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, _, body) = get(port, path);
+            if done(status, &body) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{what}: still {status} {body}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+    for port in ports.iter().copied().chain([gport]) {
+        open_url(port, "/url/pv/", "an open URL on each agent", &|st, b| st == 200 && b.contains("\"v\": 2"));
+        open_url(port, "/url/pv:live/", "an AWS_IAM URL refuses an unsigned call", &|st, _| st == 403);
+    }
+    let (status, _, u) = url_config("PUT", "", "{\"AuthType\": \"AWS_IAM\"}");
+    assert_eq!((status, u["AuthType"].as_str()), (200, Some("AWS_IAM")), "{u}");
+    let (_, _, listed) = url_config("GET", "s", "");
+    assert_eq!(listed["FunctionUrlConfigs"].as_array().map(Vec::len), Some(2), "{listed}");
+    for port in ports {
+        open_url(port, "/url/pv/", "the URL now AWS_IAM on each agent", &|st, _| st == 403);
+    }
+    assert_eq!(url_config("DELETE", "?Qualifier=live", "").0, 204);
+    assert_eq!(url_config("GET", "?Qualifier=live", "").0, 404);
+    for port in ports {
+        open_url(port, "/url/pv:live/", "the alias's URL removed on each agent", &|st, _| st == 404);
     }
 
     // An agent that joins now: $LATEST is version 2's code, so it builds version 1 from

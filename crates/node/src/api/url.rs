@@ -47,10 +47,16 @@ struct UrlInput {
 }
 
 fn config_json(node: &Node, name: &str, alias: Option<&str>, host: &str, u: &UrlConfig) -> Value {
+    url_config_json(&node.url_arn(name, alias), name, alias, host, u)
+}
+
+/// A function URL's configuration as the Lambda API shows it: the URL of function
+/// `name` (or its `alias`) at `host`, which invokes `url_arn`.
+pub fn url_config_json(url_arn: &str, name: &str, alias: Option<&str>, host: &str, u: &UrlConfig) -> Value {
     let mut v = json!({
         // The path segment: the function's name, with `:alias` for an alias's URL.
         "FunctionUrl": format!("http://{host}{URL_PREFIX}{}/", qualified(name, alias)),
-        "FunctionArn": node.url_arn(name, alias),
+        "FunctionArn": url_arn,
         "AuthType": u.auth_type,
         "CreationTime": u.creation_time,
         "LastModifiedTime": u.last_modified_time,
@@ -65,7 +71,7 @@ fn config_json(node: &Node, name: &str, alias: Option<&str>, host: &str, u: &Url
 /// The function and the alias (`None`: $LATEST) a URL operation names, from the name
 /// (a partial or full ARN may carry the qualifier) or `Qualifier`. A URL belongs to
 /// $LATEST or an alias, never to a version (as in Lambda).
-fn target(n: &str, raw_query: Option<&str>) -> Result<(String, Option<String>), ApiError> {
+pub fn url_target(n: &str, raw_query: Option<&str>) -> Result<(String, Option<String>), ApiError> {
     let q = super::query_param(raw_query, "Qualifier");
     let (name, q) = function_name(n, q.as_deref())?;
     match q.as_deref() {
@@ -77,39 +83,42 @@ fn target(n: &str, raw_query: Option<&str>) -> Result<(String, Option<String>), 
     }
 }
 
+/// A Create/UpdateFunctionUrlConfig request: (AuthType, Cors).
+pub fn url_request(body: &[u8]) -> Result<(Option<String>, Option<Value>), ApiError> {
+    let i: UrlInput = parse_json(body)?;
+    if i.invoke_mode.as_deref().is_some_and(|m| m != "BUFFERED") {
+        return Err(ApiError::invalid("Only InvokeMode BUFFERED is supported by this node."));
+    }
+    Ok((i.auth_type, i.cors))
+}
+
 pub(super) fn dispatch(node: &Node, action: Action, raw_query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_string();
-    let input = |body: &[u8]| -> Result<UrlInput, ApiError> {
-        let i: UrlInput = parse_json(body)?;
-        if i.invoke_mode.as_deref().is_some_and(|m| m != "BUFFERED") {
-            return Err(ApiError::invalid("Only InvokeMode BUFFERED is supported by this node."));
-        }
-        Ok(i)
-    };
+    let input = url_request;
     let missing = |name: &str, alias: Option<&str>| {
         ApiError::not_found(format!("The resource you requested does not exist. (Function URL of {})", node.url_arn(name, alias)))
     };
     match action {
         Action::CreateFunctionUrlConfig(n) => {
-            let (name, alias) = target(&n, raw_query)?;
-            let i = input(body)?;
-            let u = node.put_url(&name, alias.as_deref(), i.auth_type, i.cors, true)?;
+            let (name, alias) = url_target(&n, raw_query)?;
+            let (auth_type, cors) = input(body)?;
+            let u = node.put_url(&name, alias.as_deref(), auth_type, cors, true)?;
             Ok(json_response(StatusCode::CREATED, &config_json(node, &name, alias.as_deref(), &host, &u)))
         }
         Action::UpdateFunctionUrlConfig(n) => {
-            let (name, alias) = target(&n, raw_query)?;
-            let i = input(body)?;
-            let u = node.put_url(&name, alias.as_deref(), i.auth_type, i.cors, false)?;
+            let (name, alias) = url_target(&n, raw_query)?;
+            let (auth_type, cors) = input(body)?;
+            let u = node.put_url(&name, alias.as_deref(), auth_type, cors, false)?;
             Ok(json_response(StatusCode::OK, &config_json(node, &name, alias.as_deref(), &host, &u)))
         }
         Action::GetFunctionUrlConfig(n) => {
-            let (name, alias) = target(&n, raw_query)?;
+            let (name, alias) = url_target(&n, raw_query)?;
             let s = node.settings(&name)?;
             let u = s.url_of(alias.as_deref()).ok_or_else(|| missing(&name, alias.as_deref()))?;
             Ok(json_response(StatusCode::OK, &config_json(node, &name, alias.as_deref(), &host, u)))
         }
         Action::DeleteFunctionUrlConfig(n) => {
-            let (name, alias) = target(&n, raw_query)?;
+            let (name, alias) = url_target(&n, raw_query)?;
             node.delete_url(&name, alias.as_deref())?;
             Ok(StatusCode::NO_CONTENT.into_response())
         }

@@ -44,6 +44,31 @@ pub struct AccountSettings {
     pub total_code_size_limit: u64,
 }
 
+/// The URL configuration `arn` (a function's or an alias's) gets from CreateFunctionUrlConfig
+/// (`create`) or UpdateFunctionUrlConfig (fields `None` kept), given what it had (`old`).
+/// Shared by the node and the cluster's registry.
+pub fn changed_url(arn: &str, old: Option<UrlConfig>, auth_type: Option<String>, cors: Option<serde_json::Value>, create: bool) -> Result<UrlConfig, SettingsError> {
+    if let Some(a) = auth_type.as_deref().filter(|a| !["NONE", "AWS_IAM"].contains(a)) {
+        return Err(SettingsError::Invalid(format!(
+            "1 validation error detected: Value '{a}' at 'authType' failed to satisfy constraint: Member must satisfy enum value set: [NONE, AWS_IAM]"
+        )));
+    }
+    let now = super::timestamp();
+    match (old, create) {
+        (Some(_), true) => Err(SettingsError::Conflict(format!(
+            "Failed to create function url config for [functionArn = {arn}]. Error message:  FunctionUrlConfig exists for this Lambda function"
+        ))),
+        (None, false) => Err(SettingsError::NotFound(format!("The resource you requested does not exist. (Function URL of {arn})"))),
+        (None, true) => Ok(UrlConfig {
+            auth_type: auth_type.ok_or_else(|| SettingsError::Invalid("AuthType is required".into()))?,
+            cors,
+            creation_time: now.clone(),
+            last_modified_time: now,
+        }),
+        (Some(old), false) => Ok(UrlConfig { auth_type: auth_type.unwrap_or(old.auth_type), cors: cors.or(old.cors), creation_time: old.creation_time, last_modified_time: now }),
+    }
+}
+
 /// Lambda's rules for tags: keys of 1-128 characters not starting with `aws:`,
 /// values of at most 256, at most 50 per function.
 pub fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), SettingsError> {
@@ -149,37 +174,12 @@ impl Node {
     /// Create (`create`) or update the URL configuration of the function's $LATEST
     /// (`alias` None) or of one of its aliases, which must exist.
     pub fn put_url(&self, name: &str, alias: Option<&str>, auth_type: Option<String>, cors: Option<serde_json::Value>, create: bool) -> Result<UrlConfig, SettingsError> {
-        if let Some(a) = auth_type.as_deref().filter(|a| !["NONE", "AWS_IAM"].contains(a)) {
-            return Err(SettingsError::Invalid(format!(
-                "1 validation error detected: Value '{a}' at 'authType' failed to satisfy constraint: Member must satisfy enum value set: [NONE, AWS_IAM]"
-            )));
-        }
         let arn = self.url_arn(name, alias);
         if let Some(a) = alias {
             self.alias(name, a).map_err(|_| SettingsError::NotFound(format!("The resource you requested does not exist. (Alias {a} of {})", self.arn(name))))?;
         }
         self.with_settings(name, |s| {
-            let now = super::timestamp();
-            let url = match (s.take_url(alias), create) {
-                (Some(_), true) => {
-                    return Err(SettingsError::Conflict(format!(
-                        "Failed to create function url config for [functionArn = {arn}]. Error message:  FunctionUrlConfig exists for this Lambda function"
-                    )));
-                }
-                (None, false) => return Err(SettingsError::NotFound(format!("The resource you requested does not exist. (Function URL of {arn})"))),
-                (None, true) => UrlConfig {
-                    auth_type: auth_type.ok_or_else(|| SettingsError::Invalid("AuthType is required".into()))?,
-                    cors,
-                    creation_time: now.clone(),
-                    last_modified_time: now,
-                },
-                (Some(old), false) => UrlConfig {
-                    auth_type: auth_type.unwrap_or(old.auth_type),
-                    cors: cors.or(old.cors),
-                    creation_time: old.creation_time,
-                    last_modified_time: now,
-                },
-            };
+            let url = changed_url(&arn, s.take_url(alias), auth_type.clone(), cors.clone(), create)?;
             s.set_url(alias, url.clone());
             Ok(url)
         })
