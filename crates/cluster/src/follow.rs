@@ -32,6 +32,14 @@
 //! snapshotted (custom runtimes) is deployed by every agent at once, served by cold
 //! boots; its builder records Ready True, reason ColdBoot.
 //!
+//! What a registry function has besides $LATEST follows its objects too, in this order:
+//! its published versions (ThawFunctions `NAME.vN`: each published on the node under
+//! its number, from the active revision when that is the version's, else built from
+//! its bundle, [`Node::ensure_version`]); its aliases, tags and function URL
+//! configurations (annotations of its object, put on the node's function). For a
+//! registry function the registry is the only source of these: what the node has
+//! beyond it (made through the agent's own API) is removed.
+//!
 //! The follower reconciles on every watch event and every [`RESYNC`] (what failed —
 //! the store down, a build still running — is tried again then); a failure is logged
 //! once per function and cause, and the node serves on.

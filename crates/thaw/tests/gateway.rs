@@ -770,6 +770,14 @@ fn asynchronous_events_run_at_least_once_whichever_agent_or_gateway_dies() {
     assert!(dropped.len() == 1 && dropped[0].contains("attempts=3") && dropped[0].contains("failing on purpose fails"), "{log1}");
     assert_eq!(log1.matches("event failed; will retry").count(), 2, "two retries:\n{log1}");
     assert!(!log0.contains("panicked") && !log1.contains("panicked"));
+
+    // The store down: an event cannot be made durable, so the caller gets a clear 5xx
+    // (to retry), never a 202 for an event that would be lost.
+    let mut m = m;
+    m.stop();
+    let (status, h, body) = invoke_event(gport2, "events", b"{\"nonce\": \"store-down\"}");
+    assert_eq!((status, header(&h, "x-amzn-errortype")), (503, Some("ServiceException")), "{body}");
+    assert!(body.contains("could not be queued"), "{body}");
     drop(agents);
 }
 
