@@ -308,16 +308,8 @@ impl Follower {
                 },
                 Err(why) => Err(format!("cannot be deployed: {why}")),
             };
-            match outcome {
-                Ok(()) => {
-                    self.complained.remove(name);
-                }
-                Err(why) => {
-                    if self.complained.get(name) != Some(&why) {
-                        warn!(function = %name, "ThawFunction {name} {why}");
-                        self.complained.insert(name.clone(), why);
-                    }
-                }
+            if let Some(why) = self.first_complaint(name.clone(), outcome) {
+                warn!(function = %name, "ThawFunction {name} {why}");
             }
         }
         // Ours, and no longer wanted (deleted, perhaps while this agent was down).
@@ -331,6 +323,27 @@ impl Follower {
         }
     }
 
+    /// Note how the step `key` (a function, or one of its versions, aliases, URLs) went:
+    /// a failure's cause is returned to be logged only the first time it is seen.
+    fn first_complaint(&mut self, key: String, outcome: Result<(), String>) -> Option<String> {
+        match outcome {
+            Ok(()) => {
+                self.complained.remove(&key);
+                None
+            }
+            Err(why) if self.complained.get(&key) == Some(&why) => None,
+            Err(why) => {
+                self.complained.insert(key, why.clone());
+                Some(why)
+            }
+        }
+    }
+
+    /// Whether the node's function `name` is one the follower deployed from the registry.
+    fn ours(&self, name: &str) -> bool {
+        self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER))
+    }
+
     /// Bring the published versions of the node's registry functions in line with
     /// `versions`: each made under its number (from the active revision when that is
     /// its code and configuration, else built from its bundle); those the registry no
@@ -340,8 +353,7 @@ impl Follower {
         let err = |e: thaw_node::node::DeployError| thaw_node::node::error_chain(&e);
         for ((name, n), v) in versions {
             // Versions of a function this agent deployed from the registry.
-            let ours = self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER));
-            if !ours || !matches!(functions.get(name), Some(Ok(_))) {
+            if !self.ours(name) || !matches!(functions.get(name), Some(Ok(_))) {
                 continue;
             }
             let mut spec = v.spec(&account);
@@ -354,17 +366,8 @@ impl Follower {
                 },
                 other => other.map(drop).map_err(err),
             };
-            let key = format!("{name}:{n}");
-            match outcome {
-                Ok(()) => {
-                    self.complained.remove(&key);
-                }
-                Err(why) => {
-                    if self.complained.get(&key) != Some(&why) {
-                        warn!(function = %name, version = n, "version {n} of {name} cannot be published here: {why}");
-                        self.complained.insert(key, why);
-                    }
-                }
+            if let Some(why) = self.first_complaint(format!("{name}:{n}"), outcome) {
+                warn!(function = %name, version = n, "version {n} of {name} cannot be published here: {why}");
             }
         }
         self.reconcile_aliases(functions);
@@ -386,7 +389,7 @@ impl Follower {
     fn reconcile_urls(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>) {
         for (name, w) in functions {
             let Ok(w) = w else { continue };
-            if !self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER)) {
+            if !self.ours(name) {
                 continue;
             }
             let Ok(settings) = self.node.settings(name) else { continue };
@@ -404,19 +407,12 @@ impl Follower {
                 if old.is_some() {
                     let _ = self.node.delete_url(name, alias);
                 }
-                let k = format!("{name} url {key}");
-                match self.node.put_url(name, alias, Some(want.auth_type.clone()), want.cors.clone(), true) {
-                    Ok(_) => {
-                        info!(function = %name, alias = ?alias, auth = %want.auth_type, "function URL configured from its ThawFunction");
-                        self.complained.remove(&k);
-                    }
-                    Err(e) => {
-                        let why = e.to_string();
-                        if self.complained.get(&k) != Some(&why) {
-                            warn!(function = %name, alias = ?alias, "the function URL of its ThawFunction cannot be configured here yet: {why}");
-                            self.complained.insert(k, why);
-                        }
-                    }
+                let put = self.node.put_url(name, alias, Some(want.auth_type.clone()), want.cors.clone(), true);
+                if put.is_ok() {
+                    info!(function = %name, alias = ?alias, auth = %want.auth_type, "function URL configured from its ThawFunction");
+                }
+                if let Some(why) = self.first_complaint(format!("{name} url {key}"), put.map(drop).map_err(|e| e.to_string())) {
+                    warn!(function = %name, alias = ?alias, "the function URL of its ThawFunction cannot be configured here yet: {why}");
                 }
             }
             for key in have.keys().filter(|k| !w.urls.contains_key(*k)) {
@@ -433,7 +429,7 @@ impl Follower {
     fn reconcile_tags(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>) {
         for (name, w) in functions {
             let Ok(w) = w else { continue };
-            if !self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER)) {
+            if !self.ours(name) {
                 continue;
             }
             let Ok(have) = self.node.settings(name).map(|s| s.tags) else { continue };
@@ -455,10 +451,10 @@ impl Follower {
     fn reconcile_aliases(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>) {
         for (name, w) in functions {
             let Ok(w) = w else { continue };
-            let Ok(have) = self.node.aliases(name) else { continue };
-            if !self.node.record(name).is_some_and(|r| r.description.starts_with(MARKER)) {
+            if !self.ours(name) {
                 continue;
             }
+            let Ok(have) = self.node.aliases(name) else { continue };
             let have: BTreeMap<&str, &thaw_node::registry::AliasRecord> = have.iter().map(|a| (a.name.as_str(), a)).collect();
             for (alias, want) in &w.aliases {
                 let same = have.get(alias.as_str()).is_some_and(|h| h.version == want.version && h.weights == want.weights && h.description == want.description);
@@ -466,19 +462,12 @@ impl Follower {
                     continue;
                 }
                 let change = AliasChange { version: Some(want.version), description: Some(want.description.clone()), weights: Some(want.weights.clone()), revision_id: None };
-                let key = format!("{name}@{alias}");
-                match self.node.put_alias(name, alias, change, !have.contains_key(alias.as_str())) {
-                    Ok(_) => {
-                        info!(function = %name, alias = %alias, version = want.version, "alias put from its ThawFunction");
-                        self.complained.remove(&key);
-                    }
-                    Err(e) => {
-                        let why = e.to_string();
-                        if self.complained.get(&key) != Some(&why) {
-                            warn!(function = %name, alias = %alias, "alias {alias} of {name} cannot be put here yet: {why}");
-                            self.complained.insert(key, why);
-                        }
-                    }
+                let put = self.node.put_alias(name, alias, change, !have.contains_key(alias.as_str()));
+                if put.is_ok() {
+                    info!(function = %name, alias = %alias, version = want.version, "alias put from its ThawFunction");
+                }
+                if let Some(why) = self.first_complaint(format!("{name}@{alias}"), put.map(drop).map_err(|e| e.to_string())) {
+                    warn!(function = %name, alias = %alias, "alias {alias} of {name} cannot be put here yet: {why}");
                 }
             }
             for alias in have.keys().filter(|a| !w.aliases.contains_key(**a)) {

@@ -348,11 +348,11 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
             Ok(json(StatusCode::OK, &registry()?.update_configuration(&function, &body).await?))
         }
         Action::DeleteFunction(name) => {
-            let (function, q) = function_name(&name, query_param(parts.uri.query(), "Qualifier").as_deref())?;
-            match q.as_deref().map(|q| (q, q.parse::<u64>())) {
-                None | Some(("$LATEST", _)) => registry()?.delete(&function).await?,
-                Some((_, Ok(n))) => registry()?.delete_version(&function, n).await?,
-                Some((a, Err(_))) => return Err(ApiError::invalid(format!("Deleting a function by alias ({a}) is not possible; use DeleteAlias."))),
+            let (function, q) = qualified(&name, &parts)?;
+            match q {
+                Qualifier::Latest => registry()?.delete(&function).await?,
+                Qualifier::Version(n) => registry()?.delete_version(&function, n).await?,
+                Qualifier::Alias(a) => return Err(ApiError::invalid(format!("Deleting a function by alias ({a}) is not possible; use DeleteAlias."))),
             }
             Ok(StatusCode::NO_CONTENT.into_response())
         }
@@ -416,6 +416,27 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
     }
 }
 
+/// What a request's qualifier (`NAME:Q` or `?Qualifier=Q`) names.
+enum Qualifier {
+    Latest,
+    Version(u64),
+    Alias(String),
+}
+
+/// The function `name` names and its qualifier, from the name or the query.
+fn qualified(name: &str, parts: &axum::http::request::Parts) -> Result<(String, Qualifier), ApiError> {
+    let (function, q) = function_name(name, query_param(parts.uri.query(), "Qualifier").as_deref())?;
+    let q = match q {
+        None => Qualifier::Latest,
+        Some(q) if q == "$LATEST" => Qualifier::Latest,
+        Some(q) => match q.parse::<u64>() {
+            Ok(n) => Qualifier::Version(n),
+            Err(_) => Qualifier::Alias(q),
+        },
+    };
+    Ok((function, q))
+}
+
 /// GetFunction (`whole`) or GetFunctionConfiguration of `name`: an agent that has
 /// deployed the function answers with its state; before any has, the registry
 /// answers (State Pending).
@@ -428,16 +449,16 @@ async fn get_function(
     whole: bool,
     request_id: &str,
 ) -> Result<Response, ApiError> {
-    let (function, q) = function_name(name, query_param(parts.uri.query(), "Qualifier").as_deref())?;
+    let (function, q) = qualified(name, parts)?;
     let answered = send(gw, parts, body, &function, request_id).await?;
     if answered.status() != StatusCode::NOT_FOUND {
         return Ok(answered);
     }
-    let known = match q.as_deref().map(|q| (q, q.parse::<u64>())) {
-        None | Some(("$LATEST", _)) => registry.get(&function).await?,
-        Some((_, Ok(n))) => registry.get_version(&function, n).await?,
-        // Aliases are not in the registry yet.
-        Some((_, Err(_))) => None,
+    let known = match q {
+        Qualifier::Latest => registry.get(&function).await?,
+        Qualifier::Version(n) => registry.get_version(&function, n).await?,
+        // The registry answers for an alias's configuration only through an agent.
+        Qualifier::Alias(_) => None,
     };
     match known {
         Some(config) if whole => Ok(json(StatusCode::OK, &serde_json::json!({"Configuration": config, "Code": {"RepositoryType": "S3"}}))),

@@ -14,7 +14,7 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Pos
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, Client};
 use serde_json::{json, Value};
-use thaw_node::api::{alias_json, alias_request, url_config_json, url_request, ApiError};
+use thaw_node::api::{alias_json, alias_request, aliases_json, url_config_json, url_request, ApiError};
 use thaw_node::node::{changed_alias, changed_url, check_routing, FunctionSpec};
 use thaw_node::registry::{AliasRecord, UrlConfig};
 
@@ -207,10 +207,18 @@ struct StoredAlias {
     revision_id: String,
 }
 
+/// The JSON map that annotation `key` of `obj` holds (`what` it maps, for the error);
+/// empty when there is none.
+fn annotation_map<V: serde::de::DeserializeOwned>(obj: &DynamicObject, key: &str, what: &str) -> Result<BTreeMap<String, V>, String> {
+    match obj.metadata.annotations.as_ref().and_then(|a| a.get(key)) {
+        Some(text) => serde_json::from_str(text).map_err(|e| format!("annotation {key} is not a map of {what}: {e}")),
+        None => Ok(BTreeMap::new()),
+    }
+}
+
 /// The aliases of function `name` as its object `obj` holds them.
 fn aliases_of(obj: &DynamicObject, name: &str) -> Result<BTreeMap<String, AliasRecord>, String> {
-    let Some(text) = obj.metadata.annotations.as_ref().and_then(|a| a.get(ALIASES)) else { return Ok(BTreeMap::new()) };
-    let stored: BTreeMap<String, StoredAlias> = serde_json::from_str(text).map_err(|e| format!("annotation {ALIASES} is not a map of aliases: {e}"))?;
+    let stored: BTreeMap<String, StoredAlias> = annotation_map(obj, ALIASES, "aliases")?;
     Ok(stored
         .into_iter()
         .map(|(a, s)| {
@@ -224,10 +232,7 @@ fn aliases_of(obj: &DynamicObject, name: &str) -> Result<BTreeMap<String, AliasR
 const TAGS: &str = "thaw.dev/tags";
 
 fn tags_of(obj: &DynamicObject) -> Result<BTreeMap<String, String>, String> {
-    match obj.metadata.annotations.as_ref().and_then(|a| a.get(TAGS)) {
-        Some(text) => serde_json::from_str(text).map_err(|e| format!("annotation {TAGS} is not a map of tags: {e}")),
-        None => Ok(BTreeMap::new()),
-    }
+    annotation_map(obj, TAGS, "tags")
 }
 
 /// The function object's annotation holding its URLs' configurations (JSON, alias or
@@ -235,10 +240,7 @@ fn tags_of(obj: &DynamicObject) -> Result<BTreeMap<String, String>, String> {
 const URLS: &str = "thaw.dev/urls";
 
 fn urls_of(obj: &DynamicObject) -> Result<BTreeMap<String, UrlConfig>, String> {
-    match obj.metadata.annotations.as_ref().and_then(|a| a.get(URLS)) {
-        Some(text) => serde_json::from_str(text).map_err(|e| format!("annotation {URLS} is not a map of function URLs: {e}")),
-        None => Ok(BTreeMap::new()),
-    }
+    annotation_map(obj, URLS, "function URLs")
 }
 
 /// The annotation holding `aliases`.
@@ -416,10 +418,7 @@ impl Registry {
             return Err(ApiError::invalid("Description must be at most 256 characters"));
         }
         for _ in 0..5 {
-            let f = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
-            if f.data["spec"]["version"].is_u64() {
-                return Err(ApiError::not_found(format!("Function not found: {}", self.arn(name))));
-            }
+            let (f, _) = self.function_object(name).await?;
             let w = Wanted::from_object(&f).map_err(unreadable)?;
             if let Some(c) = p.code_sha256.as_ref().filter(|c| **c != w.code_sha256()) {
                 return Err(ApiError::new(
@@ -531,9 +530,7 @@ impl Registry {
     /// ListAliases (those routing to `function_version` when given).
     pub async fn list_aliases(&self, name: &str, function_version: Option<&str>) -> Result<Value, ApiError> {
         let (_, aliases) = self.function_object(name).await?;
-        let arn = self.arn(name);
-        let all: Vec<Value> = aliases.values().map(|a| alias_json(&arn, a)).filter(|a| function_version.is_none_or(|v| a["FunctionVersion"] == v)).collect();
-        Ok(json!({"Aliases": all}))
+        Ok(aliases_json(&self.arn(name), aliases.values(), function_version))
     }
 
     /// DeleteAlias (one that is not there is no error); its function URL goes with it
@@ -627,7 +624,7 @@ impl Registry {
 
     /// ListVersionsByFunction: $LATEST, then every version, oldest first.
     pub async fn list_versions(&self, name: &str) -> Result<Value, ApiError> {
-        let f = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        let (f, _) = self.function_object(name).await?;
         let mut out = vec![self.configuration(&f, None)?];
         for o in self.versions(name).await?.values() {
             out.push(self.configuration(o, None)?);

@@ -29,7 +29,7 @@ pub use url::{url_config_json, url_request, url_target, URL_PREFIX};
 mod versions;
 
 use versions::Target;
-pub use versions::{alias_json, alias_request};
+pub use versions::{alias_json, alias_request, aliases_json};
 pub use settings::tagged_function;
 
 use crate::events;
@@ -259,8 +259,7 @@ fn segments(raw_path: &str) -> Vec<&str> {
     raw_path.trim_start_matches('/').trim_end_matches('/').split('/').collect()
 }
 
-/// Every value of `key` in a query string (`tagKeys=a&tagKeys=b`), decoded.
-/// Every value of query parameter `key` (decoded), in order.
+/// Every value of `key` in a query string (`tagKeys=a&tagKeys=b`), decoded, in order.
 pub fn query_values(raw: Option<&str>, key: &str) -> Vec<String> {
     raw.unwrap_or("")
         .split('&')

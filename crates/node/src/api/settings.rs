@@ -2,7 +2,6 @@
 //! (issue #16): TagResource, UntagResource, ListTags, Put/Get/DeleteFunctionConcurrency,
 //! GetAccountSettings, each on the path and API version boto3 and the AWS CLI use.
 
-
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;

@@ -94,20 +94,19 @@ pub fn url_request(body: &[u8]) -> Result<(Option<String>, Option<Value>), ApiEr
 
 pub(super) fn dispatch(node: &Node, action: Action, raw_query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1").to_string();
-    let input = url_request;
     let missing = |name: &str, alias: Option<&str>| {
         ApiError::not_found(format!("The resource you requested does not exist. (Function URL of {})", node.url_arn(name, alias)))
     };
     match action {
         Action::CreateFunctionUrlConfig(n) => {
             let (name, alias) = url_target(&n, raw_query)?;
-            let (auth_type, cors) = input(body)?;
+            let (auth_type, cors) = url_request(body)?;
             let u = node.put_url(&name, alias.as_deref(), auth_type, cors, true)?;
             Ok(json_response(StatusCode::CREATED, &config_json(node, &name, alias.as_deref(), &host, &u)))
         }
         Action::UpdateFunctionUrlConfig(n) => {
             let (name, alias) = url_target(&n, raw_query)?;
-            let (auth_type, cors) = input(body)?;
+            let (auth_type, cors) = url_request(body)?;
             let u = node.put_url(&name, alias.as_deref(), auth_type, cors, false)?;
             Ok(json_response(StatusCode::OK, &config_json(node, &name, alias.as_deref(), &host, &u)))
         }

@@ -138,14 +138,15 @@ pub(super) fn get_alias(node: &Node, name: &str, alias: &str) -> Result<Response
     Ok(json_response(StatusCode::OK, &alias_json(&node.arn(name), &node.alias(name, alias)?)))
 }
 
+/// ListAliases' answer: the aliases of the function `function_arn`, those routing to
+/// `function_version` when given.
+pub fn aliases_json<'a>(function_arn: &str, aliases: impl IntoIterator<Item = &'a AliasRecord>, function_version: Option<&str>) -> Value {
+    let all: Vec<Value> = aliases.into_iter().map(|a| alias_json(function_arn, a)).filter(|a| function_version.is_none_or(|v| a["FunctionVersion"] == v)).collect();
+    json!({"Aliases": all})
+}
+
 pub(super) fn list_aliases(node: &Node, name: &str, function_version: Option<&str>) -> Result<Response, ApiError> {
-    let all: Vec<Value> = node
-        .aliases(name)?
-        .iter()
-        .filter(|a| function_version.is_none_or(|v| alias_json(&node.arn(name), a)["FunctionVersion"] == v))
-        .map(|a| alias_json(&node.arn(name), a))
-        .collect();
-    Ok(json_response(StatusCode::OK, &json!({"Aliases": all})))
+    Ok(json_response(StatusCode::OK, &aliases_json(&node.arn(name), &node.aliases(name)?, function_version)))
 }
 
 pub(super) fn delete_alias(node: &Node, name: &str, alias: &str) -> Result<Response, ApiError> {
