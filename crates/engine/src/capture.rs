@@ -15,7 +15,7 @@ use thiserror::Error;
 use tracing::{debug, info};
 
 use crate::image::{
-    AltStack, Creds, FdKind, FdRecord, FileRef, ImageError, MmState, PageIndex, PosixTimer, ProcAttrs, ProcessImage, Rseq, SandboxRecord,
+    AltStack, Creds, FdKind, FdRecord, FileRef, ImageError, MmState, PageIndex, PendingSignal, PosixTimer, ProcAttrs, ProcessImage, Rseq, SandboxRecord,
     SigAction, SnapshotWriter, ThreadState, Vma, VmaKind,
 };
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
@@ -107,9 +107,7 @@ fn capture_inner(
 
     let tracees = seize_all(pid, seized)?;
     let status = procfs::status(pid).map_err(ioe("reading status"))?;
-    if status.shared_pending != 0 {
-        return Err(refuse(format!("signals are pending for the process ({:#x})", status.shared_pending)));
-    }
+    let shared_pending = pending_signals(pid, &tracees[0], true, status.shared_pending).map_err(|e| e.into_capture(pid, "the process"))?;
     let timers = posix_timers(pid)?;
 
     // Thread state visible through ptrace.
@@ -117,9 +115,7 @@ fn capture_inner(
     for t in &tracees {
         let tid = t.pid.as_raw();
         let tst = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
-        if tst.sig_pending != 0 {
-            return Err(refuse(format!("signals are pending for thread {tid} ({:#x})", tst.sig_pending)));
-        }
+        let pending = pending_signals(pid, t, false, tst.sig_pending).map_err(|e| e.into_capture(pid, &format!("thread {tid}")))?;
         let mut r = t.get_regs().map_err(ioe("reading registers"))?;
         regs::rewind_interrupted_syscall(&mut r);
         let rseq = t.get_rseq().map_err(ioe("reading rseq configuration"))?;
@@ -137,6 +133,7 @@ fn capture_inner(
             tid_address: 0,
             altstack: None,
             comm: procfs::thread_comm(pid, tid).map_err(ioe("reading thread name"))?,
+            pending,
         });
     }
     if threads[0].tid != MAIN_PID {
@@ -262,6 +259,7 @@ fn capture_inner(
         seal: None,
         base: base.map(|b| b.base_ref(&base_pages)),
         attrs: ProcAttrs {
+            pending_signals: shared_pending,
             oom_score_adj: std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             ..injected.attrs
         },
@@ -899,6 +897,59 @@ const RLIMIT_COUNT: u32 = 16;
 /// The process's POSIX timers from /proc/PID/timers, their targets as ids in the
 /// instance's pid namespace (the time left is read by injection). A timer that
 /// signals anything but the process or one of its threads is refused.
+/// Why a queue of pending signals cannot be captured.
+enum PendingError {
+    Io(std::io::Error),
+    Refused(String),
+}
+
+impl PendingError {
+    fn into_capture(self, pid: i32, whose: &str) -> CaptureError {
+        match self {
+            PendingError::Io(source) => CaptureError::Io { pid, what: format!("reading the pending signals of {whose}"), source },
+            PendingError::Refused(why) => CaptureError::Refused { pid, reason: format!("signals are pending for {whose}: {why}") },
+        }
+    }
+}
+
+/// The signals queued (not yet delivered) for `t`'s thread, or for the process
+/// (`shared`), whose pending set /proc reports as `mask` (bit n-1: signal n), each
+/// with its siginfo, to be queued again at restore. Refused: a pending signal the
+/// queue holds no siginfo for (the kernel keeps only the bit when a sender passed
+/// RLIMIT_SIGPENDING), a stop or continue signal (queueing it again would stop or
+/// continue the restored process at once) and a POSIX timer's signal (the timer
+/// owns that queue entry: a copy would be a second one).
+fn pending_signals(pid: i32, t: &Tracee, shared: bool, mask: u64) -> Result<Vec<PendingSignal>, PendingError> {
+    if mask == 0 {
+        return Ok(Vec::new());
+    }
+    const STOP_CONT: [i32; 6] = [libc::SIGSTOP, libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU, libc::SIGCONT, libc::SIGKILL];
+    const SI_TIMER: i32 = -2;
+    let queue = t.pending_signals(shared).map_err(PendingError::Io)?;
+    let mut seen = 0u64;
+    let mut out = Vec::with_capacity(queue.len());
+    for info in queue {
+        let signo = i32::from_le_bytes(info[0..4].try_into().expect("4 bytes"));
+        let code = i32::from_le_bytes(info[8..12].try_into().expect("4 bytes"));
+        if !(1..=64).contains(&signo) {
+            return Err(PendingError::Refused(format!("a queued signal numbered {signo}")));
+        }
+        if STOP_CONT.contains(&signo) {
+            return Err(PendingError::Refused(format!("signal {signo} (stop, continue or kill) is not restored")));
+        }
+        if code == SI_TIMER {
+            return Err(PendingError::Refused(format!("signal {signo} of a POSIX timer is not restored")));
+        }
+        seen |= 1 << (signo - 1);
+        out.push(PendingSignal { signo, info: info.to_vec() });
+    }
+    if seen != mask {
+        return Err(PendingError::Refused(format!("pending set {mask:#x}, but the queue holds information for {seen:#x} only")));
+    }
+    tracing::debug!(pid, tid = t.pid.as_raw(), shared, signals = out.len(), "pending signals captured");
+    Ok(out)
+}
+
 fn posix_timers(pid: i32) -> Result<Vec<PosixTimer>, CaptureError> {
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
     let text = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();
@@ -1048,6 +1099,8 @@ fn injected_state(
         group_leader: r(7) == r(6),
         itimers: [itimer(0), itimer(1), itimer(2)],
         posix_timers,
+        // Read before the injection (see capture_inner).
+        pending_signals: Vec::new(),
     };
 
     let u64_at = |addr: u64, i: usize| data.u64_at(addr, i);

@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 16;
+pub const FORMAT_VERSION: u32 = 17;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -122,6 +122,18 @@ pub struct ThreadState {
     pub altstack: Option<AltStack>,
     /// Thread name.
     pub comm: String,
+    /// Signals queued for this thread alone (tgkill, pthread_kill) and not delivered
+    /// at capture, in queue order.
+    pub pending: Vec<PendingSignal>,
+}
+
+/// A signal queued and not yet delivered (typically blocked), as `PTRACE_PEEKSIGINFO`
+/// read it: queued again at restore with its information unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingSignal {
+    pub signo: i32,
+    /// The kernel's siginfo_t (128 bytes): sender, code, value.
+    pub info: Vec<u8>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -438,6 +450,9 @@ pub struct ProcAttrs {
     pub itimers: [[i64; 4]; 3],
     /// POSIX timers (timer_create), recreated with their ids.
     pub posix_timers: Vec<PosixTimer>,
+    /// Signals queued for the process (kill, sigqueue) and not delivered at capture,
+    /// in queue order (a thread's own are in its [`ThreadState::pending`]).
+    pub pending_signals: Vec<PendingSignal>,
 }
 
 /// A POSIX timer: recreated with the same id (PR_TIMER_CREATE_RESTORE_IDS), clock,
@@ -711,6 +726,7 @@ mod tests {
                 tid_address: 0x30,
                 altstack: None,
                 comm: "python3".into(),
+                pending: vec![PendingSignal { signo: 10, info: vec![10; 128] }],
             }],
             mm: MmState { fields: MmFields::default(), brk: 0x4000, auxv: vec![0; 16], exe: "/usr/bin/python3.11".into() },
             sigactions: vec![],

@@ -178,7 +178,8 @@ pub struct ResetStats {
 /// Why an instance of `img` cannot be tracked for resets, if it cannot: a writable
 /// shared file mapping writes the file itself, which a reset cannot take back; writes
 /// to shared anonymous memory are not seen by the private registration; a file lock
-/// a call released would not be taken again.
+/// a call released would not be taken again; signals pending in the image would not
+/// be pending again.
 pub fn untrackable(img: &ProcessImage) -> Option<String> {
     img.vmas.iter().find_map(|v| match v.kind {
         VmaKind::FileShared { .. } if v.prot & libc::PROT_WRITE != 0 => Some(format!("{:#x}-{:#x} is a writable shared file mapping", v.start, v.end)),
@@ -199,6 +200,10 @@ pub fn untrackable(img: &ProcessImage) -> Option<String> {
             }
             _ => None,
         })
+    })
+    .or_else(|| {
+        let pending = img.attrs.pending_signals.len() + img.threads.iter().map(|t| t.pending.len()).sum::<usize>();
+        (pending > 0).then(|| format!("{pending} signals were pending in the snapshot, which a reset does not queue again"))
     })
 }
 

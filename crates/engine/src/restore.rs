@@ -431,6 +431,20 @@ fn restore_inner(
         }
         ti.run(&calls, &mut data).map_err(inj_err)?;
     }
+    // Signals pending at capture, queued again with their siginfo last of all: every
+    // thread's injected calls are done, and the leader runs what is left of the
+    // restore with every signal blocked (the image's masks are set just before the
+    // process resumes), so none is delivered early.
+    let pending = pending_signals(img)?;
+    if !pending.is_empty() {
+        tracee.set_sigmask(!0).map_err(ioe("SETSIGMASK (all blocked)"))?;
+        let ti = Injector::new(tracee, &wmem, region).map_err(inj_err)?;
+        for batch in pending.chunks(PENDING_BATCH) {
+            let mut data = DataArea::new(region);
+            let calls: Vec<Call> = batch.iter().map(|&(tid, s)| requeue_call(tid, s, data.push(&s.info))).collect();
+            ti.run(&calls, &mut data).map_err(inj_err)?;
+        }
+    }
     let (prefill, record) = prefill();
     // Recording starts before the process resumes so no fault escapes the trace.
     stats.recording.store(record, Ordering::Relaxed);
@@ -578,6 +592,37 @@ fn push_thread_calls(calls: &mut Vec<Call>, data: &mut DataArea, t: &ThreadState
     calls.push(Call::new("sigaltstack", libc::SYS_sigaltstack, &[a, 0]));
     let comm = data.push_cstr(&t.comm);
     calls.push(Call::new("prctl(PR_SET_NAME)", libc::SYS_prctl, &[libc::PR_SET_NAME as u64, comm]));
+}
+
+/// Pending signals queued per injected batch (128 bytes of siginfo each, well inside
+/// the data area).
+const PENDING_BATCH: usize = 256;
+
+/// The image's pending signals, in queue order: the process's own (no thread) and
+/// each thread's (its tid). Checked, as a malformed one must not reach the kernel.
+fn pending_signals(img: &ProcessImage) -> Result<Vec<(Option<i32>, &crate::image::PendingSignal)>, RestoreError> {
+    let process = img.attrs.pending_signals.iter().map(|s| (None, s));
+    let threads = img.threads.iter().flat_map(|t| t.pending.iter().map(move |s| (Some(t.tid), s)));
+    process
+        .chain(threads)
+        .map(|(tid, s)| {
+            if s.info.len() != crate::sys::ptrace::SIGINFO_LEN || !(1..=64).contains(&s.signo) {
+                return Err(RestoreError::Incompatible(format!("a pending signal of the image is malformed (signal {}, {} bytes of siginfo)", s.signo, s.info.len())));
+            }
+            Ok((tid, s))
+        })
+        .collect()
+}
+
+/// The call that queues pending signal `s` again, its siginfo at `info`: the
+/// process's with rt_sigqueueinfo, a thread's with rt_tgsigqueueinfo. The leader
+/// makes them; a process may queue any siginfo to itself.
+fn requeue_call(tid: Option<i32>, s: &crate::image::PendingSignal, info: u64) -> Call {
+    let main = crate::conventions::MAIN_PID as u64;
+    match tid {
+        None => Call::new("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[main, s.signo as u64, info]),
+        Some(tid) => Call::new("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[main, tid as u64, s.signo as u64, info]),
+    }
 }
 
 /// Scheduling and prctl attributes of the process, its interval timers, its session

@@ -686,6 +686,34 @@ fn an_inotify_watch_is_restored_and_its_reset_refused() {
     }
 }
 
+/// A signal left pending (blocked) at init is pending again after the restore, with
+/// its sender; a call that takes it must not leave the next call without it. A reset
+/// does not queue signals again, so it is refused by name and each call gets a fresh
+/// restore that has the signal pending; without resets the instance answers on
+/// without it.
+#[test]
+fn a_pending_signal_is_restored_and_its_reset_refused() {
+    let code = bundle(
+        "sig-pending",
+        &[(
+            "handler.py",
+            "import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])\nos.kill(os.getpid(), signal.SIGUSR2)\n\n\
+             def handler(event, context):\n    pending = signal.SIGUSR2 in signal.sigpending()\n    \
+             info = signal.sigtimedwait([signal.SIGUSR2], 0)\n    return [pending, info is not None and info.si_pid == os.getpid()]\n",
+        )],
+    );
+    let snap = scratch().join("snap-sig-pending");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "sig-pending", "{}", &["--invocations", "3", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!([true, true]); 3], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        let why = r["discarded"].as_str().unwrap_or_else(|| panic!("the reset was not refused: {r}"));
+        assert!(why.contains("signals were pending"), "{why}");
+    }
+    let (answers, _) = restore_with(&snap, "sig-pending-plain", "{}", &["--invocations", "2"]);
+    assert_eq!(answers, vec![serde_json::json!([true, true]), serde_json::json!([false, false])]);
+}
+
 /// A /tmp file opened and then deleted at init is carried across the snapshot (made
 /// again at its path, opened, unlinked). A call that writes it is reset: its contents
 /// go back (rewritten through the descriptor), and every call reads them as the

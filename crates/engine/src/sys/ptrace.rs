@@ -1,5 +1,6 @@
 //! ptrace wrappers: seize/interrupt a live process, read and write its
-//! registers (general purpose, xstate), signal mask and rseq configuration.
+//! registers (general purpose, xstate), signal mask, pending signals and rseq
+//! configuration.
 //!
 //! A [`Tracee`] is bound to the OS thread that attached it: the kernel makes
 //! that *thread* the tracer, so every call must come from it.
@@ -18,6 +19,13 @@ const PTRACE_SETREGSET: libc::c_uint = 0x4205;
 const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
 const PTRACE_SETSIGMASK: libc::c_uint = 0x420b;
 const PTRACE_GET_RSEQ_CONFIGURATION: libc::c_uint = 0x420f;
+const PTRACE_PEEKSIGINFO: libc::c_uint = 0x4209;
+const PTRACE_PEEKSIGINFO_SHARED: u32 = 1;
+/// Size of the kernel's siginfo_t.
+pub const SIGINFO_LEN: usize = 128;
+/// More queued signals than any RLIMIT_SIGPENDING gives a process here: a queue
+/// this long is read no further (the caller compares it with the pending set).
+const PEEK_MAX: usize = 1 << 16;
 const NT_X86_XSTATE: libc::c_ulong = 0x202;
 /// Large enough for every xstate layout x86-64 CPUs have today (AMX included).
 const XSTATE_MAX: usize = 16 * 1024;
@@ -35,6 +43,14 @@ pub struct RseqConfig {
     pub pad: u32,
 }
 const _: () = assert!(std::mem::size_of::<RseqConfig>() == 24);
+
+/// struct ptrace_peeksiginfo_args.
+#[repr(C)]
+struct PeekSiginfoArgs {
+    off: u64,
+    flags: u32,
+    nr: i32,
+}
 
 /// A stopped thread under our control.
 #[derive(Debug, Clone, Copy)]
@@ -148,6 +164,29 @@ impl Tracee {
             return Err(last_err());
         }
         Ok(())
+    }
+
+    /// The signals queued and not yet delivered, in queue order, without dequeuing
+    /// them: the thread's own queue, or the process's (`shared`). Each is the
+    /// kernel's siginfo_t.
+    pub fn pending_signals(&self, shared: bool) -> io::Result<Vec<[u8; SIGINFO_LEN]>> {
+        const BATCH: usize = 32;
+        let mut out = Vec::new();
+        loop {
+            let mut buf = [[0u8; SIGINFO_LEN]; BATCH];
+            let args = PeekSiginfoArgs { off: out.len() as u64, flags: if shared { PTRACE_PEEKSIGINFO_SHARED } else { 0 }, nr: BATCH as i32 };
+            // SAFETY: the kernel reads `args` and writes at most `args.nr` siginfo_t
+            // (SIGINFO_LEN bytes each) into `buf`, which holds that many.
+            let r = unsafe { libc::ptrace(PTRACE_PEEKSIGINFO, self.pid.as_raw(), &args as *const PeekSiginfoArgs, buf.as_mut_ptr()) };
+            if r < 0 {
+                return Err(last_err());
+            }
+            let n = (r as usize).min(BATCH);
+            out.extend_from_slice(&buf[..n]);
+            if n < BATCH || out.len() >= PEEK_MAX {
+                return Ok(out);
+            }
+        }
     }
 
     pub fn get_rseq(&self) -> io::Result<RseqConfig> {
