@@ -30,7 +30,22 @@ sweep_scratch() {
         [ -e "/proc/$pid" ] || rm -rf -- "$d"
     done
 }
+# Network namespaces and bridges of cluster tests whose process has ended
+# (crates/thaw/tests/netns/mod.rs: namespaces thaw-test-PID-K-I, bridges thbPIDnK; a
+# namespace's veth goes with it).
+sweep_netns() {
+    local n pid
+    for n in $(ip netns list 2>/dev/null | awk '{ print $1 }' | grep '^thaw-test-[0-9]*-'); do
+        pid="${n#thaw-test-}"; pid="${pid%%-*}"
+        [ -e "/proc/$pid" ] || ip netns del "$n"
+    done
+    for n in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '{ print $2 }' | grep '^thb[0-9]*n[0-9]*$'); do
+        pid="${n#thb}"; pid="${pid%%n*}"
+        [ -e "/proc/$pid" ] || ip link del "$n"
+    done
+}
 sweep_scratch
+sweep_netns
 
 echo "== Module map (no new import circle inside a crate; scripts/modmap.py)"
 python3 scripts/modmap.py
@@ -52,6 +67,7 @@ CARGO_TARGET_DIR="${THAW_CACHE_DIR:-/var/cache/thaw}/fuzz-target" bash scripts/f
 fz=$?
 
 sweep_scratch
+sweep_netns
 
 if [ $mods -ne 0 ] || [ $rust -ne 0 ] || [ $py -ne 0 ] || [ $fz -ne 0 ]; then
     echo "test: FAILED (modmap exit $mods, cargo exit $rust, pytest exit $py, fuzz exit $fz)" >&2

@@ -145,6 +145,10 @@ pub struct Options {
     /// Also run kube-controller-manager with only the garbage collector (ownerReference
     /// cascading deletion).
     pub garbage_collector: bool,
+    /// The address the apiserver serves on (its certificate names it too); 127.0.0.1
+    /// when unset. Tests whose agents run in network namespaces of their own give the
+    /// address of the bridge that joins them.
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 /// A running etcd + kube-apiserver (+ garbage collector). Stopped on drop.
@@ -161,7 +165,7 @@ impl ControlPlane {
     /// with the garbage collector). Panics with the reason if it cannot start.
     pub fn shared() -> &'static ControlPlane {
         static CP: OnceLock<ControlPlane> = OnceLock::new();
-        CP.get_or_init(|| match ControlPlane::start(Options { garbage_collector: true }) {
+        CP.get_or_init(|| match ControlPlane::start(Options { garbage_collector: true, ..Options::default() }) {
             Ok(cp) => {
                 // A static is never dropped: a janitor removes the directory when the
                 // test process exits (its parent-death signal is TERM, which it traps).
@@ -187,12 +191,13 @@ impl ControlPlane {
         let d = dir.path().to_path_buf();
         let p = |f: &str| d.join(f);
 
-        // Certificates: a CA, the apiserver's serving cert for 127.0.0.1, the
+        // Certificates: a CA, the apiserver's serving cert for its address, the
         // service-account signing key pair.
         let ossl = |args: &[&str]| run(Command::new("openssl").args(args).current_dir(&d));
         ossl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "7", "-subj", "/CN=thaw-test-ca"])?;
         ossl(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver"])?;
-        fs::write(p("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n").map_err(io("writing san.ext"))?;
+        let address = opts.address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
+        fs::write(p("san.ext"), format!("subjectAltName=IP:{address},IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n")).map_err(io("writing san.ext"))?;
         ossl(&[
             "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "apiserver.crt", "-days", "7",
             "-extfile", "san.ext",
@@ -203,7 +208,7 @@ impl ControlPlane {
         fs::write(p("tokens.csv"), format!("{admin_token},thaw-admin,thaw-admin,\"system:masters\"\n")).map_err(io("writing tokens.csv"))?;
 
         let (client_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
-        let url = format!("https://127.0.0.1:{api_port}");
+        let url = format!("https://{address}:{api_port}");
         let cp = ControlPlane { dir, url, admin_token, children: Mutex::new(Vec::new()) };
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         cp.launch(
@@ -225,8 +230,8 @@ impl ControlPlane {
             &apiserver,
             &[
                 format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
+                format!("--bind-address={address}"),
+                format!("--advertise-address={address}"),
                 format!("--secure-port={api_port}"),
                 format!("--cert-dir={}", p("certs").display()),
                 format!("--tls-cert-file={}", p("apiserver.crt").display()),

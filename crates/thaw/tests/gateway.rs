@@ -17,11 +17,22 @@ use thaw_cluster::controlplane::{binary, ControlPlane, Options};
 mod minio;
 use thaw_node::sigv4::{sign, Credentials, SignedRequest};
 
+mod netns;
+
 const KEY: &str = "AKIDTHAWGATEWAYTEST1";
 const SECRET: &str = "gateway-test-secret/0123456789abcdef";
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The address a port listens on, for the helpers that take a port: an agent in a
+/// network namespace of its own listens on its namespace's address (registered by
+/// [`agent_in`]), everything else on 127.0.0.1.
+static HOSTS: std::sync::Mutex<std::collections::BTreeMap<u16, String>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn host(port: u16) -> String {
+    HOSTS.lock().unwrap().get(&port).cloned().unwrap_or_else(|| "127.0.0.1".into())
 }
 
 struct Proc(Child);
@@ -34,7 +45,7 @@ impl Drop for Proc {
 
 fn wait_port(port: u16, what: &str, child: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while TcpStream::connect((host(port), port)).is_err() {
         assert!(child.try_wait().unwrap().is_none(), "{what} exited");
         assert!(Instant::now() < deadline, "{what} not listening on {port} after 20 s");
         std::thread::sleep(Duration::from_millis(50));
@@ -77,7 +88,7 @@ fn call(port: u16, method: &str, path: &str, body: &[u8], secret: &str) -> (u16,
 
 /// [`call`] with `X-Amz-Invocation-Type: {kind}`.
 fn call_as(port: u16, method: &str, path: &str, body: &[u8], secret: &str, kind: &str) -> (u16, Vec<(String, String)>, String) {
-    let host = format!("127.0.0.1:{port}");
+    let host = format!("{}:{port}", host(port));
     let base = vec![("host", host.as_str()), ("x-amz-invocation-type", kind)];
     let (raw_path, raw_query) = match path.split_once('?') {
         Some((p, q)) => (p, Some(q)),
@@ -111,8 +122,9 @@ fn answer(mut s: TcpStream) -> (u16, Vec<(String, String)>, String) {
 
 /// An unsigned GET of `path` through `port`: (status, headers lower-cased, body).
 fn get(port: u16, path: &str) -> (u16, Vec<(String, String)>, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n").as_bytes()).unwrap();
+    let h = host(port);
+    let mut s = TcpStream::connect((h.as_str(), port)).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: {h}:{port}\r\nconnection: close\r\n\r\n").as_bytes()).unwrap();
     answer(s)
 }
 
@@ -127,8 +139,20 @@ fn agent(dir: &Path, port: u16, name: &str, kubeconfig: &Path) -> Proc {
 
 /// [`agent`] with more arguments and environment.
 fn agent_with(dir: &Path, port: u16, name: &str, kubeconfig: &Path, args: &[&str], env: &[(&str, String)]) -> Proc {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_thaw"));
-    c.args(["--data-dir", dir.to_str().unwrap(), "serve", "--listen", &format!("127.0.0.1:{port}"), "--access-key-id", KEY, "--secret-access-key", SECRET])
+    agent_in(None, dir, port, name, kubeconfig, args, env)
+}
+
+/// [`agent_with`], in namespace `i` of `net` when given (it listens on that
+/// namespace's address, which its ThawNode then advertises).
+fn agent_in(net: Option<(&netns::Net, usize)>, dir: &Path, port: u16, name: &str, kubeconfig: &Path, args: &[&str], env: &[(&str, String)]) -> Proc {
+    let mut c = match net {
+        Some((net, i)) => {
+            HOSTS.lock().unwrap().insert(port, net.addr(i));
+            net.command(i, env!("CARGO_BIN_EXE_thaw"))
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_thaw")),
+    };
+    c.args(["--data-dir", dir.to_str().unwrap(), "serve", "--listen", &format!("{}:{port}", host(port)), "--access-key-id", KEY, "--secret-access-key", SECRET])
         .args(["--cluster", "--node-name", name, "--kubeconfig", kubeconfig.to_str().unwrap()])
         .args(args)
         .env_remove("THAW_ACCESS_KEY_ID")
@@ -387,6 +411,10 @@ fn invoke_until(port: u16, function: &str, what: &str, done: impl Fn(u16, &str) 
 /// snapshot key, each of which has published its ThawNode. Functions are applied to a
 /// running cluster: an agent that has not published yet is not counted when a
 /// function's builder is chosen (one that comes later only adds a build).
+/// Each agent runs in a network namespace of its own, as on a machine of its own: the
+/// apiserver and MinIO listen on the bridge that joins them (`net.host()`), the
+/// gateways reach each agent at the address its ThawNode advertises. A fourth
+/// namespace is left for an agent that joins later ([`LATE`]).
 struct Cluster {
     m: minio::Minio,
     cp: ControlPlane,
@@ -394,11 +422,17 @@ struct Cluster {
     ports: [u16; 3],
     env: Vec<(&'static str, String)>,
     agents: Vec<Proc>,
+    net: netns::Net,
 }
 
+/// The namespace of a cluster's agent that joins later.
+const LATE: usize = 3;
+
 fn cluster(name: &str, bucket: &str) -> Cluster {
-    let m = minio::Minio::start();
-    let cp = ControlPlane::start(Options::default()).unwrap_or_else(|e| panic!("{e}"));
+    let net = netns::Net::new(LATE + 1);
+    let m = minio::Minio::start_on(&net.host());
+    let address = Some(net.host().parse().unwrap());
+    let cp = ControlPlane::start(Options { address, ..Options::default() }).unwrap_or_else(|e| panic!("{e}"));
     for crd in ["thawnodes", "thawfunctions"] {
         let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../deploy/base/crd-{}.yaml", crd.trim_end_matches('s')));
         kubectl(&cp, &["apply", "--server-side", "-f", file.to_str().unwrap()], None);
@@ -413,16 +447,17 @@ fn cluster(name: &str, bucket: &str) -> Cluster {
     let mut agents = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         kubectl(&cp, &["apply", "-f", "-"], Some(&format!("{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{name}-{i}\"}}}}")));
-        // Room for 16 concurrent calls of one function on one agent (the kill tests).
-        let store = ["--snapshot-store", &format!("s3://{bucket}"), "--create-bucket", "--max-instances-per-function", "16"];
-        agents.push(agent_with(&tmp.path().join(format!("{name}-{i}")), *port, &format!("{name}-{i}"), &kc, &store, &env));
+        // Room for 16 concurrent calls of one function on one agent (the kill tests);
+        // /metrics to the test, a peer on the bridge (as the DaemonSet serves it to Prometheus).
+        let store = ["--snapshot-store", &format!("s3://{bucket}"), "--create-bucket", "--max-instances-per-function", "16", "--metrics-public"];
+        agents.push(agent_in(Some((&net, i)), &tmp.path().join(format!("{name}-{i}")), *port, &format!("{name}-{i}"), &kc, &store, &env));
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while kubectl(&cp, &["get", "thawnodes", "-o", "jsonpath={range .items[*]}{.status.bootId} {end}"], None).split_whitespace().count() < 3 {
         assert!(Instant::now() < deadline, "the agents did not publish their ThawNodes");
         std::thread::sleep(Duration::from_millis(100));
     }
-    Cluster { m, cp, tmp, ports, env, agents }
+    Cluster { m, cp, tmp, ports, env, agents, net }
 }
 
 /// The registry (issue #29; three agents, two gateways): a ThawFunction applied with kubectl is deployed on every
@@ -433,7 +468,7 @@ fn cluster(name: &str, bucket: &str) -> Cluster {
 /// calls survive an agent killed midway, and the apiserver away refuses writes only.
 #[test]
 fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gateway() {
-    let Cluster { m, cp, tmp, ports, env, mut agents } = cluster("reg", "registry");
+    let Cluster { m, cp, tmp, ports, env, mut agents, net: _net } = cluster("reg", "registry");
     let kc = cp.kubeconfig();
     // Two gateways: what one writes, the other serves (they share nothing but the apiserver).
     let (gport, gport2) = (free_port(), free_port());
@@ -684,7 +719,7 @@ fn invoke_event(port: u16, function: &str, payload: &[u8]) -> (u16, Vec<(String,
 /// an event ran is the function's own answer, with the event's nonce, in a gateway's log.
 #[test]
 fn asynchronous_events_run_at_least_once_whichever_agent_or_gateway_dies() {
-    let Cluster { m, cp, tmp, ports, env, mut agents } = cluster("ev", "events");
+    let Cluster { m, cp, tmp, ports, env, mut agents, net: _net } = cluster("ev", "events");
     let kc = cp.kubeconfig();
     // Leases of 3 s (a dead gateway's events are taken over within ~4 s), retries after 0.2 s.
     let gw_args = ["--snapshot-store", "s3://events", "--event-lease", "3", "--event-retry-delay", "0.2"];
@@ -807,7 +842,7 @@ fn call_until(port: u16, method: &str, path: &str, what: &str, done: impl Fn(u16
 /// are on every agent's function.
 #[test]
 fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
-    let Cluster { m: _m, cp, tmp, ports, env, mut agents } = cluster("ver", "versions");
+    let Cluster { m: _m, cp, tmp, ports, env, mut agents, net } = cluster("ver", "versions");
     let kc = cp.kubeconfig();
     let gport = free_port();
     let _gateway = gateway_with(gport, &kc, &["--snapshot-store", "s3://versions"], &env);
@@ -949,7 +984,7 @@ fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     // its bundle.
     kubectl(&cp, &["apply", "-f", "-"], Some("{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"ver-3\"}}"));
     let late = free_port();
-    agents.push(agent_with(&tmp.path().join("ver-3"), late, "ver-3", &kc, &["--snapshot-store", "s3://versions"], &env));
+    agents.push(agent_in(Some((&net, LATE)), &tmp.path().join("ver-3"), late, "ver-3", &kc, &["--snapshot-store", "s3://versions"], &env));
     call_until(late, "POST", &invocation(":1"), "version 1 on an agent that joined later", |st, b| st == 200 && b.contains("\"v\": 1"));
     call_until(late, "POST", &invocation(":2"), "version 2 on an agent that joined later", |st, b| st == 200 && b.contains("\"v\": 2"));
     call_until(late, "POST", &invocation(":live"), "the alias on an agent that joined later", |st, b| st == 200 && (b.contains("\"v\": 1") || b.contains("\"v\": 2")));

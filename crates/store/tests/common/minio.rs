@@ -1,4 +1,4 @@
-//! A real MinIO for tests: started on 127.0.0.1 with a free port and a
+//! A real MinIO for tests: started on 127.0.0.1 (or another address of this host) with a free port and a
 //! temporary data directory, stopped on drop. The binary is built by
 //! scripts/build-minio.sh (scripts/setup.sh runs it) into
 //! ${THAW_CACHE_DIR:-/var/cache/thaw}/minio-<version>/minio.
@@ -32,6 +32,8 @@ fn free_port() -> u16 {
 
 pub struct Minio {
     child: Option<Child>,
+    /// The address it listens on.
+    pub host: String,
     pub port: u16,
     pub data: tempfile::TempDir,
 }
@@ -39,15 +41,21 @@ pub struct Minio {
 impl Minio {
     /// Start MinIO and wait until it answers its health check.
     pub fn start() -> Minio {
+        Minio::start_on("127.0.0.1")
+    }
+
+    /// [`Minio::start`] on address `host` of this machine (e.g. a bridge that network
+    /// namespaces reach it through).
+    pub fn start_on(host: &str) -> Minio {
         let data = tempfile::Builder::new().prefix("thaw-minio-").tempdir().unwrap();
-        let mut m = Minio { child: None, port: 0, data };
+        let mut m = Minio { child: None, host: host.to_string(), port: 0, data };
         for _ in 0..5 {
             m.port = free_port();
             if m.spawn() {
                 return m;
             }
         }
-        panic!("MinIO did not start on 127.0.0.1 (see the log above)");
+        panic!("MinIO did not start on {host} (see the log above)");
     }
 
     fn spawn(&mut self) -> bool {
@@ -56,7 +64,7 @@ impl Minio {
         std::fs::create_dir_all(&store).unwrap();
         let child = Command::new(minio_bin())
             .args(["server", "--quiet", "--address"])
-            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(format!("{}:{}", self.host, self.port))
             .arg(&store)
             .env("MINIO_ROOT_USER", ACCESS_KEY)
             .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
@@ -86,17 +94,17 @@ impl Minio {
     }
 
     fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        let Ok(mut s) = TcpStream::connect((self.host.as_str(), self.port)) else { return false };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         // The health endpoint answers before the object layer is up; an
         // anonymous ListBuckets answers 503 until it is, then 403.
-        let req = format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n", self.port);
+        let req = format!("GET / HTTP/1.1\r\nHost: {}:{}\r\nConnection: close\r\n\r\n", self.host, self.port);
         let mut resp = String::new();
         s.write_all(req.as_bytes()).is_ok() && s.read_to_string(&mut resp).is_ok() && resp.starts_with("HTTP/1.1 403")
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
     /// Environment for `thaw` and other AWS-configured clients.
