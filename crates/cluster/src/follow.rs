@@ -95,6 +95,13 @@ impl Builders {
     pub fn of(&self, name: &str) -> Option<&str> {
         self.ring.homes(crate::hash::hash_str(name), 1).first().map(|&i| self.names[i].as_str())
     }
+
+    /// Where agent `agent` comes in function `name`'s walk of the ring (0: its home),
+    /// and how many agents there are; None if it is not one of them.
+    pub fn rank(&self, name: &str, agent: &str) -> Option<(usize, usize)> {
+        let rank = self.ring.walk(crate::hash::hash_str(name)).position(|i| self.names[i] == agent)?;
+        Some((rank, self.names.len()))
+    }
 }
 
 /// The builder of function `name` among the agents `names` (see [`Builders`]).
@@ -312,6 +319,7 @@ impl Follower {
                 warn!(function = %name, "ThawFunction {name} {why}");
             }
         }
+        self.reconcile_concurrency(wanted, agents.as_ref());
         // Ours, and no longer wanted (deleted, perhaps while this agent was down).
         for r in self.node.records() {
             if r.description.starts_with(MARKER) && !wanted.contains_key(&r.name) {
@@ -421,6 +429,46 @@ impl Follower {
                     Ok(()) => info!(function = %name, alias = ?alias, "function URL removed: its ThawFunction no longer has it"),
                     Err(e) => warn!(function = %name, alias = ?alias, error = %e, "cannot remove a function URL the registry no longer has"),
                 }
+            }
+        }
+    }
+
+    /// Give the node's registry functions this agent's share of the reserved
+    /// concurrency their objects hold ([`crate::registry::concurrency_share`], by this
+    /// agent's place in the function's walk of the ring the gateways place on; a
+    /// gateway whose agent refuses a call for its share tries the next along that
+    /// walk), or none. Before this agent knows the agents (its ThawNode not yet
+    /// listed), it holds the whole limit: never more than the function's own.
+    fn reconcile_concurrency(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>, agents: Option<&Builders>) {
+        for (name, w) in functions {
+            let Ok(w) = w else { continue };
+            if !self.ours(name) {
+                continue;
+            }
+            let Ok(have) = self.node.settings(name).map(|s| s.reserved_concurrency) else { continue };
+            let want = w.reserved_concurrency.map(|n| match agents.and_then(|a| a.rank(name, &self.node_name)) {
+                Some((rank, count)) => crate::registry::concurrency_share(n, rank, count),
+                None => n,
+            });
+            let want = want.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+            if have == want {
+                continue;
+            }
+            let done = match want {
+                // A share the node cannot set aside (its own pool too small) fails
+                // closed: none of the function's calls run here (the gateways take
+                // them elsewhere), never more than the limit in the cluster.
+                Some(n) => self.node.put_reserved_concurrency(name, n).map(drop).inspect_err(|_| {
+                    let _ = self.node.put_reserved_concurrency(name, 0);
+                }),
+                None => self.node.delete_reserved_concurrency(name),
+            };
+            let outcome = done.map_err(|e| e.to_string());
+            if outcome.is_ok() {
+                info!(function = %name, share = ?want, cluster = ?w.reserved_concurrency, "reserved concurrency put from its ThawFunction");
+            }
+            if let Some(why) = self.first_complaint(format!("{name} concurrency"), outcome) {
+                warn!(function = %name, "the reserved concurrency of its ThawFunction cannot be put here: {why}");
             }
         }
     }
@@ -690,6 +738,28 @@ mod tests {
         assert!((0..50).all(|i| builder_of(&format!("fn-{i}"), &shuffled).as_ref() == Some(&picks[i])), "the same on every agent");
         assert!(["a", "b", "c"].iter().all(|n| picks.iter().any(|p| p == n)), "spread over the agents: {picks:?}");
         assert_eq!(builder_of("f", &[]), None);
+    }
+
+    /// Every agent computes its own share of a reserved concurrency; together they are
+    /// the limit, the function's home holds the largest, and the home is its builder.
+    #[test]
+    fn the_agents_shares_of_a_reserved_concurrency_add_up_to_it() {
+        let names: Vec<String> = ["c", "a", "b", "d"].iter().map(|s| s.to_string()).collect();
+        let agents = Builders::new(&names);
+        for f in ["fn-1", "fn-2", "limited"] {
+            for n in [0, 1, 2, 3, 5, 8, 100] {
+                let shares: Vec<u64> = names.iter().map(|a| {
+                    let (rank, count) = agents.rank(f, a).unwrap();
+                    crate::registry::concurrency_share(n, rank, count)
+                }).collect();
+                assert_eq!(shares.iter().sum::<u64>(), n, "{f} {n}: {shares:?}");
+                assert!(shares.iter().max().unwrap() - shares.iter().min().unwrap() <= 1, "{f} {n}: {shares:?}");
+                let home = agents.of(f).unwrap();
+                let (rank, count) = agents.rank(f, home).unwrap();
+                assert_eq!((rank, crate::registry::concurrency_share(n, rank, count)), (0, *shares.iter().max().unwrap()), "{f} {n}");
+            }
+        }
+        assert_eq!(agents.rank("f", "not-an-agent"), None);
     }
 
     #[test]

@@ -49,7 +49,12 @@
 //! Function URL configurations live in the annotation `thaw.dev/urls` (their URLs are the
 //! gateway's, `/url/<function>/`, placed like an Invoke), put on every agent.
 //!
-//! Not yet: the other operations (concurrency, layers), metrics.
+//! Reserved concurrency (Put/Get/DeleteFunctionConcurrency) is the cluster's: it lives
+//! in the annotation `thaw.dev/concurrency`, each agent enforces its share of it (the
+//! shares add up to the limit, [`crate::registry::concurrency_share`]), and an Invoke
+//! an agent refuses for its share is tried on the next agent ([`send`]).
+//!
+//! Not yet: layers, metrics.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -405,6 +410,12 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::ListTags(arn) => Ok(json(StatusCode::OK, &registry()?.tags(&tagged_function(&arn)?).await?)),
+        Action::PutFunctionConcurrency(name) => Ok(json(StatusCode::OK, &registry()?.put_concurrency(&function_name(&name, None)?.0, &body).await?)),
+        Action::GetFunctionConcurrency(name) => Ok(json(StatusCode::OK, &registry()?.get_concurrency(&function_name(&name, None)?.0).await?)),
+        Action::DeleteFunctionConcurrency(name) => {
+            registry()?.delete_concurrency(&function_name(&name, None)?.0).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
         Action::DeleteAlias(name, alias) => {
             registry()?.delete_alias(&function_name(&name, None)?.0, &alias).await?;
             Ok(StatusCode::NO_CONTENT.into_response())
@@ -451,6 +462,9 @@ async fn get_function(
 ) -> Result<Response, ApiError> {
     let (function, q) = qualified(name, parts)?;
     let answered = send(gw, parts, body, &function, request_id).await?;
+    if answered.status() == StatusCode::OK && whole {
+        return cluster_concurrency(registry, &function, answered).await;
+    }
     if answered.status() != StatusCode::NOT_FOUND {
         return Ok(answered);
     }
@@ -465,6 +479,30 @@ async fn get_function(
         Some(config) => Ok(json(StatusCode::OK, &config)),
         None => Ok(answered),
     }
+}
+
+/// An agent's GetFunction answer `answered` with the function's reserved concurrency
+/// as the registry holds it (the cluster's limit; the agent's is its share), when the
+/// registry has the function.
+async fn cluster_concurrency(registry: &Registry, function: &str, answered: Response) -> Result<Response, ApiError> {
+    let Ok(limit) = registry.get_concurrency(function).await else { return Ok(answered) };
+    let (parts, body) = answered.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("reading the agent's answer: {e}")))?;
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Ok(Response::from_parts(parts, Body::from(bytes)));
+    };
+    match v.as_object_mut() {
+        Some(o) if limit.get("ReservedConcurrentExecutions").is_some() => {
+            o.insert("Concurrency".into(), limit);
+        }
+        Some(o) => {
+            o.remove("Concurrency");
+        }
+        None => {}
+    }
+    let mut r = Response::from_parts(parts, Body::from(v.to_string()));
+    r.headers_mut().remove(axum::http::header::CONTENT_LENGTH);
+    Ok(r)
 }
 
 /// An asynchronous Invoke of `function`: queued in the store and answered 202 (the
@@ -561,20 +599,33 @@ fn json(status: StatusCode, v: &serde_json::Value) -> Response {
 /// unchanged, plus `x-thaw-node`. An agent that refuses the connection (the request
 /// never reached it) is left out and the request placed again; one that fails once it
 /// has the request gives a 502 at once (it may have run: never run twice).
+///
+/// Reserved concurrency: each agent enforces its share of a function's limit
+/// ([`crate::registry::concurrency_share`]). An Invoke that an agent refuses for its
+/// share (429, `ReservedFunctionConcurrentInvocationLimitExceeded`: it did not run)
+/// is tried on the next agent of the function's walk of the ring not tried yet, and
+/// refused with that 429 only once every agent has refused it. Not a function URL's
+/// 429, which may be the function's own answer.
 async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, function: &str, request_id: &str) -> Result<Response, ApiError> {
     let path = parts.uri.path();
+    let retry_throttled = !path.starts_with(URL_PREFIX);
     let mut attempt = 0;
-    let (resp, _guard, ad) = loop {
+    // Agents that refused this request for their share of the function's reserved concurrency.
+    let mut throttled_by: Vec<String> = Vec::new();
+    let (rparts, bytes, _guard, ad) = loop {
         attempt += 1;
         let view = gw.usable_view();
         let ad = {
             let mut in_flight = gw.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-            let loads: Vec<u32> = view.nodes().iter().map(|n| in_flight.get(&n.name).copied().unwrap_or(0)).collect();
-            let mut rng = gw.rng.lock().unwrap_or_else(|e| e.into_inner());
-            // Until snapshots have store ids (#13), agents advertise them by function name.
-            let (ad, _) = view
-                .place(function, "", &loads[..], &mut rng)
-                .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", "no node agent is available (none advertised, or all found down)"))?;
+            let ad = if throttled_by.is_empty() {
+                let loads: Vec<u32> = view.nodes().iter().map(|n| in_flight.get(&n.name).copied().unwrap_or(0)).collect();
+                let mut rng = gw.rng.lock().unwrap_or_else(|e| e.into_inner());
+                // Until snapshots have store ids (#13), agents advertise them by function name.
+                view.place(function, "", &loads[..], &mut rng).map(|(ad, _)| ad)
+            } else {
+                view.walk(function).find(|ad| !throttled_by.contains(&ad.name))
+            };
+            let ad = ad.ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", "no node agent is available (none advertised, or all found down)"))?;
             *in_flight.entry(ad.name.clone()).or_insert(0) += 1;
             Placed { name: ad.name.clone(), endpoint: ad.endpoint.clone(), boot_id: ad.boot_id.clone() }
         };
@@ -588,8 +639,8 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
             }
         }
         let out = out.body(Full::new(body.clone())).map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "ServiceException", format!("building the request to {node}: {e}")))?;
-        match gw.http.request(out).await {
-            Ok(resp) => break (resp, guard, ad),
+        let resp = match gw.http.request(out).await {
+            Ok(resp) => resp,
             Err(e) => {
                 if e.is_connect() {
                     gw.mark_down(&ad);
@@ -599,10 +650,18 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
                 }
                 return Err(ad.failed(&error_chain(&e), request_id));
             }
+        };
+        let (rparts, rbody) = resp.into_parts();
+        let bytes = rbody.collect().await.map_err(|e| ad.failed(&e, request_id))?.to_bytes();
+        if retry_throttled && refused_for_reserved_concurrency(rparts.status, &bytes) {
+            throttled_by.push(ad.name.clone());
+            if view.walk(function).any(|n| !throttled_by.contains(&n.name)) {
+                tracing::debug!(node = %ad.name, function, "the agent's share of the reserved concurrency is taken; trying the next agent");
+                continue;
+            }
         }
+        break (rparts, bytes, guard, ad);
     };
-    let (rparts, rbody) = resp.into_parts();
-    let bytes = rbody.collect().await.map_err(|e| ad.failed(&e, request_id))?.to_bytes();
     let mut r = (rparts.status, bytes).into_response();
     for (k, v) in rparts.headers.iter() {
         if k != "connection" && k != "transfer-encoding" && k != "content-length" {
@@ -613,6 +672,13 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
         r.headers_mut().insert("x-thaw-node", v);
     }
     Ok(r)
+}
+
+/// Whether an agent's answer is its refusal of a call for the function's reserved
+/// concurrency (the call did not run there).
+fn refused_for_reserved_concurrency(status: StatusCode, body: &[u8]) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        && serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v["Reason"] == "ReservedFunctionConcurrentInvocationLimitExceeded")
 }
 
 #[cfg(test)]

@@ -72,6 +72,9 @@ pub struct Wanted {
     /// Its function URLs' configurations, by alias ("" for $LATEST's) (annotation
     /// `thaw.dev/urls`).
     pub urls: BTreeMap<String, UrlConfig>,
+    /// Its reserved concurrency, cluster-wide (annotation `thaw.dev/concurrency`):
+    /// each agent enforces its share ([`concurrency_share`]).
+    pub reserved_concurrency: Option<u64>,
 }
 
 impl Wanted {
@@ -139,6 +142,7 @@ impl Wanted {
             aliases: aliases_of(obj, &name)?,
             tags: tags_of(obj)?,
             urls: urls_of(obj)?,
+            reserved_concurrency: reserved_of(obj)?,
             sha256,
             name,
         })
@@ -241,6 +245,28 @@ const URLS: &str = "thaw.dev/urls";
 
 fn urls_of(obj: &DynamicObject) -> Result<BTreeMap<String, UrlConfig>, String> {
     annotation_map(obj, URLS, "function URLs")
+}
+
+/// The function object's annotation holding its concurrency settings (JSON:
+/// `{"reserved": N}`, `{}` once deleted). The limit is the cluster's: N split over the
+/// agents ([`concurrency_share`]), each enforcing its share.
+const CONCURRENCY: &str = "thaw.dev/concurrency";
+
+fn reserved_of(obj: &DynamicObject) -> Result<Option<u64>, String> {
+    Ok(annotation_map::<u64>(obj, CONCURRENCY, "concurrency settings")?.get("reserved").copied())
+}
+
+/// The share of reserved concurrency `n` that the agent at position `rank` of a
+/// function's placement walk over `agents` agents enforces: `n` split as evenly as
+/// it goes, the larger shares first along the walk (where placement sends the
+/// function first). The shares add up to `n`: no more than `n` of its calls run at
+/// once in the cluster, while the agents agree on who they are.
+pub fn concurrency_share(n: u64, rank: usize, agents: usize) -> u64 {
+    if agents == 0 || rank >= agents {
+        return 0;
+    }
+    let (each, extra) = (n / agents as u64, n % agents as u64);
+    each + u64::from((rank as u64) < extra)
 }
 
 /// The annotation holding `aliases`.
@@ -613,6 +639,27 @@ impl Registry {
             Some(a) => format!("{}:{a}", self.arn(name)),
             None => self.arn(name),
         }
+    }
+
+    /// PutFunctionConcurrency: the cluster-wide reserved concurrency of `name`.
+    pub async fn put_concurrency(&self, name: &str, body: &[u8]) -> Result<Value, ApiError> {
+        let n = thaw_node::api::reserved_concurrency_request(body)?;
+        self.update_annotation(name, CONCURRENCY, |_, _| Ok((Some(json!({"reserved": n}).to_string()), json!({"ReservedConcurrentExecutions": n}))))
+            .await
+    }
+
+    /// GetFunctionConcurrency (`{}` when none is reserved).
+    pub async fn get_concurrency(&self, name: &str) -> Result<Value, ApiError> {
+        let (f, _) = self.function_object(name).await?;
+        Ok(match reserved_of(&f).map_err(unreadable)? {
+            Some(n) => json!({"ReservedConcurrentExecutions": n}),
+            None => json!({}),
+        })
+    }
+
+    /// DeleteFunctionConcurrency.
+    pub async fn delete_concurrency(&self, name: &str) -> Result<(), ApiError> {
+        self.update_annotation(name, CONCURRENCY, |_, _| Ok((Some("{}".to_string()), ()))).await
     }
 
     /// ListTags of function `name`.

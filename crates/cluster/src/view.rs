@@ -124,6 +124,11 @@ impl ClusterView {
         &self.nodes
     }
 
+    /// The nodes in `function`'s walk of the placement ring, its home first.
+    pub fn walk<'a>(&'a self, function: &str) -> impl Iterator<Item = &'a NodeAd> + 'a {
+        self.placer.ring().walk(hash_str(function)).map(move |i| &self.nodes[i])
+    }
+
     /// Chooses the node for an invocation of `function` whose snapshot id is `snapshot`
     /// (empty: not known to the caller; the nodes that have the function's snapshot
     /// are then those that say so) (`loads[i]`: invocations this gateway has in flight

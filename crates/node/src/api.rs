@@ -30,7 +30,7 @@ mod versions;
 
 use versions::Target;
 pub use versions::{alias_json, alias_request, aliases_json};
-pub use settings::tagged_function;
+pub use settings::{reserved_concurrency_request, tagged_function};
 
 use crate::events;
 use crate::node::{error_chain, version_label, ConfigChange, DeployError, FunctionSpec, InvokeError, InvokeTarget, Node, Outcome};

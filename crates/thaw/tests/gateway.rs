@@ -1020,6 +1020,95 @@ fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     drop(agents);
 }
 
+/// Reserved concurrency through the gateway (issue #29) is the cluster's limit: each
+/// agent enforces its share (the shares add up to the limit), and a call an agent
+/// refuses for its share is tried on the next. With a limit of 2 and six calls at once
+/// through two gateways (each runs 2 s), exactly 2 run and 4 get Lambda's 429
+/// (ReservedFunctionConcurrentInvocationLimitExceeded), whichever agents they were
+/// placed on; 0 refuses every call; deleted, all run again. Get/Put/Delete and
+/// GetFunction's Concurrency show the cluster's limit, not an agent's share.
+#[test]
+fn reserved_concurrency_is_the_clusters_limit() {
+    let Cluster { m: _m, cp, tmp, ports, env, agents: _agents, net: _net } = cluster("conc", "concurrency");
+    let kc = cp.kubeconfig();
+    let (gport, gport2) = (free_port(), free_port());
+    let _gateway = gateway_with(gport, &kc, &["--snapshot-store", "s3://concurrency"], &env);
+    let _gateway2 = gateway_with(gport2, &kc, &["--snapshot-store", "s3://concurrency"], &env);
+    use base64::Engine;
+    let z = zip_of(tmp.path(), "slow.zip", &[("app.py", "import time\n\ndef handler(event, context):\n    time.sleep(event.get('sleep', 0))\n    return {'ran': True}\n")]);
+    let create = serde_json::json!({"FunctionName": "limited", "Runtime": "python3.12", "Role": "arn:aws:iam::000000000000:role/t",
+        "Handler": "app.handler", "Code": {"ZipFile": base64::engine::general_purpose::STANDARD.encode(std::fs::read(z).unwrap())}});
+    let (status, _, body) = call(gport, "POST", "/2015-03-31/functions", create.to_string().as_bytes(), SECRET);
+    assert_eq!(status, 201, "{body}");
+    let invoke_path = "/2015-03-31/functions/limited/invocations";
+    for port in ports {
+        call_until(port, "POST", invoke_path, "the function on each agent", |st, b| st == 200 && b.contains("ran"));
+    }
+    let concurrency = |method: &str, body: &str| {
+        let (status, h, out) = call(gport2, method, "/2017-10-31/functions/limited/concurrency", body.as_bytes(), SECRET);
+        (status, header(&h, "x-amzn-errortype").map(str::to_string), serde_json::from_str::<serde_json::Value>(&out).unwrap_or_default())
+    };
+    let get_concurrency = |port: u16| {
+        let (status, _, out) = call(port, "GET", "/2019-09-30/functions/limited/concurrency", b"", SECRET);
+        assert_eq!(status, 200, "{out}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["ReservedConcurrentExecutions"].as_u64()
+    };
+    assert_eq!(concurrency("PUT", "{\"ReservedConcurrentExecutions\": -1}").1.as_deref(), Some("InvalidParameterValueException"));
+    let (status, _, v) = call(gport, "PUT", "/2017-10-31/functions/missing/concurrency", b"{\"ReservedConcurrentExecutions\": 1}", SECRET);
+    assert_eq!(status, 404, "{v}");
+    let (status, _, v) = concurrency("PUT", "{\"ReservedConcurrentExecutions\": 2}");
+    assert_eq!((status, v["ReservedConcurrentExecutions"].as_u64()), (200, Some(2)), "{v}");
+    assert_eq!(get_concurrency(gport), Some(2), "the cluster's limit through either gateway");
+    // Each agent holds its share; the shares add up to the limit.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let shares = loop {
+        let shares: Vec<u64> = ports.iter().map(|&p| get_concurrency(p).unwrap_or(u64::MAX)).collect();
+        if shares.iter().all(|&n| n != u64::MAX) && shares.iter().sum::<u64>() == 2 {
+            break shares;
+        }
+        assert!(Instant::now() < deadline, "the agents did not take their shares of 2: {shares:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(shares.iter().all(|&n| n <= 1), "split as evenly as it goes: {shares:?}");
+    let (status, _, body) = call(gport, "GET", "/2015-03-31/functions/limited", b"", SECRET);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((status, v["Concurrency"]["ReservedConcurrentExecutions"].as_u64()), (200, Some(2)), "GetFunction shows the cluster's limit: {body}");
+
+    // Six calls at once through the two gateways, each running 2 s: 2 run, 4 are refused.
+    let burst = || -> Vec<(u16, String)> {
+        let calls: Vec<_> = (0..6)
+            .map(|i| {
+                let port = if i % 2 == 0 { gport } else { gport2 };
+                std::thread::spawn(move || {
+                    let (status, h, body) = call(port, "POST", "/2015-03-31/functions/limited/invocations", b"{\"sleep\": 2}", SECRET);
+                    (status, format!("{} {body}", header(&h, "x-amzn-errortype").unwrap_or_default()))
+                })
+            })
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    };
+    let got = burst();
+    let ran = got.iter().filter(|(st, b)| *st == 200 && b.contains("ran")).count();
+    let refused = got.iter().filter(|(st, b)| *st == 429 && b.contains("TooManyRequestsException") && b.contains("ReservedFunctionConcurrentInvocationLimitExceeded")).count();
+    assert_eq!((ran, refused), (2, 4), "{got:?}");
+
+    // 0: every call refused, whichever agent.
+    assert_eq!(concurrency("PUT", "{\"ReservedConcurrentExecutions\": 0}").0, 200);
+    call_until(gport, "POST", invoke_path, "a limit of 0 refuses every call", |st, b| st == 429 && b.contains("ReservedFunctionConcurrentInvocationLimitExceeded"));
+    for _ in 0..6 {
+        let (status, _, body) = call(gport2, "POST", invoke_path, b"{}", SECRET);
+        assert_eq!(status, 429, "{body}");
+    }
+    // Deleted: no limit, everywhere.
+    assert_eq!(concurrency("DELETE", "").0, 204);
+    assert_eq!(get_concurrency(gport2), None, "none reserved");
+    for port in ports {
+        call_until(port, "GET", "/2019-09-30/functions/limited/concurrency", "the share removed on each agent", |st, b| st == 200 && b.trim() == "{}");
+    }
+    let got = burst();
+    assert!(got.iter().all(|(st, _)| *st == 200), "{got:?}");
+}
+
 /// Median of `v` (sorted in place).
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

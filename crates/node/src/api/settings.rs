@@ -54,6 +54,17 @@ pub fn tagged_function(arn: &str) -> Result<String, ApiError> {
     }
 }
 
+/// The ReservedConcurrentExecutions of a PutFunctionConcurrency body (the node's and
+/// the gateway's).
+pub fn reserved_concurrency_request(body: &[u8]) -> Result<u32, ApiError> {
+    let input: ConcurrencyInput = parse_json(body)?;
+    match input.reserved {
+        Some(v) if (0..=i64::from(u32::MAX)).contains(&v) => Ok(v as u32),
+        Some(v) => Err(ApiError::invalid(format!("1 validation error detected: Value '{v}' at 'reservedConcurrentExecutions' failed to satisfy constraint: Member must have value greater than or equal to 0"))),
+        None => Err(ApiError::invalid("ReservedConcurrentExecutions is required")),
+    }
+}
+
 /// `tags` and `Concurrency` of GetFunction's answer, as Lambda adds them.
 pub(super) fn extend_get_function(node: &Node, name: &str, v: &mut serde_json::Value) {
     if let Ok(s) = node.settings(name) {
@@ -98,13 +109,7 @@ pub(super) fn dispatch(node: &Node, action: Action, raw_query: Option<&str>, bod
         }
         Action::PutFunctionConcurrency(n) => {
             let (name, _) = function_name(&n, None)?;
-            let input: ConcurrencyInput = parse_json(body)?;
-            let n = match input.reserved {
-                Some(v) if (0..=i64::from(u32::MAX)).contains(&v) => v as u32,
-                Some(v) => return Err(ApiError::invalid(format!("1 validation error detected: Value '{v}' at 'reservedConcurrentExecutions' failed to satisfy constraint: Member must have value greater than or equal to 0"))),
-                None => return Err(ApiError::invalid("ReservedConcurrentExecutions is required")),
-            };
-            let n = node.put_reserved_concurrency(&name, n)?;
+            let n = node.put_reserved_concurrency(&name, reserved_concurrency_request(body)?)?;
             Ok(json_response(StatusCode::OK, &json!({"ReservedConcurrentExecutions": n})))
         }
         Action::GetFunctionConcurrency(n) => {
