@@ -36,9 +36,14 @@
 //! its published versions (ThawFunctions `NAME.vN`: each published on the node under
 //! its number, from the active revision when that is the version's, else built from
 //! its bundle, [`Node::ensure_version`]); its aliases, tags and function URL
-//! configurations (annotations of its object, put on the node's function). For a
+//! configurations (annotations of its object, put on the node's function); its share
+//! of its reserved concurrency. For a
 //! registry function the registry is the only source of these: what the node has
 //! beyond it (made through the agent's own API) is removed.
+//!
+//! Environment variables from a Secret or ConfigMap key (`valueFrom`) are read once
+//! per generation of the object ([`Follower::with_env`]), as a pod reads them when it
+//! starts; one that does not resolve keeps the function undeployed or unchanged.
 //!
 //! The follower reconciles on every watch event and every [`RESYNC`] (what failed —
 //! the store down, a build still running — is tried again then); a failure is logged
@@ -57,7 +62,7 @@ use thaw_node::node::{AliasChange, ConfigChange, Node, VersionSpec, VersionState
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::registry::{thawfunction_resource, Wanted, MARKER};
+use crate::registry::{thawfunction_resource, EnvSource, Wanted, MARKER};
 
 /// How often everything wanted is checked again (failed fetches, builds in progress).
 pub const RESYNC: Duration = Duration::from_secs(5);
@@ -108,6 +113,9 @@ impl Builders {
 pub fn builder_of(name: &str, names: &[String]) -> Option<String> {
     Builders::new(names).of(name).map(str::to_string)
 }
+
+/// The `valueFrom` values of one generation of a function's object: (generation, values).
+type ResolvedEnv = (i64, BTreeMap<String, String>);
 
 /// The ThawFunctions watched, by (namespace, name).
 type Objects = BTreeMap<(String, String), Result<Wanted, String>>;
@@ -212,6 +220,9 @@ pub struct Follower {
     complained: HashMap<String, String>,
     /// Since when each (function, generation) has waited for its builder's snapshot.
     waiting: HashMap<(String, i64), Instant>,
+    /// The values of each function's (or version's) `valueFrom` variables, resolved
+    /// for one generation of its object: (function, version) -> (generation, values).
+    resolved: HashMap<(String, Option<u64>), ResolvedEnv>,
     started: Instant,
 }
 
@@ -222,7 +233,16 @@ impl Follower {
         let empty = crate::view::ClusterView::new(Vec::new(), crate::placement::Policy::Thaw, crate::placement::DEFAULT_LOAD_FACTOR);
         let (tx, nodes) = tokio::sync::watch::channel(Arc::new(empty));
         tokio::spawn(crate::view::watch_nodes(client.clone(), crate::placement::Policy::Thaw, crate::placement::DEFAULT_LOAD_FACTOR, tx));
-        Follower { client, nodes, node, node_name: node_name.to_string(), complained: HashMap::new(), waiting: HashMap::new(), started: Instant::now() }
+        Follower {
+            client,
+            nodes,
+            node,
+            node_name: node_name.to_string(),
+            complained: HashMap::new(),
+            waiting: HashMap::new(),
+            resolved: HashMap::new(),
+            started: Instant::now(),
+        }
     }
 
     /// The agents that advertise themselves (published, heartbeat recent), from the
@@ -309,8 +329,11 @@ impl Follower {
         let agents = self.agents().map(|a| Builders::new(&a));
         for (name, w) in wanted {
             let outcome = match w {
-                Ok(w) => match self.apply(w, agents.as_ref()).await {
-                    Ok(()) => self.publish_status(w, agents.as_ref()).await,
+                Ok(w) => match self.with_env(w).await {
+                    Ok(w) => match self.apply(&w, agents.as_ref()).await {
+                        Ok(()) => self.publish_status(&w, agents.as_ref()).await,
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 },
                 Err(why) => Err(format!("cannot be deployed: {why}")),
@@ -327,6 +350,53 @@ impl Follower {
                     Ok(()) => info!(function = %r.name, "deleted: its ThawFunction is gone"),
                     Err(e) => warn!(function = %r.name, error = %thaw_node::node::error_chain(&e), "cannot delete a function whose ThawFunction is gone"),
                 }
+            }
+        }
+    }
+
+    /// `w` with the values of its `valueFrom` variables (Secret and ConfigMap keys in
+    /// its object's namespace), read once per generation of the object, as a pod's are
+    /// read once when it starts: a Secret changed later is picked up by the object's
+    /// next generation. Err: one that does not resolve (a missing Secret, ConfigMap or
+    /// key, a Secret value that is not UTF-8, the apiserver away): the function is
+    /// neither deployed nor changed meanwhile, never deployed without the variable.
+    async fn with_env(&mut self, w: &Wanted) -> Result<Wanted, String> {
+        let mut w = w.clone();
+        if w.env_from.is_empty() {
+            return Ok(w);
+        }
+        let id = (w.name.clone(), w.version);
+        let values = match self.resolved.get(&id) {
+            Some((generation, values)) if *generation == w.generation => values.clone(),
+            _ => {
+                let mut values = BTreeMap::new();
+                for (var, src) in &w.env_from {
+                    values.insert(var.clone(), self.env_value(&w.namespace, var, src).await?);
+                }
+                self.resolved.insert(id, (w.generation, values.clone()));
+                values
+            }
+        };
+        w.env.extend(values);
+        Ok(w)
+    }
+
+    /// The value `src` gives variable `var` of a function in namespace `ns`.
+    async fn env_value(&self, ns: &str, var: &str, src: &EnvSource) -> Result<String, String> {
+        use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+        match src {
+            EnvSource::Secret { name, key } => {
+                let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+                let s = api.get_opt(name).await.map_err(|e| format!("env {var}: reading Secret {ns}/{name}: {e}"))?;
+                let s = s.ok_or_else(|| format!("env {var}: Secret {ns}/{name} does not exist"))?;
+                let bytes = s.data.and_then(|mut d| d.remove(key)).ok_or_else(|| format!("env {var}: Secret {ns}/{name} has no key {key}"))?;
+                String::from_utf8(bytes.0).map_err(|_| format!("env {var}: key {key} of Secret {ns}/{name} is not UTF-8 text"))
+            }
+            EnvSource::ConfigMap { name, key } => {
+                let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
+                let c = api.get_opt(name).await.map_err(|e| format!("env {var}: reading ConfigMap {ns}/{name}: {e}"))?;
+                let c = c.ok_or_else(|| format!("env {var}: ConfigMap {ns}/{name} does not exist"))?;
+                c.data.and_then(|mut d| d.remove(key)).ok_or_else(|| format!("env {var}: ConfigMap {ns}/{name} has no key {key}"))
             }
         }
     }
@@ -364,11 +434,20 @@ impl Follower {
             if !self.ours(name) || !matches!(functions.get(name), Some(Ok(_))) {
                 continue;
             }
+            let v = match self.with_env(v).await {
+                Ok(v) => v,
+                Err(why) => {
+                    if let Some(why) = self.first_complaint(format!("{name}:{n}"), Err(why)) {
+                        warn!(function = %name, version = n, "version {n} of {name} cannot be published here: {why}");
+                    }
+                    continue;
+                }
+            };
             let mut spec = v.spec(&account);
             spec.description = v.version_description.clone();
             let vs = VersionSpec { version: *n, spec, code_sha256: v.code_sha256() };
             let outcome = match self.node.ensure_version(name, &vs, None).await {
-                Ok(VersionState::NeedsCode) => match self.bundle(v).await {
+                Ok(VersionState::NeedsCode) => match self.bundle(&v).await {
                     Ok(zip) => self.node.ensure_version(name, &vs, Some(zip)).await.map(drop).map_err(err),
                     Err(e) => Err(e),
                 },
@@ -702,7 +781,9 @@ mod tests {
         assert_eq!(w.code_sha256(), base64::engine::general_purpose::STANDARD.encode([0xab; 32]));
         let from_secret = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": sha},
             "env": [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}));
-        assert!(Wanted::from_object(&from_secret).unwrap_err().contains("valueFrom"));
+        let w = Wanted::from_object(&from_secret).unwrap();
+        assert_eq!(w.env_from.get("S"), Some(&EnvSource::Secret { name: "s".into(), key: "k".into() }), "read, resolved by the agent");
+        assert!(!w.env.contains_key("S"));
         let bad_sha = object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "AB"}}));
         assert!(Wanted::from_object(&bad_sha).is_err());
     }

@@ -29,6 +29,25 @@ pub fn thawfunction_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("thaw.dev", "v1alpha1", "ThawFunction"), "thawfunctions")
 }
 
+/// Where an environment variable's value comes from (`valueFrom`): a key of a Secret
+/// or a ConfigMap in the function's namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvSource {
+    Secret { name: String, key: String },
+    ConfigMap { name: String, key: String },
+}
+
+impl EnvSource {
+    fn from_value_from(v: &Value) -> Option<EnvSource> {
+        let pair = |r: &Value| Some((r["name"].as_str()?.to_string(), r["key"].as_str()?.to_string()));
+        match (pair(&v["secretKeyRef"]), pair(&v["configMapKeyRef"])) {
+            (Some((name, key)), None) => Some(EnvSource::Secret { name, key }),
+            (None, Some((name, key))) => Some(EnvSource::ConfigMap { name, key }),
+            _ => None,
+        }
+    }
+}
+
 /// A function as its ThawFunction describes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Wanted {
@@ -38,6 +57,9 @@ pub struct Wanted {
     pub memory_mb: u64,
     pub timeout_s: u64,
     pub env: BTreeMap<String, String>,
+    /// Variables whose values come from a Secret or ConfigMap key in the object's
+    /// namespace (`valueFrom`), resolved by each agent ([`crate::follow`]).
+    pub env_from: BTreeMap<String, EnvSource>,
     /// The bundle in the store, and its SHA-256 (hex).
     pub key: String,
     pub sha256: String,
@@ -95,13 +117,18 @@ impl Wanted {
         }
         let text = |k: &str| spec[k].as_str().map(str::to_string).ok_or(format!("spec.{k} is missing"));
         let mut env = BTreeMap::new();
+        let mut env_from = BTreeMap::new();
         for e in spec["env"].as_array().map(Vec::as_slice).unwrap_or_default() {
             let var = e["name"].as_str().ok_or("an env entry without a name")?;
             match &e["value"] {
                 Value::String(v) => {
                     env.insert(var.to_string(), v.clone());
                 }
-                _ if !e["valueFrom"].is_null() => return Err(format!("env {var}: valueFrom (Secrets, ConfigMaps) is not supported by the agents yet")),
+                _ if !e["valueFrom"].is_null() => {
+                    let src = EnvSource::from_value_from(&e["valueFrom"])
+                        .ok_or(format!("env {var}: valueFrom names neither a secretKeyRef nor a configMapKeyRef (name and key)"))?;
+                    env_from.insert(var.to_string(), src);
+                }
                 _ => {
                     env.insert(var.to_string(), String::new());
                 }
@@ -135,6 +162,7 @@ impl Wanted {
             memory_mb: spec["memory"].as_u64().unwrap_or(128),
             timeout_s: spec["timeout"].as_u64().unwrap_or(3),
             env,
+            env_from,
             key: spec["code"]["key"].as_str().ok_or("spec.code.key is missing")?.to_string(),
             description: format!("{MARKER}{ns}/{name}"),
             version,

@@ -224,6 +224,11 @@ async fn manifests_apply_and_agents_only_write_their_own_node() {
     assert!(thawfunctions(&agent_a).get("hello").await.is_ok());
     let (code, _) = refused("agent lists secrets", Api::<Secret>::namespaced(agent_a.clone(), NS).list(&ListParams::default()).await);
     assert_eq!(code, 403);
+    // It gets the one a function's valueFrom names (thaw-agent-function-env); the gateway does not.
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "hello"}, "stringData": {"token": "t0"}})).unwrap();
+    Api::<Secret>::namespaced(admin.clone(), NS).create(&PostParams::default(), &secret).await.unwrap();
+    let got = Api::<Secret>::namespaced(agent_a.clone(), NS).get("hello").await.expect("an agent reads a Secret a function names");
+    assert_eq!(got.data.unwrap()["token"].0, b"t0");
 
     // The gateway reads advertisements, and reads and writes functions (CreateFunction),
     // never their status (the agents') nor an advertisement.
@@ -233,6 +238,8 @@ async fn manifests_apply_and_agents_only_write_their_own_node() {
     let (code, _) = refused("gateway patches a ThawNode", thawnodes(&gw).patch_status("node-a", &mp, &status(0)).await);
     assert_eq!(code, 403);
     let (code, _) = refused("gateway deletes a ThawNode", thawnodes(&gw).delete("node-b", &DeleteParams::default()).await);
+    assert_eq!(code, 403);
+    let (code, _) = refused("gateway reads a Secret", Api::<Secret>::namespaced(gw.clone(), NS).get("hello").await);
     assert_eq!(code, 403);
     let (code, _) = refused("gateway writes a ThawFunction's status", thawfunctions(&gw).patch_status("hello", &mp, &Patch::Merge(json!({"status": {"observedGeneration": 1}}))).await);
     assert_eq!(code, 403);

@@ -600,6 +600,44 @@ fn a_thawfunction_applied_is_deployed_on_every_agent_and_answers_through_the_gat
     }
     assert_eq!((builds("captured"), builds("adopted")), (3, 6), "the update built once too, by the same builder");
 
+    // Environment from a Secret and a ConfigMap (valueFrom), read by each agent once per
+    // generation of the object, as a pod reads them when it starts. One that names a
+    // missing key is deployed nowhere until the key exists.
+    let envy = zip_of(tmp.path(), "envy.zip", &[("app.py", "import os\n\ndef handler(event, context):\n    return [os.environ.get(k) for k in ('PLAIN', 'TOKEN', 'MODE')]\n")]);
+    let (ekey, esha) = bundle_push(&m, &envy, "s3://registry");
+    kubectl(&cp, &["create", "secret", "generic", "fn-env", "--from-literal=token=s3cr3t"], None);
+    kubectl(&cp, &["create", "configmap", "fn-conf", "--from-literal=mode=fast"], None);
+    let with_env = |name: &str, plain: &str, secret_key: &str| {
+        format!("{{\"apiVersion\":\"thaw.dev/v1alpha1\",\"kind\":\"ThawFunction\",\"metadata\":{{\"name\":\"{name}\",\"namespace\":\"default\"}},\
+                 \"spec\":{{\"runtime\":\"python3.12\",\"handler\":\"app.handler\",\"code\":{{\"key\":\"{ekey}\",\"sha256\":\"{esha}\"}},\
+                 \"env\":[{{\"name\":\"PLAIN\",\"value\":\"{plain}\"}},\
+                          {{\"name\":\"TOKEN\",\"valueFrom\":{{\"secretKeyRef\":{{\"name\":\"fn-env\",\"key\":\"{secret_key}\"}}}}}},\
+                          {{\"name\":\"MODE\",\"valueFrom\":{{\"configMapKeyRef\":{{\"name\":\"fn-conf\",\"key\":\"mode\"}}}}}}]}}}}")
+    };
+    kubectl(&cp, &["apply", "-f", "-"], Some(&with_env("envy", "p1", "token")));
+    kubectl(&cp, &["apply", "-f", "-"], Some(&with_env("envless", "p1", "later")));
+    for port in ports {
+        invoke_until(port, "envy", "env from a Secret and a ConfigMap", |st, b| st == 200 && b.contains(r#"["p1", "s3cr3t", "fast"]"#));
+    }
+    invoke_until(gport2, "envy", "through the gateway", |st, b| st == 200 && b.contains(r#"["p1", "s3cr3t", "fast"]"#));
+    for port in ports {
+        let (status, _, body) = invoke(port, "envless", SECRET);
+        assert_eq!(status, 404, "a function whose Secret lacks the key is not deployed: {body}");
+    }
+    kubectl(&cp, &["patch", "secret", "fn-env", "-p", r#"{"stringData": {"later": "now-here", "token": "rotated"}}"#], None);
+    for port in ports {
+        invoke_until(port, "envless", "deployed once the key exists", |st, b| st == 200 && b.contains(r#"["p1", "now-here", "fast"]"#));
+    }
+    // The Secret changed under envy: its running generation keeps what it read; the
+    // next generation reads it again.
+    let (_, _, body) = invoke(ports[0], "envy", SECRET);
+    assert!(body.contains(r#"["p1", "s3cr3t", "fast"]"#), "read once per generation: {body}");
+    kubectl(&cp, &["apply", "-f", "-"], Some(&with_env("envy", "p2", "token")));
+    for port in ports {
+        invoke_until(port, "envy", "the next generation reads the Secret again", |st, b| st == 200 && b.contains(r#"["p2", "rotated", "fast"]"#));
+    }
+    assert_eq!((builds("captured"), builds("adopted")), (6, 12), "still one build per generation in the cluster (envy twice, envless once)");
+
     // Deleted: gone from every agent.
     kubectl(&cp, &["delete", "thawfunction", "hello"], None);
     for port in ports {
