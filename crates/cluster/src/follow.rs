@@ -428,6 +428,7 @@ impl Follower {
     /// longer has deleted.
     async fn reconcile_versions(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>, versions: &Versions) {
         let account = self.node.cfg.account.clone();
+        let builders = self.agents().map(|a| Builders::new(&a));
         let err = |e: thaw_node::node::DeployError| thaw_node::node::error_chain(&e);
         for ((name, n), v) in versions {
             // Versions of a function this agent deployed from the registry.
@@ -445,13 +446,19 @@ impl Follower {
             };
             let mut spec = v.spec(&account);
             spec.description = v.version_description.clone();
-            let vs = VersionSpec { version: *n, spec, code_sha256: v.code_sha256() };
+            // A snapshot of the version another agent published (its object's status):
+            // a revision built for it here serves from that instead of capturing.
+            let vs = VersionSpec { version: *n, spec, code_sha256: v.code_sha256(), snapshot: v.snapshot.clone() };
             let outcome = match self.node.ensure_version(name, &vs, None).await {
                 Ok(VersionState::NeedsCode) => match self.bundle(&v).await {
                     Ok(zip) => self.node.ensure_version(name, &vs, Some(zip)).await.map(drop).map_err(err),
                     Err(e) => Err(e),
                 },
                 other => other.map(drop).map_err(err),
+            };
+            let outcome = match outcome {
+                Ok(()) => self.publish_version_snapshot(&v, *n, builders.as_ref()).await,
+                Err(e) => Err(e),
             };
             if let Some(why) = self.first_complaint(format!("{name}:{n}"), outcome) {
                 warn!(function = %name, version = n, "version {n} of {name} cannot be published here: {why}");
@@ -734,6 +741,29 @@ impl Follower {
         Ok(())
     }
 
+    /// Record in version `n`'s object (`v`) the stored snapshot this agent serves it
+    /// from, when this agent is its function's builder (the one that captured it, as a
+    /// rule: the version was published from the revision it built) and the object
+    /// records another or none (the builder publishes a snapshot again once its first
+    /// invocation recorded a working set, and deletes the old one: recorded again then).
+    /// An agent that has to build a revision for the version later (one that joins after
+    /// $LATEST moved on) serves from it instead of capturing: one capture per version
+    /// per cluster. (One that finds it gone from the store captures its own.)
+    async fn publish_version_snapshot(&self, v: &Wanted, n: u64, agents: Option<&Builders>) -> Result<(), String> {
+        if agents.and_then(|a| a.of(&v.name)) != Some(self.node_name.as_str()) {
+            return Ok(());
+        }
+        let Some(id) = self.node.version_snapshot(&v.name, n) else { return Ok(()) };
+        if v.published.as_ref().is_some_and(|(have, _)| *have == id) {
+            return Ok(());
+        }
+        let snapshot = json!({"id": id, "generation": v.generation, "builtBy": self.node_name, "publishedAt": crate::now_rfc3339()});
+        let condition = json!({"type": "Ready", "status": "True", "reason": "SnapshotPublished", "message": format!("version {n}'s snapshot recorded by {}", self.node_name)});
+        self.patch_status(v, Some(snapshot), condition).await.map_err(|e| format!("recording its snapshot in its status: {e}"))?;
+        info!(function = %v.name, version = n, snapshot = %id, "version snapshot recorded in its ThawFunction's status");
+        Ok(())
+    }
+
     /// Write `w`'s status for its generation: its Ready `condition` (stamped with the
     /// time and the generation) and, if given, the published `snapshot`.
     async fn patch_status(&self, w: &Wanted, snapshot: Option<serde_json::Value>, mut condition: serde_json::Value) -> Result<(), kube::Error> {
@@ -744,7 +774,11 @@ impl Follower {
             status["snapshot"] = s;
         }
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &w.namespace, &thawfunction_resource());
-        api.patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await.map(drop)
+        let object = match w.version {
+            Some(n) => crate::registry::version_object_name(&w.name, n),
+            None => w.name.clone(),
+        };
+        api.patch_status(&object, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await.map(drop)
     }
 
     /// The function's bundle from the node's snapshot store, checked.

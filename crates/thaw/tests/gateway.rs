@@ -1022,8 +1022,19 @@ fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     // its bundle.
     kubectl(&cp, &["apply", "-f", "-"], Some("{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"ver-3\"}}"));
     let late = free_port();
-    agents.push(agent_in(Some((&net, LATE)), &tmp.path().join("ver-3"), late, "ver-3", &kc, &["--snapshot-store", "s3://versions"], &env));
+    agents.push(agent_in(Some((&net, LATE)), &tmp.path().join("ver-3"), late, "ver-3", &kc, &["--snapshot-store", "s3://versions", "--metrics-public"], &env));
     call_until(late, "POST", &invocation(":1"), "version 1 on an agent that joined later", |st, b| st == 200 && b.contains("\"v\": 1"));
+    // One capture per version per cluster: the function's builder recorded version 1's
+    // snapshot in its object's status, and the late agent's revision for version 1
+    // serves from it (as its $LATEST serves from the builder's): it captured nothing.
+    let recorded = kubectl(&cp, &["get", "thawfunction", "pv.v1", "-o", "jsonpath={.status.snapshot.id}"], None);
+    assert!(!recorded.is_empty(), "version 1's snapshot recorded in its object");
+    let (_, _, metrics) = get(late, "/metrics");
+    let count = |how: &str| {
+        let line = format!("thaw_snapshot_builds_total{{how=\"{how}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(line.as_str())).map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    assert_eq!((count("captured"), count("adopted")), (0, 2), "the late agent adopted $LATEST and version 1, captured none");
     call_until(late, "POST", &invocation(":2"), "version 2 on an agent that joined later", |st, b| st == 200 && b.contains("\"v\": 2"));
     call_until(late, "POST", &invocation(":live"), "the alias on an agent that joined later", |st, b| st == 200 && (b.contains("\"v\": 1") || b.contains("\"v\": 2")));
 

@@ -180,6 +180,9 @@ pub struct VersionSpec {
     pub spec: FunctionSpec,
     /// Lambda's CodeSha256 of its bundle (base64 of the zip's SHA-256).
     pub code_sha256: String,
+    /// A stored snapshot of this version another node published: a revision built for
+    /// it serves from that (fetched when first needed) instead of capturing its own.
+    pub snapshot: Option<String>,
 }
 
 /// How [`Node::ensure_version`] left a version.
@@ -198,7 +201,8 @@ impl Node {
     /// very number (the cluster numbers versions, not the node). Served from the active
     /// revision when that is the version's code and configuration (the common case:
     /// published right after a deploy); else from a revision built for it from `zip`
-    /// (its snapshot captured here) without touching $LATEST. A version the node has
+    /// (serving from `v.snapshot` when given, else its snapshot captured here) without
+    /// touching $LATEST. A version the node has
     /// already is left as it is (versions do not change).
     pub async fn ensure_version(self: &Arc<Self>, name: &str, v: &VersionSpec, zip: Option<Vec<u8>>) -> Result<VersionState, super::DeployError> {
         use super::DeployError;
@@ -244,6 +248,7 @@ impl Node {
         let (dir, code_bytes) = self.unpack(name, Arc::new(zip)).await?;
         self.add_layers(&dir, &v.spec.layers, code_bytes).await?;
         let mut rev = Self::revision_record(&v.spec, dir.clone(), &sha, size);
+        self.adopting(&mut rev, v.snapshot.clone());
         let mut st = f.lock();
         if st.deleted || st.building.is_some() {
             let deleted = st.deleted;
@@ -265,6 +270,17 @@ impl Node {
         let rec = record(rev.id);
         self.spawn_build_for(f, rev, Some(rec));
         Ok(VersionState::Building)
+    }
+}
+
+impl Node {
+    /// The stored snapshot that published version `n` of `name` serves from (the one
+    /// its revision captured and published, or adopted), if the node has the version
+    /// and the snapshot is in the store.
+    pub fn version_snapshot(&self, name: &str, n: u64) -> Option<String> {
+        let f = self.function(name)?;
+        let st = f.lock();
+        st.versions.get(&n)?.rev.snapshot.stored_id()
     }
 }
 
