@@ -54,7 +54,11 @@
 //! shares add up to the limit, [`crate::registry::concurrency_share`]), and an Invoke
 //! an agent refuses for its share is tried on the next agent ([`send`]).
 //!
-//! Not yet: layers, metrics.
+//! Metrics: `GET /metrics` ([`crate::metrics`]): requests by operation and code,
+//! their latency, forwards by agent, agent failures, reserved-concurrency retries,
+//! agents advertised and left out. Loopback peers only unless `--metrics-public`.
+//!
+//! Not yet: layers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -62,7 +66,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use clap::Args;
@@ -122,6 +126,9 @@ pub struct GatewayArgs {
     pub region: String,
     #[command(flatten)]
     pub events: EventArgs,
+    /// Serve /metrics to any peer (default: loopback peers only, as the agents do).
+    #[arg(long)]
+    pub metrics_public: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +165,8 @@ struct Gateway {
     /// The key and region the gateway signs its own Invokes with (queued events).
     signer: Credentials,
     region: String,
+    metrics: crate::metrics::GatewayMetrics,
+    metrics_public: bool,
 }
 
 /// (the watched view, the nodes left out of it, the view without them)
@@ -196,6 +205,7 @@ impl Gateway {
     }
 
     fn mark_down(&self, node: &Placed) {
+        self.metrics.agent_failures.with_label_values(&["refused"]).inc();
         tracing::warn!(node = %node.name, endpoint = %node.endpoint, "agent refused the connection; placing elsewhere for {} s or until it republishes", DOWN_FOR.as_secs());
         self.down.lock().unwrap_or_else(|e| e.into_inner()).insert(node.name.clone(), (node.boot_id.clone(), Instant::now()));
     }
@@ -266,6 +276,8 @@ async fn serve(args: GatewayArgs, store: Option<Arc<thaw_store::Store>>) -> Resu
         down: Mutex::new(HashMap::new()),
         usable: Mutex::new(None),
         registry,
+        metrics: crate::metrics::GatewayMetrics::new(),
+        metrics_public: args.metrics_public,
     });
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
@@ -274,7 +286,8 @@ async fn serve(args: GatewayArgs, store: Option<Arc<thaw_store::Store>>) -> Resu
         tokio::spawn(d.clone().sweep());
     }
     tracing::info!(listen = %args.listen, policy = %args.policy, "gateway listening");
-    axum::serve(listener, axum::Router::new().fallback(handle).with_state(gw))
+    let app = axum::Router::new().fallback(handle).with_state(gw);
+    axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
         .await
         .map_err(|source| GatewayError::Io { what: "serving".into(), source })
 }
@@ -291,9 +304,18 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn handle(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+async fn handle(State(gw): State<Arc<Gateway>>, ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>, req: Request) -> Response {
     let request_id = uuid::Uuid::new_v4().to_string();
-    match forward(&gw, req, &request_id).await {
+    let path = req.uri().path();
+    if path == "/metrics" && req.method() == axum::http::Method::GET {
+        return metrics(&gw, &peer).unwrap_or_else(|e| e.into_response(&request_id));
+    }
+    let operation = match path.strip_prefix(URL_PREFIX) {
+        Some(_) => "Url".to_string(),
+        None => crate::metrics::operation(route(req.method(), path).map(|a| format!("{a:?}"))),
+    };
+    let t0 = Instant::now();
+    let r = match forward(&gw, req, &request_id).await {
         Ok(r) => r,
         Err(e) => {
             if e.status.is_server_error() {
@@ -301,7 +323,21 @@ async fn handle(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
             }
             e.into_response(&request_id)
         }
+    };
+    gw.metrics.requests.with_label_values(&[&operation, r.status().as_str()]).inc();
+    gw.metrics.request_seconds.with_label_values(&[&operation]).observe(t0.elapsed().as_secs_f64());
+    r
+}
+
+/// `GET /metrics`: loopback peers only unless `--metrics-public`.
+fn metrics(gw: &Gateway, peer: &std::net::SocketAddr) -> Result<Response, ApiError> {
+    if !gw.metrics_public && !peer.ip().is_loopback() {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "AccessDeniedException", "/metrics is only served to loopback clients (start the gateway with --metrics-public to serve it to any peer)"));
     }
+    let (all, usable) = (gw.view.borrow().nodes().len(), gw.usable_view().nodes().len());
+    gw.metrics.agents.set(all as i64);
+    gw.metrics.agents_left_out.set(all.saturating_sub(usable) as i64);
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], gw.metrics.render()).into_response())
 }
 
 async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Response, ApiError> {
@@ -631,6 +667,7 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
         };
         let (node, endpoint) = (&ad.name, &ad.endpoint);
         let guard = InFlight(gw, node.clone());
+        gw.metrics.forwarded.with_label_values(&[node]).inc();
         let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or(path);
         let mut out = hyper::Request::builder().method(parts.method.clone()).uri(format!("{}{pq}", endpoint.trim_end_matches('/')));
         for (k, v) in parts.headers.iter() {
@@ -648,14 +685,19 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
                         continue;
                     }
                 }
+                gw.metrics.agent_failures.with_label_values(&["failed"]).inc();
                 return Err(ad.failed(&error_chain(&e), request_id));
             }
         };
         let (rparts, rbody) = resp.into_parts();
-        let bytes = rbody.collect().await.map_err(|e| ad.failed(&e, request_id))?.to_bytes();
+        let bytes = rbody.collect().await.map_err(|e| {
+            gw.metrics.agent_failures.with_label_values(&["failed"]).inc();
+            ad.failed(&e, request_id)
+        })?.to_bytes();
         if retry_throttled && refused_for_reserved_concurrency(rparts.status, &bytes) {
             throttled_by.push(ad.name.clone());
             if view.walk(function).any(|n| !throttled_by.contains(&n.name)) {
+                gw.metrics.reserved_retries.inc();
                 tracing::debug!(node = %ad.name, function, "the agent's share of the reserved concurrency is taken; trying the next agent");
                 continue;
             }

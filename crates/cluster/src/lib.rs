@@ -9,7 +9,8 @@
 //! - [`registry`]: the function registry (ThawFunctions + bundles in the store), shared by agents and gateways;
 //! - [`events`]: asynchronous invocations through the gateways, queued in the store, run at least once;
 //! - [`view`]: advertisements (ThawNode objects) watched from the apiserver, as placement inputs;
-//! - [`gateway`]: `thaw gateway` (skeleton): Lambda API + SigV4, Invoke forwarded to the placed agent;
+//! - [`gateway`]: `thaw gateway`: the Lambda API of the cluster, SigV4, calls placed and forwarded to agents;
+//! - [`metrics`]: the gateway's Prometheus metrics;
 //! - [`controlplane`]: a real etcd + kube-apiserver on 127.0.0.1 for tests.
 #![forbid(unsafe_code)]
 
@@ -20,6 +21,7 @@ pub mod events;
 pub mod follow;
 pub mod gateway;
 pub mod hash;
+pub mod metrics;
 pub mod placement;
 pub mod registry;
 pub mod ring;

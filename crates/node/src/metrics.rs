@@ -104,10 +104,15 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut buf).expect("encoding to a Vec cannot fail");
-        String::from_utf8(buf).expect("prometheus text is UTF-8")
+        text(&self.registry)
     }
+}
+
+/// `registry`'s metrics in the text exposition format (the node's and the gateway's).
+pub fn text(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new().encode(&registry.gather(), &mut buf).expect("encoding to a Vec cannot fail");
+    String::from_utf8(buf).expect("prometheus text is UTF-8")
 }
 
 impl Default for Metrics {

@@ -1140,6 +1140,20 @@ fn reserved_concurrency_is_the_clusters_limit() {
     let ran = got.iter().filter(|(st, b)| *st == 200 && b.contains("ran")).count();
     let refused = got.iter().filter(|(st, b)| *st == 429 && b.contains("TooManyRequestsException") && b.contains("ReservedFunctionConcurrentInvocationLimitExceeded")).count();
     assert_eq!((ran, refused), (2, 4), "{got:?}");
+    // The gateways' metrics say so: each refused call was tried on every agent (two
+    // retries each, three agents), and the answers are counted by operation and code.
+    let metric = |port: u16, name: &str| -> u64 {
+        let (status, _, body) = get(port, "/metrics");
+        assert_eq!(status, 200, "{body}");
+        body.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64
+    };
+    let both = |name: &str| metric(gport, name) + metric(gport2, name);
+    assert!(both("thaw_gateway_reserved_concurrency_retries_total") >= 8, "{}", both("thaw_gateway_reserved_concurrency_retries_total"));
+    assert_eq!(both("thaw_gateway_requests_total{code=\"429\",operation=\"Invoke\"}"), 4);
+    assert!(both("thaw_gateway_requests_total{code=\"200\",operation=\"Invoke\"}") >= 2);
+    assert!(both("thaw_gateway_forwarded_total") >= 6 + 8, "every try is a forward");
+    assert!(both("thaw_gateway_requests_total{code=\"200\",operation=\"PutFunctionConcurrency\"}") >= 1);
+    assert_eq!(metric(gport, "thaw_gateway_agents "), 3);
 
     // 0: every call refused, whichever agent.
     assert_eq!(concurrency("PUT", "{\"ReservedConcurrentExecutions\": 0}").0, 200);

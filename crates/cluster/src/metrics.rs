@@ -1,0 +1,73 @@
+//! The gateway's Prometheus metrics (`GET /metrics` on a gateway; loopback peers only
+//! unless `--metrics-public`, as on the agents). Labels name operations, status codes
+//! and agents, never functions (their names are the users', and unbounded).
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+pub struct GatewayMetrics {
+    registry: Registry,
+    /// Requests answered, by Lambda operation and status code.
+    pub requests: IntCounterVec,
+    /// Time from a request's arrival to its answer, by operation.
+    pub request_seconds: HistogramVec,
+    /// Requests forwarded, by agent.
+    pub forwarded: IntCounterVec,
+    /// Agents that failed a forwarded request: `refused` (never got it; placed again)
+    /// or `failed` (had it: a 502).
+    pub agent_failures: IntCounterVec,
+    /// Invokes an agent refused for its share of a reserved concurrency, tried on the next.
+    pub reserved_retries: IntCounter,
+    /// Agents advertised, and those placement leaves out (down or silent).
+    pub agents: IntGauge,
+    pub agents_left_out: IntGauge,
+}
+
+impl GatewayMetrics {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> GatewayMetrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
+        let request_seconds = HistogramVec::new(
+            HistogramOpts::new("thaw_gateway_request_seconds", "Time from a request's arrival at the gateway to its answer")
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            &["operation"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(request_seconds.clone())).expect("unique metric");
+        let reserved_retries = IntCounter::new("thaw_gateway_reserved_concurrency_retries_total", "Invokes an agent refused for its share of a reserved concurrency, tried on the next agent").expect("valid metric");
+        registry.register(Box::new(reserved_retries.clone())).expect("unique metric");
+        GatewayMetrics {
+            requests: counter("thaw_gateway_requests_total", "Requests answered by the gateway, by Lambda operation and status code", &["operation", "code"]),
+            request_seconds,
+            forwarded: counter("thaw_gateway_forwarded_total", "Requests forwarded to an agent, by agent", &["node"]),
+            agent_failures: counter("thaw_gateway_agent_failures_total", "Forwarded requests an agent refused (never got it, placed again) or failed (a 502)", &["kind"]),
+            reserved_retries,
+            agents: gauge("thaw_gateway_agents", "Agents advertised (ThawNodes)"),
+            agents_left_out: gauge("thaw_gateway_agents_left_out", "Agents placement leaves out (found down, or silent)"),
+            registry,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        thaw_node::metrics::text(&self.registry)
+    }
+}
+
+/// A request's operation for the labels: the Lambda action's name without its
+/// arguments (`Invoke`, `CreateFunction`...), `Url` for a function URL, `Unknown`.
+pub fn operation(action_debug: Option<String>) -> String {
+    match action_debug {
+        Some(d) => d.split(['(', ' ', '{']).next().unwrap_or("Unknown").to_string(),
+        None => "Unknown".into(),
+    }
+}
