@@ -49,6 +49,7 @@
 //! the store down, a build still running — is tried again then); a failure is logged
 //! once per function and cause, and the node serves on.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -360,11 +361,11 @@ impl Follower {
     /// next generation. Err: one that does not resolve (a missing Secret, ConfigMap or
     /// key, a Secret value that is not UTF-8, the apiserver away): the function is
     /// neither deployed nor changed meanwhile, never deployed without the variable.
-    async fn with_env(&mut self, w: &Wanted) -> Result<Wanted, String> {
-        let mut w = w.clone();
+    async fn with_env<'a>(&mut self, w: &'a Wanted) -> Result<Cow<'a, Wanted>, String> {
         if w.env_from.is_empty() {
-            return Ok(w);
+            return Ok(Cow::Borrowed(w));
         }
+        let mut w = w.clone();
         let id = (w.name.clone(), w.version);
         let values = match self.resolved.get(&id) {
             Some((generation, values)) if *generation == w.generation => values.clone(),
@@ -378,7 +379,7 @@ impl Follower {
             }
         };
         w.env.extend(values);
-        Ok(w)
+        Ok(Cow::Owned(w))
     }
 
     /// The value `src` gives variable `var` of a function in namespace `ns`.

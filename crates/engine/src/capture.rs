@@ -894,9 +894,6 @@ const PIPE_DATA_MAX: usize = 64 * 1024;
 /// RLIMIT_CPU .. RLIMIT_RTTIME.
 const RLIMIT_COUNT: u32 = 16;
 
-/// The process's POSIX timers from /proc/PID/timers, their targets as ids in the
-/// instance's pid namespace (the time left is read by injection). A timer that
-/// signals anything but the process or one of its threads is refused.
 /// Why a queue of pending signals cannot be captured.
 enum PendingError {
     Io(std::io::Error),
@@ -950,6 +947,9 @@ fn pending_signals(pid: i32, t: &Tracee, shared: bool, mask: u64) -> Result<Vec<
     Ok(out)
 }
 
+/// The process's POSIX timers from /proc/PID/timers, their targets as ids in the
+/// instance's pid namespace (the time left is read by injection). A timer that
+/// signals anything but the process or one of its threads is refused.
 fn posix_timers(pid: i32) -> Result<Vec<PosixTimer>, CaptureError> {
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
     let text = std::fs::read_to_string(format!("/proc/{pid}/timers")).unwrap_or_default();

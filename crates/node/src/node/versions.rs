@@ -271,9 +271,7 @@ impl Node {
         self.spawn_build_for(f, rev, Some(rec));
         Ok(VersionState::Building)
     }
-}
 
-impl Node {
     /// The stored snapshot that published version `n` of `name` serves from (the one
     /// its revision captured and published, or adopted), if the node has the version
     /// and the snapshot is in the store.
