@@ -362,7 +362,7 @@ impl SnapshotSlot {
     /// The revision is gone: delete its stored snapshot.
     pub(super) fn retire(&self) {
         if let (Some(store), Some(id), false) = (&self.store, self.stored_id(), self.adopted()) {
-            store.remove_later(id);
+            store.remove_later(id, Duration::ZERO);
         }
     }
 }
@@ -448,7 +448,7 @@ impl super::Node {
         if let Some(store) = &self.cfg.snapshot_store {
             if let Ok(Some(rec)) = self.registry.get_revision(id).map(|r| r.filter(|r| !r.snapshot_adopted)) {
                 if let Some(sid) = rec.snapshot_id {
-                    store.remove_later(sid);
+                    store.remove_later(sid, Duration::ZERO);
                 }
             }
         }

@@ -42,6 +42,11 @@ pub enum SnapStoreError {
     Cache(#[from] CacheError),
 }
 
+/// How long a snapshot published again with its working set keeps its old id in the
+/// store: longer than a cluster agent takes to see the new id recorded (the builder
+/// records it at its next reconcile, every 5 s) and to start fetching what it read.
+pub const REPUBLISHED_GRACE: Duration = Duration::from_secs(15);
+
 /// Counters shown by `thaw status` (and its JSON).
 #[derive(Debug, Default)]
 struct Counters {
@@ -273,7 +278,9 @@ impl SnapshotStore {
     }
 
     /// Publish stored snapshot `old` again from `dir` (its cached copy), now that a
-    /// restore recorded its working set there.
+    /// restore recorded its working set there. `old` is deleted [`REPUBLISHED_GRACE`]
+    /// later: other nodes may have just read its id (a cluster records it in a
+    /// function's or a version's object) and be about to fetch it.
     ///
     /// Published again, the snapshot's head carries the working set, so a cold
     /// restore elsewhere starts after the manifest and the head. It is a new stored
@@ -284,7 +291,7 @@ impl SnapshotStore {
         let id = self.push(dir)?;
         if id != old {
             self.link_cached(&id, dir);
-            self.remove_later(old.to_string());
+            self.remove_later(old.to_string(), REPUBLISHED_GRACE);
             self.n.working_sets.fetch_add(1, Ordering::Relaxed);
             info!(snapshot = %self.store.snapshot_url(&id), replaces = old, "snapshot published again with its recorded working set");
         }
@@ -335,11 +342,14 @@ impl SnapshotStore {
         self.cache.purge(id);
     }
 
-    /// Delete stored snapshot `id` in the background (its manifest; the chunks are
-    /// collected by `thaw snapshot gc`), and its cached copy once unpinned.
-    pub fn remove_later(self: &Arc<Self>, id: String) {
+    /// Delete stored snapshot `id` in the background, `after` from now (its manifest;
+    /// the chunks are collected by `thaw snapshot gc`), and its cached copy once
+    /// unpinned. A node that stops before `after` has passed leaves it in the store
+    /// (`thaw snapshot rm` removes it).
+    pub fn remove_later(self: &Arc<Self>, id: String, after: Duration) {
         let me = self.clone();
         let spawned = std::thread::Builder::new().name("thaw-store-rm".into()).spawn(move || {
+            std::thread::sleep(after);
             me.cache.purge(&id);
             match me.store.remove(&id) {
                 Ok(()) | Err(StoreError::NotFound { .. }) => {
