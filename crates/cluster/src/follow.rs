@@ -41,6 +41,10 @@
 //! registry function the registry is the only source of these: what the node has
 //! beyond it (made through the agent's own API) is removed.
 //!
+//! Layers: a ThawFunction's `spec.layers` name each layer version's ARN and its zip in
+//! the store ([`crate::layers`]); the agent installs each it lacks under the cluster's
+//! number before it deploys the function or a version ([`Follower::install_layers`]).
+//!
 //! Environment variables from a Secret or ConfigMap key (`valueFrom`) are read once
 //! per generation of the object ([`Follower::with_env`]), as a pod reads them when it
 //! starts; one that does not resolve keeps the function undeployed or unchanged.
@@ -178,6 +182,7 @@ struct Have<'a> {
     memory_mb: u64,
     timeout_s: u64,
     env: &'a BTreeMap<String, String>,
+    layers: &'a [String],
 }
 
 impl<'a> From<&'a thaw_node::registry::FunctionRecord> for Have<'a> {
@@ -190,6 +195,7 @@ impl<'a> From<&'a thaw_node::registry::FunctionRecord> for Have<'a> {
             memory_mb: r.memory_mb,
             timeout_s: r.timeout_s,
             env: &r.env,
+            layers: &r.layers,
         }
     }
 }
@@ -203,7 +209,9 @@ fn step(w: &Wanted, have: Option<Have>) -> Step {
     if r.code_sha256 != w.code_sha256() {
         return Step::UpdateCode;
     }
-    if r.runtime != w.runtime || r.handler != w.handler || r.memory_mb != w.memory_mb || r.timeout_s != w.timeout_s || *r.env != w.env || r.description != w.description {
+    if r.runtime != w.runtime || r.handler != w.handler || r.memory_mb != w.memory_mb || r.timeout_s != w.timeout_s || *r.env != w.env || r.description != w.description
+        || w.layers.iter().map(|l| l.arn.as_str()).ne(r.layers.iter().map(String::as_str))
+    {
         return Step::Configure;
     }
     Step::Nothing
@@ -450,12 +458,16 @@ impl Follower {
             // A snapshot of the version another agent published (its object's status):
             // a revision built for it here serves from that instead of capturing.
             let vs = VersionSpec { version: *n, spec, code_sha256: v.code_sha256(), snapshot: v.snapshot.clone() };
-            let outcome = match self.node.ensure_version(name, &vs, None).await {
+            let outcome = match self.install_layers(&v).await {
+                Ok(()) => self.node.ensure_version(name, &vs, None).await.map_err(err),
+                Err(e) => Err(e),
+            };
+            let outcome = match outcome {
                 Ok(VersionState::NeedsCode) => match self.bundle(&v).await {
                     Ok(zip) => self.node.ensure_version(name, &vs, Some(zip)).await.map(drop).map_err(err),
                     Err(e) => Err(e),
                 },
-                other => other.map(drop).map_err(err),
+                other => other.map(drop),
             };
             let outcome = match outcome {
                 Ok(()) => self.publish_version_snapshot(&v, *n, builders.as_ref()).await,
@@ -617,7 +629,11 @@ impl Follower {
     async fn apply(&mut self, w: &Wanted, agents: Option<&Builders>) -> Result<(), String> {
         let account = self.node.cfg.account.clone();
         let err = |e: thaw_node::node::DeployError| thaw_node::node::error_chain(&e);
-        match step(w, self.node.record(&w.name).as_ref().map(Have::from)) {
+        let next = step(w, self.node.record(&w.name).as_ref().map(Have::from));
+        if matches!(next, Step::Create | Step::UpdateCode | Step::Configure) {
+            self.install_layers(w).await?;
+        }
+        match next {
             Step::Nothing => Ok(()),
             Step::Foreign => Err("is not deployed here: a function of that name exists that the registry did not deploy".into()),
             Step::Create => {
@@ -643,6 +659,7 @@ impl Follower {
                     timeout_s: Some(w.timeout_s),
                     env: Some(w.env.clone()),
                     description: Some(w.description.clone()),
+                    layers: Some(w.layer_arns()),
                     ..ConfigChange::default()
                 };
                 // A change the snapshot does not hold (timeout, description) needs no build.
@@ -784,12 +801,36 @@ impl Follower {
 
     /// The function's bundle from the node's snapshot store, checked.
     async fn bundle(&self, w: &Wanted) -> Result<Vec<u8>, String> {
-        let store = self.node.cfg.snapshot_store.clone().ok_or("cannot be deployed: this agent has no --snapshot-store to fetch its bundle from")?;
-        let (key, sha) = (w.key.clone(), w.sha256.clone());
+        self.fetch(&w.key, &w.sha256, "its bundle").await
+    }
+
+    /// The zip at `key` in the node's snapshot store, checked against `sha256` (hex).
+    async fn fetch(&self, key: &str, sha256: &str, what: &str) -> Result<Vec<u8>, String> {
+        let store = self.node.cfg.snapshot_store.clone().ok_or(format!("cannot be deployed: this agent has no --snapshot-store to fetch {what} from"))?;
+        let (key, sha) = (key.to_string(), sha256.to_string());
         tokio::task::spawn_blocking(move || store.bundle(&key, &sha))
             .await
-            .map_err(|e| format!("fetching its bundle: {e}"))?
-            .map_err(|e| format!("fetching its bundle: {}", thaw_node::node::error_chain(&e)))
+            .map_err(|e| format!("fetching {what}: {e}"))?
+            .map_err(|e| format!("fetching {what}: {}", thaw_node::node::error_chain(&e)))
+    }
+
+    /// Install the layers `w` names on the node, under their cluster version numbers
+    /// (so their ARNs name the same files on every agent), from their zips in the store:
+    /// those the node does not have with the same code.
+    async fn install_layers(&self, w: &Wanted) -> Result<(), String> {
+        for l in &w.layers {
+            let (name, version) = self.node.parse_layer_version_arn(&l.arn).map_err(|e| format!("layer {}: {e}", l.arn))?;
+            if self.node.has_layer_version(&name, version, &crate::registry::sha256_b64(&l.code.sha256)) {
+                continue;
+            }
+            let zip = self.fetch(&l.code.key, &l.code.sha256, &format!("layer {}", l.arn)).await?;
+            self.node
+                .install_layer_version(&name, version, zip, thaw_node::node::PublishLayer::default())
+                .await
+                .map_err(|e| format!("installing layer {}: {}", l.arn, thaw_node::node::error_chain(&e)))?;
+            info!(function = %w.name, layer = %l.arn, "layer installed from the store");
+        }
+        Ok(())
     }
 }
 
@@ -916,9 +957,24 @@ mod tests {
         assert_eq!(step(&w, None), Step::Create);
         let (code, env) = (w.code_sha256(), BTreeMap::new());
         let have = |description: &'static str, code: &str, memory_mb: u64| {
-            step(&w, Some(Have { description, code_sha256: code, runtime: "python3.12", handler: "h.handler", memory_mb, timeout_s: 3, env: &env }))
+            step(&w, Some(Have { description, code_sha256: code, runtime: "python3.12", handler: "h.handler", memory_mb, timeout_s: 3, env: &env, layers: &[] }))
         };
         assert_eq!(have("ThawFunction team-a/hello", &code, 128), Step::Nothing);
+        // Layers: the node's function names other layer versions than the object's.
+        let arn = "arn:aws:lambda:us-east-1:000000000000:layer:deps:2".to_string();
+        let layered = Wanted::from_object(&object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "00".repeat(32)},
+            "layers": [{"arn": arn, "code": {"key": "bundles/l.zip", "sha256": "11".repeat(32), "size": 9}}]})))
+        .unwrap();
+        assert_eq!(layered.spec("000000000000").layers, std::slice::from_ref(&arn));
+        let with = |layers: &[String]| {
+            step(&layered, Some(Have { description: "ThawFunction team-a/hello", code_sha256: &code, runtime: "python3.12", handler: "h.handler", memory_mb: 128, timeout_s: 3, env: &env, layers }))
+        };
+        assert_eq!(with(&[]), Step::Configure);
+        assert_eq!(with(&[arn.replace(":2", ":1")]), Step::Configure);
+        assert_eq!(with(std::slice::from_ref(&arn)), Step::Nothing);
+        let bad = Wanted::from_object(&object(json!({"runtime": "python3.12", "handler": "h.handler", "code": {"key": "k", "sha256": "00".repeat(32)},
+            "layers": [{"arn": "not-an-arn", "code": {"key": "k", "sha256": "11".repeat(32)}}]})));
+        assert!(bad.unwrap_err().contains("not a layer version ARN"));
         assert_eq!(have("ThawFunction team-a/hello", &code, 512), Step::Configure);
         assert_eq!(have("ThawFunction team-a/hello", "other", 128), Step::UpdateCode);
         assert_eq!(have("made through the Lambda API", &code, 128), Step::Foreign);

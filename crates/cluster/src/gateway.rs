@@ -58,7 +58,10 @@
 //! their latency, forwards by agent, agent failures, reserved-concurrency retries,
 //! agents advertised and left out. Loopback peers only unless `--metrics-public`.
 //!
-//! Not yet: layers.
+//! Layers (PublishLayerVersion, Get/List/DeleteLayerVersion, GetLayerVersionByArn,
+//! ListLayers) live in ThawLayer objects, their zips in the store ([`crate::layers`]);
+//! a function's `Layers` go into its ThawFunction with where their zips are, and each
+//! agent installs them under the cluster's version numbers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -457,6 +460,14 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::ListFunctions => Ok(json(StatusCode::OK, &registry()?.list().await?)),
+        Action::PublishLayerVersion(l) => Ok(json(StatusCode::CREATED, &registry()?.layers.publish(&l, &body).await?)),
+        Action::GetLayerVersion(l, v) => Ok(json(StatusCode::OK, &registry()?.layers.get(&l, &v).await?)),
+        Action::ListLayerVersions(l) => Ok(json(StatusCode::OK, &registry()?.layers.list_versions(&l, parts.uri.query()).await?)),
+        Action::ListLayers => Ok(json(StatusCode::OK, &registry()?.layers.list(parts.uri.query()).await?)),
+        Action::DeleteLayerVersion(l, v) => {
+            registry()?.layers.delete(&l, &v).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
         Action::GetFunction(name) => get_function(gw, registry()?, &parts, body, &name, true, request_id).await,
         Action::GetFunctionConfiguration(name) => get_function(gw, registry()?, &parts, body, &name, false, request_id).await,
         other => Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", format!("the gateway does not serve {other:?} yet"))),

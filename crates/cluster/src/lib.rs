@@ -7,6 +7,7 @@
 //! - [`agent`]: `thaw serve --cluster`: the node's advertisement (its ThawNode), published;
 //! - [`follow`]: `thaw serve --cluster`: the functions of the registry (ThawFunctions), deployed;
 //! - [`registry`]: the function registry (ThawFunctions + bundles in the store), shared by agents and gateways;
+//! - [`layers`]: the cluster's Lambda layers (ThawLayers + zips in the store), which registry functions name;
 //! - [`events`]: asynchronous invocations through the gateways, queued in the store, run at least once;
 //! - [`view`]: advertisements (ThawNode objects) watched from the apiserver, as placement inputs;
 //! - [`gateway`]: `thaw gateway`: the Lambda API of the cluster, SigV4, calls placed and forwarded to agents;
@@ -21,6 +22,7 @@ pub mod events;
 pub mod follow;
 pub mod gateway;
 pub mod hash;
+pub mod layers;
 pub mod metrics;
 pub mod placement;
 pub mod registry;
@@ -30,14 +32,14 @@ pub mod view;
 
 mod chart;
 
-/// Select rustls's ring provider for every kube client of the process. The workspace
-/// also links rustls with aws-lc-rs (object_store in thaw-store), and with two
-/// providers compiled in rustls cannot pick one by itself (it panics).
 /// UTC now as the apiserver's date-time (RFC 3339, seconds).
 pub(crate) fn now_rfc3339() -> String {
     k8s_openapi::chrono::Utc::now().to_rfc3339_opts(k8s_openapi::chrono::SecondsFormat::Secs, true)
 }
 
+/// Select rustls's ring provider for every kube client of the process. The workspace
+/// also links rustls with aws-lc-rs (object_store in thaw-store), and with two
+/// providers compiled in rustls cannot pick one by itself (it panics).
 pub(crate) fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -18,6 +18,8 @@ use thaw_node::api::{alias_json, alias_request, aliases_json, url_config_json, u
 use thaw_node::node::{changed_alias, changed_url, check_routing, FunctionSpec};
 use thaw_node::registry::{AliasRecord, UrlConfig};
 
+use crate::layers::{LayerRef, Layers};
+
 /// What the description of a function deployed from the registry starts with.
 pub const MARKER: &str = "ThawFunction ";
 
@@ -97,6 +99,9 @@ pub struct Wanted {
     /// Its reserved concurrency, cluster-wide (annotation `thaw.dev/concurrency`):
     /// each agent enforces its share ([`concurrency_share`]).
     pub reserved_concurrency: Option<u64>,
+    /// Its layers, in order (`spec.layers`): each agent installs them from the store
+    /// under their cluster version numbers ([`crate::layers`]).
+    pub layers: Vec<LayerRef>,
 }
 
 impl Wanted {
@@ -148,6 +153,13 @@ impl Wanted {
         let build_failed = ready["status"] == "False" && ready["reason"] == "BuildFailed" && this_generation;
         let cold_boot_ready = ready["status"] == "True" && ready["reason"] == COLD_BOOT && this_generation;
         let runtime = text("runtime")?;
+        let layers: Vec<LayerRef> = match &spec["layers"] {
+            Value::Null => Vec::new(),
+            l => serde_json::from_value(l.clone()).map_err(|e| format!("spec.layers: {e}"))?,
+        };
+        if let Some(bad) = layers.iter().find(|l| l.name_and_version().is_none()) {
+            return Err(format!("spec.layers: '{}' is not a layer version ARN", bad.arn));
+        }
         let unsnapshotted = thaw_node::runtimes::engine_runtime(&runtime).is_some_and(|r| !r.snapshots());
         Ok(Wanted {
             namespace: ns.clone(),
@@ -171,6 +183,7 @@ impl Wanted {
             tags: tags_of(obj)?,
             urls: urls_of(obj)?,
             reserved_concurrency: reserved_of(obj)?,
+            layers,
             sha256,
             name,
         })
@@ -178,8 +191,12 @@ impl Wanted {
 
     /// The node's CodeSha256 of this bundle (base64, as Lambda gives it).
     pub fn code_sha256(&self) -> String {
-        let bytes: Vec<u8> = (0..self.sha256.len()).step_by(2).filter_map(|i| u8::from_str_radix(&self.sha256[i..i + 2], 16).ok()).collect();
-        base64::engine::general_purpose::STANDARD.encode(bytes)
+        sha256_b64(&self.sha256)
+    }
+
+    /// Its layers' version ARNs, in order (as the node's function names them).
+    pub fn layer_arns(&self) -> Vec<String> {
+        self.layers.iter().map(|l| l.arn.clone()).collect()
     }
 
     pub fn spec(&self, account: &str) -> FunctionSpec {
@@ -192,9 +209,15 @@ impl Wanted {
             timeout_s: self.timeout_s,
             memory_mb: self.memory_mb,
             env: self.env.clone(),
-            layers: Vec::new(),
+            layers: self.layer_arns(),
         }
     }
+}
+
+/// A SHA-256 in hex as Lambda shows one (base64 of the bytes).
+pub(crate) fn sha256_b64(hex: &str) -> String {
+    let bytes: Vec<u8> = (0..hex.len()).step_by(2).filter_map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok())).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 
@@ -203,16 +226,21 @@ fn role_arn(account: &str) -> String {
     format!("arn:aws:iam::{account}:role/thaw-function")
 }
 
-/// The ThawFunction of `spec` in namespace `ns`, its bundle at `key` (SHA-256 `sha256`, hex).
-pub fn object_of(spec: &FunctionSpec, ns: &str, key: &str, sha256: &str) -> Value {
+/// The ThawFunction of `spec` in namespace `ns`, its bundle at `key` (SHA-256 `sha256`, hex),
+/// with `layers` (its `spec.layers` resolved).
+pub fn object_of(spec: &FunctionSpec, ns: &str, key: &str, sha256: &str, layers: &[LayerRef]) -> Value {
     let env: Vec<Value> = spec.env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
-    json!({
+    let mut obj = json!({
         "apiVersion": "thaw.dev/v1alpha1",
         "kind": "ThawFunction",
         "metadata": {"name": spec.name, "namespace": ns},
         "spec": {"runtime": spec.runtime, "handler": spec.handler, "memory": spec.memory_mb, "timeout": spec.timeout_s,
                  "env": env, "code": {"key": key, "sha256": sha256}}
-    })
+    });
+    if !layers.is_empty() {
+        obj["spec"]["layers"] = json!(layers);
+    }
+    obj
 }
 
 /// The label a version's object names its function by (and the one of its number).
@@ -314,12 +342,21 @@ pub fn version_object_name(function: &str, n: u64) -> String {
 /// The spec fields that make a version (code and configuration): equal ones are the
 /// same version.
 fn version_fields(spec: &Value) -> Value {
-    json!([spec["runtime"], spec["handler"], spec["memory"], spec["timeout"], spec["env"], spec["code"]])
+    json!([spec["runtime"], spec["handler"], spec["memory"], spec["timeout"], spec["env"], spec["code"], spec["layers"]])
 }
 
 /// The error of a registry object that does not read (a hand-edited annotation, say).
-fn unreadable(why: String) -> ApiError {
+pub(crate) fn unreadable(why: String) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", why)
+}
+
+/// Put `zip` in `store` (blocking, off the async threads): (key, sha256 hex).
+pub(crate) async fn put_bundle(store: &Arc<thaw_store::Store>, zip: Vec<u8>) -> Result<(String, String), ApiError> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || store.put_bundle(&zip))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e.to_string()))?
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", format!("storing the code bundle: {}", thaw_node::node::error_chain(&e))))
 }
 
 /// Where the gateway's registry lives: the ThawFunctions of one namespace, bundles in one store.
@@ -329,10 +366,12 @@ pub struct Registry {
     store: Arc<thaw_store::Store>,
     region: String,
     account: String,
+    /// The cluster's layers (ThawLayers), which functions name.
+    pub layers: Layers,
 }
 
 /// The Lambda error of a registry operation on function `name` that failed with `e`.
-fn kube_error(e: kube::Error, name: &str, arn: &str) -> ApiError {
+pub(crate) fn kube_error(e: kube::Error, name: &str, arn: &str) -> ApiError {
     match &e {
         kube::Error::Api(a) if a.code == 404 => ApiError::new(StatusCode::NOT_FOUND, "ResourceNotFoundException", format!("Function not found: {arn}")),
         kube::Error::Api(a) if a.code == 409 => ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("Function already exist: {name}")),
@@ -343,32 +382,28 @@ fn kube_error(e: kube::Error, name: &str, arn: &str) -> ApiError {
 
 impl Registry {
     pub fn new(client: Client, ns: &str, store: Arc<thaw_store::Store>, region: &str, account: &str) -> Registry {
-        Registry { api: Api::namespaced_with(client, ns, &thawfunction_resource()), ns: ns.to_string(), store, region: region.into(), account: account.into() }
+        Registry {
+            api: Api::namespaced_with(client.clone(), ns, &thawfunction_resource()),
+            layers: Layers::new(client, ns, store.clone(), region, account),
+            ns: ns.to_string(),
+            store,
+            region: region.into(),
+            account: account.into(),
+        }
     }
 
     pub fn arn(&self, name: &str) -> String {
         format!("arn:aws:lambda:{}:{}:function:{name}", self.region, self.account)
     }
 
-    /// Put `zip` in the store (blocking, off the async threads): (key, sha256 hex).
-    async fn put_bundle(&self, zip: Vec<u8>) -> Result<(String, String), ApiError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.put_bundle(&zip))
-            .await
-            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ServiceException", e.to_string()))?
-            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", format!("storing the code bundle: {}", thaw_node::node::error_chain(&e))))
-    }
-
     /// CreateFunction: the bundle into the store, then the ThawFunction (the commit point),
     /// with its `tags`.
     pub async fn create(&self, spec: &FunctionSpec, zip: Vec<u8>, tags: &BTreeMap<String, String>) -> Result<Value, ApiError> {
         thaw_node::node::check_tags(tags).map_err(|e| ApiError::invalid(e.to_string()))?;
-        if !spec.layers.is_empty() {
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "InvalidParameterValueException", "Layers are not supported through the gateway yet."));
-        }
+        let layers = self.layers.resolve(&spec.layers).await?;
         let size = zip.len() as u64;
-        let (key, sha) = self.put_bundle(zip).await?;
-        let mut obj = object_of(spec, &self.ns, &key, &sha);
+        let (key, sha) = put_bundle(&self.store, zip).await?;
+        let mut obj = object_of(spec, &self.ns, &key, &sha, &layers);
         if !tags.is_empty() {
             obj["metadata"]["annotations"] = json!({TAGS: serde_json::to_string(tags).expect("tags serialize")});
         }
@@ -381,22 +416,19 @@ impl Registry {
     pub async fn update_code(&self, name: &str, zip: Vec<u8>) -> Result<Value, ApiError> {
         let size = zip.len() as u64;
         self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
-        let (key, sha) = self.put_bundle(zip).await?;
+        let (key, sha) = put_bundle(&self.store, zip).await?;
         let patch = json!({"spec": {"code": {"key": key, "sha256": sha}}});
         let obj = self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         self.configuration(&obj, Some(size))
     }
 
     /// UpdateFunctionConfiguration: what the body changes, into the object (runtime,
-    /// handler, memory, timeout, environment; layers are refused, role and
-    /// description are not kept by the registry).
+    /// handler, memory, timeout, environment, layers; role and description are not
+    /// kept by the registry).
     pub async fn update_configuration(&self, name: &str, body: &[u8]) -> Result<Value, ApiError> {
         let obj = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         let w = Wanted::from_object(&obj).map_err(unreadable)?;
         let change = thaw_node::api::config_change(body, &w.runtime, &w.handler)?;
-        if change.layers.as_ref().is_some_and(|l| !l.is_empty()) {
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "InvalidParameterValueException", "Layers are not supported through the gateway yet."));
-        }
         if change.revision_id.as_ref().is_some_and(|r| Some(r) != obj.metadata.resource_version.as_ref()) {
             return Err(ApiError::new(StatusCode::PRECONDITION_FAILED, "PreconditionFailedException", "The RevisionId provided does not match the latest RevisionId for the Lambda function."));
         }
@@ -415,6 +447,9 @@ impl Registry {
         }
         if let Some(env) = change.env {
             spec.insert("env".into(), json!(env.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()));
+        }
+        if let Some(arns) = change.layers {
+            spec.insert("layers".into(), json!(self.layers.resolve(&arns).await?));
         }
         let patch = json!({"spec": spec});
         let obj = self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
@@ -742,7 +777,7 @@ impl Registry {
             Some(n) => (format!("{}:{n}", self.arn(&w.name)), n.to_string(), w.version_description.clone()),
             None => (self.arn(&w.name), "$LATEST".to_string(), w.description.clone()),
         };
-        Ok(json!({
+        let mut v = json!({
             "FunctionName": w.name, "FunctionArn": arn, "Runtime": w.runtime, "Handler": w.handler,
             "Role": role_arn(&self.account), "MemorySize": w.memory_mb, "Timeout": w.timeout_s,
             "CodeSha256": w.code_sha256(), "CodeSize": code_size.unwrap_or(0), "Description": description,
@@ -750,6 +785,10 @@ impl Registry {
             "State": "Pending", "StateReason": "The function is being deployed on the agents.", "StateReasonCode": "Creating",
             "LastUpdateStatus": "InProgress", "RevisionId": obj.metadata.resource_version.clone().unwrap_or_default(),
             "LastModified": obj.metadata.creation_timestamp.as_ref().map(|t| t.0.to_rfc3339()).unwrap_or_default(),
-        }))
+        });
+        if !w.layers.is_empty() {
+            v["Layers"] = json!(w.layers.iter().map(|l| json!({"Arn": l.arn, "CodeSize": l.code.size})).collect::<Vec<_>>());
+        }
+        Ok(v)
     }
 }

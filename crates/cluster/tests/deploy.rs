@@ -70,6 +70,11 @@ fn thawfunctions(client: &Client) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), "default", &ar)
 }
 
+fn thawlayers(client: &Client) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("thaw.dev", "v1alpha1", "ThawLayer"), "thawlayers");
+    Api::namespaced_with(client.clone(), "default", &ar)
+}
+
 /// The error of a refused request: (HTTP code, message).
 fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) -> (u16, String) {
     match r {
@@ -120,6 +125,7 @@ async fn manifests_apply_and_agents_only_write_their_own_node() {
     for want in [
         "Namespace/thaw-system",
         "CustomResourceDefinition/thawfunctions.thaw.dev",
+        "CustomResourceDefinition/thawlayers.thaw.dev",
         "CustomResourceDefinition/thawnodes.thaw.dev",
         "ValidatingAdmissionPolicy/thaw-agent-own-node",
         "ValidatingAdmissionPolicyBinding/thaw-agent-own-node",
@@ -151,7 +157,10 @@ async fn manifests_apply_and_agents_only_write_their_own_node() {
         apply(&admin, &discovery, o, false).await.unwrap_or_else(|e| panic!("applying {}: {e}", name_of(o)));
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while thawnodes(&admin).list(&ListParams::default()).await.is_err() || thawfunctions(&admin).list(&ListParams::default()).await.is_err() {
+    while thawnodes(&admin).list(&ListParams::default()).await.is_err()
+        || thawfunctions(&admin).list(&ListParams::default()).await.is_err()
+        || thawlayers(&admin).list(&ListParams::default()).await.is_err()
+    {
         assert!(Instant::now() < deadline, "CRDs not served after 30 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -245,6 +254,19 @@ async fn manifests_apply_and_agents_only_write_their_own_node() {
     assert_eq!(code, 403);
     let touched = json!({"metadata": {"labels": {"thaw.dev/touched-by": "gateway"}}});
     thawfunctions(&gw).patch("hello", &mp, &Patch::Merge(&touched)).await.expect("the gateway updates a ThawFunction");
+    // Layers are the gateway's (PublishLayerVersion); the agents never touch them (a
+    // function's object carries what it uses).
+    let layer: DynamicObject = serde_json::from_value(json!({"apiVersion": "thaw.dev/v1alpha1", "kind": "ThawLayer", "metadata": {"name": "deps"},
+        "spec": {"name": "deps", "lastVersion": 1, "versions": [{"version": 1, "created": "2026-11-27T00:00:00Z", "code": {"key": "bundles/d.zip", "sha256": sha, "size": 3}}]}}))
+    .unwrap();
+    thawlayers(&gw).create(&pp, &layer).await.expect("the gateway creates a ThawLayer");
+    let (code, _) = refused("agent reads a ThawLayer", thawlayers(&agent_a).get("deps").await);
+    assert_eq!(code, 403);
+    let mut bad = layer.clone();
+    bad.metadata.name = Some("bad".into());
+    bad.data["spec"]["versions"][0]["code"]["sha256"] = json!("not-hex");
+    let (code, msg) = refused("a layer version's sha256 not hex", thawlayers(&gw).create(&PostParams { dry_run: true, ..Default::default() }, &bad).await);
+    assert!(code == 422 && msg.contains("sha256"), "{msg}");
 
     // --- The advertisement goes with its Node (ownerReference, garbage collector).
     Api::<Node>::all(admin.clone()).delete("node-a", &DeleteParams::default()).await.unwrap();

@@ -22,6 +22,7 @@ use thiserror::Error;
 use tracing::{debug, warn, Instrument};
 
 mod layers;
+pub use layers::{layer_list_item, layer_matches, layer_version_answer, layer_version_number, page, publish_layer_request};
 mod settings;
 mod unimplemented;
 mod url;

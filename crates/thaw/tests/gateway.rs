@@ -433,7 +433,7 @@ fn cluster(name: &str, bucket: &str) -> Cluster {
     let m = minio::Minio::start_on(&net.host());
     let address = Some(net.host().parse().unwrap());
     let cp = ControlPlane::start(Options { address, ..Options::default() }).unwrap_or_else(|e| panic!("{e}"));
-    for crd in ["thawnodes", "thawfunctions"] {
+    for crd in ["thawnodes", "thawfunctions", "thawlayers"] {
         let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../deploy/base/crd-{}.yaml", crd.trim_end_matches('s')));
         kubectl(&cp, &["apply", "--server-side", "-f", file.to_str().unwrap()], None);
         kubectl(&cp, &["wait", "--for=condition=Established", &format!("crd/{crd}.thaw.dev"), "--timeout=30s"], None);
@@ -1066,6 +1066,112 @@ fn versions_and_aliases_through_the_gateway_are_served_by_every_agent() {
     let objects = kubectl(&cp, &["get", "thawfunctions", "-o", "name"], None);
     assert!(!objects.contains("pv"), "{objects}");
     call_until(ports[0], "POST", &invocation(":2"), "the function deleted", |st, _| st == 404);
+    drop(agents);
+}
+
+/// Layers through the gateway (issue #29): PublishLayerVersion writes a ThawLayer
+/// (its zip in the store), numbered by the registry and never twice; Get/List/
+/// GetLayerVersionByArn/ListLayers answer through either gateway; a function naming
+/// layer versions gets them under /opt on every agent, under the same ARNs; changing
+/// them reaches every agent; bad `Layers` are refused with Lambda's errors; a deleted
+/// version is gone from the API but the function using it still deploys on an agent
+/// that joins later (from its zip in the store), serving the builder's snapshot.
+#[test]
+fn layers_through_the_gateway_are_installed_by_every_agent() {
+    let Cluster { m: _m, cp, tmp, ports, env, mut agents, net } = cluster("lay", "layers");
+    let kc = cp.kubeconfig();
+    let (g1, g2) = (free_port(), free_port());
+    let _gateways = [gateway_with(g1, &kc, &["--snapshot-store", "s3://layers"], &env), gateway_with(g2, &kc, &["--snapshot-store", "s3://layers"], &env)];
+    use base64::Engine;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let json_of = |body: &str| serde_json::from_str::<serde_json::Value>(body).unwrap_or_default();
+    let publish = |port: u16, name: &str, who: &str, runtimes: &[&str]| {
+        let zip = std::fs::read(zip_of(tmp.path(), &format!("{name}-{who}.zip"), &[("python/shared.py", &format!("WHO = '{who}'\n"))])).unwrap();
+        let body = serde_json::json!({"Content": {"ZipFile": b64(&zip)}, "Description": who, "CompatibleRuntimes": runtimes});
+        let (status, _, out) = call(port, "POST", &format!("/2018-10-31/layers/{name}/versions"), body.to_string().as_bytes(), SECRET);
+        assert_eq!(status, 201, "{out}");
+        let v = json_of(&out);
+        assert_eq!(v["Content"]["CodeSha256"].as_str(), Some(thaw_node::bundle::code_sha256(&zip).as_str()), "{v}");
+        v
+    };
+    let v1 = publish(g1, "shared", "one", &["python3.12"]);
+    let v2 = publish(g2, "shared", "two", &["python3.12"]);
+    let odd = publish(g1, "Team_Deps", "deps", &[]);
+    assert_eq!((v1["Version"].as_u64(), v2["Version"].as_u64(), odd["Version"].as_u64()), (Some(1), Some(2), Some(1)));
+    let (arn1, arn2) = (v1["LayerVersionArn"].as_str().unwrap().to_string(), v2["LayerVersionArn"].as_str().unwrap().to_string());
+    assert!(arn1.ends_with(":layer:shared:1") && v1["LayerArn"].as_str().is_some_and(|a| arn2 == format!("{a}:2")), "{v1} {v2}");
+    let names = kubectl(&cp, &["get", "thawlayers", "-o", "jsonpath={range .items[*]}{.spec.name} {end}"], None);
+    assert_eq!(names.split_whitespace().collect::<std::collections::BTreeSet<_>>(), ["Team_Deps", "shared"].into(), "a ThawLayer per layer");
+
+    // Read through the other gateway.
+    let read = |port: u16, path: &str| {
+        let (status, _, out) = call(port, "GET", path, b"", SECRET);
+        (status, json_of(&out))
+    };
+    let (status, listed) = read(g2, "/2018-10-31/layers/shared/versions");
+    let numbers: Vec<u64> = listed["LayerVersions"].as_array().unwrap().iter().filter_map(|v| v["Version"].as_u64()).collect();
+    assert_eq!((status, numbers), (200, vec![2, 1]), "newest first: {listed}");
+    let (status, one) = read(g2, "/2018-10-31/layers/shared/versions/1");
+    assert_eq!((status, one["Description"].as_str(), one["CompatibleRuntimes"][0].as_str()), (200, Some("one"), Some("python3.12")), "{one}");
+    let (status, by_arn) = read(g1, &format!("/2018-10-31/layers?find=LayerVersion&Arn={arn1}"));
+    assert_eq!((status, by_arn["Version"].as_u64()), (200, Some(1)), "{by_arn}");
+    let (_, all) = read(g2, "/2018-10-31/layers");
+    let latest: Vec<(String, u64)> = all["Layers"].as_array().unwrap().iter().map(|l| (l["LayerName"].as_str().unwrap().to_string(), l["LatestMatchingVersion"]["Version"].as_u64().unwrap())).collect();
+    assert_eq!(latest, [("Team_Deps".to_string(), 1), ("shared".to_string(), 2)], "{all}");
+    let (_, py) = read(g2, "/2018-10-31/layers?CompatibleRuntime=nodejs20.x");
+    assert_eq!(py["Layers"].as_array().map(Vec::len), Some(0), "{py}");
+
+    // A function on layer version 1: /opt on every agent.
+    let code = std::fs::read(zip_of(tmp.path(), "uses.zip", &[("app.py", "import os\n\ndef handler(event, context):\n    import shared\n    return {'who': shared.WHO, 'opt': sorted(os.listdir('/opt/python'))}\n")])).unwrap();
+    let create = |name: &str, layers: &[&str]| {
+        let body = serde_json::json!({"FunctionName": name, "Runtime": "python3.12", "Role": "arn:aws:iam::000000000000:role/t",
+            "Handler": "app.handler", "Code": {"ZipFile": b64(&code)}, "Layers": layers});
+        let (status, h, out) = call(g1, "POST", "/2015-03-31/functions", body.to_string().as_bytes(), SECRET);
+        (status, header(&h, "x-amzn-errortype").map(str::to_string), out)
+    };
+    let (status, _, out) = create("uses", &[&arn1]);
+    assert_eq!(status, 201, "{out}");
+    assert_eq!(json_of(&out)["Layers"][0]["Arn"].as_str(), Some(arn1.as_str()), "{out}");
+    for port in ports {
+        invoke_until(port, "uses", "layer 1 on each agent", |st, b| st == 200 && b.contains("\"who\": \"one\""));
+    }
+    let (status, f) = read(g2, "/2015-03-31/functions/uses");
+    assert_eq!((status, f["Configuration"]["Layers"][0]["Arn"].as_str()), (200, Some(arn1.as_str())), "an agent's configuration names the cluster's ARN: {f}");
+
+    // Refused as Lambda refuses them, and nothing is written.
+    let foreign = arn1.replace("us-east-1", "eu-west-1");
+    let nine = arn1.replace(":shared:1", ":shared:9");
+    let six: Vec<&str> = std::iter::repeat_n(arn1.as_str(), 6).collect();
+    for (layers, what) in [(vec![nine.as_str()], "a version that does not exist"), (vec![&arn1, &arn2], "one layer twice"), (six, "six layers"), (vec![&foreign], "another region's layer")] {
+        let (status, kind, out) = create("refused", &layers);
+        assert_eq!((status, kind.as_deref()), (400, Some("InvalidParameterValueException")), "{what}: {out}");
+    }
+    assert!(!kubectl(&cp, &["get", "thawfunctions", "-o", "name"], None).contains("refused"));
+
+    // Moved to version 2: on every agent.
+    let (status, _, out) = call(g2, "PUT", "/2015-03-31/functions/uses/configuration", serde_json::json!({"Layers": [arn2]}).to_string().as_bytes(), SECRET);
+    assert_eq!(status, 200, "{out}");
+    for port in ports {
+        invoke_until(port, "uses", "layer 2 on each agent", |st, b| st == 200 && b.contains("\"who\": \"two\""));
+    }
+
+    // Version 2 deleted: gone from the API (again: no error), not from the function.
+    assert_eq!(call(g1, "DELETE", "/2018-10-31/layers/shared/versions/2", b"", SECRET).0, 204);
+    assert_eq!(call(g2, "DELETE", "/2018-10-31/layers/shared/versions/2", b"", SECRET).0, 204);
+    assert_eq!(read(g2, "/2018-10-31/layers/shared/versions/2").0, 404);
+    let (status, kind, _) = create("late-user", &[&arn2]);
+    assert_eq!((status, kind.as_deref()), (400, Some("InvalidParameterValueException")), "a deleted version cannot be newly used");
+    // An agent that joins now installs it from the function's object (its zip stays in
+    // the store) and serves the snapshot the builder published (the same files under
+    // /opt on every agent: the same fingerprint).
+    kubectl(&cp, &["apply", "-f", "-"], Some("{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"lay-3\"}}"));
+    let late = free_port();
+    agents.push(agent_in(Some((&net, LATE)), &tmp.path().join("lay-3"), late, "lay-3", &kc, &["--snapshot-store", "s3://layers", "--metrics-public"], &env));
+    invoke_until(late, "uses", "the deleted layer version on an agent that joined later", |st, b| st == 200 && b.contains("\"who\": \"two\""));
+    let (_, _, metrics) = get(late, "/metrics");
+    assert!(metrics.contains("thaw_snapshot_builds_total{how=\"adopted\"} 1"), "the late agent served the builder's snapshot: {}", metrics.lines().filter(|l| l.starts_with("thaw_snapshot_builds_total")).collect::<Vec<_>>().join("; "));
+    // Never a number twice.
+    assert_eq!(publish(g1, "shared", "three", &[])["Version"].as_u64(), Some(3));
     drop(agents);
 }
 

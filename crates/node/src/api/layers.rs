@@ -51,10 +51,10 @@ struct PublishInput {
     license_info: Option<String>,
 }
 
-/// Lambda's LayerVersionsListItem.
-fn list_item(node: &Node, l: &LayerVersionRecord) -> Value {
+/// Lambda's LayerVersionsListItem of `l`, whose version ARN is `version_arn`.
+pub fn layer_list_item(version_arn: &str, l: &LayerVersionRecord) -> Value {
     let mut v = json!({
-        "LayerVersionArn": node.layer_version_arn(&l.name, l.version),
+        "LayerVersionArn": version_arn,
         "Version": l.version,
         "Description": l.description,
         "CreatedDate": l.created,
@@ -67,13 +67,21 @@ fn list_item(node: &Node, l: &LayerVersionRecord) -> Value {
     v
 }
 
-/// GetLayerVersion's (and PublishLayerVersion's) answer.
-fn version_answer(node: &Node, l: &LayerVersionRecord) -> Value {
-    let mut v = list_item(node, l);
-    v["LayerArn"] = json!(node.layer_arn(&l.name));
-    // Lambda answers a presigned S3 URL; this node keeps the files, not the zip.
+/// GetLayerVersion's (and PublishLayerVersion's) answer for `l` of the layer `layer_arn`.
+pub fn layer_version_answer(layer_arn: &str, l: &LayerVersionRecord) -> Value {
+    let mut v = layer_list_item(&format!("{layer_arn}:{}", l.version), l);
+    v["LayerArn"] = json!(layer_arn);
+    // Lambda answers a presigned S3 URL; Thaw keeps the files (or the zip in its store).
     v["Content"] = json!({"Location": "", "CodeSha256": l.code_sha256, "CodeSize": l.code_size});
     v
+}
+
+fn list_item(node: &Node, l: &LayerVersionRecord) -> Value {
+    layer_list_item(&node.layer_version_arn(&l.name, l.version), l)
+}
+
+fn version_answer(node: &Node, l: &LayerVersionRecord) -> Value {
+    layer_version_answer(&node.layer_arn(&l.name), l)
 }
 
 /// A function's `Layers` as its configuration reports them (a deleted version keeps
@@ -86,7 +94,7 @@ pub(super) fn function_layers(node: &Node, arns: &[String]) -> Value {
 
 /// The `Marker`/`MaxItems` page of `items` (the marker is the key of the last item of
 /// the previous page), and the next page's marker.
-fn page<T>(items: Vec<T>, raw_query: Option<&str>, key: impl Fn(&T) -> String) -> Result<(Vec<T>, Option<String>), ApiError> {
+pub fn page<T>(items: Vec<T>, raw_query: Option<&str>, key: impl Fn(&T) -> String) -> Result<(Vec<T>, Option<String>), ApiError> {
     let max = match query_param(raw_query, "MaxItems") {
         Some(m) => m.parse::<usize>().ok().filter(|n| (1..=50).contains(n)).ok_or_else(|| ApiError::invalid("MaxItems must be between 1 and 50"))?,
         None => 50,
@@ -102,53 +110,59 @@ fn page<T>(items: Vec<T>, raw_query: Option<&str>, key: impl Fn(&T) -> String) -
 }
 
 /// Whether a layer version matches the `CompatibleRuntime` / `CompatibleArchitecture` filters.
-fn matches(l: &LayerVersionRecord, runtime: Option<&str>, arch: Option<&str>) -> bool {
+pub fn layer_matches(l: &LayerVersionRecord, runtime: Option<&str>, arch: Option<&str>) -> bool {
     runtime.is_none_or(|r| l.compatible_runtimes.iter().any(|c| c == r))
         && arch.is_none_or(|a| l.compatible_architectures.iter().any(|c| c == a))
 }
 
-fn version_number(v: &str) -> Result<u64, ApiError> {
+pub fn layer_version_number(v: &str) -> Result<u64, ApiError> {
     v.parse::<u64>()
         .ok()
         .filter(|n| *n >= 1)
         .ok_or_else(|| ApiError::invalid(format!("1 validation error detected: Value '{v}' at 'versionNumber' failed to satisfy constraint: Member must be a positive number")))
 }
 
+/// PublishLayerVersion's body: the zip and what is published with it.
+pub fn publish_layer_request(body: &[u8]) -> Result<(Vec<u8>, PublishLayer), ApiError> {
+    let input: PublishInput = parse_json(body)?;
+    let content = input.content.ok_or_else(|| ApiError::invalid("Content is required to publish a layer version."))?;
+    let zip = decode_zip(content.zip_file, content.s3_bucket, content.image_uri)?;
+    if input.compatible_runtimes.len() > 15 {
+        return Err(ApiError::invalid("CompatibleRuntimes must have at most 15 entries."));
+    }
+    if input.compatible_architectures.iter().any(|a| a != "x86_64" && a != "arm64") {
+        return Err(ApiError::invalid("CompatibleArchitectures must be x86_64 or arm64."));
+    }
+    let p = PublishLayer {
+        description: input.description.unwrap_or_default(),
+        compatible_runtimes: input.compatible_runtimes,
+        compatible_architectures: input.compatible_architectures,
+        license_info: input.license_info,
+    };
+    Ok((zip, p))
+}
+
 pub(super) async fn dispatch(node: &Node, action: Action, raw_query: Option<&str>, body: &[u8]) -> Result<Response, ApiError> {
     match action {
         Action::PublishLayerVersion(l) => {
             let name = node.layer_name(&l)?;
-            let input: PublishInput = parse_json(body)?;
-            let content = input.content.ok_or_else(|| ApiError::invalid("Content is required to publish a layer version."))?;
-            let zip = decode_zip(content.zip_file, content.s3_bucket, content.image_uri)?;
-            if input.compatible_runtimes.len() > 15 {
-                return Err(ApiError::invalid("CompatibleRuntimes must have at most 15 entries."));
-            }
-            if input.compatible_architectures.iter().any(|a| a != "x86_64" && a != "arm64") {
-                return Err(ApiError::invalid("CompatibleArchitectures must be x86_64 or arm64."));
-            }
-            let p = PublishLayer {
-                description: input.description.unwrap_or_default(),
-                compatible_runtimes: input.compatible_runtimes,
-                compatible_architectures: input.compatible_architectures,
-                license_info: input.license_info,
-            };
+            let (zip, p) = publish_layer_request(body)?;
             let rec = node.publish_layer_version(&name, zip, p).await?;
             Ok(json_response(StatusCode::CREATED, &version_answer(node, &rec)))
         }
         Action::GetLayerVersion(l, v) => {
-            let rec = node.layer_version(&node.layer_name(&l)?, version_number(&v)?)?;
+            let rec = node.layer_version(&node.layer_name(&l)?, layer_version_number(&v)?)?;
             Ok(json_response(StatusCode::OK, &version_answer(node, &rec)))
         }
         Action::DeleteLayerVersion(l, v) => {
-            node.delete_layer_version(&node.layer_name(&l)?, version_number(&v)?)?;
+            node.delete_layer_version(&node.layer_name(&l)?, layer_version_number(&v)?)?;
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::ListLayerVersions(l) => {
             let name = node.layer_name(&l)?;
             let (runtime, arch) = (query_param(raw_query, "CompatibleRuntime"), query_param(raw_query, "CompatibleArchitecture"));
             let all: Vec<LayerVersionRecord> =
-                node.layer_versions(&name)?.into_iter().filter(|r| matches(r, runtime.as_deref(), arch.as_deref())).collect();
+                node.layer_versions(&name)?.into_iter().filter(|r| layer_matches(r, runtime.as_deref(), arch.as_deref())).collect();
             let (items, next) = page(all, raw_query, |r| r.version.to_string())?;
             let mut v = json!({"LayerVersions": items.iter().map(|r| list_item(node, r)).collect::<Vec<_>>()});
             if let Some(n) = next {
@@ -161,11 +175,11 @@ pub(super) async fn dispatch(node: &Node, action: Action, raw_query: Option<&str
             if query_param(raw_query, "find").as_deref() == Some("LayerVersion") {
                 let arn = query_param(raw_query, "Arn").ok_or_else(|| ApiError::invalid("Arn is required."))?;
                 let (prefix, v) = arn.rsplit_once(':').ok_or_else(|| ApiError::invalid(format!("Invalid layer version ARN: {arn}")))?;
-                let rec = node.layer_version(&node.layer_name(prefix)?, version_number(v)?)?;
+                let rec = node.layer_version(&node.layer_name(prefix)?, layer_version_number(v)?)?;
                 return Ok(json_response(StatusCode::OK, &version_answer(node, &rec)));
             }
             let (runtime, arch) = (query_param(raw_query, "CompatibleRuntime"), query_param(raw_query, "CompatibleArchitecture"));
-            let all = node.layers(|l| matches(l, runtime.as_deref(), arch.as_deref()))?;
+            let all = node.layers(|l| layer_matches(l, runtime.as_deref(), arch.as_deref()))?;
             let (items, next) = page(all, raw_query, |l| l.name.clone())?;
             let list: Vec<Value> = items
                 .iter()

@@ -78,7 +78,7 @@ impl Node {
     }
 
     /// A layer version ARN to (name, version); `NotFound` when it is not this node's.
-    fn parse_layer_version_arn(&self, arn: &str) -> Result<(String, u64), LayerError> {
+    pub fn parse_layer_version_arn(&self, arn: &str) -> Result<(String, u64), LayerError> {
         let bad = || {
             LayerError::Invalid(format!(
                 "1 validation error detected: Value '{arn}' at 'layers' failed to satisfy constraint: Member must satisfy regular expression pattern: arn:[a-zA-Z0-9-]+:lambda:[a-zA-Z0-9-]+:\\d{{12}}:layer:[a-zA-Z0-9-_]+:[0-9]+"
@@ -96,6 +96,52 @@ impl Node {
 
     /// Unpack `zip` and record it as the next version of `name`.
     pub async fn publish_layer_version(&self, name: &str, zip: Vec<u8>, p: PublishLayer) -> Result<LayerVersionRecord, LayerError> {
+        let mut rec = self.unpack_layer(name, zip, p).await?;
+        match self.registry.insert_layer_version(&rec) {
+            Ok(v) => rec.version = v,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&rec.dir);
+                return Err(e.into());
+            }
+        }
+        tracing::info!(layer = name, version = rec.version, bytes = rec.unzipped_size, "layer version published");
+        Ok(rec)
+    }
+
+    /// Whether this node has version `version` of layer `name` with the code whose
+    /// CodeSha256 (base64) is `code_sha256`.
+    pub fn has_layer_version(&self, name: &str, version: u64, code_sha256: &str) -> bool {
+        matches!(self.registry.get_layer_version(name, version), Ok(Some(l)) if l.code_sha256 == code_sha256)
+    }
+
+    /// Unpack `zip` and record it as version `version` of `name`, the number a
+    /// cluster's registry gave it (a `thaw serve --cluster` agent installs the layers
+    /// of the functions it deploys this way, so their layer ARNs name the same code on
+    /// every agent). A version of that number the node had with other code is replaced
+    /// (its files go; functions keep their copies), and a version published on this
+    /// node later never takes the number.
+    pub async fn install_layer_version(&self, name: &str, version: u64, zip: Vec<u8>, p: PublishLayer) -> Result<LayerVersionRecord, LayerError> {
+        let mut rec = self.unpack_layer(name, zip, p).await?;
+        rec.version = version;
+        match self.registry.install_layer_version(&rec) {
+            Ok(Some(old)) if old.dir != rec.dir => {
+                if let Err(e) = std::fs::remove_dir_all(&old.dir) {
+                    tracing::warn!(dir = %old.dir.display(), error = %e, "removing a replaced layer version's files");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&rec.dir);
+                return Err(e.into());
+            }
+        }
+        tracing::info!(layer = name, version, bytes = rec.unzipped_size, "layer version installed");
+        Ok(rec)
+    }
+
+    /// `zip` unpacked under the state directory: the record of a version of `name` to
+    /// be (number 0).
+    async fn unpack_layer(&self, name: &str, zip: Vec<u8>, p: PublishLayer) -> Result<LayerVersionRecord, LayerError> {
         check_name(name)?;
         let dir = self.cfg.state_dir.join("layers").join(format!("{name}-{}", uuid::Uuid::new_v4().simple()));
         let sha = crate::bundle::code_sha256(&zip);
@@ -108,7 +154,7 @@ impl Node {
                 return Err(e.into());
             }
         };
-        let mut rec = LayerVersionRecord {
+        Ok(LayerVersionRecord {
             name: name.to_string(),
             version: 0,
             description: p.description,
@@ -119,17 +165,8 @@ impl Node {
             code_size: size,
             unzipped_size: unzipped,
             created: timestamp(),
-            dir: dir.clone(),
-        };
-        match self.registry.insert_layer_version(&rec) {
-            Ok(v) => rec.version = v,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e.into());
-            }
-        }
-        tracing::info!(layer = name, version = rec.version, bytes = unzipped, "layer version published");
-        Ok(rec)
+            dir,
+        })
     }
 
     pub fn layer_version(&self, name: &str, version: u64) -> Result<LayerVersionRecord, LayerError> {

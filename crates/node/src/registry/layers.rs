@@ -76,6 +76,18 @@ impl Registry {
     /// Record a new version of `l.name` (its `version` field is ignored) and return
     /// the number it was given.
     pub fn insert_layer_version(&self, l: &LayerVersionRecord) -> Result<u64, RegistryError> {
+        self.put_layer_version(l, None).map(|(v, _)| v)
+    }
+
+    /// Record `l` as version `l.version` of `l.name`, a number given elsewhere (a
+    /// cluster's registry), replacing a record of that number; the counter moves past it
+    /// so a version published here later never takes it. Returns the record replaced.
+    pub fn install_layer_version(&self, l: &LayerVersionRecord) -> Result<Option<LayerVersionRecord>, RegistryError> {
+        self.put_layer_version(l, Some(l.version)).map(|(_, old)| old)
+    }
+
+    /// Record `l` under `number`, or the next number when None; (number, record replaced).
+    fn put_layer_version(&self, l: &LayerVersionRecord, number: Option<u64>) -> Result<(u64, Option<LayerVersionRecord>), RegistryError> {
         let mut c = self.conn();
         let tx = c.transaction().map_err(q("publish layer version"))?;
         let last: u64 = tx
@@ -83,9 +95,13 @@ impl Registry {
             .optional()
             .map_err(q("publish layer version"))?
             .unwrap_or(0);
-        let version = last + 1;
+        let version = number.unwrap_or(last + 1);
+        let old = tx
+            .query_row(&format!("SELECT {COLS} FROM layer_versions WHERE name=?1 AND version=?2"), params![l.name, version], row)
+            .optional()
+            .map_err(q("publish layer version"))?;
         tx.execute(
-            &format!("INSERT INTO layer_versions ({COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)"),
+            &format!("INSERT OR REPLACE INTO layer_versions ({COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)"),
             params![
                 l.name,
                 version,
@@ -102,12 +118,12 @@ impl Registry {
         )
         .map_err(q("publish layer version"))?;
         tx.execute(
-            "INSERT INTO layer_counters (name, last) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET last = excluded.last",
-            params![l.name, version],
+            "INSERT INTO layer_counters (name, last) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET last = max(last, excluded.last)",
+            params![l.name, version.max(last)],
         )
         .map_err(q("publish layer version"))?;
         tx.commit().map_err(q("publish layer version"))?;
-        Ok(version)
+        Ok((version, old))
     }
 
     pub fn get_layer_version(&self, name: &str, version: u64) -> Result<Option<LayerVersionRecord>, RegistryError> {
@@ -185,5 +201,22 @@ mod tests {
         assert_eq!(r.insert_layer_version(&rec("a")).unwrap(), 3, "a deleted version's number is not reused");
         let all: Vec<(String, u64)> = r.all_layer_versions().unwrap().into_iter().map(|l| (l.name, l.version)).collect();
         assert_eq!(all, vec![("a".into(), 3), ("a".into(), 1), ("b".into(), 1)]);
+    }
+
+    #[test]
+    fn an_installed_version_keeps_its_number_and_the_counter_moves_past_it() {
+        let r = Registry::open_in_memory().unwrap();
+        let mut l = rec("c");
+        l.version = 7;
+        assert_eq!(r.install_layer_version(&l).unwrap(), None);
+        assert_eq!(r.get_layer_version("c", 7).unwrap().map(|g| g.version), Some(7));
+        assert_eq!(r.insert_layer_version(&rec("c")).unwrap(), 8, "published here after it: the next number");
+        l.code_sha256 = "other".into();
+        let old = r.install_layer_version(&l).unwrap().expect("the record it replaced");
+        assert_eq!(old.code_sha256, "sha");
+        assert_eq!(r.get_layer_version("c", 7).unwrap().unwrap().code_sha256, "other");
+        l.version = 3;
+        r.install_layer_version(&l).unwrap();
+        assert_eq!(r.insert_layer_version(&rec("c")).unwrap(), 9, "an older number installed does not move the counter back");
     }
 }
