@@ -37,7 +37,7 @@
 //! its number, from the active revision when that is the version's, else built from
 //! its bundle, [`Node::ensure_version`]); its aliases, tags and function URL
 //! configurations (annotations of its object, put on the node's function); its share
-//! of its reserved concurrency. For a
+//! of its reserved concurrency, and of each version's provisioned concurrency. For a
 //! registry function the registry is the only source of these: what the node has
 //! beyond it (made through the agent's own API) is removed.
 //!
@@ -480,6 +480,7 @@ impl Follower {
         self.reconcile_aliases(functions);
         self.reconcile_tags(functions);
         self.reconcile_urls(functions);
+        self.reconcile_provisioned(functions, builders.as_ref());
         for r in self.node.records().into_iter().filter(|r| r.description.starts_with(MARKER)) {
             let Ok(have) = self.node.versions(&r.name) else { continue };
             for n in have.iter().map(|v| v.version.version).filter(|n| !versions.contains_key(&(r.name.clone(), *n))) {
@@ -568,6 +569,47 @@ impl Follower {
             }
             if let Some(why) = self.first_complaint(format!("{name} concurrency"), outcome) {
                 warn!(function = %name, "the reserved concurrency of its ThawFunction cannot be put here: {why}");
+            }
+        }
+    }
+
+    /// Give the node's registry functions their share of each version's provisioned
+    /// concurrency (after the versions and aliases: it is set on published versions),
+    /// split as a reserved concurrency is; remove what the registry no longer has.
+    fn reconcile_provisioned(&mut self, functions: &BTreeMap<String, Result<Wanted, String>>, agents: Option<&Builders>) {
+        for (name, w) in functions {
+            let Ok(w) = w else { continue };
+            if !self.ours(name) {
+                continue;
+            }
+            let Ok(have) = self.node.provisioned_all(name) else { continue };
+            let rank = agents.and_then(|a| a.rank(name, &self.node_name));
+            let share = |n: u64| match rank {
+                Some((rank, count)) => crate::registry::concurrency_share(n, rank, count),
+                None => n,
+            };
+            for (v, n) in &w.provisioned {
+                let want = share(*n) as usize;
+                let now = have.iter().find(|p| p.version == *v).map(|p| p.requested);
+                if now == Some(want) || (want == 0 && now.is_none()) {
+                    continue;
+                }
+                let done = match want {
+                    0 => self.node.delete_provisioned(name, *v),
+                    _ => self.node.put_provisioned(name, *v, want).map(drop),
+                };
+                if done.is_ok() {
+                    info!(function = %name, version = v, share = want, cluster = n, "provisioned concurrency put from its ThawFunction");
+                }
+                if let Some(why) = self.first_complaint(format!("{name}:{v} provisioned"), done.map_err(|e| e.to_string())) {
+                    warn!(function = %name, version = v, "the provisioned concurrency of its ThawFunction cannot be put here: {why}");
+                }
+            }
+            for p in have.iter().filter(|p| !w.provisioned.contains_key(&p.version)) {
+                match self.node.delete_provisioned(name, p.version) {
+                    Ok(()) => info!(function = %name, version = p.version, "provisioned concurrency removed: its ThawFunction no longer has it"),
+                    Err(e) => warn!(function = %name, version = p.version, error = %e, "cannot remove a provisioned concurrency the registry no longer has"),
+                }
             }
         }
     }

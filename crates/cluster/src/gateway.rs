@@ -54,6 +54,11 @@
 //! shares add up to the limit, [`crate::registry::concurrency_share`]), and an Invoke
 //! an agent refuses for its share is tried on the next agent ([`send`]).
 //!
+//! Provisioned concurrency (Put/Get/Delete/ListProvisionedConcurrencyConfig(s)) is the
+//! cluster's too: annotation `thaw.dev/provisioned` (version -> count), each agent
+//! keeping its share ready; Get asks every agent for its allocation and adds them up.
+//! GetAccountSettings adds up the agents' limits and counts the registry's functions.
+//!
 //! Metrics: `GET /metrics` ([`crate::metrics`]): requests by operation and code,
 //! their latency, forwards by agent, agent failures, reserved-concurrency retries,
 //! agents advertised and left out. Loopback peers only unless `--metrics-public`.
@@ -89,7 +94,7 @@ use crate::events::{Deliver, Delivery, Dispatcher, EventArgs};
 
 use crate::hash::Rng;
 use crate::placement::{Policy, DEFAULT_LOAD_FACTOR};
-use crate::registry::Registry;
+use crate::registry::{Qualifier, Registry, StoredProvisioned};
 use crate::view::{watch_nodes, ClusterView, NodeAd};
 
 #[derive(Args, Debug)]
@@ -460,6 +465,17 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Action::ListFunctions => Ok(json(StatusCode::OK, &registry()?.list().await?)),
+        Action::PutProvisionedConcurrency(name) => {
+            let (function, q) = qualified(&name, &parts)?;
+            Ok(json(StatusCode::ACCEPTED, &registry()?.put_provisioned(&function, &q, &body).await?))
+        }
+        Action::GetProvisionedConcurrency(name) => provisioned(gw, registry()?, &parts, body, &name).await,
+        Action::DeleteProvisionedConcurrency(name) => {
+            let (function, q) = qualified(&name, &parts)?;
+            registry()?.delete_provisioned(&function, &q).await?;
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Action::GetAccountSettings => account_settings(gw, registry()?, &parts, body).await,
         Action::PublishLayerVersion(l) => Ok(json(StatusCode::CREATED, &registry()?.layers.publish(&l, &body).await?)),
         Action::GetLayerVersion(l, v) => Ok(json(StatusCode::OK, &registry()?.layers.get(&l, &v).await?)),
         Action::ListLayerVersions(l) => Ok(json(StatusCode::OK, &registry()?.layers.list_versions(&l, parts.uri.query()).await?)),
@@ -470,29 +486,13 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         }
         Action::GetFunction(name) => get_function(gw, registry()?, &parts, body, &name, true, request_id).await,
         Action::GetFunctionConfiguration(name) => get_function(gw, registry()?, &parts, body, &name, false, request_id).await,
-        other => Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", format!("the gateway does not serve {other:?} yet"))),
     }
-}
-
-/// What a request's qualifier (`NAME:Q` or `?Qualifier=Q`) names.
-enum Qualifier {
-    Latest,
-    Version(u64),
-    Alias(String),
 }
 
 /// The function `name` names and its qualifier, from the name or the query.
 fn qualified(name: &str, parts: &axum::http::request::Parts) -> Result<(String, Qualifier), ApiError> {
     let (function, q) = function_name(name, query_param(parts.uri.query(), "Qualifier").as_deref())?;
-    let q = match q {
-        None => Qualifier::Latest,
-        Some(q) if q == "$LATEST" => Qualifier::Latest,
-        Some(q) => match q.parse::<u64>() {
-            Ok(n) => Qualifier::Version(n),
-            Err(_) => Qualifier::Alias(q),
-        },
-    };
-    Ok((function, q))
+    Ok((function, Qualifier::parse(q.as_deref())))
 }
 
 /// GetFunction (`whole`) or GetFunctionConfiguration of `name`: an agent that has
@@ -526,6 +526,96 @@ async fn get_function(
         Some(config) => Ok(json(StatusCode::OK, &config)),
         None => Ok(answered),
     }
+}
+
+/// The answers of every agent placement may use to the same request (its signature
+/// is the client's; each agent checks it), as JSON: those that answered 200.
+async fn ask_every_agent(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes) -> Vec<(String, serde_json::Value)> {
+    let view = gw.usable_view();
+    let pq = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
+    let asks = view.nodes().iter().map(|ad| {
+        let (name, uri) = (ad.name.clone(), format!("{}{pq}", ad.endpoint.trim_end_matches('/')));
+        let mut out = hyper::Request::builder().method(parts.method.clone()).uri(uri);
+        for (k, v) in parts.headers.iter().filter(|(k, _)| *k != "connection" && *k != "transfer-encoding") {
+            out = out.header(k, v);
+        }
+        let req = out.body(Full::new(body.clone()));
+        async move {
+            let resp = tokio::time::timeout(Duration::from_secs(5), gw.http.request(req.ok()?)).await.ok()?.ok()?;
+            if resp.status() != StatusCode::OK {
+                return None;
+            }
+            let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+            Some((name, serde_json::from_slice(&bytes).ok()?))
+        }
+    });
+    futures::future::join_all(asks).await.into_iter().flatten().collect()
+}
+
+/// A version's provisioned concurrency in the cluster: the registry's count, and what
+/// the agents report of their shares (allocated summed; FAILED when one failed, with
+/// its reason; READY once all are allocated).
+fn provisioned_status(stored: &StoredProvisioned, shares: &[&serde_json::Value]) -> serde_json::Value {
+    let allocated: u64 = shares.iter().filter_map(|v| v["AllocatedProvisionedConcurrentExecutions"].as_u64()).sum();
+    let failed = shares.iter().find(|v| v["Status"] == "FAILED");
+    let status = match failed {
+        Some(_) => "FAILED",
+        None if allocated >= stored.requested => "READY",
+        None => "IN_PROGRESS",
+    };
+    let mut v = serde_json::json!({
+        "RequestedProvisionedConcurrentExecutions": stored.requested,
+        "AvailableProvisionedConcurrentExecutions": allocated.min(stored.requested),
+        "AllocatedProvisionedConcurrentExecutions": allocated.min(stored.requested),
+        "Status": status,
+        "LastModified": stored.last_modified,
+    });
+    if let Some(f) = failed {
+        v["StatusReason"] = f["StatusReason"].clone();
+    }
+    v
+}
+
+/// Get (or, with `?List=ALL`, List) ProvisionedConcurrencyConfig(s): the registry's
+/// settings, with the agents' allocation of their shares.
+async fn provisioned(gw: &Gateway, registry: &Registry, parts: &axum::http::request::Parts, body: Bytes, name: &str) -> Result<Response, ApiError> {
+    let (function, q) = qualified(name, parts)?;
+    if query_param(parts.uri.query(), "List").is_some() {
+        let all = registry.list_provisioned(&function).await?;
+        let answers = ask_every_agent(gw, parts, body).await;
+        let configs: Vec<serde_json::Value> = all
+            .iter()
+            .map(|(v, stored)| {
+                let arn = format!("{}:{v}", registry.arn(&function));
+                let shares: Vec<&serde_json::Value> = answers
+                    .iter()
+                    .flat_map(|(_, a)| a["ProvisionedConcurrencyConfigs"].as_array().into_iter().flatten())
+                    .filter(|c| c["FunctionArn"] == arn.as_str())
+                    .collect();
+                let mut c = provisioned_status(stored, &shares);
+                c["FunctionArn"] = serde_json::json!(arn);
+                c
+            })
+            .collect();
+        return Ok(json(StatusCode::OK, &serde_json::json!({"ProvisionedConcurrencyConfigs": configs})));
+    }
+    let (_, stored) = registry.get_provisioned(&function, &q).await?;
+    let answers = ask_every_agent(gw, parts, body).await;
+    Ok(json(StatusCode::OK, &provisioned_status(&stored, &answers.iter().map(|(_, a)| a).collect::<Vec<_>>())))
+}
+
+/// GetAccountSettings of the cluster: the agents' limits added up (concurrent
+/// executions, less the registry's reserved concurrency), the registry's usage.
+async fn account_settings(gw: &Gateway, registry: &Registry, parts: &axum::http::request::Parts, body: Bytes) -> Result<Response, ApiError> {
+    let answers = ask_every_agent(gw, parts, body).await;
+    let first = answers.first().map(|(_, a)| a.clone()).ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceException", "no node agent answered"))?;
+    let concurrent: u64 = answers.iter().filter_map(|(_, a)| a["AccountLimit"]["ConcurrentExecutions"].as_u64()).sum();
+    let (code_size, functions) = registry.usage().await?;
+    let mut v = first;
+    v["AccountLimit"]["ConcurrentExecutions"] = serde_json::json!(concurrent);
+    v["AccountLimit"]["UnreservedConcurrentExecutions"] = serde_json::json!(concurrent.saturating_sub(registry.reserved_total().await?));
+    v["AccountUsage"] = serde_json::json!({"TotalCodeSize": code_size, "FunctionCount": functions});
+    Ok(json(StatusCode::OK, &v))
 }
 
 /// An agent's GetFunction answer `answered` with the function's reserved concurrency

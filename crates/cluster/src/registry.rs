@@ -102,6 +102,9 @@ pub struct Wanted {
     /// Its layers, in order (`spec.layers`): each agent installs them from the store
     /// under their cluster version numbers ([`crate::layers`]).
     pub layers: Vec<LayerRef>,
+    /// Its provisioned concurrency, cluster-wide, by version (annotation
+    /// `thaw.dev/provisioned`): each agent keeps its share ready ([`concurrency_share`]).
+    pub provisioned: BTreeMap<u64, u64>,
 }
 
 impl Wanted {
@@ -183,6 +186,7 @@ impl Wanted {
             tags: tags_of(obj)?,
             urls: urls_of(obj)?,
             reserved_concurrency: reserved_of(obj)?,
+            provisioned: provisioned_of(obj)?.into_iter().map(|(v, p)| (v, p.requested)).collect(),
             layers,
             sha256,
             name,
@@ -312,6 +316,48 @@ fn reserved_of(obj: &DynamicObject) -> Result<Option<u64>, String> {
     Ok(annotation_map::<u64>(obj, CONCURRENCY, "concurrency settings")?.get("reserved").copied())
 }
 
+/// The function object's annotation holding its provisioned concurrency (JSON: version
+/// -> [`StoredProvisioned`]). The count is the cluster's: split over the agents as a
+/// reserved concurrency is ([`concurrency_share`]), each keeping its share ready.
+const PROVISIONED: &str = "thaw.dev/provisioned";
+
+/// One version's provisioned concurrency as the registry holds it.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredProvisioned {
+    pub requested: u64,
+    #[serde(default)]
+    pub last_modified: String,
+}
+
+fn provisioned_of(obj: &DynamicObject) -> Result<BTreeMap<u64, StoredProvisioned>, String> {
+    let by_text: BTreeMap<String, StoredProvisioned> = annotation_map(obj, PROVISIONED, "provisioned concurrency settings")?;
+    by_text
+        .into_iter()
+        .map(|(k, p)| k.parse::<u64>().map(|v| (v, p)).map_err(|_| format!("annotation {PROVISIONED}: '{k}' is not a version number")))
+        .collect()
+}
+
+/// What a request's qualifier (`NAME:Q` or `?Qualifier=Q`) names.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Qualifier {
+    Latest,
+    Version(u64),
+    Alias(String),
+}
+
+impl Qualifier {
+    pub fn parse(q: Option<&str>) -> Qualifier {
+        match q {
+            None | Some("$LATEST") => Qualifier::Latest,
+            Some(q) => match q.parse::<u64>() {
+                Ok(n) => Qualifier::Version(n),
+                Err(_) => Qualifier::Alias(q.to_string()),
+            },
+        }
+    }
+}
+
 /// The share of reserved concurrency `n` that the agent at position `rank` of a
 /// function's placement walk over `agents` agents enforces: `n` split as evenly as
 /// it goes, the larger shares first along the walk (where placement sends the
@@ -323,6 +369,11 @@ pub fn concurrency_share(n: u64, rank: usize, agents: usize) -> u64 {
     }
     let (each, extra) = (n / agents as u64, n % agents as u64);
     each + u64::from((rank as u64) < extra)
+}
+
+/// The annotation holding provisioned concurrency settings `all`.
+fn provisioned_annotation(all: &BTreeMap<u64, StoredProvisioned>) -> String {
+    serde_json::to_string(&all.iter().map(|(v, p)| (v.to_string(), p)).collect::<BTreeMap<_, _>>()).expect("settings serialize")
 }
 
 /// The annotation holding `aliases`.
@@ -404,6 +455,7 @@ impl Registry {
         let size = zip.len() as u64;
         let (key, sha) = put_bundle(&self.store, zip).await?;
         let mut obj = object_of(spec, &self.ns, &key, &sha, &layers);
+        obj["spec"]["code"]["size"] = json!(size);
         if !tags.is_empty() {
             obj["metadata"]["annotations"] = json!({TAGS: serde_json::to_string(tags).expect("tags serialize")});
         }
@@ -417,7 +469,7 @@ impl Registry {
         let size = zip.len() as u64;
         self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         let (key, sha) = put_bundle(&self.store, zip).await?;
-        let patch = json!({"spec": {"code": {"key": key, "sha256": sha}}});
+        let patch = json!({"spec": {"code": {"key": key, "sha256": sha, "size": size}}});
         let obj = self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         self.configuration(&obj, Some(size))
     }
@@ -480,7 +532,17 @@ impl Registry {
                 ));
             }
         }
-        self.api.delete(&version_object_name(name, n), &DeleteParams::default()).await.map(drop).map_err(|e| kube_error(e, name, &arn))
+        self.api.delete(&version_object_name(name, n), &DeleteParams::default()).await.map(drop).map_err(|e| kube_error(e, name, &arn))?;
+        // Its provisioned concurrency goes with it (as in Lambda).
+        match self.update_annotation(name, PROVISIONED, |f, _| {
+            let mut all = provisioned_of(f).map_err(unreadable)?;
+            Ok((all.remove(&n).map(|_| provisioned_annotation(&all)), ()))
+        })
+        .await
+        {
+            Err(e) if e.status == StatusCode::NOT_FOUND => Ok(()),
+            other => other,
+        }
     }
 
     /// The version objects of `name`, by number.
@@ -725,6 +787,97 @@ impl Registry {
         self.update_annotation(name, CONCURRENCY, |_, _| Ok((Some("{}".to_string()), ()))).await
     }
 
+    /// The version a provisioned-concurrency call on `name` names: `q` a published
+    /// version or an alias of one (not $LATEST), as the node resolves it.
+    fn provisioned_version(&self, name: &str, q: &Qualifier, aliases: &BTreeMap<String, AliasRecord>, versions: &BTreeMap<u64, DynamicObject>) -> Result<u64, ApiError> {
+        match q {
+            Qualifier::Latest => Err(ApiError::invalid("Provisioned concurrency applies to a published version or an alias: give a Qualifier other than $LATEST.")),
+            Qualifier::Version(n) if versions.contains_key(n) => Ok(*n),
+            Qualifier::Version(n) => Err(ApiError::not_found(format!("Function not found: {}:{n}", self.arn(name)))),
+            Qualifier::Alias(a) => match aliases.get(a) {
+                Some(r) if r.version == thaw_node::node::LATEST => Err(ApiError::invalid("Provisioned concurrency cannot be configured on an alias of $LATEST.")),
+                Some(r) => Ok(r.version),
+                None => Err(ApiError::not_found(format!("Function not found: {}:{a}", self.arn(name)))),
+            },
+        }
+    }
+
+    /// PutProvisionedConcurrencyConfig: the cluster's count for the version `q` names
+    /// (at most the function's reserved concurrency, with what its other versions
+    /// provision). Answers as Lambda does (202, IN_PROGRESS: the agents start them).
+    pub async fn put_provisioned(&self, name: &str, q: &Qualifier, body: &[u8]) -> Result<Value, ApiError> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Input {
+            provisioned_concurrent_executions: i64,
+        }
+        let i: Input = thaw_node::api::parse_json(body)?;
+        let n = u64::try_from(i.provisioned_concurrent_executions).ok().filter(|n| *n >= 1).ok_or_else(|| ApiError::invalid("ProvisionedConcurrentExecutions must be at least 1"))?;
+        let versions = self.versions(name).await?;
+        self.update_annotation(name, PROVISIONED, |f, aliases| {
+            let v = self.provisioned_version(name, q, &aliases, &versions)?;
+            let mut all = provisioned_of(f).map_err(unreadable)?;
+            let others: u64 = all.iter().filter(|(k, _)| **k != v).map(|(_, p)| p.requested).sum();
+            if let Some(cap) = reserved_of(f).map_err(unreadable)? {
+                if others + n > cap {
+                    return Err(ApiError::invalid(format!(
+                        "ProvisionedConcurrentExecutions must be between 1 and {} for this function (its reserved concurrency, minus what other versions provision)",
+                        cap.saturating_sub(others)
+                    )));
+                }
+            }
+            let p = StoredProvisioned { requested: n, last_modified: thaw_node::node::timestamp() };
+            let answer = json!({"RequestedProvisionedConcurrentExecutions": n, "AvailableProvisionedConcurrentExecutions": 0,
+                "AllocatedProvisionedConcurrentExecutions": 0, "Status": "IN_PROGRESS", "LastModified": p.last_modified});
+            all.insert(v, p);
+            Ok((Some(provisioned_annotation(&all)), answer))
+        })
+        .await
+    }
+
+    /// The provisioned concurrency of the version `q` names: (version, its setting).
+    pub async fn get_provisioned(&self, name: &str, q: &Qualifier) -> Result<(u64, StoredProvisioned), ApiError> {
+        let (f, aliases) = self.function_object(name).await?;
+        let v = self.provisioned_version(name, q, &aliases, &self.versions(name).await?)?;
+        let p = provisioned_of(&f).map_err(unreadable)?.remove(&v).ok_or_else(|| {
+            ApiError::not_found(format!("No Provisioned Concurrency Config found for this function: {}:{v}", self.arn(name)))
+        })?;
+        Ok((v, p))
+    }
+
+    /// Every version's provisioned concurrency of `name`.
+    pub async fn list_provisioned(&self, name: &str) -> Result<BTreeMap<u64, StoredProvisioned>, ApiError> {
+        let (f, _) = self.function_object(name).await?;
+        provisioned_of(&f).map_err(unreadable)
+    }
+
+    /// DeleteProvisionedConcurrencyConfig (none there is no error, as on the node).
+    pub async fn delete_provisioned(&self, name: &str, q: &Qualifier) -> Result<(), ApiError> {
+        let versions = self.versions(name).await?;
+        self.update_annotation(name, PROVISIONED, |f, aliases| {
+            let v = self.provisioned_version(name, q, &aliases, &versions)?;
+            let mut all = provisioned_of(f).map_err(unreadable)?;
+            Ok((all.remove(&v).map(|_| provisioned_annotation(&all)), ()))
+        })
+        .await
+    }
+
+    /// The sum of the registry functions' reserved concurrency.
+    pub async fn reserved_total(&self) -> Result<u64, ApiError> {
+        let all = self.api.list(&ListParams::default()).await.map_err(|e| kube_error(e, "", ""))?;
+        Ok(all.items.iter().filter(|o| o.data["spec"]["version"].is_null()).filter_map(|o| reserved_of(o).ok().flatten()).sum())
+    }
+
+    /// AccountUsage as the registry knows it: (TotalCodeSize: the distinct bundles of
+    /// functions and versions as the gateway stored them, FunctionCount).
+    pub async fn usage(&self) -> Result<(u64, u64), ApiError> {
+        let all = self.api.list(&ListParams::default()).await.map_err(|e| kube_error(e, "", ""))?;
+        let count = all.items.iter().filter(|o| o.data["spec"]["version"].is_null()).count() as u64;
+        let sizes: BTreeMap<&str, u64> =
+            all.items.iter().filter_map(|o| Some((o.data["spec"]["code"]["key"].as_str()?, o.data["spec"]["code"]["size"].as_u64().unwrap_or(0)))).collect();
+        Ok((sizes.values().sum(), count))
+    }
+
     /// ListTags of function `name`.
     pub async fn tags(&self, name: &str) -> Result<Value, ApiError> {
         let (f, _) = self.function_object(name).await?;
@@ -780,7 +933,7 @@ impl Registry {
         let mut v = json!({
             "FunctionName": w.name, "FunctionArn": arn, "Runtime": w.runtime, "Handler": w.handler,
             "Role": role_arn(&self.account), "MemorySize": w.memory_mb, "Timeout": w.timeout_s,
-            "CodeSha256": w.code_sha256(), "CodeSize": code_size.unwrap_or(0), "Description": description,
+            "CodeSha256": w.code_sha256(), "CodeSize": code_size.or(obj.data["spec"]["code"]["size"].as_u64()).unwrap_or(0), "Description": description,
             "Environment": {"Variables": env}, "Version": version, "PackageType": "Zip", "Architectures": ["x86_64"],
             "State": "Pending", "StateReason": "The function is being deployed on the agents.", "StateReasonCode": "Creating",
             "LastUpdateStatus": "InProgress", "RevisionId": obj.metadata.resource_version.clone().unwrap_or_default(),

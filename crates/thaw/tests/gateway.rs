@@ -1182,6 +1182,9 @@ fn layers_through_the_gateway_are_installed_by_every_agent() {
 /// (ReservedFunctionConcurrentInvocationLimitExceeded), whichever agents they were
 /// placed on; 0 refuses every call; deleted, all run again. Get/Put/Delete and
 /// GetFunction's Concurrency show the cluster's limit, not an agent's share.
+/// Provisioned concurrency is split the same way (one instance ready on each of three
+/// agents for 3, READY through the gateway once all are), refused on $LATEST and over
+/// the reserved limit; GetAccountSettings adds up the agents' limits.
 #[test]
 fn reserved_concurrency_is_the_clusters_limit() {
     let Cluster { m: _m, cp, tmp, ports, env, agents: _agents, net: _net } = cluster("conc", "concurrency");
@@ -1276,6 +1279,62 @@ fn reserved_concurrency_is_the_clusters_limit() {
     }
     let got = burst();
     assert!(got.iter().all(|(st, _)| *st == 200), "{got:?}");
+
+    // Provisioned concurrency is the cluster's too: 3 on alias live (version 1), one
+    // ready on each agent, READY through the gateway once all are.
+    let (status, _, body) = call(gport, "POST", "/2015-03-31/functions/limited/versions", b"", SECRET);
+    assert_eq!(status, 201, "{body}");
+    let (status, _, body) = call(gport, "POST", "/2015-03-31/functions/limited/aliases", b"{\"Name\": \"live\", \"FunctionVersion\": \"1\"}", SECRET);
+    assert_eq!(status, 201, "{body}");
+    let pc = |port: u16, method: &str, q: &str, body: &str| {
+        let (status, h, out) = call(port, method, &format!("/2019-09-30/functions/limited/provisioned-concurrency{q}"), body.as_bytes(), SECRET);
+        (status, header(&h, "x-amzn-errortype").map(str::to_string), serde_json::from_str::<serde_json::Value>(&out).unwrap_or_default())
+    };
+    let three = "{\"ProvisionedConcurrentExecutions\": 3}";
+    assert_eq!(pc(gport, "PUT", "", three).1.as_deref(), Some("InvalidParameterValueException"), "not on $LATEST");
+    assert_eq!(pc(gport, "PUT", "?Qualifier=9", three).0, 404, "no version 9");
+    assert_eq!(concurrency("PUT", "{\"ReservedConcurrentExecutions\": 2}").0, 200);
+    let (status, kind, v) = pc(gport, "PUT", "?Qualifier=live", three);
+    assert_eq!((status, kind.as_deref()), (400, Some("InvalidParameterValueException")), "more than the reserved 2: {v}");
+    // GetAccountSettings: the agents' limits added up, less the cluster's reserved concurrency.
+    let settings = |port: u16| {
+        let (status, _, out) = call(port, "GET", "/2016-08-19/account-settings", b"", SECRET);
+        assert_eq!(status, 200, "{out}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let total: u64 = ports.iter().map(|&p| settings(p)["AccountLimit"]["ConcurrentExecutions"].as_u64().unwrap()).sum();
+    let cluster = settings(gport2);
+    assert_eq!(cluster["AccountLimit"]["ConcurrentExecutions"].as_u64(), Some(total), "{cluster}");
+    assert_eq!(cluster["AccountLimit"]["UnreservedConcurrentExecutions"].as_u64(), Some(total - 2), "{cluster}");
+    assert_eq!(cluster["AccountUsage"]["FunctionCount"].as_u64(), Some(1), "{cluster}");
+    assert_eq!(cluster["AccountUsage"]["TotalCodeSize"].as_u64(), Some(std::fs::metadata(tmp.path().join("slow.zip")).unwrap().len()), "{cluster}");
+    assert_eq!(concurrency("DELETE", "").0, 204);
+
+    let (status, _, v) = pc(gport, "PUT", "?Qualifier=live", three);
+    assert_eq!((status, v["Status"].as_str(), v["RequestedProvisionedConcurrentExecutions"].as_u64()), (202, Some("IN_PROGRESS"), Some(3)), "{v}");
+    for port in ports {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, _, v) = pc(port, "GET", "?Qualifier=1", "");
+            if status == 200 && v["Status"] == "READY" {
+                assert_eq!(v["AllocatedProvisionedConcurrentExecutions"].as_u64(), Some(1), "each agent's share of 3 over 3 agents: {v}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "agent {port}: its share not ready: {status} {v}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    let (status, _, v) = pc(gport2, "GET", "?Qualifier=live", "");
+    assert_eq!((status, v["Status"].as_str(), v["AllocatedProvisionedConcurrentExecutions"].as_u64()), (200, Some("READY"), Some(3)), "{v}");
+    let (status, _, v) = pc(gport, "GET", "?List=ALL", "");
+    let configs = v["ProvisionedConcurrencyConfigs"].as_array().cloned().unwrap_or_default();
+    assert_eq!((status, configs.len()), (200, 1), "{v}");
+    assert!(configs[0]["FunctionArn"].as_str().unwrap().ends_with(":function:limited:1") && configs[0]["Status"] == "READY", "{v}");
+    assert_eq!(pc(gport, "DELETE", "?Qualifier=1", "").0, 204);
+    assert_eq!(pc(gport2, "GET", "?Qualifier=live", "").0, 404);
+    for port in ports {
+        call_until(port, "GET", "/2019-09-30/functions/limited/provisioned-concurrency?Qualifier=1", "the share removed on each agent", |st, _| st == 404);
+    }
 }
 
 /// Median of `v` (sorted in place).
