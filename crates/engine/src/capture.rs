@@ -16,7 +16,7 @@ use tracing::{debug, info};
 
 use crate::image::{
     AltStack, Creds, FdKind, FdRecord, FileRef, ImageError, MmState, PageIndex, PendingSignal, PosixTimer, ProcAttrs, ProcessImage, Rseq, SandboxRecord,
-    SigAction, SnapshotWriter, ThreadState, Vma, VmaKind,
+    SigAction, SnapshotWriter, ThreadState, Vma, VmaKind, Zombie,
 };
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
 use crate::procfs::{self, MapEntry};
@@ -139,7 +139,7 @@ fn capture_inner(
     if threads[0].tid != MAIN_PID {
         return Err(refuse(format!("its thread group leader is pid {} in its namespace, not {MAIN_PID}", threads[0].tid)));
     }
-    refuse_other_processes(pid)?;
+    let zombies = zombie_children(pid)?;
 
     // Process state visible through /proc.
     let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
@@ -237,6 +237,13 @@ fn capture_inner(
         t.altstack = altstack;
     }
 
+    // A zombie recreated while SIGCHLD is ignored (or SA_NOCLDWAIT) would be reaped
+    // at once: it could not be waited for after the restore.
+    let sigchld_ignored = injected.sigactions.iter().any(|a| a.sig == libc::SIGCHLD as u32 && (a.handler == 1 || a.flags & libc::SA_NOCLDWAIT as u64 != 0));
+    if !zombies.is_empty() && sigchld_ignored {
+        writer.abandon();
+        return Err(refuse(format!("{} zombie child processes while SIGCHLD is ignored (or SA_NOCLDWAIT): recreated, they would be reaped at once", zombies.len())));
+    }
     let image = ProcessImage {
         created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
         kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
@@ -260,6 +267,7 @@ fn capture_inner(
         base: base.map(|b| b.base_ref(&base_pages)),
         attrs: ProcAttrs {
             pending_signals: shared_pending,
+            zombies,
             oom_score_adj: std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             ..injected.attrs
         },
@@ -273,10 +281,13 @@ fn capture_inner(
 
 pub use crate::conventions::MAIN_PID;
 
-/// Child processes are not captured: refuse, naming each, rather than silently
-/// dropping them (a restore would run without them). Orphans the runtime left are
-/// children of the init (PID 1); the runtime's own children are its children.
-fn refuse_other_processes(pid: i32) -> Result<(), CaptureError> {
+/// The runtime's zombie children (exited, not yet waited for), which the restore
+/// recreates. Any other process in the instance is refused, named, rather than
+/// silently dropped (a restore would run without it): live children, a zombie killed
+/// by a signal or in another process group or session than the runtime's. Orphans
+/// the runtime left are children of the init (PID 1); the runtime's own children are
+/// its children.
+fn zombie_children(pid: i32) -> Result<Vec<Zombie>, CaptureError> {
     let children = |p: i32| -> Vec<i32> {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { return Vec::new() };
         let mut out = Vec::new();
@@ -287,17 +298,36 @@ fn refuse_other_processes(pid: i32) -> Result<(), CaptureError> {
         out
     };
     let init = procfs::status(pid).ok().map(|s| s.ppid).unwrap_or(0);
-    let mut others: Vec<i32> = children(pid);
+    let me = procfs::proc_stat(pid).map_err(|source| CaptureError::Io { pid, what: "reading stat".into(), source })?;
+    let mut zombies = Vec::new();
+    // (host pid, why it cannot be recreated, if it is a zombie).
+    let mut others: Vec<(i32, Option<&str>)> = Vec::new();
+    for c in children(pid) {
+        let (Ok(st), Ok(status)) = (procfs::proc_stat(c), procfs::status(c)) else {
+            others.push((c, None));
+            continue;
+        };
+        if st.state != 'Z' {
+            others.push((c, None));
+        } else if st.exit_code & 0x7f != 0 {
+            others.push((c, Some("a zombie killed by a signal")));
+        } else if (st.pgrp, st.session) != (me.pgrp, me.session) {
+            others.push((c, Some("a zombie in another process group or session")));
+        } else {
+            zombies.push(Zombie { pid: status.nspid.last().copied().unwrap_or(c), status: st.exit_code });
+        }
+    }
     if init > 0 {
-        others.extend(children(init).into_iter().filter(|&c| c != pid));
+        others.extend(children(init).into_iter().filter(|&c| c != pid).map(|c| (c, None)));
     }
     if others.is_empty() {
-        return Ok(());
+        zombies.sort_by_key(|z| z.pid);
+        return Ok(zombies);
     }
     others.sort_unstable();
     let named: Vec<String> = others
         .iter()
-        .map(|&c| {
+        .map(|&(c, why)| {
             let st = procfs::status(c).ok();
             let ns = st.as_ref().and_then(|s| s.nspid.last().copied()).unwrap_or(c);
             let state = st.map(|s| s.state).unwrap_or_default();
@@ -305,13 +335,14 @@ fn refuse_other_processes(pid: i32) -> Result<(), CaptureError> {
                 .map(|b| String::from_utf8_lossy(&b).replace('\0', " ").trim().to_string())
                 .unwrap_or_default();
             let cmd = if cmd.is_empty() { procfs::thread_comm(c, c).unwrap_or_default() } else { cmd };
-            format!("pid {ns} ({}{})", cmd.chars().take(60).collect::<String>(), if state.starts_with('Z') { ", a zombie" } else { "" })
+            let what = why.unwrap_or(if state.starts_with('Z') { "a zombie" } else { "" });
+            format!("pid {ns} ({}{}{what})", cmd.chars().take(60).collect::<String>(), if what.is_empty() { "" } else { ", " })
         })
         .collect();
     Err(CaptureError::Refused {
         pid,
         reason: format!(
-            "the instance has other processes besides the runtime: {}; child processes cannot be captured yet \
+            "the instance has other processes besides the runtime: {}; live child processes cannot be captured yet \
              (start them in the handler, or wait for them before init ends)",
             named.join(", ")
         ),
@@ -1101,6 +1132,7 @@ fn injected_state(
         posix_timers,
         // Read before the injection (see capture_inner).
         pending_signals: Vec::new(),
+        zombies: Vec::new(),
     };
 
     let u64_at = |addr: u64, i: usize| data.u64_at(addr, i);

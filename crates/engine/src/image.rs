@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 17;
+pub const FORMAT_VERSION: u32 = 18;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -453,6 +453,17 @@ pub struct ProcAttrs {
     /// Signals queued for the process (kill, sigqueue) and not delivered at capture,
     /// in queue order (a thread's own are in its [`ThreadState::pending`]).
     pub pending_signals: Vec<PendingSignal>,
+    /// Children that had exited and were not waited for (zombies), recreated with
+    /// their pids and exit statuses.
+    pub zombies: Vec<Zombie>,
+}
+
+/// A zombie child of the process: its pid in the sandbox and the status a wait for
+/// it returns (an exit code: `code << 8`; one killed by a signal is refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Zombie {
+    pub pid: i32,
+    pub status: i32,
 }
 
 /// A POSIX timer: recreated with the same id (PR_TIMER_CREATE_RESTORE_IDS), clock,

@@ -156,6 +156,34 @@ impl<'a> Injector<'a> {
             .map_err(|source| InjectError::Memory { pid, addr: self.region, source })
     }
 
+    /// Run `exit_group(code)`: the tracee (a process made to be a zombie) exits, and
+    /// its exit is waited for as its tracer (which, when we are not its parent, hands
+    /// it to its parent as a zombie).
+    pub fn run_exit(&self, code: i32) -> Result<(), InjectError> {
+        let pid = self.tracee.pid.as_raw();
+        let mut table = Vec::with_capacity(128);
+        table.extend_from_slice(&libc::SYS_exit_group.to_le_bytes());
+        for a in [code as u64, 0, 0, 0, 0, 0] {
+            table.extend_from_slice(&a.to_le_bytes());
+        }
+        table.extend_from_slice(&UNSET.to_le_bytes());
+        table.extend_from_slice(&(-1i64).to_le_bytes());
+        table.extend_from_slice(&[0u8; 56]);
+        let table_addr = self.region + TABLE_OFF;
+        self.mem.write_all_at(&table, table_addr).map_err(|source| InjectError::Memory { pid, addr: table_addr, source })?;
+        let mut regs = self.template;
+        regs.rip = self.region;
+        regs.rbx = table_addr;
+        regs.orig_rax = u64::MAX;
+        regs.eflags &= !(1 << 8);
+        self.tracee.set_regs(&regs).map_err(|source| InjectError::Ptrace { op: "SETREGS", pid, source })?;
+        self.tracee.cont().map_err(|source| InjectError::Ptrace { op: "CONT", pid, source })?;
+        match self.tracee.wait_exit().map_err(|source| InjectError::Ptrace { op: "wait(exit)", pid, source })? {
+            Some(c) if c == code => Ok(()),
+            other => Err(InjectError::UnexpectedStop { pid, rip: 0, signal: Some(format!("expected exit status {code}, got {other:?}")) }),
+        }
+    }
+
     /// Run `calls` with `data` placed in the data area; returns each call's result.
     /// The data area is read back into `data` afterwards so out-parameters can be parsed.
     pub fn run(&self, calls: &[Call], data: &mut DataArea) -> Result<Vec<i64>, InjectError> {

@@ -141,6 +141,28 @@ pub fn parse_stat(text: &str) -> Option<MmFields> {
     })
 }
 
+/// What a process outside the runtime is judged by (/proc/PID/stat): its state, its
+/// process group and session (host pids), and its exit status as a wait returns it
+/// (a zombie's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    pub state: char,
+    pub pgrp: i32,
+    pub session: i32,
+    pub exit_code: i32,
+}
+
+pub fn parse_proc_stat(text: &str) -> Option<ProcStat> {
+    let after = &text[text.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let g = |n: usize| -> Option<i32> { f.get(n - 3)?.parse().ok() };
+    Some(ProcStat { state: f.first()?.chars().next()?, pgrp: g(5)?, session: g(6)?, exit_code: g(52)? })
+}
+
+pub fn proc_stat(pid: i32) -> io::Result<ProcStat> {
+    parse_proc_stat(&read(pid, "stat")?).ok_or_else(|| bad(pid, "stat"))
+}
+
 /// Fields of /proc/PID/status the capture uses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Status {
@@ -419,6 +441,9 @@ mod tests {
         assert_eq!(mm.start_stack, 28);
         assert_eq!(mm.start_brk, 47);
         assert_eq!(mm.env_end, 51);
+        fields[0] = "Z".into();
+        let st = parse_proc_stat(&format!("42 (a) b (c)) {}", fields.join(" "))).unwrap();
+        assert_eq!(st, ProcStat { state: 'Z', pgrp: 5, session: 6, exit_code: 52 });
     }
 
     #[test]

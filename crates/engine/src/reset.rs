@@ -205,6 +205,10 @@ pub fn untrackable(img: &ProcessImage) -> Option<String> {
         let pending = img.attrs.pending_signals.len() + img.threads.iter().map(|t| t.pending.len()).sum::<usize>();
         (pending > 0).then(|| format!("{pending} signals were pending in the snapshot, which a reset does not queue again"))
     })
+    .or_else(|| {
+        let n = img.attrs.zombies.len();
+        (n > 0).then(|| format!("{n} zombie child processes were in the snapshot, which a reset does not recreate once waited for"))
+    })
 }
 
 /// Register the restored process's memory for write tracking on the page server's

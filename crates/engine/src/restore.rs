@@ -363,6 +363,7 @@ fn restore_inner(
         inj.run(&unlinked, &mut DataArea::new(region)).map_err(inj_err)?;
     }
     create_threads(&inj, &wmem, region, img, threads).map_err(inj_err)?;
+    create_zombies(&inj, &wmem, region, img).map_err(inj_err)?;
     // Resource limits last (still as root, before the credentials drop): a lowered
     // RLIMIT_NOFILE or RLIMIT_NPROC must not refuse the descriptors and threads
     // recreated above. They are per process, so the leader sets them for all.
@@ -1143,6 +1144,60 @@ fn create_threads(
         ti.run(&calls, &mut data)?;
     }
     Ok(())
+}
+
+/// clone3 flags of a zombie-to-be: a process sharing the leader's memory (nothing is
+/// copied, no userfaultfd fork event) that exits at once.
+const ZOMBIE_FLAGS: u64 = libc::CLONE_VM as u64;
+
+/// Recreate the image's zombie children: for each, a child of the leader with its
+/// exact pid (clone3 set_tid, SIGCHLD its exit signal, as fork gives), auto-attached
+/// by ptrace and stopped before it runs, made to exit at once with its status and
+/// reaped by us as its tracer, which hands it to the leader as a zombie. The SIGCHLD
+/// that sends (kept pending: every signal of the leader is blocked meanwhile) is taken
+/// back with rt_sigtimedwait; the image's own pending signals are queued later.
+fn create_zombies(inj: &Injector<'_>, wmem: &ProcMem, region: u64, img: &ProcessImage) -> Result<(), InjectError> {
+    if img.attrs.zombies.is_empty() {
+        return Ok(());
+    }
+    let leader = inj.tracee;
+    let pid = leader.pid.as_raw();
+    let perr = |op| move |source| InjectError::Ptrace { op, pid, source };
+    leader.trace_clones().map_err(perr("SETOPTIONS(TRACEFORK)"))?;
+    let mask = leader.get_sigmask().map_err(perr("GETSIGMASK"))?;
+    leader.set_sigmask(!0).map_err(perr("SETSIGMASK"))?;
+    let children = || -> Vec<i32> {
+        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        list.split_whitespace().filter_map(|c| c.parse().ok()).collect()
+    };
+    for z in &img.attrs.zombies {
+        let before = children();
+        let mut data = DataArea::new(region);
+        let set_tid = data.push(&z.pid.to_le_bytes());
+        let mut args = Vec::with_capacity(88);
+        for v in [ZOMBIE_FLAGS, 0, 0, 0, libc::SIGCHLD as u64, 0, 0, 0, set_tid, 1, 0] {
+            args.extend_from_slice(&v.to_le_bytes());
+        }
+        let a = data.push(&args);
+        let res = inj.run(&[Call::new("clone3(zombie)", SYS_CLONE3, &[a, 88])], &mut data)?;
+        let syscall_err = |what: String| InjectError::Syscall { pid, index: 0, name: "clone3(zombie)", nr: SYS_CLONE3, err: io::Error::other(what) };
+        if res[0] != z.pid as i64 {
+            return Err(syscall_err(format!("got pid {} instead of {}", res[0], z.pid)));
+        }
+        let host = children().into_iter().find(|c| !before.contains(c)).ok_or_else(|| syscall_err("the new child is not in /proc".into()))?;
+        let child = Tracee { pid: nix::unistd::Pid::from_raw(host) };
+        child.wait_stop().map_err(|source| InjectError::Ptrace { op: "wait(new child)", pid: host, source })?;
+        Injector::new(child, wmem, region)?.run_exit((z.status >> 8) & 0xff)?;
+        tracing::trace!(pid, zombie = z.pid, host, status = z.status, "zombie recreated");
+    }
+    let mut data = DataArea::new(region);
+    let set = data.push(&(1u64 << (libc::SIGCHLD - 1)).to_le_bytes());
+    let now = data.push(&[0u8; 16]);
+    let got = inj.run(&[Call::new("rt_sigtimedwait(SIGCHLD)", libc::SYS_rt_sigtimedwait, &[set, 0, now, 8])], &mut data)?;
+    if got[0] != libc::SIGCHLD as i64 {
+        return Err(InjectError::Syscall { pid, index: 0, name: "rt_sigtimedwait(SIGCHLD)", nr: libc::SYS_rt_sigtimedwait, err: io::Error::other(format!("took signal {}", got[0])) });
+    }
+    leader.set_sigmask(mask).map_err(perr("SETSIGMASK"))
 }
 
 /// Debug aid (THAW_DEBUG_RESTORE=1): run the restored process under ptrace until its

@@ -714,6 +714,33 @@ fn a_pending_signal_is_restored_and_its_reset_refused() {
     assert_eq!(answers, vec![serde_json::json!([true, true]), serde_json::json!([false, false])]);
 }
 
+/// A child that exited at init and was not waited for is a zombie again after the
+/// restore, with its pid and exit status; a call that waits for it takes it for good,
+/// and a reset cannot make it again, so each reset is refused by name and each call
+/// gets a fresh restore with the zombie; without resets the second call finds none.
+#[test]
+fn a_zombie_child_is_restored_and_its_reset_refused() {
+    let code = bundle(
+        "zombie",
+        &[(
+            "handler.py",
+            "import os, time\nKID = os.fork()\nif KID == 0:\n    os._exit(9)\ntime.sleep(0.2)\n\n\
+             def handler(event, context):\n    try:\n        pid, status = os.waitpid(KID, os.WNOHANG)\n    except ChildProcessError:\n        \
+             return None\n    return [pid == KID, os.waitstatus_to_exitcode(status)]\n",
+        )],
+    );
+    let snap = scratch().join("snap-zombie");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "zombie", "{}", &["--invocations", "3", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!([true, 9]); 3], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        let why = r["discarded"].as_str().unwrap_or_else(|| panic!("the reset was not refused: {r}"));
+        assert!(why.contains("zombie"), "{why}");
+    }
+    let (answers, _) = restore_with(&snap, "zombie-plain", "{}", &["--invocations", "2"]);
+    assert_eq!(answers, vec![serde_json::json!([true, 9]), serde_json::Value::Null]);
+}
+
 /// A /tmp file opened and then deleted at init is carried across the snapshot (made
 /// again at its path, opened, unlinked). A call that writes it is reset: its contents
 /// go back (rewritten through the descriptor), and every call reads them as the

@@ -84,11 +84,13 @@ impl Tracee {
         Ok(Tracee { pid })
     }
 
-    /// Also trace threads this tracee creates (they start stopped, attached to us).
+    /// Also trace threads and processes this tracee creates (they start stopped,
+    /// attached to us).
     pub fn trace_clones(&self) -> io::Result<()> {
         let opts = nptrace::Options::PTRACE_O_TRACESYSGOOD
             | nptrace::Options::PTRACE_O_EXITKILL
-            | nptrace::Options::PTRACE_O_TRACECLONE;
+            | nptrace::Options::PTRACE_O_TRACECLONE
+            | nptrace::Options::PTRACE_O_TRACEFORK;
         nptrace::setoptions(self.pid, opts).map_err(nix_io)
     }
 
@@ -105,6 +107,18 @@ impl Tracee {
                 WaitStatus::Signaled(_, sig, _) => {
                     return Err(io::Error::other(format!("process was killed by {sig}")))
                 }
+                _ => continue,
+            }
+        }
+    }
+
+    /// Wait until the tracee has exited: its exit code (None: killed by a signal).
+    pub fn wait_exit(&self) -> io::Result<Option<i32>> {
+        loop {
+            match waitpid(self.pid, Some(WaitPidFlag::__WALL)).map_err(nix_io)? {
+                WaitStatus::Exited(_, code) => return Ok(Some(code)),
+                WaitStatus::Signaled(..) => return Ok(None),
+                WaitStatus::Stopped(_, sig) => return Err(io::Error::other(format!("stopped by {sig} instead of exiting"))),
                 _ => continue,
             }
         }
