@@ -544,6 +544,49 @@ async function warmUp() {
   } catch (_) { /* best effort */ }
 }
 
+// The reply to `restored` (a restored clone): reseed, run the afterRestore hooks.
+async function restoredReply(msg) {
+  let reply = { type: 'ok' };
+  let stage = 'reseeding';
+  try {
+    reseed();
+    stage = 'afterRestore hook';
+    for (const h of afterRestoreHooks) await h();
+  } catch (e) {
+    const p = errorParts(e);
+    reply = { type: 'error', errorType: p.errorType, errorMessage: `${stage} failed: ${p.errorMessage}`, stackTrace: p.stackTrace };
+  }
+  if (msg.nonce !== undefined) reply.nonce = msg.nonce;
+  return reply;
+}
+
+// THAW_BASE=1: this runtime is captured as a *base* (started, warmed up, no
+// function loaded; see the engine's layers.rs). Say so, then wait for the node to
+// name the function: a "load" frame carries its whole environment (_HANDLER
+// included). Returns false if the node said shutdown instead.
+async function waitAsBase() {
+  await warmUp();
+  if (typeof globalThis.gc === 'function') globalThis.gc();
+  send({ type: 'ready', base: true, restore_notice: true });
+  let msg;
+  for (;;) {
+    msg = recv(); // <- the engine snapshots a base blocked in this read
+    if (msg.type === 'load') break;
+    if (msg.type === 'restored') send(await restoredReply(msg));
+    else if (msg.type === 'shutdown') return false;
+    else throw new ProtocolError(`a base expects load, got ${JSON.stringify(msg.type)}`);
+  }
+  const env = msg.env;
+  if (env === null || typeof env !== 'object' || Array.isArray(env) || !Object.values(env).every((v) => typeof v === 'string')) {
+    throw new ProtocolError('load carries no environment object of strings');
+  }
+  for (const k of Object.keys(process.env)) if (!(k in env)) delete process.env[k];
+  for (const [k, v] of Object.entries(env)) process.env[k] = v;
+  // NODE_PATH is read once at start-up: read it again for the function's value.
+  require('module')._initPaths();
+  return true;
+}
+
 // --------------------------------------------------------------------------
 // main
 // --------------------------------------------------------------------------
@@ -569,7 +612,6 @@ async function init(appRoot) {
 }
 
 async function main() {
-  const appRoot = process.env.LAMBDA_TASK_ROOT || '/var/task';
   installConsole();
   process.on('uncaughtException', (e) => onFatal('uncaughtException', e));
   process.on('unhandledRejection', (e) => onFatal('unhandledRejection', e));
@@ -579,6 +621,19 @@ async function main() {
   });
 
   if (process.env.THAW_SNAPSHOT === '1') replaceRandomness();
+  const base = process.env.THAW_BASE === '1';
+  if (base) {
+    try {
+      if (!(await waitAsBase())) { exitNow(0); return; }
+    } catch (e) {
+      if (e instanceof ChannelClosed) { exitNow(0); return; }
+      const what = e instanceof ProtocolError ? 'protocol error' : 'internal error';
+      try { writeAll(2, Buffer.from(`thaw runtime: ${what}: ${e instanceof ProtocolError ? e.message : util.inspect(e)}\n`)); } catch (_) { /* ignore */ }
+      exitNow(e instanceof ProtocolError ? 2 : 3);
+      return;
+    }
+  }
+  const appRoot = process.env.LAMBDA_TASK_ROOT || '/var/task';
   // Init races against a fatal error / an emptied loop during init.
   const outcome = await new Promise((resolve) => {
     initDone = resolve;
@@ -598,8 +653,9 @@ async function main() {
     exitNow(1);
     return;
   }
-  // Only an instance about to be captured warms up (a plain cold boot would just be slower).
-  if (process.env.THAW_SNAPSHOT === '1') await warmUp();
+  // Only an instance about to be captured warms up (a plain cold boot would just be
+  // slower); a base warmed up before the function loaded.
+  if (process.env.THAW_SNAPSHOT === '1' && !base) await warmUp();
   // Compact the heap so the snapshot holds live objects only.
   if (typeof globalThis.gc === 'function') globalThis.gc();
 
@@ -617,21 +673,9 @@ async function main() {
           if (exitAfterReply !== null) exitNow(exitAfterReply);
           break;
         }
-        case 'restored': {
-          let reply = { type: 'ok' };
-          let stage = 'reseeding';
-          try {
-            reseed();
-            stage = 'afterRestore hook';
-            for (const h of afterRestoreHooks) await h();
-          } catch (e) {
-            const p = errorParts(e);
-            reply = { type: 'error', errorType: p.errorType, errorMessage: `${stage} failed: ${p.errorMessage}`, stackTrace: p.stackTrace };
-          }
-          if (msg.nonce !== undefined) reply.nonce = msg.nonce;
-          send(reply);
+        case 'restored':
+          send(await restoredReply(msg));
           break;
-        }
         case 'shutdown':
           exitNow(0);
           return;

@@ -329,6 +329,43 @@ class NodeShimTest(shimtest.ShimTestCase):
         self.assertEqual(rt2.close(), 2)
         self.assertIn("protocol error", rt2.read_log())
 
+    # ---- base ------------------------------------------------------------
+    def test_base_waits_for_its_function_then_takes_its_environment(self):
+        os.makedirs(os.path.join(self.dir, "lib"), exist_ok=True)
+        self.write("lib/dep.js", "module.exports = 'from NODE_PATH';\n")
+        self.write("index.js", """
+            const SEEN = process.env.SECRET;
+            const dep = require('dep');
+            exports.handler = async () => ({init: SEEN, now: process.env.SECRET, dep,
+                base: process.env.THAW_BASE === undefined ? null : process.env.THAW_BASE,
+                fn: process.env.AWS_LAMBDA_FUNCTION_NAME});
+        """)
+        rt = self.start("", env={"THAW_BASE": "1", "SECRET": "from-the-boot"})
+        self.assertEqual(rt.init, {"type": "ready", "base": True, "restore_notice": True}, rt.read_log())
+        rt.send({"type": "restored", "nonce": "n1"})
+        self.assertEqual(rt.recv(), {"type": "ok", "nonce": "n1"})
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG")}
+        env.update(_HANDLER="index.handler", LAMBDA_TASK_ROOT=self.dir, SECRET="s3", AWS_LAMBDA_FUNCTION_NAME="layered",
+                   NODE_PATH=os.path.join(self.dir, "lib"))
+        rt.send({"type": "load", "env": env})
+        self.assertEqual(rt.recv()["type"], "ready", rt.read_log())
+        v = json.loads(rt.invoke({})["result"])
+        # The function sees the environment `load` carried (NODE_PATH included),
+        # nothing of the base's.
+        self.assertEqual(v, {"init": "s3", "now": "s3", "dep": "from NODE_PATH", "base": None, "fn": "layered"})
+        self.assertEqual(rt.shutdown(), 0)
+
+    def test_base_rejects_anything_but_load(self):
+        rt = self.start("", env={"THAW_BASE": "1"})
+        self.assertTrue(rt.init["base"])
+        rt.send({"type": "invoke", "request_id": "1", "payload": "{}"})
+        self.assertEqual(rt.close(), 2)
+        self.assertIn("a base expects load", rt.read_log())
+        rt2 = self.start("", env={"THAW_BASE": "1"})
+        rt2.send({"type": "load", "env": {"A": 1}})
+        self.assertEqual(rt2.close(), 2)
+        self.assertIn("no environment object of strings", rt2.read_log())
+
 
 if __name__ == "__main__":
     unittest.main()

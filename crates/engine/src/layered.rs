@@ -27,6 +27,18 @@ pub fn build_base(cfg: &FunctionConfig, bases: &Path) -> Result<BaseMeta, Instan
     Ok(install(&dir, bases, key)?)
 }
 
+/// Whether a snapshot of `cfg` can be a diff on a base, and if not why: its runtime
+/// can have one ([`supported`]), and nothing of the function is needed before
+/// its runtime starts (a Node.js function's NODE_OPTIONS is read as node starts,
+/// before a base knows the function).
+pub fn usable(cfg: &FunctionConfig) -> Result<(), LayerError> {
+    supported(cfg.runtime)?;
+    if cfg.runtime == thaw_runtime::Runtime::Nodejs20 && cfg.env.iter().any(|(k, _)| k == "NODE_OPTIONS") {
+        return Err(LayerError::Refused("the function sets NODE_OPTIONS, which node reads as it starts, before a base knows the function: its snapshot is a full image".into()));
+    }
+    Ok(())
+}
+
 /// The base key `cfg` would be layered on.
 pub fn key_for(cfg: &FunctionConfig) -> BaseKey {
     BaseKey::of(&cfg.record())

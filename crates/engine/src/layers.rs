@@ -388,10 +388,10 @@ impl LayerSizes {
 /// Whether `runtime` can have a base, and if not why.
 pub fn supported(runtime: thaw_runtime::Runtime) -> Result<(), LayerError> {
     match runtime {
-        thaw_runtime::Runtime::Python3 => Ok(()),
+        thaw_runtime::Runtime::Python3 | thaw_runtime::Runtime::Nodejs20 => Ok(()),
         other => Err(LayerError::Unsupported {
             runtime: other.name().into(),
-            why: "its shim loads the handler as the VM starts and cannot yet wait for a function after start-up; its snapshots are full images",
+            why: "its shim loads the function's classes as the VM starts and cannot yet wait for a function after start-up; its snapshots are full images",
         }),
     }
 }

@@ -159,7 +159,7 @@ pub struct ServeArgs {
     pub no_bases: bool,
     /// Build a runtime's base (DATA_DIR/bases, as `thaw base build`) the first time a
     /// function of it is deployed; then its snapshots are small diffs on it. Without it a
-    /// base is used when one exists (Python only so far). With --snapshot-store a diff
+    /// base is used when one exists (Python and Node.js so far). With --snapshot-store a diff
     /// is published with its base, stored once for all the diffs on it.
     #[arg(long)]
     pub build_bases: bool,

@@ -18,7 +18,7 @@ pub enum BaseCmd {
     /// description as JSON. `thaw snapshot create` then captures only what a function's
     /// init adds on top of it.
     Build {
-        /// Language runtime (python3; nodejs20.x and java17 cannot have a base yet).
+        /// Language runtime (python3 or nodejs20.x; java17 cannot have a base yet).
         #[arg(long, default_value = "python3")]
         runtime: String,
         /// Memory limit in MiB of the sandboxes it serves (a base serves one memory class).
@@ -80,7 +80,7 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
 /// The base a snapshot of `cfg` goes on by default: one built for its runtime and
 /// sandbox shape, when the runtime can be layered.
 pub fn default_base(cfg: &FunctionConfig, data_dir: &Path) -> Result<Option<BaseMeta>> {
-    if let Err(e) = layers::supported(cfg.runtime) {
+    if let Err(e) = layered::usable(cfg) {
         tracing::info!("{e}");
         return Ok(None);
     }

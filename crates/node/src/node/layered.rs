@@ -24,7 +24,12 @@ pub struct Bases {
 static BUILDING: Mutex<()> = Mutex::new(());
 
 fn base_for(cfg: &FunctionConfig, bases: &Bases) -> Option<BaseMeta> {
-    layers::supported(cfg.runtime).ok()?;
+    if let Err(e) = layered::usable(cfg) {
+        if !matches!(e, layers::LayerError::Unsupported { .. }) {
+            info!(function = %cfg.function_name, "{e}");
+        }
+        return None;
+    }
     let key = layered::key_for(cfg);
     let find = || layers::find(&bases.dir, &key).map_err(|e| warn!(error = %e, "listing the bases")).ok().flatten();
     if let Some(b) = find() {
