@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Layered snapshots (issue #11): base + diff against today's full image, same run.
 
-For each function: a full image (`--no-base`, today) and a diff on the Python base
-(`thaw base build`) are created, each records its working set once (REAP), then
+For each function: a full image (`--no-base`, today) and a diff on its runtime's
+base (`thaw base build`; Python and Node.js: `--functions nodejs/helloworld`) are created, each records its working set once (REAP), then
 RUNS rounds, interleaved, each from a cold page cache (every snapshot file and the
 base evicted): cold boot, full image + REAP prefetch (today), base + diff eager
 (the whole diff and its base pages installed before resuming: SnapFaaS- on our
@@ -18,7 +18,7 @@ together, each invoked once (`thaw snapshot memory`): mean per-instance USS, PSS
 RSS, the base/diff pages mapped from the shared memory file, and MemAvailable's drop
 per instance (noisy: page cache), for the full image and for the diff.
 
-Writes JSON (default bench/results/layers.json) and prints a table.
+Writes JSON (default bench/results/layers.json) and an SVG chart beside it, and prints a table.
 """
 
 import argparse
@@ -49,6 +49,37 @@ def dir_bytes(path, names=("pages.img",)):
     return sum(os.path.getsize(os.path.join(path, n)) for n in names if os.path.exists(os.path.join(path, n)))
 
 
+def chart(results, path):
+    """Bytes (base, diff, full) and total ms per mode, per function, as an SVG."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fns = list(results["functions"])
+    if not fns:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+    sizes = ("diff", "full")
+    w = 0.8 / len(sizes)
+    for j, k in enumerate(sizes):
+        axes[0].bar([i + j * w for i in range(len(fns))], [results["functions"][f]["bytes"][k] / 1e6 for f in fns], w, label=k)
+    axes[0].set_title("stored MB (the diff's base stored once per runtime)", fontsize=10)
+    modes = ("full-prefetch", "diff-eager", "diff-prefetch", "diff-prefetch-shared")
+    w = 0.8 / len(modes)
+    for j, m in enumerate(modes):
+        axes[1].bar([i + j * w for i in range(len(fns))], [results["functions"][f]["modes"][m]["total_ms"] for f in fns], w, label=m)
+    axes[1].set_title("restore + first response, ms (median, cold page cache)", fontsize=10)
+    for ax, n in zip(axes, (len(sizes), len(modes))):
+        ax.set_xticks([i + 0.4 - 0.4 / n for i in range(len(fns))])
+        ax.set_xticklabels(fns, fontsize=8)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--thaw", default=os.environ.get("THAW", "target/release/thaw"))
@@ -62,11 +93,20 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="thaw-layers-")
     env = dict(os.environ, THAW_DATA_DIR=os.path.join(work, "data"))
     env.pop("THAW_LOG", None)
-    base = thaw_json(thaw, ["base", "build", "--runtime", "python3"], env)
-    results = {"base": {"id": base["id"], "bytes": base["bytes"]}, "runs": args.runs, "functions": {}}
+    bases = {}
+    results = {"bases": {}, "runs": args.runs, "functions": {}}
     for fn in [f for f in args.functions.split(",") if f]:
         runtime, code, handler, payload = reset_bench.function_spec(fn, args.samples)
         payload = payload or "{}"
+        if runtime not in bases:
+            # A runtime that cannot have a base (Java) says so: its "diff" is a full image.
+            try:
+                bases[runtime] = thaw_json(thaw, ["base", "build", "--runtime", runtime], env)
+                results["bases"][runtime] = {"id": bases[runtime]["id"], "bytes": bases[runtime]["bytes"]}
+            except subprocess.CalledProcessError as e:
+                print("%s: no base (%s)" % (runtime, e.stderr.decode().strip()), flush=True)
+                bases[runtime] = None
+        base = bases[runtime] or {"bytes": 0, "dir": None}
         common = ["--code", code, "--handler", handler, "--runtime", runtime]
         snaps = {k: os.path.join(work, "%s.%s" % (fn.replace("/", "_"), k)) for k in ("full", "diff")}
         t = time.perf_counter()
@@ -91,7 +131,8 @@ def main(argv=None):
         for _ in range(args.runs):
             for m, a in modes.items():
                 for d in (*snaps.values(), base["dir"]):
-                    coldstart.evict_page_cache(d)
+                    if d:
+                        coldstart.evict_page_cache(d)
                 samples[m].append(reset_bench.run_stats(thaw, a, env))
         med = lambda m, k: statistics.median(s.get(k) or 0.0 for s in samples[m])  # noqa: E731
         res = {
@@ -133,7 +174,12 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
-    print("base %s: %.2f MB; written %s" % (base["id"][:12], base["bytes"] / 1e6, args.out))
+    svg = chart(results, os.path.splitext(args.out)[0] + ".svg")
+    if svg:
+        print("chart %s" % svg)
+    for runtime, b in results["bases"].items():
+        print("%s base %s: %.2f MB" % (runtime, b["id"][:12], b["bytes"] / 1e6))
+    print("written %s" % args.out)
     subprocess.run(["rm", "-rf", work])
 
 

@@ -185,8 +185,8 @@ const DOWN_FOR: Duration = Duration::from_secs(10);
 /// A node whose last heartbeat is older than this is left out (silent: partitioned, or
 /// its agent killed without a connection to tell). Three of the agent's heartbeats.
 const STALE_AFTER: Duration = Duration::from_secs(3 * crate::agent::HEARTBEAT.as_secs());
-/// Placements of one request: its first node and, when connecting to it failed (the
-/// request never reached it, so it never ran), others.
+/// Placements of one request whose connection is refused: its first node and, when
+/// connecting to it failed (the request never reached it, so it never ran), others.
 const ATTEMPTS: usize = 3;
 
 impl Gateway {
@@ -750,7 +750,6 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
     // Agents that refused this request for their share of the function's reserved concurrency.
     let mut throttled_by: Vec<String> = Vec::new();
     let (rparts, bytes, _guard, ad) = loop {
-        attempt += 1;
         let view = gw.usable_view();
         let ad = {
             let mut in_flight = gw.in_flight.lock().unwrap_or_else(|e| e.into_inner());
@@ -782,6 +781,9 @@ async fn send(gw: &Gateway, parts: &axum::http::request::Parts, body: Bytes, fun
             Err(e) => {
                 if e.is_connect() {
                     gw.mark_down(&ad);
+                    // Only refused connections count: an agent's refusal for its share
+                    // of a reserved concurrency (below) is not a failed placement.
+                    attempt += 1;
                     if attempt < ATTEMPTS {
                         continue;
                     }
