@@ -808,9 +808,18 @@ impl Follower {
     /// invocation recorded a working set, and deletes the old one: recorded again then).
     /// An agent that has to build a revision for the version later (one that joins after
     /// $LATEST moved on) serves from it instead of capturing: one capture per version
-    /// per cluster. (One that finds it gone from the store captures its own.)
+    /// per cluster. (One that finds it gone from the store captures its own.) Another
+    /// agent serving the recorded snapshot follows it when it is recorded anew
+    /// (`Node::readopt_version`), as $LATEST's do.
     async fn publish_version_snapshot(&self, v: &Wanted, n: u64, agents: Option<&Builders>) -> Result<(), String> {
         if agents.and_then(|a| a.of(&v.name)) != Some(self.node_name.as_str()) {
+            // Another agent's: one serving the snapshot the builder recorded follows it
+            // when recorded anew (the builder deletes the old one after a grace).
+            if let Some(id) = &v.snapshot {
+                if self.node.readopt_version(&v.name, n, id) {
+                    info!(function = %v.name, version = n, snapshot = %id, "serving the version's snapshot its builder published again");
+                }
+            }
             return Ok(());
         }
         let Some(id) = self.node.version_snapshot(&v.name, n) else { return Ok(()) };

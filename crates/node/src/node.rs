@@ -428,7 +428,20 @@ impl Node {
     pub fn readopt(&self, name: &str, id: &str) -> bool {
         let Some(f) = self.function(name) else { return false };
         let st = f.lock();
-        let Some(rev) = st.active.as_ref().filter(|r| r.snapshot.adopted() && r.snapshot.stored_id().as_deref() != Some(id)) else { return false };
+        st.active.as_ref().is_some_and(|rev| self.readopt_rev(name, rev, id))
+    }
+
+    /// [`Node::readopt`] for published version `n`'s revision.
+    pub fn readopt_version(&self, name: &str, n: u64, id: &str) -> bool {
+        let Some(f) = self.function(name) else { return false };
+        let st = f.lock();
+        st.versions.get(&n).is_some_and(|p| self.readopt_rev(name, &p.rev, id))
+    }
+
+    fn readopt_rev(&self, name: &str, rev: &Revision, id: &str) -> bool {
+        if !rev.snapshot.adopted() || rev.snapshot.stored_id().as_deref() == Some(id) {
+            return false;
+        }
         rev.snapshot.set_stored(id.to_string());
         if let Err(e) = self.registry.set_adopted_snapshot(rev.id, id) {
             warn!(function = %name, error = %error_chain(&e), "recording an adopted snapshot");
