@@ -6,8 +6,10 @@
 //!
 //! A ThawFunction names its code bundle in the agents' snapshot store (`spec.code`:
 //! key and SHA-256; `thaw bundle push` puts one there), fetched and checked by each
-//! agent. The function's name on the node is the object's name: one name in two
-//! namespaces is refused until one is left. A function the
+//! agent. The function's name on the node is the object's name, or `spec.name` when
+//! that cannot be an object's (capitals, `_`: the gateway names such an object
+//! [`crate::registry::object_name`]): one name in two namespaces is refused until one
+//! is left. A function the
 //! follower deployed says so in its description (`ThawFunction NAMESPACE/NAME`); it
 //! never touches another function of the same name (one made through the node's own
 //! Lambda API), and removes its own once their object is gone, also when that
@@ -130,13 +132,15 @@ type Objects = BTreeMap<(String, String), Result<Wanted, String>>;
 /// only one is left, rather than deployed as whichever was seen last.
 fn by_name(objects: &Objects) -> BTreeMap<String, Result<Wanted, String>> {
     let mut out: BTreeMap<String, Result<Wanted, String>> = BTreeMap::new();
-    let mut spaces: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for ((ns, name), w) in objects {
-        spaces.entry(name).or_default().push(ns);
-        out.insert(name.clone(), w.clone());
+    let mut spaces: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for ((ns, object), w) in objects {
+        // The function's name (`spec.name` when the object's cannot be it).
+        let name = w.as_ref().map_or_else(|_| object.clone(), |w| w.name.clone());
+        spaces.entry(name.clone()).or_default().push(ns);
+        out.insert(name, w.clone());
     }
     for (name, nss) in spaces.into_iter().filter(|(_, nss)| nss.len() > 1) {
-        out.insert(name.to_string(), Err(format!("is in namespaces {}: function names are cluster-wide, keep one", nss.join(", "))));
+        out.insert(name, Err(format!("is in namespaces {}: function names are cluster-wide, keep one", nss.join(", "))));
     }
     out
 }
@@ -843,11 +847,8 @@ impl Follower {
             status["snapshot"] = s;
         }
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &w.namespace, &thawfunction_resource());
-        let object = match w.version {
-            Some(n) => crate::registry::version_object_name(&w.name, n),
-            None => w.name.clone(),
-        };
-        api.patch_status(&object, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await.map(drop)
+        let object = &w.object;
+        api.patch_status(object, &PatchParams::default(), &Patch::Merge(&json!({"status": status}))).await.map(drop)
     }
 
     /// The function's bundle from the node's snapshot store, checked.
@@ -998,6 +999,39 @@ mod tests {
         assert!(e.contains("team-a, team-b"), "{e}");
         objects.remove(&("team-a".to_string(), "hello".to_string()));
         assert_eq!(by_name(&objects)["hello"].as_ref().unwrap().description, "ThawFunction team-b/hello");
+    }
+
+    #[test]
+    fn names_that_cannot_be_object_names_are_mapped_and_kept_in_the_spec() {
+        use crate::registry::object_name;
+        assert_eq!(object_name("shared-deps"), "shared-deps", "a valid object name is itself");
+        let odd = object_name("My_Func");
+        assert!(odd.starts_with("my-func-") && odd.len() == "my-func-".len() + 16, "{odd}");
+        assert_ne!(object_name("my_func"), odd, "names differing only in case are two objects");
+        assert_ne!(object_name("my_func"), "my-func", "nor the name it looks like");
+        assert!(object_name(&"x".repeat(64)).len() <= 63, "a label value too");
+        assert!(!object_name("_a").starts_with('-'));
+        let spec = thaw_node::node::FunctionSpec {
+            name: "My_Func".into(),
+            runtime: "python3.12".into(),
+            role: String::new(),
+            handler: "h.handler".into(),
+            description: String::new(),
+            timeout_s: 3,
+            memory_mb: 128,
+            env: BTreeMap::new(),
+            layers: Vec::new(),
+        };
+        let made = crate::registry::object_of(&spec, "team-a", "k", &"00".repeat(32), &[]);
+        assert_eq!(made["metadata"]["name"].as_str(), Some(odd.as_str()));
+        let mut obj = object(made["spec"].clone());
+        obj.metadata.name = Some(odd.clone());
+        let w = Wanted::from_object(&obj).unwrap();
+        assert_eq!((w.name.as_str(), w.object.as_str()), ("My_Func", odd.as_str()));
+        // The agents want it by its own name (what the node calls it), not its object's.
+        let objects: Objects = [(("team-a".to_string(), odd.clone()), Ok(w))].into();
+        assert_eq!(by_name(&objects).keys().collect::<Vec<_>>(), ["My_Func"]);
+        assert_eq!(crate::registry::version_object_name("My_Func", 2), format!("{odd}.v2"));
     }
 
     #[test]

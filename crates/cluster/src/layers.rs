@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use thaw_node::api::{layer_list_item, layer_matches, layer_version_answer, layer_version_number, page, publish_layer_request, query_param, ApiError};
 use thaw_node::registry::LayerVersionRecord;
 
-use crate::registry::{kube_error, put_bundle, sha256_b64, unreadable};
+use crate::registry::{kube_error, object_name, put_bundle, sha256_b64, unreadable};
 
 pub fn thawlayer_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("thaw.dev", "v1alpha1", "ThawLayer"), "thawlayers")
@@ -116,21 +116,6 @@ fn spec_of(obj: &DynamicObject) -> Result<LayerSpec, ApiError> {
     serde_json::from_value(obj.data["spec"].clone()).map_err(|e| unreadable(format!("ThawLayer {}: {e}", obj.metadata.name.as_deref().unwrap_or("?"))))
 }
 
-/// The object of layer `name`: the name itself when it is a valid object name
-/// (lowercase letters, digits and `-`), else one made of it plus a hash of it (a
-/// layer name may have capitals and `_`, an object's may not).
-pub fn layer_object_name(name: &str) -> String {
-    let valid = name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if valid {
-        return name.to_string();
-    }
-    let cleaned: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).take(40).collect();
-    format!("{}-{:016x}", cleaned.trim_matches('-'), crate::hash::hash_str(name)).trim_start_matches('-').to_string()
-}
-
 /// Where the gateway's layers live: the ThawLayers of one namespace, zips in one store.
 pub struct Layers {
     api: Api<DynamicObject>,
@@ -167,7 +152,7 @@ impl Layers {
     /// The object of layer `name` and its spec, if there is one.
     async fn layer(&self, name: &str) -> Result<Option<(DynamicObject, LayerSpec)>, ApiError> {
         let arn = self.layer_arn(name);
-        let Some(obj) = self.api.get_opt(&layer_object_name(name)).await.map_err(|e| kube_error(e, name, &arn))? else { return Ok(None) };
+        let Some(obj) = self.api.get_opt(&object_name(name)).await.map_err(|e| kube_error(e, name, &arn))? else { return Ok(None) };
         let spec = spec_of(&obj)?;
         // Another name that maps to the same object name (a hash collision): not this layer.
         Ok((spec.name == name).then_some((obj, spec)))
@@ -200,10 +185,10 @@ impl Layers {
             let written = match existing {
                 Some((obj, _)) => {
                     let patch = json!({"metadata": {"resourceVersion": obj.metadata.resource_version}, "spec": spec});
-                    self.api.patch(&layer_object_name(&name), &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+                    self.api.patch(&object_name(&name), &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
                 }
                 None => {
-                    let obj = json!({"apiVersion": "thaw.dev/v1alpha1", "kind": "ThawLayer", "metadata": {"name": layer_object_name(&name), "namespace": self.ns}, "spec": spec});
+                    let obj = json!({"apiVersion": "thaw.dev/v1alpha1", "kind": "ThawLayer", "metadata": {"name": object_name(&name), "namespace": self.ns}, "spec": spec});
                     let obj: DynamicObject = serde_json::from_value(obj).expect("a ThawLayer");
                     self.api.create(&PostParams::default(), &obj).await.map(drop)
                 }
@@ -293,7 +278,7 @@ impl Layers {
                 return Ok(());
             }
             let patch = json!({"metadata": {"resourceVersion": obj.metadata.resource_version}, "spec": spec});
-            match self.api.patch(&layer_object_name(&name), &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match self.api.patch(&object_name(&name), &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => {
                     tracing::info!(layer = %name, version = n, "layer version deleted (its zip stays in the store for the functions that use it)");
                     return Ok(());
@@ -336,18 +321,6 @@ impl Layers {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn layer_names_map_to_object_names() {
-        assert_eq!(layer_object_name("shared-deps"), "shared-deps");
-        let odd = layer_object_name("My_Layer");
-        assert!(odd.starts_with("my-layer-") && odd.len() == "my-layer-".len() + 16, "{odd}");
-        assert_ne!(layer_object_name("my_layer"), layer_object_name("My_Layer"), "names differing only in case are two objects");
-        assert_ne!(layer_object_name("my_layer"), "my-layer", "nor the same as the name it looks like");
-        let long = layer_object_name(&"x".repeat(140));
-        assert!(long.len() <= 63, "{long}");
-        assert!(!layer_object_name("_a").starts_with('-'));
-    }
 
     #[test]
     fn a_layer_ref_names_its_layer_and_version() {

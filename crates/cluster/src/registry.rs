@@ -20,6 +20,21 @@ use thaw_node::registry::{AliasRecord, UrlConfig};
 
 use crate::layers::{LayerRef, Layers};
 
+/// The object of a function or layer `name`: the name itself when it is a valid object
+/// name and label value (lowercase letters, digits and `-`, at most 63), else one made
+/// of it plus a hash of it (Lambda names may have capitals and `_`, objects may not).
+pub fn object_name(name: &str) -> String {
+    let valid = name.len() <= 63
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if valid {
+        return name.to_string();
+    }
+    let cleaned: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).take(40).collect();
+    format!("{}-{:016x}", cleaned.trim_matches('-'), crate::hash::hash_str(name)).trim_start_matches('-').to_string()
+}
+
 /// What the description of a function deployed from the registry starts with.
 pub const MARKER: &str = "ThawFunction ";
 
@@ -54,6 +69,8 @@ impl EnvSource {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Wanted {
     pub name: String,
+    /// Its object's name (the function's, or [`object_name`] of it).
+    pub object: String,
     pub runtime: String,
     pub handler: String,
     pub memory_mb: u64,
@@ -111,14 +128,15 @@ impl Wanted {
     /// Read a ThawFunction. Err: why it cannot be deployed (the apiserver has checked
     /// the schema; what is left is what the node accepts).
     pub fn from_object(obj: &DynamicObject) -> Result<Wanted, String> {
-        let object_name = obj.metadata.name.clone().ok_or("no name")?;
+        let object = obj.metadata.name.clone().ok_or("no name")?;
         let ns = obj.metadata.namespace.clone().unwrap_or_default();
         let spec = &obj.data["spec"];
         let version = spec["version"].as_u64();
         // A version's object is NAME.vN; the function is in its spec.
         let name = match version {
             Some(_) => spec["function"].as_str().ok_or("spec.function is missing")?.to_string(),
-            None => object_name,
+            // Its own name when the object's cannot be it (`spec.name`).
+            None => spec["name"].as_str().map_or_else(|| object.clone(), str::to_string),
         };
         if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
             return Err(format!("'{name}' is not a Lambda function name (letters, digits, - and _, at most 64)"));
@@ -190,6 +208,7 @@ impl Wanted {
             layers,
             sha256,
             name,
+            object,
         })
     }
 
@@ -237,8 +256,8 @@ pub fn object_of(spec: &FunctionSpec, ns: &str, key: &str, sha256: &str, layers:
     let mut obj = json!({
         "apiVersion": "thaw.dev/v1alpha1",
         "kind": "ThawFunction",
-        "metadata": {"name": spec.name, "namespace": ns},
-        "spec": {"runtime": spec.runtime, "handler": spec.handler, "memory": spec.memory_mb, "timeout": spec.timeout_s,
+        "metadata": {"name": object_name(&spec.name), "namespace": ns},
+        "spec": {"name": spec.name, "runtime": spec.runtime, "handler": spec.handler, "memory": spec.memory_mb, "timeout": spec.timeout_s,
                  "env": env, "code": {"key": key, "sha256": sha256}}
     });
     if !layers.is_empty() {
@@ -387,7 +406,7 @@ fn aliases_annotation(aliases: &BTreeMap<String, AliasRecord>) -> String {
 
 /// The object of version `n` of the function whose object is `f`.
 pub fn version_object_name(function: &str, n: u64) -> String {
-    format!("{}.v{n}", function.to_ascii_lowercase())
+    format!("{}.v{n}", object_name(function))
 }
 
 /// The spec fields that make a version (code and configuration): equal ones are the
@@ -467,10 +486,10 @@ impl Registry {
     /// UpdateFunctionCode: the new bundle into the store, then the object points at it.
     pub async fn update_code(&self, name: &str, zip: Vec<u8>) -> Result<Value, ApiError> {
         let size = zip.len() as u64;
-        self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        self.api.get(&object_name(name)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         let (key, sha) = put_bundle(&self.store, zip).await?;
         let patch = json!({"spec": {"code": {"key": key, "sha256": sha, "size": size}}});
-        let obj = self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        let obj = self.api.patch(&object_name(name), &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         self.configuration(&obj, Some(size))
     }
 
@@ -478,7 +497,7 @@ impl Registry {
     /// handler, memory, timeout, environment, layers; role and description are not
     /// kept by the registry).
     pub async fn update_configuration(&self, name: &str, body: &[u8]) -> Result<Value, ApiError> {
-        let obj = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        let obj = self.api.get(&object_name(name)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         let w = Wanted::from_object(&obj).map_err(unreadable)?;
         let change = thaw_node::api::config_change(body, &w.runtime, &w.handler)?;
         if change.revision_id.as_ref().is_some_and(|r| Some(r) != obj.metadata.resource_version.as_ref()) {
@@ -504,13 +523,13 @@ impl Registry {
             spec.insert("layers".into(), json!(self.layers.resolve(&arns).await?));
         }
         let patch = json!({"spec": spec});
-        let obj = self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        let obj = self.api.patch(&object_name(name), &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         self.configuration(&obj, None)
     }
 
     /// DeleteFunction: the function's object and those of its versions.
     pub async fn delete(&self, name: &str) -> Result<(), ApiError> {
-        self.api.delete(name, &DeleteParams::default()).await.map(drop).map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        self.api.delete(&object_name(name), &DeleteParams::default()).await.map(drop).map_err(|e| kube_error(e, name, &self.arn(name)))?;
         for (n, _) in self.versions(name).await? {
             self.delete_version(name, n).await?;
         }
@@ -521,7 +540,7 @@ impl Registry {
     /// an alias routes to it, as Lambda refuses it).
     pub async fn delete_version(&self, name: &str, n: u64) -> Result<(), ApiError> {
         let arn = format!("{}:{n}", self.arn(name));
-        if let Some(f) = self.api.get_opt(name).await.map_err(|e| kube_error(e, name, &arn))? {
+        if let Some(f) = self.api.get_opt(&object_name(name)).await.map_err(|e| kube_error(e, name, &arn))? {
             let aliases = aliases_of(&f, name).map_err(unreadable)?;
             let users: Vec<&str> = aliases.values().filter(|a| a.version == n || a.weights.contains_key(&n)).map(|a| a.name.as_str()).collect();
             if !users.is_empty() {
@@ -547,7 +566,7 @@ impl Registry {
 
     /// The version objects of `name`, by number.
     async fn versions(&self, name: &str) -> Result<BTreeMap<u64, DynamicObject>, ApiError> {
-        let lp = ListParams::default().labels(&format!("{FUNCTION_LABEL}={}", name.to_ascii_lowercase()));
+        let lp = ListParams::default().labels(&format!("{FUNCTION_LABEL}={}", object_name(name)));
         let all = self.api.list(&lp).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
         Ok(all.items.into_iter().filter(|o| o.data["spec"]["function"] == name).filter_map(|o| Some((o.data["spec"]["version"].as_u64()?, o))).collect())
     }
@@ -593,7 +612,7 @@ impl Registry {
             // Take the number: the annotation written over the object as read (a
             // concurrent publish through another gateway gets a conflict and tries again).
             let claim = json!({"metadata": {"resourceVersion": f.metadata.resource_version, "annotations": {LAST_VERSION: n.to_string()}}});
-            match self.api.patch(name, &PatchParams::default(), &Patch::Merge(&claim)).await {
+            match self.api.patch(&object_name(name), &PatchParams::default(), &Patch::Merge(&claim)).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(a)) if a.code == 409 => continue,
                 Err(e) => return Err(kube_error(e, name, &self.arn(name))),
@@ -608,7 +627,7 @@ impl Registry {
             let obj = json!({
                 "apiVersion": "thaw.dev/v1alpha1", "kind": "ThawFunction",
                 "metadata": {"name": version_object_name(name, n), "namespace": self.ns,
-                             "labels": {FUNCTION_LABEL: name.to_ascii_lowercase(), VERSION_LABEL: n.to_string()}},
+                             "labels": {FUNCTION_LABEL: object_name(name), VERSION_LABEL: n.to_string()}},
                 "spec": spec,
             });
             let obj: DynamicObject = serde_json::from_value(obj).expect("a ThawFunction");
@@ -623,8 +642,8 @@ impl Registry {
 
     /// The function object of `name` and its aliases (a version's object is not one).
     async fn function_object(&self, name: &str) -> Result<(DynamicObject, BTreeMap<String, AliasRecord>), ApiError> {
-        let f = self.api.get(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
-        if !f.data["spec"]["version"].is_null() {
+        let f = self.api.get(&object_name(name)).await.map_err(|e| kube_error(e, name, &self.arn(name)))?;
+        if !f.data["spec"]["version"].is_null() || f.data["spec"]["name"].as_str().is_some_and(|n| n != name) {
             return Err(ApiError::not_found(format!("Function not found: {}", self.arn(name))));
         }
         let aliases = aliases_of(&f, name).map_err(unreadable)?;
@@ -646,7 +665,7 @@ impl Registry {
             let (text, answer) = change(&f, aliases)?;
             let Some(text) = text else { return Ok(answer) };
             let patch = json!({"metadata": {"resourceVersion": f.metadata.resource_version, "annotations": {key: text}}});
-            match self.api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match self.api.patch(&object_name(name), &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(_) => return Ok(answer),
                 Err(kube::Error::Api(a)) if a.code == 409 => continue,
                 Err(e) => return Err(kube_error(e, name, &self.arn(name))),
@@ -906,9 +925,9 @@ impl Registry {
 
     /// The FunctionConfiguration of `name` as the registry has it, if it has it.
     pub async fn get(&self, name: &str) -> Result<Option<Value>, ApiError> {
-        match self.api.get_opt(name).await.map_err(|e| kube_error(e, name, &self.arn(name)))? {
-            Some(o) => self.configuration(&o, None).map(Some),
-            None => Ok(None),
+        match self.api.get_opt(&object_name(name)).await.map_err(|e| kube_error(e, name, &self.arn(name)))? {
+            Some(o) if o.data["spec"]["name"].as_str().is_none_or(|n| n == name) => self.configuration(&o, None).map(Some),
+            _ => Ok(None),
         }
     }
 

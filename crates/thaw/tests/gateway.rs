@@ -1172,6 +1172,20 @@ fn layers_through_the_gateway_are_installed_by_every_agent() {
     assert!(metrics.contains("thaw_snapshot_builds_total{how=\"adopted\"} 1"), "the late agent served the builder's snapshot: {}", metrics.lines().filter(|l| l.starts_with("thaw_snapshot_builds_total")).collect::<Vec<_>>().join("; "));
     // Never a number twice.
     assert_eq!(publish(g1, "shared", "three", &[])["Version"].as_u64(), Some(3));
+
+    // A Lambda name that cannot be an object's (capitals, `_`): its object is named
+    // after it (spec.name keeps the name), and it works as any other.
+    let (status, _, out) = create("Team_Fn", &[&arn1]);
+    assert_eq!((status, json_of(&out)["FunctionName"].as_str()), (201, Some("Team_Fn")), "{out}");
+    invoke_until(ports[0], "Team_Fn", "a function named with capitals and _", |st, b| st == 200 && b.contains("\"who\": \"one\""));
+    let (status, _, out) = call(g2, "POST", "/2015-03-31/functions/Team_Fn/versions", b"", SECRET);
+    assert_eq!(status, 201, "{out}");
+    call_until(ports[1], "POST", "/2015-03-31/functions/Team_Fn:1/invocations", "its version 1", |st, b| st == 200 && b.contains("\"who\": \"one\""));
+    let (status, f) = read(g1, "/2015-03-31/functions/Team_Fn");
+    assert_eq!((status, f["Configuration"]["FunctionName"].as_str()), (200, Some("Team_Fn")), "{f}");
+    assert_eq!(read(g1, "/2015-03-31/functions/team_fn").0, 404, "another name");
+    assert_eq!(call(g1, "DELETE", "/2015-03-31/functions/Team_Fn", b"", SECRET).0, 204);
+    invoke_until(ports[0], "Team_Fn", "deleted", |st, _| st == 404);
     drop(agents);
 }
 
