@@ -318,12 +318,11 @@ async fn handle(State(gw): State<Arc<Gateway>>, ConnectInfo(peer): ConnectInfo<s
     if path == "/metrics" && req.method() == axum::http::Method::GET {
         return metrics(&gw, &peer).unwrap_or_else(|e| e.into_response(&request_id));
     }
-    let operation = match path.strip_prefix(URL_PREFIX) {
-        Some(_) => "Url".to_string(),
-        None => crate::metrics::operation(route(req.method(), path).map(|a| format!("{a:?}"))),
-    };
+    // Routed once: the label, and what `forward` runs (a function URL is none).
+    let action = if path.starts_with(URL_PREFIX) { None } else { route(req.method(), path) };
+    let operation = if path.starts_with(URL_PREFIX) { "Url".to_string() } else { crate::metrics::operation(action.as_ref()) };
     let t0 = Instant::now();
-    let r = match forward(&gw, req, &request_id).await {
+    let r = match forward(&gw, req, action, &request_id).await {
         Ok(r) => r,
         Err(e) => {
             if e.status.is_server_error() {
@@ -348,7 +347,9 @@ fn metrics(gw: &Gateway, peer: &std::net::SocketAddr) -> Result<Response, ApiErr
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], gw.metrics.render()).into_response())
 }
 
-async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Response, ApiError> {
+/// Answer `req`, whose Lambda operation is `action` (routed by [`handle`]; None for a
+/// function URL or a path no operation has).
+async fn forward(gw: &Gateway, req: Request, action: Option<Action>, request_id: &str) -> Result<Response, ApiError> {
     let (parts, body) = req.into_parts();
     let body = axum::body::to_bytes(Body::new(body), MAX_BODY)
         .await
@@ -369,7 +370,7 @@ async fn forward(gw: &Gateway, req: Request, request_id: &str) -> Result<Respons
         body: &body,
     };
     gw.verifier.verify(&signed, SystemTime::now())?;
-    let action = route(&parts.method, path).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method)))?;
+    let action = action.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "UnknownOperationException", format!("Unknown operation {} {path}", parts.method)))?;
     let registry = || {
         gw.registry.as_ref().ok_or_else(|| ApiError::new(StatusCode::NOT_IMPLEMENTED, "ServiceException", "this gateway has no --snapshot-store: it serves Invoke and function URLs only"))
     };
