@@ -161,32 +161,16 @@ impl<'a> Injector<'a> {
     /// it to its parent as a zombie).
     pub fn run_exit(&self, code: i32) -> Result<(), InjectError> {
         let pid = self.tracee.pid.as_raw();
-        let mut table = Vec::with_capacity(128);
-        table.extend_from_slice(&libc::SYS_exit_group.to_le_bytes());
-        for a in [code as u64, 0, 0, 0, 0, 0] {
-            table.extend_from_slice(&a.to_le_bytes());
-        }
-        table.extend_from_slice(&UNSET.to_le_bytes());
-        table.extend_from_slice(&(-1i64).to_le_bytes());
-        table.extend_from_slice(&[0u8; 56]);
-        let table_addr = self.region + TABLE_OFF;
-        self.mem.write_all_at(&table, table_addr).map_err(|source| InjectError::Memory { pid, addr: table_addr, source })?;
-        let mut regs = self.template;
-        regs.rip = self.region;
-        regs.rbx = table_addr;
-        regs.orig_rax = u64::MAX;
-        regs.eflags &= !(1 << 8);
-        self.tracee.set_regs(&regs).map_err(|source| InjectError::Ptrace { op: "SETREGS", pid, source })?;
-        self.tracee.cont().map_err(|source| InjectError::Ptrace { op: "CONT", pid, source })?;
+        self.start(&[Call::new("exit_group", libc::SYS_exit_group, &[code as u64])], &DataArea::new(self.region))?;
         match self.tracee.wait_exit().map_err(|source| InjectError::Ptrace { op: "wait(exit)", pid, source })? {
             Some(c) if c == code => Ok(()),
             other => Err(InjectError::UnexpectedStop { pid, rip: 0, signal: Some(format!("expected exit status {code}, got {other:?}")) }),
         }
     }
 
-    /// Run `calls` with `data` placed in the data area; returns each call's result.
-    /// The data area is read back into `data` afterwards so out-parameters can be parsed.
-    pub fn run(&self, calls: &[Call], data: &mut DataArea) -> Result<Vec<i64>, InjectError> {
+    /// Write `calls` (the table the blob runs) and `data` into the region, point the
+    /// tracee at the blob and let it run; returns the table's address.
+    fn start(&self, calls: &[Call], data: &DataArea) -> Result<u64, InjectError> {
         let pid = self.tracee.pid.as_raw();
         if calls.len() as u64 >= TABLE_ENTRIES || data.buf.len() as u64 > DATA_LEN {
             return Err(InjectError::TooLarge { count: calls.len(), max: TABLE_ENTRIES - 1 });
@@ -215,6 +199,15 @@ impl<'a> Injector<'a> {
         regs.eflags &= !(1 << 8); // clear TF
         self.tracee.set_regs(&regs).map_err(|source| InjectError::Ptrace { op: "SETREGS", pid, source })?;
         self.tracee.cont().map_err(|source| InjectError::Ptrace { op: "CONT", pid, source })?;
+        Ok(table_addr)
+    }
+
+    /// Run `calls` with `data` placed in the data area; returns each call's result.
+    /// The data area is read back into `data` afterwards so out-parameters can be parsed.
+    pub fn run(&self, calls: &[Call], data: &mut DataArea) -> Result<Vec<i64>, InjectError> {
+        let pid = self.tracee.pid.as_raw();
+        let table_addr = self.start(calls, data)?;
+        let mem_err = |addr: u64| move |source| InjectError::Memory { pid, addr, source };
         let sig = loop {
             match self.tracee.wait_stop().map_err(|source| InjectError::Ptrace { op: "wait", pid, source })? {
                 // A ptrace event (e.g. PTRACE_EVENT_CLONE of an injected clone3): go on.

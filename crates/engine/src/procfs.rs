@@ -122,10 +122,14 @@ pub struct MmFields {
 }
 
 /// Parse /proc/PID/stat (the comm field may contain spaces and parentheses).
+/// The fields of /proc/PID/stat from field 3 (state) on: field N is index N-3 (the
+/// comm before them may hold spaces and parentheses: the last `)` ends it).
+fn stat_fields(text: &str) -> Option<Vec<&str>> {
+    Some(text.get(text.rfind(')')? + 2..)?.split_whitespace().collect())
+}
+
 pub fn parse_stat(text: &str) -> Option<MmFields> {
-    let after = &text[text.rfind(')')? + 2..];
-    // `after` starts at field 3 (state); field N is index N-3.
-    let f: Vec<&str> = after.split_whitespace().collect();
+    let f = stat_fields(text)?;
     let g = |n: usize| -> Option<u64> { f.get(n - 3)?.parse().ok() };
     Some(MmFields {
         start_code: g(26)?,
@@ -153,8 +157,7 @@ pub struct ProcStat {
 }
 
 pub fn parse_proc_stat(text: &str) -> Option<ProcStat> {
-    let after = &text[text.rfind(')')? + 2..];
-    let f: Vec<&str> = after.split_whitespace().collect();
+    let f = stat_fields(text)?;
     let g = |n: usize| -> Option<i32> { f.get(n - 3)?.parse().ok() };
     Some(ProcStat { state: f.first()?.chars().next()?, pgrp: g(5)?, session: g(6)?, exit_code: g(52)? })
 }

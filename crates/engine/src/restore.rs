@@ -1092,6 +1092,19 @@ const CLONE_THREAD_FLAGS: u64 = (libc::CLONE_VM
     | libc::CLONE_SYSVSEM) as u64;
 const SYS_CLONE3: i64 = 435;
 
+/// The clone3 call (`name`) that makes a task of id `tid` in the sandbox (set_tid)
+/// with `flags` and `exit_signal`, its struct clone_args placed in `data`.
+fn clone3_call(name: &'static str, data: &mut DataArea, flags: u64, exit_signal: u64, tid: i32) -> Call {
+    let set_tid = data.push(&tid.to_le_bytes());
+    let mut args = Vec::with_capacity(88);
+    // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack,
+    // stack_size, tls, set_tid, set_tid_size, cgroup.
+    for v in [flags, 0, 0, 0, exit_signal, 0, 0, 0, set_tid, 1, 0] {
+        args.extend_from_slice(&v.to_le_bytes());
+    }
+    Call::new(name, SYS_CLONE3, &[data.push(&args), 88])
+}
+
 /// Create the image's other threads with their exact tids (clone3 set_tid), each
 /// auto-attached by ptrace and stopped before it runs a single instruction, then
 /// give each its per-thread attributes.
@@ -1109,15 +1122,7 @@ fn create_threads(
     inj.tracee.trace_clones().map_err(|source| InjectError::Ptrace { op: "SETOPTIONS(TRACECLONE)", pid, source })?;
     for t in &img.threads[1..] {
         let mut data = DataArea::new(region);
-        let set_tid = data.push(&t.tid.to_le_bytes());
-        let mut args = Vec::with_capacity(88);
-        // struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack,
-        // stack_size, tls, set_tid, set_tid_size, cgroup.
-        for v in [CLONE_THREAD_FLAGS, 0, 0, 0, 0, 0, 0, 0, set_tid, 1, 0] {
-            args.extend_from_slice(&v.to_le_bytes());
-        }
-        let a = data.push(&args);
-        let res = inj.run(&[Call::new("clone3(thread)", SYS_CLONE3, &[a, 88])], &mut data)?;
+        let res = inj.run(&[clone3_call("clone3(thread)", &mut data, CLONE_THREAD_FLAGS, 0, t.tid)], &mut data)?;
         if res[0] != t.tid as i64 {
             return Err(InjectError::Syscall {
                 pid,
@@ -1173,13 +1178,7 @@ fn create_zombies(inj: &Injector<'_>, wmem: &ProcMem, region: u64, img: &Process
     for z in &img.attrs.zombies {
         let before = children();
         let mut data = DataArea::new(region);
-        let set_tid = data.push(&z.pid.to_le_bytes());
-        let mut args = Vec::with_capacity(88);
-        for v in [ZOMBIE_FLAGS, 0, 0, 0, libc::SIGCHLD as u64, 0, 0, 0, set_tid, 1, 0] {
-            args.extend_from_slice(&v.to_le_bytes());
-        }
-        let a = data.push(&args);
-        let res = inj.run(&[Call::new("clone3(zombie)", SYS_CLONE3, &[a, 88])], &mut data)?;
+        let res = inj.run(&[clone3_call("clone3(zombie)", &mut data, ZOMBIE_FLAGS, libc::SIGCHLD as u64, z.pid)], &mut data)?;
         let syscall_err = |what: String| InjectError::Syscall { pid, index: 0, name: "clone3(zombie)", nr: SYS_CLONE3, err: io::Error::other(what) };
         if res[0] != z.pid as i64 {
             return Err(syscall_err(format!("got pid {} instead of {}", res[0], z.pid)));
