@@ -26,6 +26,7 @@ use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use thaw_node::api::{layer_list_item, layer_matches, layer_version_answer, layer_version_number, page, publish_layer_request, query_param, ApiError};
+use thaw_node::node::LayerArns;
 use thaw_node::registry::LayerVersionRecord;
 
 use crate::registry::{kube_error, object_name, put_bundle, sha256_b64, unreadable};
@@ -33,9 +34,6 @@ use crate::registry::{kube_error, object_name, put_bundle, sha256_b64, unreadabl
 pub fn thawlayer_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("thaw.dev", "v1alpha1", "ThawLayer"), "thawlayers")
 }
-
-/// At most this many layers per function (Lambda's limit, as the node's).
-pub const MAX_LAYERS: usize = thaw_node::node::MAX_LAYERS;
 
 /// A layer version a function uses, as its ThawFunction holds it (`spec.layers[]`):
 /// what an agent needs to install it without reading the ThawLayer.
@@ -130,23 +128,19 @@ impl Layers {
         Layers { api: Api::namespaced_with(client, ns, &thawlayer_resource()), ns: ns.to_string(), store, region: region.into(), account: account.into() }
     }
 
+    /// The cluster's layer names and ARNs (the node's vocabulary, for the gateway's
+    /// region and account).
+    fn arns(&self) -> LayerArns<'_> {
+        LayerArns { region: &self.region, account: &self.account, serves: "cluster" }
+    }
+
     pub fn layer_arn(&self, name: &str) -> String {
-        format!("arn:aws:lambda:{}:{}:layer:{name}", self.region, self.account)
+        self.arns().layer_arn(name)
     }
 
     /// A LayerName parameter (a name, or a layer ARN of this region and account) to a name.
     pub fn layer_name(&self, input: &str) -> Result<String, ApiError> {
-        let name = match input.strip_prefix(self.layer_arn("").as_str()) {
-            Some(n) => n,
-            None if input.starts_with("arn:") => return Err(ApiError::not_found(format!("Layer not found: {input} (this cluster serves only its own region and account)"))),
-            None => input,
-        };
-        if name.is_empty() || name.len() > 140 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            return Err(ApiError::invalid(format!(
-                "1 validation error detected: Value '{name}' at 'layerName' failed to satisfy constraint: Member must satisfy regular expression pattern: [a-zA-Z0-9-_]+ and have length at most 140"
-            )));
-        }
-        Ok(name.to_string())
+        Ok(self.arns().layer_name(input)?)
     }
 
     /// The object of layer `name` and its spec, if there is one.
@@ -290,27 +284,13 @@ impl Layers {
         Err(ApiError::new(StatusCode::CONFLICT, "ResourceConflictException", format!("layer {name} is being changed concurrently; try again")))
     }
 
-    /// A function's `Layers` (version ARNs) as its ThawFunction holds them: at most
-    /// [`MAX_LAYERS`], each a version the registry has, no layer twice; in order.
+    /// A function's `Layers` (version ARNs) as its ThawFunction holds them: checked as
+    /// the node checks them ([`LayerArns::function_layers`]), each a version the
+    /// registry has; in order.
     pub async fn resolve(&self, arns: &[String]) -> Result<Vec<LayerRef>, ApiError> {
-        if arns.len() > MAX_LAYERS {
-            return Err(ApiError::invalid(format!(
-                "1 validation error detected: Value '[{}]' at 'layers' failed to satisfy constraint: Member must have length less than or equal to {MAX_LAYERS}",
-                arns.join(", ")
-            )));
-        }
         let mut out: Vec<LayerRef> = Vec::with_capacity(arns.len());
-        for arn in arns {
+        for ((name, n), arn) in self.arns().function_layers(arns)?.into_iter().zip(arns) {
             let invalid = || ApiError::invalid(format!("Layer version {arn} does not exist."));
-            let (prefix, v) = arn.rsplit_once(':').ok_or_else(invalid)?;
-            let name = match prefix.strip_prefix(self.layer_arn("").as_str()) {
-                Some(n) if !n.is_empty() => n.to_string(),
-                _ => return Err(invalid()),
-            };
-            let n: u64 = v.parse().map_err(|_| invalid())?;
-            if out.iter().any(|l| l.name_and_version().is_some_and(|(o, _)| o == name)) {
-                return Err(ApiError::invalid(format!("Two different versions of the same layer are not allowed to be referenced in the same function. {}", self.layer_arn(&name))));
-            }
             let stored = self.version(&name, n).await.map_err(|e| if e.status == StatusCode::NOT_FOUND { invalid() } else { e })?;
             out.push(LayerRef { arn: arn.clone(), code: stored.code });
         }

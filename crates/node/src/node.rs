@@ -36,7 +36,7 @@ use crate::registry::{FunctionRecord, FunctionSettings, Registry, RegistryError,
 
 mod settings;
 mod layer_versions;
-pub use layer_versions::{LayerError, PublishLayer, MAX_LAYERS};
+pub use layer_versions::{LayerArns, LayerError, PublishLayer};
 mod provisioned;
 mod update;
 mod deploy;

@@ -54,22 +54,31 @@ fn check_name(name: &str) -> Result<(), LayerError> {
     Ok(())
 }
 
-impl Node {
+/// Layer names and ARNs of one region and account, as a node or a cluster's gateways
+/// serve them (`serves`: "node" or "cluster", named when an ARN is another's).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerArns<'a> {
+    pub region: &'a str,
+    pub account: &'a str,
+    pub serves: &'static str,
+}
+
+impl LayerArns<'_> {
     /// `arn:aws:lambda:<region>:<account>:layer:<name>`.
     pub fn layer_arn(&self, name: &str) -> String {
-        format!("arn:aws:lambda:{}:{}:layer:{name}", self.cfg.region, self.cfg.account)
+        format!("arn:aws:lambda:{}:{}:layer:{name}", self.region, self.account)
     }
 
     pub fn layer_version_arn(&self, name: &str, version: u64) -> String {
         format!("{}:{version}", self.layer_arn(name))
     }
 
-    /// A LayerName parameter (a name, or this node's layer ARN) to a name.
+    /// A LayerName parameter (a name, or a layer ARN of this region and account) to a name.
     pub fn layer_name(&self, input: &str) -> Result<String, LayerError> {
         let name = match input.strip_prefix(self.layer_arn("").as_str()) {
             Some(n) => n,
             None if input.starts_with("arn:") => {
-                return Err(LayerError::NotFound(format!("Layer not found: {input} (this node serves only its own region and account)")))
+                return Err(LayerError::NotFound(format!("Layer not found: {input} (this {} serves only its own region and account)", self.serves)))
             }
             None => input,
         };
@@ -77,8 +86,9 @@ impl Node {
         Ok(name.to_string())
     }
 
-    /// A layer version ARN to (name, version); `NotFound` when it is not this node's.
-    pub fn parse_layer_version_arn(&self, arn: &str) -> Result<(String, u64), LayerError> {
+    /// A layer version ARN to (name, version); `Invalid` when it is not of this region
+    /// and account.
+    pub fn parse_version_arn(&self, arn: &str) -> Result<(String, u64), LayerError> {
         let bad = || {
             LayerError::Invalid(format!(
                 "1 validation error detected: Value '{arn}' at 'layers' failed to satisfy constraint: Member must satisfy regular expression pattern: arn:[a-zA-Z0-9-]+:lambda:[a-zA-Z0-9-]+:\\d{{12}}:layer:[a-zA-Z0-9-_]+:[0-9]+"
@@ -92,6 +102,52 @@ impl Node {
             return Err(LayerError::Invalid(format!("Layer version {arn} does not exist.")));
         }
         Ok((name.to_string(), version))
+    }
+
+    /// A function's `Layers` checked as Lambda checks them: at most [`MAX_LAYERS`], each a
+    /// version ARN of this region and account, no layer twice. (name, version) of each,
+    /// in order; whether each exists is the caller's to check.
+    pub fn function_layers(&self, arns: &[String]) -> Result<Vec<(String, u64)>, LayerError> {
+        if arns.len() > MAX_LAYERS {
+            return Err(LayerError::Invalid(format!(
+                "1 validation error detected: Value '[{}]' at 'layers' failed to satisfy constraint: Member must have length less than or equal to {MAX_LAYERS}",
+                arns.join(", ")
+            )));
+        }
+        let mut out: Vec<(String, u64)> = Vec::with_capacity(arns.len());
+        for arn in arns {
+            let (name, version) = self.parse_version_arn(arn)?;
+            if out.iter().any(|(n, _)| *n == name) {
+                return Err(LayerError::Invalid(format!("Two different versions of the same layer are not allowed to be referenced in the same function. {}", self.layer_arn(&name))));
+            }
+            out.push((name, version));
+        }
+        Ok(out)
+    }
+}
+
+impl Node {
+    /// This node's layer names and ARNs.
+    pub fn layer_arns(&self) -> LayerArns<'_> {
+        LayerArns { region: &self.cfg.region, account: &self.cfg.account, serves: "node" }
+    }
+
+    pub fn layer_arn(&self, name: &str) -> String {
+        self.layer_arns().layer_arn(name)
+    }
+
+    pub fn layer_version_arn(&self, name: &str, version: u64) -> String {
+        self.layer_arns().layer_version_arn(name, version)
+    }
+
+    /// A LayerName parameter (a name, or this node's layer ARN) to a name.
+    pub fn layer_name(&self, input: &str) -> Result<String, LayerError> {
+        self.layer_arns().layer_name(input)
+    }
+
+    /// A layer version ARN to (name, version); `Invalid` when it is not this node's.
+    pub fn parse_layer_version_arn(&self, arn: &str) -> Result<(String, u64), LayerError> {
+        self.layer_arns().parse_version_arn(arn)
     }
 
     /// Unpack `zip` and record it as the next version of `name`.
@@ -211,18 +267,8 @@ impl Node {
     /// Check a function's `Layers` (at most five, each an existing version of this
     /// node's layers, no layer twice) and return their records in order.
     pub fn resolve_layers(&self, arns: &[String]) -> Result<Vec<LayerVersionRecord>, LayerError> {
-        if arns.len() > MAX_LAYERS {
-            return Err(LayerError::Invalid(format!(
-                "1 validation error detected: Value '[{}]' at 'layers' failed to satisfy constraint: Member must have length less than or equal to {MAX_LAYERS}",
-                arns.join(", ")
-            )));
-        }
         let mut out: Vec<LayerVersionRecord> = Vec::with_capacity(arns.len());
-        for arn in arns {
-            let (name, version) = self.parse_layer_version_arn(arn)?;
-            if out.iter().any(|l| l.name == name) {
-                return Err(LayerError::Invalid(format!("Two different versions of the same layer are not allowed to be referenced in the same function. {}", self.layer_arn(&name))));
-            }
+        for ((name, version), arn) in self.layer_arns().function_layers(arns)?.into_iter().zip(arns) {
             let rec = self
                 .registry
                 .get_layer_version(&name, version)?
