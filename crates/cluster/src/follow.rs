@@ -550,10 +550,7 @@ impl Follower {
                 continue;
             }
             let Ok(have) = self.node.settings(name).map(|s| s.reserved_concurrency) else { continue };
-            let want = w.reserved_concurrency.map(|n| match agents.and_then(|a| a.rank(name, &self.node_name)) {
-                Some((rank, count)) => crate::registry::concurrency_share(n, rank, count),
-                None => n,
-            });
+            let want = w.reserved_concurrency.map(|n| self.share(name, n, agents));
             let want = want.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
             if have == want {
                 continue;
@@ -577,6 +574,17 @@ impl Follower {
         }
     }
 
+    /// This agent's share of `n` (a reserved or provisioned concurrency of function
+    /// `name`, the cluster's), by its rank on the function's walk
+    /// ([`crate::registry::concurrency_share`]); all of it while there is no view of
+    /// the agents.
+    fn share(&self, name: &str, n: u64, agents: Option<&Builders>) -> u64 {
+        match agents.and_then(|a| a.rank(name, &self.node_name)) {
+            Some((rank, count)) => crate::registry::concurrency_share(n, rank, count),
+            None => n,
+        }
+    }
+
     /// Give the node's registry functions their share of each version's provisioned
     /// concurrency (after the versions and aliases: it is set on published versions),
     /// split as a reserved concurrency is; remove what the registry no longer has.
@@ -587,13 +595,8 @@ impl Follower {
                 continue;
             }
             let Ok(have) = self.node.provisioned_all(name) else { continue };
-            let rank = agents.and_then(|a| a.rank(name, &self.node_name));
-            let share = |n: u64| match rank {
-                Some((rank, count)) => crate::registry::concurrency_share(n, rank, count),
-                None => n,
-            };
             for (v, n) in &w.provisioned {
-                let want = share(*n) as usize;
+                let want = self.share(name, *n, agents) as usize;
                 let now = have.iter().find(|p| p.version == *v).map(|p| p.requested);
                 if now == Some(want) || (want == 0 && now.is_none()) {
                     continue;
