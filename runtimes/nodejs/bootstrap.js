@@ -656,6 +656,10 @@ async function main() {
   // Only an instance about to be captured warms up (a plain cold boot would just be
   // slower); a base warmed up before the function loaded.
   if (process.env.THAW_SNAPSHOT === '1' && !base) await warmUp();
+  // A function loaded into a base: what its module queued at start-up (next ticks,
+  // promise jobs, immediates: a server's listen, a connection) runs before the capture,
+  // as the warm-up lets it run before a full image's.
+  else if (base) await new Promise((resolve) => setImmediate(resolve));
   // Compact the heap so the snapshot holds live objects only.
   if (typeof globalThis.gc === 'function') globalThis.gc();
 

@@ -1,4 +1,4 @@
-"""Layered snapshots in the node (issue #11): with --build-bases the node builds the
+"""Layered snapshots in the node (issues #11, #31): without any flag the node builds the
 Python base on the first deploy, captures each function as a (sealed) diff on it,
 reports the base in its status and /metrics, and the functions answer as from full images, also
 with several instances alive at once (their memory mapped from a shared copy)."""
@@ -14,7 +14,7 @@ from thaw_node_harness import THAW, NodeProcess, create, invoke_json, sample_zip
 
 @pytest.fixture
 def layered_node(tmp_path):
-    n = NodeProcess(tmp_path, "--build-bases", keep_alive="5")
+    n = NodeProcess(tmp_path, keep_alive="5")
     yield n
     assert n.stop() == 0, n.log_path.read_text()
     assert n.leftover_sandboxes() == []
@@ -32,7 +32,7 @@ def test_functions_are_diffs_on_one_base(layered_node):
     create(c, "counter", sample_zip("counter"))
     bases = layered_node.status()["bases"]
     assert len(bases["bases"]) == 1 and bases["bases"][0]["runtime"] == "python3", bases
-    assert bases["build_on_demand"] and bases["bytes"] > 1 << 20
+    assert bases["bytes"] > 1 << 20
     base_id = bases["bases"][0]["id"]
 
     snaps = sorted(p.parent for p in (layered_node.data_dir / "node").rglob("snapshot/state.bin"))
@@ -54,3 +54,17 @@ def test_functions_are_diffs_on_one_base(layered_node):
     m = {l.split()[0]: float(l.split()[1]) for l in layered_node.metrics().splitlines() if l and not l.startswith("#")}
     assert m["thaw_bases"] == 1 and m["thaw_bases_bytes"] == bases["bytes"], m
     assert m["thaw_shared_memory_bytes"] > 0, m
+
+
+def test_no_bases_gives_full_images(tmp_path):
+    node = NodeProcess(tmp_path, "--no-bases")
+    try:
+        create(node.client(), "hello", sample_zip("helloworld"))
+        _, body = invoke_json(node.client(), "hello", {"name": "full"})
+        assert body == {"message": "hello, full"}
+        assert "bases" not in node.status() or not node.status()["bases"], node.status().get("bases")
+        snaps = [p.parent for p in (node.data_dir / "node").rglob("snapshot/state.bin")]
+        assert len(snaps) == 1 and inspect(node, snaps[0])["base"] is None, snaps
+        assert not (node.data_dir / "bases").exists()
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()

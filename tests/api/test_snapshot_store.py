@@ -27,9 +27,13 @@ def minio(tmp_path_factory):
     m.stop()
 
 
-def store_node(data, minio, *extra, prefix="fns", endpoint=None):
+def store_node(data, minio, *extra, prefix="fns", endpoint=None, layered=False):
+    """A node on the store. Full images unless `layered` (the node's default, diffs on
+    a base: test_diffs_are_published_with_their_base_stored_once): these tests look at
+    one snapshot's objects (its manifest, head and packs)."""
+    bases = () if layered else ("--no-bases",)
     return NodeProcess(data, "--snapshot-store", f"s3://{BUCKET}/{prefix}", "--store-endpoint-url", endpoint or minio.endpoint,
-                       "--create-bucket", "--store-timeout", "3", *extra, env=minio.env())
+                       "--create-bucket", "--store-timeout", "3", *bases, *extra, env=minio.env())
 
 
 def metric(node, name):
@@ -311,12 +315,12 @@ def test_a_store_that_dies_after_the_start_costs_a_retry_not_a_wrong_answer(mini
 
 
 def test_diffs_are_published_with_their_base_stored_once(minio, tmp_path):
-    """Issue #28: with --build-bases and --snapshot-store a node publishes each function
+    """Issue #28: with --snapshot-store (and bases, the default) a node publishes each function
     as a diff naming its base, a stored snapshot of its own that every diff shares. A
     node without the base (its cache and its bases gone, as on another machine) fetches
     the base once for both diffs and restores them."""
     data = tmp_path / "node"
-    node = store_node(data, minio, "--build-bases", prefix="layered")
+    node = store_node(data, minio, prefix="layered", layered=True)
     c = node.client()
     create(c, "hello", sample_zip("helloworld"))
     create(c, "counter", sample_zip("counter"))
@@ -337,7 +341,7 @@ def test_diffs_are_published_with_their_base_stored_once(minio, tmp_path):
 
     shutil.rmtree(data / "node" / "snapshot-cache" / "entries")
     shutil.rmtree(data / "bases")
-    node = store_node(data, minio, prefix="layered")
+    node = store_node(data, minio, prefix="layered", layered=True)
     c = node.client()
     _, body = invoke_json(c, "hello", {"name": "there"})
     assert body == {"message": "hello, there"}

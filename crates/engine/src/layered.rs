@@ -11,7 +11,7 @@ use tracing::info;
 
 use crate::capture::{CaptureStats, Layer};
 use crate::instance::{FunctionConfig, Instance, InstanceError, LoadedSnapshot};
-use crate::layers::{add_user, install, placeholder, supported, BaseKey, BaseMeta, Comparer, LayerError};
+use crate::layers::{add_user, find, install, placeholder, supported, BaseKey, BaseMeta, Comparer, LayerError};
 
 /// Build (or find) the base for `cfg`'s runtime and sandbox shape in `bases`: boot
 /// the runtime with an empty /var/task and no function environment, capture it
@@ -27,14 +27,54 @@ pub fn build_base(cfg: &FunctionConfig, bases: &Path) -> Result<BaseMeta, Instan
     Ok(install(&dir, bases, key)?)
 }
 
+/// Beside the bases: held (an exclusive flock) by whoever builds one, so that
+/// processes and threads sharing a bases directory build each base once.
+const BUILD_LOCK: &str = ".build.lock";
+
+/// The base for `cfg` in `bases`: the newest one built for its key, or, when there is
+/// none, one built now (`on_build` is called first, for a progress message). Builds
+/// are one at a time per bases directory, across threads and processes: whoever
+/// waited for another's build finds its base and builds nothing.
+pub fn find_or_build(cfg: &FunctionConfig, bases: &Path, on_build: impl FnOnce(&BaseKey)) -> Result<BaseMeta, InstanceError> {
+    supported(cfg.runtime)?;
+    let key = key_for(cfg);
+    if let Some(b) = find(bases, &key)? {
+        return Ok(b);
+    }
+    let io = |what: &'static str| move |source| LayerError::Io { path: bases.join(BUILD_LOCK), what, source };
+    std::fs::create_dir_all(bases).map_err(io("creating the directory of"))?;
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(bases.join(BUILD_LOCK)).map_err(io("opening"))?;
+    lock.lock().map_err(io("locking"))?;
+    if let Some(b) = find(bases, &key)? {
+        return Ok(b);
+    }
+    on_build(&key);
+    build_base(cfg, bases)
+    // The lock is released when `lock` is closed.
+}
+
+/// Variables a runtime reads as it starts, before a base knows its function: a
+/// function that sets one gets a full image, so that they take effect.
+fn read_at_start(runtime: thaw_runtime::Runtime) -> &'static [&'static str] {
+    match runtime {
+        thaw_runtime::Runtime::Nodejs20 => &["NODE_OPTIONS"],
+        // The JVM's options (the launcher and the VM read them) and which JVM runs.
+        thaw_runtime::Runtime::Java17 => &["JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "JAVA_HOME"],
+        _ => &[],
+    }
+}
+
 /// Whether a snapshot of `cfg` can be a diff on a base, and if not why: its runtime
 /// can have one ([`supported`]), and nothing of the function is needed before
 /// its runtime starts (a Node.js function's NODE_OPTIONS is read as node starts,
-/// before a base knows the function).
+/// a Java function's JAVA_TOOL_OPTIONS as the JVM starts, before a base knows the function).
 pub fn usable(cfg: &FunctionConfig) -> Result<(), LayerError> {
     supported(cfg.runtime)?;
-    if cfg.runtime == thaw_runtime::Runtime::Nodejs20 && cfg.env.iter().any(|(k, _)| k == "NODE_OPTIONS") {
-        return Err(LayerError::Refused("the function sets NODE_OPTIONS, which node reads as it starts, before a base knows the function: its snapshot is a full image".into()));
+    if let Some((k, _)) = cfg.env.iter().find(|(k, _)| read_at_start(cfg.runtime).contains(&k.as_str())) {
+        return Err(LayerError::Refused(format!(
+            "the function sets {k}, which {} reads as it starts, before a base knows the function: its snapshot is a full image",
+            cfg.runtime.name()
+        )));
     }
     Ok(())
 }

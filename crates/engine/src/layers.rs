@@ -391,7 +391,7 @@ pub fn supported(runtime: thaw_runtime::Runtime) -> Result<(), LayerError> {
         thaw_runtime::Runtime::Python3 | thaw_runtime::Runtime::Nodejs20 => Ok(()),
         other => Err(LayerError::Unsupported {
             runtime: other.name().into(),
-            why: "its shim loads the function's classes as the VM starts and cannot yet wait for a function after start-up; its snapshots are full images",
+            why: "its shim cannot wait for a function after start-up (Java), or its instances are not snapshotted (custom runtimes); its snapshots are full images",
         }),
     }
 }

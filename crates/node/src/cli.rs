@@ -154,14 +154,17 @@ pub struct ServeArgs {
     /// after the one that found it (publishes in flight must finish within it).
     #[arg(long, default_value = "3600", value_parser = parse_secs)]
     pub store_gc_grace: Duration,
-    /// Capture every snapshot as a full image, even where a base exists.
-    #[arg(long, conflicts_with = "build_bases")]
-    pub no_bases: bool,
-    /// Build a runtime's base (DATA_DIR/bases, as `thaw base build`) the first time a
-    /// function of it is deployed; then its snapshots are small diffs on it. Without it a
-    /// base is used when one exists (Python and Node.js so far). With --snapshot-store a diff
-    /// is published with its base, stored once for all the diffs on it.
+    /// Capture every snapshot as a full image. By default a function of a runtime that
+    /// can be layered (Python, Node.js) is captured as a small diff on its runtime's base
+    /// (DATA_DIR/bases), which the node builds on the first deploy that needs it (one
+    /// build at a time, a second or so); instances of one runtime then share the base's
+    /// memory. A base that cannot be built is logged with why, and the function gets a
+    /// full image. With --snapshot-store a diff is published with its base, stored once
+    /// for all the diffs on it.
     #[arg(long)]
+    pub no_bases: bool,
+    /// The default (kept so that older scripts still start): bases are built on demand.
+    #[arg(long, hide = true, conflicts_with = "no_bases")]
     pub build_bases: bool,
 }
 
@@ -220,7 +223,7 @@ pub fn serve_with(args: ServeArgs, data_dir: &Path, beside: Option<Beside>) -> R
         bail!("--max-instances and --max-instances-per-function must be at least 1");
     }
     let snapshot_store = open_snapshot_store(&args, &state_dir)?;
-    let bases = (!args.no_bases).then(|| crate::node::layered::Bases { dir: data_dir.join("bases"), build: args.build_bases });
+    let bases = (!args.no_bases).then(|| crate::node::layered::Bases { dir: data_dir.join("bases") });
     let cfg = NodeConfig {
         bases,
         snapshot_store: snapshot_store.clone(),
@@ -425,12 +428,12 @@ pub fn status(args: StatusArgs, _data_dir: &Path) -> Result<()> {
             c["entries"], c["pinned"], c["hits"], c["evictions"]
         );
     }
-    if let Some(b) = v["bases"].as_object() {
+    if v["bases"].is_object() {
+        let b = &v["bases"];
         let list = b["bases"].as_array().cloned().unwrap_or_default();
         let names: Vec<String> = list.iter().map(|x| format!("{} {} MB ({:.1} MiB)", x["runtime"].as_str().unwrap_or("?"), x["memory_mb"], x["bytes"].as_f64().unwrap_or(0.0) / 1048576.0)).collect();
-        println!("bases: {} ({:.1} MiB){}{}", list.len(), b["bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
-            if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) },
-            if b["build_on_demand"].as_bool() == Some(true) { "  (built on demand)" } else { "" });
+        println!("bases: {} ({:.1} MiB){}  (built on demand; --no-bases for full images)", list.len(), b["bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
+            if names.is_empty() { String::new() } else { format!(": {}", names.join(", ")) });
     }
     let funcs = v["functions"].as_array().cloned().unwrap_or_default();
     if funcs.is_empty() {

@@ -55,13 +55,7 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
             let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir)?;
             let mut cfg = FunctionConfig::new(runtime, "", bases.clone(), runtime_dir);
             cfg.memory_mb = memory;
-            let meta = match layers::find(&bases, &layered::key_for(&cfg))? {
-                Some(m) => m,
-                None => {
-                    eprintln!("building the {} base ({memory} MB)...", runtime.name());
-                    layered::build_base(&cfg, &bases)?
-                }
-            };
+            let meta = layered::find_or_build(&cfg, &bases, |_| eprintln!("building the {} base ({memory} MB)...", runtime.name()))?;
             println!("{}", describe(&meta));
         }
         BaseCmd::List => {
@@ -77,12 +71,27 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The base a snapshot of `cfg` goes on by default: one built for its runtime and
-/// sandbox shape, when the runtime can be layered.
-pub fn default_base(cfg: &FunctionConfig, data_dir: &Path) -> Result<Option<BaseMeta>> {
+/// The base a snapshot of `cfg` goes on by default: the one built for its runtime and
+/// sandbox shape, built now if there is none (once per runtime and memory class). None
+/// for a runtime that cannot be layered, or when the base cannot be built: then the
+/// snapshot is a full image, and a warning says why.
+pub fn default_base(cfg: &FunctionConfig, data_dir: &Path) -> Option<BaseMeta> {
     if let Err(e) = layered::usable(cfg) {
         tracing::info!("{e}");
-        return Ok(None);
+        return None;
     }
-    Ok(layers::find(&bases_dir(data_dir), &layered::key_for(cfg))?)
+    let building = |_: &layers::BaseKey| {
+        eprintln!(
+            "building the {} base ({} MB), once per runtime and memory class: snapshots are then small diffs on it (--no-base for a full image)...",
+            cfg.runtime.name(),
+            cfg.memory_mb
+        )
+    };
+    match layered::find_or_build(cfg, &bases_dir(data_dir), building) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("warning: no {} base: {:#}; making a full image", cfg.runtime.name(), anyhow::Error::from(e));
+            None
+        }
+    }
 }

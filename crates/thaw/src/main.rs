@@ -85,18 +85,20 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum SnapshotCmd {
-    /// Boot the function until it is ready to invoke, then capture it into OUT. When a base
-    /// exists for its runtime and memory class (`thaw base build`), the snapshot is a diff
-    /// on it: the base is restored, the function's init runs in it, and only the pages that
-    /// differ from the base are stored. If that fails for a reason other than the
-    /// function's own init, a full image is made instead (with a warning).
+    /// Boot the function until it is ready to invoke, then capture it into OUT. For a
+    /// runtime that can be layered (Python, Node.js) the snapshot is a diff on the
+    /// runtime's base for its memory class (DATA_DIR/bases; built first if missing, once,
+    /// as `thaw base build` does): the base is restored, the function's init runs in it,
+    /// and only the pages that differ from the base are stored. If the base cannot be
+    /// built or used for a reason other than the function's own init, a full image is
+    /// made instead, with a warning saying why. --no-base always makes a full image.
     Create {
         #[command(flatten)]
         func: FunctionArgs,
         /// Snapshot directory to create (must not exist).
         #[arg(long)]
         out: PathBuf,
-        /// Make a full image even if a base exists.
+        /// Make a full image: no base is built or used.
         #[arg(long)]
         no_base: bool,
     },
@@ -463,7 +465,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
             let t0 = Instant::now();
-            let base = if no_base { None } else { base_cmd::default_base(&cfg, &cli.data_dir)? };
+            let base = if no_base { None } else { base_cmd::default_base(&cfg, &cli.data_dir) };
             if let Some(base) = base {
                 match thaw_engine::layered::create_diff(&cfg, &base, &out) {
                     Ok((dir, stats)) => {

@@ -21,7 +21,7 @@ fn snapshot(name: &str, memory: u32) -> PathBuf {
     let out = scratch().join(format!("snap-{name}"));
     let code = sample(name);
     ok(thaw(&[
-        "snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler",
+        "snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler",
         "--memory", &memory.to_string(), "--out", out.to_str().unwrap(),
     ]));
     snaps.push((name.to_string(), out.clone()));
@@ -151,7 +151,7 @@ fn function_errors_are_reported_as_lambda_error_objects() {
 fn init_errors_and_bad_input_are_refused_clearly() {
     let dir = scratch().join("snap-initerror");
     let code = sample("initerror");
-    let o = thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", dir.to_str().unwrap()]);
+    let o = thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", dir.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("function init failed: RuntimeError"), "{}", stderr(&o));
     assert!(!dir.exists(), "a failed capture must leave no snapshot");
@@ -184,7 +184,7 @@ fn an_open_tcp_connection_is_refused_at_capture() {
         )],
     );
     let out = scratch().join("snap-tcp");
-    let o = thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", out.to_str().unwrap()]);
+    let o = thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert!(e.contains("cannot capture pid"), "{e}");
@@ -242,7 +242,7 @@ fn corrupt_or_truncated_images_are_rejected() {
 
     // Creating over an existing snapshot is refused and leaves it intact.
     let code = sample("helloworld");
-    let o = thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]);
+    let o = thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
     ok(restore(&snap, "{}", &[]));
@@ -255,7 +255,7 @@ fn a_restored_instance_dies_with_its_page_server() {
         &[("handler.py", "import time\nBIG = bytearray(b'x' * (8 << 20))\n\ndef handler(event, context):\n    time.sleep(30)\n    return len(BIG)\n")],
     );
     let snap = scratch().join("snap-sleep");
-    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     let mut node = Command::new(env!("CARGO_BIN_EXE_thaw"))
         .env("THAW_DATA_DIR", scratch().join("data"))
         .args(["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--quiet"])
@@ -309,6 +309,6 @@ fn only_instances_booted_for_a_snapshot_are_told_so() {
     let booted = ok(thaw(&["boot", "--code", c, "--handler", "handler.handler", "--env", "THAW_SNAPSHOT=1", "--payload", "{}", "--quiet"]));
     assert_eq!(stdout(&booted).trim(), "null");
     let snap = scratch().join("snap-snapshot-env");
-    ok(thaw(&["snapshot", "create", "--code", c, "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", c, "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     assert_eq!(stdout(&ok(restore(&snap, "{}", &[]))).trim(), "\"1\"");
 }

@@ -323,8 +323,8 @@ fn a_diff_is_refused_over_another_base_and_a_named_base_is_kept() {
     assert!(listed.contains(id.as_str()) && !listed.contains(other["id"].as_str().unwrap()), "{listed}");
 
     // Runtimes that cannot be layered say why.
-    let java = thaw(&["base", "build", "--runtime", "java17"]);
-    assert!(!java.status.success() && stderr(&java).contains("cannot have a base yet"), "{}", stderr(&java));
+    let custom = thaw(&["base", "build", "--runtime", "provided.al2023"]);
+    assert!(!custom.status.success() && stderr(&custom).contains("cannot have a base yet"), "{}", stderr(&custom));
 }
 
 /// The answers of `out` (a JSON line each) without what differs between two runs of
@@ -414,4 +414,48 @@ fn instances_of_a_diff_share_the_pages_they_do_not_write() {
         .unwrap_or_default();
     let dead = |n: &String| n.split('-').next().and_then(|p| p.parse::<u32>().ok()).is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
     assert!(!left.iter().any(dead), "{left:?}");
+}
+
+/// `thaw` with a data directory of its own (no base built in it yet).
+fn thaw_in(data: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_thaw")).env("THAW_DATA_DIR", data).env_remove("THAW_LOG").args(args).output().unwrap()
+}
+
+#[test]
+fn snapshots_are_layered_by_default_and_a_base_that_cannot_be_built_gives_a_full_image() {
+    let code = sample("helloworld");
+    let data = scratch().join("fresh-data");
+    let data = data.as_path();
+    let create_in = |data: &Path, out: &str| {
+        let out = scratch().join(out);
+        let _ = std::fs::remove_dir_all(&out);
+        let o = ok(thaw_in(data, &["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", out.to_str().unwrap()]));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        (v, stderr(&o), out)
+    };
+    // Three creates at once on a machine without a base: the base is built once, and
+    // every snapshot is a diff on it.
+    let made: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3).map(|i| s.spawn(move || create_in(data, &format!("default-{i}")))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ids: std::collections::BTreeSet<_> = made.iter().map(|(v, _, _)| v["base"].as_str().expect("a diff, without any flag").to_string()).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(made.iter().filter(|(_, e, _)| e.contains("building the python3 base")).count(), 1, "built once: {made:?}");
+    let bases = ok(thaw_in(data, &["base", "list"]));
+    assert_eq!(stdout(&bases).lines().count(), 1, "{}", stdout(&bases));
+    let snap = made[0].2.to_str().unwrap();
+    let o = ok(thaw_in(data, &["snapshot", "restore", snap, "--payload", r#"{"name":"layered"}"#, "--quiet"]));
+    assert!(stdout(&o).contains("hello, layered"), "{}", stdout(&o));
+
+    // A base that cannot be built (its directory is a file): a full image, and a warning
+    // saying why.
+    let broken = scratch().join("broken-data");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("bases"), b"not a directory").unwrap();
+    let (v, err, out) = create_in(&broken, "fallback");
+    assert!(v["base"].is_null(), "{v}");
+    assert!(err.contains("warning: no python3 base") && err.contains("making a full image"), "{err}");
+    let o = ok(thaw_in(&broken, &["snapshot", "restore", out.to_str().unwrap(), "--payload", r#"{"name":"full"}"#, "--quiet"]));
+    assert!(stdout(&o).contains("hello, full"), "{}", stdout(&o));
 }

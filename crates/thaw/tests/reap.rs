@@ -15,7 +15,7 @@ use thaw_engine::ws::{WorkingSet, PAGES_FILE, TRACE_FILE};
 fn fresh_snapshot(name: &str, tag: &str) -> PathBuf {
     let code = sample(name);
     let dir = scratch().join(format!("{name}-{tag}"));
-    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--memory", "1024", "--out", dir.to_str().unwrap()]));
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--memory", "1024", "--out", dir.to_str().unwrap()]));
     dir
 }
 

@@ -25,7 +25,7 @@ fn push_pull_restore_round_trip() {
     let m = Minio::start();
     let snap = scratch().join("rt.snap");
     let code = sample("helloworld");
-    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     let payload = r#"{"name":"store"}"#;
     // The first restore records the working set, which is pushed with the snapshot.
     let original = stdout(&ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"])));
@@ -167,7 +167,7 @@ fn a_second_version_stores_only_what_changed() {
         // Identical pages across captures need the same address layout and hash
         // seed: without them nearly every heap page differs (pointers, dict order).
         let o = Command::new("setarch")
-            .args(["-R", env!("CARGO_BIN_EXE_thaw"), "snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler"])
+            .args(["-R", env!("CARGO_BIN_EXE_thaw"), "snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler"])
             .args(["--env", "PYTHONHASHSEED=0", "--out", snap.to_str().unwrap()])
             .env("THAW_DATA_DIR", scratch().join("data"))
             .output()
@@ -200,7 +200,7 @@ fn corruption_and_a_store_that_is_down_are_clear_errors_that_leave_nothing() {
     let mut m = Minio::start();
     let snap = scratch().join("err.snap");
     let code = sample("helloworld");
-    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     let o = ok(thaw_s3(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://errs", "--create-bucket"]));
     let url = last_line(&o);
     // Flip a byte of a stored chunk, on MinIO's disk: MinIO keeps small objects
@@ -258,7 +258,7 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
         )],
     );
     let snap = scratch().join("late-fail.snap");
-    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     // The working set is recorded by a call that leaves the blocks alone.
     ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", r#"{"touch":false}"#, "--quiet"]));
     let o = ok(thaw_s3(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://late-fail", "--create-bucket"]));

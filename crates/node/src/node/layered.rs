@@ -1,11 +1,11 @@
 //! How the node captures a revision: a diff on its runtime's base (layered snapshots,
 //! see the engine's `layers.rs`) when the node keeps bases and one exists for the
-//! function's runtime and memory class (built on demand with `--build-bases`),
-//! otherwise a full image. A base that cannot be used or built is logged and the
-//! revision gets a full image: a deploy never fails because of layering.
+//! function's runtime and memory class (built on the first deploy that needs it, one
+//! build at a time; `--no-bases` turns layering off), otherwise a full image. A base
+//! that cannot be used or built is logged with why, and the revision gets a full
+//! image: a deploy never fails because of layering.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use thaw_engine::capture::CaptureStats;
 use thaw_engine::instance::{FunctionConfig, Instance, InstanceError};
@@ -13,15 +13,12 @@ use thaw_engine::layered;
 use thaw_engine::layers::{self, BaseMeta};
 use tracing::{info, warn};
 
-/// Where the node keeps bases, and whether it builds missing ones.
+/// Where the node keeps its runtimes' bases (DATA_DIR/bases; missing ones are built on
+/// the first deploy that needs them).
 #[derive(Debug, Clone)]
 pub struct Bases {
     pub dir: PathBuf,
-    pub build: bool,
 }
-
-/// One base build at a time (two deploys of one runtime would build it twice).
-static BUILDING: Mutex<()> = Mutex::new(());
 
 fn base_for(cfg: &FunctionConfig, bases: &Bases) -> Option<BaseMeta> {
     if let Err(e) = layered::usable(cfg) {
@@ -30,29 +27,13 @@ fn base_for(cfg: &FunctionConfig, bases: &Bases) -> Option<BaseMeta> {
         }
         return None;
     }
-    let key = layered::key_for(cfg);
-    let find = || layers::find(&bases.dir, &key).map_err(|e| warn!(error = %e, "listing the bases")).ok().flatten();
-    if let Some(b) = find() {
-        return Some(b);
-    }
-    if !bases.build {
-        return None;
-    }
-    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(b) = find() {
-        return Some(b);
-    }
-    if let Err(e) = std::fs::create_dir_all(&bases.dir) {
-        warn!(error = %e, dir = %bases.dir.display(), "cannot create the bases directory");
-        return None;
-    }
-    match layered::build_base(cfg, &bases.dir) {
-        Ok(b) => {
-            info!(base = %b.id, runtime = %b.key.runtime, memory_mb = b.key.memory_mb, bytes = b.bytes, "base built");
-            Some(b)
-        }
+    let building = |key: &layers::BaseKey| {
+        info!(runtime = %key.runtime, memory_mb = key.memory_mb, function = %cfg.function_name, "building the runtime's base (once per runtime and memory class; --no-bases for full images)")
+    };
+    match layered::find_or_build(cfg, &bases.dir, building) {
+        Ok(b) => Some(b),
         Err(e) => {
-            warn!(error = %crate::node::error_chain(&e), runtime = cfg.runtime.name(), "building the base failed; full images for this runtime");
+            warn!(error = %crate::node::error_chain(&e), runtime = cfg.runtime.name(), function = %cfg.function_name, "no base for this runtime; capturing a full image");
             None
         }
     }
@@ -86,7 +67,7 @@ pub fn set_metrics(bases: &Bases, m: &crate::metrics::Metrics) {
 pub fn describe(bases: &Bases) -> serde_json::Value {
     let list = layers::list(&bases.dir).unwrap_or_default();
     serde_json::json!({
-        "dir": bases.dir, "build_on_demand": bases.build,
+        "dir": bases.dir,
         "bases": list.iter().map(|m| serde_json::json!({"id": m.id, "runtime": m.key.runtime, "memory_mb": m.key.memory_mb, "bytes": m.bytes})).collect::<Vec<_>>(),
         "bytes": list.iter().map(|m| m.bytes).sum::<u64>(),
     })

@@ -37,7 +37,7 @@ pub fn thaw_s3_env(m: &Minio, args: &[&str], env: &[(&str, &str)]) -> Output {
 /// records its working set (as a deployed function has).
 pub fn capture(name: &str, out: &Path) {
     let code = sample(name);
-    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", out.to_str().unwrap()]));
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", out.to_str().unwrap()]));
     ok(thaw(&["snapshot", "restore", out.to_str().unwrap(), "--payload", r#"{"name":"ws"}"#, "--quiet"]));
     assert!(out.join("ws.trace").is_file(), "the first restore recorded no working set");
 }
