@@ -70,8 +70,9 @@ def runtime_dir():
                 src = os.path.join(HERE, rt, f)
                 if os.path.exists(src):
                     os.symlink(src, os.path.join(d, rt, f))
-        if os.path.exists(JAVA_JAR):
-            os.symlink(JAVA_JAR, os.path.join(d, "java", "thaw-java-runtime.jar"))
+        for built in (JAVA_JAR, os.path.join(os.path.dirname(JAVA_JAR), "libthawenv.so")):
+            if os.path.exists(built):
+                os.symlink(built, os.path.join(d, "java", os.path.basename(built)))
         _runtime_dir = d
         import atexit
         atexit.register(shutil.rmtree, d, True)

@@ -13,6 +13,13 @@ if [ ! -f "$jar" ]; then
     echo "thaw: the Java runtime jar ($jar) is missing: run scripts/build-runtimes.sh, then restart thaw" >&2
     exit 127
 fi
+# A base (THAW_BASE=1) starts before any function is known: the shim alone; the
+# function's classes come later through a class loader of its own (Bootstrap.waitAsBase).
+if [ "$THAW_BASE" = 1 ]; then
+    cp="$jar"
+else
+    cp="$jar:$task:$task/lib/*:$task/*:/opt/java/lib/*"
+fi
 exec ${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}/bin/java \
     -XX:-UsePerfData \
     -Xshare:auto \
@@ -33,10 +40,11 @@ exec ${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}/bin/java \
     -Djava.net.preferIPv4Stack=true \
     -Dfile.encoding=UTF-8 \
     -Duser.home=/tmp \
+    -Dthaw.native="${0%/*}/libthawenv.so" \
     --add-opens=java.base/java.io=ALL-UNNAMED \
     --add-opens=java.base/java.lang=ALL-UNNAMED \
     --add-opens=java.base/java.util=ALL-UNNAMED \
     --add-opens=java.base/java.util.concurrent=ALL-UNNAMED \
     --add-opens=java.base/sun.security.provider=ALL-UNNAMED \
-    -cp "$jar:$task:$task/lib/*:$task/*:/opt/java/lib/*" \
+    -cp "$cp" \
     dev.thaw.runtime.Bootstrap "$@"

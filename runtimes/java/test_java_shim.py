@@ -83,6 +83,28 @@ SOURCES = {
             public static String handle(String s) { return s; }
         }
     """,
+    "example/Layered.java": """
+        package example;
+        import java.util.*;
+        public class Layered {
+            static final String SEEN = System.getenv("SECRET");
+            public Map<String, Object> handle(Map<String, Object> e) {
+                Map<String, Object> r = new TreeMap<>();
+                r.put("init", SEEN);
+                r.put("now", System.getenv("SECRET"));
+                r.put("base", System.getenv("THAW_BASE"));
+                r.put("loader", Layered.class.getClassLoader().getName());
+                r.put("context", Thread.currentThread().getContextClassLoader() == Layered.class.getClassLoader());
+                try {
+                    Process p = new ProcessBuilder("/bin/sh", "-c", "printf %s \\"$SECRET${THAW_BASE:-}\\"").start();
+                    r.put("child", new String(p.getInputStream().readAllBytes()));
+                } catch (java.io.IOException x) {
+                    r.put("child", x.toString());
+                }
+                return r;
+            }
+        }
+    """,
     "example/NotAHandler.java": """
         package example;
         public class NotAHandler { public String run(String s) { return s; } }
@@ -252,6 +274,35 @@ class JavaShimTest(shimtest.ShimTestCase):
         rt.send({"type": "bogus"})
         self.assertEqual(rt.close(), 2)
         self.assertIn("protocol error", rt.read_log())
+
+
+    # ---- base ------------------------------------------------------------
+    def test_base_waits_for_its_function_then_takes_its_environment(self):
+        rt = self.start("", env={"THAW_BASE": "1", "SECRET": "from-the-boot"})
+        self.assertEqual(rt.init, {"type": "ready", "base": True, "restore_notice": True}, rt.read_log())
+        rt.send({"type": "restored", "nonce": "n1"})
+        self.assertEqual(rt.recv(), {"type": "ok", "nonce": "n1"})
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG")}
+        env.update(_HANDLER="example.Layered::handle", LAMBDA_TASK_ROOT=self.dir, SECRET="s3", AWS_LAMBDA_FUNCTION_NAME="layered")
+        rt.send({"type": "load", "env": env})
+        self.assertEqual(rt.recv()["type"], "ready", rt.read_log())
+        v = json.loads(rt.invoke({})["result"])
+        # The function sees the environment `load` carried, nothing of the base's, and its
+        # classes come from the bundle through a loader of its own (also the context one).
+        # A child process inherits that environment too (the C library's, set natively).
+        self.assertEqual(v, {"init": "s3", "now": "s3", "base": None, "loader": "function", "context": True, "child": "s3"}, rt.read_log())
+        self.assertEqual(rt.shutdown(), 0)
+
+    def test_base_rejects_anything_but_load(self):
+        rt = self.start("", env={"THAW_BASE": "1"})
+        self.assertTrue(rt.init["base"])
+        rt.send({"type": "invoke", "request_id": "1", "payload": "{}"})
+        self.assertEqual(rt.close(), 2)
+        self.assertIn("a base expects load", rt.read_log())
+        rt2 = self.start("", env={"THAW_BASE": "1"})
+        rt2.send({"type": "load", "env": {"A": 1}})
+        self.assertEqual(rt2.close(), 2)
+        self.assertIn("is not a string", rt2.read_log())
 
 
 if __name__ == "__main__":

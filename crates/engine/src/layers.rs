@@ -388,10 +388,10 @@ impl LayerSizes {
 /// Whether `runtime` can have a base, and if not why.
 pub fn supported(runtime: thaw_runtime::Runtime) -> Result<(), LayerError> {
     match runtime {
-        thaw_runtime::Runtime::Python3 | thaw_runtime::Runtime::Nodejs20 => Ok(()),
+        thaw_runtime::Runtime::Python3 | thaw_runtime::Runtime::Nodejs20 | thaw_runtime::Runtime::Java17 => Ok(()),
         other => Err(LayerError::Unsupported {
             runtime: other.name().into(),
-            why: "its shim cannot wait for a function after start-up (Java), or its instances are not snapshotted (custom runtimes); its snapshots are full images",
+            why: "its instances are not snapshotted (they cold-boot)",
         }),
     }
 }

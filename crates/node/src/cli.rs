@@ -155,7 +155,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "3600", value_parser = parse_secs)]
     pub store_gc_grace: Duration,
     /// Capture every snapshot as a full image. By default a function of a runtime that
-    /// can be layered (Python, Node.js) is captured as a small diff on its runtime's base
+    /// can be layered (Python, Node.js, Java) is captured as a small diff on its runtime's base
     /// (DATA_DIR/bases), which the node builds on the first deploy that needs it (one
     /// build at a time, a second or so); instances of one runtime then share the base's
     /// memory. A base that cannot be built is logged with why, and the function gets a

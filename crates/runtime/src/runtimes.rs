@@ -31,6 +31,8 @@ const PROVIDED_BRIDGE: &str = include_str!("../../../runtimes/provided/bridge.py
 /// Where `scripts/build-runtimes.sh` puts the Java runtime jar.
 const JAVA_JAR_BUILD_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../build/runtimes/java/thaw-java-runtime.jar");
 const JAVA_JAR_PATH: &str = "java/thaw-java-runtime.jar";
+/// The Java shim's native library (setenv for a base's function), beside the jar.
+const JAVA_NATIVE: &str = "libthawenv.so";
 const JAVA_HOME: &str = "/usr/lib/jvm/java-17-openjdk-amd64";
 
 const SUPPORTED: &str = "python3, python3.11, nodejs20.x, java17, provided.al2023";
@@ -239,6 +241,7 @@ Run scripts/build-runtimes.sh (or set THAW_JAVA_RUNTIME_JAR) and restart thaw.\n
 /// `java/bootstrap.sh` then exits with a message naming scripts/build-runtimes.sh.
 pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
     let jar = std::fs::read(java_runtime_jar()).ok();
+    let native = std::fs::read(java_runtime_jar().with_file_name(JAVA_NATIVE)).ok();
     let bridge = native_bridge();
     let files: Vec<(&str, &[u8])> = vec![
         ("python/bootstrap.py", PYTHON_BOOTSTRAP.as_bytes()),
@@ -253,6 +256,12 @@ pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
             None => ("java/JAR-MISSING.txt", JAVA_JAR_MISSING.as_bytes()),
         },
     ];
+    // Without it a Java base cannot take its function's environment (its functions then
+    // get full images); everything else works.
+    let files: Vec<(&str, &[u8])> = match &native {
+        Some(bytes) => files.into_iter().chain([("java/libthawenv.so", bytes.as_slice())]).collect(),
+        None => files,
+    };
     let mut crc = Crc32::new();
     for (name, data) in &files {
         crc.update(name.as_bytes());

@@ -18,7 +18,7 @@ pub enum BaseCmd {
     /// description as JSON. `thaw snapshot create` then captures only what a function's
     /// init adds on top of it.
     Build {
-        /// Language runtime (python3 or nodejs20.x; java17 cannot have a base yet).
+        /// Language runtime (python3, nodejs20.x or java17).
         #[arg(long, default_value = "python3")]
         runtime: String,
         /// Memory limit in MiB of the sandboxes it serves (a base serves one memory class).

@@ -86,7 +86,7 @@ enum Cmd {
 #[derive(Subcommand)]
 enum SnapshotCmd {
     /// Boot the function until it is ready to invoke, then capture it into OUT. For a
-    /// runtime that can be layered (Python, Node.js) the snapshot is a diff on the
+    /// runtime that can be layered (Python, Node.js, Java) the snapshot is a diff on the
     /// runtime's base for its memory class (DATA_DIR/bases; built first if missing, once,
     /// as `thaw base build` does): the base is restored, the function's init runs in it,
     /// and only the pages that differ from the base are stored. If the base cannot be

@@ -388,6 +388,74 @@ fn a_nodejs_diff_restores_what_a_full_image_and_a_boot_give() {
     assert!(restore(&opts, "lazy", r#"{"name":"opts"}"#, 1).contains("Hello, opts!"));
 }
 
+/// Java has bases too (issue #31): the JVM and the runtime start with the shim alone
+/// on the class path, warm up and wait; `load` gives the function's environment, and
+/// its classes come from the bundle (classes, lib/*.jar, *.jar) through a class loader
+/// of its own. Every Java sample's diff restores to what its full image and a boot
+/// give, in every paging mode, and stores less than its full image.
+#[test]
+fn a_java_diff_restores_what_a_full_image_and_a_boot_give() {
+    let _one = serial();
+    let o = ok(thaw(&["base", "build", "--runtime", "java17"]));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(v["runtime"].as_str(), Some("java17"), "{v}");
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(common::root().join("samples/manifest.json")).unwrap()).unwrap();
+    // helloworld: classes; jsonhandler: classes and lib/*.jar; features: one jar at the root.
+    for name in ["helloworld", "jsonhandler", "features", "matmul"] {
+        let entry = &manifest["functions"][format!("java/{name}")];
+        let handler = entry["handler"].as_str().unwrap();
+        let payload = entry.get("payload").map_or("{}".to_string(), |p| p.to_string());
+        let payload = payload.as_str();
+        let code = common::root().join("build/samples/java").join(name);
+        assert!(code.is_dir(), "sample java/{name} not built: run scripts/build-samples.sh");
+        let diff = scratch().join(format!("java-{name}.diff"));
+        let full = scratch().join(format!("java-{name}.full"));
+        let d = create(&code, handler, &diff, &["--runtime", "java17"]);
+        assert_eq!(d["base"].as_str(), Some(id.as_str()), "java/{name}: a base exists, so the snapshot is a diff on it: {d}");
+        let f = create(&code, handler, &full, &["--runtime", "java17", "--no-base"]);
+        assert!(f["base"].is_null(), "java/{name}: --no-base makes a full image");
+        let booted = comparable(&stdout(&ok(thaw(&["boot", "--code", code.to_str().unwrap(), "--handler", handler, "--runtime", "java17", "--payload", payload, "--quiet"]))));
+        let want = comparable(&restore(&full, "eager", payload, 2));
+        assert_eq!((want.len(), &want[..1]), (2, &booted[..]), "java/{name}: the full image answers as a boot");
+        for paging in ["lazy", "prefetch"] {
+            assert_eq!(comparable(&restore(&diff, paging, payload, 2)), want, "java/{name}: base + diff ({paging}) answers as the full image");
+        }
+        let (di, fi) = (inspect(&diff), inspect(&full));
+        assert!(di["pages_by_source"]["base"].as_u64().unwrap() > 0, "java/{name}: {di}");
+        assert!(di["diff_bytes"].as_u64() < fi["stored_bytes"].as_u64(), "java/{name}: diff {} vs full {}", di["diff_bytes"], fi["stored_bytes"]);
+        eprintln!("java/{name}: diff {} bytes, full {} bytes", di["diff_bytes"], fi["stored_bytes"]);
+    }
+    // A function's environment reaches it through the base (System.getenv, and a child
+    // process's environment), its class comes from its own loader, and a class of the
+    // bundle is not on the system class path of the JVM that started as the base.
+    let src = bundle("java-env", &[("EnvEcho.java", r#"package example;
+import java.util.Map;
+public class EnvEcho {
+    public String handle(Map<String, Object> event) throws Exception {
+        Process p = new ProcessBuilder("/bin/sh", "-c", "printf %s \"$GREETING\"").start();
+        String child = new String(p.getInputStream().readAllBytes());
+        String onPath = String.valueOf(System.getProperty("java.class.path").contains("/var/task"));
+        return System.getenv("GREETING") + "|" + child + "|" + EnvEcho.class.getClassLoader().getName() + "|" + onPath;
+    }
+}
+"#)]);
+    let javac = std::process::Command::new("/usr/lib/jvm/java-17-openjdk-amd64/bin/javac").arg("-d").arg(&src).arg(src.join("EnvEcho.java")).output().unwrap();
+    assert!(javac.status.success(), "{}", String::from_utf8_lossy(&javac.stderr));
+    let envsnap = scratch().join("java-env.diff");
+    let e = create(&src, "example.EnvEcho::handle", &envsnap, &["--runtime", "java17", "--env", "GREETING=hej"]);
+    assert_eq!(e["base"].as_str(), Some(id.as_str()), "{e}");
+    let answer = restore(&envsnap, "lazy", "{}", 1);
+    assert!(answer.contains("hej|hej|function|false"), "{answer}");
+
+    // The JVM's options, read as it starts, give a full image.
+    let code = common::root().join("build/samples/java/helloworld");
+    let opts = scratch().join("java-options.snap");
+    let o = create(&code, "example.Hello", &opts, &["--runtime", "java17", "--env", "JAVA_TOOL_OPTIONS=-Xss1m"]);
+    assert!(o["base"].is_null(), "{o}");
+    assert!(restore(&opts, "lazy", r#"{"name":"opts"}"#, 1).contains("opts"));
+}
+
 #[test]
 fn instances_of_a_diff_share_the_pages_they_do_not_write() {
     let _one = serial();

@@ -28,7 +28,12 @@ import java.lang.reflect.Modifier;
 import java.lang.reflect.ParameterizedType;
 import java.lang.reflect.Type;
 import java.lang.reflect.TypeVariable;
+import java.net.URL;
+import java.net.URLClassLoader;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.DirectoryStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -374,7 +379,7 @@ public final class Bootstrap {
         Class<?> cls;
         try {
             // initialize = true: static initializers are part of the function's init
-            cls = Class.forName(className, true, ClassLoader.getSystemClassLoader());
+            cls = Class.forName(className, true, functionLoader);
         } catch (ClassNotFoundException | NoClassDefFoundError e) {
             if (e instanceof ClassNotFoundException || className.replace('.', '/').equals(e.getMessage())) {
                 throw new InitFault("java.lang.ClassNotFoundException", "Class not found: " + className);
@@ -541,7 +546,7 @@ public final class Bootstrap {
         // spun in the snapshot, not on each restored instance's first invocation. The function
         // itself is not called.
         try {
-            for (Type t : inv.types()) {
+            for (Type t : inv == null ? List.<Type>of() : inv.types()) {
                 JavaType jt = MAPPER.getTypeFactory().constructType(t);
                 MAPPER.readerFor(jt);
                 if (jt.getRawClass() != Object.class && !jt.isPrimitive()) {
@@ -611,6 +616,94 @@ public final class Bootstrap {
         }
     }
 
+    /**
+     * Where the function's classes come from. The system class loader when the JVM started
+     * with the function's bundle on its class path (bootstrap.sh); in a base, which started
+     * before any function was known, a loader of the bundle's own made by {@link #waitAsBase}.
+     */
+    static ClassLoader functionLoader = ClassLoader.getSystemClassLoader();
+
+    /**
+     * A base (THAW_BASE=1): the JVM and the runtime are started and warmed up with no
+     * function, report ready as a base and wait (the engine captures them blocked in this
+     * read). The {@code load} frame brings the function's environment; its classes then
+     * come from the bundle through a class loader of its own. False on shutdown.
+     */
+    static boolean waitAsBase() throws IOException, ChannelClosed, ProtocolError {
+        warmUp(null);
+        System.gc();
+        flushLogs();
+        ObjectNode ready = FRAMES.createObjectNode();
+        ready.put("type", "ready");
+        ready.put("base", true);
+        ready.put("restore_notice", true);
+        send(ready);
+        JsonNode msg;
+        for (;;) {
+            msg = recv(); // <- the engine snapshots a base blocked in this read
+            String type = msg.path("type").asText("");
+            if (type.equals("load")) {
+                break;
+            } else if (type.equals("restored")) {
+                ObjectNode ok = FRAMES.createObjectNode();
+                try {
+                    afterRestore();
+                    ok.put("type", "ok");
+                } catch (Exception e) {
+                    ok.put("type", "error");
+                    ok.setAll(errorBody(e.getClass().getName(), "afterRestore failed: " + e.getMessage(), stackTrace(e)));
+                }
+                send(echoNonce(msg, ok));
+            } else if (type.equals("shutdown")) {
+                return false;
+            } else {
+                throw new ProtocolError("a base expects load, got \"" + type + "\"");
+            }
+        }
+        JsonNode env = msg.path("env");
+        if (!env.isObject()) {
+            throw new ProtocolError("load carries no environment object");
+        }
+        Map<String, String> wanted = new java.util.HashMap<>();
+        for (Map.Entry<String, JsonNode> e : (Iterable<Map.Entry<String, JsonNode>>) env::fields) {
+            if (!e.getValue().isTextual()) {
+                throw new ProtocolError("load's environment value of " + e.getKey() + " is not a string");
+            }
+            wanted.put(e.getKey(), e.getValue().asText());
+        }
+        if (!Env.replaceAll(wanted)) {
+            throw new ProtocolError("this JVM's environment cannot be changed (needs bootstrap.sh's --add-opens java.base/java.util and -Dthaw.native, libthawenv.so: scripts/build-runtimes.sh)");
+        }
+        functionLoader = bundleLoader(wanted.getOrDefault("LAMBDA_TASK_ROOT", "/var/task"));
+        Thread.currentThread().setContextClassLoader(functionLoader);
+        return true;
+    }
+
+    /**
+     * The class path bootstrap.sh gives a function's JVM, as a loader over the system one:
+     * the bundle's directory, its lib/*.jar, its *.jar, then its layers' /opt/java/lib/*.jar.
+     */
+    static ClassLoader bundleLoader(String task) throws IOException {
+        List<URL> urls = new ArrayList<>();
+        urls.add(Path.of(task).toUri().toURL());
+        for (Path dir : List.of(Path.of(task, "lib"), Path.of(task), Path.of("/opt/java/lib"))) {
+            if (!Files.isDirectory(dir)) {
+                continue;
+            }
+            List<Path> jars = new ArrayList<>();
+            try (DirectoryStream<Path> ds = Files.newDirectoryStream(dir, "*.jar")) {
+                for (Path j : ds) {
+                    jars.add(j);
+                }
+            }
+            jars.sort(null);
+            for (Path j : jars) {
+                urls.add(j.toUri().toURL());
+            }
+        }
+        return new URLClassLoader("function", urls.toArray(new URL[0]), ClassLoader.getSystemClassLoader());
+    }
+
     public static void main(String[] args) {
         int code;
         try {
@@ -628,6 +721,19 @@ public final class Bootstrap {
         in = new FileInputStream(fdOf(CONTROL_FD));
         out = new FileOutputStream(fdOf(CONTROL_FD));
 
+        boolean base = "1".equals(System.getenv("THAW_BASE"));
+        if (base) {
+            try {
+                if (!waitAsBase()) {
+                    return 0;
+                }
+            } catch (ChannelClosed e) {
+                return 0;
+            } catch (ProtocolError e) {
+                System.err.println("thaw runtime: protocol error: " + e.getMessage());
+                return 2;
+            }
+        }
         Invoker inv;
         try {
             inv = load(System.getenv("_HANDLER"));

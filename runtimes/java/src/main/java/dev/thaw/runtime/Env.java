@@ -42,6 +42,56 @@ final class Env {
     }
 
     /**
+     * Make the process's environment exactly {@code env} (a base given its function's
+     * environment by the load frame): this JVM's view of it, and the C library's, which
+     * child processes inherit (libthawenv.so beside the jar, {@code -Dthaw.native}). False if
+     * either cannot be changed: the base then exits without loading the function, which
+     * gets a full image instead.
+     */
+    static boolean replaceAll(Map<String, String> env) {
+        if (WRITABLE == null || !loadNative()) {
+            return false;
+        }
+        try {
+            for (String k : new java.util.ArrayList<>(WRITABLE.keySet())) {
+                if (!env.containsKey(k) && setenv0(utf8(k), null) != 0) {
+                    return false;
+                }
+            }
+            for (Map.Entry<String, String> e : env.entrySet()) {
+                if (setenv0(utf8(e.getKey()), utf8(e.getValue())) != 0) {
+                    return false;
+                }
+            }
+            WRITABLE.keySet().retainAll(env.keySet());
+            WRITABLE.putAll(env);
+            return true;
+        } catch (RuntimeException | UnsatisfiedLinkError e) {
+            return false;
+        }
+    }
+
+    private static byte[] utf8(String s) {
+        return s.getBytes(java.nio.charset.StandardCharsets.UTF_8);
+    }
+
+    private static boolean loadNative() {
+        String lib = System.getProperty("thaw.native");
+        try {
+            if (lib != null) {
+                System.load(lib);
+                return true;
+            }
+        } catch (UnsatisfiedLinkError | SecurityException e) {
+            System.err.println("thaw runtime: " + lib + ": " + e.getMessage());
+        }
+        return false;
+    }
+
+    /** setenv(3), or unsetenv(3) when {@code value} is null (runtimes/java/native/thaw_env.c). */
+    private static native int setenv0(byte[] key, byte[] value);
+
+    /**
      * The version this call runs, and the log stream named after it, come with the call:
      * one snapshot (and one warm process) may serve $LATEST and several published
      * versions, so the environment captured in the image must not decide what

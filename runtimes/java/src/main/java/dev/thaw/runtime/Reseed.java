@@ -90,6 +90,13 @@ final class Reseed {
         } catch (ReflectiveOperationException | RuntimeException ignored) {
             // not accessible
         }
+        // The SUN provider first: it decides, as it loads, whether new SecureRandom() is
+        // NativePRNG, and asks NativePRNG whether it is available. Reaching NativePRNG's
+        // INSTANCE below before that (a base's warm-up runs before anything used security)
+        // would initialise NativePRNG first, which loads the provider midway, which then finds
+        // NativePRNG unavailable and makes DRBG the default: seeded once, in the snapshot, and
+        // shared by every clone of a generator the function makes at init.
+        java.security.Security.getProvider("SUN");
         // NativePRNG (new SecureRandom() on Linux) mixes /dev/urandom into every output, but keeps
         // up to 32 bytes read ahead for 100 ms: drop them.
         for (String c : new String[] {"sun.security.provider.NativePRNG", "sun.security.provider.NativePRNG$Blocking",
