@@ -75,5 +75,20 @@ class ShimTestCase(unittest.TestCase):
         self.rts.append(rt)
         return rt
 
+    def assertBaseTakesOnlyLoad(self, bad_env=None):
+        """A base (THAW_BASE=1) says ready as one and ends with a protocol error (exit 2) on
+        any frame but `load`; with `bad_env` (the shim's message), also on a `load` whose
+        environment holds a value that is not a string."""
+        rt = self.start("", env={"THAW_BASE": "1"})
+        self.assertTrue(rt.init["base"], rt.read_log())
+        rt.send({"type": "invoke", "request_id": "1", "payload": "{}"})
+        self.assertEqual(rt.close(), 2)
+        self.assertIn("a base expects load", rt.read_log())
+        if bad_env:
+            rt2 = self.start("", env={"THAW_BASE": "1"})
+            rt2.send({"type": "load", "env": {"A": 1}})
+            self.assertEqual(rt2.close(), 2)
+            self.assertIn(bad_env, rt2.read_log())
+
     def assertReady(self, rt):
         self.assertEqual(rt.init, {"type": "ready"}, rt.read_log())

@@ -294,15 +294,7 @@ class JavaShimTest(shimtest.ShimTestCase):
         self.assertEqual(rt.shutdown(), 0)
 
     def test_base_rejects_anything_but_load(self):
-        rt = self.start("", env={"THAW_BASE": "1"})
-        self.assertTrue(rt.init["base"])
-        rt.send({"type": "invoke", "request_id": "1", "payload": "{}"})
-        self.assertEqual(rt.close(), 2)
-        self.assertIn("a base expects load", rt.read_log())
-        rt2 = self.start("", env={"THAW_BASE": "1"})
-        rt2.send({"type": "load", "env": {"A": 1}})
-        self.assertEqual(rt2.close(), 2)
-        self.assertIn("is not a string", rt2.read_log())
+        self.assertBaseTakesOnlyLoad("is not a string")
 
 
 if __name__ == "__main__":

@@ -259,11 +259,7 @@ class BootstrapTest(shimtest.ShimTestCase):
         self.assertEqual(rt.shutdown(), 0)
 
     def test_base_rejects_anything_but_load(self):
-        rt = self.start("", env={"THAW_BASE": "1"})
-        self.assertTrue(rt.init["base"])
-        rt.send({"type": "invoke", "request_id": "1", "payload": "{}"})
-        self.assertEqual(rt.close(), 2)
-        self.assertIn("a base expects load", rt.read_log())
+        self.assertBaseTakesOnlyLoad("no environment object of strings")
 
 
 class SamplesTest(unittest.TestCase):
