@@ -11,7 +11,7 @@ use tracing::info;
 
 use crate::capture::{CaptureStats, Layer};
 use crate::instance::{FunctionConfig, Instance, InstanceError, LoadedSnapshot};
-use crate::layers::{add_user, find, install, placeholder, supported, BaseKey, BaseMeta, Comparer, LayerError};
+use crate::layers::{add_user, find, install, placeholder, prune_superseded, supported, BaseKey, BaseMeta, Comparer, LayerError};
 
 /// Build (or find) the base for `cfg`'s runtime and sandbox shape in `bases`: boot
 /// the runtime with an empty /var/task and no function environment, capture it
@@ -32,7 +32,8 @@ pub fn build_base(cfg: &FunctionConfig, bases: &Path) -> Result<BaseMeta, Instan
 const BUILD_LOCK: &str = ".build.lock";
 
 /// The base for `cfg` in `bases`: the newest one built for its key, or, when there is
-/// none, one built now (`on_build` is called first, for a progress message). Builds
+/// none, one built now (`on_build` is called first, for a progress message; bases of
+/// the same shape from older shims that no diff names are removed after it). Builds
 /// are one at a time per bases directory, across threads and processes: whoever
 /// waited for another's build finds its base and builds nothing.
 pub fn find_or_build(cfg: &FunctionConfig, bases: &Path, on_build: impl FnOnce(&BaseKey)) -> Result<BaseMeta, InstanceError> {
@@ -49,7 +50,10 @@ pub fn find_or_build(cfg: &FunctionConfig, bases: &Path, on_build: impl FnOnce(&
         return Ok(b);
     }
     on_build(&key);
-    build_base(cfg, bases)
+    let built = build_base(cfg, bases)?;
+    // Bases of older shims for this shape are never used again once no diff names them.
+    prune_superseded(bases, &built.key);
+    Ok(built)
     // The lock is released when `lock` is closed.
 }
 

@@ -228,6 +228,29 @@ pub fn remove(bases: &Path, id: &str) -> Result<(), LayerError> {
     std::fs::remove_dir_all(&meta.dir).map_err(io_err(&meta.dir, "removing"))
 }
 
+/// Remove the bases in `bases` that `key`'s base supersedes: built for the same runtime
+/// and sandbox shape by another shim or image format (no diff will be made on them
+/// again), and named by no diff. Returns the ids removed; a base still in use, or
+/// one that cannot be removed, is left (and logged).
+pub fn prune_superseded(bases: &Path, key: &BaseKey) -> Vec<String> {
+    let same_shape = |k: &BaseKey| k.runtime == key.runtime && k.memory_mb == key.memory_mb && k.cpu_millis == key.cpu_millis;
+    let mut removed = Vec::new();
+    for m in list(bases).unwrap_or_default() {
+        if !same_shape(&m.key) || (m.key.shims == key.shims && m.key.format == key.format) {
+            continue;
+        }
+        match remove(bases, &m.id) {
+            Ok(()) => {
+                info!(id = %m.id, runtime = %m.key.runtime, shims = %m.key.shims, format = m.key.format, "superseded base removed");
+                removed.push(m.id);
+            }
+            Err(LayerError::InUse { diffs, .. }) => info!(id = %m.id, diffs = diffs.len(), "superseded base kept: diffs still name it"),
+            Err(e) => tracing::warn!(id = %m.id, error = %e, "superseded base not removed"),
+        }
+    }
+    removed
+}
+
 /// Record that the diff at `diff` names base `meta` (see [`users`]).
 pub fn add_user(meta: &BaseMeta, diff: &Path) -> Result<(), LayerError> {
     let refs = meta.dir.join(REFS_DIR);

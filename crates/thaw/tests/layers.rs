@@ -501,6 +501,18 @@ fn snapshots_are_layered_by_default_and_a_base_that_cannot_be_built_gives_a_full
         let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
         (v, stderr(&o), out)
     };
+    // A base an older shim built for this shape, that no diff names: removed once the
+    // new base is built; one for another memory class is kept.
+    let stale = |id: &str, shims: &str, memory: u64| {
+        let dir = data.join("bases").join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        let meta = serde_json::json!({"id": id, "key": {"runtime": "python3", "shims": shims, "memory_mb": memory, "cpu_millis": 1000, "format": 18},
+                                      "created_unix_ms": 1, "stored_pages": 0, "bytes": 0});
+        std::fs::write(dir.join("base.json"), meta.to_string()).unwrap();
+        dir
+    };
+    let old_shims = stale(&"a".repeat(64), "runtimes-00000000", 512);
+    let other_class = stale(&"b".repeat(64), "runtimes-00000000", 256);
     // Three creates at once on a machine without a base: the base is built once, and
     // every snapshot is a diff on it.
     let made: Vec<_> = std::thread::scope(|s| {
@@ -510,6 +522,8 @@ fn snapshots_are_layered_by_default_and_a_base_that_cannot_be_built_gives_a_full
     let ids: std::collections::BTreeSet<_> = made.iter().map(|(v, _, _)| v["base"].as_str().expect("a diff, without any flag").to_string()).collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert_eq!(made.iter().filter(|(_, e, _)| e.contains("building the python3 base")).count(), 1, "built once: {made:?}");
+    assert!(!old_shims.exists() && other_class.exists(), "the superseded base is removed, another shape's kept");
+    std::fs::remove_dir_all(&other_class).unwrap();
     let bases = ok(thaw_in(data, &["base", "list"]));
     assert_eq!(stdout(&bases).lines().count(), 1, "{}", stdout(&bases));
     let snap = made[0].2.to_str().unwrap();
