@@ -150,10 +150,17 @@ pub async fn working_set(remote: &Remote, m: &Manifest, id: &str, dir: &Path) ->
     trace.len() as u64
 }
 
-/// The bytes of `ws/<id>.trace` when the manifest carries no working set of its
-/// own (None: there is none, or it cannot be read, which is only warned about).
+/// Whether a fetch of `m` asks the store for a recorded working set: when the manifest
+/// carries none of its own. A base never has one: it is only restored under a diff,
+/// whose own working set covers the base pages it touches.
+pub(crate) fn asks_recorded_trace(m: &Manifest) -> bool {
+    m.file(TRACE_FILE).is_none() && !m.is_base
+}
+
+/// The bytes of `ws/<id>.trace` when [`asks_recorded_trace`] (None: there is none, or
+/// it cannot be read, which is only warned about).
 pub(crate) async fn recorded_trace(remote: &Remote, m: &Manifest, id: &str) -> Option<bytes::Bytes> {
-    if m.file(TRACE_FILE).is_some() {
+    if !asks_recorded_trace(m) {
         return None;
     }
     let key = Remote::ws_key(id);

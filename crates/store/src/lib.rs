@@ -370,8 +370,7 @@ impl cache::Source for StoreSource<'_> {
         let (requests, bytes) = self.store.block_on(fetch::download(&self.store.remote, &m, dir, &|_| {}))?;
         let ws = self.store.block_on(fetch::working_set(&self.store.remote, &m, id, dir));
         self.bytes_fetched.fetch_add(bytes + ws, std::sync::atomic::Ordering::Relaxed);
-        // The recorded working set is asked for when the manifest carries none.
-        let ws_requests = u64::from(m.file(thaw_engine::ws::TRACE_FILE).is_none());
+        let ws_requests = u64::from(fetch::asks_recorded_trace(&m));
         self.requests.fetch_add(requests as u64 + ws_requests, std::sync::atomic::Ordering::Relaxed);
         thaw_engine::image::Snapshot::open(dir).map_err(|source| StoreError::Image { dir: dir.to_path_buf(), source })?;
         Ok(())

@@ -357,6 +357,11 @@ fn layered_snapshots_store_their_base_once_and_restore_from_the_store() {
         assert_eq!(stdout(&out), answers[i], "diff {i} restored from the store answers as before");
         let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
         assert_eq!(st["store"]["cache_hit"], false, "{st}");
+        // The diff's manifest and head (in parallel), the base's manifest and its packs
+        // (fetched whole), the diff's state: no read for a recorded working set of the
+        // base, which never has one.
+        let before = st["store"]["requests_before_first_response"].as_u64().unwrap();
+        assert!(if i == 0 { before <= 5 } else { before <= 2 }, "diff {i}: {before} requests before the first response: {st}");
         fetched.push(st["store"]["bytes_fetched"].as_u64().unwrap());
     }
     assert!(fetched[1] * 2 < fetched[0], "the second diff's restore fetched no base: {fetched:?}");
