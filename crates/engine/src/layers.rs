@@ -230,25 +230,20 @@ pub fn remove(bases: &Path, id: &str) -> Result<(), LayerError> {
 
 /// Remove the bases in `bases` that `key`'s base supersedes: built for the same runtime
 /// and sandbox shape by another shim or image format (no diff will be made on them
-/// again), and named by no diff. Returns the ids removed; a base still in use, or
-/// one that cannot be removed, is left (and logged).
-pub fn prune_superseded(bases: &Path, key: &BaseKey) -> Vec<String> {
+/// again), and named by no diff. A base still in use, or one that cannot be removed,
+/// is left (and logged).
+pub fn prune_superseded(bases: &Path, key: &BaseKey) {
     let same_shape = |k: &BaseKey| k.runtime == key.runtime && k.memory_mb == key.memory_mb && k.cpu_millis == key.cpu_millis;
-    let mut removed = Vec::new();
     for m in list(bases).unwrap_or_default() {
         if !same_shape(&m.key) || (m.key.shims == key.shims && m.key.format == key.format) {
             continue;
         }
         match remove(bases, &m.id) {
-            Ok(()) => {
-                info!(id = %m.id, runtime = %m.key.runtime, shims = %m.key.shims, format = m.key.format, "superseded base removed");
-                removed.push(m.id);
-            }
+            Ok(()) => info!(id = %m.id, runtime = %m.key.runtime, shims = %m.key.shims, format = m.key.format, "superseded base removed"),
             Err(LayerError::InUse { diffs, .. }) => info!(id = %m.id, diffs = diffs.len(), "superseded base kept: diffs still name it"),
             Err(e) => tracing::warn!(id = %m.id, error = %e, "superseded base not removed"),
         }
     }
-    removed
 }
 
 /// Record that the diff at `diff` names base `meta` (see [`users`]).

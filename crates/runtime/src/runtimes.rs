@@ -240,10 +240,11 @@ Run scripts/build-runtimes.sh (or set THAW_JAVA_RUNTIME_JAR) and restart thaw.\n
 /// A missing Java jar does not fail the installation (the other runtimes work):
 /// `java/bootstrap.sh` then exits with a message naming scripts/build-runtimes.sh.
 pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
-    let jar = std::fs::read(java_runtime_jar()).ok();
-    let native = std::fs::read(java_runtime_jar().with_file_name(JAVA_NATIVE)).ok();
+    let jar_path = java_runtime_jar();
+    let jar = std::fs::read(&jar_path).ok();
+    let native = std::fs::read(jar_path.with_file_name(JAVA_NATIVE)).ok();
     let bridge = native_bridge();
-    let files: Vec<(&str, &[u8])> = vec![
+    let mut files: Vec<(&str, &[u8])> = vec![
         ("python/bootstrap.py", PYTHON_BOOTSTRAP.as_bytes()),
         ("python/thaw_runtime.py", PYTHON_THAW_RUNTIME.as_bytes()),
         ("nodejs/bootstrap.sh", NODEJS_BOOTSTRAP_SH.as_bytes()),
@@ -258,10 +259,9 @@ pub fn install_shims(base: &Path) -> Result<PathBuf, RuntimeError> {
     ];
     // Without it a Java base cannot take its function's environment (its functions then
     // get full images); everything else works.
-    let files: Vec<(&str, &[u8])> = match &native {
-        Some(bytes) => files.into_iter().chain([("java/libthawenv.so", bytes.as_slice())]).collect(),
-        None => files,
-    };
+    if let Some(bytes) = &native {
+        files.push(("java/libthawenv.so", bytes));
+    }
     let mut crc = Crc32::new();
     for (name, data) in &files {
         crc.update(name.as_bytes());

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Subcommand;
 use serde_json::json;
 use thaw_engine::instance::FunctionConfig;
@@ -51,7 +51,6 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
         BaseCmd::Build { runtime, memory } => {
             let runtime = Runtime::parse(&runtime)?;
             layers::supported(runtime)?;
-            std::fs::create_dir_all(&bases).with_context(|| format!("creating {}", bases.display()))?;
             let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir)?;
             let mut cfg = FunctionConfig::new(runtime, "", bases.clone(), runtime_dir);
             cfg.memory_mb = memory;

@@ -617,6 +617,25 @@ public final class Bootstrap {
     }
 
     /**
+     * The reply to {@code restored} (a restored clone, a base or a function's): reseed, run
+     * the after-restore hooks; {@code ok}, or the error a hook threw.
+     */
+    static ObjectNode restoredReply(JsonNode msg) {
+        ObjectNode reply = FRAMES.createObjectNode();
+        try {
+            afterRestore();
+            reply.put("type", "ok");
+        } catch (Throwable t) {
+            t = unwrap(t);
+            Throwable shown = t.getSuppressed().length > 0 ? t.getSuppressed()[0] : t;
+            reply.put("type", "error");
+            reply.setAll(errorBody(shown.getClass().getName(), "afterRestore failed: " + shown.getMessage(), stackTrace(shown)));
+        }
+        flushLogs();
+        return echoNonce(msg, reply);
+    }
+
+    /**
      * Where the function's classes come from. The system class loader when the JVM started
      * with the function's bundle on its class path (bootstrap.sh); in a base, which started
      * before any function was known, a loader of the bundle's own made by {@link #waitAsBase}.
@@ -645,15 +664,7 @@ public final class Bootstrap {
             if (type.equals("load")) {
                 break;
             } else if (type.equals("restored")) {
-                ObjectNode ok = FRAMES.createObjectNode();
-                try {
-                    afterRestore();
-                    ok.put("type", "ok");
-                } catch (Exception e) {
-                    ok.put("type", "error");
-                    ok.setAll(errorBody(e.getClass().getName(), "afterRestore failed: " + e.getMessage(), stackTrace(e)));
-                }
-                send(echoNonce(msg, ok));
+                send(restoredReply(msg));
             } else if (type.equals("shutdown")) {
                 return false;
             } else {
@@ -768,21 +779,9 @@ public final class Bootstrap {
                         }
                         break;
                     }
-                    case "restored": {
-                        ObjectNode reply = FRAMES.createObjectNode();
-                        try {
-                            afterRestore();
-                            reply.put("type", "ok");
-                        } catch (Throwable t) {
-                            t = unwrap(t);
-                            Throwable shown = t.getSuppressed().length > 0 ? t.getSuppressed()[0] : t;
-                            reply.put("type", "error");
-                            reply.setAll(errorBody(shown.getClass().getName(), "afterRestore failed: " + shown.getMessage(), stackTrace(shown)));
-                        }
-                        flushLogs();
-                        send(echoNonce(msg, reply));
+                    case "restored":
+                        send(restoredReply(msg));
                         break;
-                    }
                     case "shutdown":
                         return 0;
                     default:
