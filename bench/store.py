@@ -30,7 +30,10 @@ For each function, in one sitting and interleaved run by run (the order rotates)
                 (THAW_STORE_FORMAT=1: one object per 8 KiB chunk), the baseline of issue #28
   layered-local   the function as a diff on the Python base (`thaw base build`), restored
                 from its directory (page cache of the diff and the base evicted)
-  layered-remote-cold  the diff from the store with an empty cache (the base is fetched too)
+  layered-remote-cold  the diff from the store with an empty cache: the base arrives lazily
+                beside the diff (its head first, the pages the diff's working set lacks on demand)
+  layered-remote-cold-whole-base  the same with the base fetched whole into the cache
+                before the diff's head (THAW_STORE_BASE=whole), the baseline of the lazy base
   layered-remote-diff  the diff from the store with its base already cached (what a node
                 that runs other functions of the runtime sees)
 Time to first response is the restore's `total_ms` (it includes the fetch); `cpu ms` is
@@ -68,7 +71,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
 MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
-         "layered-local", "layered-remote-cold", "layered-remote-diff")
+         "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
 
@@ -205,9 +208,10 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
                 evict_page_cache(str(snap_d))
                 evict_page_cache(str(data / "bases"))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap_d)], stats)
-            elif mode == "layered-remote-cold":
+            elif mode in ("layered-remote-cold", "layered-remote-cold-whole-base"):
                 shutil.rmtree(cache, ignore_errors=True)
-                st = run_thaw(thaw, env, ["snapshot", "restore", url_d], stats)
+                menv = dict(env, THAW_STORE_BASE="whole") if mode.endswith("whole-base") else env
+                st = run_thaw(thaw, menv, ["snapshot", "restore", url_d], stats)
                 assert st["store"]["cache_hit"] is False, st["store"]
             elif mode == "layered-remote-diff":
                 if not (cache / base_entry).is_dir():

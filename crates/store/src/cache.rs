@@ -66,19 +66,46 @@ impl Source for Adopt {
     }
 
     fn fetch(&self, _id: &str, dest: &Path) -> std::result::Result<(), SourceError> {
-        for e in std::fs::read_dir(&self.dir)? {
-            let e = e?;
-            let to = dest.join(e.file_name());
-            if std::fs::rename(e.path(), &to).is_err() {
+        each_entry(&self.dir, dest, |e, to| {
+            if std::fs::rename(e.path(), to).is_err() {
                 // Another file system (or a directory entry): copy, leaving the original.
                 if e.file_type()?.is_dir() {
-                    return Err(format!("unexpected directory {} in a snapshot", e.path().display()).into());
+                    return Err(std::io::Error::other(format!("unexpected directory {} in a snapshot", e.path().display())));
                 }
-                std::fs::copy(e.path(), &to)?;
+                std::fs::copy(e.path(), to)?;
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
+}
+
+/// A complete snapshot directory linked into the cache: its files hard-linked
+/// (symbolic links copied), so that it stays whole where it is (a base that diffs
+/// still being assembled name there, see `crate::settle_base`).
+pub struct Link {
+    pub dir: PathBuf,
+}
+
+impl Source for Link {
+    fn size(&self, _id: &str) -> std::result::Result<u64, SourceError> {
+        Ok(dir_bytes(&self.dir)?)
+    }
+
+    fn fetch(&self, _id: &str, dest: &Path) -> std::result::Result<(), SourceError> {
+        each_entry(&self.dir, dest, |e, to| match std::fs::read_link(e.path()) {
+            Ok(target) => std::os::unix::fs::symlink(target, to),
+            Err(_) => std::fs::hard_link(e.path(), to),
+        })
+    }
+}
+
+/// `put(entry, its place in dest)` for each entry of directory `dir`.
+fn each_entry(dir: &Path, dest: &Path, put: impl Fn(&std::fs::DirEntry, &Path) -> std::io::Result<()>) -> std::result::Result<(), SourceError> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        put(&e, &dest.join(e.file_name()))?;
+    }
+    Ok(())
 }
 
 #[derive(Debug)]

@@ -88,6 +88,34 @@ pub struct RemoteFill {
     ws: Mutex<HeldWs>,
     /// Index of ws.pages in `m.files`, when stored.
     ws_file: Option<usize>,
+    /// A diff's base arriving lazily too (see [`LazyBase`]).
+    base: Option<BaseLink>,
+}
+
+/// A base arriving from the store under the diffs that missed it: its head (state.bin,
+/// the copy-on-written file pages) fetched before their restores start, the pages
+/// their working sets do not hold fetched as faults need them, the rest by
+/// [`RemoteFill::complete`]. Shared by every diff of it that misses meanwhile
+/// ([`crate::open_miss`]) and moved into the cache once complete
+/// ([`crate::settle_base`]). Its scratch directory goes with the last diff using it.
+pub struct LazyBase {
+    pub id: String,
+    pub fill: Arc<RemoteFill>,
+}
+
+impl Drop for LazyBase {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.fill.dir);
+    }
+}
+
+/// A diff's link to its lazily arriving base: the combined numbering of the engine's
+/// `PageFiles` (the diff's pages, then the base's) is split at `own_bytes`.
+struct BaseLink {
+    base: Arc<LazyBase>,
+    own_bytes: u64,
+    /// This diff's miss opened the base: its fetches count as this miss's.
+    counted: bool,
 }
 
 /// ws.pages as a miss holds it (format 4): fetched with the head, handed whole to the
@@ -138,7 +166,9 @@ impl HeldWs {
 /// ws.pages is written by [`RemoteFill::complete`]. None: the snapshot has no head
 /// (format 1, or published before heads), fetch it whole instead.
 ///
-/// A diff's base must be beside it already (`thaw_engine::layers::BASE_LINK`).
+/// A diff's base must be beside it already (`thaw_engine::layers::BASE_LINK`):
+/// complete in the cache, or arriving lazily too (`base`: the fill serves the base's
+/// pages from it; `bool`: this miss opened it and counts its fetches).
 ///
 /// A snapshot published before its working set was recorded (a node publishes what
 /// it captures at once) has a working set beside it, `ws/<id>.trace`: it is read
@@ -148,7 +178,7 @@ impl HeldWs {
 /// where it has the head's size, the head is taken from it instead of read from its
 /// pack (state.bin and ws.trace checked chunk by chunk, the pages by the pack's name,
 /// as reads of the pack are); a copy that fails those checks is not used.
-pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Option<bytes::Bytes>) -> Result<Option<Arc<RemoteFill>>> {
+pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Option<bytes::Bytes>, base: Option<(Arc<LazyBase>, bool)>) -> Result<Option<Arc<RemoteFill>>> {
     let Some(head) = m.head else { return Ok(None) };
     let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
     // ws.pages stored (format 4): read with the head's pages, not waited for.
@@ -239,7 +269,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Opt
     let first_parts: Vec<Vec<bytes::Bytes>> = first_read.into_iter().map(|r| r.1).collect();
     let first_reads = if copied { 0 } else { first.len() as u64 };
     let first_bytes = if copied { 0 } else { first.iter().map(|s| s.end - s.start).sum::<u64>() };
-    counters.requests.fetch_add(first_reads + u64::from(m.file(TRACE_FILE).is_none()), Ordering::Relaxed);
+    counters.requests.fetch_add(first_reads + u64::from(crate::fetch::asks_recorded_trace(&m)), Ordering::Relaxed);
     counters.bytes.fetch_add(recorded.as_ref().map_or(0, |t| t.len() as u64) + first_bytes, Ordering::Relaxed);
     // 2. Every file but pages.img, complete.
     for (s, parts) in first.iter().zip(&first_parts) {
@@ -298,6 +328,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Opt
     let ws_read = (!ws_spans.is_empty()).then(|| store.spawn(crate::pack::read_spans_owned(remote.clone(), ws_spans.clone(), Check::Chunks)));
     let t_first = t0.elapsed();
     let pages = files.swap_remove(file);
+    let own_bytes = m.files[file].size;
     let fill = Arc::new(RemoteFill {
         store: store.clone(),
         m: m.clone(),
@@ -315,6 +346,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Opt
         deferred_ws,
         ws: Mutex::new(held_ws),
         ws_file: wsf,
+        base: base.map(|(base, counted)| BaseLink { base, own_bytes, counted }),
     });
     let whole_check = whole.then(|| (first_stored, head_pack.name.clone(), remote.url.object_url(&crate::pack::pack_key(&head_pack.name))));
     for (spans, read, check, counted) in [(head_pages, Some(pages_read), whole_check, copied), (ws_spans, ws_read, None, false)] {
@@ -537,7 +569,21 @@ impl RemoteFill {
     /// (requests, bytes) this miss has fetched so far, what came before the head included.
     pub fn fetched(&self) -> (u64, u64) {
         let (r, b) = (&self.before_head.0, &self.before_head.1);
-        (r.load(Ordering::Relaxed) + self.counters.requests.load(Ordering::Relaxed), b.load(Ordering::Relaxed) + self.counters.bytes.load(Ordering::Relaxed))
+        let (br, bb) = match &self.base {
+            Some(l) if l.counted => l.base.fill.fetched(),
+            _ => (0, 0),
+        };
+        (br + r.load(Ordering::Relaxed) + self.counters.requests.load(Ordering::Relaxed), bb + b.load(Ordering::Relaxed) + self.counters.bytes.load(Ordering::Relaxed))
+    }
+
+    /// The base arriving lazily under this diff, if it does.
+    pub fn lazy_base(&self) -> Option<&Arc<LazyBase>> {
+        self.base.as_ref().map(|l| &l.base)
+    }
+
+    /// Where this snapshot is assembled.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Note what was fetched by the time the first response came back. Whether
@@ -558,7 +604,7 @@ impl RemoteFill {
 
     /// Whether a fetch has failed (see [`RemoteFill::complete`]).
     pub fn failed(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
+        self.failed.load(Ordering::Acquire) || self.base.as_ref().is_some_and(|l| l.base.fill.failed())
     }
 
     /// Whether pages.img holds every page (after [`RemoteFill::complete`] succeeded).
@@ -566,8 +612,12 @@ impl RemoteFill {
         self.complete.load(Ordering::Acquire)
     }
 
-    /// Fetch every chunk still missing; afterwards pages.img is complete.
+    /// Fetch every chunk still missing; afterwards pages.img is complete (and a lazily
+    /// arriving base's, first: this diff's ws.pages is built from both).
     pub fn complete(&self) -> std::io::Result<()> {
+        if let Some(l) = &self.base {
+            l.base.fill.complete()?;
+        }
         let size = self.m.files[self.file].size;
         self.ensure_with(0, size, usize::MAX)?;
         self.pages.sync_all()?;
@@ -641,10 +691,45 @@ impl RemoteFill {
 
 impl PageFill for RemoteFill {
     fn ensure(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.ensure_with(offset, len, FAULT_NEIGHBOURS)
+        let (own, base) = self.split(offset, len);
+        if let Some((b, at, n)) = base {
+            b.ensure(at, n)?;
+        }
+        match own {
+            Some(n) => self.ensure_with(offset, n, FAULT_NEIGHBOURS),
+            None => Ok(()),
+        }
     }
 
     fn working_set(&self, layout: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<bool> {
+        self.own_working_set(layout, buf)
+    }
+
+    fn copy(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<bool> {
+        match self.split(offset, buf.len() as u64) {
+            (Some(_), None) => self.own_copy(offset, buf),
+            (None, Some((b, at, _))) => b.copy(at, buf),
+            // Across the two files: read them after `ensure`.
+            _ => Ok(false),
+        }
+    }
+}
+
+impl RemoteFill {
+    /// Bytes `offset..offset + len` of the combined numbering: how many of them are
+    /// this snapshot's own (from `offset`), and where the rest is in the lazily
+    /// arriving base (its fill, offset, length).
+    fn split(&self, offset: u64, len: u64) -> (Option<u64>, Option<(&RemoteFill, u64, u64)>) {
+        let Some(l) = &self.base else { return (Some(len), None) };
+        let end = offset + len;
+        let own = (offset < l.own_bytes).then(|| end.min(l.own_bytes) - offset);
+        let from = offset.max(l.own_bytes);
+        let base = (end > from).then(|| (&*l.base.fill, from - l.own_bytes, end - from));
+        (own, base)
+    }
+
+    /// [`PageFill::working_set`]: the diff's ws.pages holds its base's working-set pages too.
+    fn own_working_set(&self, layout: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<bool> {
         // Wait for the head's reads: `arrived` sets `ws`, then takes the state lock to
         // notify `changed` (locks in the order state, then ws).
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -662,7 +747,8 @@ impl PageFill for RemoteFill {
         }
     }
 
-    fn copy(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<bool> {
+    /// [`PageFill::copy`] of bytes of this snapshot's own pages.img.
+    fn own_copy(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<bool> {
         let range = self.overlapping(offset, buf.len() as u64);
         let parts: Vec<(u64, bytes::Bytes)> = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -41,6 +41,9 @@ pub use remote::{Remote, SnapshotUrl, StoreConfig, StoreUrl};
 pub struct Store {
     pub remote: Remote,
     rt: tokio::runtime::Runtime,
+    /// Bases arriving lazily under the diffs that missed them, by stored id (see
+    /// [`open_miss`]): a diff of one of them that misses meanwhile shares it.
+    lazy_bases: Mutex<HashMap<String, std::sync::Weak<lazy::LazyBase>>>,
 }
 
 impl Store {
@@ -57,7 +60,7 @@ impl Store {
         let t_rt = t0.elapsed();
         let remote = rt.block_on(async { Remote::new(url, cfg) })?;
         tracing::debug!(runtime_ms = t_rt.as_secs_f64() * 1e3, client_ms = (t0.elapsed() - t_rt).as_secs_f64() * 1e3, "store opened");
-        Ok(Store { remote, rt })
+        Ok(Store { remote, rt, lazy_bases: Mutex::new(HashMap::new()) })
     }
 
     pub fn url(&self) -> &StoreUrl {
@@ -233,27 +236,36 @@ pub struct Miss {
     /// Where it is assembled: a scratch directory of the cache (see
     /// [`cache::Cache::scratch_dir`]), moved into the cache once complete.
     pub dir: PathBuf,
-    /// A diff's base, in the cache, linked beside it.
+    /// A diff's base, in the cache, linked beside it (None for a base arriving
+    /// lazily too: see [`lazy::RemoteFill::lazy_base`] and [`settle_base`]).
     pub base: Option<cache::Handle>,
 }
 
 /// Stored snapshot `id` (`start`: its manifest and the head's copy, read in
-/// parallel), missing from `cache`, served from its head: a diff's base is fetched whole into the
-/// cache first (once for all its diffs) and linked beside it. None: the snapshot
-/// has no head (fetch it whole). The fill counts the manifest and the base as
-/// fetched before the head.
+/// parallel), missing from `cache`, served from its head. A diff's base, when the
+/// cache lacks it, is served from its own head the same way (its manifest and head
+/// copy, in parallel: the base's pages the diff's working set needs arrive with the
+/// diff's head), shared by the diffs of it that miss until it is complete
+/// ([`settle_base`]); `THAW_STORE_BASE=whole` fetches it whole into the cache first,
+/// as before. None: the snapshot has no head (fetch it whole). The fill counts the
+/// manifest (and a base fetched whole) as fetched before the head.
 pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start: fetch::MissStart) -> Result<Option<Miss>> {
     let fetch::MissStart { manifest: m, manifest_len, head } = start;
     if m.head.is_none() {
         return Ok(None);
     }
     let source = StoreSource::new(store).with_manifest(id, m.clone());
-    let base = match &m.base {
-        Some(b) => Some(source.cached(cache, b).map_err(Box::new)?.0),
-        None => None,
+    let lazy_base = match &m.base {
+        Some(b) if !cache.contains(b) && std::env::var("THAW_STORE_BASE").as_deref() != Ok("whole") => lazy_base(store, cache, b)?,
+        _ => None,
+    };
+    let base = match (&m.base, &lazy_base) {
+        (Some(b), None) => Some(source.cached(cache, b).map_err(Box::new)?.0),
+        _ => None,
     };
     let dir = cache.scratch_dir(id).map_err(Box::new)?;
-    let opened = base.as_ref().map_or(Ok(()), |b| fetch::link_base(&dir, b.dir())).and_then(|()| lazy::open(store.clone(), m, id, &dir, head));
+    let base_dir = base.as_ref().map(|b| b.dir()).or(lazy_base.as_ref().map(|(b, _)| b.fill.dir()));
+    let opened = base_dir.map_or(Ok(()), |b| fetch::link_base(&dir, b)).and_then(|()| lazy::open(store.clone(), m, id, &dir, head, lazy_base));
     match opened {
         Ok(Some(fill)) => {
             fill.count_before_head(1 + source.requests.load(std::sync::atomic::Ordering::Relaxed), manifest_len + source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed));
@@ -264,6 +276,55 @@ pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start:
             opened.map(|_| None)
         }
     }
+}
+
+/// Base `id` arriving lazily: the one a miss of another of its diffs opened, still
+/// arriving (and not failed), or opened now from its manifest and head copy (read in
+/// parallel; `true`: opened by this miss). None: it has no head (fetch it whole).
+fn lazy_base(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str) -> Result<Option<(Arc<lazy::LazyBase>, bool)>> {
+    // Held while a base opens: a second diff of it waits for that one, not fetch it twice.
+    let mut bases = store.lazy_bases.lock().unwrap_or_else(|p| p.into_inner());
+    bases.retain(|_, b| b.strong_count() > 0);
+    if let Some(b) = bases.get(id).and_then(std::sync::Weak::upgrade).filter(|b| !b.fill.failed()) {
+        return Ok(Some((b, false)));
+    }
+    let start = store.block_on(fetch::manifest_and_head(&store.remote, id))?;
+    if start.manifest.base.is_some() {
+        return Err(StoreError::BadManifest { object: store.remote.url.object_url(&Remote::manifest_key(id)), detail: "a base that is itself a diff".into() });
+    }
+    let dir = cache.scratch_dir(id).map_err(Box::new)?;
+    match lazy::open(store.clone(), start.manifest, id, &dir, start.head, None) {
+        Ok(Some(fill)) => {
+            fill.count_before_head(1, start.manifest_len);
+            let b = Arc::new(lazy::LazyBase { id: id.to_string(), fill });
+            bases.insert(id.to_string(), Arc::downgrade(&b));
+            Ok(Some((b, true)))
+        }
+        r => {
+            let _ = std::fs::remove_dir_all(&dir);
+            r.map(|_| None)
+        }
+    }
+}
+
+/// Once the lazy miss of a diff is complete ([`lazy::RemoteFill::complete`]), before
+/// the diff in `dir` moves into the cache: its lazily fetched base goes into the
+/// cache too (its files linked, so that the other diffs still assembled on it keep
+/// theirs), and the diff's link to it is pointed there, atomically. Returns the
+/// base's pin. None: the diff's base was in the cache already, or it is no diff.
+pub fn settle_base(cache: &Arc<cache::Cache>, fill: &lazy::RemoteFill, dir: &Path) -> std::result::Result<Option<cache::Handle>, cache::CacheError> {
+    let Some(b) = fill.lazy_base() else { return Ok(None) };
+    let handle = cache.get(&b.id, &cache::Link { dir: b.fill.dir().to_path_buf() })?;
+    let ioe = |what: &str| {
+        let (root, what) = (dir.to_path_buf(), what.to_string());
+        move |source| cache::CacheError::Io { root, what, source }
+    };
+    let link = dir.join(thaw_engine::layers::BASE_LINK);
+    let tmp = dir.join(format!(".{}.new", thaw_engine::layers::BASE_LINK));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(handle.dir(), &tmp).map_err(ioe("linking the cached base"))?;
+    std::fs::rename(&tmp, &link).map_err(ioe("linking the cached base"))?;
+    Ok(Some(handle))
 }
 
 /// The base that the cached snapshot in `dir` links beside it (a diff, see

@@ -252,10 +252,13 @@ impl Resolved {
         stats["bytes_fetched_before_first_response"] = json!(before.1);
         stats["requests"] = json!(requests);
         stats["bytes_fetched"] = json!(bytes);
+        // A base that arrived lazily under it goes into the cache first (pinned until
+        // the diff is there), and the diff links it there.
         let installed = completed
             .map_err(anyhow::Error::from)
             .and_then(|()| thaw_engine::image::Snapshot::open(&self.dir).map(drop).map_err(anyhow::Error::from))
-            .and_then(|()| l.cache.get(&l.id, &thaw_store::cache::Adopt { dir: self.dir.clone() }).map(drop).map_err(anyhow::Error::from));
+            .and_then(|()| thaw_store::settle_base(&l.cache, &l.fill, &self.dir).map_err(anyhow::Error::from))
+            .and_then(|_base| l.cache.get(&l.id, &thaw_store::cache::Adopt { dir: self.dir.clone() }).map(drop).map_err(anyhow::Error::from));
         if let Err(e) = &installed {
             tracing::warn!(error = %format!("{e:#}"), "the fetched snapshot was not cached; the next restore fetches it again");
         }

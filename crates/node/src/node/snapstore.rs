@@ -267,13 +267,15 @@ impl SnapshotStore {
     /// Move a completed lazy miss into the cache (pinned). Its directory is empty
     /// afterwards; instances running on its files keep them open.
     pub(super) fn settle(&self, l: &LazyMiss) -> Result<Pinned, SnapStoreError> {
+        // A base that arrived lazily under it goes first, and the diff links it there.
+        let lazy_base = thaw_store::settle_base(&self.cache, &l.fill, &l.dir)?;
         let handle = self.cache.get(&l.id, &cache::Adopt { dir: l.dir.clone() })?;
         // Empty now (its files moved); the lazy miss itself stays for `thaw status`.
         let _ = std::fs::remove_dir_all(&l.dir);
         self.n.lazy_settled.fetch_add(1, Ordering::Relaxed);
         info!(snapshot = %self.store.snapshot_url(&l.id), cached = handle.cached(), "a snapshot fetched lazily is complete");
         // Its base stays pinned as long as it (a second pin of the same entry).
-        let base = l.base.as_ref().and_then(Handle::pin_again);
+        let base = lazy_base.or_else(|| l.base.as_ref().and_then(Handle::pin_again));
         Ok(Pinned { handle, _base: base, lazy_was: None })
     }
 
@@ -301,23 +303,7 @@ impl SnapshotStore {
     /// Cache the snapshot files in `dir` (a cache entry) under `id` too, as links to
     /// the same files. A failure only means the next open fetches it.
     fn link_cached(&self, id: &str, dir: &Path) {
-        let linked = self.cache.scratch_dir(id).map_err(SnapStoreError::from).and_then(|tmp| {
-            let copy = || -> std::io::Result<()> {
-                for e in std::fs::read_dir(dir)? {
-                    let e = e?;
-                    let to = tmp.join(e.file_name());
-                    match std::fs::read_link(e.path()) {
-                        Ok(target) => std::os::unix::fs::symlink(target, to)?,
-                        Err(_) => std::fs::hard_link(e.path(), to)?,
-                    }
-                }
-                Ok(())
-            };
-            let r = copy().map_err(|e| SnapStoreError::Cache(CacheError::Io { root: tmp.clone(), what: "linking a snapshot".into(), source: e }));
-            let r = r.and_then(|()| self.cache.get(id, &cache::Adopt { dir: tmp.clone() }).map(drop).map_err(Into::into));
-            let _ = std::fs::remove_dir_all(&tmp);
-            r
-        });
+        let linked = self.cache.get(id, &cache::Link { dir: dir.to_path_buf() });
         if let Err(e) = linked {
             warn!(error = %crate::node::error_chain(&e), "caching a snapshot published again");
         }
