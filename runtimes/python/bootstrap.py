@@ -338,6 +338,9 @@ def _wait_as_base():
         del os.environ[key]
     for key, value in env.items():
         os.environ[key] = value
+    # An idle base instance may have had its code replaced under it (repurposing, see
+    # the engine's Instance::repurpose): its cwd is still the previous /var/task.
+    os.chdir(os.environ.get("LAMBDA_TASK_ROOT") or "/var/task")
     return True
 
 

@@ -238,24 +238,28 @@ class BootstrapTest(shimtest.ShimTestCase):
 
     # ---- as a base (layered snapshots) --------------------------------
     def test_base_waits_for_its_function_then_takes_its_environment(self):
-        self.write("app.py", """
+        # The function's code is at the task root `load` names, not where the base
+        # started (repurposing replaces /var/task under a running base): the base moves there.
+        self.write("task/app.py", """
             import os
             SEEN = os.environ.get("SECRET")
             def handler(event, context):
                 return {"init": SEEN, "now": os.environ.get("SECRET"),
-                        "base": os.environ.get("THAW_BASE"), "fn": os.environ.get("AWS_LAMBDA_FUNCTION_NAME")}
+                        "base": os.environ.get("THAW_BASE"), "fn": os.environ.get("AWS_LAMBDA_FUNCTION_NAME"),
+                        "cwd": os.getcwd()}
         """)
+        task = os.path.join(self.dir, "task")
         rt = self.start("", env={"THAW_BASE": "1", "SECRET": "from-the-boot"})
         self.assertEqual(rt.init, {"type": "ready", "base": True, "restore_notice": True}, rt.read_log())
         rt.send({"type": "restored", "nonce": "n1"})
         self.assertEqual(rt.recv(), {"type": "ok", "nonce": "n1"})
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG")}
-        env.update(_HANDLER="app.handler", LAMBDA_TASK_ROOT=self.dir, SECRET="s3", AWS_LAMBDA_FUNCTION_NAME="layered")
+        env.update(_HANDLER="app.handler", LAMBDA_TASK_ROOT=task, SECRET="s3", AWS_LAMBDA_FUNCTION_NAME="layered")
         rt.send({"type": "load", "env": env})
         self.assertEqual(rt.recv()["type"], "ready")
         v = json.loads(rt.invoke({})["result"])
         # The function sees the environment `load` carried, nothing of the base's.
-        self.assertEqual(v, {"init": "s3", "now": "s3", "base": None, "fn": "layered"})
+        self.assertEqual(v, {"init": "s3", "now": "s3", "base": None, "fn": "layered", "cwd": task})
         self.assertEqual(rt.shutdown(), 0)
 
     def test_base_rejects_anything_but_load(self):

@@ -494,9 +494,32 @@ pub struct Instance {
     tracking: Option<crate::reset::Tracking>,
     /// Identity of the snapshot this instance was restored from.
     image_id: Option<u32>,
+    /// Restored from a runtime's base: it can become an instance of any function of
+    /// that base (see [`Instance::load_into`]).
+    base: Option<BaseInstance>,
     /// The pool whose thread is the parent of this instance's sandbox init (it must
     /// outlive the sandbox); last, so it is dropped after the sandbox.
     _sandbox_pool: Option<Arc<SandboxPool>>,
+}
+
+/// What an instance restored from a runtime's base keeps to be repurposed (issue #30).
+#[derive(Debug)]
+struct BaseInstance {
+    key: crate::layers::BaseKey,
+    /// The base's runtime asked to be told it is a restored clone.
+    restore_notice: bool,
+    /// A function is loaded (or its load failed): reset it to the base before another.
+    loaded: bool,
+}
+
+/// Figures of one [`Instance::load_into`], in milliseconds.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct LoadIntoStats {
+    /// Replacing the code at /var/task.
+    pub code_ms: f64,
+    /// The runtime loading the function (its init).
+    pub load_ms: f64,
+    pub total_ms: f64,
 }
 
 /// An execution environment's log stream, named as Lambda names it:
@@ -634,6 +657,7 @@ impl Instance {
             paging: None,
             tracking: None,
             image_id: None,
+            base: None,
             _sandbox_pool: None,
         })
     }
@@ -716,6 +740,7 @@ impl Instance {
         }
         let tracking = restored.tracking.take();
         restored.phases.push(("after_restore", th.elapsed().as_secs_f64() * 1e3));
+        let base = crate::layers::meta_of(&snap.dir).map(|m| BaseInstance { key: m.key, restore_notice: record.restore_notice, loaded: false });
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         let sandbox_ms = total_ms - restored.phases.iter().map(|p| p.1).sum::<f64>();
         let kind = match mode {
@@ -757,6 +782,7 @@ impl Instance {
             }),
             tracking,
             image_id: Some(snap.id),
+            base,
             _sandbox_pool: pool_used,
         })
     }
@@ -807,6 +833,63 @@ impl Instance {
         st.reset_ms = t0.elapsed().as_secs_f64() * 1e3;
         info!(id = self.sandbox.id(), reset_ms = st.reset_ms, pages_written_back = st.pages_written_back, "reset");
         Ok(st)
+    }
+
+    /// Reset an instance restored from a runtime's base (see [`Instance::load_into`]) back
+    /// to the base's clean state: whatever the function it served left is taken back as
+    /// by [`Instance::reset`], and the base's runtime is told it is a restored clone
+    /// again (it reseeds). `base` is the snapshot it was restored from. It can then load
+    /// another function. Fails closed like a reset (the instance is killed).
+    pub fn reset_to_base(&mut self, base: &LoadedSnapshot) -> Result<crate::reset::ResetStats, InstanceError> {
+        let Some(b) = &self.base else {
+            return Err(crate::layers::LayerError::Refused("the instance was not restored from a base".into()).into());
+        };
+        self.record.restore_notice = b.restore_notice;
+        let st = self.reset(base)?;
+        if let Some(b) = &mut self.base {
+            b.loaded = false;
+        }
+        Ok(st)
+    }
+
+    /// Make this clean instance of a runtime's base (restored from the base with write
+    /// tracking, or reset to it by [`Instance::reset_to_base`]) an instance of `cfg`
+    /// (issue #30, repurposing): `cfg`'s code replaces what is at /var/task and the
+    /// runtime loads the function (its init runs now, as a cold boot's would). A cold
+    /// start with no new sandbox and no process rebuilt. Refused for a function of
+    /// another base (runtime, shims, memory class) and for one with layers (/opt).
+    /// If the function's init fails the instance stays, to be reset to the base; if the
+    /// code cannot be replaced it is killed.
+    pub fn load_into(&mut self, cfg: &FunctionConfig) -> Result<LoadIntoStats, InstanceError> {
+        let t0 = Instant::now();
+        let refused = |why: String| -> InstanceError { crate::layers::LayerError::Refused(why).into() };
+        let Some(b) = &self.base else { return Err(refused("the instance was not restored from a base".into())) };
+        if b.loaded {
+            return Err(refused("the instance serves a function already: reset it to its base first".into()));
+        }
+        let key = crate::layers::BaseKey::of(&cfg.record());
+        if key != b.key {
+            return Err(refused(format!("its base was built for {:?}, the function needs {:?}", b.key, key)));
+        }
+        if cfg.opt_dir.is_some() {
+            return Err(refused("a function with layers (/opt) is not loaded into a base instance yet".into()));
+        }
+        cfg.runtime.check_handler(&cfg.handler)?;
+        self.thaw()?;
+        if let Err(e) = self.sandbox.replace_code(&cfg.code_dir) {
+            let _ = self.sandbox.kill();
+            return Err(e.into());
+        }
+        let code_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if let Some(b) = &mut self.base {
+            b.loaded = true;
+        }
+        self.record.code_dir = cfg.code_dir.clone();
+        self.function_version = cfg.function_version.clone();
+        self.load_function(cfg)?;
+        let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        info!(id = self.sandbox.id(), function = %cfg.function_name, code_ms, total_ms, "function loaded into a base instance");
+        Ok(LoadIntoStats { code_ms, load_ms: total_ms - code_ms, total_ms })
     }
 
     /// The idle instance's layout, page contents, registers, descriptors and signal

@@ -179,15 +179,18 @@ pub fn list(bases: &Path) -> Result<Vec<BaseMeta>, LayerError> {
     };
     let mut out = Vec::new();
     for entry in rd.flatten() {
-        let dir = entry.path();
-        let Ok(bytes) = std::fs::read(dir.join(META_FILE)) else { continue };
-        if let Ok(mut m) = serde_json::from_slice::<BaseMeta>(&bytes) {
-            m.dir = dir;
-            out.push(m);
-        }
+        out.extend(meta_of(&entry.path()));
     }
     out.sort_by(|a, b| (&a.key.runtime, a.created_unix_ms).cmp(&(&b.key.runtime, b.created_unix_ms)));
     Ok(out)
+}
+
+/// The description of the base in `dir` (None: `dir` holds no base).
+pub fn meta_of(dir: &Path) -> Option<BaseMeta> {
+    let bytes = std::fs::read(dir.join(META_FILE)).ok()?;
+    let mut m = serde_json::from_slice::<BaseMeta>(&bytes).ok()?;
+    m.dir = dir.to_path_buf();
+    Some(m)
 }
 
 /// The newest base built for `key`, if any.

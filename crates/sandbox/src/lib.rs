@@ -63,6 +63,7 @@ mod init;
 pub mod init_exe;
 mod pool;
 mod prepared;
+mod recode;
 mod sandbox;
 mod spec;
 mod sys;

@@ -686,3 +686,25 @@ fn the_small_init_check_waits_out_a_writer_that_is_about_to_close() {
     assert_eq!(check_init_binary(&copy), Ok(()), "busy for 50 ms is waited out");
     closer.join().unwrap();
 }
+
+#[test]
+fn the_code_of_a_live_sandbox_is_replaced() {
+    let (a, b) = (code_dir(), tempfile::tempdir().unwrap());
+    std::fs::write(b.path().join("other.txt"), "other code\n").unwrap();
+    let s = spec("recode", a.path());
+    // Lists /var/task, waits until the other code is there, lists it again, tries to
+    // write it and reads it.
+    let script = "ls /var/task; while [ ! -e /var/task/other.txt ]; do sleep 0.01; done; ls /var/task; \
+                  touch /var/task/x 2>/dev/null && echo writable || echo read-only; cat /var/task/other.txt";
+    let mut sb = Sandbox::spawn(&s, sh(script)).expect("spawn");
+    let log = sb.take_log().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    sb.replace_code(b.path()).expect("replace the code");
+    let status = sb.wait().unwrap();
+    let out = read_all(log);
+    assert_eq!(status, ExitStatus::Exited(0), "{out}");
+    assert_eq!(out, "hello.txt\nother.txt\nread-only\nother code\n");
+    assert!(sb.replace_code(Path::new("relative")).is_err(), "a relative path is refused");
+    drop(sb);
+    assert!(a.path().join("hello.txt").exists() && !b.path().join("x").exists(), "the host directories are untouched");
+}

@@ -769,3 +769,79 @@ fn a_deleted_tmp_file_held_open_is_restored_and_reset() {
         assert_eq!(r["memfds_rewritten"], 1, "{r}");
     }
 }
+
+/// Issue #30, repurposing: one instance of the Python base serves three functions in
+/// turn (`thaw base repurpose`), reset to the base between them. The second function
+/// sees its own code at /var/task and in its cwd, and nothing of the first: not its
+/// module, globals, environment, threads, children or /tmp files, and no object in its
+/// heap holds the first one's canary. The first function, served again, starts from
+/// its init, not from its previous call's state.
+#[test]
+fn one_base_instance_serves_functions_in_turn_and_each_sees_nothing_of_the_others() {
+    let a = bundle(
+        "repurpose-a",
+        &[
+            ("a_mod.py", concat!(
+                "import os, subprocess, threading, time\n",
+                "CALLS = 0\n",
+                "KEEP = []\n",
+                "def handler(event, context):\n",
+                "    global CALLS\n",
+                "    CALLS += 1\n",
+                "    canary = event['tag'][::-1]\n",
+                "    KEEP.append(canary * 3)\n",
+                "    os.environ['LEFT_BY_A'] = canary\n",
+                "    open('/tmp/left-by-a', 'w').write(canary)\n",
+                "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+                "    subprocess.Popen(['sleep', '60'])\n",
+                "    return {'fn': 'A', 'calls': CALLS, 'cwd': sorted(os.listdir('.'))}\n",
+            )),
+            ("a-only.txt", "A's file\n"),
+        ],
+    );
+    let b = bundle(
+        "repurpose-b",
+        &[(
+            "b_mod.py",
+            concat!(
+                "import gc, os, sys, threading\n",
+                "def handler(event, context):\n",
+                "    canary = event['tag'][::-1]\n",
+                "    seen = any(isinstance(o, str) and canary in o for o in gc.get_objects())\n",
+                "    seen = seen or any(isinstance(v, str) and canary in v for o in gc.get_objects() if isinstance(o, list) for v in o)\n",
+                "    return {'fn': 'B', 'cwd': sorted(os.listdir('.')), 'task': sorted(os.listdir('/var/task')),\n",
+                "            'a_module': 'a_mod' in sys.modules, 'env': 'LEFT_BY_A' in os.environ, 'tmp': sorted(os.listdir('/tmp')),\n",
+                "            'threads': threading.active_count(), 'children': [p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid()))],\n",
+                "            'canary_in_heap': seen}\n",
+            ),
+        )],
+    );
+    let tag = "yranac-esoprup";
+    let calls = serde_json::json!([
+        {"code": a, "handler": "a_mod.handler", "payload": {"tag": tag}},
+        {"code": a, "handler": "a_mod.handler", "payload": {"tag": tag}},
+        {"code": b, "handler": "b_mod.handler", "payload": {"tag": tag}},
+        {"code": common::sample("helloworld"), "handler": "handler.handler", "payload": {"name": "third"}},
+        {"code": a, "handler": "a_mod.handler", "payload": {"tag": tag}},
+    ]);
+    let file = scratch().join("repurpose-calls.json");
+    std::fs::write(&file, calls.to_string()).unwrap();
+    let out = stdout(&ok(thaw(&["base", "repurpose", "--calls", file.to_str().unwrap()])));
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    let r = |i: usize| &lines[i]["response"];
+    assert_eq!(r(0), &serde_json::json!({"fn": "A", "calls": 1, "cwd": ["a-only.txt", "a_mod.py"]}), "{out}");
+    // The same function again: a warm call, not repurposed.
+    assert_eq!(r(1)["calls"], 2, "{out}");
+    assert!(lines[1].get("load_ms").is_none() && lines[1].get("reset_ms").is_none(), "{out}");
+    let want_b = serde_json::json!({"fn": "B", "cwd": ["b_mod.py"], "task": ["b_mod.py"], "a_module": false, "env": false,
+        "tmp": [], "threads": 1, "children": [], "canary_in_heap": false});
+    assert_eq!(r(2), &want_b, "{out}");
+    assert_eq!(r(3), &serde_json::json!({"message": "hello, third"}), "{out}");
+    // A again: its init ran again; nothing of its two earlier calls is left.
+    assert_eq!(r(4)["calls"], 1, "{out}");
+    for (i, l) in lines.iter().enumerate().filter(|(i, _)| *i != 1) {
+        assert!(l["code_ms"].as_f64().is_some() && l["load_ms"].as_f64().is_some(), "call {i} was repurposed: {l}");
+        assert_eq!(l.get("reset_ms").is_some(), i > 0, "call {i}: reset to the base before it: {l}");
+    }
+}
