@@ -68,3 +68,55 @@ def test_no_bases_gives_full_images(tmp_path):
         assert not (node.data_dir / "bases").exists()
     finally:
         assert node.stop() == 0, node.log_path.read_text()
+
+
+def test_a_pool_of_base_instances_serves_cold_starts(tmp_path):
+    """Issue #30, repurposing: with --base-pool 1 the node keeps a clean instance of the
+    Python base (restored in the background after a start found the pool empty). A cold
+    start of a function loads the function into it (its start is "repurposed"); when
+    its keep-alive expires the instance goes back to the pool, reset to the base, and
+    the function served again starts from its init."""
+    import re
+    import time
+
+    node = NodeProcess(tmp_path, "--base-pool", "1", keep_alive="1")
+
+    def starts(kind):
+        m = re.search(rf'^thaw_starts_total{{kind="{kind}"}} (\S+)$', node.metrics(), re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def wait_for(cond, what, timeout=30):
+        deadline = time.time() + timeout
+        while not cond():
+            assert time.time() < deadline, f"timed out waiting for {what}: {node.status().get('base_pool')}"
+            time.sleep(0.1)
+
+    try:
+        c = node.client()
+        create(c, "hello", sample_zip("helloworld"))
+        create(c, "counter", sample_zip("counter"))
+        _, body = invoke_json(c, "hello", {"name": "first"})
+        assert body == {"message": "hello, first"}
+        assert starts("repurposed") == 0
+        wait_for(lambda: node.status()["base_pool"]["idle"] == 1, "a base instance in the pool")
+        _, body = invoke_json(c, "counter", {})
+        assert body["count"] == 1, body
+        assert starts("repurposed") == 1, node.metrics()
+        assert node.status()["base_pool"]["idle"] == 0
+        _, body = invoke_json(c, "counter", {})
+        assert body["count"] == 2, "a warm call of the repurposed instance"
+        # Its keep-alive expires: back to the pool, reset (hello's, restored from its diff, goes).
+        wait_for(lambda: node.function_status("counter")["instances"]["live"] == 0 and node.status()["base_pool"]["idle"] == 1,
+                 "the repurposed instance back in the pool")
+        pool = node.status()["base_pool"]
+        assert pool["restored"] == 1 and pool["returned"] == 1 and pool["resets_refused"] == 0, pool
+        _, body = invoke_json(c, "counter", {})
+        assert body["count"] == 1, "served again, the function starts from its init"
+        assert starts("repurposed") == 2, node.metrics()
+        _, body = invoke_json(c, "hello", {"name": "again"})
+        assert body == {"message": "hello, again"}
+        m = {l.split()[0]: float(l.split()[1]) for l in node.metrics().splitlines() if l and not l.startswith("#")}
+        assert "thaw_base_pool_idle" in m, m
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()
+        assert node.leftover_sandboxes() == []

@@ -506,6 +506,8 @@ pub struct Instance {
 #[derive(Debug)]
 struct BaseInstance {
     key: crate::layers::BaseKey,
+    /// The base's directory.
+    dir: PathBuf,
     /// The base's runtime asked to be told it is a restored clone.
     restore_notice: bool,
     /// A function is loaded (or its load failed): reset it to the base before another.
@@ -740,7 +742,7 @@ impl Instance {
         }
         let tracking = restored.tracking.take();
         restored.phases.push(("after_restore", th.elapsed().as_secs_f64() * 1e3));
-        let base = crate::layers::meta_of(&snap.dir).map(|m| BaseInstance { key: m.key, restore_notice: record.restore_notice, loaded: false });
+        let base = crate::layers::meta_of(&snap.dir).map(|m| BaseInstance { key: m.key, dir: m.dir, restore_notice: record.restore_notice, loaded: false });
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         let sandbox_ms = total_ms - restored.phases.iter().map(|p| p.1).sum::<f64>();
         let kind = match mode {
@@ -888,6 +890,13 @@ impl Instance {
         self.function_version = cfg.function_version.clone();
         self.load_function(cfg)?;
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.start = StartInfo {
+            kind: "repurposed",
+            sandbox_ms: 0.0,
+            init_ms: total_ms,
+            phases: vec![("code", code_ms), ("load", total_ms - code_ms)],
+            prepared_sandbox: false,
+        };
         info!(id = self.sandbox.id(), function = %cfg.function_name, code_ms, total_ms, "function loaded into a base instance");
         Ok(LoadIntoStats { code_ms, load_ms: total_ms - code_ms, total_ms })
     }
@@ -936,6 +945,12 @@ impl Instance {
     /// Host pid of the instance's process (PID 1 of its sandbox).
     pub fn pid(&self) -> i32 {
         self.sandbox.pid()
+    }
+
+    /// The directory of the runtime base this instance was restored from, if it was
+    /// (it can then be repurposed: [`Instance::load_into`], [`Instance::reset_to_base`]).
+    pub fn base_dir(&self) -> Option<&Path> {
+        self.base.as_ref().map(|b| b.dir.as_path())
     }
 
     /// Name reported to the function in its context (restored instances default to "function").

@@ -4,7 +4,7 @@
 //! | --- | --- | --- |
 //! | `thaw_invocations_total` | counter | function, outcome (ok, function_error, timeout, oom, crash, throttled) |
 //! | `thaw_errors_total` | counter | function, kind |
-//! | `thaw_starts_total` | counter | kind (boot, restore-lazy, restore-prefetch, restore-eager, warm) |
+//! | `thaw_starts_total` | counter | kind (boot, restore-lazy, restore-prefetch, restore-eager, repurposed, warm) |
 //! | `thaw_resets_total` | counter | `outcome` (done / refused: in-place resets of `thaw:isolation=invocation` functions) |
 //! | `thaw_restore_fallbacks_total` | counter | — (restores that failed and fell back to a cold boot) |
 //! | `thaw_start_seconds` | histogram | kind (time to a ready instance; restore or boot) |
@@ -20,6 +20,7 @@
 //! | `thaw_shared_memory_bytes` | gauge | — (memory of the shared copies instances map, tmpfs) |
 //! | `thaw_restore_sandboxes_total` | counter | outcome (prepared: taken from the sandbox pool; created: none was ready) |
 //! | `thaw_sandbox_pool_ready` | gauge | — (prepared sandboxes waiting, all shapes) |
+//! | `thaw_base_pool_idle` | gauge | — (clean base instances waiting to be repurposed, `--base-pool`) |
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
@@ -48,6 +49,7 @@ pub struct Metrics {
     pub shared_memory_bytes: IntGauge,
     pub restore_sandboxes: IntCounterVec,
     pub sandbox_pool_ready: IntGauge,
+    pub base_pool_idle: IntGauge,
 }
 
 impl Metrics {
@@ -98,6 +100,7 @@ impl Metrics {
                 &["outcome"],
             ),
             sandbox_pool_ready: gauge("thaw_sandbox_pool_ready", "Prepared sandboxes waiting in the pool"),
+            base_pool_idle: gauge("thaw_base_pool_idle", "Clean base instances waiting to be repurposed (--base-pool)"),
             registry,
         }
     }

@@ -45,6 +45,7 @@ mod lifecycle;
 mod versions;
 mod snapstore;
 mod slot;
+mod repurpose;
 pub mod layered;
 pub use snapstore::{SnapStoreError, SnapshotStore};
 use slot::SnapshotSlot;
@@ -89,6 +90,9 @@ pub struct NodeConfig {
     pub snapshot_store: Option<Arc<SnapshotStore>>,
     /// Bases for layered snapshots (None: every snapshot is a full image).
     pub bases: Option<layered::Bases>,
+    /// Clean instances of each base kept to serve cold starts by loading a function
+    /// into one (repurposing, issue #30); 0: none. Needs `bases`.
+    pub base_pool: usize,
     /// Sandboxes prepared ahead of restores (`--sandbox-pool`; None: each restore
     /// creates its own).
     pub sandbox_pool: Option<Arc<thaw_sandbox::SandboxPool>>,
@@ -371,7 +375,10 @@ pub struct Node {
     instance_workers: WorkerPool,
     build_workers: WorkerPool,
     functions: Mutex<HashMap<String, Arc<Function>>>,
-    admission: Admission,
+    admission: Arc<Admission>,
+    /// Clean instances of the runtimes' bases that cold starts load functions into
+    /// (`--base-pool`, see `repurpose.rs`).
+    base_pool: Option<Arc<repurpose::BasePool>>,
     shutting_down: AtomicBool,
     builds: AtomicUsize,
     /// Serialises reserved-concurrency changes (the sum over functions is checked).

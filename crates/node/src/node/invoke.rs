@@ -56,6 +56,18 @@ impl Node {
         true
     }
 
+    /// Discard one clean base instance of the pool (`--base-pool`) to free a node slot.
+    fn evict_pooled(&self) -> bool {
+        match self.base_pool.as_ref().and_then(|p| p.take_any()) {
+            Some(inst) => {
+                debug!("evicting a pooled base instance to make room");
+                self.discard(inst);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Get an instance: a warm one, or reserve a slot and restore one.
     /// An instance of `f`'s `version`: a warm one, else a new one restored (or, with
     /// `boot`, cold-booted: the retry of a call whose restored instance lost its memory).
@@ -97,7 +109,7 @@ impl Node {
                 // Idle instances of other functions make room, least recently used first
                 // (as many as the memory needs; each eviction frees a slot and memory).
                 let hopeless = matches!(refused, Refused::Memory { budget_mb, .. } if need_mb > budget_mb);
-                if !hopeless && evicted < MAX_EVICTIONS_PER_START && self.evict_one_idle(&f.name) {
+                if !hopeless && evicted < MAX_EVICTIONS_PER_START && (self.evict_one_idle(&f.name) || self.evict_pooled()) {
                     evicted += 1;
                     continue;
                 }
@@ -114,12 +126,26 @@ impl Node {
         };
         self.update_alive_gauge();
         let t0 = Instant::now();
+        // A clean base instance to load the function into (repurposing), if the pool has
+        // one: it keeps its own reservation, the start's goes back. A pool found empty is
+        // refilled in the background (else instances come back to it when idle).
+        let pooled = match (&self.base_pool, &self.cfg.bases) {
+            (Some(p), Some(b)) if !boot => p.base_for(&rev.boot, &b.dir, isolate).map(|m| (p.clone(), m)),
+            _ => None,
+        };
+        let taken = pooled.as_ref().and_then(|(p, m)| p.take(m));
+        if taken.is_some() {
+            self.admission.release(rev.memory_mb());
+        }
+        if let (Some((p, m)), None) = (&pooled, &taken) {
+            p.refill(m, &self.instance_workers);
+        }
         let name = f.name.clone();
         let paging = self.cfg.paging;
         let job_rev = rev.clone();
         let started = self
             .instance_workers
-            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, version, isolate, boot) })
+            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, version, isolate, boot, taken) })
             .await;
         let start_ms = t0.elapsed().as_secs_f64() * 1e3;
         let failure = match started {
@@ -342,7 +368,32 @@ impl Node {
 /// Restore an instance (falling back to a cold boot). Runs on an instance worker.
 /// The invoked ARN and the version are set by each invocation (`invoke_inner`).
 /// `cold_boot`: boot without trying the snapshot (not counted as a fallback).
-pub(super) fn start_instance(rev: &Revision, paging: Paging, name: &str, version: Option<u64>, isolate: bool, cold_boot: bool) -> (Result<Instance, InstanceError>, bool) {
+/// `pooled`: a clean instance of the revision's base to load the function into first
+/// (repurposing); if that fails it is killed (its reservation serves the start below).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_instance(
+    rev: &Revision,
+    paging: Paging,
+    name: &str,
+    version: Option<u64>,
+    isolate: bool,
+    cold_boot: bool,
+    pooled: Option<Instance>,
+) -> (Result<Instance, InstanceError>, bool) {
+    if let Some(mut inst) = pooled {
+        let mut cfg = rev.boot.clone();
+        cfg.function_version = version_label(version);
+        match inst.load_into(&cfg) {
+            Ok(_) => {
+                inst.set_function_name(name);
+                return (Ok(inst), false);
+            }
+            Err(e) => {
+                warn!(function = name, revision = rev.id, error = %error_chain(&e), "loading the function into a base instance failed; restoring it instead");
+                inst.kill();
+            }
+        }
+    }
     let snap = if rev.boot.runtime.snapshots() && !cold_boot { Some(rev.loaded()) } else { None };
     match snap {
         None => {}

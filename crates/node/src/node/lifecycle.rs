@@ -10,13 +10,18 @@ impl Node {
         let revisions = cfg.state_dir.join("revisions");
         std::fs::create_dir_all(&revisions).map_err(|source| NodeError::Dir { path: revisions.clone(), source })?;
         let registry = Registry::open(&cfg.state_dir.join("registry.sqlite"))?;
+        let admission = Arc::new(Admission::new(cfg.max_instances, cfg.memory_budget_mb));
+        let metrics = Metrics::new();
+        let base_pool = (cfg.base_pool > 0 && cfg.bases.is_some())
+            .then(|| Arc::new(repurpose::BasePool::new(cfg.base_pool, admission.clone(), metrics.base_pool_idle.clone(), cfg.runtime_dir.clone())));
         let node = Arc::new(Node {
             instance_workers: WorkerPool::new("instance", cfg.instance_workers)?,
-            admission: Admission::new(cfg.max_instances, cfg.memory_budget_mb),
+            admission,
+            base_pool,
             build_workers: WorkerPool::new("build", cfg.build_workers)?,
             cfg,
             registry,
-            metrics: Metrics::new(),
+            metrics,
             functions: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
             builds: AtomicUsize::new(0),
@@ -158,7 +163,14 @@ impl Node {
                 debug!(function = %f.name, n = expired.len(), "keep-alive expired");
                 self.metrics.instances_idle.sub(expired.len() as i64);
                 for i in expired {
-                    self.discard(i.inst);
+                    // One that came from a base goes back to its pool, reset.
+                    let left = match &self.base_pool {
+                        Some(p) => p.retire(i.inst, &self.instance_workers),
+                        None => Some(i.inst),
+                    };
+                    if let Some(inst) = left {
+                        self.discard(inst);
+                    }
                 }
             }
             if self.cfg.snapshot_store.is_some() {
@@ -189,6 +201,9 @@ impl Node {
             for i in idle {
                 self.discard(i.inst);
             }
+        }
+        for inst in self.base_pool.iter().flat_map(|p| p.drain()) {
+            self.discard(inst);
         }
     }
 
@@ -262,6 +277,7 @@ impl Node {
             "snapshot_store": self.cfg.snapshot_store.as_ref().map(|s| s.status()),
             "bases": self.cfg.bases.as_ref().map(layered::describe),
             "sandbox_pool": self.cfg.sandbox_pool.as_ref().map(|p| p.stats()),
+            "base_pool": self.base_pool.as_ref().map(|p| p.status()),
             "functions": funcs,
         })
     }

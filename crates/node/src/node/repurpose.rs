@@ -1,0 +1,251 @@
+//! Repurposing (issue #30): clean instances of the runtimes' bases serve cold starts.
+//!
+//! With `--base-pool N` the node keeps up to N idle instances of each runtime base it
+//! has (restored with write tracking, frozen). A cold start of a function that fits
+//! one (Python; the base's memory class; no layers; not isolated per invocation)
+//! takes a pooled instance and loads the function into it (`Instance::load_into`:
+//! its code replaces /var/task, its init runs): no sandbox is built, no process
+//! restored. When the keep-alive would destroy an instance that came from a base, it
+//! is reset to the base instead (`Instance::reset_to_base`: nothing of the function
+//! stays) and goes back to the pool if there is room. After a start that found the
+//! pool empty, a base instance is restored for it in the background.
+//!
+//! Pooled instances count in the node's admission (a slot and their memory class)
+//! like any other; one taken for a start keeps its own reservation and gives back
+//! the start's. A failed load, reset or restore kills the instance (fail closed) and
+//! the start goes on as without the pool (a restore of the function's snapshot).
+//!
+//! What is not here yet: Node.js and Java (their shims load into a base already, the
+//! code swap is untested there); choosing between a pooled load and a restore by
+//! measurement (a heavy import costs more than a restore: bench/repurpose.py).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use thaw_engine::instance::{FunctionConfig, Instance, LoadedSnapshot};
+use thaw_engine::layers::{self, BaseMeta};
+use thaw_runtime::Runtime;
+use tracing::{debug, info, warn};
+
+use crate::admission::Admission;
+use crate::workers::WorkerPool;
+
+/// The pool of clean base instances, by base directory.
+pub struct BasePool {
+    max: usize,
+    admission: Arc<Admission>,
+    gauge: prometheus::IntGauge,
+    runtime_dir: PathBuf,
+    inner: Mutex<Inner>,
+    /// Base instances restored for the pool; instances that came back to it, reset;
+    /// resets to the base that were refused (the instance was discarded).
+    restored: AtomicU64,
+    returned: AtomicU64,
+    refused: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Opened bases (write tracking on), by directory.
+    snaps: HashMap<PathBuf, Arc<LoadedSnapshot>>,
+    /// Clean, frozen instances, by base directory.
+    idle: HashMap<PathBuf, Vec<Instance>>,
+    /// Instances being restored or reset for the pool, by base directory.
+    coming: HashMap<PathBuf, usize>,
+}
+
+impl BasePool {
+    pub fn new(max: usize, admission: Arc<Admission>, gauge: prometheus::IntGauge, runtime_dir: PathBuf) -> BasePool {
+        BasePool { max, admission, gauge, runtime_dir, inner: Mutex::default(), restored: AtomicU64::new(0), returned: AtomicU64::new(0), refused: AtomicU64::new(0) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The base a start of `cfg` could be served from, if it fits one the node has.
+    pub fn base_for(&self, cfg: &FunctionConfig, bases: &Path, isolate: bool) -> Option<BaseMeta> {
+        if isolate || cfg.runtime != Runtime::Python3 || cfg.opt_dir.is_some() {
+            return None;
+        }
+        layers::find(bases, &thaw_engine::layered::key_for(cfg)).ok().flatten()
+    }
+
+    /// A clean instance of `base`, if one is pooled. Its admission reservation goes
+    /// with it.
+    pub fn take(&self, base: &BaseMeta) -> Option<Instance> {
+        let inst = self.lock().idle.get_mut(&base.dir)?.pop()?;
+        self.gauge.dec();
+        Some(inst)
+    }
+
+    /// Whether the pool of `dir` has room for one more (counting those coming), and if
+    /// so count one as coming.
+    fn reserve(&self, dir: &Path) -> bool {
+        let mut g = self.lock();
+        let have = g.idle.get(dir).map_or(0, Vec::len) + g.coming.get(dir).copied().unwrap_or(0);
+        if have >= self.max {
+            return false;
+        }
+        *g.coming.entry(dir.to_path_buf()).or_default() += 1;
+        true
+    }
+
+    /// One coming to `dir` arrived (`Some`) or did not (`None`: its reservation is
+    /// given back).
+    fn arrived(&self, dir: &Path, inst: Option<Instance>, memory_mb: u64) {
+        let mut g = self.lock();
+        if let Some(n) = g.coming.get_mut(dir) {
+            *n = n.saturating_sub(1);
+        }
+        match inst {
+            Some(i) => {
+                g.idle.entry(dir.to_path_buf()).or_default().push(i);
+                self.gauge.inc();
+            }
+            None => self.admission.release(memory_mb),
+        }
+    }
+
+    /// The opened base in `dir` (write tracking on), opened once.
+    fn snapshot(&self, dir: &Path) -> Result<Arc<LoadedSnapshot>, String> {
+        if let Some(s) = self.lock().snaps.get(dir) {
+            return Ok(s.clone());
+        }
+        let snap = LoadedSnapshot::open(dir).map_err(|e| crate::node::error_chain(&e))?;
+        snap.set_track_writes(true);
+        let snap = Arc::new(snap);
+        self.lock().snaps.insert(dir.to_path_buf(), snap.clone());
+        Ok(snap)
+    }
+
+    /// Restore an instance of `base` for the pool in the background (on `workers`,
+    /// whose threads outlive sandboxes), if it has room and the node admits one more.
+    pub fn refill(self: &Arc<Self>, base: &BaseMeta, workers: &WorkerPool) {
+        let memory_mb = base.key.memory_mb;
+        if !self.reserve(&base.dir) {
+            return;
+        }
+        if self.admission.admit(memory_mb).is_err() {
+            let mut g = self.lock();
+            if let Some(n) = g.coming.get_mut(&base.dir) {
+                *n = n.saturating_sub(1);
+            }
+            return;
+        }
+        let (pool, dir) = (self.clone(), base.dir.clone());
+        let queued = workers.spawn(move || {
+            let inst = pool.restore(&dir, memory_mb);
+            pool.arrived(&dir, inst, memory_mb);
+        });
+        if queued.is_err() {
+            self.arrived(&base.dir, None, memory_mb);
+        }
+    }
+
+    fn restore(&self, dir: &Path, memory_mb: u64) -> Option<Instance> {
+        let restored = self.snapshot(dir).and_then(|snap| {
+            let bases = dir.parent().unwrap_or(dir);
+            let placeholder = layers::placeholder(bases).map_err(|e| e.to_string())?;
+            let mut cfg = FunctionConfig::new(Runtime::Python3, "", placeholder, self.runtime_dir.clone());
+            cfg.memory_mb = memory_mb;
+            Instance::restore_as(&snap, thaw_engine::pageserver::Paging::Auto, cfg.record()).map_err(|e| crate::node::error_chain(&e))
+        });
+        match restored {
+            Ok(mut inst) => {
+                let _ = inst.freeze();
+                self.restored.fetch_add(1, Ordering::Relaxed);
+                debug!(base = %dir.display(), "a base instance joined the pool");
+                Some(inst)
+            }
+            Err(e) => {
+                warn!(base = %dir.display(), error = %e, "restoring a base instance for the pool failed");
+                None
+            }
+        }
+    }
+
+    /// An idle instance the keep-alive would destroy: if it came from a base and the
+    /// pool has room, it is reset to the base on `workers` and pooled (None); else it
+    /// is given back, for the caller to discard.
+    pub fn retire(self: &Arc<Self>, inst: Instance, workers: &WorkerPool) -> Option<Instance> {
+        let Some(dir) = inst.base_dir().map(Path::to_path_buf) else { return Some(inst) };
+        if !self.reserve(&dir) {
+            return Some(inst);
+        }
+        let memory_mb = inst.memory_mb();
+        let (pool, at) = (self.clone(), dir.clone());
+        let slot = Arc::new(Mutex::new(Some(inst)));
+        let job = slot.clone();
+        let queued = workers.spawn(move || {
+            let dir = at;
+            let Some(mut inst) = job.lock().ok().and_then(|mut g| g.take()) else { return };
+            let reset = pool.snapshot(&dir).and_then(|snap| inst.reset_to_base(&snap).map_err(|e| crate::node::error_chain(&e)));
+            match reset {
+                Ok(st) => {
+                    let _ = inst.freeze();
+                    pool.returned.fetch_add(1, Ordering::Relaxed);
+                    info!(base = %dir.display(), reset_ms = st.reset_ms, "an idle instance went back to its base's pool");
+                    pool.arrived(&dir, Some(inst), memory_mb);
+                }
+                Err(e) => {
+                    pool.refused.fetch_add(1, Ordering::Relaxed);
+                    warn!(base = %dir.display(), error = %e, "resetting an idle instance to its base refused; discarded");
+                    inst.kill();
+                    pool.arrived(&dir, None, memory_mb);
+                }
+            }
+        });
+        match queued {
+            Ok(()) => None,
+            Err(_) => {
+                let mut g = self.lock();
+                if let Some(n) = g.coming.get_mut(&dir) {
+                    *n = n.saturating_sub(1);
+                }
+                drop(g);
+                slot.lock().ok().and_then(|mut g| g.take())
+            }
+        }
+    }
+
+    /// Any one pooled instance (to make room for a start). Its reservation goes with it.
+    pub fn take_any(&self) -> Option<Instance> {
+        let inst = self.lock().idle.values_mut().find_map(Vec::pop)?;
+        self.gauge.dec();
+        Some(inst)
+    }
+
+    /// Every pooled instance, taken out (shutdown). Their reservations go with them.
+    pub fn drain(&self) -> Vec<Instance> {
+        let mut g = self.lock();
+        let all: Vec<Instance> = g.idle.drain().flat_map(|(_, v)| v).collect();
+        self.gauge.sub(all.len() as i64);
+        all
+    }
+
+    /// For `thaw status`: the bound, the instances pooled and coming per base, and how
+    /// many were restored for the pool, came back to it, or were refused on the way.
+    pub fn status(&self) -> serde_json::Value {
+        let g = self.lock();
+        let per: serde_json::Map<String, serde_json::Value> = g
+            .idle
+            .keys()
+            .chain(g.coming.keys())
+            .map(|d| {
+                let id = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                (id, serde_json::json!({"idle": g.idle.get(d).map_or(0, Vec::len), "coming": g.coming.get(d).copied().unwrap_or(0)}))
+            })
+            .collect();
+        serde_json::json!({
+            "max_per_base": self.max,
+            "idle": g.idle.values().map(Vec::len).sum::<usize>(),
+            "bases": per,
+            "restored": self.restored.load(Ordering::Relaxed),
+            "returned": self.returned.load(Ordering::Relaxed),
+            "resets_refused": self.refused.load(Ordering::Relaxed),
+        })
+    }
+}
