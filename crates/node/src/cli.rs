@@ -169,8 +169,9 @@ pub struct ServeArgs {
     /// Keep up to N clean, frozen instances of each runtime base (Python for now) to
     /// serve cold starts by loading the function into one (repurposing): its code
     /// replaces /var/task and its init runs there, with no sandbox built and no process
-    /// restored (~2 ms for a small function; a heavy import makes it slower than a
-    /// restore). Instances that came from a base go back to the pool, reset, when the
+    /// restored (~2 ms for a small function). A heavy import makes a load slower than a
+    /// restore: each function's cold starts then go the way measured cheaper (the pool
+    /// first, then one restore, then the cheaper). Instances that came from a base go back to the pool, reset, when the
     /// keep-alive expires. Not for functions with layers or per-invocation isolation.
     /// Pooled instances count against --max-instances and --memory-budget-mb. 0: off.
     #[arg(long, default_value_t = 0, conflicts_with = "no_bases")]

@@ -173,6 +173,8 @@ pub struct Revision {
     snapshot: SnapshotSlot,
     pub snapshot_bytes: AtomicU64,
     retired: AtomicBool,
+    /// What its cold starts cost, by way (see `repurpose::StartCosts`).
+    start_costs: repurpose::StartCosts,
 }
 
 /// Most idle instances one start may evict to make room.
@@ -210,6 +212,7 @@ impl Revision {
             ),
             snapshot_bytes: AtomicU64::new(rec.snapshot_bytes.unwrap_or(0)),
             retired: AtomicBool::new(false),
+            start_costs: repurpose::StartCosts::default(),
         }
     }
 

@@ -133,7 +133,7 @@ impl Node {
             (Some(p), Some(b)) if !boot => p.base_for(&rev.boot, &b.dir, isolate).map(|m| (p.clone(), m)),
             _ => None,
         };
-        let taken = pooled.as_ref().and_then(|(p, m)| p.take(m));
+        let taken = pooled.as_ref().filter(|_| rev.start_costs.prefer_pool()).and_then(|(p, m)| p.take(m));
         if taken.is_some() {
             self.admission.release(rev.memory_mb());
         }
@@ -154,6 +154,7 @@ impl Node {
                     self.metrics.restore_fallbacks.inc();
                 }
                 let kind = inst.start.kind;
+                rev.start_costs.note(kind, start_ms);
                 self.metrics.starts.with_label_values(&[kind]).inc();
                 self.metrics.start_seconds.with_label_values(&[kind]).observe(start_ms / 1e3);
                 if self.cfg.sandbox_pool.is_some() && kind != "boot" {

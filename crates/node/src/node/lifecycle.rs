@@ -253,6 +253,7 @@ impl Node {
                     "building": st.building.is_some(),
                     "snapshot": snap,
                     "cold_start": if st.active.as_ref().is_some_and(|a| !a.boot.runtime.snapshots()) { "boot" } else { "restore" },
+                    "cold_start_costs": st.active.as_ref().map(|a| a.start_costs.status()),
                     "counters": st.counters,
                 })
             })

@@ -15,9 +15,14 @@
 //! the start's. A failed load, reset or restore kills the instance (fail closed) and
 //! the start goes on as without the pool (a restore of the function's snapshot).
 //!
+//! Loading a function runs its init at the start, which for a heavy import costs more
+//! than restoring its snapshot (bench/repurpose.py: jsonserde 109 ms loaded, 39
+//! restored). So each revision keeps what its starts cost each way ([`StartCosts`]):
+//! the pool is tried first, then one restore is measured, and from then on the
+//! cheaper way (a moving average) serves its cold starts.
+//!
 //! What is not here yet: Node.js and Java (their shims load into a base already, the
-//! code swap is untested there); choosing between a pooled load and a restore by
-//! measurement (a heavy import costs more than a restore: bench/repurpose.py).
+//! code swap is untested there).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -247,5 +252,61 @@ impl BasePool {
             "returned": self.returned.load(Ordering::Relaxed),
             "resets_refused": self.refused.load(Ordering::Relaxed),
         })
+    }
+}
+
+/// The cost of a revision's cold starts, by way: loaded into a pooled base instance,
+/// or restored from its snapshot (milliseconds, moving averages; None: not measured).
+#[derive(Debug, Default)]
+pub struct StartCosts(Mutex<(Option<f64>, Option<f64>)>);
+
+impl StartCosts {
+    /// Whether the next cold start should be served from the pool: until a load is
+    /// measured yes, then until a restore is measured no, then whichever costs less.
+    pub fn prefer_pool(&self) -> bool {
+        match *self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(load), Some(restore)) => load <= restore,
+        }
+    }
+
+    /// A start of kind `kind` (`Instance::start.kind`) took `ms`.
+    pub fn note(&self, kind: &str, ms: f64) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match kind {
+            "repurposed" => &mut g.0,
+            k if k.starts_with("restore") => &mut g.1,
+            _ => return,
+        };
+        *slot = Some(slot.map_or(ms, |old| 0.7 * old + 0.3 * ms));
+    }
+
+    /// For `thaw status`.
+    pub fn status(&self) -> serde_json::Value {
+        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        serde_json::json!({"repurposed_ms": g.0, "restore_ms": g.1})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StartCosts;
+
+    #[test]
+    fn the_pool_is_tried_then_a_restore_then_the_cheaper_way() {
+        let c = StartCosts::default();
+        assert!(c.prefer_pool(), "nothing measured: try the pool");
+        c.note("repurposed", 100.0);
+        assert!(!c.prefer_pool(), "a load measured: measure a restore");
+        c.note("restore-prefetch", 10.0);
+        assert!(!c.prefer_pool(), "a restore is cheaper");
+        c.note("warm", 0.0);
+        c.note("boot", 1.0);
+        assert!(!c.prefer_pool(), "other kinds change nothing");
+        for _ in 0..20 {
+            c.note("restore-lazy", 500.0);
+        }
+        assert!(c.prefer_pool(), "restores got slower than the load");
     }
 }
