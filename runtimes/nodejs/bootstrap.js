@@ -584,6 +584,9 @@ async function waitAsBase() {
   for (const [k, v] of Object.entries(env)) process.env[k] = v;
   // NODE_PATH is read once at start-up: read it again for the function's value.
   require('module')._initPaths();
+  // An idle base instance may have had its code replaced under it (repurposing, see
+  // the engine's Instance::load_into): its cwd is still the previous /var/task.
+  process.chdir(process.env.LAMBDA_TASK_ROOT || '/var/task');
   return true;
 }
 

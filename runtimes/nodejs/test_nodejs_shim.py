@@ -333,26 +333,29 @@ class NodeShimTest(shimtest.ShimTestCase):
     def test_base_waits_for_its_function_then_takes_its_environment(self):
         os.makedirs(os.path.join(self.dir, "lib"), exist_ok=True)
         self.write("lib/dep.js", "module.exports = 'from NODE_PATH';\n")
-        self.write("index.js", """
+        # The function's code is at the task root `load` names, not where the base
+        # started (repurposing replaces /var/task under a running base): the base moves there.
+        self.write("task/index.js", """
             const SEEN = process.env.SECRET;
             const dep = require('dep');
             exports.handler = async () => ({init: SEEN, now: process.env.SECRET, dep,
                 base: process.env.THAW_BASE === undefined ? null : process.env.THAW_BASE,
-                fn: process.env.AWS_LAMBDA_FUNCTION_NAME});
+                fn: process.env.AWS_LAMBDA_FUNCTION_NAME, cwd: process.cwd()});
         """)
+        task = os.path.join(self.dir, "task")
         rt = self.start("", env={"THAW_BASE": "1", "SECRET": "from-the-boot"})
         self.assertEqual(rt.init, {"type": "ready", "base": True, "restore_notice": True}, rt.read_log())
         rt.send({"type": "restored", "nonce": "n1"})
         self.assertEqual(rt.recv(), {"type": "ok", "nonce": "n1"})
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG")}
-        env.update(_HANDLER="index.handler", LAMBDA_TASK_ROOT=self.dir, SECRET="s3", AWS_LAMBDA_FUNCTION_NAME="layered",
+        env.update(_HANDLER="index.handler", LAMBDA_TASK_ROOT=task, SECRET="s3", AWS_LAMBDA_FUNCTION_NAME="layered",
                    NODE_PATH=os.path.join(self.dir, "lib"))
         rt.send({"type": "load", "env": env})
         self.assertEqual(rt.recv()["type"], "ready", rt.read_log())
         v = json.loads(rt.invoke({})["result"])
         # The function sees the environment `load` carried (NODE_PATH included),
         # nothing of the base's.
-        self.assertEqual(v, {"init": "s3", "now": "s3", "dep": "from NODE_PATH", "base": None, "fn": "layered"})
+        self.assertEqual(v, {"init": "s3", "now": "s3", "dep": "from NODE_PATH", "base": None, "fn": "layered", "cwd": task})
         self.assertEqual(rt.shutdown(), 0)
 
     def test_base_rejects_anything_but_load(self):

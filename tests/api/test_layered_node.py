@@ -169,3 +169,34 @@ def test_a_function_whose_load_costs_more_than_a_restore_is_restored(tmp_path):
     finally:
         assert node.stop() == 0, node.log_path.read_text()
         assert node.leftover_sandboxes() == []
+
+
+def test_the_pool_serves_nodejs_functions_too(tmp_path):
+    """Issue #30: a pooled Node.js base instance serves a Node.js function's cold start."""
+    import io
+    import time
+    import zipfile
+
+    def node_zip(tag):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            z.writestr("index.js", "let calls = 0;\nexports.handler = async () => ({tag: '%s', calls: ++calls, cwd: require('fs').readdirSync('.')});\n" % tag)
+        return buf.getvalue()
+
+    node = NodeProcess(tmp_path, "--base-pool", "1", keep_alive="1")
+    try:
+        c = node.client()
+        create(c, "first", node_zip("first"), handler="index.handler", Runtime="nodejs20.x")
+        create(c, "second", node_zip("second"), handler="index.handler", Runtime="nodejs20.x")
+        _, body = invoke_json(c, "first", {})
+        assert body == {"tag": "first", "calls": 1, "cwd": ["index.js"]}, body
+        deadline = time.time() + 30
+        while node.status()["base_pool"]["idle"] < 1:
+            assert time.time() < deadline, node.status()["base_pool"]
+            time.sleep(0.1)
+        _, body = invoke_json(c, "second", {})
+        assert body == {"tag": "second", "calls": 1, "cwd": ["index.js"]}, body
+        assert 'thaw_starts_total{kind="repurposed"} 1' in node.metrics()
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()
+        assert node.leftover_sandboxes() == []

@@ -166,7 +166,7 @@ pub struct ServeArgs {
     /// The default (kept so that older scripts still start): bases are built on demand.
     #[arg(long, hide = true, conflicts_with = "no_bases")]
     pub build_bases: bool,
-    /// Keep up to N clean, frozen instances of each runtime base (Python for now) to
+    /// Keep up to N clean, frozen instances of each runtime base (Python, Node.js) to
     /// serve cold starts by loading the function into one (repurposing): its code
     /// replaces /var/task and its init runs there, with no sandbox built and no process
     /// restored (~2 ms for a small function). A heavy import makes a load slower than a

@@ -845,3 +845,38 @@ fn one_base_instance_serves_functions_in_turn_and_each_sees_nothing_of_the_other
         assert_eq!(l.get("reset_ms").is_some(), i > 0, "call {i}: reset to the base before it: {l}");
     }
 }
+
+/// Repurposing with the Node.js base: a function served again after another starts
+/// from its init, sees its own code at /var/task and in its cwd, and nothing the
+/// previous tenant left in /tmp or in the global object.
+#[test]
+fn one_nodejs_base_instance_serves_functions_in_turn() {
+    let a = bundle(
+        "repurpose-node-a",
+        &[("index.js", concat!(
+            "const fs = require('fs');\n",
+            "let calls = 0;\n",
+            "exports.handler = async () => {\n",
+            "  calls += 1;\n",
+            "  const seen = { left: globalThis.LEFT_BY_A || null, tmp: fs.readdirSync('/tmp').sort() };\n",
+            "  globalThis.LEFT_BY_A = 'canary';\n",
+            "  fs.writeFileSync('/tmp/left-by-a', 'x');\n",
+            "  return { calls, seen, cwd: fs.readdirSync('.').sort(), task: fs.readdirSync('/var/task').sort() };\n",
+            "};\n",
+        ))],
+    );
+    let hello = common::root().join("build/samples/nodejs/helloworld");
+    let calls = serde_json::json!([
+        {"code": a, "handler": "index.handler", "payload": {}},
+        {"code": hello, "handler": "index.handler", "payload": {"name": "n"}},
+        {"code": a, "handler": "index.handler", "payload": {}},
+    ]);
+    let file = scratch().join("repurpose-node-calls.json");
+    std::fs::write(&file, calls.to_string()).unwrap();
+    let out = stdout(&ok(thaw(&["base", "repurpose", "--runtime", "nodejs20.x", "--calls", file.to_str().unwrap()])));
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let fresh = serde_json::json!({"calls": 1, "seen": {"left": null, "tmp": []}, "cwd": ["index.js"], "task": ["index.js"]});
+    assert_eq!(lines[0]["response"], fresh, "{out}");
+    assert_eq!(lines[1]["response"]["message"], "Hello, n!", "{out}");
+    assert_eq!(lines[2]["response"], fresh, "A again starts from its init and sees nothing of its first call: {out}");
+}

@@ -2,7 +2,7 @@
 //!
 //! With `--base-pool N` the node keeps up to N idle instances of each runtime base it
 //! has (restored with write tracking, frozen). A cold start of a function that fits
-//! one (Python; the base's memory class; no layers; not isolated per invocation)
+//! one (Python or Node.js; the base's memory class; no layers; not isolated per invocation)
 //! takes a pooled instance and loads the function into it (`Instance::load_into`:
 //! its code replaces /var/task, its init runs): no sandbox is built, no process
 //! restored. When the keep-alive would destroy an instance that came from a base, it
@@ -21,8 +21,8 @@
 //! the pool is tried first, then one restore is measured, and from then on the
 //! cheaper way (a moving average) serves its cold starts.
 //!
-//! What is not here yet: Node.js and Java (their shims load into a base already, the
-//! code swap is untested there).
+//! What is not here yet: Java (its shim loads into a base, but the JVM's working
+//! directory cannot follow the new /var/task).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -72,7 +72,7 @@ impl BasePool {
 
     /// The base a start of `cfg` could be served from, if it fits one the node has.
     pub fn base_for(&self, cfg: &FunctionConfig, bases: &Path, isolate: bool) -> Option<BaseMeta> {
-        if isolate || cfg.runtime != Runtime::Python3 || cfg.opt_dir.is_some() {
+        if isolate || !matches!(cfg.runtime, Runtime::Python3 | Runtime::Nodejs20) || cfg.opt_dir.is_some() {
             return None;
         }
         layers::find(bases, &thaw_engine::layered::key_for(cfg)).ok().flatten()
@@ -130,6 +130,7 @@ impl BasePool {
     /// whose threads outlive sandboxes), if it has room and the node admits one more.
     pub fn refill(self: &Arc<Self>, base: &BaseMeta, workers: &WorkerPool) {
         let memory_mb = base.key.memory_mb;
+        let Ok(runtime) = Runtime::parse(&base.key.runtime) else { return };
         if !self.reserve(&base.dir) {
             return;
         }
@@ -142,7 +143,7 @@ impl BasePool {
         }
         let (pool, dir) = (self.clone(), base.dir.clone());
         let queued = workers.spawn(move || {
-            let inst = pool.restore(&dir, memory_mb);
+            let inst = pool.restore(&dir, runtime, memory_mb);
             pool.arrived(&dir, inst, memory_mb);
         });
         if queued.is_err() {
@@ -150,11 +151,11 @@ impl BasePool {
         }
     }
 
-    fn restore(&self, dir: &Path, memory_mb: u64) -> Option<Instance> {
+    fn restore(&self, dir: &Path, runtime: Runtime, memory_mb: u64) -> Option<Instance> {
         let restored = self.snapshot(dir).and_then(|snap| {
             let bases = dir.parent().unwrap_or(dir);
             let placeholder = layers::placeholder(bases).map_err(|e| e.to_string())?;
-            let mut cfg = FunctionConfig::new(Runtime::Python3, "", placeholder, self.runtime_dir.clone());
+            let mut cfg = FunctionConfig::new(runtime, "", placeholder, self.runtime_dir.clone());
             cfg.memory_mb = memory_mb;
             Instance::restore_as(&snap, thaw_engine::pageserver::Paging::Auto, cfg.record()).map_err(|e| crate::node::error_chain(&e))
         });
