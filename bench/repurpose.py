@@ -2,7 +2,7 @@
 """Repurposing (issue #30): a cold start served by an idle instance of the runtime's
 base, against a restore and a cold boot, same run.
 
-For each function (Python samples): a cold boot (`thaw boot`), a restore of the
+For each function (Python samples; Node.js as nodejs/NAME): a cold boot (`thaw boot`), a restore of the
 function's diff on the base with its working set (`thaw snapshot restore`, page cache
 evicted: today's cold start), and a repurposed cold start: one instance of the base,
 restored once with write tracking, serves the function after a call to another
@@ -12,7 +12,7 @@ goes idle, off the cold start's path), gets the function's code at /var/task, an
 loads it (its init runs: the import happens at the cold start, as with "base only" in
 SnapFaaS). Time to first response of a repurposed start = code + load + invoke.
 
-    python3 bench/repurpose.py [--thaw PATH] [--functions helloworld,pyaes,jsonserde] [--runs 9]
+    python3 bench/repurpose.py [--thaw PATH] [--functions helloworld,pyaes,jsonserde,nodejs/helloworld] [--runs 9]
 
 Prints medians and writes JSON (default bench/results/repurpose.json) and an SVG chart.
 """
@@ -58,7 +58,7 @@ def chart(results, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--thaw", default=os.path.join(ROOT, "target/release/thaw"))
-    ap.add_argument("--functions", default="helloworld,pyaes,jsonserde")
+    ap.add_argument("--functions", default="helloworld,pyaes,jsonserde,nodejs/helloworld,nodejs/jsontransform")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/repurpose.json"))
     a = ap.parse_args(argv)
@@ -66,32 +66,36 @@ def main(argv=None):
     tmp = tempfile.mkdtemp(prefix="thaw-repurpose-")
     env = dict(os.environ, THAW_DATA_DIR=os.path.join(tmp, "data"))
     results = {"runs": a.runs, "functions": {}}
-    # The function called between two calls of the measured one.
-    filler = os.path.join(tmp, "filler")
-    os.makedirs(filler)
-    with open(os.path.join(filler, "filler.py"), "w") as f:
-        f.write("def handler(event, context):\n    return {}\n")
+    # The function called between two calls of the measured one, per runtime.
+    fillers = {}
+    for runtime, name, text, handler in (("python3", "filler.py", "def handler(event, context):\n    return {}\n", "filler.handler"),
+                                         ("nodejs20.x", "filler.js", "exports.handler = async () => ({});\n", "filler.handler")):
+        d = os.path.join(tmp, "filler-" + runtime)
+        os.makedirs(d)
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+        fillers[runtime] = (d, handler)
     for fn in a.functions.split(","):
         runtime, code, handler, payload = reset_bench.function_spec(fn, samples)
         payload = payload or "{}"
         snap = os.path.join(tmp, fn + ".diff")
-        subprocess.run([a.thaw, "snapshot", "create", "--code", code, "--handler", handler, "--out", snap],
+        subprocess.run([a.thaw, "snapshot", "create", "--runtime", runtime, "--code", code, "--handler", handler, "--out", snap],
                        check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         reset_bench.run_stats(a.thaw, ["snapshot", "restore", snap, "--payload", payload], env)  # records the working set
         calls = []
         for _ in range(a.runs):
-            calls.append({"code": filler, "handler": "filler.handler", "payload": {}})
+            calls.append({"code": fillers[runtime][0], "handler": fillers[runtime][1], "payload": {}})
             calls.append({"code": os.path.abspath(code), "handler": handler, "payload": json.loads(payload)})
         calls_file = os.path.join(tmp, fn + "-calls.json")
         with open(calls_file, "w") as f:
             json.dump(calls, f)
         boot, restore = [], []
         for _ in range(a.runs):
-            boot.append(reset_bench.run_stats(a.thaw, ["boot", "--code", code, "--handler", handler, "--payload", payload], env)["total_ms"])
+            boot.append(reset_bench.run_stats(a.thaw, ["boot", "--runtime", runtime, "--code", code, "--handler", handler, "--payload", payload], env)["total_ms"])
             coldstart.evict_page_cache(snap)
             coldstart.evict_page_cache(os.path.join(tmp, "data", "bases"))
             restore.append(reset_bench.run_stats(a.thaw, ["snapshot", "restore", snap, "--payload", payload], env)["total_ms"])
-        p = subprocess.run([a.thaw, "base", "repurpose", "--calls", calls_file], check=True, env=env, capture_output=True, text=True)
+        p = subprocess.run([a.thaw, "base", "repurpose", "--runtime", runtime, "--calls", calls_file], check=True, env=env, capture_output=True, text=True)
         lines = [json.loads(l) for l in p.stdout.splitlines()]
         mine = [l for l in lines if l["code"] == os.path.realpath(code)]
         rep = [l["first_response_ms"] for l in mine if "first_response_ms" in l]
