@@ -16,12 +16,17 @@ def test_store_bench_runs_every_mode(tmp_path):
     data = json.loads(next(tmp_path.glob("store-*.json")).read_text())
     rows = {s["mode"]: s for s in data["samples"]}
     assert set(rows) == {"boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
-                         "layered-local", "layered-remote-cold", "layered-remote-diff"}
+                         "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff"}
     # Compressed packs: less over the wire than the raw ones, still more than a MiB for helloworld.
     assert rows["remote-cold"]["bytes_fetched"] > 1 << 20, rows["remote-cold"]
     assert rows["remote-cold"]["bytes_fetched"] < rows["remote-cold-v2"]["bytes_fetched"], rows
     # A diff whose base is cached fetches less than one that brings its base along.
     assert rows["layered-remote-diff"]["bytes_fetched"] < rows["layered-remote-cold"]["bytes_fetched"], rows
+    # A base the cache lacks arrives lazily beside the diff: a fraction of it before the
+    # first response, where the baseline fetched it whole first.
+    lazy, whole = rows["layered-remote-cold"], rows["layered-remote-cold-whole-base"]
+    assert lazy["requests"] <= 4 < whole["requests"], (lazy, whole)
+    assert lazy["bytes_before_first_response"] * 2 < whole["bytes_before_first_response"], (lazy, whole)
     # Packs and a head: a handful of requests before the first response where the
     # format before them made hundreds, and less than the image.
     assert rows["remote-cold"]["requests"] <= 4, rows["remote-cold"]
