@@ -563,7 +563,9 @@ async function restoredReply(msg) {
 // THAW_BASE=1: this runtime is captured as a *base* (started, warmed up, no
 // function loaded; see the engine's layers.rs). Say so, then wait for the node to
 // name the function: a "load" frame carries its whole environment (_HANDLER
-// included). Returns false if the node said shutdown instead.
+// included), and `serve` when the instance serves next instead of being captured
+// (a repurposed base instance). Returns false if the node said shutdown instead,
+// else { serve }.
 async function waitAsBase() {
   await warmUp();
   if (typeof globalThis.gc === 'function') globalThis.gc();
@@ -587,7 +589,7 @@ async function waitAsBase() {
   // An idle base instance may have had its code replaced under it (repurposing, see
   // the engine's Instance::load_into): its cwd is still the previous /var/task.
   process.chdir(process.env.LAMBDA_TASK_ROOT || '/var/task');
-  return true;
+  return { serve: msg.serve === true };
 }
 
 // --------------------------------------------------------------------------
@@ -625,9 +627,13 @@ async function main() {
 
   if (process.env.THAW_SNAPSHOT === '1') replaceRandomness();
   const base = process.env.THAW_BASE === '1';
+  // A function loaded into a base instance that serves next (not captured).
+  let serving = false;
   if (base) {
     try {
-      if (!(await waitAsBase())) { exitNow(0); return; }
+      const loaded = await waitAsBase();
+      if (!loaded) { exitNow(0); return; }
+      serving = loaded.serve;
     } catch (e) {
       if (e instanceof ChannelClosed) { exitNow(0); return; }
       const what = e instanceof ProtocolError ? 'protocol error' : 'internal error';
@@ -663,8 +669,9 @@ async function main() {
   // promise jobs, immediates: a server's listen, a connection) runs before the capture,
   // as the warm-up lets it run before a full image's.
   else if (base) await new Promise((resolve) => setImmediate(resolve));
-  // Compact the heap so the snapshot holds live objects only.
-  if (typeof globalThis.gc === 'function') globalThis.gc();
+  // Compact the heap so the snapshot holds live objects only (not worth its ~10 ms
+  // when no snapshot follows).
+  if (typeof globalThis.gc === 'function' && !serving) globalThis.gc();
 
   try {
     send({ type: 'ready' });

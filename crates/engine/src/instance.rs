@@ -888,7 +888,9 @@ impl Instance {
         }
         self.record.code_dir = cfg.code_dir.clone();
         self.function_version = cfg.function_version.clone();
-        self.load_function(cfg)?;
+        // THAW_LOAD_SERVE=0: load as for a capture (the runtime compacts its heap
+        // first), the baseline of bench/repurpose.py.
+        self.load_as(cfg, std::env::var("THAW_LOAD_SERVE").as_deref() != Ok("0"))?;
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         self.start = StartInfo {
             kind: "repurposed",
@@ -1175,11 +1177,17 @@ impl Instance {
     /// from a base into `cfg`'s sandbox) which function it is: the runtime takes
     /// `cfg`'s environment and runs the function's init, as a boot would.
     pub fn load_function(&mut self, cfg: &FunctionConfig) -> Result<(), InstanceError> {
+        self.load_as(cfg, false)
+    }
+
+    /// [`Instance::load_function`]; `serve`: the instance serves next, it is not
+    /// captured (see `Channel::load`).
+    fn load_as(&mut self, cfg: &FunctionConfig, serve: bool) -> Result<(), InstanceError> {
         cfg.runtime.check_handler(&cfg.handler)?;
         let mut env = cfg.runtime.env(&cfg.handler, &cfg.function_name, &cfg.function_version, cfg.memory_mb, &cfg.env);
         env.retain(|(k, _)| k != SNAPSHOT_ENV && k != BASE_ENV);
         env.push((SNAPSHOT_ENV.into(), "1".into()));
-        match self.channel.load(&env, cfg.init_timeout) {
+        match self.channel.load(&env, serve, cfg.init_timeout) {
             Ok(r) => {
                 self.record.restore_notice = r.restore_notice;
                 self.record.handler = cfg.handler.clone();

@@ -306,10 +306,12 @@ impl Channel {
 
     /// Tell a runtime waiting as a base (`ready` with `base`) which function it is:
     /// its environment (`_HANDLER` names the handler). The runtime imports it and
-    /// answers as a booting runtime does (`ready` or `init_error`).
-    pub fn load(&mut self, env: &[(String, String)], timeout: Duration) -> Result<Ready, ChannelError> {
+    /// answers as a booting runtime does (`ready` or `init_error`). `serve`: the
+    /// instance serves invocations next, it is not captured (a repurposed base
+    /// instance): the runtime skips what only makes a snapshot smaller (a full GC).
+    pub fn load(&mut self, env: &[(String, String)], serve: bool, timeout: Duration) -> Result<Ready, ChannelError> {
         let env: serde_json::Map<String, serde_json::Value> = env.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect();
-        self.send(&serde_json::json!({"type": "load", "env": env}))?;
+        self.send(&serde_json::json!({"type": "load", "env": env, "serve": serve}))?;
         self.wait_ready_as(timeout)
     }
 
