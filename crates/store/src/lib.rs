@@ -42,8 +42,9 @@ pub struct Store {
     pub remote: Remote,
     rt: tokio::runtime::Runtime,
     /// Bases arriving lazily under the diffs that missed them, by stored id (see
-    /// [`open_miss`]): a diff of one of them that misses meanwhile shares it.
-    lazy_bases: Mutex<HashMap<String, std::sync::Weak<lazy::LazyBase>>>,
+    /// [`open_miss`]): a diff of one of them that misses meanwhile shares it. Each
+    /// entry is locked while its base opens (misses of other bases do not wait).
+    lazy_bases: Mutex<HashMap<String, Arc<Mutex<std::sync::Weak<lazy::LazyBase>>>>>,
 }
 
 impl Store {
@@ -282,10 +283,15 @@ pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start:
 /// arriving (and not failed), or opened now from its manifest and head copy (read in
 /// parallel; `true`: opened by this miss). None: it has no head (fetch it whole).
 fn lazy_base(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str) -> Result<Option<(Arc<lazy::LazyBase>, bool)>> {
-    // Held while a base opens: a second diff of it waits for that one, not fetch it twice.
-    let mut bases = store.lazy_bases.lock().unwrap_or_else(|p| p.into_inner());
-    bases.retain(|_, b| b.strong_count() > 0);
-    if let Some(b) = bases.get(id).and_then(std::sync::Weak::upgrade).filter(|b| !b.fill.failed()) {
+    let entry = {
+        let mut bases = store.lazy_bases.lock().unwrap_or_else(|p| p.into_inner());
+        // Entries of bases gone (not one a miss holds, about to open it or opening it).
+        bases.retain(|_, e| Arc::strong_count(e) > 1 || e.try_lock().map_or(true, |w| w.strong_count() > 0));
+        bases.entry(id.to_string()).or_default().clone()
+    };
+    // Held while this base opens: a second diff of it waits for that one, not fetch it twice.
+    let mut slot = entry.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(b) = slot.upgrade().filter(|b| !b.fill.failed()) {
         return Ok(Some((b, false)));
     }
     let start = store.block_on(fetch::manifest_and_head(&store.remote, id))?;
@@ -297,7 +303,7 @@ fn lazy_base(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str) -> Result<
         Ok(Some(fill)) => {
             fill.count_before_head(1, start.manifest_len);
             let b = Arc::new(lazy::LazyBase { id: id.to_string(), fill });
-            bases.insert(id.to_string(), Arc::downgrade(&b));
+            *slot = Arc::downgrade(&b);
             Ok(Some((b, true)))
         }
         r => {
