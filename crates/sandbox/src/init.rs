@@ -134,7 +134,7 @@ fn waiting_stub(cwd: &Path, rx: std::os::fd::OwnedFd, filter: &BpfProgram, statu
 }
 
 /// Flags that make an existing mount read-only (and nosuid, nodev).
-fn ro_remount() -> MsFlags {
+pub(crate) fn ro_remount() -> MsFlags {
     MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV
 }
 

@@ -120,7 +120,6 @@ fn send_go(
     len: usize,
     blob: &[u8],
 ) -> Result<(), SandboxError> {
-    use rustix::mount::{open_tree, OpenTreeFlags};
     let mut binds = Vec::with_capacity(2 + ro_binds.len());
     let mut fds: Vec<OwnedFd> = Vec::with_capacity(binds.capacity());
     let dirs = std::iter::once((code_dir, Path::new(CODE_DIR))).chain(opt_dir.map(|o| (o, Path::new(OPT_DIR))));
@@ -136,14 +135,21 @@ fn send_go(
         if (dst == Path::new(CODE_DIR) || dst == Path::new(OPT_DIR)) && !dir {
             return Err(host_err(if dst == Path::new(CODE_DIR) { "code_dir" } else { "opt_dir" })(std::io::Error::from_raw_os_error(libc::ENOTDIR)));
         }
-        let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_RECURSIVE;
-        fds.push(open_tree(rustix::fs::CWD, src, flags).map_err(|e| host_err("clone the mount of")(e.into()))?);
+        fds.push(detached_clone(src).map_err(host_err("clone the mount of"))?);
         binds.push((dst.to_path_buf(), dir));
     }
     let frame = config::encode(&config::Go { binds, addr, len }, blob);
     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
     sys::send_with_fds(l.status.as_fd(), &frame, &borrowed)
         .map_err(|source| SandboxError::Sys { id: id.into(), step: "send the code mounts".into(), source })
+}
+
+/// Host path `src` (and what is mounted under it) as a detached mount, to be moved
+/// into a sandbox (`move_mount`).
+pub(crate) fn detached_clone(src: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::mount::OpenTreeFlags;
+    let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_RECURSIVE;
+    Ok(rustix::mount::open_tree(rustix::fs::CWD, src, flags)?)
 }
 
 impl Drop for Prepared {

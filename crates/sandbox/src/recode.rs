@@ -16,9 +16,8 @@
 
 use std::path::Path;
 
-use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
-use rustix::mount::{MoveMountFlags, OpenTreeFlags, UnmountFlags};
+use rustix::mount::{MoveMountFlags, UnmountFlags};
 
 use crate::config::CODE_DIR;
 use crate::error::SandboxError;
@@ -34,8 +33,7 @@ impl Sandbox {
         if !code_dir.is_absolute() || !std::fs::metadata(code_dir).map_err(host_err)?.is_dir() {
             return Err(host_err(std::io::Error::from_raw_os_error(libc::ENOTDIR)));
         }
-        let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_RECURSIVE;
-        let tree = rustix::mount::open_tree(rustix::fs::CWD, code_dir, flags).map_err(|e| host_err(e.into()))?;
+        let tree = crate::prepared::detached_clone(code_dir).map_err(host_err)?;
         let sys = |step: &str| {
             let (id, step) = (id.clone(), step.to_string());
             move |source: std::io::Error| SandboxError::Sys { id, step, source }
@@ -48,8 +46,7 @@ impl Sandbox {
                 rustix::mount::unmount(CODE_DIR, UnmountFlags::DETACH).map_err(|e| sys("detach the old /var/task")(e.into()))?;
                 rustix::mount::move_mount(&tree, "", rustix::fs::CWD, CODE_DIR, MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
                     .map_err(|e| sys("attach the new /var/task")(e.into()))?;
-                let ro = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-                nix::mount::mount(None::<&str>, CODE_DIR, None::<&str>, ro, None::<&str>).map_err(|e| sys("remount /var/task read-only")(e.into()))
+                nix::mount::mount(None::<&str>, CODE_DIR, None::<&str>, crate::init::ro_remount(), None::<&str>).map_err(|e| sys("remount /var/task read-only")(e.into()))
             })
             .join()
             .unwrap_or_else(|_| Err(sys("replace the code")(std::io::Error::other("the thread panicked"))))

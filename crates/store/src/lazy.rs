@@ -701,8 +701,23 @@ impl PageFill for RemoteFill {
         }
     }
 
+    // A diff's ws.pages holds its base's working-set pages too.
     fn working_set(&self, layout: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<bool> {
-        self.own_working_set(layout, buf)
+        // Wait for the head's reads: `arrived` sets `ws`, then takes the state lock to
+        // notify `changed` (locks in the order state, then ws).
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while matches!(*self.ws.lock().unwrap_or_else(|p| p.into_inner()), HeldWs::Fetching(_)) {
+            st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(st);
+        let ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
+        match &*ws {
+            HeldWs::Here { layout: held, parts, .. } if held.as_slice() == layout && buf.len() as u64 == layout.len() as u64 * PAGE => {
+                HeldWs::read(parts, 0, buf);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     fn copy(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<bool> {
@@ -726,25 +741,6 @@ impl RemoteFill {
         let from = offset.max(l.own_bytes);
         let base = (end > from).then(|| (&*l.base.fill, from - l.own_bytes, end - from));
         (own, base)
-    }
-
-    /// [`PageFill::working_set`]: the diff's ws.pages holds its base's working-set pages too.
-    fn own_working_set(&self, layout: &[(u64, u64)], buf: &mut [u8]) -> std::io::Result<bool> {
-        // Wait for the head's reads: `arrived` sets `ws`, then takes the state lock to
-        // notify `changed` (locks in the order state, then ws).
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        while matches!(*self.ws.lock().unwrap_or_else(|p| p.into_inner()), HeldWs::Fetching(_)) {
-            st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        drop(st);
-        let ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
-        match &*ws {
-            HeldWs::Here { layout: held, parts, .. } if held.as_slice() == layout && buf.len() as u64 == layout.len() as u64 * PAGE => {
-                HeldWs::read(parts, 0, buf);
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
     }
 
     /// [`PageFill::copy`] of bytes of this snapshot's own pages.img.

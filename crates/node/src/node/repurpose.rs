@@ -98,13 +98,18 @@ impl BasePool {
         true
     }
 
+    /// One counted as coming to `dir` ([`BasePool::reserve`]) will not come.
+    fn unreserve(g: &mut Inner, dir: &Path) {
+        if let Some(n) = g.coming.get_mut(dir) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     /// One coming to `dir` arrived (`Some`) or did not (`None`: its reservation is
     /// given back).
     fn arrived(&self, dir: &Path, inst: Option<Instance>, memory_mb: u64) {
         let mut g = self.lock();
-        if let Some(n) = g.coming.get_mut(dir) {
-            *n = n.saturating_sub(1);
-        }
+        Self::unreserve(&mut g, dir);
         match inst {
             Some(i) => {
                 g.idle.entry(dir.to_path_buf()).or_default().push(i);
@@ -135,10 +140,7 @@ impl BasePool {
             return;
         }
         if self.admission.admit(memory_mb).is_err() {
-            let mut g = self.lock();
-            if let Some(n) = g.coming.get_mut(&base.dir) {
-                *n = n.saturating_sub(1);
-            }
+            Self::unreserve(&mut self.lock(), &base.dir);
             return;
         }
         let (pool, dir) = (self.clone(), base.dir.clone());
@@ -207,11 +209,7 @@ impl BasePool {
         match queued {
             Ok(()) => None,
             Err(_) => {
-                let mut g = self.lock();
-                if let Some(n) = g.coming.get_mut(&dir) {
-                    *n = n.saturating_sub(1);
-                }
-                drop(g);
+                Self::unreserve(&mut self.lock(), &dir);
                 slot.lock().ok().and_then(|mut g| g.take())
             }
         }
