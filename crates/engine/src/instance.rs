@@ -54,6 +54,8 @@ pub enum InstanceError {
     Freezer(#[source] Box<thaw_sandbox::CgroupError>),
     #[error("reset failed; the instance was discarded")]
     Reset(#[from] crate::reset::ResetError),
+    #[error(transparent)]
+    Install(#[from] crate::repurpose::InstallError),
     #[error("inspecting the instance")]
     Inspect(#[from] crate::inspect::InspectError),
     #[error(transparent)]
@@ -823,14 +825,8 @@ impl Instance {
             let _ = self.sandbox.kill();
             return Err(InstanceError::NotReady(e));
         }
-        if self.record.restore_notice {
-            let th = Instant::now();
-            match self.channel.restored(Duration::from_secs(30)) {
-                Ok(()) => {}
-                Err(ChannelError::Init(e)) => return Err(InstanceError::AfterRestore(e)),
-                Err(e) => return Err(InstanceError::NotReady(e)),
-            }
-            st.phases.push(("after_restore", th.elapsed().as_secs_f64() * 1e3));
+        if let Some(ms) = self.restore_notice()? {
+            st.phases.push(("after_restore", ms));
         }
         st.reset_ms = t0.elapsed().as_secs_f64() * 1e3;
         info!(id = self.sandbox.id(), reset_ms = st.reset_ms, pages_written_back = st.pages_written_back, "reset");
@@ -886,6 +882,7 @@ impl Instance {
         if let Some(b) = &mut self.base {
             b.loaded = true;
         }
+        self.no_working_set_of_the_base();
         self.record.code_dir = cfg.code_dir.clone();
         self.function_version = cfg.function_version.clone();
         // THAW_LOAD_SERVE=0: load as for a capture (the runtime compacts its heap
@@ -901,6 +898,98 @@ impl Instance {
         };
         info!(id = self.sandbox.id(), function = %cfg.function_name, code_ms, total_ms, "function loaded into a base instance");
         Ok(LoadIntoStats { code_ms, load_ms: total_ms - code_ms, total_ms })
+    }
+
+    /// Make this clean instance of a runtime's base (see [`Instance::load_into`]) an
+    /// instance of the function whose snapshot `diff` is a diff on that base (issue
+    /// #30, repurposing by diff): the function's code replaces /var/task and the diff's
+    /// pages and process state are installed (see `repurpose.rs`). The function's init
+    /// does not run again: this is a restore of the diff with no sandbox and no process
+    /// made. `base` is the snapshot the instance was restored from.
+    ///
+    /// Refused (`InstanceError::Install(InstallError::Refused)`, or a layer refusal)
+    /// when the diff is on another base or holds state an install does not give; the
+    /// instance is then still a clean base instance ([`Instance::load_into`] can load
+    /// the function instead). After any other error it is dead: kill it.
+    pub fn install_diff(&mut self, diff: &LoadedSnapshot, base: &LoadedSnapshot) -> Result<LoadIntoStats, InstanceError> {
+        let t0 = Instant::now();
+        let refused = |why: String| -> InstanceError { crate::layers::LayerError::Refused(why).into() };
+        let Some(b) = &self.base else { return Err(refused("the instance was not restored from a base".into())) };
+        if b.loaded {
+            return Err(refused("the instance serves a function already: reset it to its base first".into()));
+        }
+        if self.image_id != Some(base.id) || diff.image.base.as_ref().map(|r| r.state_crc) != Some(base.id) {
+            return Err(refused("the function's snapshot is not a diff on this instance's base".into()));
+        }
+        let key = crate::layers::BaseKey::of(&diff.image.sandbox);
+        if key != b.key {
+            return Err(refused(format!("its base was built for {:?}, the function needs {:?}", b.key, key)));
+        }
+        if diff.image.sandbox.opt_dir.is_some() {
+            return Err(refused("a function with layers (/opt) is not installed into a base instance yet".into()));
+        }
+        if self.tracking.is_none() {
+            return Err(refused("the instance was not restored with write tracking (it could not be reset to its base)".into()));
+        }
+        diff.code_checked()?;
+        self.thaw()?;
+        let record = diff.image.sandbox.clone();
+        if let Err(e) = self.sandbox.replace_code(&record.code_dir) {
+            let _ = self.sandbox.kill();
+            return Err(e.into());
+        }
+        let code_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let tracking = self.tracking.as_ref().expect("checked above");
+        let st = match crate::repurpose::install(self.sandbox.pid(), &base.image, &diff.image, &diff.source, tracking) {
+            Ok(st) => st,
+            Err(e @ crate::repurpose::InstallError::Refused(_)) => return Err(e.into()),
+            Err(e) => {
+                let _ = self.sandbox.kill();
+                return Err(e.into());
+            }
+        };
+        if let Some(b) = &mut self.base {
+            b.loaded = true;
+        }
+        self.no_working_set_of_the_base();
+        let _ = self.channel.take_logs();
+        self.record = record;
+        self.function_version = LATEST_VERSION.into();
+        let mut phases = vec![("code", code_ms)];
+        phases.extend(st.phases.iter().copied());
+        if let Some(ms) = self.restore_notice()? {
+            phases.push(("after_restore", ms));
+        }
+        let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        self.start = StartInfo { kind: "repurposed-diff", sandbox_ms: 0.0, init_ms: total_ms, phases, prepared_sandbox: false };
+        info!(id = self.sandbox.id(), diff = %diff.dir.display(), code_ms, total_ms, pages_written = st.pages_written, pages_installed = st.pages_installed,
+            "function's diff installed into a base instance");
+        Ok(LoadIntoStats { code_ms, load_ms: total_ms - code_ms, total_ms })
+    }
+
+    /// Tell the runtime it is a restored clone (it reseeds its randomness and runs its
+    /// after-restore hooks), if its image asked to be told; how long that took.
+    fn restore_notice(&mut self) -> Result<Option<f64>, InstanceError> {
+        if !self.record.restore_notice {
+            return Ok(None);
+        }
+        let th = Instant::now();
+        match self.channel.restored(Duration::from_secs(30)) {
+            Ok(()) => Ok(Some(th.elapsed().as_secs_f64() * 1e3)),
+            Err(ChannelError::Init(e)) => Err(InstanceError::AfterRestore(e)),
+            Err(e) => Err(InstanceError::NotReady(e)),
+        }
+    }
+
+    /// A base instance now serving a function: what it faults in from here on is the
+    /// function's, not the base's, so the base's working set is neither recorded nor
+    /// extended from it.
+    fn no_working_set_of_the_base(&mut self) {
+        if let (Some(p), Some(stats)) = (self.paging.as_mut(), self.page_stats.as_ref()) {
+            p.first_done = true;
+            stats.recording.store(false, Ordering::Relaxed);
+            stats.trace.lock().expect("trace lock").clear();
+        }
     }
 
     /// The idle instance's layout, page contents, registers, descriptors and signal

@@ -21,6 +21,7 @@ pub mod pageserver;
 pub mod procfs;
 pub mod refusals;
 pub mod regs;
+pub mod repurpose;
 pub mod reset;
 pub mod restore;
 pub mod seal;

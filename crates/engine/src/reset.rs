@@ -76,15 +76,15 @@ pub enum ResetError {
 /// What a restore recorded for later resets.
 pub struct Tracking {
     /// A duplicate of the page server's userfaultfd.
-    uffd: OwnedFd,
+    pub(crate) uffd: OwnedFd,
     /// Registered ranges: (start, end, served by the page server, image VMA index).
     ranges: Vec<Range>,
     /// /proc/PID/maps right after the restore, as text (a reset that finds the same
     /// text has no layout work) and parsed.
     maps_text: String,
-    maps: Vec<MapEntry>,
+    pub(crate) maps: Vec<MapEntry>,
     /// Address of a `syscall` instruction in the process's vDSO (for injection).
-    syscall_insn: u64,
+    pub(crate) syscall_insn: u64,
     /// Descriptor table right after the restore: fd -> link target.
     fds: HashMap<i32, String>,
     /// The kernel state of snapshot eventfds, epolls and signalfds right after the
@@ -122,17 +122,45 @@ fn changed_dispositions(before: &[String], now: &[String]) -> Vec<u32> {
 
 /// Arguments for injected syscalls, laid out to be written in one go.
 #[derive(Default)]
-struct Scratch {
-    bytes: Vec<u8>,
+pub(crate) struct Scratch {
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl Scratch {
     /// Append `b` (16-byte aligned); returns its offset.
-    fn push(&mut self, b: &[u8]) -> usize {
+    pub(crate) fn push(&mut self, b: &[u8]) -> usize {
         let off = self.bytes.len();
         self.bytes.extend_from_slice(b);
         self.bytes.resize(self.bytes.len().next_multiple_of(16), 0);
         off
+    }
+
+    /// Write the arguments below the red zone of `main`'s stack (1 KiB under its stack
+    /// pointer, inside a writable mapping of `maps`); returns their address. The pages
+    /// written there are the caller's to put back (a reset's memory step rewrites them).
+    pub(crate) fn place(&self, pid: i32, main: &Tracee, insn: u64, mem: &ProcMem, maps: &[MapEntry]) -> Result<u64, ResetError> {
+        let rsp = main.get_regs().map_err(|source| ResetError::Io { pid, what: "GETREGS".into(), source })?.rsp;
+        let at = (rsp - 1024 - self.bytes.len() as u64) & !15;
+        if !maps.iter().any(|m| m.write && m.start <= at && at + (self.bytes.len() as u64) < m.end) {
+            return Err(ResetError::Layout { pid, what: "no writable stack below the stack pointer".into() });
+        }
+        // Fault the pages in from inside the process first: /proc/PID/mem cannot fault
+        // in a page of a userfaultfd-registered range that was never touched (EIO; a
+        // JVM's primordial thread has such stack pages), but the process's own write
+        // (clock_gettime's result) is served by the page server like any fault.
+        // (Every page: one reported present can still refuse the write, EIO.)
+        let end = at + self.bytes.len() as u64;
+        let first_page = at & !(PAGE_SIZE - 1);
+        for k in 0..(end - first_page).div_ceil(PAGE_SIZE) {
+            let p = (first_page + k * PAGE_SIZE).max(at);
+            let call = Call::new("clock_gettime(touch)", libc::SYS_clock_gettime, &[libc::CLOCK_MONOTONIC as u64, p]);
+            let r = inject::single(main, insn, call).map_err(|source| ResetError::Inject { pid, source })?;
+            if r < 0 {
+                return Err(ResetError::Layout { pid, what: format!("touching the stack below the stack pointer failed with errno {}", -r) });
+            }
+        }
+        mem.write_all_at(&self.bytes, at).map_err(|source| ResetError::Io { pid, what: "writing syscall arguments".into(), source })?;
+        Ok(at)
     }
 }
 
@@ -461,6 +489,46 @@ fn kill_others(pid: i32, others: &[i32]) -> Result<u64, ResetError> {
         }
     }
     Ok(killed.len() as u64)
+}
+
+/// Put /tmp and /dev/shm of instance `pid` back as `img` has them, if they differ;
+/// whether they did.
+pub(crate) fn tmp_back(pid: i32, img: &ProcessImage, t: &Tracking) -> Result<bool, ResetError> {
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    if matches!(crate::tmpfs::capture(&root), Ok(now) if now == img.tmp) {
+        return Ok(false);
+    }
+    // /tmp is put back by unlinking and recreating its files: a descriptor of the
+    // snapshot on one of them would stay on the old file (restores open it again).
+    if let Some(r) = img.fds.iter().find(|r| matches!(&r.kind, crate::image::FdKind::Path { path, .. } | crate::image::FdKind::PathLocked { path, .. } if crate::tmpfs::holds(path))) {
+        let target = t.fds.get(&r.fd).cloned().unwrap_or_default();
+        return Err(ResetError::Fd { pid, fd: r.fd, target, what: "a descriptor of the snapshot on a file in /tmp or /dev/shm, which changed (a reset recreates those files)" });
+    }
+    for m in crate::tmpfs::MOUNTS {
+        let dir = root.join(m.trim_start_matches('/'));
+        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            let r = if e.file_type().map(|t| t.is_dir()).unwrap_or(false) { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            r.map_err(|source| ResetError::Io { pid, what: format!("removing {}", p.display()), source })?;
+        }
+    }
+    crate::tmpfs::restore(&root, &img.tmp).map_err(|source| ResetError::Tmp { pid, source })?;
+    Ok(true)
+}
+
+/// Load each thread's registers, FPU/SIMD state and signal mask from its image, then
+/// let every traced thread go (the last traced first).
+pub(crate) fn resume_as(by_thread: &[(Tracee, &crate::image::ThreadState)], traced: &[Tracee]) -> Result<(), (&'static str, io::Error)> {
+    for (tr, st) in by_thread {
+        tr.set_regs(&regs::from_array(&st.regs)).map_err(|e| ("SETREGS", e))?;
+        tr.set_xstate(&st.xstate).map_err(|e| ("SETREGSET xstate", e))?;
+        tr.set_sigmask(st.sigmask).map_err(|e| ("SETSIGMASK", e))?;
+    }
+    for tr in traced.iter().rev() {
+        tr.detach().map_err(|e| ("PTRACE_DETACH", e))?;
+    }
+    Ok(())
 }
 
 /// Reset the instance `pid` (not traced, idle between invocations) to `img`.
@@ -819,26 +887,7 @@ fn reset_inner(
     } else {
         img.rlimits.iter().map(|&(res, cur, max)| (res, scratch.push(&[cur.to_le_bytes(), max.to_le_bytes()].concat()))).collect()
     };
-    let rsp = main.get_regs().map_err(ioe("GETREGS"))?.rsp;
-    let at = (rsp - 1024 - scratch.bytes.len() as u64) & !15;
-    if !t.maps.iter().any(|m| m.write && m.start <= at && at + (scratch.bytes.len() as u64) < m.end) {
-        return Err(ResetError::Layout { pid, what: "no writable stack below the stack pointer".into() });
-    }
-    // Fault the pages in from inside the process first: /proc/PID/mem cannot fault
-    // in a page of a userfaultfd-registered range that was never touched (EIO; a
-    // JVM's primordial thread has such stack pages), but the process's own write
-    // (clock_gettime's result) is served by the page server like any fault.
-    // (Every page: one reported present can still refuse the write, EIO.)
-    let end = at + scratch.bytes.len() as u64;
-    let first_page = at & !(PAGE_SIZE - 1);
-    for k in 0..(end - first_page).div_ceil(PAGE_SIZE) {
-        let p = (first_page + k * PAGE_SIZE).max(at);
-        let r = inject::single(&main, insn, Call::new("clock_gettime(touch)", libc::SYS_clock_gettime, &[libc::CLOCK_MONOTONIC as u64, p])).map_err(inj)?;
-        if r < 0 {
-            return Err(ResetError::Layout { pid, what: format!("touching the stack below the stack pointer failed with errno {}", -r) });
-        }
-    }
-    mem.write_all_at(&scratch.bytes, at).map_err(ioe("writing syscall arguments"))?;
+    let at = scratch.place(pid, &main, insn, &mem, &t.maps)?;
     let arg = |off: usize| at + off as u64;
     if let Some(off) = cwd_at {
         calls.push(Call::new("chdir", libc::SYS_chdir, &[arg(off)]));
@@ -923,27 +972,8 @@ fn reset_inner(
     phase("layout_fds", &mut out);
 
     // ---- /tmp and /dev/shm: as in the image.
+    out.tmp_reset = tmp_back(pid, img, t)?;
     let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let same_tmp = matches!(crate::tmpfs::capture(&root), Ok(now) if now == img.tmp);
-    if !same_tmp {
-        // /tmp is put back by unlinking and recreating its files: a descriptor of the
-        // snapshot on one of them would stay on the old file (restores open it again).
-        if let Some(r) = img.fds.iter().find(|r| matches!(&r.kind, crate::image::FdKind::Path { path, .. } | crate::image::FdKind::PathLocked { path, .. } if crate::tmpfs::holds(path))) {
-            let target = t.fds.get(&r.fd).cloned().unwrap_or_default();
-            return Err(ResetError::Fd { pid, fd: r.fd, target, what: "a descriptor of the snapshot on a file in /tmp or /dev/shm, which changed (a reset recreates those files)" });
-        }
-        for m in crate::tmpfs::MOUNTS {
-            let dir = root.join(m.trim_start_matches('/'));
-            let Ok(rd) = std::fs::read_dir(&dir) else { continue };
-            for e in rd.flatten() {
-                let p = e.path();
-                let r = if e.file_type().map(|t| t.is_dir()).unwrap_or(false) { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
-                r.map_err(ioe(&format!("removing {}", p.display())))?;
-            }
-        }
-        crate::tmpfs::restore(&root, &img.tmp).map_err(|source| ResetError::Tmp { pid, source })?;
-        out.tmp_reset = true;
-    }
     phase("tmp", &mut out);
 
     // ---- Memory: the page server forgets releases; written pages are rewritten.
@@ -1005,14 +1035,7 @@ fn reset_inner(
     phase("memory", &mut out);
 
     // ---- Registers, FPU/SIMD state, signal masks; then let go.
-    for (tr, st) in &by_thread {
-        tr.set_regs(&regs::from_array(&st.regs)).map_err(ioe("SETREGS"))?;
-        tr.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
-        tr.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
-    }
-    for tr in traced.iter().rev() {
-        tr.detach().map_err(ioe("PTRACE_DETACH"))?;
-    }
+    resume_as(&by_thread, traced).map_err(|(what, source)| ResetError::Io { pid, what: what.into(), source })?;
     phase("registers", &mut out);
     out.reset_ms = t0.elapsed().as_secs_f64() * 1e3;
     debug!(pid, ?out, "reset");

@@ -512,7 +512,7 @@ fn restore_inner(
 }
 
 /// The call that sets `advice` (a [`crate::image::Vma::advice`]) on a mapping again.
-fn advice_call(start: u64, len: u64, advice: i32) -> Call {
+pub(crate) fn advice_call(start: u64, len: u64, advice: i32) -> Call {
     match advice {
         crate::image::ADVICE_MLOCK => Call::new("mlock2", libc::SYS_mlock2, &[start, len, libc::MLOCK_ONFAULT as u64]),
         _ => Call::new("madvise", libc::SYS_madvise, &[start, len, advice as u64]),

@@ -35,10 +35,12 @@ pub enum BaseCmd {
     /// (with write tracking); for each call to another function than the previous
     /// call's, the instance is reset to the base (nothing of the previous function
     /// stays), the function's code replaces /var/task, and the runtime loads it (its
-    /// init runs then, as in a cold boot). Prints one JSON line per call: the response
-    /// and the time of each step (reset_ms; code_ms, load_ms, invoke_ms and
-    /// first_response_ms, their sum, for a repurposed call). Every function must fit
-    /// the base: same runtime and memory class, no layers.
+    /// init runs then, as in a cold boot) or, for a function given by its snapshot (a
+    /// diff on the base), the diff's pages and state are installed (its init does not
+    /// run again). Prints one JSON line per call: the response and the time of each
+    /// step (reset_ms; how, code_ms, load_ms, invoke_ms and first_response_ms, their
+    /// sum, for a repurposed call). Every function must fit the base: same runtime and
+    /// memory class, no layers.
     Repurpose {
         /// Language runtime (python3).
         #[arg(long, default_value = "python3")]
@@ -47,7 +49,11 @@ pub enum BaseCmd {
         #[arg(long, default_value_t = 512)]
         memory: u64,
         /// A JSON array of calls, each {"code": DIR, "handler": "module.function",
-        /// "payload": EVENT}; "name" optional (the function's name, default "function").
+        /// "payload": EVENT}, or {"snapshot": DIR, "payload": EVENT} for a function
+        /// snapshotted as a diff on the base: its pages and state are installed into
+        /// the instance and its init does not run again (loaded from its code instead
+        /// when the diff holds state an install does not give: "install_refused" says
+        /// why); "name" optional (the function's name, default "function").
         #[arg(long)]
         calls: PathBuf,
     },
@@ -92,12 +98,16 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// One call of `thaw base repurpose --calls`.
+/// One call of `thaw base repurpose --calls`: a function given by its code and
+/// handler (loaded into the base instance), or by its snapshot, a diff on the base
+/// (installed into it; loaded from the code and handler the snapshot records when the
+/// diff cannot be installed).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Call {
-    code: PathBuf,
-    handler: String,
+    code: Option<PathBuf>,
+    handler: Option<String>,
+    snapshot: Option<PathBuf>,
     #[serde(default)]
     payload: serde_json::Value,
     name: Option<String>,
@@ -105,16 +115,34 @@ struct Call {
 
 fn repurpose(runtime: &str, memory: u64, calls: &Path, data_dir: &Path) -> Result<()> {
     use anyhow::Context;
-    use thaw_engine::instance::{Instance, LoadedSnapshot};
+    use thaw_engine::instance::{Instance, InstanceError, LoadedSnapshot};
+    use thaw_engine::repurpose::InstallError;
     let text = std::fs::read_to_string(calls).with_context(|| format!("reading {}", calls.display()))?;
-    let calls: Vec<Call> = serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON array of {{code, handler, payload}}", calls.display()))?;
+    let calls: Vec<Call> =
+        serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON array of {{code, handler, payload}} or {{snapshot, payload}}", calls.display()))?;
     let runtime = Runtime::parse(runtime)?;
     layers::supported(runtime)?;
     let runtime_dir = thaw_runtime::runtimes::install_shims(data_dir)?;
     let bases = bases_dir(data_dir);
+    let mut diffs: std::collections::HashMap<PathBuf, LoadedSnapshot> = Default::default();
+    for c in &calls {
+        match (&c.snapshot, &c.code, &c.handler) {
+            (Some(dir), None, None) if !diffs.contains_key(dir) => {
+                let snap = LoadedSnapshot::open(dir).with_context(|| format!("opening snapshot {}", dir.display()))?;
+                diffs.insert(dir.clone(), snap);
+            }
+            (Some(_), None, None) | (None, Some(_), Some(_)) => {}
+            _ => anyhow::bail!("each call names its function by \"snapshot\", or by \"code\" and \"handler\""),
+        }
+    }
     let cfg_of = |c: &Call| -> Result<FunctionConfig> {
-        let code = std::fs::canonicalize(&c.code).with_context(|| format!("function code directory {}", c.code.display()))?;
-        let mut cfg = FunctionConfig::new(runtime, &c.handler, code, runtime_dir.clone());
+        let (code, handler) = match (&c.snapshot, &c.code, &c.handler) {
+            (Some(dir), _, _) => (diffs[dir].image.sandbox.code_dir.clone(), diffs[dir].image.sandbox.handler.clone()),
+            (_, Some(code), Some(handler)) => (code.clone(), handler.clone()),
+            _ => unreachable!("checked above"),
+        };
+        let code = std::fs::canonicalize(&code).with_context(|| format!("function code directory {}", code.display()))?;
+        let mut cfg = FunctionConfig::new(runtime, &handler, code, runtime_dir.clone());
         cfg.memory_mb = memory;
         cfg.function_name = c.name.clone().unwrap_or_else(|| "function".into());
         Ok(cfg)
@@ -127,17 +155,38 @@ fn repurpose(runtime: &str, memory: u64, calls: &Path, data_dir: &Path) -> Resul
     let t0 = std::time::Instant::now();
     let mut inst = Instance::restore_as(&base, thaw_engine::pageserver::Paging::Auto, base_cfg.record())?;
     eprintln!("base {} restored in {:.1} ms", meta.id, t0.elapsed().as_secs_f64() * 1e3);
-    let mut serving: Option<(PathBuf, String)> = None;
+    let mut serving: Option<(PathBuf, String, Option<PathBuf>)> = None;
     for (i, c) in calls.iter().enumerate() {
         let cfg = cfg_of(c)?;
         let mut line = json!({"call": i, "code": cfg.code_dir, "handler": cfg.handler});
-        if serving.as_ref() != Some(&(cfg.code_dir.clone(), cfg.handler.clone())) {
+        let function = (cfg.code_dir.clone(), cfg.handler.clone(), c.snapshot.clone());
+        if serving.as_ref() != Some(&function) {
             if serving.is_some() {
                 let r = inst.reset_to_base(&base).context("resetting the instance to its base")?;
                 line["reset_ms"] = json!(r.reset_ms);
             }
-            serving = Some((cfg.code_dir.clone(), cfg.handler.clone()));
-            let l = inst.load_into(&cfg).with_context(|| format!("loading {} into the base instance", cfg.code_dir.display()))?;
+            serving = Some(function);
+            let installed = match c.snapshot.as_ref().map(|dir| (dir, &diffs[dir])) {
+                Some((dir, diff)) => match inst.install_diff(diff, &base) {
+                    Ok(l) => {
+                        inst.set_function_name(&cfg.function_name);
+                        line["snapshot"] = json!(dir);
+                        line["phases"] = json!(inst.start.phases);
+                        Some(l)
+                    }
+                    Err(InstanceError::Install(InstallError::Refused(why))) => {
+                        line["install_refused"] = json!(why);
+                        None
+                    }
+                    Err(e) => return Err(anyhow::Error::from(e).context(format!("installing {} into the base instance", dir.display()))),
+                },
+                None => None,
+            };
+            let l = match installed {
+                Some(l) => l,
+                None => inst.load_into(&cfg).with_context(|| format!("loading {} into the base instance", cfg.code_dir.display()))?,
+            };
+            line["how"] = json!(inst.start.kind);
             line["code_ms"] = json!(l.code_ms);
             line["load_ms"] = json!(l.load_ms);
         }

@@ -770,6 +770,29 @@ fn a_deleted_tmp_file_held_open_is_restored_and_reset() {
     }
 }
 
+/// A Python function (b_mod.handler) that reports what it sees of another's canaries
+/// (the reversed `tag` of its event): its module, environment, /tmp, threads, children,
+/// and any object in its heap holding the canary.
+fn canary_seeker(name: &str) -> PathBuf {
+    bundle(
+        name,
+        &[(
+            "b_mod.py",
+            concat!(
+                "import gc, os, sys, threading\n",
+                "def handler(event, context):\n",
+                "    canary = event['tag'][::-1]\n",
+                "    seen = any(isinstance(o, str) and canary in o for o in gc.get_objects())\n",
+                "    seen = seen or any(isinstance(v, str) and canary in v for o in gc.get_objects() if isinstance(o, list) for v in o)\n",
+                "    return {'fn': 'B', 'cwd': sorted(os.listdir('.')), 'task': sorted(os.listdir('/var/task')),\n",
+                "            'a_module': 'a_mod' in sys.modules, 'env': 'LEFT_BY_A' in os.environ, 'tmp': sorted(os.listdir('/tmp')),\n",
+                "            'threads': threading.active_count(), 'children': [p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid()))],\n",
+                "            'canary_in_heap': seen}\n",
+            ),
+        )],
+    )
+}
+
 /// Issue #30, repurposing: one instance of the Python base serves three functions in
 /// turn (`thaw base repurpose`), reset to the base between them. The second function
 /// sees its own code at /var/task and in its cwd, and nothing of the first: not its
@@ -799,23 +822,7 @@ fn one_base_instance_serves_functions_in_turn_and_each_sees_nothing_of_the_other
             ("a-only.txt", "A's file\n"),
         ],
     );
-    let b = bundle(
-        "repurpose-b",
-        &[(
-            "b_mod.py",
-            concat!(
-                "import gc, os, sys, threading\n",
-                "def handler(event, context):\n",
-                "    canary = event['tag'][::-1]\n",
-                "    seen = any(isinstance(o, str) and canary in o for o in gc.get_objects())\n",
-                "    seen = seen or any(isinstance(v, str) and canary in v for o in gc.get_objects() if isinstance(o, list) for v in o)\n",
-                "    return {'fn': 'B', 'cwd': sorted(os.listdir('.')), 'task': sorted(os.listdir('/var/task')),\n",
-                "            'a_module': 'a_mod' in sys.modules, 'env': 'LEFT_BY_A' in os.environ, 'tmp': sorted(os.listdir('/tmp')),\n",
-                "            'threads': threading.active_count(), 'children': [p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid()))],\n",
-                "            'canary_in_heap': seen}\n",
-            ),
-        )],
-    );
+    let b = canary_seeker("repurpose-b");
     let tag = "yranac-esoprup";
     let calls = serde_json::json!([
         {"code": a, "handler": "a_mod.handler", "payload": {"tag": tag}},
@@ -844,6 +851,80 @@ fn one_base_instance_serves_functions_in_turn_and_each_sees_nothing_of_the_other
         assert!(l["code_ms"].as_f64().is_some() && l["load_ms"].as_f64().is_some(), "call {i} was repurposed: {l}");
         assert_eq!(l.get("reset_ms").is_some(), i > 0, "call {i}: reset to the base before it: {l}");
     }
+}
+
+/// Issue #30, repurposing by diff: functions snapshotted as diffs on the Python base
+/// are installed into one base instance in turn (their pages and state; their init
+/// does not run again: a value drawn at init is the one their snapshot holds), reset to
+/// the base between them. A function whose init imported a C extension (new file
+/// mappings) and grew the heap answers correctly; the next one sees nothing of it;
+/// a function loaded from its code in between still works.
+#[test]
+fn diffs_are_installed_into_one_base_instance_in_turn() {
+    let a = bundle(
+        "install-a",
+        &[(
+            "a_mod.py",
+            concat!(
+                "import hashlib, os, subprocess, threading, time\n",
+                "TOKEN = os.urandom(8).hex()\n",
+                "TABLE = [str(i) * 50 for i in range(20000)]\n",
+                "CALLS = 0\n",
+                "KEEP = []\n",
+                "def handler(event, context):\n",
+                "    global CALLS\n",
+                "    CALLS += 1\n",
+                "    canary = event['tag'][::-1]\n",
+                "    KEEP.append(canary * 3)\n",
+                "    os.environ['LEFT_BY_A'] = canary\n",
+                "    open('/tmp/left-by-a', 'w').write(canary)\n",
+                "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+                "    subprocess.Popen(['sleep', '60'])\n",
+                "    return {'fn': 'A', 'token': TOKEN, 'calls': CALLS, 'rows': len(TABLE), 'cwd': sorted(os.listdir('.')),\n",
+                "            'sha': hashlib.sha256(TABLE[-1].encode()).hexdigest()[:12]}\n",
+            ),
+        )],
+    );
+    let b = canary_seeker("install-b");
+    let snap = |code: &std::path::Path, handler: &str, name: &str| {
+        let out = scratch().join(name);
+        let _ = std::fs::remove_dir_all(&out);
+        let created = stdout(&ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", handler, "--out", out.to_str().unwrap()])));
+        assert!(created.contains("\"base\":\""), "a diff on the Python base: {created}");
+        out
+    };
+    let (sa, sb) = (snap(&a, "a_mod.handler", "install-a-snap"), snap(&b, "b_mod.handler", "install-b-snap"));
+    let tag = "yranac-llatsni";
+    let payload = serde_json::json!({"tag": tag}).to_string();
+    let restored = stdout(&ok(thaw(&["snapshot", "restore", sa.to_str().unwrap(), "--payload", &payload, "--quiet"])));
+    let restored: serde_json::Value = serde_json::from_str(restored.lines().next().unwrap()).unwrap();
+    let calls = serde_json::json!([
+        {"snapshot": sa, "payload": {"tag": tag}},
+        {"snapshot": sa, "payload": {"tag": tag}},
+        {"snapshot": sb, "payload": {"tag": tag}},
+        {"code": common::sample("helloworld"), "handler": "handler.handler", "payload": {"name": "loaded"}},
+        {"snapshot": sa, "payload": {"tag": tag}},
+    ]);
+    let file = scratch().join("install-calls.json");
+    std::fs::write(&file, calls.to_string()).unwrap();
+    let out = stdout(&ok(thaw(&["base", "repurpose", "--calls", file.to_str().unwrap()])));
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 5, "{out}");
+    let r = |i: usize| &lines[i]["response"];
+    for i in [0, 2, 4] {
+        assert_eq!(lines[i]["how"], "repurposed-diff", "call {i} installed its diff: {}", lines[i]);
+    }
+    assert_eq!(lines[3]["how"], "repurposed", "{out}");
+    // Installed, not loaded: the value drawn at init is the snapshot's.
+    assert_eq!(r(0), &restored, "the installed instance answers as a restore of the diff: {out}");
+    assert_eq!((r(0)["calls"].as_u64(), r(0)["rows"].as_u64()), (Some(1), Some(20000)), "{out}");
+    assert_eq!(r(1)["calls"], 2, "{out}");
+    let want_b = serde_json::json!({"fn": "B", "cwd": ["b_mod.py"], "task": ["b_mod.py"], "a_module": false, "env": false,
+        "tmp": [], "threads": 1, "children": [], "canary_in_heap": false});
+    assert_eq!(r(2), &want_b, "{out}");
+    assert_eq!(r(3), &serde_json::json!({"message": "hello, loaded"}), "{out}");
+    // A again: from its snapshot, nothing of its two earlier calls left.
+    assert_eq!(r(4), &restored, "{out}");
 }
 
 /// Repurposing with the Node.js base: a function served again after another starts

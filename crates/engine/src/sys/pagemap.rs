@@ -94,8 +94,19 @@ impl Pagemap {
 
     /// Whether each page of `[start, start + n pages)` is present or swapped (has contents).
     pub fn populated(&self, start: u64, n: usize) -> io::Result<Vec<bool>> {
+        self.entries(start, n, 3 << 62)
+    }
+
+    /// Whether each page of `[start, start + n pages)` is present in memory. Unlike
+    /// [`Pagemap::populated`], a page that was never touched but carries a
+    /// write-protect marker (it reads as "swapped") is not.
+    pub fn present(&self, start: u64, n: usize) -> io::Result<Vec<bool>> {
+        self.entries(start, n, 1 << 63)
+    }
+
+    fn entries(&self, start: u64, n: usize, bits: u64) -> io::Result<Vec<bool>> {
         let mut raw = vec![0u8; n * 8];
         self.file.read_exact_at(&mut raw, start / super::PAGE_SIZE * 8)?;
-        Ok(raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) & (3 << 62) != 0).collect())
+        Ok(raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) & bits != 0).collect())
     }
 }

@@ -1,0 +1,507 @@
+//! Repurposing by diff (issue #30): a clean instance of a runtime's base becomes an
+//! instance of a function whose snapshot is a diff on that base, with no new sandbox,
+//! no process rebuilt and no init run.
+//!
+//! A clean base instance (restored from the base with write tracking, or reset to it:
+//! see `reset.rs`) holds the base's memory: the pages it faulted in, the rest served
+//! by its page server from the base. A diff's image says of every page whether it is
+//! the base's ([`crate::image::BaseRef::runs`]), its own (stored) or zero (see
+//! `layers.rs`). [`install`] turns the instance into what a restore of the diff gives:
+//! - **layout**: every mapping of the base must be in the diff's image, the same or
+//!   (anonymous memory) grown at its end; the diff's other mappings are created
+//!   (anonymous memory, or a private or read-only mapping of a file of the sandbox,
+//!   checked as a restore checks it) and the heap moves to the diff's break by `brk`;
+//! - **memory**: every page whose contents differ between the base and the diff (the
+//!   diff's own pages; the base's pages the diff has as zero) is written now, whether
+//!   the instance had faulted it in (written through /proc/PID/mem) or not (installed,
+//!   UFFDIO_COPY). Every page the page server may still serve later, from the base, is
+//!   then the same in both;
+//! - **process state**: signal dispositions, cwd (the new code mount), umask,
+//!   personality, resource limits, /tmp, and every thread's registers, FPU/SIMD state
+//!   and signal mask, as the diff's image has them.
+//!
+//! What no call puts back must already be the diff's: its threads, descriptors,
+//! credentials, timers and attributes (a function whose init opened a file, started a
+//! thread or armed a timer is refused). Every page written is written in the eyes of
+//! the write tracking (none is installed write-protected), so a later reset to the
+//! base ([`crate::reset::reset`]) takes all of it back, and the diff's new mappings
+//! are "created since" and go.
+//!
+//! [`InstallError::Refused`] comes before anything changed: the instance is still a
+//! clean base instance (it can load the function instead). After any other error it
+//! is half-changed and has been killed.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+use serde::Serialize;
+use thiserror::Error;
+use tracing::debug;
+
+use crate::image::{PageIndex, ProcessImage, VmaKind};
+use crate::inject::{self, Call, InjectError};
+use crate::pageserver::{PageServerError, PageSource};
+use crate::procfs;
+use crate::reset::{ResetError, Scratch, Tracking};
+use crate::sys::mem::ProcMem;
+use crate::sys::pagemap::Pagemap;
+use crate::sys::ptrace::{self, Tracee};
+use crate::sys::uffd::{self, Install};
+use crate::sys::PAGE_SIZE;
+
+#[derive(Debug, Error)]
+pub enum InstallError {
+    /// Nothing changed: the instance is still a clean instance of its base.
+    #[error("the function's snapshot cannot be installed into an instance of its base: {0}")]
+    Refused(String),
+    #[error("instance {pid}: {what}")]
+    Io { pid: i32, what: String, #[source] source: io::Error },
+    #[error("instance {pid}: installing the function's snapshot: {what}")]
+    Failed { pid: i32, what: String },
+    #[error("instance {pid}: reading the function's pages")]
+    Pages { pid: i32, #[source] source: PageServerError },
+    #[error("instance {pid}")]
+    Inject { pid: i32, #[source] source: InjectError },
+    #[error(transparent)]
+    Reset(#[from] ResetError),
+}
+
+/// Figures of one [`install`].
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct InstallStats {
+    pub install_ms: f64,
+    /// Pages written over pages the instance had (/proc/PID/mem).
+    pub pages_written: u64,
+    /// Pages installed where the instance had none yet (UFFDIO_COPY).
+    pub pages_installed: u64,
+    /// Mappings of the diff the base lacks, created (the heap's growth among them).
+    pub mappings_created: u64,
+    pub phases: Vec<(&'static str, f64)>,
+}
+
+/// What backs a range of a live restored process, as far as its layout goes: a
+/// restore maps a file mapping stored whole (`FileCopied`) as anonymous memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Backing {
+    Anon { growsdown: bool },
+    File { path: String, offset: u64, shared: bool },
+    Special(String),
+}
+
+/// A mapping of an image as a live restored process has it (adjacent anonymous
+/// mappings of one protection are one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seg {
+    start: u64,
+    end: u64,
+    prot: i32,
+    backing: Backing,
+    advice: Vec<i32>,
+}
+
+const ANON: Backing = Backing::Anon { growsdown: false };
+
+fn segments(img: &ProcessImage) -> Result<Vec<Seg>, String> {
+    let mut out: Vec<Seg> = Vec::new();
+    for v in &img.vmas {
+        let path = |file: usize| img.files.get(file).map(|f| f.path.clone()).unwrap_or_default();
+        let backing = match &v.kind {
+            VmaKind::Anon { growsdown } => Backing::Anon { growsdown: *growsdown },
+            VmaKind::FileCopied { .. } => ANON,
+            VmaKind::FilePrivate { file, offset } => Backing::File { path: path(*file), offset: *offset, shared: false },
+            VmaKind::FileShared { file, offset } if v.prot & libc::PROT_WRITE == 0 => Backing::File { path: path(*file), offset: *offset, shared: true },
+            VmaKind::Special { name } => Backing::Special(name.clone()),
+            other => return Err(format!("{:#x}-{:#x} is {other:?}", v.start, v.end)),
+        };
+        match out.last_mut() {
+            Some(l) if l.end == v.start && l.prot == v.prot && l.backing == ANON && backing == ANON && l.advice == v.advice => l.end = v.end,
+            _ => out.push(Seg { start: v.start, end: v.end, prot: v.prot, backing, advice: v.advice.clone() }),
+        }
+    }
+    Ok(out)
+}
+
+/// What [`install`] does, worked out from the two images alone.
+#[derive(Debug, Default)]
+struct Plan {
+    /// The diff's mappings the base lacks.
+    new: Vec<Seg>,
+    /// Anonymous mappings of the base grown at their end: the growth (start, end, prot).
+    grown: Vec<(u64, u64, i32)>,
+    /// The diff's break, when it is not the base's.
+    brk: Option<u64>,
+    /// Pages whose contents differ: (address, the diff's stored page, or zeros).
+    writes: Vec<(u64, Option<u64>)>,
+    /// Signals whose action differs: (signal, the diff's action words; zeros: default).
+    sigactions: Vec<(u32, [u64; 4])>,
+}
+
+fn page_up(a: u64) -> u64 {
+    a.next_multiple_of(PAGE_SIZE)
+}
+
+/// Work out how to turn a clean instance of `base` into one of `diff` (whose merged
+/// page index is `index`), or say why it cannot be.
+fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<Plan, String> {
+    if diff.base.is_none() {
+        return Err("it is a full image, not a diff".into());
+    }
+    let same_threads = diff.threads.len() == base.threads.len()
+        && diff.threads.iter().zip(&base.threads).all(|(d, b)| {
+            (d.tid, &d.rseq, d.robust_list, d.tid_address, &d.altstack, &d.comm) == (b.tid, &b.rseq, b.robust_list, b.tid_address, &b.altstack, &b.comm)
+        });
+    if !same_threads {
+        return Err(format!("its threads are not the base's ({} threads, the base has {})", diff.threads.len(), base.threads.len()));
+    }
+    if diff.threads.iter().any(|t| !t.pending.is_empty()) {
+        return Err("signals were pending when it was captured".into());
+    }
+    if diff.fds != base.fds {
+        return Err("its descriptors are not the base's (its init opened or closed some)".into());
+    }
+    if diff.attrs != base.attrs || diff.creds != base.creds || diff.comm != base.comm {
+        return Err("its credentials, timers or process attributes are not the base's".into());
+    }
+    let (m, n) = (&diff.mm, &base.mm);
+    if (&m.fields, &m.auxv, &m.exe) != (&n.fields, &n.auxv, &n.exe) {
+        return Err("its memory descriptor (code, stack, arguments, auxv) is not the base's".into());
+    }
+    let mut p = Plan::default();
+    for sig in (1..=64u32).filter(|&s| s != libc::SIGKILL as u32 && s != libc::SIGSTOP as u32) {
+        let words = |img: &ProcessImage| img.sigactions.iter().find(|a| a.sig == sig).map_or([0; 4], |a| [a.handler, a.flags, a.restorer, a.mask]);
+        let (b, d) = (words(base), words(diff));
+        // A reset to the base puts back an action whose disposition changed (ignored,
+        // caught, default: see reset.rs); one caught by another handler it would not see.
+        let caught = |w: [u64; 4]| w[0] > 1;
+        if b != d && caught(b) && caught(d) {
+            return Err(format!("signal {sig} is caught by another action than the base's"));
+        }
+        if b != d {
+            p.sigactions.push((sig, d));
+        }
+    }
+
+    // ---- Layout.
+    let (a, b) = (segments(base)?, segments(diff)?);
+    for s in &a {
+        let over: Vec<&Seg> = b.iter().filter(|x| x.start < s.end && s.start < x.end).collect();
+        match over.as_slice() {
+            [x] if *x == s => {}
+            [x] if x.start == s.start && x.end > s.end && (x.prot, &x.backing, &x.advice) == (s.prot, &s.backing, &s.advice) && s.backing == ANON => {
+                if a.iter().any(|y| y.start < x.end && s.end < y.end) {
+                    return Err(format!("{:#x}-{:#x} grew over another mapping of the base", s.start, s.end));
+                }
+                p.grown.push((s.end, x.end, x.prot));
+            }
+            [x, ..] => return Err(format!("the base's {:#x}-{:#x} is {:#x}-{:#x} ({:?}) in its image", s.start, s.end, x.start, x.end, x.backing)),
+            [] => return Err(format!("the base's {:#x}-{:#x} ({:?}) is not in its image", s.start, s.end, s.backing)),
+        }
+    }
+    for x in b.iter().filter(|x| !a.iter().any(|s| s.start < x.end && x.start < s.end)) {
+        if let Backing::Special(name) = &x.backing {
+            return Err(format!("it has a {name} mapping the base lacks"));
+        }
+        p.new.push(x.clone());
+    }
+    // The heap: brk moves the break and grows (or shrinks within a page) the heap's
+    // mapping; its growth is not mapped otherwise.
+    if m.brk != n.brk {
+        let (from, to) = (page_up(n.brk), page_up(m.brk));
+        if to < from {
+            return Err("its heap is smaller than the base's".into());
+        }
+        if to > from {
+            let before = (p.grown.len(), p.new.len());
+            p.grown.retain(|g| (g.0, g.1) != (from, to));
+            p.new.retain(|x| !(x.start == from && x.end == to && x.backing == ANON));
+            if (p.grown.len(), p.new.len()) == before {
+                return Err("its heap's growth is not a mapping of its own in its image".into());
+            }
+        }
+        p.brk = Some(m.brk);
+    }
+
+    // ---- Memory: the diff's own pages, and the base's pages the diff has as zeros.
+    for r in &diff.pages.runs {
+        p.writes.extend((0..r.npages).map(|k| (r.vaddr + k * PAGE_SIZE, Some(r.file_page + k))));
+    }
+    for r in &base.pages.runs {
+        for addr in (0..r.npages).map(|k| r.vaddr + k * PAGE_SIZE) {
+            if index.lookup(addr).is_some() {
+                continue;
+            }
+            match b.iter().find(|x| x.start <= addr && addr < x.end).map(|x| &x.backing) {
+                Some(Backing::Anon { .. }) => p.writes.push((addr, None)),
+                _ => return Err(format!("its page at {addr:#x} is a mapped file's, where the base has a page of its own")),
+            }
+        }
+    }
+    p.writes.sort_unstable();
+    p.writes.dedup_by_key(|w| w.0);
+    Ok(p)
+}
+
+/// Make the clean base instance `pid` (not traced, idle; restored from `base` with
+/// write tracking `t`, or reset to it) an instance of the diff `diff` on that base,
+/// whose pages `source` serves (see the module docs). The function's code must
+/// already be at /var/task. Must run on one thread from start to end (it becomes
+/// the tracer).
+pub fn install(pid: i32, base: &ProcessImage, diff: &ProcessImage, source: &PageSource, t: &Tracking) -> Result<InstallStats, InstallError> {
+    let t0 = Instant::now();
+    let plan = plan(base, diff, &source.index).map_err(InstallError::Refused)?;
+    // The files the diff maps and the base does not must be those it captured.
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    for x in &plan.new {
+        let Backing::File { path, .. } = &x.backing else { continue };
+        let Some(f) = diff.files.iter().find(|f| f.path == *path) else { continue };
+        use std::os::unix::fs::MetadataExt;
+        let same = std::fs::metadata(root.join(path.trim_start_matches('/')))
+            .is_ok_and(|m| m.len() == f.size && m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128 == f.mtime_ns);
+        if !same {
+            return Err(InstallError::Refused(format!("{path} changed since the snapshot was taken")));
+        }
+    }
+    let mut traced = Vec::new();
+    let r = install_traced(pid, base, diff, source, t, &plan, &mut traced, t0);
+    match &r {
+        Ok(_) => {}
+        Err(InstallError::Refused(why)) => {
+            debug!(pid, why, "the diff was not installed; the base instance is unchanged");
+            for tr in traced.iter().rev() {
+                let _ = tr.detach();
+            }
+        }
+        Err(e) => {
+            debug!(pid, error = %e, "installing a diff failed; killing the instance");
+            ptrace::kill_and_reap(pid, &traced);
+        }
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn install_traced(
+    pid: i32,
+    base: &ProcessImage,
+    diff: &ProcessImage,
+    source: &PageSource,
+    t: &Tracking,
+    plan: &Plan,
+    traced: &mut Vec<Tracee>,
+    t0: Instant,
+) -> Result<InstallStats, InstallError> {
+    let mut out = InstallStats::default();
+    let mut lap = t0;
+    let mut phase = |name: &'static str, out: &mut InstallStats| {
+        out.phases.push((name, lap.elapsed().as_secs_f64() * 1e3));
+        lap = Instant::now();
+    };
+    let ioe = |what: &str| {
+        let what = what.to_string();
+        move |source| InstallError::Io { pid, what, source }
+    };
+    let inj = |source| InstallError::Inject { pid, source };
+    let failed = |what: String| InstallError::Failed { pid, what };
+
+    // ---- Stop every thread: the diff's, and no other.
+    let tids = procfs::tids(pid).map_err(ioe("listing threads"))?;
+    for &tid in &tids {
+        traced.push(Tracee::seize_and_stop(tid).map_err(ioe(&format!("seizing thread {tid} (is another tracer attached?)")))?);
+    }
+    let mut by_thread = Vec::with_capacity(tids.len());
+    for (tr, &tid) in traced.iter().zip(&tids) {
+        let st = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
+        let ns_tid = *st.nspid.last().unwrap_or(&tid);
+        let Some(image) = diff.threads.iter().find(|x| x.tid == ns_tid) else {
+            return Err(InstallError::Refused(format!("thread {ns_tid} is not in the function's image (a clean base instance runs only the base's threads)")));
+        };
+        if st.sig_pending != 0 || st.shared_pending != 0 {
+            return Err(InstallError::Refused("signals are pending in the instance".into()));
+        }
+        by_thread.push((*tr, image));
+    }
+    if by_thread.len() != diff.threads.len() || procfs::tids(pid).map_err(ioe("listing threads"))?.len() != tids.len() {
+        return Err(InstallError::Refused(format!("the instance runs {} threads, the function's image has {}", tids.len(), diff.threads.len())));
+    }
+    let main = traced[0];
+    if main.pid.as_raw() != pid {
+        return Err(InstallError::Refused("the instance's first thread is not its leader".into()));
+    }
+    phase("stop", &mut out);
+
+    // ---- /tmp and /dev/shm as the diff has them.
+    crate::reset::tmp_back(pid, diff, t)?;
+
+    // ---- Layout and process state, by calls the process makes.
+    let mut scratch = Scratch::default();
+    let cstr = |s: &str| [s.as_bytes(), &[0]].concat();
+    let paths: Vec<Option<usize>> =
+        plan.new.iter().map(|x| if let Backing::File { path, .. } = &x.backing { Some(scratch.push(&cstr(path))) } else { None }).collect();
+    let actions: Vec<(u32, usize)> =
+        plan.sigactions.iter().map(|(sig, w)| (*sig, scratch.push(&w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()))).collect();
+    let cwd = scratch.push(&cstr(&diff.cwd));
+    let limits: Vec<(u32, usize)> = if diff.rlimits == base.rlimits {
+        Vec::new()
+    } else {
+        diff.rlimits.iter().map(|&(res, cur, max)| (res, scratch.push(&[cur.to_le_bytes(), max.to_le_bytes()].concat()))).collect()
+    };
+    let mem = ProcMem::open(pid, true).map_err(ioe("opening /proc/PID/mem"))?;
+    let insn = t.syscall_insn;
+    let at = scratch.place(pid, &main, insn, &mem, &t.maps)?;
+    let arg = |off: usize| at + off as u64;
+    let run = |c: Call| -> Result<i64, InstallError> {
+        let r = inject::single(&main, insn, c).map_err(inj)?;
+        if r < 0 && c.nr != libc::SYS_brk {
+            return Err(InstallError::Failed { pid, what: format!("{} failed with errno {}", c.name, -r) });
+        }
+        Ok(r)
+    };
+    if let Some(brk) = plan.brk {
+        let r = run(Call::new("brk", libc::SYS_brk, &[brk]))?;
+        if r as u64 != brk {
+            return Err(failed(format!("brk({brk:#x}) returned {r:#x}")));
+        }
+        out.mappings_created += u64::from(page_up(brk) > page_up(base.mm.brk));
+    }
+    let noreplace = libc::MAP_FIXED_NOREPLACE as u64;
+    let anon = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | noreplace;
+    let mapped = |start: u64, r: i64| if r as u64 == start { Ok(()) } else { Err(failed(format!("mapping {start:#x} returned {r:#x}"))) };
+    for (x, path) in plan.new.iter().zip(&paths) {
+        let len = x.end - x.start;
+        match (&x.backing, path) {
+            (Backing::File { offset, shared, .. }, Some(p)) => {
+                let flags = if *shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } as u64 | noreplace;
+                let fd = run(Call::new("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, arg(*p), (libc::O_RDONLY | libc::O_CLOEXEC) as u64]))? as u64;
+                let r = run(Call::new("mmap(file)", libc::SYS_mmap, &[x.start, len, x.prot as u64, flags, fd, *offset]));
+                run(Call::new("close", libc::SYS_close, &[fd]))?;
+                mapped(x.start, r?)?;
+            }
+            (Backing::Anon { growsdown }, _) => {
+                let gd = if *growsdown { libc::MAP_GROWSDOWN as u64 } else { 0 };
+                mapped(x.start, run(Call::new("mmap(anon)", libc::SYS_mmap, &[x.start, len, x.prot as u64, anon | gd, u64::MAX, 0]))?)?;
+            }
+            _ => return Err(failed(format!("{:#x}-{:#x} cannot be mapped", x.start, x.end))),
+        }
+        for &advice in &x.advice {
+            run(crate::restore::advice_call(x.start, len, advice))?;
+        }
+        out.mappings_created += 1;
+    }
+    for &(start, end, prot) in &plan.grown {
+        mapped(start, run(Call::new("mmap(growth)", libc::SYS_mmap, &[start, end - start, prot as u64, anon, u64::MAX, 0]))?)?;
+        out.mappings_created += 1;
+    }
+    for &(sig, off) in &actions {
+        run(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig as u64, arg(off), 0, 8]))?;
+    }
+    // Always: /var/task is a new mount, and the old cwd is on the one it replaced.
+    run(Call::new("chdir", libc::SYS_chdir, &[arg(cwd)]))?;
+    if diff.umask != base.umask {
+        run(Call::new("umask", libc::SYS_umask, &[diff.umask as u64]))?;
+    }
+    if diff.personality != base.personality {
+        run(Call::new("personality", libc::SYS_personality, &[diff.personality as u64]))?;
+    }
+    for &(res, off) in &limits {
+        run(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, arg(off), 0]))?;
+    }
+    phase("layout", &mut out);
+
+    // ---- Memory: each page that differs, and the pages the arguments above took.
+    let index = &source.index;
+    let mut writes = plan.writes.clone();
+    let first = at & !(PAGE_SIZE - 1);
+    let scratch_pages = (at + scratch.bytes.len() as u64 - first).div_ceil(PAGE_SIZE);
+    writes.extend((0..scratch_pages).map(|k| first + k * PAGE_SIZE).map(|a| (a, index.lookup(a))));
+    writes.sort_unstable();
+    writes.dedup_by_key(|w| w.0);
+    // Missing pages of the base's anonymous memory are the page server's: installed
+    // (a write through /proc/PID/mem would fault there and fail).
+    let served: Vec<(u64, u64)> =
+        segments(base).map_err(failed)?.into_iter().filter(|s| matches!(s.backing, Backing::Anon { .. })).map(|s| (s.start, s.end)).collect();
+    let served = |a: u64| served.iter().any(|&(s, e)| s <= a && a < e);
+    let pm = Pagemap::open(pid).map_err(ioe("opening pagemap"))?;
+    let page = PAGE_SIZE as usize;
+    let mut buf = Vec::new();
+    let mut i = 0;
+    while i < writes.len() {
+        // A run: consecutive addresses, consecutive stored pages (or zeros), read at once.
+        let mut j = i + 1;
+        while j < writes.len()
+            && writes[j].0 == writes[j - 1].0 + PAGE_SIZE
+            && match (writes[j - 1].1, writes[j].1) {
+                (Some(a), Some(b)) => b == a + 1,
+                (None, None) => true,
+                _ => false,
+            }
+        {
+            j += 1;
+        }
+        let (addr, n) = (writes[i].0, j - i);
+        buf.resize(n * page, 0);
+        match writes[i].1 {
+            Some(fp) => source.read_pages(addr, fp, &mut buf).map_err(|source| InstallError::Pages { pid, source })?,
+            None => buf.fill(0),
+        }
+        // Its pieces the instance has (or that no page server serves) are written;
+        // the others installed.
+        let present = pm.present(addr, n).map_err(ioe("reading pagemap"))?;
+        let direct = |k: usize| present[k] || !served(addr + k as u64 * PAGE_SIZE);
+        let mut k = 0;
+        while k < n {
+            let mut l = k + 1;
+            while l < n && direct(l) == direct(k) {
+                l += 1;
+            }
+            let at = addr + k as u64 * PAGE_SIZE;
+            let bytes = &buf[k * page..l * page];
+            if direct(k) {
+                mem.write_all_at(bytes, at).map_err(ioe(&format!("writing {at:#x}")))?;
+                out.pages_written += (l - k) as u64;
+            } else {
+                let (installed, written) = install_missing(t, &mem, at, bytes).map_err(|(what, source)| InstallError::Io { pid, what, source })?;
+                out.pages_installed += installed;
+                out.pages_written += written;
+            }
+            k = l;
+        }
+        i = j;
+    }
+    phase("memory", &mut out);
+
+    // ---- Registers, FPU/SIMD state, signal masks; then let go.
+    crate::reset::resume_as(&by_thread, traced).map_err(|(what, source)| InstallError::Io { pid, what: what.into(), source })?;
+    phase("registers", &mut out);
+    out.install_ms = t0.elapsed().as_secs_f64() * 1e3;
+    debug!(pid, ?out, "diff installed");
+    Ok(out)
+}
+
+/// Install `bytes` at `at`, pages the instance does not have (UFFDIO_COPY, not
+/// write-protected: written in the eyes of the write tracking); a page found there
+/// after all is written over. Returns (pages installed, pages written).
+fn install_missing(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8]) -> Result<(u64, u64), (String, io::Error)> {
+    let len = bytes.len() as u64;
+    let (mut done, mut installed, mut written) = (0u64, 0u64, 0u64);
+    while done < len {
+        let rest = &bytes[done as usize..];
+        match uffd::copy(t.uffd.as_fd(), at + done, rest.as_ptr(), len - done, false).map_err(|e| (format!("UFFDIO_COPY {:#x}", at + done), e))? {
+            Install::Done => {
+                installed += (len - done) / PAGE_SIZE;
+                break;
+            }
+            Install::Again { copied } if copied > 0 => {
+                installed += copied / PAGE_SIZE;
+                done += copied;
+            }
+            Install::Exists => {
+                mem.write_all_at(&rest[..PAGE_SIZE as usize], at + done).map_err(|e| (format!("writing {:#x}", at + done), e))?;
+                written += 1;
+                done += PAGE_SIZE;
+            }
+            other => return Err((format!("installing {:#x}", at + done), io::Error::other(format!("{other:?}")))),
+        }
+    }
+    Ok((installed, written))
+}
