@@ -381,6 +381,23 @@ impl LoadedSnapshot {
         }
     }
 
+    /// The working set's pages, in its layout's order, opened (decrypted when sealed),
+    /// and how long reading them took.
+    fn ws_pages(&self, ws: &WorkingSet, cached: bool) -> Result<(ws::AlignedBuf, f64), WsError> {
+        let t = Instant::now();
+        let (mut buf, mut read_ms) = if self.ws_from_image {
+            ws.assemble(&self.dir, &self.source.index, self.source.file())?
+        } else {
+            ws.read_pages(&self.dir, &self.source.index, cached)?
+        };
+        if let Some(sealer) = self.source.sealer() {
+            // Decrypting is part of reading a sealed working set (once per burst).
+            ws.unseal(&self.dir, sealer, &self.source.index, self.source.file().own_pages(), &mut buf)?;
+            read_ms = t.elapsed().as_secs_f64() * 1e3;
+        }
+        Ok((buf, read_ms))
+    }
+
     /// Load what `paging` needs before the process resumes. A missing, stale or
     /// corrupt working set is logged and removed, and the restore degrades to
     /// record mode (lazy paging that records a fresh working set).
@@ -402,17 +419,7 @@ impl LoadedSnapshot {
                         if paging == Paging::Parallel {
                             return Ok(Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers });
                         }
-                        let t = Instant::now();
-                        let (mut buf, mut read_ms) = if self.ws_from_image {
-                            ws.assemble(&self.dir, &self.source.index, self.source.file())?
-                        } else {
-                            ws.read_pages(&self.dir, &self.source.index, paging == Paging::WsCached)?
-                        };
-                        if let Some(sealer) = self.source.sealer() {
-                            // Decrypting is part of reading a sealed working set (once per burst).
-                            ws.unseal(&self.dir, sealer, &self.source.index, self.source.file().own_pages(), &mut buf)?;
-                            read_ms = t.elapsed().as_secs_f64() * 1e3;
-                        }
+                        let (buf, read_ms) = self.ws_pages(&ws, paging == Paging::WsCached)?;
                         Ok(Prefill::Ws { shared: Arc::new(SharedWs { ws, buf, read_ms }), reader: true })
                     })
                 };
@@ -939,8 +946,12 @@ impl Instance {
             return Err(e.into());
         }
         let code_ms = t0.elapsed().as_secs_f64() * 1e3;
+        // The pages the function's first call touched (its working set, if recorded):
+        // those the instance lacks are installed too, so the call does not fault them in.
+        let ws = WorkingSet::load(&diff.dir, diff.id).and_then(|ws| diff.ws_pages(&ws, true).map(|(buf, _)| (ws, buf))).ok();
         let tracking = self.tracking.as_ref().expect("checked above");
-        let st = match crate::repurpose::install(self.sandbox.pid(), &base.image, &diff.image, &diff.source, tracking) {
+        let ws = ws.as_ref().map(|(ws, buf)| (ws, buf.as_ref()));
+        let st = match crate::repurpose::install(self.sandbox.pid(), &base.image, &diff.image, &diff.source, tracking, ws) {
             Ok(st) => st,
             Err(e @ crate::repurpose::InstallError::Refused(_)) => return Err(e.into()),
             Err(e) => {

@@ -20,7 +20,8 @@
 //!   personality, resource limits, /tmp, and every thread's registers, FPU/SIMD state
 //!   and signal mask, as the diff's image has them.
 //!
-//! What no call puts back must already be the diff's: its threads, descriptors,
+//! Epoll registrations its init added (libuv's) are added too. What no call puts
+//! back must already be the diff's: its threads, descriptors,
 //! credentials, timers and attributes (a function whose init opened a file, started a
 //! thread or armed a timer is refused). Every page written is written in the eyes of
 //! the write tracking (none is installed write-protected), so a later reset to the
@@ -39,7 +40,7 @@ use serde::Serialize;
 use thiserror::Error;
 use tracing::debug;
 
-use crate::image::{PageIndex, ProcessImage, VmaKind};
+use crate::image::{FdKind, FdRecord, PageIndex, ProcessImage, VmaKind};
 use crate::inject::{self, Call, InjectError};
 use crate::pageserver::{PageServerError, PageSource};
 use crate::procfs;
@@ -49,6 +50,7 @@ use crate::sys::pagemap::Pagemap;
 use crate::sys::ptrace::{self, Tracee};
 use crate::sys::uffd::{self, Install};
 use crate::sys::PAGE_SIZE;
+use crate::ws::WorkingSet;
 
 #[derive(Debug, Error)]
 pub enum InstallError {
@@ -75,6 +77,8 @@ pub struct InstallStats {
     pub pages_written: u64,
     /// Pages installed where the instance had none yet (UFFDIO_COPY).
     pub pages_installed: u64,
+    /// Pages of the diff's working set the instance lacked, installed (the base's).
+    pub ws_pages_installed: u64,
     /// Mappings of the diff the base lacks, created (the heap's growth among them).
     pub mappings_created: u64,
     pub phases: Vec<(&'static str, f64)>,
@@ -135,6 +139,31 @@ struct Plan {
     writes: Vec<(u64, Option<u64>)>,
     /// Signals whose action differs: (signal, the diff's action words; zeros: default).
     sigactions: Vec<(u32, [u64; 4])>,
+    /// Epoll registrations to change: (epoll fd, op, target fd, events, data), removals first.
+    epoll: Vec<(i32, i32, i32, u32, u64)>,
+}
+
+/// Descriptors as far as an install goes: pipes and socketpairs named by the order
+/// they appear in (their identities are the capture's), epoll registrations left out
+/// (an install changes them).
+fn canonical_fds(fds: &[FdRecord]) -> Vec<FdRecord> {
+    let mut ids: std::collections::HashMap<(bool, u64), u64> = Default::default();
+    let mut name = |pipe: bool, id: &mut u64| {
+        let n = ids.len() as u64;
+        *id = *ids.entry((pipe, *id)).or_insert(n);
+    };
+    fds.iter()
+        .map(|r| {
+            let mut r = r.clone();
+            match &mut r.kind {
+                FdKind::Pipe { pipe, .. } => name(true, pipe),
+                FdKind::SocketPair { pair, .. } => name(false, pair),
+                FdKind::Epoll { items, .. } => items.clear(),
+                _ => {}
+            }
+            r
+        })
+        .collect()
 }
 
 fn page_up(a: u64) -> u64 {
@@ -157,7 +186,7 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
     if diff.threads.iter().any(|t| !t.pending.is_empty()) {
         return Err("signals were pending when it was captured".into());
     }
-    if diff.fds != base.fds {
+    if canonical_fds(&diff.fds) != canonical_fds(&base.fds) {
         return Err("its descriptors are not the base's (its init opened or closed some)".into());
     }
     if diff.attrs != base.attrs || diff.creds != base.creds || diff.comm != base.comm {
@@ -168,6 +197,22 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
         return Err("its memory descriptor (code, stack, arguments, auxv) is not the base's".into());
     }
     let mut p = Plan::default();
+    // Epoll registrations its init added (libuv's, say), removed or changed.
+    for (d, b) in diff.fds.iter().zip(&base.fds) {
+        if let (FdKind::Epoll { items: want, .. }, FdKind::Epoll { items: have, .. }) = (&d.kind, &b.kind) {
+            for &(tfd, ..) in have.iter().filter(|h| !want.iter().any(|w| w.0 == h.0)) {
+                p.epoll.push((d.fd, libc::EPOLL_CTL_DEL, tfd, 0, 0));
+            }
+            for &(tfd, events, data) in want {
+                match have.iter().find(|h| h.0 == tfd) {
+                    None => p.epoll.push((d.fd, libc::EPOLL_CTL_ADD, tfd, events, data)),
+                    Some(h) if (h.1, h.2) != (events, data) => p.epoll.push((d.fd, libc::EPOLL_CTL_MOD, tfd, events, data)),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    p.epoll.sort_by_key(|e| e.1 != libc::EPOLL_CTL_DEL);
     for sig in (1..=64u32).filter(|&s| s != libc::SIGKILL as u32 && s != libc::SIGSTOP as u32) {
         let words = |img: &ProcessImage| img.sigactions.iter().find(|a| a.sig == sig).map_or([0; 4], |a| [a.handler, a.flags, a.restorer, a.mask]);
         let (b, d) = (words(base), words(diff));
@@ -247,7 +292,18 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
 /// whose pages `source` serves (see the module docs). The function's code must
 /// already be at /var/task. Must run on one thread from start to end (it becomes
 /// the tracer).
-pub fn install(pid: i32, base: &ProcessImage, diff: &ProcessImage, source: &PageSource, t: &Tracking) -> Result<InstallStats, InstallError> {
+///
+/// `ws`: the diff's working set and its pages (in its layout's order), when it has
+/// one: those of its pages in the base's memory that the instance lacks are installed
+/// too (clean: they are the base's), so the first call does not fault them in.
+pub fn install(
+    pid: i32,
+    base: &ProcessImage,
+    diff: &ProcessImage,
+    source: &PageSource,
+    t: &Tracking,
+    ws: Option<(&WorkingSet, &[u8])>,
+) -> Result<InstallStats, InstallError> {
     let t0 = Instant::now();
     let plan = plan(base, diff, &source.index).map_err(InstallError::Refused)?;
     // The files the diff maps and the base does not must be those it captured.
@@ -263,7 +319,7 @@ pub fn install(pid: i32, base: &ProcessImage, diff: &ProcessImage, source: &Page
         }
     }
     let mut traced = Vec::new();
-    let r = install_traced(pid, base, diff, source, t, &plan, &mut traced, t0);
+    let r = install_traced(pid, base, diff, source, t, &plan, ws, &mut traced, t0);
     match &r {
         Ok(_) => {}
         Err(InstallError::Refused(why)) => {
@@ -288,6 +344,7 @@ fn install_traced(
     source: &PageSource,
     t: &Tracking,
     plan: &Plan,
+    ws: Option<(&WorkingSet, &[u8])>,
     traced: &mut Vec<Tracee>,
     t0: Instant,
 ) -> Result<InstallStats, InstallError> {
@@ -341,6 +398,8 @@ fn install_traced(
     let actions: Vec<(u32, usize)> =
         plan.sigactions.iter().map(|(sig, w)| (*sig, scratch.push(&w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()))).collect();
     let cwd = scratch.push(&cstr(&diff.cwd));
+    // struct epoll_event (packed on x86-64: u32 events, u64 data).
+    let events: Vec<usize> = plan.epoll.iter().map(|&(.., ev, data)| scratch.push(&[&ev.to_le_bytes()[..], &data.to_le_bytes()[..]].concat())).collect();
     let limits: Vec<(u32, usize)> = if diff.rlimits == base.rlimits {
         Vec::new()
     } else {
@@ -394,6 +453,10 @@ fn install_traced(
     }
     for &(sig, off) in &actions {
         run(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig as u64, arg(off), 0, 8]))?;
+    }
+    for (&(epfd, op, tfd, ..), &off) in plan.epoll.iter().zip(&events) {
+        let ev = if op == libc::EPOLL_CTL_DEL { 0 } else { arg(off) };
+        run(Call::new("epoll_ctl", libc::SYS_epoll_ctl, &[epfd as u64, op as u64, tfd as u64, ev]))?;
     }
     // Always: /var/task is a new mount, and the old cwd is on the one it replaced.
     run(Call::new("chdir", libc::SYS_chdir, &[arg(cwd)]))?;
@@ -460,7 +523,7 @@ fn install_traced(
                 mem.write_all_at(bytes, at).map_err(ioe(&format!("writing {at:#x}")))?;
                 out.pages_written += (l - k) as u64;
             } else {
-                let (installed, written) = install_missing(t, &mem, at, bytes).map_err(|(what, source)| InstallError::Io { pid, what, source })?;
+                let (installed, written) = install_run(t, &mem, at, bytes, false).map_err(|(what, source)| InstallError::Io { pid, what, source })?;
                 out.pages_installed += installed;
                 out.pages_written += written;
             }
@@ -470,6 +533,36 @@ fn install_traced(
     }
     phase("memory", &mut out);
 
+    // ---- The working set's pages the instance lacks in the base's memory: the base's
+    //      (the diff's own were written above), installed clean.
+    if let Some((ws, bytes)) = ws {
+        let lay = &ws.layout;
+        let mut k = 0;
+        while k < lay.len() && bytes.len() >= lay.len() * page {
+            let mut l = k + 1;
+            while l < lay.len() && lay[l].0 == lay[l - 1].0 + PAGE_SIZE {
+                l += 1;
+            }
+            let present = pm.present(lay[k].0, l - k).map_err(ioe("reading pagemap"))?;
+            let wanted = |i: usize| !present[i - k] && served(lay[i].0);
+            let mut i = k;
+            while i < l {
+                let mut e = i + 1;
+                while e < l && wanted(e) == wanted(i) {
+                    e += 1;
+                }
+                if wanted(i) {
+                    let (installed, _) = install_run(t, &mem, lay[i].0, &bytes[i * page..e * page], true)
+                        .map_err(|(what, source)| InstallError::Io { pid, what, source })?;
+                    out.ws_pages_installed += installed;
+                }
+                i = e;
+            }
+            k = l;
+        }
+        phase("working_set", &mut out);
+    }
+
     // ---- Registers, FPU/SIMD state, signal masks; then let go.
     crate::reset::resume_as(&by_thread, traced).map_err(|(what, source)| InstallError::Io { pid, what: what.into(), source })?;
     phase("registers", &mut out);
@@ -478,15 +571,17 @@ fn install_traced(
     Ok(out)
 }
 
-/// Install `bytes` at `at`, pages the instance does not have (UFFDIO_COPY, not
-/// write-protected: written in the eyes of the write tracking); a page found there
-/// after all is written over. Returns (pages installed, pages written).
-fn install_missing(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8]) -> Result<(u64, u64), (String, io::Error)> {
+/// Install `bytes` at `at`, pages the instance does not have (UFFDIO_COPY). Not
+/// `clean`: not write-protected (written in the eyes of the write tracking), and a
+/// page found there after all is written over. `clean`: write-protected (the base's
+/// contents), and a page found there is left. Returns (pages installed, written).
+fn install_run(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8], clean: bool) -> Result<(u64, u64), (String, io::Error)> {
     let len = bytes.len() as u64;
     let (mut done, mut installed, mut written) = (0u64, 0u64, 0u64);
     while done < len {
         let rest = &bytes[done as usize..];
-        match uffd::copy(t.uffd.as_fd(), at + done, rest.as_ptr(), len - done, false).map_err(|e| (format!("UFFDIO_COPY {:#x}", at + done), e))? {
+        let copy = if clean { uffd::copy_wp } else { uffd::copy };
+        match copy(t.uffd.as_fd(), at + done, rest.as_ptr(), len - done, false).map_err(|e| (format!("UFFDIO_COPY {:#x}", at + done), e))? {
             Install::Done => {
                 installed += (len - done) / PAGE_SIZE;
                 break;
@@ -495,6 +590,7 @@ fn install_missing(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8]) -> Result
                 installed += copied / PAGE_SIZE;
                 done += copied;
             }
+            Install::Exists if clean => done += PAGE_SIZE,
             Install::Exists => {
                 mem.write_all_at(&rest[..PAGE_SIZE as usize], at + done).map_err(|e| (format!("writing {:#x}", at + done), e))?;
                 written += 1;

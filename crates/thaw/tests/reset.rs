@@ -947,10 +947,16 @@ fn one_nodejs_base_instance_serves_functions_in_turn() {
         ))],
     );
     let hello = common::root().join("build/samples/nodejs/helloworld");
+    // A's snapshot, a diff on the Node.js base: installed, then reset away for a load.
+    let sa = scratch().join("repurpose-node-a-snap");
+    let _ = std::fs::remove_dir_all(&sa);
+    ok(thaw(&["snapshot", "create", "--runtime", "nodejs20.x", "--code", a.to_str().unwrap(), "--handler", "index.handler", "--out", sa.to_str().unwrap()]));
     let calls = serde_json::json!([
         {"code": a, "handler": "index.handler", "payload": {}},
         {"code": hello, "handler": "index.handler", "payload": {"name": "n"}},
         {"code": a, "handler": "index.handler", "payload": {}},
+        {"snapshot": sa, "payload": {}},
+        {"code": hello, "handler": "index.handler", "payload": {"name": "m"}},
     ]);
     let file = scratch().join("repurpose-node-calls.json");
     std::fs::write(&file, calls.to_string()).unwrap();
@@ -960,4 +966,7 @@ fn one_nodejs_base_instance_serves_functions_in_turn() {
     assert_eq!(lines[0]["response"], fresh, "{out}");
     assert_eq!(lines[1]["response"]["message"], "Hello, n!", "{out}");
     assert_eq!(lines[2]["response"], fresh, "A again starts from its init and sees nothing of its first call: {out}");
+    assert_eq!(lines[3]["how"], "repurposed-diff", "A's diff installed (libuv's epoll registrations with it): {out}");
+    assert_eq!(lines[3]["response"], fresh, "{out}");
+    assert_eq!(lines[4]["response"]["message"], "Hello, m!", "reset to the base after an install: {out}");
 }
