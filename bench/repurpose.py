@@ -11,6 +11,9 @@ of its calls is reset to the base (reported apart: a node does that when the ins
 goes idle, off the cold start's path), gets the function's code at /var/task, and
 loads it (its init runs: the import happens at the cold start, as with "base only" in
 SnapFaaS). Time to first response of a repurposed start = code + load + invoke.
+A repurposed start by diff (`repurposed-diff`): the same base instance gets the
+function's diff (its snapshot on the base) installed instead, its pages, working set and
+state (`{"snapshot": DIR}` calls): no init runs. Its time = code + install + invoke.
 Baseline of the load, same run: THAW_LOAD_SERVE=0, the runtime loads as it does before
 a capture (Node.js compacts its heap with a full GC).
 
@@ -42,7 +45,7 @@ def chart(results, path):
     except ImportError:
         return None
     fns = list(results["functions"])
-    modes = ["boot", "restore", "repurposed"]
+    modes = [m for m in ("boot", "restore", "repurposed", "repurposed_diff") if all(m in results["functions"][f] for f in fns)]
     fig, ax = plt.subplots(figsize=(2 + 2 * len(fns), 4))
     w = 0.8 / len(modes)
     for i, m in enumerate(modes):
@@ -91,20 +94,26 @@ def main(argv=None):
         calls_file = os.path.join(tmp, fn + "-calls.json")
         with open(calls_file, "w") as f:
             json.dump(calls, f)
+        diff_calls = [c if c["code"] == fillers[runtime][0] else {"snapshot": snap, "payload": c["payload"]} for c in calls]
+        diff_calls_file = os.path.join(tmp, fn + "-diff-calls.json")
+        with open(diff_calls_file, "w") as f:
+            json.dump(diff_calls, f)
         boot, restore = [], []
         for _ in range(a.runs):
             boot.append(reset_bench.run_stats(a.thaw, ["boot", "--runtime", runtime, "--code", code, "--handler", handler, "--payload", payload], env)["total_ms"])
             coldstart.evict_page_cache(snap)
             coldstart.evict_page_cache(os.path.join(tmp, "data", "bases"))
             restore.append(reset_bench.run_stats(a.thaw, ["snapshot", "restore", snap, "--payload", payload], env)["total_ms"])
-        def repurposed(extra_env):
-            p = subprocess.run([a.thaw, "base", "repurpose", "--runtime", runtime, "--calls", calls_file], check=True,
+        def repurposed(extra_env, file=calls_file):
+            p = subprocess.run([a.thaw, "base", "repurpose", "--runtime", runtime, "--calls", file], check=True,
                                env=dict(env, **extra_env), capture_output=True, text=True)
             lines = [json.loads(l) for l in p.stdout.splitlines()]
             return [l for l in lines if l["code"] == os.path.realpath(code)]
         # The baseline first: the runtime loads as for a capture (compacting its heap).
         mine_gc = repurposed({"THAW_LOAD_SERVE": "0"})
         mine = repurposed({})
+        by_diff = repurposed({}, diff_calls_file)
+        installed = [l for l in by_diff if l.get("how") == "repurposed-diff"]
         rep = [l["first_response_ms"] for l in mine if "first_response_ms" in l]
         res = {
             "boot": reset_bench.summary(boot),
@@ -112,11 +121,26 @@ def main(argv=None):
             "repurposed": reset_bench.summary(rep),
             "repurposed_load_as_capture": reset_bench.summary([l["first_response_ms"] for l in mine_gc if "first_response_ms" in l]),
             "repurposed_parts_ms": {k: statistics.median(l[k] for l in mine if k in l) for k in ("code_ms", "load_ms", "invoke_ms", "reset_ms")},
+            "installs_refused": sorted({l["install_refused"] for l in by_diff if "install_refused" in l}),
         }
+        if installed:
+            res["repurposed_diff"] = reset_bench.summary([l["first_response_ms"] for l in installed])
+            res["repurposed_diff_parts_ms"] = {k: statistics.median(l[k] for l in installed if k in l) for k in ("code_ms", "load_ms", "invoke_ms", "reset_ms")}
+            phases = {}
+            for l in installed:
+                for name, ms in l.get("phases", []):
+                    phases.setdefault(name, []).append(ms)
+            res["repurposed_diff_phases_ms"] = {k: statistics.median(v) for k, v in phases.items()}
         results["functions"][fn] = res
         print("%-12s first response ms (median of %d): boot %7.1f  restore %7.1f  repurposed %6.2f (loaded as for a capture %6.2f)  (code %.2f + load %.2f + invoke %.2f; reset before it %.2f)" % (
             fn, a.runs, res["boot"]["median"], res["restore"]["median"], res["repurposed"]["median"], res["repurposed_load_as_capture"]["median"],
             *(res["repurposed_parts_ms"][k] for k in ("code_ms", "load_ms", "invoke_ms", "reset_ms"))), flush=True)
+        if installed:
+            d = res["repurposed_diff_parts_ms"]
+            print("%-12s repurposed by diff %6.2f (code %.2f + install %.2f + invoke %.2f; reset before it %.2f)" % (
+                fn, res["repurposed_diff"]["median"], d["code_ms"], d["load_ms"], d["invoke_ms"], d.get("reset_ms", 0)), flush=True)
+        else:
+            print("%-12s repurposed by diff: refused (%s)" % (fn, "; ".join(res["installs_refused"])), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)

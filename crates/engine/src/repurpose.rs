@@ -133,6 +133,8 @@ struct Plan {
     new: Vec<Seg>,
     /// Anonymous mappings of the base grown at their end: the growth (start, end, prot).
     grown: Vec<(u64, u64, i32)>,
+    /// Pieces of the base's anonymous memory whose protection the diff changed.
+    reprotect: Vec<(u64, u64, i32)>,
     /// The diff's break, when it is not the base's.
     brk: Option<u64>,
     /// Pages whose contents differ: (address, the diff's stored page, or zeros).
@@ -229,18 +231,42 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
 
     // ---- Layout.
     let (a, b) = (segments(base)?, segments(diff)?);
-    for s in &a {
+    let describe = |x: &Seg| format!("{:#x}-{:#x} ({:?}, prot {})", x.start, x.end, x.backing, x.prot);
+    for (i, s) in a.iter().enumerate() {
         let over: Vec<&Seg> = b.iter().filter(|x| x.start < s.end && s.start < x.end).collect();
-        match over.as_slice() {
-            [x] if *x == s => {}
-            [x] if x.start == s.start && x.end > s.end && (x.prot, &x.backing, &x.advice) == (s.prot, &s.backing, &s.advice) && s.backing == ANON => {
-                if a.iter().any(|y| y.start < x.end && s.end < y.end) {
-                    return Err(format!("{:#x}-{:#x} grew over another mapping of the base", s.start, s.end));
-                }
-                p.grown.push((s.end, x.end, x.prot));
+        let Some(first) = over.first() else { return Err(format!("the base's {} is not in its image", describe(s))) };
+        if s.backing != ANON {
+            // Files, stacks and the kernel's mappings: exactly the same.
+            if over.len() != 1 || *first != s {
+                return Err(format!("the base's {} is {} in its image", describe(s), describe(first)));
             }
-            [x, ..] => return Err(format!("the base's {:#x}-{:#x} is {:#x}-{:#x} ({:?}) in its image", s.start, s.end, x.start, x.end, x.backing)),
-            [] => return Err(format!("the base's {:#x}-{:#x} ({:?}) is not in its image", s.start, s.end, s.backing)),
+            continue;
+        }
+        // Anonymous memory: the same range, in pieces of other protections perhaps
+        // (mprotect: V8's heap and code spaces), grown at its end perhaps.
+        let next_base = a.get(i + 1).map_or(u64::MAX, |y| y.start);
+        let prev_anon_end = i.checked_sub(1).map(|k| &a[k]).filter(|y| y.backing == ANON && y.end == s.start).map(|y| y.end);
+        if first.start < s.start && prev_anon_end != Some(s.start) {
+            return Err(format!("the base's {} grew at its start to {}", describe(s), describe(first)));
+        }
+        let mut at = first.start;
+        for x in &over {
+            if x.backing != ANON || x.advice != s.advice || x.start != at {
+                return Err(format!("the base's {} is {} in its image", describe(s), describe(x)));
+            }
+            at = x.end;
+            let (lo, hi) = (x.start.max(s.start), x.end.min(s.end));
+            if x.prot != s.prot {
+                p.reprotect.push((lo, hi, x.prot));
+            }
+            // Beyond the base's end and before its next mapping: grown.
+            let (glo, ghi) = (x.start.max(s.end), x.end.min(next_base));
+            if glo < ghi {
+                p.grown.push((glo, ghi, x.prot));
+            }
+        }
+        if at < s.end {
+            return Err(format!("part of the base's {} is not in its image", describe(s)));
         }
     }
     for x in b.iter().filter(|x| !a.iter().any(|s| s.start < x.end && x.start < s.end)) {
@@ -446,6 +472,9 @@ fn install_traced(
             run(crate::restore::advice_call(x.start, len, advice))?;
         }
         out.mappings_created += 1;
+    }
+    for &(start, end, prot) in &plan.reprotect {
+        run(Call::new("mprotect", libc::SYS_mprotect, &[start, end - start, prot as u64]))?;
     }
     for &(start, end, prot) in &plan.grown {
         mapped(start, run(Call::new("mmap(growth)", libc::SYS_mmap, &[start, end - start, prot as u64, anon, u64::MAX, 0]))?)?;
