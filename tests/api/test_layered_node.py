@@ -86,6 +86,9 @@ def test_a_pool_of_base_instances_serves_cold_starts(tmp_path):
         m = re.search(rf'^thaw_starts_total{{kind="{kind}"}} (\S+)$', node.metrics(), re.M)
         return float(m.group(1)) if m else 0.0
 
+    def repurposed():
+        return starts("repurposed") + starts("repurposed-diff")
+
     def wait_for(cond, what, timeout=30):
         deadline = time.time() + timeout
         while not cond():
@@ -99,11 +102,11 @@ def test_a_pool_of_base_instances_serves_cold_starts(tmp_path):
         create(c, "counter2", sample_zip("counter"))
         _, body = invoke_json(c, "hello", {"name": "first"})
         assert body == {"message": "hello, first"}
-        assert starts("repurposed") == 0
+        assert repurposed() == 0
         wait_for(lambda: node.status()["base_pool"]["idle"] == 1, "a base instance in the pool")
         _, body = invoke_json(c, "counter", {})
         assert body["count"] == 1, body
-        assert starts("repurposed") == 1, node.metrics()
+        assert starts("repurposed-diff") == 1, "counter's diff installed into the pooled instance: " + node.metrics()
         assert node.status()["base_pool"]["idle"] == 0
         _, body = invoke_json(c, "counter", {})
         assert body["count"] == 2, "a warm call of the repurposed instance"
@@ -114,7 +117,7 @@ def test_a_pool_of_base_instances_serves_cold_starts(tmp_path):
         assert pool["restored"] == 1 and pool["returned"] == 1 and pool["resets_refused"] == 0, pool
         _, body = invoke_json(c, "counter2", {})
         assert body["count"] == 1, body
-        assert starts("repurposed") == 2, "the instance reset into the pool served another function"
+        assert repurposed() == 2, "the instance reset into the pool served another function"
         _, body = invoke_json(c, "counter", {})
         assert body["count"] == 1, "counter's next cold start (a restore, measured) starts from its snapshot"
         _, body = invoke_json(c, "hello", {"name": "again"})
@@ -129,13 +132,14 @@ def test_a_pool_of_base_instances_serves_cold_starts(tmp_path):
 def test_a_function_whose_load_costs_more_than_a_restore_is_restored(tmp_path):
     """Issue #30: loading a function into a base instance runs its init at the start; for
     a slow init (here 0.4 s) that costs more than restoring its snapshot. The node tries
-    the pool once, measures a restore, then restores."""
+    the pool once, measures a restore, then restores. (THAW_REPURPOSE=load: the pool
+    loads functions instead of installing their diffs, which would not run the init.)"""
     import io
     import re
     import time
     import zipfile
 
-    node = NodeProcess(tmp_path, "--base-pool", "1", keep_alive="1")
+    node = NodeProcess(tmp_path, "--base-pool", "1", keep_alive="1", env={"THAW_REPURPOSE": "load"})
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("slow.py", "import time\ntime.sleep(0.4)\nCALLS = [0]\ndef handler(event, context):\n    CALLS[0] += 1\n    return {'calls': CALLS[0]}\n")
@@ -196,7 +200,55 @@ def test_the_pool_serves_nodejs_functions_too(tmp_path):
             time.sleep(0.1)
         _, body = invoke_json(c, "second", {})
         assert body == {"tag": "second", "calls": 1, "cwd": ["index.js"]}, body
-        assert 'thaw_starts_total{kind="repurposed"} 1' in node.metrics()
+        assert 'thaw_starts_total{kind="repurposed-diff"} 1' in node.metrics(), "second's diff installed"
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()
+        assert node.leftover_sandboxes() == []
+
+
+def test_a_pooled_instance_gets_the_functions_diff_installed(tmp_path):
+    """Issue #30, repurposing by diff: a cold start served from the pool installs the
+    function's diff (its snapshot on the base) instead of running its init: a value
+    its init drew at random is the one its snapshot holds, as after a restore, and a
+    slow init (0.4 s) is not waited for again."""
+    import io
+    import re
+    import time
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("tok.py", "import os, time\ntime.sleep(0.4)\nTOKEN = os.urandom(8).hex()\nCALLS = [0]\n"
+                             "def handler(event, context):\n    CALLS[0] += 1\n    return {'token': TOKEN, 'calls': CALLS[0]}\n")
+    node = NodeProcess(tmp_path, "--base-pool", "1", keep_alive="1")
+
+    def starts(kind):
+        m = re.search(rf'^thaw_starts_total{{kind="{kind}"}} (\S+)$', node.metrics(), re.M)
+        return float(m.group(1)) if m else 0.0
+
+    def cold_call():
+        deadline = time.time() + 30
+        while node.function_status("tok")["instances"]["live"] > 0 or node.status()["base_pool"]["idle"] < 1:
+            assert time.time() < deadline, node.status()["base_pool"]
+            time.sleep(0.1)
+        _, body = invoke_json(node.client(), "tok", {})
+        return body
+
+    try:
+        c = node.client()
+        create(c, "hello", sample_zip("helloworld"))
+        create(c, "tok", buf.getvalue(), handler="tok.handler")
+        invoke_json(c, "hello", {"name": "x"})  # fills the pool behind it
+        first = cold_call()
+        assert starts("repurposed-diff") == 1, node.metrics()
+        assert first["calls"] == 1, first
+        # The next cold start is a restore (the node measures that way once): the same
+        # snapshot's token. The installed instance went back to the pool, reset.
+        second = cold_call()
+        assert starts("repurposed-diff") == 1 and starts("restore-lazy") + starts("restore-prefetch") >= 2, node.metrics()
+        assert second == first, (first, second)
+        pool = node.status()["base_pool"]
+        assert pool["returned"] >= 1 and pool["resets_refused"] == 0, pool
     finally:
         assert node.stop() == 0, node.log_path.read_text()
         assert node.leftover_sandboxes() == []

@@ -191,9 +191,12 @@ fn repurpose(runtime: &str, memory: u64, calls: &Path, data_dir: &Path) -> Resul
             line["load_ms"] = json!(l.load_ms);
         }
         let t = std::time::Instant::now();
+        let faults = |inst: &Instance| inst.page_stats().page_faults + inst.page_stats().zero_faults;
+        let before = faults(&inst);
         let out = inst.invoke(&format!("repurpose-{i}"), &c.payload.to_string(), std::time::Duration::from_secs(30))?;
         let invoke_ms = t.elapsed().as_secs_f64() * 1e3;
         line["invoke_ms"] = json!(invoke_ms);
+        line["invoke_page_faults"] = json!(faults(&inst) - before);
         if let Some(code_ms) = line.get("code_ms").and_then(|v| v.as_f64()) {
             line["first_response_ms"] = json!(code_ms + line["load_ms"].as_f64().unwrap_or(0.0) + invoke_ms);
         }

@@ -379,18 +379,38 @@ pub(super) fn start_instance(
     version: Option<u64>,
     isolate: bool,
     cold_boot: bool,
-    pooled: Option<Instance>,
+    pooled: Option<(Instance, Arc<LoadedSnapshot>)>,
 ) -> (Result<Instance, InstanceError>, bool) {
-    if let Some(mut inst) = pooled {
+    if let Some((mut inst, base)) = pooled {
         let mut cfg = rev.boot.clone();
         cfg.function_version = version_label(version);
-        match inst.load_into(&cfg) {
-            Ok(_) => {
+        // The function's diff on this base, installed (no init), if it is one and the
+        // install takes it; else the function is loaded (its init runs).
+        // THAW_REPURPOSE=load: always load (the baseline of bench/repurpose.py).
+        let install = std::env::var("THAW_REPURPOSE").as_deref() != Ok("load");
+        let diff = rev.loaded().ok().filter(|s| install && s.image.base.as_ref().is_some_and(|b| b.state_crc == base.id));
+        let installed = match diff.map(|d| inst.install_diff(&d, &base)) {
+            None => Ok(false),
+            Some(Ok(_)) => Ok(true),
+            Some(Err(InstanceError::Install(thaw_engine::repurpose::InstallError::Refused(why)))) => {
+                debug!(function = name, revision = rev.id, why, "the function's diff cannot be installed into a base instance; loading it");
+                Ok(false)
+            }
+            Some(Err(e)) => Err(e),
+        };
+        let started = match installed {
+            Ok(true) => Ok(()),
+            Ok(false) => inst.load_into(&cfg).map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(()) => {
                 inst.set_function_name(name);
+                inst.set_function_version(&cfg.function_version);
                 return (Ok(inst), false);
             }
             Err(e) => {
-                warn!(function = name, revision = rev.id, error = %error_chain(&e), "loading the function into a base instance failed; restoring it instead");
+                warn!(function = name, revision = rev.id, error = %error_chain(&e), "repurposing a base instance for the function failed; restoring it instead");
                 inst.kill();
             }
         }

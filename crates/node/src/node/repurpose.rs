@@ -15,7 +15,10 @@
 //! the start's. A failed load, reset or restore kills the instance (fail closed) and
 //! the start goes on as without the pool (a restore of the function's snapshot).
 //!
-//! Loading a function runs its init at the start, which for a heavy import costs more
+//! A function whose snapshot is a diff on the pool's base gets the diff installed
+//! instead (`Instance::install_diff`: its pages and state, no init; kind
+//! "repurposed-diff"); where the diff holds state an install does not give, it is
+//! loaded. Loading runs its init at the start, which for a heavy import costs more
 //! than restoring its snapshot (bench/repurpose.py: jsonserde 109 ms loaded, 39
 //! restored). So each revision keeps what its starts cost each way ([`StartCosts`]):
 //! the pool is tried first, then one restore is measured, and from then on the
@@ -78,12 +81,14 @@ impl BasePool {
         layers::find(bases, &thaw_engine::layered::key_for(cfg)).ok().flatten()
     }
 
-    /// A clean instance of `base`, if one is pooled. Its admission reservation goes
-    /// with it.
-    pub fn take(&self, base: &BaseMeta) -> Option<Instance> {
-        let inst = self.lock().idle.get_mut(&base.dir)?.pop()?;
+    /// A clean instance of `base`, if one is pooled, with the opened base it was
+    /// restored from. Its admission reservation goes with it.
+    pub fn take(&self, base: &BaseMeta) -> Option<(Instance, Arc<LoadedSnapshot>)> {
+        let mut g = self.lock();
+        let snap = g.snaps.get(&base.dir)?.clone();
+        let inst = g.idle.get_mut(&base.dir)?.pop()?;
         self.gauge.dec();
-        Some(inst)
+        Some((inst, snap))
     }
 
     /// Whether the pool of `dir` has room for one more (counting those coming), and if
@@ -274,7 +279,7 @@ impl StartCosts {
     pub fn note(&self, kind: &str, ms: f64) {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let slot = match kind {
-            "repurposed" => &mut g.0,
+            k if k.starts_with("repurposed") => &mut g.0,
             k if k.starts_with("restore") => &mut g.1,
             _ => return,
         };
