@@ -56,6 +56,12 @@ pub enum BaseCmd {
         /// why); "name" optional (the function's name, default "function").
         #[arg(long)]
         calls: PathBuf,
+        /// Before the first invocation of each function installed from its snapshot,
+        /// write DIR/state-CALL.json: the instance's layout, page contents, registers,
+        /// descriptors and signal state as named facts, to compare with those of a
+        /// fresh restore of the snapshot (`thaw snapshot restore --dump-state`).
+        #[arg(long, value_name = "DIR")]
+        dump_state: Option<PathBuf>,
     },
 }
 
@@ -93,7 +99,7 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
             layers::remove(&bases, &id)?;
             eprintln!("removed base {id}");
         }
-        BaseCmd::Repurpose { runtime, memory, calls } => repurpose(&runtime, memory, &calls, data_dir)?,
+        BaseCmd::Repurpose { runtime, memory, calls, dump_state } => repurpose(&runtime, memory, &calls, dump_state.as_deref(), data_dir)?,
     }
     Ok(())
 }
@@ -113,7 +119,7 @@ struct Call {
     name: Option<String>,
 }
 
-fn repurpose(runtime: &str, memory: u64, calls: &Path, data_dir: &Path) -> Result<()> {
+fn repurpose(runtime: &str, memory: u64, calls: &Path, dump_state: Option<&Path>, data_dir: &Path) -> Result<()> {
     use anyhow::Context;
     use thaw_engine::instance::{Instance, InstanceError, LoadedSnapshot};
     use thaw_engine::repurpose::InstallError;
@@ -172,6 +178,12 @@ fn repurpose(runtime: &str, memory: u64, calls: &Path, data_dir: &Path) -> Resul
                         inst.set_function_name(&cfg.function_name);
                         line["snapshot"] = json!(dir);
                         line["phases"] = json!(inst.start.phases);
+                        if let Some(d) = dump_state {
+                            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                            let facts = inst.inspect(diff).context("reading the instance's state (--dump-state)")?;
+                            let path = d.join(format!("state-{i}.json"));
+                            std::fs::write(&path, serde_json::to_vec(&facts)?).with_context(|| format!("writing {}", path.display()))?;
+                        }
                         Some(l)
                     }
                     Err(InstanceError::Install(InstallError::Refused(why))) => {

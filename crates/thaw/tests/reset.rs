@@ -927,6 +927,82 @@ fn diffs_are_installed_into_one_base_instance_in_turn() {
     assert_eq!(r(4), &restored, "{out}");
 }
 
+/// Issue #30, the differential check of repurposing by diff: an instance of the base
+/// with a function's diff installed and a fresh restore of that diff, both at the
+/// ready point, have the same layout (page by page: protection, file, offset), page
+/// contents, registers, FPU state, descriptors and signal state. Python pyaes (its
+/// init mapped a C extension and grew the heap): every fact. Node.js jsontransform
+/// (libuv's epoll registrations, V8's protection changes): every fact but the pages
+/// the runtime rewrites when told it is a restored clone (it reseeds), which differ
+/// from clone to clone.
+#[test]
+fn an_installed_diff_is_a_fresh_restore_fact_for_fact() {
+    type Facts = std::collections::BTreeMap<String, String>;
+    let normal = |k: &str, v: &str| -> String {
+        let v = v.trim_end_matches(" written");
+        if k.starts_with("fd:") {
+            // Pipe and socket inode numbers are each process's own.
+            let mut out = String::new();
+            let mut digits = false;
+            for c in v.chars() {
+                if c.is_ascii_digit() && (digits || out.ends_with('[')) {
+                    digits = true;
+                    continue;
+                }
+                digits = false;
+                out.push(c);
+            }
+            return out;
+        }
+        v.to_string()
+    };
+    // map:START = "END perms offset dev inode name", as one entry per page (the kernel
+    // may split or merge mappings differently; what each page is must match).
+    let layout = |f: &Facts| -> std::collections::BTreeMap<u64, String> {
+        let mut out = std::collections::BTreeMap::new();
+        for (k, v) in f.iter().filter(|(k, _)| k.starts_with("map:")) {
+            let start = u64::from_str_radix(k.trim_start_matches("map:0x"), 16).unwrap();
+            let p: Vec<&str> = v.split_whitespace().collect();
+            let end = u64::from_str_radix(p[0].trim_start_matches("0x"), 16).unwrap();
+            let off = u64::from_str_radix(p[2].trim_start_matches("0x"), 16).unwrap();
+            for (i, page) in (start..end).step_by(4096).enumerate() {
+                let at = if p[4] == "0" { 0 } else { off + i as u64 * 4096 };
+                out.insert(page, format!("{} {} {} {at:#x}", p[1], p.get(5).unwrap_or(&""), p[4]));
+            }
+        }
+        out
+    };
+    let check = |name: &str, runtime: &str, code: PathBuf, handler: &str, strict_pages: bool| {
+        let snap = scratch().join(format!("facts-{name}"));
+        let _ = std::fs::remove_dir_all(&snap);
+        ok(thaw(&["snapshot", "create", "--runtime", runtime, "--code", code.to_str().unwrap(), "--handler", handler, "--out", snap.to_str().unwrap()]));
+        let (fresh_dir, installed_dir) = (scratch().join(format!("facts-{name}-fresh")), scratch().join(format!("facts-{name}-installed")));
+        for d in [&fresh_dir, &installed_dir] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", "{}", "--quiet", "--dump-state", fresh_dir.to_str().unwrap()]));
+        let calls = scratch().join(format!("facts-{name}-calls.json"));
+        std::fs::write(&calls, serde_json::json!([{"snapshot": snap, "payload": {}}]).to_string()).unwrap();
+        let out = stdout(&ok(thaw(&["base", "repurpose", "--runtime", runtime, "--calls", calls.to_str().unwrap(), "--dump-state", installed_dir.to_str().unwrap()])));
+        assert!(out.contains("\"how\":\"repurposed-diff\""), "{name}: installed: {out}");
+        let read = |d: &std::path::Path| -> Facts { serde_json::from_slice(&std::fs::read(d.join("state-0.json")).unwrap()).unwrap() };
+        let (fresh, installed) = (read(&fresh_dir), read(&installed_dir));
+        assert!(fresh.keys().filter(|k| k.starts_with("page:")).count() > 1000 && fresh.keys().any(|k| k.ends_with(":rip")), "{name}: too little read");
+        let (la, lb) = (layout(&fresh), layout(&installed));
+        let moved: Vec<String> = la.keys().chain(lb.keys()).collect::<std::collections::BTreeSet<_>>().into_iter()
+            .filter(|p| la.get(p) != lb.get(p)).take(10).map(|p| format!("{p:#x}: {:?} -> {:?}", la.get(p), lb.get(p))).collect();
+        assert!(moved.is_empty(), "{name}: the layout differs from a fresh restore's: {moved:#?}");
+        let differs: Vec<String> = fresh.keys().chain(installed.keys()).collect::<std::collections::BTreeSet<_>>().into_iter()
+            .filter(|k| !k.starts_with("map:") && (strict_pages || !k.starts_with("page:")))
+            .filter(|k| fresh.get(*k).map(|v| normal(k, v)) != installed.get(*k).map(|v| normal(k, v)))
+            .map(|k| format!("{k}: {:?} -> {:?}", fresh.get(k), installed.get(k)))
+            .collect();
+        assert!(differs.is_empty(), "{name}: {} facts differ from a fresh restore's: {:#?}", differs.len(), &differs[..differs.len().min(20)]);
+    };
+    check("pyaes", "python3", common::sample("pyaes"), "handler.handler", true);
+    check("nodejs-jsontransform", "nodejs20.x", common::root().join("build/samples/nodejs/jsontransform"), "index.handler", false);
+}
+
 /// Repurposing with the Node.js base: a function served again after another starts
 /// from its init, sees its own code at /var/task and in its cwd, and nothing the
 /// previous tenant left in /tmp or in the global object.
