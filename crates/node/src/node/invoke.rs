@@ -389,11 +389,15 @@ pub(super) fn start_instance(
         // THAW_REPURPOSE=load: always load (the baseline of bench/repurpose.py).
         let install = std::env::var("THAW_REPURPOSE").as_deref() != Ok("load");
         let diff = rev.loaded().ok().filter(|s| install && s.image.base.as_ref().is_some_and(|b| b.state_crc == base.id));
+        // Each pool way is measured once, then the cheaper serves (see StartCosts).
+        let installs = rev.start_costs.pool_installs(diff.is_some());
+        let diff = diff.filter(|_| installs);
         let installed = match diff.map(|d| inst.install_diff(&d, &base)) {
             None => Ok(false),
             Some(Ok(_)) => Ok(true),
             Some(Err(InstanceError::Install(thaw_engine::repurpose::InstallError::Refused(why)))) => {
                 debug!(function = name, revision = rev.id, why, "the function's diff cannot be installed into a base instance; loading it");
+                rev.start_costs.install_refused();
                 Ok(false)
             }
             Some(Err(e)) => Err(e),

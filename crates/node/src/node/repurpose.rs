@@ -259,37 +259,71 @@ impl BasePool {
     }
 }
 
-/// The cost of a revision's cold starts, by way: loaded into a pooled base instance,
-/// or restored from its snapshot (milliseconds, moving averages; None: not measured).
+/// The cost of a revision's cold starts, by way: its diff installed into a pooled base
+/// instance, the function loaded into one, or its snapshot restored (milliseconds,
+/// moving averages; None: not measured; infinite: the way is not open to it).
 #[derive(Debug, Default)]
-pub struct StartCosts(Mutex<(Option<f64>, Option<f64>)>);
+pub struct StartCosts(Mutex<[Option<f64>; 3]>);
+
+const INSTALL: usize = 0;
+const LOAD: usize = 1;
+const RESTORE: usize = 2;
 
 impl StartCosts {
-    /// Whether the next cold start should be served from the pool: until a load is
-    /// measured yes, then until a restore is measured no, then whichever costs less.
+    fn lock(&self) -> std::sync::MutexGuard<'_, [Option<f64>; 3]> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the next cold start should be served from the pool: each way is
+    /// measured once (the pool's first: installing, loading; then a restore), then
+    /// whichever costs less.
     pub fn prefer_pool(&self) -> bool {
-        match *self.0.lock().unwrap_or_else(|p| p.into_inner()) {
-            (None, _) => true,
-            (Some(_), None) => false,
-            (Some(load), Some(restore)) => load <= restore,
+        match *self.lock() {
+            [None, ..] | [_, None, _] => true,
+            [.., None] => false,
+            [Some(install), Some(load), Some(restore)] => install.min(load) <= restore,
         }
+    }
+
+    /// Whether a start served from the pool should install the function's diff
+    /// (`can_install`: it has one on the pool's base) rather than load the function:
+    /// each measured once, then the cheaper.
+    pub fn pool_installs(&self, can_install: bool) -> bool {
+        let mut g = self.lock();
+        if !can_install {
+            g[INSTALL] = Some(f64::INFINITY);
+            return false;
+        }
+        match (g[INSTALL], g[LOAD]) {
+            (None, _) => true,
+            (Some(i), _) if i.is_infinite() => false,
+            (_, None) => false,
+            (Some(i), Some(l)) => i <= l,
+        }
+    }
+
+    /// The function's diff could not be installed: the pool loads it from now on.
+    pub fn install_refused(&self) {
+        self.lock()[INSTALL] = Some(f64::INFINITY);
     }
 
     /// A start of kind `kind` (`Instance::start.kind`) took `ms`.
     pub fn note(&self, kind: &str, ms: f64) {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock();
         let slot = match kind {
-            k if k.starts_with("repurposed") => &mut g.0,
-            k if k.starts_with("restore") => &mut g.1,
+            "repurposed-diff" => &mut g[INSTALL],
+            "repurposed" => &mut g[LOAD],
+            k if k.starts_with("restore") => &mut g[RESTORE],
             _ => return,
         };
-        *slot = Some(slot.map_or(ms, |old| 0.7 * old + 0.3 * ms));
+        *slot = Some(slot.filter(|old| old.is_finite()).map_or(ms, |old| 0.7 * old + 0.3 * ms));
     }
 
-    /// For `thaw status`.
+    /// For `thaw status` (null: not measured, or not open to it).
     pub fn status(&self) -> serde_json::Value {
-        let g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        serde_json::json!({"repurposed_ms": g.0, "restore_ms": g.1})
+        let g = self.lock();
+        let ms = |v: Option<f64>| v.filter(|v| v.is_finite());
+        serde_json::json!({"repurposed_diff_ms": ms(g[INSTALL]), "repurposed_ms": ms(g[LOAD]), "restore_ms": ms(g[RESTORE])})
     }
 }
 
@@ -298,11 +332,13 @@ mod tests {
     use super::StartCosts;
 
     #[test]
-    fn the_pool_is_tried_then_a_restore_then_the_cheaper_way() {
+    fn each_way_is_tried_once_then_the_cheapest() {
         let c = StartCosts::default();
-        assert!(c.prefer_pool(), "nothing measured: try the pool");
+        assert!(c.prefer_pool() && c.pool_installs(true), "nothing measured: install into a pooled instance");
+        c.note("repurposed-diff", 30.0);
+        assert!(c.prefer_pool() && !c.pool_installs(true), "an install measured: load into one");
         c.note("repurposed", 100.0);
-        assert!(!c.prefer_pool(), "a load measured: measure a restore");
+        assert!(!c.prefer_pool(), "both pool ways measured: measure a restore");
         c.note("restore-prefetch", 10.0);
         assert!(!c.prefer_pool(), "a restore is cheaper");
         c.note("warm", 0.0);
@@ -311,6 +347,21 @@ mod tests {
         for _ in 0..20 {
             c.note("restore-lazy", 500.0);
         }
-        assert!(c.prefer_pool(), "restores got slower than the load");
+        assert!(c.prefer_pool() && c.pool_installs(true), "restores got slower than the install, which is cheaper than a load");
+    }
+
+    #[test]
+    fn a_function_without_an_installable_diff_is_loaded() {
+        let c = StartCosts::default();
+        assert!(c.prefer_pool());
+        assert!(!c.pool_installs(false), "no diff on the pool's base: load");
+        c.note("repurposed", 100.0);
+        assert!(!c.prefer_pool(), "the load measured (installing is not open to it): measure a restore");
+        c.note("restore-prefetch", 200.0);
+        assert!(c.prefer_pool() && !c.pool_installs(true), "the load is cheaper; installing stays closed once found closed");
+        let d = StartCosts::default();
+        d.install_refused();
+        assert!(!d.pool_installs(true), "a refused install is not tried again");
+        assert_eq!(d.status()["repurposed_diff_ms"], serde_json::Value::Null);
     }
 }
