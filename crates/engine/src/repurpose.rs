@@ -12,7 +12,9 @@
 //!   (anonymous memory, or a private or read-only mapping of a file of the sandbox,
 //!   checked as a restore checks it) and the heap moves to the diff's break by `brk`;
 //! - **memory**: every page whose contents differ between the base and the diff (the
-//!   diff's own pages; the base's pages the diff has as zero) is written now, whether
+//!   diff's own pages; the base's pages the diff has as zero), and every page the
+//!   instance wrote since its restore or reset (a runtime's own threads run on), is
+//!   written now, whether
 //!   the instance had faulted it in (written through /proc/PID/mem) or not (installed,
 //!   UFFDIO_COPY). Every page the page server may still serve later, from the base, is
 //!   then the same in both;
@@ -20,7 +22,9 @@
 //!   personality, resource limits, /tmp, and every thread's registers, FPU/SIMD state
 //!   and signal mask, as the diff's image has them.
 //!
-//! Epoll registrations its init added (libuv's) are added too. What no call puts
+//! Epoll registrations its init added (libuv's) are added too, file offsets it moved
+//! (a JVM reading its runtime's jar) are moved, files it opened (the function's jars)
+//! are opened at the same descriptors. What no call puts
 //! back must already be the diff's: its threads, descriptors,
 //! credentials, timers and attributes (a function whose init opened a file, started a
 //! thread or armed a timer is refused). Every page written is written in the eyes of
@@ -77,6 +81,9 @@ pub struct InstallStats {
     pub pages_written: u64,
     /// Pages installed where the instance had none yet (UFFDIO_COPY).
     pub pages_installed: u64,
+    /// Pages the instance wrote since its restore or reset (its runtime's own threads),
+    /// given the diff's contents too.
+    pub pages_written_since: u64,
     /// Pages of the diff's working set the instance lacked, installed (the base's).
     pub ws_pages_installed: u64,
     /// Mappings of the diff the base lacks, created (the heap's growth among them).
@@ -143,11 +150,20 @@ struct Plan {
     sigactions: Vec<(u32, [u64; 4])>,
     /// Epoll registrations to change: (epoll fd, op, target fd, events, data), removals first.
     epoll: Vec<(i32, i32, i32, u32, u64)>,
+    /// File offsets to move: (fd, offset).
+    seeks: Vec<(i32, u64)>,
+    /// Files its init opened: (fd, path, open flags, offset).
+    opens: Vec<(i32, String, i32, u64)>,
+}
+
+/// A descriptor's kind, for messages.
+fn kind_name(k: &FdKind) -> String {
+    format!("{k:?}").split([' ', '(', '{']).next().unwrap_or_default().to_string()
 }
 
 /// Descriptors as far as an install goes: pipes and socketpairs named by the order
-/// they appear in (their identities are the capture's), epoll registrations left out
-/// (an install changes them).
+/// they appear in (their identities are the capture's), epoll registrations and file
+/// offsets left out (an install changes them).
 fn canonical_fds(fds: &[FdRecord]) -> Vec<FdRecord> {
     let mut ids: std::collections::HashMap<(bool, u64), u64> = Default::default();
     let mut name = |pipe: bool, id: &mut u64| {
@@ -161,6 +177,7 @@ fn canonical_fds(fds: &[FdRecord]) -> Vec<FdRecord> {
                 FdKind::Pipe { pipe, .. } => name(true, pipe),
                 FdKind::SocketPair { pair, .. } => name(false, pair),
                 FdKind::Epoll { items, .. } => items.clear(),
+                FdKind::Path { pos, .. } => *pos = 0,
                 _ => {}
             }
             r
@@ -188,8 +205,11 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
     if diff.threads.iter().any(|t| !t.pending.is_empty()) {
         return Err("signals were pending when it was captured".into());
     }
-    if canonical_fds(&diff.fds) != canonical_fds(&base.fds) {
-        return Err("its descriptors are not the base's (its init opened or closed some)".into());
+    // The base's descriptors, as the base has them (but for what an install changes);
+    // those its init opened on top must be files, opened again here.
+    let common: Vec<FdRecord> = diff.fds.iter().filter(|r| base.fds.iter().any(|b| b.fd == r.fd)).cloned().collect();
+    if canonical_fds(&common) != canonical_fds(&base.fds) {
+        return Err("its descriptors are not the base's (its init closed or replaced some)".into());
     }
     if diff.attrs != base.attrs || diff.creds != base.creds || diff.comm != base.comm {
         return Err("its credentials, timers or process attributes are not the base's".into());
@@ -199,8 +219,15 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
         return Err("its memory descriptor (code, stack, arguments, auxv) is not the base's".into());
     }
     let mut p = Plan::default();
+    let pairs = || diff.fds.iter().filter_map(|d| base.fds.iter().find(|b| b.fd == d.fd).map(|b| (d, b)));
+    for d in diff.fds.iter().filter(|d| !base.fds.iter().any(|b| b.fd == d.fd)) {
+        match &d.kind {
+            FdKind::Path { path, flags, pos } => p.opens.push((d.fd, path.clone(), *flags, *pos)),
+            other => return Err(format!("its init opened descriptor {} ({}), which an install does not open", d.fd, kind_name(other))),
+        }
+    }
     // Epoll registrations its init added (libuv's, say), removed or changed.
-    for (d, b) in diff.fds.iter().zip(&base.fds) {
+    for (d, b) in pairs() {
         if let (FdKind::Epoll { items: want, .. }, FdKind::Epoll { items: have, .. }) = (&d.kind, &b.kind) {
             for &(tfd, ..) in have.iter().filter(|h| !want.iter().any(|w| w.0 == h.0)) {
                 p.epoll.push((d.fd, libc::EPOLL_CTL_DEL, tfd, 0, 0));
@@ -215,6 +242,14 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
         }
     }
     p.epoll.sort_by_key(|e| e.1 != libc::EPOLL_CTL_DEL);
+    // File offsets its init moved (a JVM reading its runtime's jar).
+    for (d, b) in pairs() {
+        if let (FdKind::Path { pos, .. }, FdKind::Path { pos: was, .. }) = (&d.kind, &b.kind) {
+            if pos != was {
+                p.seeks.push((d.fd, *pos));
+            }
+        }
+    }
     for sig in (1..=64u32).filter(|&s| s != libc::SIGKILL as u32 && s != libc::SIGSTOP as u32) {
         let words = |img: &ProcessImage| img.sigactions.iter().find(|a| a.sig == sig).map_or([0; 4], |a| [a.handler, a.flags, a.restorer, a.mask]);
         let (b, d) = (words(base), words(diff));
@@ -411,6 +446,28 @@ fn install_traced(
     if main.pid.as_raw() != pid {
         return Err(InstallError::Refused("the instance's first thread is not its leader".into()));
     }
+    // Pages written since the instance was restored or reset (its runtime's threads,
+    // its answer to the restore notice): they are not the base's image, so they take
+    // the diff's contents too.
+    let pm = Pagemap::open(pid).map_err(ioe("opening pagemap"))?;
+    let diff_segs = segments(diff).map_err(InstallError::Refused)?;
+    let mut since = Vec::new();
+    let mut written_since = Vec::new();
+    for r in &t.ranges {
+        since.clear();
+        pm.written(r.start, r.end, &mut since).map_err(ioe("PAGEMAP_SCAN"))?;
+        for &(s, e) in &since {
+            for addr in (s..e).step_by(PAGE_SIZE as usize) {
+                let stored = source.index.lookup(addr);
+                let anon = diff_segs.iter().any(|x| x.start <= addr && addr < x.end && matches!(x.backing, Backing::Anon { .. }));
+                if stored.is_none() && !anon {
+                    return Err(InstallError::Refused(format!("the instance wrote {addr:#x}, a page of a mapped file the function has as the file's")));
+                }
+                written_since.push((addr, stored));
+            }
+        }
+    }
+    out.pages_written_since = written_since.len() as u64;
     phase("stop", &mut out);
 
     // ---- /tmp and /dev/shm as the diff has them.
@@ -424,6 +481,7 @@ fn install_traced(
     let actions: Vec<(u32, usize)> =
         plan.sigactions.iter().map(|(sig, w)| (*sig, scratch.push(&w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()))).collect();
     let cwd = scratch.push(&cstr(&diff.cwd));
+    let opened: Vec<usize> = plan.opens.iter().map(|(_, path, ..)| scratch.push(&cstr(path))).collect();
     // struct epoll_event (packed on x86-64: u32 events, u64 data).
     let events: Vec<usize> = plan.epoll.iter().map(|&(.., ev, data)| scratch.push(&[&ev.to_le_bytes()[..], &data.to_le_bytes()[..]].concat())).collect();
     let limits: Vec<(u32, usize)> = if diff.rlimits == base.rlimits {
@@ -487,6 +545,18 @@ fn install_traced(
         let ev = if op == libc::EPOLL_CTL_DEL { 0 } else { arg(off) };
         run(Call::new("epoll_ctl", libc::SYS_epoll_ctl, &[epfd as u64, op as u64, tfd as u64, ev]))?;
     }
+    for ((fd, _, flags, pos), &off) in plan.opens.iter().zip(&opened) {
+        let f = (flags & !(libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)) as u64;
+        let got = run(Call::new("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, arg(off), f]))?;
+        if got != *fd as i64 {
+            run(Call::new("dup3", libc::SYS_dup3, &[got as u64, *fd as u64, (flags & libc::O_CLOEXEC) as u64]))?;
+            run(Call::new("close", libc::SYS_close, &[got as u64]))?;
+        }
+        run(Call::new("lseek", libc::SYS_lseek, &[*fd as u64, *pos, libc::SEEK_SET as u64]))?;
+    }
+    for &(fd, pos) in &plan.seeks {
+        run(Call::new("lseek", libc::SYS_lseek, &[fd as u64, pos, libc::SEEK_SET as u64]))?;
+    }
     // Always: /var/task is a new mount, and the old cwd is on the one it replaced.
     run(Call::new("chdir", libc::SYS_chdir, &[arg(cwd)]))?;
     if diff.umask != base.umask {
@@ -503,6 +573,7 @@ fn install_traced(
     // ---- Memory: each page that differs, and the pages the arguments above took.
     let index = &source.index;
     let mut writes = plan.writes.clone();
+    writes.extend(written_since);
     let first = at & !(PAGE_SIZE - 1);
     let scratch_pages = (at + scratch.bytes.len() as u64 - first).div_ceil(PAGE_SIZE);
     writes.extend((0..scratch_pages).map(|k| first + k * PAGE_SIZE).map(|a| (a, index.lookup(a))));
@@ -513,7 +584,6 @@ fn install_traced(
     let served: Vec<(u64, u64)> =
         segments(base).map_err(failed)?.into_iter().filter(|s| matches!(s.backing, Backing::Anon { .. })).map(|s| (s.start, s.end)).collect();
     let served = |a: u64| served.iter().any(|&(s, e)| s <= a && a < e);
-    let pm = Pagemap::open(pid).map_err(ioe("opening pagemap"))?;
     let page = PAGE_SIZE as usize;
     let mut buf = Vec::new();
     let mut i = 0;

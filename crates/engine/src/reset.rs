@@ -78,7 +78,7 @@ pub struct Tracking {
     /// A duplicate of the page server's userfaultfd.
     pub(crate) uffd: OwnedFd,
     /// Registered ranges: (start, end, served by the page server, image VMA index).
-    ranges: Vec<Range>,
+    pub(crate) ranges: Vec<Range>,
     /// /proc/PID/maps right after the restore, as text (a reset that finds the same
     /// text has no layout work) and parsed.
     maps_text: String,
@@ -165,9 +165,9 @@ impl Scratch {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Range {
-    start: u64,
-    end: u64,
+pub(crate) struct Range {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
     vma: usize,
 }
 

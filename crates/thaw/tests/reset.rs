@@ -1003,6 +1003,38 @@ fn an_installed_diff_is_a_fresh_restore_fact_for_fact() {
     check("nodejs-jsontransform", "nodejs20.x", common::root().join("build/samples/nodejs/jsontransform"), "index.handler", false);
 }
 
+/// Issue #30: Java diffs installed into one instance of the Java base in turn. The
+/// JVM's threads run on after the base's restore (their pages take the diff's
+/// contents); its init moved a jar's offset and opened the function's jars (opened
+/// again at the same descriptors). Each answers as it would restored.
+#[test]
+fn java_diffs_are_installed_into_one_base_instance_in_turn() {
+    let java = common::root().join("build/samples/java");
+    let snap = |name: &str, handler: &str| {
+        let out = scratch().join(format!("install-java-{name}"));
+        let _ = std::fs::remove_dir_all(&out);
+        ok(thaw(&["snapshot", "create", "--runtime", "java17", "--code", java.join(name).to_str().unwrap(), "--handler", handler, "--out", out.to_str().unwrap()]));
+        out
+    };
+    let (hello, json) = (snap("helloworld", "example.Hello"), snap("jsonhandler", "example.Orders"));
+    let calls = serde_json::json!([
+        {"snapshot": hello, "payload": {"name": "one"}},
+        {"snapshot": json, "payload": {}},
+        {"snapshot": hello, "payload": {"name": "two"}},
+    ]);
+    let file = scratch().join("install-java-calls.json");
+    std::fs::write(&file, calls.to_string()).unwrap();
+    let out = stdout(&ok(thaw(&["base", "repurpose", "--runtime", "java17", "--calls", file.to_str().unwrap()])));
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for l in &lines {
+        assert_eq!(l["how"], "repurposed-diff", "installed: {l}");
+    }
+    assert_eq!(lines[0]["response"], "Hello, one!", "{out}");
+    assert_eq!(lines[1]["response"], serde_json::json!({"canonical": "{}", "orders": 0, "totalByRegion": {}}), "{out}");
+    assert_eq!(lines[2]["response"], "Hello, two!", "{out}");
+}
+
 /// Repurposing with the Node.js base: a function served again after another starts
 /// from its init, sees its own code at /var/task and in its cwd, and nothing the
 /// previous tenant left in /tmp or in the global object.
