@@ -63,7 +63,7 @@ def chart(results, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--thaw", default=os.path.join(ROOT, "target/release/thaw"))
-    ap.add_argument("--functions", default="helloworld,pyaes,jsonserde,nodejs/helloworld,nodejs/jsontransform")
+    ap.add_argument("--functions", default="helloworld,pyaes,jsonserde,nodejs/helloworld,nodejs/jsontransform,java/helloworld,java/jsonhandler")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/repurpose.json"))
     a = ap.parse_args(argv)
@@ -80,6 +80,9 @@ def main(argv=None):
         with open(os.path.join(d, name), "w") as f:
             f.write(text)
         fillers[runtime] = (d, handler)
+    # Java: another sample (its classes are built by scripts/build-samples.sh).
+    java = reset_bench.function_spec("java/random", samples)
+    fillers["java17"] = (os.path.abspath(java[1]), java[2])
     for fn in a.functions.split(","):
         runtime, code, handler, payload = reset_bench.function_spec(fn, samples)
         payload = payload or "{}"
