@@ -7,7 +7,6 @@
 //! which is harmless because the process is killed after capture.
 
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -699,11 +698,7 @@ fn classify_vmas(pid: i32, maps: &[MapEntry], fds: &mut Vec<FdRecord>) -> Result
                         let meta = std::fs::metadata(format!("/proc/{pid}/root{name}")).map_err(|source| {
                             CaptureError::Io { pid, what: format!("stat of mapped file {name}"), source }
                         })?;
-                        files.push(FileRef {
-                            path: name.to_string(),
-                            size: meta.len(),
-                            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
-                        });
+                        files.push(FileRef::of(name, &meta));
                         files.len() - 1
                     }
                 };

@@ -170,6 +170,19 @@ pub struct FileRef {
     pub mtime_ns: i128,
 }
 
+impl FileRef {
+    /// The file at `path` (inside the sandbox) as `meta` shows it now.
+    pub fn of(path: &str, meta: &std::fs::Metadata) -> FileRef {
+        use std::os::unix::fs::MetadataExt;
+        FileRef { path: path.to_string(), size: meta.len(), mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128 }
+    }
+
+    /// Whether `meta` shows the file as it was at capture (size and modification time).
+    pub fn unchanged(&self, meta: &std::fs::Metadata) -> bool {
+        FileRef::of(&self.path, meta) == *self
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum VmaKind {
     /// Private anonymous memory (heap, stack, arenas), served by the page server.

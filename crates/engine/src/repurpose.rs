@@ -372,10 +372,7 @@ pub fn install(
     for x in &plan.new {
         let Backing::File { path, .. } = &x.backing else { continue };
         let Some(f) = diff.files.iter().find(|f| f.path == *path) else { continue };
-        use std::os::unix::fs::MetadataExt;
-        let same = std::fs::metadata(root.join(path.trim_start_matches('/')))
-            .is_ok_and(|m| m.len() == f.size && m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128 == f.mtime_ns);
-        if !same {
+        if !std::fs::metadata(root.join(path.trim_start_matches('/'))).is_ok_and(|m| f.unchanged(&m)) {
             return Err(InstallError::Refused(format!("{path} changed since the snapshot was taken")));
         }
     }

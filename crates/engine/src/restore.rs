@@ -190,9 +190,7 @@ fn restore_inner(
     // The files the image maps must be the ones it was captured with.
     for f in &img.files {
         let meta = std::fs::metadata(format!("/proc/{pid}/root{}", f.path)).map_err(ioe(&format!("stat {}", f.path)))?;
-        use std::os::unix::fs::MetadataExt;
-        let mtime = meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128;
-        if meta.len() != f.size || mtime != f.mtime_ns {
+        if !f.unchanged(&meta) {
             return Err(RestoreError::Incompatible(format!(
                 "{} changed since the snapshot was taken (size {} -> {}); re-create the snapshot",
                 f.path,
