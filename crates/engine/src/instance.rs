@@ -939,6 +939,8 @@ impl Instance {
             return Err(refused("the instance was not restored with write tracking (it could not be reset to its base)".into()));
         }
         diff.code_checked()?;
+        // Refused here, before anything changes, when the images do not allow it.
+        let plan = crate::repurpose::plan(&base.image, &diff.image, &diff.source.index)?;
         self.thaw()?;
         let record = diff.image.sandbox.clone();
         if let Err(e) = self.sandbox.replace_code(&record.code_dir) {
@@ -951,7 +953,7 @@ impl Instance {
         let ws = WorkingSet::load(&diff.dir, diff.id).and_then(|ws| diff.ws_pages(&ws, true).map(|(buf, _)| (ws, buf))).ok();
         let tracking = self.tracking.as_ref().expect("checked above");
         let ws = ws.as_ref().map(|(ws, buf)| (ws, buf.as_ref()));
-        let st = match crate::repurpose::install(self.sandbox.pid(), &base.image, &diff.image, &diff.source, tracking, ws) {
+        let st = match crate::repurpose::install(self.sandbox.pid(), &base.image, &diff.image, &diff.source, tracking, &plan, ws) {
             Ok(st) => st,
             Err(e @ crate::repurpose::InstallError::Refused(_)) => return Err(e.into()),
             Err(e) => {

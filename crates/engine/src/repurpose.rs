@@ -24,17 +24,19 @@
 //!
 //! Epoll registrations its init added (libuv's) are added too, file offsets it moved
 //! (a JVM reading its runtime's jar) are moved, files it opened (the function's jars)
-//! are opened at the same descriptors. What no call puts
-//! back must already be the diff's: its threads, descriptors,
-//! credentials, timers and attributes (a function whose init opened a file, started a
-//! thread or armed a timer is refused). Every page written is written in the eyes of
+//! are opened at the same descriptors. What no call puts back must already be the
+//! diff's: its threads, its other descriptors, credentials, timers and attributes (a
+//! function whose init opened a socket, started a thread or armed a timer is refused).
+//! Every page written is written in the eyes of
 //! the write tracking (none is installed write-protected), so a later reset to the
 //! base ([`crate::reset::reset`]) takes all of it back, and the diff's new mappings
 //! are "created since" and go.
 //!
-//! [`InstallError::Refused`] comes before anything changed: the instance is still a
-//! clean base instance (it can load the function instead). After any other error it
-//! is half-changed and has been killed.
+//! [`plan`] works out what to do from the two images alone, before anything changes
+//! (the caller asks it before it replaces the instance's code). Its refusal, and
+//! [`InstallError::Refused`] from [`install`], come before anything changed: the
+//! instance is still a clean base instance (it can load the function instead). After
+//! any other error it is half-changed and has been killed.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -133,9 +135,13 @@ fn segments(img: &ProcessImage) -> Result<Vec<Seg>, String> {
     Ok(out)
 }
 
-/// What [`install`] does, worked out from the two images alone.
+/// What [`install`] does, worked out from the two images alone ([`plan`]).
 #[derive(Debug, Default)]
-struct Plan {
+pub struct Plan {
+    /// The base's anonymous memory (the page server serves what is missing there).
+    served: Vec<(u64, u64)>,
+    /// The diff's anonymous memory.
+    diff_anon: Vec<(u64, u64)>,
     /// The diff's mappings the base lacks.
     new: Vec<Seg>,
     /// Anonymous mappings of the base grown at their end: the growth (start, end, prot).
@@ -190,8 +196,12 @@ fn page_up(a: u64) -> u64 {
 }
 
 /// Work out how to turn a clean instance of `base` into one of `diff` (whose merged
-/// page index is `index`), or say why it cannot be.
-fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<Plan, String> {
+/// page index is `index`), or say why it cannot be (`InstallError::Refused`).
+pub fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<Plan, InstallError> {
+    plan_of(base, diff, index).map_err(InstallError::Refused)
+}
+
+fn plan_of(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<Plan, String> {
     if diff.base.is_none() {
         return Err("it is a full image, not a diff".into());
     }
@@ -266,6 +276,8 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
 
     // ---- Layout.
     let (a, b) = (segments(base)?, segments(diff)?);
+    let anon = |segs: &[Seg]| segs.iter().filter(|x| matches!(x.backing, Backing::Anon { .. })).map(|x| (x.start, x.end)).collect();
+    (p.served, p.diff_anon) = (anon(&a), anon(&b));
     let describe = |x: &Seg| format!("{:#x}-{:#x} ({:?}, prot {})", x.start, x.end, x.backing, x.prot);
     for (i, s) in a.iter().enumerate() {
         let over: Vec<&Seg> = b.iter().filter(|x| x.start < s.end && s.start < x.end).collect();
@@ -350,8 +362,8 @@ fn plan(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Result<P
 
 /// Make the clean base instance `pid` (not traced, idle; restored from `base` with
 /// write tracking `t`, or reset to it) an instance of the diff `diff` on that base,
-/// whose pages `source` serves (see the module docs). The function's code must
-/// already be at /var/task. Must run on one thread from start to end (it becomes
+/// whose pages `source` serves, as `plan` ([`plan`] of the two) says (see the module
+/// docs). The function's code must already be at /var/task. Must run on one thread from start to end (it becomes
 /// the tracer).
 ///
 /// `ws`: the diff's working set and its pages (in its layout's order), when it has
@@ -363,10 +375,10 @@ pub fn install(
     diff: &ProcessImage,
     source: &PageSource,
     t: &Tracking,
+    plan: &Plan,
     ws: Option<(&WorkingSet, &[u8])>,
 ) -> Result<InstallStats, InstallError> {
     let t0 = Instant::now();
-    let plan = plan(base, diff, &source.index).map_err(InstallError::Refused)?;
     // The files the diff maps and the base does not must be those it captured.
     let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
     for x in &plan.new {
@@ -377,7 +389,7 @@ pub fn install(
         }
     }
     let mut traced = Vec::new();
-    let r = install_traced(pid, base, diff, source, t, &plan, ws, &mut traced, t0);
+    let r = install_traced(pid, base, diff, source, t, plan, ws, &mut traced, t0);
     match &r {
         Ok(_) => {}
         Err(InstallError::Refused(why)) => {
@@ -447,7 +459,7 @@ fn install_traced(
     // its answer to the restore notice): they are not the base's image, so they take
     // the diff's contents too.
     let pm = Pagemap::open(pid).map_err(ioe("opening pagemap"))?;
-    let diff_segs = segments(diff).map_err(InstallError::Refused)?;
+    let within = |ranges: &[(u64, u64)], a: u64| ranges.iter().any(|&(s, e)| s <= a && a < e);
     let mut since = Vec::new();
     let mut written_since = Vec::new();
     for r in &t.ranges {
@@ -456,8 +468,7 @@ fn install_traced(
         for &(s, e) in &since {
             for addr in (s..e).step_by(PAGE_SIZE as usize) {
                 let stored = source.index.lookup(addr);
-                let anon = diff_segs.iter().any(|x| x.start <= addr && addr < x.end && matches!(x.backing, Backing::Anon { .. }));
-                if stored.is_none() && !anon {
+                if stored.is_none() && !within(&plan.diff_anon, addr) {
                     return Err(InstallError::Refused(format!("the instance wrote {addr:#x}, a page of a mapped file the function has as the file's")));
                 }
                 written_since.push((addr, stored));
@@ -578,25 +589,19 @@ fn install_traced(
     writes.dedup_by_key(|w| w.0);
     // Missing pages of the base's anonymous memory are the page server's: installed
     // (a write through /proc/PID/mem would fault there and fail).
-    let served: Vec<(u64, u64)> =
-        segments(base).map_err(failed)?.into_iter().filter(|s| matches!(s.backing, Backing::Anon { .. })).map(|s| (s.start, s.end)).collect();
-    let served = |a: u64| served.iter().any(|&(s, e)| s <= a && a < e);
+    let served = |a: u64| within(&plan.served, a);
     let page = PAGE_SIZE as usize;
     let mut buf = Vec::new();
-    let mut i = 0;
-    while i < writes.len() {
-        // A run: consecutive addresses, consecutive stored pages (or zeros), read at once.
-        let mut j = i + 1;
-        while j < writes.len()
-            && writes[j].0 == writes[j - 1].0 + PAGE_SIZE
-            && match (writes[j - 1].1, writes[j].1) {
-                (Some(a), Some(b)) => b == a + 1,
+    // Runs of consecutive addresses and consecutive stored pages (or zeros): read at once.
+    let next = |a: &(u64, Option<u64>), b: &(u64, Option<u64>)| {
+        b.0 == a.0 + PAGE_SIZE
+            && match (a.1, b.1) {
+                (Some(x), Some(y)) => y == x + 1,
                 (None, None) => true,
                 _ => false,
             }
-        {
-            j += 1;
-        }
+    };
+    for (i, j) in runs(writes.len(), |k| next(&writes[k - 1], &writes[k])) {
         let (addr, n) = (writes[i].0, j - i);
         buf.resize(n * page, 0);
         match writes[i].1 {
@@ -607,12 +612,7 @@ fn install_traced(
         // the others installed.
         let present = pm.present(addr, n).map_err(ioe("reading pagemap"))?;
         let direct = |k: usize| present[k] || !served(addr + k as u64 * PAGE_SIZE);
-        let mut k = 0;
-        while k < n {
-            let mut l = k + 1;
-            while l < n && direct(l) == direct(k) {
-                l += 1;
-            }
+        for (k, l) in runs(n, |k| direct(k) == direct(k - 1)) {
             let at = addr + k as u64 * PAGE_SIZE;
             let bytes = &buf[k * page..l * page];
             if direct(k) {
@@ -623,38 +623,24 @@ fn install_traced(
                 out.pages_installed += installed;
                 out.pages_written += written;
             }
-            k = l;
         }
-        i = j;
     }
     phase("memory", &mut out);
 
     // ---- The working set's pages the instance lacks in the base's memory: the base's
     //      (the diff's own were written above), installed clean.
-    if let Some((ws, bytes)) = ws {
+    if let Some((ws, bytes)) = ws.filter(|(ws, bytes)| bytes.len() >= ws.layout.len() * page) {
         let lay = &ws.layout;
-        let mut k = 0;
-        while k < lay.len() && bytes.len() >= lay.len() * page {
-            let mut l = k + 1;
-            while l < lay.len() && lay[l].0 == lay[l - 1].0 + PAGE_SIZE {
-                l += 1;
-            }
+        for (k, l) in runs(lay.len(), |i| lay[i].0 == lay[i - 1].0 + PAGE_SIZE) {
             let present = pm.present(lay[k].0, l - k).map_err(ioe("reading pagemap"))?;
             let wanted = |i: usize| !present[i - k] && served(lay[i].0);
-            let mut i = k;
-            while i < l {
-                let mut e = i + 1;
-                while e < l && wanted(e) == wanted(i) {
-                    e += 1;
-                }
+            for (i, e) in runs(l - k, |i| wanted(k + i) == wanted(k + i - 1)).into_iter().map(|(i, e)| (k + i, k + e)) {
                 if wanted(i) {
                     let (installed, _) = install_run(t, &mem, lay[i].0, &bytes[i * page..e * page], true)
                         .map_err(|(what, source)| InstallError::Io { pid, what, source })?;
                     out.ws_pages_installed += installed;
                 }
-                i = e;
             }
-            k = l;
         }
         phase("working_set", &mut out);
     }
@@ -696,4 +682,30 @@ fn install_run(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8], clean: bool) 
         }
     }
     Ok((installed, written))
+}
+
+/// `0..n` cut into maximal runs `(start, end)`: index `k` continues the run of `k - 1`
+/// when `continues(k)`.
+fn runs(n: usize, continues: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for k in 0..n {
+        match out.last_mut() {
+            Some(r) if continues(k) => r.1 = k + 1,
+            _ => out.push((k, k + 1)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn runs_cut_where_the_sequence_breaks() {
+        let v = [1, 2, 3, 7, 8, 10];
+        assert_eq!(runs(v.len(), |k| v[k] == v[k - 1] + 1), vec![(0, 3), (3, 5), (5, 6)]);
+        assert_eq!(runs(0, |_| true), vec![]);
+        assert_eq!(runs(3, |_| true), vec![(0, 3)]);
+    }
 }

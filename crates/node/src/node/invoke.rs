@@ -369,8 +369,9 @@ impl Node {
 /// Restore an instance (falling back to a cold boot). Runs on an instance worker.
 /// The invoked ARN and the version are set by each invocation (`invoke_inner`).
 /// `cold_boot`: boot without trying the snapshot (not counted as a fallback).
-/// `pooled`: a clean instance of the revision's base to load the function into first
-/// (repurposing); if that fails it is killed (its reservation serves the start below).
+/// `pooled`: a clean instance of the revision's base to serve the function first
+/// (repurposing: its diff installed, or the function loaded); if that fails it is
+/// killed (its reservation serves the start below).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn start_instance(
     rev: &Revision,
