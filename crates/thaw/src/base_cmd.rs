@@ -179,10 +179,7 @@ fn repurpose(runtime: &str, memory: u64, calls: &Path, dump_state: Option<&Path>
                         line["snapshot"] = json!(dir);
                         line["phases"] = json!(inst.start.phases);
                         if let Some(d) = dump_state {
-                            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-                            let facts = inst.inspect(diff).context("reading the instance's state (--dump-state)")?;
-                            let path = d.join(format!("state-{i}.json"));
-                            std::fs::write(&path, serde_json::to_vec(&facts)?).with_context(|| format!("writing {}", path.display()))?;
+                            crate::dump_state_of(&mut inst, diff, d, i)?;
                         }
                         Some(l)
                     }

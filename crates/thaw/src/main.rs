@@ -525,9 +525,6 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut cpu_first = 0.0;
             let mut ok = true;
             let mut resets = Vec::new();
-            if let Some(d) = &dump_state {
-                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            }
             for i in 0..invocations {
                 if reset && i > 0 {
                     let t = Instant::now();
@@ -548,9 +545,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     }
                 }
                 if let Some(d) = &dump_state {
-                    let facts = inst.inspect(&snap).context("reading the instance's state (--dump-state)")?;
-                    let path = d.join(format!("state-{i}.json"));
-                    std::fs::write(&path, serde_json::to_vec(&facts)?).with_context(|| format!("writing {}", path.display()))?;
+                    dump_state_of(&mut inst, &snap, d, i)?;
                 }
                 let t = Instant::now();
                 let out = inst.invoke(&format!("restore-{}", i + 1), &payload, Duration::from_secs(inv.timeout));
@@ -727,4 +722,14 @@ fn fds_summary(fds: &[thaw_engine::image::FdRecord]) -> serde_json::Value {
         }
     }
     v
+}
+
+/// `--dump-state`: write `dir/state-I.json`, the idle instance's layout, page contents,
+/// registers, descriptors and signal state as named facts (`snap`: the snapshot its
+/// memory comes from).
+fn dump_state_of(inst: &mut Instance, snap: &LoadedSnapshot, dir: &std::path::Path, i: impl std::fmt::Display) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let facts = inst.inspect(snap).context("reading the instance's state (--dump-state)")?;
+    let path = dir.join(format!("state-{i}.json"));
+    std::fs::write(&path, serde_json::to_vec(&facts)?).with_context(|| format!("writing {}", path.display()))
 }
