@@ -145,6 +145,13 @@ pub struct SigAction {
     pub mask: u64,
 }
 
+impl SigAction {
+    /// The kernel's struct sigaction: handler, flags, restorer, mask.
+    pub fn words(&self) -> [u64; 4] {
+        [self.handler, self.flags, self.restorer, self.mask]
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MmState {
     pub fields: MmFields,
@@ -415,6 +422,14 @@ pub struct ProcessImage {
     /// Set for a diff: the base image it was captured against and the pages it takes
     /// from it (see `layers.rs`).
     pub base: Option<BaseRef>,
+}
+
+impl ProcessImage {
+    /// The action the image has for signal `sig` ([`SigAction::words`]); zeros, the
+    /// default action, when it has none.
+    pub fn sigaction_words(&self, sig: u32) -> [u64; 4] {
+        self.sigactions.iter().find(|a| a.sig == sig).map_or([0; 4], SigAction::words)
+    }
 }
 
 /// The base a diff image was captured against. A page of the diff comes from, in this

@@ -261,8 +261,7 @@ fn plan_of(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Resul
         }
     }
     for sig in (1..=64u32).filter(|&s| s != libc::SIGKILL as u32 && s != libc::SIGSTOP as u32) {
-        let words = |img: &ProcessImage| img.sigactions.iter().find(|a| a.sig == sig).map_or([0; 4], |a| [a.handler, a.flags, a.restorer, a.mask]);
-        let (b, d) = (words(base), words(diff));
+        let (b, d) = (base.sigaction_words(sig), diff.sigaction_words(sig));
         // A reset to the base puts back an action whose disposition changed (ignored,
         // caught, default: see reset.rs); one caught by another handler it would not see.
         let caught = |w: [u64; 4]| w[0] > 1;

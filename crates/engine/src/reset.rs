@@ -855,9 +855,7 @@ fn reset_inner(
     let sigactions: Vec<(u32, usize)> = changed_signals
         .iter()
         .map(|&sig| {
-            let sa = img.sigactions.iter().find(|a| a.sig == sig);
-            let words = sa.map_or([0; 4], |a| [a.handler, a.flags, a.restorer, a.mask]);
-            (sig, scratch.push(&words.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>()))
+            (sig, scratch.push(&img.sigaction_words(sig).iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>()))
         })
         .collect();
     out.signals_reset = sigactions.len() as u64;

@@ -344,7 +344,7 @@ fn restore_inner(
     push_thread_calls(&mut calls, &mut data, thread);
     for sa in &img.sigactions {
         let mut b = Vec::with_capacity(32);
-        for x in [sa.handler, sa.flags, sa.restorer, sa.mask] {
+        for x in sa.words() {
             b.extend_from_slice(&x.to_le_bytes());
         }
         let a = data.push(&b);
