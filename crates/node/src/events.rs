@@ -13,7 +13,7 @@ use tokio::sync::{watch, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::node::{clock_ms, error_chain, InvokeError, InvokeTarget, Node, Outcome};
-use crate::registry::{EventRecord, RegistryError};
+use crate::registry::{EventRecord, Registry, RegistryError};
 
 /// Lambda's limit for an asynchronous invocation's payload.
 pub const MAX_EVENT_PAYLOAD: usize = 256 * 1024;
@@ -63,7 +63,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             }
         };
         for ev in due {
-            if !inflight.lock().map(|mut s| s.insert(ev.id.clone())).unwrap_or(false) {
+            if !claim(&node.registry, &inflight, &ev, clock_ms()) {
                 continue;
             }
             let permit = tokio::select! {
@@ -74,9 +74,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             tokio::spawn(async move {
                 let id = ev.id.clone();
                 process(&node, ev).await;
-                if let Ok(mut s) = inflight.lock() {
-                    s.remove(&id);
-                }
+                release(&inflight, &id);
                 drop(permit);
                 node.events_wake.notify_one();
             });
@@ -89,6 +87,38 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
     }
     // Drain: wait for every event in flight.
     let _ = sem.acquire_many(node.cfg.event_concurrency.max(1) as u32).await;
+}
+
+/// Marks `ev` in flight if nothing else runs it and the queue still holds it as listed.
+/// The listing may be stale: an attempt that ended after it was read has rescheduled or
+/// deleted the event and left the in-flight set; running the stale copy would run the
+/// event again at once — a finished event twice, a failed one without its back-off and
+/// with an attempt count one short (a version-1 event dropped twice was seen). An
+/// attempt leaves the set only after the queue has its outcome, so a check made after
+/// the mark sees it.
+fn claim(registry: &Registry, inflight: &Mutex<HashSet<String>>, ev: &EventRecord, now_ms: i64) -> bool {
+    if !inflight.lock().map(|mut s| s.insert(ev.id.clone())).unwrap_or(false) {
+        return false;
+    }
+    match registry.event_still_due(ev, now_ms) {
+        Ok(true) => true,
+        Ok(false) => {
+            debug!(request_id = %ev.id, "event listed before its last attempt ended; not run again");
+            release(inflight, &ev.id);
+            false
+        }
+        Err(e) => {
+            warn!(error = %error_chain(&e), "checking a queued event");
+            release(inflight, &ev.id);
+            false
+        }
+    }
+}
+
+fn release(inflight: &Mutex<HashSet<String>>, id: &str) {
+    if let Ok(mut s) = inflight.lock() {
+        s.remove(id);
+    }
 }
 
 async fn process(node: &Arc<Node>, ev: EventRecord) {
@@ -143,6 +173,28 @@ fn finish(node: &Node, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stale_listing_does_not_run_an_event_again() {
+        let reg = Registry::open_in_memory().unwrap();
+        let inflight = Mutex::new(HashSet::new());
+        let ev = EventRecord { id: "e".into(), function: "f".into(), version: Some(1), qualifier: None, payload: b"{}".to_vec(), attempts: 2, next_attempt_ms: 10 };
+        reg.enqueue_event(&ev).unwrap();
+        let listed = reg.due_events(20, 10).unwrap().remove(0);
+        assert!(claim(&reg, &inflight, &listed, 20), "a due event is claimed");
+        assert!(!claim(&reg, &inflight, &listed, 20), "not twice while in flight");
+        // The attempt fails and is retried later: the listing read before is stale.
+        reg.reschedule_event("e", 3, 1000).unwrap();
+        release(&inflight, "e");
+        assert!(!claim(&reg, &inflight, &listed, 20), "a rescheduled event is not run from a stale listing");
+        assert!(inflight.lock().unwrap().is_empty(), "a refused claim leaves nothing in flight");
+        let relisted = reg.due_events(1000, 10).unwrap().remove(0);
+        assert!(claim(&reg, &inflight, &relisted, 1000), "it runs when due again");
+        // The attempt ends the event: the listing is stale again.
+        reg.delete_event("e").unwrap();
+        release(&inflight, "e");
+        assert!(!claim(&reg, &inflight, &relisted, 1000), "a finished event is not run again");
+    }
 
     #[test]
     fn backoff_doubles() {

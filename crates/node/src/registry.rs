@@ -799,6 +799,20 @@ impl Registry {
         Ok(())
     }
 
+    /// Whether `e`, as read by `due_events`, is still in the queue as read (same attempt
+    /// count) and due at `now_ms`. A listing read before an attempt finished is stale
+    /// once that attempt has rescheduled or deleted the event.
+    pub fn event_still_due(&self, e: &EventRecord, now_ms: i64) -> Result<bool, RegistryError> {
+        self.conn()
+            .query_row(
+                "SELECT COUNT(*) FROM events WHERE id=?1 AND attempts=?2 AND next_attempt_ms <= ?3",
+                params![e.id, e.attempts, now_ms],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n > 0)
+            .map_err(q("check event"))
+    }
+
     pub fn delete_event(&self, id: &str) -> Result<(), RegistryError> {
         self.conn().execute("DELETE FROM events WHERE id=?1", [id]).map_err(q("delete event"))?;
         Ok(())
