@@ -258,3 +258,73 @@ def test_a_pooled_instance_gets_the_functions_diff_installed(tmp_path):
     finally:
         assert node.stop() == 0, node.log_path.read_text()
         assert node.leftover_sandboxes() == []
+
+
+JAVA_TAG = """
+package example;
+
+import com.amazonaws.services.lambda.runtime.Context;
+import java.nio.file.Files;
+import java.nio.file.Paths;
+import java.util.HashMap;
+import java.util.Map;
+
+public class Tag {
+    public Map<String, Object> handle(Map<String, Object> event, Context ctx) throws Exception {
+        Map<String, Object> m = new HashMap<>();
+        m.put("tag", new String(Files.readAllBytes(Paths.get("tag.txt"))));
+        m.put("function", ctx.getFunctionName());
+        return m;
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("way", ["load", "diff"])
+def test_the_pool_serves_java_functions(tmp_path, way):
+    """Issue #30: a pooled Java base instance serves a Java function's cold start, loaded
+    (its classes from its bundle, its init run) or with its diff installed, and the
+    function reads its own bundle through relative paths: the JVM's working directory
+    follows the new /var/task (it was on the code the function replaced, a placeholder or
+    the previous function's). Then an instance of the second function, reset to the base
+    by the keep-alive, serves the first again."""
+    import time
+
+    from thaw_node_harness import compile_java, zip_bytes
+
+    cls = compile_java(tmp_path, "example.Tag", JAVA_TAG)
+
+    def bundle(tag):
+        return zip_bytes({"example/Tag.class": cls, "tag.txt": tag})
+
+    env = {"THAW_REPURPOSE": "load"} if way == "load" else {}
+    node = NodeProcess(tmp_path / "node", "--base-pool", "1", keep_alive="1", env=env)
+
+    def cold_call(name):
+        deadline = time.time() + 60
+        while any(node.function_status(f)["instances"]["live"] > 0 for f in ("first", "second")) or node.status()["base_pool"]["idle"] < 1:
+            assert time.time() < deadline, node.status()["base_pool"]
+            time.sleep(0.1)
+        _, body = invoke_json(node.client(), name, {})
+        return body
+
+    kind = "repurposed" if way == "load" else "repurposed-diff"
+    try:
+        c = node.client()
+        for name in ("first", "second"):
+            create(c, name, bundle(name), handler="example.Tag::handle", Runtime="java17", MemorySize=512)
+        _, body = invoke_json(c, "first", {})  # restored; the pool fills behind it
+        assert body == {"tag": "first", "function": "first"}, body
+        assert cold_call("second") == {"tag": "second", "function": "second"}
+        assert f'thaw_starts_total{{kind="{kind}"}} 1' in node.metrics(), node.metrics()
+        # second's instance goes back to the pool, reset, and becomes first's.
+        deadline = time.time() + 60
+        while node.status()["base_pool"]["returned"] < 1:
+            assert time.time() < deadline, node.status()["base_pool"]
+            time.sleep(0.1)
+        assert cold_call("first") == {"tag": "first", "function": "first"}
+        assert f'thaw_starts_total{{kind="{kind}"}} 2' in node.metrics(), node.metrics()
+        assert node.status()["base_pool"]["resets_refused"] == 0, node.status()["base_pool"]
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()
+        assert node.leftover_sandboxes() == []

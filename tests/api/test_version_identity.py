@@ -7,13 +7,11 @@ alias routing, an asynchronous event through an alias and provisioned concurrenc
 
 import json
 import re
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from thaw_node_harness import NodeProcess, cli_json, create, invoke_json, wait_updated, zip_bytes
+from thaw_node_harness import NodeProcess, cli_json, compile_java, create, invoke_json, wait_updated, zip_bytes
 
 PYTHON = """
 import os
@@ -60,19 +58,8 @@ public class Ident {
 }
 """
 
-JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64/bin")
-RUNTIME_JAR = Path(__file__).resolve().parents[2] / "build/runtimes/java/thaw-java-runtime.jar"
-
-
 def java_bundle(tmp_path):
-    if not (JDK / "javac").exists() or not RUNTIME_JAR.exists():
-        pytest.skip("no JDK 17 or Java runtime jar (scripts/setup.sh builds them)")
-    src = tmp_path / "src/example/Ident.java"
-    src.parent.mkdir(parents=True)
-    src.write_text(JAVA)
-    subprocess.run([str(JDK / "javac"), "--release", "17", "-cp", str(RUNTIME_JAR), "-d", str(tmp_path / "classes"), str(src)],
-                   check=True, capture_output=True, timeout=120)
-    return zip_bytes({"example/Ident.class": tmp_path / "classes/example/Ident.class"})
+    return zip_bytes({"example/Ident.class": compile_java(tmp_path, "example.Ident", JAVA)})
 
 
 def bundle(runtime, tmp_path):

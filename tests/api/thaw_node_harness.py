@@ -128,6 +128,26 @@ def cli_json(p):
     return json.loads(p.stdout) if p.stdout.strip() else {}
 
 
+JDK = Path("/usr/lib/jvm/java-17-openjdk-amd64/bin")
+JAVA_RUNTIME_JAR = ROOT / "build/runtimes/java/thaw-java-runtime.jar"
+
+
+def compile_java(tmp_path, cls, source):
+    """The class file of `cls` (package.Name) compiled from `source` against the Java
+    runtime's jar; skips the test where there is no JDK 17 or runtime jar."""
+    import pytest
+
+    if not (JDK / "javac").exists() or not JAVA_RUNTIME_JAR.exists():
+        pytest.skip("no JDK 17 or Java runtime jar (scripts/setup.sh builds them)")
+    rel = cls.replace(".", "/")
+    src = tmp_path / "src" / (rel + ".java")
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text(source)
+    subprocess.run([str(JDK / "javac"), "--release", "17", "-cp", str(JAVA_RUNTIME_JAR), "-d", str(tmp_path / "classes"), str(src)],
+                   check=True, capture_output=True, timeout=120)
+    return tmp_path / "classes" / (rel + ".class")
+
+
 def sample_zip(sample):
     return zip_bytes({"handler.py": SAMPLES / sample / "handler.py"})
 

@@ -2,7 +2,7 @@
 //!
 //! With `--base-pool N` the node keeps up to N idle instances of each runtime base it
 //! has (restored with write tracking, frozen). A cold start of a function that fits
-//! one (Python or Node.js; the base's memory class; no layers; not isolated per invocation)
+//! one (Python, Node.js or Java; the base's memory class; no layers; not isolated per invocation)
 //! takes a pooled instance and loads the function into it (`Instance::load_into`:
 //! its code replaces /var/task, its init runs): no sandbox is built, no process
 //! restored. When the keep-alive would destroy an instance that came from a base, it
@@ -24,8 +24,8 @@
 //! the pool is tried first, then one restore is measured, and from then on the
 //! cheaper way (a moving average) serves its cold starts.
 //!
-//! What is not here yet: Java (its shim loads into a base, but the JVM's working
-//! directory cannot follow the new /var/task).
+//! Every shim moves to the new /var/task when it loads a function (the old working
+//! directory is on the code the function's replaced); Java's through its native library.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -75,7 +75,7 @@ impl BasePool {
 
     /// The base a start of `cfg` could be served from, if it fits one the node has.
     pub fn base_for(&self, cfg: &FunctionConfig, bases: &Path, isolate: bool) -> Option<BaseMeta> {
-        if isolate || !matches!(cfg.runtime, Runtime::Python3 | Runtime::Nodejs20) || cfg.opt_dir.is_some() {
+        if isolate || !matches!(cfg.runtime, Runtime::Python3 | Runtime::Nodejs20 | Runtime::Java17) || cfg.opt_dir.is_some() {
             return None;
         }
         layers::find(bases, &thaw_engine::layered::key_for(cfg)).ok().flatten()

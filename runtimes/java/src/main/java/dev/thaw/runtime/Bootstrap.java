@@ -685,7 +685,13 @@ public final class Bootstrap {
         if (!Env.replaceAll(wanted)) {
             throw new ProtocolError("this JVM's environment cannot be changed (needs bootstrap.sh's --add-opens java.base/java.util and -Dthaw.native, libthawenv.so: scripts/build-runtimes.sh)");
         }
-        functionLoader = bundleLoader(wanted.getOrDefault("LAMBDA_TASK_ROOT", "/var/task"));
+        String task = wanted.getOrDefault("LAMBDA_TASK_ROOT", "/var/task");
+        // A base instance repurposed for this function (the engine's Instance::load_into)
+        // still has its cwd on the /var/task this function's code replaced.
+        if (!Env.chdir(task)) {
+            throw new ProtocolError("cannot change the working directory to " + task + " (libthawenv.so: scripts/build-runtimes.sh)");
+        }
+        functionLoader = bundleLoader(task);
         Thread.currentThread().setContextClassLoader(functionLoader);
         return true;
     }

@@ -88,8 +88,28 @@ final class Env {
         return false;
     }
 
+    /**
+     * Make {@code dir} the process's working directory (chdir(2)): a base instance given a
+     * function keeps the one it had, on the /var/task the function's code replaced, and
+     * relative paths would name the previous code's files. Java's own {@code user.dir}
+     * stays the same string. False if the native library is missing or chdir fails.
+     */
+    static boolean chdir(String dir) {
+        if (!loadNative()) {
+            return false;
+        }
+        try {
+            return chdir0(utf8(dir)) == 0;
+        } catch (UnsatisfiedLinkError e) {
+            return false;
+        }
+    }
+
     /** setenv(3), or unsetenv(3) when {@code value} is null (runtimes/java/native/thaw_env.c). */
     private static native int setenv0(byte[] key, byte[] value);
+
+    /** chdir(2) (runtimes/java/native/thaw_env.c). */
+    private static native int chdir0(byte[] path);
 
     /**
      * The version this call runs, and the log stream named after it, come with the call:
