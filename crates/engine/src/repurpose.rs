@@ -50,7 +50,7 @@ use crate::image::{FdKind, FdRecord, PageIndex, ProcessImage, VmaKind};
 use crate::inject::{self, Call, InjectError};
 use crate::pageserver::{PageServerError, PageSource};
 use crate::procfs;
-use crate::reset::{ResetError, Scratch, Tracking};
+use crate::reset::{runs, ResetError, Scratch, Tracking};
 use crate::sys::mem::ProcMem;
 use crate::sys::pagemap::Pagemap;
 use crate::sys::ptrace::{self, Tracee};
@@ -590,7 +590,10 @@ fn install_traced(
     // (a write through /proc/PID/mem would fault there and fail).
     let served = |a: u64| within(&plan.served, a);
     let page = PAGE_SIZE as usize;
-    let mut buf = Vec::new();
+    // Read run by run into one buffer; the pieces the instance has (or that no page
+    // server serves) are written together (ProcMem::write_runs), the others installed.
+    let mut buf: Vec<u8> = Vec::new();
+    let mut direct_runs: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
     // Runs of consecutive addresses and consecutive stored pages (or zeros): read at once.
     let next = |a: &(u64, Option<u64>), b: &(u64, Option<u64>)| {
         b.0 == a.0 + PAGE_SIZE
@@ -602,28 +605,32 @@ fn install_traced(
     };
     for (i, j) in runs(writes.len(), |k| next(&writes[k - 1], &writes[k])) {
         let (addr, n) = (writes[i].0, j - i);
-        buf.resize(n * page, 0);
-        match writes[i].1 {
-            Some(fp) => source.read_pages(addr, fp, &mut buf).map_err(|source| InstallError::Pages { pid, source })?,
-            None => buf.fill(0),
+        let start = buf.len();
+        buf.resize(start + n * page, 0);
+        if let Some(fp) = writes[i].1 {
+            source.read_pages(addr, fp, &mut buf[start..]).map_err(|source| InstallError::Pages { pid, source })?;
         }
-        // Its pieces the instance has (or that no page server serves) are written;
-        // the others installed.
         let present = pm.present(addr, n).map_err(ioe("reading pagemap"))?;
         let direct = |k: usize| present[k] || !served(addr + k as u64 * PAGE_SIZE);
         for (k, l) in runs(n, |k| direct(k) == direct(k - 1)) {
             let at = addr + k as u64 * PAGE_SIZE;
-            let bytes = &buf[k * page..l * page];
+            let bytes = start + k * page..start + l * page;
             if direct(k) {
-                mem.write_all_at(bytes, at).map_err(ioe(&format!("writing {at:#x}")))?;
+                direct_runs.push((at, bytes));
                 out.pages_written += (l - k) as u64;
             } else {
-                let (installed, written) = install_run(t, &mem, at, bytes, false).map_err(|(what, source)| InstallError::Io { pid, what, source })?;
+                let (installed, written) = install_run(t, &mem, at, &buf[bytes], false).map_err(|(what, source)| InstallError::Io { pid, what, source })?;
                 out.pages_installed += installed;
                 out.pages_written += written;
             }
         }
+        if buf.len() >= crate::reset::WRITE_BACK_BATCH {
+            mem.write_runs(&buf, &direct_runs).map_err(ioe("writing the diff's pages"))?;
+            buf.clear();
+            direct_runs.clear();
+        }
     }
+    mem.write_runs(&buf, &direct_runs).map_err(ioe("writing the diff's pages"))?;
     phase("memory", &mut out);
 
     // ---- The working set's pages the instance lacks in the base's memory: the base's
@@ -681,30 +688,4 @@ fn install_run(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8], clean: bool) 
         }
     }
     Ok((installed, written))
-}
-
-/// `0..n` cut into maximal runs `(start, end)`: index `k` continues the run of `k - 1`
-/// when `continues(k)`.
-fn runs(n: usize, continues: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
-    for k in 0..n {
-        match out.last_mut() {
-            Some(r) if continues(k) => r.1 = k + 1,
-            _ => out.push((k, k + 1)),
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::runs;
-
-    #[test]
-    fn runs_cut_where_the_sequence_breaks() {
-        let v = [1, 2, 3, 7, 8, 10];
-        assert_eq!(runs(v.len(), |k| v[k] == v[k - 1] + 1), vec![(0, 3), (3, 5), (5, 6)]);
-        assert_eq!(runs(0, |_| true), vec![]);
-        assert_eq!(runs(3, |_| true), vec![(0, 3)]);
-    }
 }

@@ -536,6 +536,23 @@ pub(crate) fn resume_as(by_thread: &[(Tracee, &crate::image::ThreadState)], trac
 /// and itself: children it started, daemons they left), which are killed. On
 /// error the process has been killed (and its threads reaped): the caller discards
 /// the instance. Must run on one thread from start to end (it becomes the tracer).
+/// `0..n` cut into maximal runs `(start, end)`: index `k` continues the run of `k - 1`
+/// when `continues(k)`.
+pub(crate) fn runs(n: usize, continues: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for k in 0..n {
+        match out.last_mut() {
+            Some(r) if continues(k) => r.1 = k + 1,
+            _ => out.push((k, k + 1)),
+        }
+    }
+    out
+}
+
+/// Bytes of pages a reset (or an install) gathers before writing them (a bound on the
+/// memory it holds at once for a function that wrote much).
+pub(crate) const WRITE_BACK_BATCH: usize = 64 << 10;
+
 pub fn reset(pid: i32, others: &[i32], img: &ProcessImage, source: &PageSource, t: &Tracking, stats: &Stats) -> Result<ResetStats, ResetError> {
     let mut traced = Vec::new();
     let r = reset_inner(pid, others, img, source, t, stats, &mut traced);
@@ -978,7 +995,12 @@ fn reset_inner(
     stats.space_epoch.fetch_add(1, Ordering::AcqRel);
     let pm = Pagemap::open(pid).map_err(ioe("opening pagemap"))?;
     let mut files: HashMap<usize, std::fs::File> = HashMap::new();
-    let mut buf = Vec::new();
+    // The image's contents of every written page the instance has, gathered, then
+    // written at once (ProcMem::write_runs); then the written runs are protected again.
+    let page = PAGE_SIZE as usize;
+    let mut pages: Vec<u8> = Vec::new();
+    let mut runs_out: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
+    let mut protect: Vec<(u64, u64)> = Vec::new();
     for r in &t.ranges {
         let mut written = Vec::new();
         pm.written(r.start, r.end, &mut written).map_err(|e| match e.raw_os_error() {
@@ -993,17 +1015,41 @@ fn reset_inner(
                 return Err(ResetError::SharedWrite { pid, addr: s });
             }
             let populated = pm.populated(s, n).map_err(ioe("reading pagemap"))?;
-            for (k, &present) in populated.iter().enumerate() {
+            // What the image holds at each page: stored (a page of the image file),
+            // zeros, or the mapped file's page; None: not populated, the next touch
+            // faults it in from the image (anonymous) or from the file, which is what
+            // the image holds there.
+            #[derive(Clone, Copy, PartialEq)]
+            enum Held {
+                Stored(u64),
+                Zeros,
+                File,
+            }
+            let held = |k: usize| -> Option<Held> {
+                let stored = source.index.lookup(s + k as u64 * PAGE_SIZE);
+                match (&v.kind, stored, populated[k]) {
+                    (_, None, false) | (VmaKind::Anon { .. } | VmaKind::FileCopied { .. }, _, false) => None,
+                    (_, Some(fp), _) => Some(Held::Stored(fp)),
+                    (VmaKind::FilePrivate { .. }, None, true) => Some(Held::File),
+                    (_, None, true) => Some(Held::Zeros),
+                }
+            };
+            let held: Vec<Option<Held>> = (0..n).map(held).collect();
+            // Runs read at once: consecutive stored pages, zeros.
+            let continues = |k: usize| match (held[k - 1], held[k]) {
+                (Some(Held::Stored(a)), Some(Held::Stored(b))) => b == a + 1,
+                (Some(Held::Zeros), Some(Held::Zeros)) | (None, None) => true,
+                _ => false,
+            };
+            for (k, l) in runs(n, continues) {
+                let Some(what) = held[k] else { continue };
                 let addr = s + k as u64 * PAGE_SIZE;
-                let stored = source.index.lookup(addr);
-                let page = PAGE_SIZE as usize;
-                buf.resize(page, 0);
-                match (&v.kind, stored, present) {
-                    // Not populated: the next touch faults it in from the image (anonymous)
-                    // or from the file, which is what the image holds there.
-                    (_, None, false) | (VmaKind::Anon { .. } | VmaKind::FileCopied { .. }, _, false) => continue,
-                    (_, Some(fp), _) => source.read_page(addr, fp, &mut buf).map_err(|source| ResetError::Pages { pid, source })?,
-                    (VmaKind::FilePrivate { file, offset }, None, true) => {
+                let at = pages.len();
+                pages.resize(at + (l - k) * page, 0);
+                let buf = &mut pages[at..];
+                match (what, &v.kind) {
+                    (Held::Stored(fp), _) => source.read_pages(addr, fp, buf).map_err(|source| ResetError::Pages { pid, source })?,
+                    (Held::File, VmaKind::FilePrivate { file, offset }) => {
                         let f = match files.entry(*file) {
                             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                             std::collections::hash_map::Entry::Vacant(slot) => {
@@ -1011,7 +1057,6 @@ fn reset_inner(
                                 slot.insert(std::fs::File::open(&path).map_err(ioe(&format!("opening {}", path.display())))?)
                             }
                         };
-                        buf.fill(0);
                         let at = offset + (addr - v.start);
                         let mut got = 0;
                         while got < page {
@@ -1022,13 +1067,26 @@ fn reset_inner(
                             got += n;
                         }
                     }
-                    (_, None, true) => buf.fill(0),
+                    // Zeros (as resized).
+                    _ => {}
                 }
-                mem.write_all_at(&buf, addr).map_err(ioe(&format!("writing back {addr:#x}")))?;
-                out.pages_written_back += 1;
+                match runs_out.last_mut() {
+                    Some((a, r)) if *a + r.len() as u64 == addr => r.end = pages.len(),
+                    _ => runs_out.push((addr, at..pages.len())),
+                }
+                out.pages_written_back += (l - k) as u64;
+                if pages.len() >= WRITE_BACK_BATCH {
+                    mem.write_runs(&pages, &runs_out).map_err(ioe("writing back written pages"))?;
+                    pages.clear();
+                    runs_out.clear();
+                }
             }
-            uffd::writeprotect(t.uffd.as_fd(), s, e - s, true).map_err(ioe(&format!("UFFDIO_WRITEPROTECT {s:#x}-{e:#x}")))?;
+            protect.push((s, e));
         }
+    }
+    mem.write_runs(&pages, &runs_out).map_err(ioe("writing back written pages"))?;
+    for &(s, e) in &protect {
+        uffd::writeprotect(t.uffd.as_fd(), s, e - s, true).map_err(ioe(&format!("UFFDIO_WRITEPROTECT {s:#x}-{e:#x}")))?;
     }
     phase("memory", &mut out);
 
@@ -1038,4 +1096,17 @@ fn reset_inner(
     out.reset_ms = t0.elapsed().as_secs_f64() * 1e3;
     debug!(pid, ?out, "reset");
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn runs_cut_where_the_sequence_breaks() {
+        let v = [1, 2, 3, 7, 8, 10];
+        assert_eq!(runs(v.len(), |k| v[k] == v[k - 1] + 1), vec![(0, 3), (3, 5), (5, 6)]);
+        assert_eq!(runs(0, |_| true), vec![]);
+        assert_eq!(runs(3, |_| true), vec![(0, 3)]);
+    }
 }

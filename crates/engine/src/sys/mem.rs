@@ -4,7 +4,12 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::io::IoSlice;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
+
+use nix::sys::uio::{process_vm_writev, RemoteIoVec};
+use nix::unistd::Pid;
 
 use super::last_err;
 
@@ -12,12 +17,47 @@ use super::last_err;
 /// (FOLL_FORCE), which is what capture and CoW-page restore need.
 pub struct ProcMem {
     file: File,
+    pid: i32,
 }
+
+/// process_vm_writev's limit of iovecs per call (IOV_MAX).
+const IOV_MAX: usize = 1024;
 
 impl ProcMem {
     pub fn open(pid: i32, write: bool) -> io::Result<ProcMem> {
         let file = std::fs::OpenOptions::new().read(true).write(write).open(format!("/proc/{pid}/mem"))?;
-        Ok(ProcMem { file })
+        Ok(ProcMem { file, pid })
+    }
+
+    /// Write runs of `bytes` into the process: each `(address, range of bytes)`. By
+    /// process_vm_writev, up to IOV_MAX runs a call, where a /proc/PID/mem write takes
+    /// one call per run and walks it page by page. A run it cannot write (a page of a
+    /// read-only mapping: process_vm_writev does not force protections) goes through
+    /// /proc/PID/mem, which does, and the rest continue.
+    pub fn write_runs(&self, bytes: &[u8], runs: &[(u64, Range<usize>)]) -> io::Result<()> {
+        let mut i = 0;
+        while i < runs.len() {
+            let batch = &runs[i..runs.len().min(i + IOV_MAX)];
+            let local: Vec<IoSlice<'_>> = batch.iter().map(|(_, r)| IoSlice::new(&bytes[r.clone()])).collect();
+            let remote: Vec<RemoteIoVec> = batch.iter().map(|(a, r)| RemoteIoVec { base: *a as usize, len: r.len() }).collect();
+            // Whole runs are written, or a run in part where it stopped (the first it
+            // could not write in full), which is then written again whole.
+            let mut wrote = match process_vm_writev(Pid::from_raw(self.pid), &local, &remote) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EFAULT) => 0,
+                Err(e) => return Err(e.into()),
+            };
+            for (a, r) in batch {
+                i += 1;
+                if wrote >= r.len() {
+                    wrote -= r.len();
+                    continue;
+                }
+                self.write_all_at(&bytes[r.clone()], *a)?;
+                break;
+            }
+        }
+        Ok(())
     }
 
     pub fn read_exact_at(&self, buf: &mut [u8], addr: u64) -> io::Result<()> {
@@ -130,4 +170,34 @@ pub fn fadvise_dontneed(file: &File) {
 pub fn fadvise_willneed(file: &File, off: u64, len: u64) {
     // SAFETY: advisory call on a valid descriptor; no memory is touched.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), off as i64, len as i64, libc::POSIX_FADV_WILLNEED) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProcMem;
+
+    #[test]
+    fn runs_are_written_and_a_read_only_one_through_proc_mem() {
+        let page = 4096usize;
+        // SAFETY: a new private anonymous mapping of 4 pages, owned by this test and
+        // unmapped at its end; nothing else refers to it.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4 * page, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let base = p as u64;
+        // SAFETY: the second page of the mapping above becomes read-only.
+        assert_eq!(unsafe { libc::mprotect((base + page as u64) as *mut libc::c_void, page, libc::PROT_READ) }, 0);
+        let mem = ProcMem::open(std::process::id() as i32, true).unwrap();
+        // Three runs: page 0 and half of page 1 (read-only: process_vm_writev stops
+        // there), page 2, page 3.
+        let bytes: Vec<u8> = (0..3 * page + page / 2).map(|i| (i % 251) as u8).collect();
+        let runs = [(base, 0..page + page / 2), (base + 2 * page as u64, page + page / 2..2 * page + page / 2), (base + 3 * page as u64, 2 * page + page / 2..3 * page + page / 2)];
+        mem.write_runs(&bytes, &runs).unwrap();
+        // SAFETY: the mapping is 4 live, readable pages.
+        let got = unsafe { std::slice::from_raw_parts(p as *const u8, 4 * page) };
+        assert_eq!(&got[..page + page / 2], &bytes[..page + page / 2]);
+        assert!(got[page + page / 2..2 * page].iter().all(|&b| b == 0), "past the run: untouched");
+        assert_eq!(&got[2 * page..4 * page], &bytes[page + page / 2..]);
+        // SAFETY: unmapping the mapping made above; `got` is not used after this.
+        unsafe { libc::munmap(p, 4 * page) };
+    }
 }
