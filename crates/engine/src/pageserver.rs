@@ -602,12 +602,12 @@ impl Serve {
                     std::hint::spin_loop();
                     continue;
                 }
-                while let Some(ev) = queue.pop_front() {
+                while let Some((epoch, ev)) = queue.pop_front() {
                     match ev {
                         Event::PageFault { addr, .. } => self.fault(addr & !(PAGE_SIZE - 1), &mut buf, &mut queue)?,
                         // Detached: it ends with the child (or the instance).
                         Event::Fork { ufd } => drop(self.fork_child(ufd)?),
-                        other => self.apply(other),
+                        other => self.apply(epoch, other),
                     }
                 }
                 idle_since = Instant::now();
@@ -634,16 +634,44 @@ impl Serve {
         }
     }
 
-    fn read_into(&self, queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
+    /// Read the pending events, each with the reset epoch it belongs to: the epoch as it
+    /// was before the read. An event of the process blocks it until it is read, and a
+    /// reset bumps the epoch only after its own calls (munmap...) have returned, so an
+    /// event from before a reset is read before the bump, and one from after it (the
+    /// process runs again only after the bump) is read after.
+    fn read_into(&self, queue: &mut VecDeque<(u64, Event)>) -> Result<(), PageServerError> {
+        let epoch = self.stats.space_epoch.load(Ordering::Acquire);
         let mut evs = Vec::with_capacity(64);
         uffd::read_events(self.uffd.as_fd(), &mut evs, 64).map_err(PageServerError::Poll)?;
-        queue.extend(evs);
+        queue.extend(evs.into_iter().map(|ev| (epoch, ev)));
         Ok(())
     }
 
-    /// Apply an address-space event (munmap, madvise, mremap).
-    fn apply(&mut self, ev: Event) {
+    /// Follow resets up to `epoch`: the address space as restored (a reset forgets what
+    /// the process released before it: the memory it put back is the image's). False
+    /// for an epoch older than the one followed already.
+    fn follow_epoch(&mut self, epoch: u64) -> bool {
+        if self.child || epoch == self.epoch {
+            return true;
+        }
+        if epoch < self.epoch {
+            return false;
+        }
+        self.space = self.initial.clone();
+        self.epoch = epoch;
+        true
+    }
+
+    /// Apply an address-space event (munmap, madvise, mremap) of reset epoch `epoch`.
+    /// One from before the last reset the server followed is dropped (the reset
+    /// forgot it); one after a reset the server has not followed yet follows it first
+    /// (else the first fault after it would forget this release: MADV_DONTNEED'd
+    /// memory served the image's contents instead of zeros).
+    fn apply(&mut self, epoch: u64, ev: Event) {
         self.stats.events.fetch_add(1, Ordering::Relaxed);
+        if !self.follow_epoch(epoch) {
+            return;
+        }
         match ev {
             Event::Remove { start, end } | Event::Unmap { start, end } => self.space.release(start, end),
             Event::Remap { from, to, len } => self.space.remap(from, to, len),
@@ -672,17 +700,13 @@ impl Serve {
         std::thread::Builder::new().name("thaw-ps-child".into()).spawn(move || child.run()).map_err(PageServerError::Poll)
     }
 
-    fn fault(&mut self, page: u64, buf: &mut Vec<u8>, queue: &mut VecDeque<Event>) -> Result<(), PageServerError> {
+    fn fault(&mut self, page: u64, buf: &mut Vec<u8>, queue: &mut VecDeque<(u64, Event)>) -> Result<(), PageServerError> {
         self.stats.faults.fetch_add(1, Ordering::Relaxed);
         self.since_charge += 1;
         if self.since_charge >= CHARGE_EVERY {
             self.charge_cpu();
         }
-        let epoch = self.stats.space_epoch.load(Ordering::Acquire);
-        if epoch != self.epoch && !self.child {
-            self.space = self.initial.clone();
-            self.epoch = epoch;
-        }
+        self.follow_epoch(self.stats.space_epoch.load(Ordering::Acquire));
         let wp = self.stats.wp_tracking.load(Ordering::Relaxed);
         let mut counted = false;
         if self.stats.recording.load(Ordering::Relaxed) {
@@ -741,16 +765,16 @@ impl Serve {
                 // events first (faults stay queued), then resolve this page again.
                 Install::Again { .. } => {
                     self.read_into(queue)?;
-                    let pending: Vec<Event> = queue.drain(..).collect();
-                    for ev in pending {
+                    let pending: Vec<(u64, Event)> = queue.drain(..).collect();
+                    for (epoch, ev) in pending {
                         match ev {
-                            Event::PageFault { .. } => queue.push_back(ev),
+                            Event::PageFault { .. } => queue.push_back((epoch, ev)),
                             Event::Fork { ufd } => {
                                 let h = self.fork_child(ufd)?;
                                 // Detached: it ends with the process.
                                 drop(h);
                             }
-                            other => self.apply(other),
+                            other => self.apply(epoch, other),
                         }
                     }
                     std::thread::yield_now();

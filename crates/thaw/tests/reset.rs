@@ -770,6 +770,32 @@ fn a_deleted_tmp_file_held_open_is_restored_and_reset() {
     }
 }
 
+/// Memory a call releases after a reset (MADV_DONTNEED on private anonymous memory of
+/// the image) reads as zeros, as the kernel says, in every call: the page server
+/// followed the reset before applying the release. It did not: the release came before
+/// any fault after the reset, and the first fault then forgot it with the reset's own
+/// — the call read the image's bytes (7) from the second call on.
+#[test]
+fn memory_released_after_a_reset_reads_as_zeros() {
+    let code = bundle(
+        "released",
+        &[(
+            "handler.py",
+            "import mmap\nBUF = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\nBUF.write(b'\\x07' * (1 << 20))\n\n\
+             def handler(event, context):\n    BUF.madvise(mmap.MADV_DONTNEED)\n    seen = [BUF[0], BUF[len(BUF) // 2]]\n    BUF[0] = 9\n    return seen\n",
+        )],
+    );
+    let snap = scratch().join("snap-released");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    for paging in ["lazy", "prefetch"] {
+        let (answers, stats) = restore_with(&snap, &format!("released-{paging}"), "{}", &["--invocations", "5", "--reset", "--paging", paging]);
+        assert_eq!(answers, vec![serde_json::json!([0, 0]); 5], "{paging}: {stats}");
+        for r in stats["resets"].as_array().unwrap() {
+            assert!(r.get("discarded").is_none(), "{paging}: the reset was refused: {r}");
+        }
+    }
+}
+
 /// A Python function (b_mod.handler) that reports what it sees of another's canaries
 /// (the reversed `tag` of its event): its module, environment, /tmp, threads, children,
 /// and any object in its heap holding the canary.
