@@ -177,6 +177,8 @@ pub struct ResetStats {
     pub reset_ms: f64,
     /// Snapshot mappings whose protection was put back (pieces re-protected since).
     pub mappings_reprotected: u64,
+    /// Pieces of the snapshot's anonymous memory unmapped since, mapped back.
+    pub mappings_remapped: u64,
     /// Pages reported written since the last reset (or the restore).
     pub pages_written: u64,
     /// Pages rewritten from the image, the file or zeros.
@@ -290,14 +292,23 @@ pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Re
 /// Whether `m` (now) covers only baseline mappings of private anonymous memory under
 /// write tracking, with no gap: its bounds moved because part of it (or of a
 /// neighbour) changed protection, which a reset can put back.
+/// Plain anonymous private memory (no name: not the heap or a stack).
+fn plain_anon(x: &MapEntry) -> bool {
+    x.name.is_empty() && x.inode == 0 && !x.shared
+}
+
+/// A mapping's protection as mmap/mprotect take it.
+fn prot_of(m: &MapEntry) -> i32 {
+    [(m.read, libc::PROT_READ), (m.write, libc::PROT_WRITE), (m.exec, libc::PROT_EXEC)].iter().filter(|(on, _)| *on).fold(0, |p, (_, bit)| p | bit)
+}
+
 fn reprotectable(m: &MapEntry, baseline: &[MapEntry], ranges: &[Range]) -> bool {
-    let anon = |x: &MapEntry| x.name.is_empty() && x.inode == 0 && !x.shared;
-    if !anon(m) {
+    if !plain_anon(m) {
         return false;
     }
     let mut at = m.start;
     for b in baseline.iter().filter(|b| b.start < m.end && m.start < b.end) {
-        if b.start > at || !anon(b) || !covered(b.start, b.end, ranges) {
+        if b.start > at || !plain_anon(b) || !covered(b.start, b.end, ranges) {
             return false;
         }
         at = b.end;
@@ -738,14 +749,44 @@ fn reset_inner(
     // anon_vma and write-protect markers), registered with the page server again
     // below; the page server serves it from the image like the rest.
     for &(start, end, b) in &pieces {
-        let prot = [(b.read, libc::PROT_READ), (b.write, libc::PROT_WRITE), (b.exec, libc::PROT_EXEC)]
-            .iter()
-            .filter(|(on, _)| *on)
-            .fold(0, |p, (_, bit)| p | bit);
+        let prot = prot_of(b);
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | if b.flags.iter().any(|f| f == "nr") { libc::MAP_NORESERVE } else { 0 };
         calls.push(Call::new("munmap(re-protected piece)", libc::SYS_munmap, &[start, end - start]));
         calls.push(Call::new("mmap(piece back)", libc::SYS_mmap, &[start, end - start, prot as u64, flags as u64, u64::MAX, 0]));
     }
+    // Tracked anonymous memory of the snapshot the tenant unmapped, wholly or in part
+    // (free() of a large block malloc had mapped: a buffer its init made) is mapped
+    // again where nothing is now, with its protection, and registered with the page
+    // server again below: it serves the image's pages there, as after the restore.
+    let mut gaps: Vec<(u64, u64)> = Vec::new();
+    if !maps.is_empty() {
+        for b in t.maps.iter().filter(|b| plain_anon(b) && covered(b.start, b.end, &t.ranges)) {
+            let mut at = b.start;
+            let mut found = Vec::new();
+            for m in maps.iter().filter(|m| m.start < b.end && b.start < m.end) {
+                if m.start > at {
+                    found.push((at, m.start));
+                }
+                at = at.max(m.end);
+            }
+            if at < b.end {
+                found.push((at, b.end));
+            }
+            if found.is_empty() {
+                continue;
+            }
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | if b.flags.iter().any(|f| f == "nr") { libc::MAP_NORESERVE } else { 0 };
+            for &(start, end) in &found {
+                debug!(pid, start, end, "mapping back snapshot memory unmapped since the restore");
+                calls.push(Call::new("mmap(unmapped memory back)", libc::SYS_mmap, &[start, end - start, prot_of(b) as u64, flags as u64, u64::MAX, 0]));
+            }
+            gaps.extend(found);
+            if !reprotect.iter().any(|x: &&MapEntry| x.start == b.start) {
+                reprotect.push(b);
+            }
+        }
+    }
+    out.mappings_remapped = gaps.len() as u64;
     out.mappings_reprotected = reprotect.len() as u64;
     if let Some(b) = t
         .maps
@@ -960,7 +1001,12 @@ fn reset_inner(
         }
     }
     out.epoll_changes = epoll_fixes.len() as u64;
-    for (start, end, what) in pieces.iter().map(|&(s, e, _)| (s, e, "a re-protected piece put back")).chain(regrown.map(|(s, e)| (s, e, "the heap grown back"))) {
+    for (start, end, what) in pieces
+        .iter()
+        .map(|&(s, e, _)| (s, e, "a re-protected piece put back"))
+        .chain(gaps.iter().map(|&(s, e)| (s, e, "unmapped memory mapped back")))
+        .chain(regrown.map(|(s, e)| (s, e, "the heap grown back")))
+    {
         uffd::register(t.uffd.as_fd(), start, end - start, uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP)
             .and_then(|()| uffd::writeprotect(t.uffd.as_fd(), start, end - start, true))
             .map_err(ioe(&format!("UFFDIO_REGISTER {start:#x}-{end:#x} ({what})")))?;

@@ -796,6 +796,30 @@ fn memory_released_after_a_reset_reads_as_zeros() {
     }
 }
 
+/// A call that frees a large block its init allocated (malloc had mapped it: free()
+/// unmaps it, a piece of the snapshot's anonymous memory) is reset, not refused: the
+/// reset maps the memory back and the page server serves the image's pages there, so
+/// every call finds the block as the init left it.
+#[test]
+fn snapshot_memory_a_call_unmapped_is_mapped_back_by_the_reset() {
+    let code = bundle(
+        "unmapped",
+        &[(
+            "handler.py",
+            "BLOCK = [bytearray(b'\\x05' * (3 << 20))]\n\n\
+             def handler(event, context):\n    b = BLOCK[0]\n    seen = [len(b), b[0], b[len(b) // 2], b[-1]]\n    BLOCK[0] = None\n    del b\n    return seen\n",
+        )],
+    );
+    let snap = scratch().join("snap-unmapped");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "unmapped", "{}", &["--invocations", "4", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!([3 << 20, 5, 5, 5]); 4], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        assert!(r.get("discarded").is_none(), "the reset was refused: {r}");
+        assert!(r["mappings_remapped"].as_u64() >= Some(1), "nothing was mapped back: {r}");
+    }
+}
+
 /// A Python function (b_mod.handler) that reports what it sees of another's canaries
 /// (the reversed `tag` of its event): its module, environment, /tmp, threads, children,
 /// and any object in its heap holding the canary.
