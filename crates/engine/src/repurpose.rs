@@ -39,7 +39,6 @@
 //! any other error it is half-changed and has been killed.
 
 use std::io;
-use std::os::fd::AsFd;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -50,11 +49,10 @@ use crate::image::{FdKind, FdRecord, PageIndex, ProcessImage, VmaKind};
 use crate::inject::{self, Call, InjectError};
 use crate::pageserver::{PageServerError, PageSource};
 use crate::procfs;
-use crate::reset::{runs, ResetError, Scratch, Tracking};
+use crate::reset::{install_run, runs, ResetError, Scratch, Tracking};
 use crate::sys::mem::ProcMem;
 use crate::sys::pagemap::Pagemap;
 use crate::sys::ptrace::{self, Tracee};
-use crate::sys::uffd::{self, Install};
 use crate::sys::PAGE_SIZE;
 use crate::ws::WorkingSet;
 
@@ -659,33 +657,3 @@ fn install_traced(
     Ok(out)
 }
 
-/// Install `bytes` at `at`, pages the instance does not have (UFFDIO_COPY). Not
-/// `clean`: not write-protected (written in the eyes of the write tracking), and a
-/// page found there after all is written over. `clean`: write-protected (the base's
-/// contents), and a page found there is left. Returns (pages installed, written).
-fn install_run(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8], clean: bool) -> Result<(u64, u64), (String, io::Error)> {
-    let len = bytes.len() as u64;
-    let (mut done, mut installed, mut written) = (0u64, 0u64, 0u64);
-    while done < len {
-        let rest = &bytes[done as usize..];
-        let copy = if clean { uffd::copy_wp } else { uffd::copy };
-        match copy(t.uffd.as_fd(), at + done, rest.as_ptr(), len - done, false).map_err(|e| (format!("UFFDIO_COPY {:#x}", at + done), e))? {
-            Install::Done => {
-                installed += (len - done) / PAGE_SIZE;
-                break;
-            }
-            Install::Again { copied } if copied > 0 => {
-                installed += copied / PAGE_SIZE;
-                done += copied;
-            }
-            Install::Exists if clean => done += PAGE_SIZE,
-            Install::Exists => {
-                mem.write_all_at(&rest[..PAGE_SIZE as usize], at + done).map_err(|e| (format!("writing {:#x}", at + done), e))?;
-                written += 1;
-                done += PAGE_SIZE;
-            }
-            other => return Err((format!("installing {:#x}", at + done), io::Error::other(format!("{other:?}")))),
-        }
-    }
-    Ok((installed, written))
-}

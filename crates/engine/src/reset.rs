@@ -43,7 +43,8 @@ use crate::regs;
 use crate::sys::mem::ProcMem;
 use crate::sys::pagemap::Pagemap;
 use crate::sys::ptrace::{self, Tracee};
-use crate::sys::{uffd, PAGE_SIZE};
+use crate::sys::uffd::{self, Install};
+use crate::sys::PAGE_SIZE;
 
 #[derive(Debug, Error)]
 pub enum ResetError {
@@ -179,6 +180,8 @@ pub struct ResetStats {
     pub mappings_reprotected: u64,
     /// Pieces of the snapshot's anonymous memory unmapped since, mapped back.
     pub mappings_remapped: u64,
+    /// Pages of the image installed into the memory mapped back.
+    pub pages_installed: u64,
     /// Pages reported written since the last reset (or the restore).
     pub pages_written: u64,
     /// Pages rewritten from the image, the file or zeros.
@@ -547,6 +550,41 @@ pub(crate) fn resume_as(by_thread: &[(Tracee, &crate::image::ThreadState)], trac
 /// and itself: children it started, daemons they left), which are killed. On
 /// error the process has been killed (and its threads reaped): the caller discards
 /// the instance. Must run on one thread from start to end (it becomes the tracer).
+/// Install `bytes` at `at`, pages the instance does not have (UFFDIO_COPY). Not
+/// `clean`: not write-protected (written in the eyes of the write tracking), and a
+/// page found there after all is written over. `clean`: write-protected (the base's
+/// contents), and a page found there is left. Returns (pages installed, written).
+pub(crate) fn install_run(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8], clean: bool) -> Result<(u64, u64), (String, io::Error)> {
+    let len = bytes.len() as u64;
+    let (mut done, mut installed, mut written) = (0u64, 0u64, 0u64);
+    while done < len {
+        let rest = &bytes[done as usize..];
+        let copy = if clean { uffd::copy_wp } else { uffd::copy };
+        match copy(t.uffd.as_fd(), at + done, rest.as_ptr(), len - done, false).map_err(|e| (format!("UFFDIO_COPY {:#x}", at + done), e))? {
+            Install::Done => {
+                installed += (len - done) / PAGE_SIZE;
+                break;
+            }
+            Install::Again { copied } if copied > 0 => {
+                installed += copied / PAGE_SIZE;
+                done += copied;
+            }
+            Install::Exists if clean => done += PAGE_SIZE,
+            Install::Exists => {
+                mem.write_all_at(&rest[..PAGE_SIZE as usize], at + done).map_err(|e| (format!("writing {:#x}", at + done), e))?;
+                written += 1;
+                done += PAGE_SIZE;
+            }
+            other => return Err((format!("installing {:#x}", at + done), io::Error::other(format!("{other:?}")))),
+        }
+    }
+    Ok((installed, written))
+}
+
+/// Memory a reset maps back larger than this is left to the page server, page by page
+/// as it is touched, rather than installed during the reset.
+const MAP_BACK_INSTALL_MAX: u64 = 64 << 20;
+
 /// `0..n` cut into maximal runs `(start, end)`: index `k` continues the run of `k - 1`
 /// when `continues(k)`.
 pub(crate) fn runs(n: usize, continues: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
@@ -1010,6 +1048,24 @@ fn reset_inner(
         uffd::register(t.uffd.as_fd(), start, end - start, uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP)
             .and_then(|()| uffd::writeprotect(t.uffd.as_fd(), start, end - start, true))
             .map_err(ioe(&format!("UFFDIO_REGISTER {start:#x}-{end:#x} ({what})")))?;
+    }
+    // The image's pages of the memory mapped back, installed now (clean: they are the
+    // image's): the call that freed it touches it again (a malloc'd block of the init's
+    // data, freed and allocated again by each call), and each page it found missing
+    // would be a round trip to the page server on the call's path, after the reset.
+    for &(start, end) in gaps.iter().filter(|(s, e)| e - s <= MAP_BACK_INSTALL_MAX) {
+        let n = ((end - start) / PAGE_SIZE) as usize;
+        let page = PAGE_SIZE as usize;
+        let mut bytes = vec![0u8; n * page];
+        let stored: Vec<Option<u64>> = (0..n).map(|k| source.index.lookup(start + k as u64 * PAGE_SIZE)).collect();
+        let next = |k: usize| matches!((stored[k - 1], stored[k]), (Some(a), Some(b)) if b == a + 1);
+        for (k, l) in runs(n, next) {
+            if let Some(fp) = stored[k] {
+                source.read_pages(start + k as u64 * PAGE_SIZE, fp, &mut bytes[k * page..l * page]).map_err(|source| ResetError::Pages { pid, source })?;
+            }
+        }
+        let (installed, _) = install_run(t, &mem, start, &bytes, true).map_err(|(what, source)| ResetError::Io { pid, what, source })?;
+        out.pages_installed += installed;
     }
     for ((tr, _), &off) in by_thread.iter().zip(&altstacks) {
         let r = inject::single(tr, insn, Call::new("sigaltstack", libc::SYS_sigaltstack, &[arg(off), 0])).map_err(inj)?;

@@ -798,8 +798,8 @@ fn memory_released_after_a_reset_reads_as_zeros() {
 
 /// A call that frees a large block its init allocated (malloc had mapped it: free()
 /// unmaps it, a piece of the snapshot's anonymous memory) is reset, not refused: the
-/// reset maps the memory back and the page server serves the image's pages there, so
-/// every call finds the block as the init left it.
+/// reset maps the memory back with the image's pages installed, so every call finds
+/// the block as the init left it (and does not fault it in page by page).
 #[test]
 fn snapshot_memory_a_call_unmapped_is_mapped_back_by_the_reset() {
     let code = bundle(
@@ -817,6 +817,8 @@ fn snapshot_memory_a_call_unmapped_is_mapped_back_by_the_reset() {
     for r in stats["resets"].as_array().unwrap() {
         assert!(r.get("discarded").is_none(), "the reset was refused: {r}");
         assert!(r["mappings_remapped"].as_u64() >= Some(1), "nothing was mapped back: {r}");
+        // Its pages are installed by the reset, not left to fault in during the call.
+        assert!(r["pages_installed"].as_u64() >= Some(768), "the block's pages were not installed: {r}");
     }
 }
 
