@@ -10,6 +10,9 @@
    write tracking and for faulting in again what the reset took back), and the
    instance's occupancy, median(invocation + the reset that follows it) /
    median(invocation without) - 1 (what back-to-back calls on one instance pay).
+   Baseline of the latency, same rounds ("all WP +"): resets that write-protect every
+   written page again (THAW_RESET_HOT=0), where today's leave the pages every call
+   writes writable (each first write would fault).
 2. Reset latency against dirtied memory (Refunction, figs. 10-12). A Python function
    holding a 64 MiB buffer from its init writes one byte in every page of the first
    MIB of it per call; each reset then writes back what it dirtied.
@@ -109,7 +112,7 @@ def main():
     work = tempfile.mkdtemp(prefix="thaw-bench-isolation-")
     env = dict(os.environ, THAW_DATA_DIR=os.path.join(work, "data"))
     results = {"calls": a.calls, "rounds": a.rounds, "isolation": {}, "dirty": []}
-    print(f"{'function':<20}{'call ms':>10}{'isolated':>10}{'reset':>8}{'latency +':>10}{'occupancy +':>12}{'1st call':>10}")
+    print(f"{'function':<20}{'call ms':>10}{'isolated':>10}{'reset':>8}{'latency +':>10}{'occupancy +':>12}{'1st call':>10}{'all WP +':>12}")
     for fn in a.functions.split(","):
         snap = os.path.join(work, "snap-" + fn.replace("/", "-"))
         runtime, code, handler, sample_payload = function_spec(fn, a.samples)
@@ -117,7 +120,7 @@ def main():
         subprocess.run([a.thaw, "snapshot", "create", "--runtime", runtime, "--code", code, "--handler", handler, "--out", snap],
                        check=True, env=env, stdout=subprocess.DEVNULL)
         restore(a.thaw, env, snap, payload, 1, False)  # records the working set
-        plain, isolated, resets, refused, fresh = [], [], [], 0, []
+        plain, isolated, resets, refused, fresh, all_protected = [], [], [], 0, [], []
         for _ in range(a.rounds):
             # The first call of each restore is a cold one: left out of both, and kept
             # as what a call costs on a freshly restored instance (the other way to
@@ -130,6 +133,9 @@ def main():
             fresh.append(st["invocations_ms"][0])
             resets += [r["reset_ms"] for r in st["resets"] if r.get("reset_ms") is not None]
             refused += sum(1 for r in st["resets"] if r.get("discarded"))
+            # Baseline, same round: every written page write-protected again at each
+            # reset (THAW_RESET_HOT=0), so each call faults on its first write to each.
+            all_protected += restore(a.thaw, dict(env, THAW_RESET_HOT="0"), snap, payload, a.calls, True)["invocations_ms"][1:]
         call, iso, rst = median(plain), median(isolated), median(resets)
         # Most resets refused: the isolated calls ran on fresh restores; no overhead to state.
         valid = rst is not None and refused * 2 < len(isolated)
@@ -137,8 +143,11 @@ def main():
         latency = iso / call - 1 if valid else None
         results["isolation"][fn] = {"call_ms": call, "isolated_call_ms": iso, "reset_ms": rst, "overhead": overhead,
                                     "first_call_after_restore_ms": median(fresh),
-                                    "latency_overhead": latency, "resets_refused": refused, "calls": len(plain)}
-        shown = (f"{latency:>10.1%}{overhead:>12.1%}" if valid else f"{'-':>10}{'-':>12}") + f"{median(fresh):>10.3f}"
+                                    "latency_overhead": latency, "resets_refused": refused, "calls": len(plain),
+                                    "isolated_all_protected_call_ms": median(all_protected),
+                                    "latency_overhead_all_protected": median(all_protected) / call - 1 if valid and all_protected else None}
+        wp = results["isolation"][fn]["latency_overhead_all_protected"]
+        shown = (f"{latency:>10.1%}{overhead:>12.1%}" if valid else f"{'-':>10}{'-':>12}") + f"{median(fresh):>10.3f}" + (f"{wp:>12.1%}" if wp is not None else f"{'-':>12}")
         print(f"{fn:<20}{call:>10.3f}{iso:>10.3f}{(rst or 0):>8.3f}{shown}" + (f"  ({refused} resets refused)" if refused else ""))
     code = os.path.join(work, "dirty")
     os.makedirs(code)

@@ -803,7 +803,15 @@ impl Instance {
     /// reseeds its randomness). `snap` must be the snapshot it was restored from.
     ///
     /// On `Err` the instance is dead (fail closed): `kill` it and restore a fresh one.
+    /// THAW_RESET_HOT=0: every written page is write-protected again (the baseline of
+    /// bench/isolation.py's comparison).
     pub fn reset(&mut self, snap: &LoadedSnapshot) -> Result<crate::reset::ResetStats, InstanceError> {
+        self.reset_keeping(snap, std::env::var("THAW_RESET_HOT").as_deref() != Ok("0"))
+    }
+
+    /// [`Instance::reset`]; `keep_hot`: leave the pages call after call writes writable
+    /// (rewritten at each reset all the same: `reset::Hot`).
+    fn reset_keeping(&mut self, snap: &LoadedSnapshot, keep_hot: bool) -> Result<crate::reset::ResetStats, InstanceError> {
         let t0 = Instant::now();
         // A frozen instance cannot reach a ptrace stop.
         self.thaw()?;
@@ -824,7 +832,7 @@ impl Instance {
                 return Err(crate::reset::ResetError::Children { pid: main, what: format!("listing the sandbox's processes: {e}") }.into());
             }
         };
-        let mut st = crate::reset::reset(main, &others, &snap.image, &snap.source, tracking, stats)?;
+        let mut st = crate::reset::reset(main, &others, &snap.image, &snap.source, tracking, stats, keep_hot)?;
         let _ = self.channel.take_logs();
         // Whatever the previous tenant left on the control channel is dropped (and any
         // frame it could still produce lacks the next request's nonce).
@@ -850,7 +858,8 @@ impl Instance {
             return Err(crate::layers::LayerError::Refused("the instance was not restored from a base".into()).into());
         };
         self.record.restore_notice = b.restore_notice;
-        let st = self.reset(base)?;
+        // Another function comes next: nothing of this one's stays writable.
+        let st = self.reset_keeping(base, false)?;
         if let Some(b) = &mut self.base {
             b.loaded = false;
         }

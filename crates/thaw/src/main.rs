@@ -530,7 +530,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     let t = Instant::now();
                     match inst.reset(&snap) {
                         Ok(st) => resets.push(json!({"invocation": i + 1, "reset_ms": st.reset_ms, "pages_written": st.pages_written,
-                            "pages_written_back": st.pages_written_back, "mappings_unmapped": st.mappings_unmapped, "mappings_reprotected": st.mappings_reprotected, "mappings_remapped": st.mappings_remapped, "pages_installed": st.pages_installed,
+                            "pages_written_back": st.pages_written_back, "mappings_unmapped": st.mappings_unmapped, "mappings_reprotected": st.mappings_reprotected, "mappings_remapped": st.mappings_remapped, "pages_installed": st.pages_installed, "pages_left_writable": st.pages_left_writable,
                             "fds_closed": st.fds_closed, "tmp_reset": st.tmp_reset, "limits_reset": st.limits_reset,
                             "threads_ended": st.threads_ended, "processes_killed": st.processes_killed, "timers_deleted": st.timers_deleted, "signals_reset": st.signals_reset, "epoll_changes": st.epoll_changes, "memfds_rewritten": st.memfds_rewritten,
                             "phases_ms": phases_ms(&st.phases)})),
@@ -564,7 +564,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if reset && (noop_resets > 0 || search_memory.is_some()) {
                 for _ in 0..noop_resets.max(1) {
                     match inst.reset(&snap) {
-                        Ok(st) => noop.push(json!({"reset_ms": st.reset_ms, "pages_written": st.pages_written, "pages_written_back": st.pages_written_back,
+                        Ok(st) => noop.push(json!({"reset_ms": st.reset_ms, "pages_written": st.pages_written, "pages_written_back": st.pages_written_back, "pages_left_writable": st.pages_left_writable,
                             "after_restore_ms": st.phases.iter().find(|p| p.0 == "after_restore").map(|p| p.1),
                             "phases_ms": phases_ms(&st.phases)})),
                         Err(e) => {

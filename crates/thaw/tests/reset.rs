@@ -298,12 +298,14 @@ fn consecutive_and_noop_resets_leave_the_instance_answering_identically() {
     assert_eq!(noop.len(), 4);
     // The first reset takes back the invocation's writes; the later ones have little
     // to do: only what the runtime itself wrote answering the restore notice (it
-    // reseeds; 0 to ~35 pages with Python), never the invocation's pages again.
+    // reseeds; 0 to ~35 pages with Python), and the pages both invocations wrote, which
+    // the resets leave writable (reset::Hot) and so rewrite every time — never the
+    // invocation's other pages again.
     let first = noop[0]["pages_written_back"].as_u64().unwrap();
     assert!(first > 100, "{stats}");
-    for r in &noop[1..] {
-        let n = r["pages_written_back"].as_u64().unwrap();
-        assert!(n * 4 < first, "a reset with nothing run since rewrote {n} pages: {stats}");
+    for w in noop.windows(2) {
+        let (writable, n) = (w[0]["pages_left_writable"].as_u64().unwrap(), w[1]["pages_written_back"].as_u64().unwrap());
+        assert!(n.saturating_sub(writable) * 4 < first, "a reset with nothing run since rewrote {n} pages ({writable} left writable): {stats}");
     }
 }
 
@@ -822,6 +824,30 @@ fn snapshot_memory_a_call_unmapped_is_mapped_back_by_the_reset() {
     }
 }
 
+/// Pages every call writes are left writable by the resets (no fault on the next
+/// call's first write to each), and rewritten by every reset all the same: no call
+/// sees what the previous one wrote, also across the resets that learn them again.
+#[test]
+fn pages_every_call_writes_stay_writable_and_are_still_reset() {
+    let code = bundle(
+        "hot",
+        &[(
+            "handler.py",
+            "BUF = bytearray(b'i' * (64 * 4096))\n\n\
+             def handler(event, context):\n    seen = chr(BUF[0]) + chr(BUF[len(BUF) // 2]) + chr(BUF[-1])\n    BUF[:] = b'x' * len(BUF)\n    return seen\n",
+        )],
+    );
+    let snap = scratch().join("snap-hot");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "hot", "{}", &["--invocations", "24", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!("iii"); 24], "{stats}");
+    let resets = stats["resets"].as_array().unwrap();
+    assert!(resets.iter().all(|r| r.get("discarded").is_none()), "a reset was refused: {stats}");
+    let writable: Vec<u64> = resets.iter().map(|r| r["pages_left_writable"].as_u64().unwrap()).collect();
+    assert!(writable.iter().filter(|&&n| n >= 64).count() >= 16, "the buffer's pages were not left writable: {writable:?}");
+    assert!(writable.contains(&0), "no reset learned them again: {writable:?}");
+}
+
 /// A Python function (b_mod.handler) that reports what it sees of another's canaries
 /// (the reversed `tag` of its event): its module, environment, /tmp, threads, children,
 /// and any object in its heap holding the canary.
@@ -1067,6 +1093,8 @@ fn an_installed_diff_is_a_fresh_restore_fact_for_fact() {
     };
     check("pyaes", "python3", common::sample("pyaes"), "handler.handler", true);
     check("nodejs-jsontransform", "nodejs20.x", common::root().join("build/samples/nodejs/jsontransform"), "index.handler", false);
+    // The JVM's threads (GC, compiler) run on after the restore notice, as V8's do.
+    check("java-jsonhandler", "java17", common::root().join("build/samples/java/jsonhandler"), "example.Orders", false);
 }
 
 /// Issue #30: Java diffs installed into one instance of the Java base in turn. The
