@@ -640,8 +640,11 @@ fn install_traced(
             let wanted = |i: usize| !present[i - k] && served(lay[i].0);
             for (i, e) in runs(l - k, |i| wanted(k + i) == wanted(k + i - 1)).into_iter().map(|(i, e)| (k + i, k + e)) {
                 if wanted(i) {
-                    let (installed, _) = install_run(t, &mem, lay[i].0, &bytes[i * page..e * page], true)
-                        .map_err(|(what, source)| InstallError::Io { pid, what, source })?;
+                    let (installed, _) = install_run(t, &mem, lay[i].0, &bytes[i * page..e * page], true).map_err(|(what, source)| {
+                        let at = lay[i].0;
+                        let live = procfs::maps(pid).ok().and_then(|ms| ms.into_iter().find(|m| m.start <= at && at < m.end));
+                        InstallError::Io { pid, what: format!("{what} (working set; live mapping {live:?})"), source }
+                    })?;
                     out.ws_pages_installed += installed;
                 }
             }

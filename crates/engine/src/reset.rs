@@ -650,13 +650,18 @@ pub(crate) fn resume_as(by_thread: &[(Tracee, &crate::image::ThreadState)], trac
 pub(crate) fn install_run(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8], clean: bool) -> Result<(u64, u64), (String, io::Error)> {
     let len = bytes.len() as u64;
     let (mut done, mut installed, mut written) = (0u64, 0u64, 0u64);
+    // One UFFDIO_COPY must stay within one mapping (else ENOENT, read as Gone): a run
+    // of consecutive pages can cross from one mapping into the next (a JVM's one-page
+    // guard or polling page beside its memory). Such a run goes on page by page.
+    let mut by_page = false;
     while done < len {
         let rest = &bytes[done as usize..];
+        let n = if by_page { PAGE_SIZE } else { len - done };
         let copy = if clean { uffd::copy_wp } else { uffd::copy };
-        match copy(t.uffd.as_fd(), at + done, rest.as_ptr(), len - done, false).map_err(|e| (format!("UFFDIO_COPY {:#x}", at + done), e))? {
+        match copy(t.uffd.as_fd(), at + done, rest.as_ptr(), n, false).map_err(|e| (format!("UFFDIO_COPY {:#x}", at + done), e))? {
             Install::Done => {
-                installed += (len - done) / PAGE_SIZE;
-                break;
+                installed += n / PAGE_SIZE;
+                done += n;
             }
             Install::Again { copied } if copied > 0 => {
                 installed += copied / PAGE_SIZE;
@@ -668,6 +673,7 @@ pub(crate) fn install_run(t: &Tracking, mem: &ProcMem, at: u64, bytes: &[u8], cl
                 written += 1;
                 done += PAGE_SIZE;
             }
+            Install::Gone if !by_page && n > PAGE_SIZE => by_page = true,
             other => return Err((format!("installing {:#x}", at + done), io::Error::other(format!("{other:?}")))),
         }
     }

@@ -1068,9 +1068,20 @@ fn an_installed_diff_is_a_fresh_restore_fact_for_fact() {
         let (fresh, installed) = (read(&fresh_dir), read(&installed_dir));
         assert!(fresh.keys().filter(|k| k.starts_with("page:")).count() > 1000 && fresh.keys().any(|k| k.ends_with(":rip")), "{name}: too little read");
         let (la, lb) = (layout(&fresh), layout(&installed));
+        // A runtime's own threads run on after the restore notice and change the
+        // protection of a page or two of their anonymous memory when they get to it (a
+        // JVM's safepoint polling and guard pages: rw-p in one clone, ---p in the other
+        // under load); where those threads are set aside, so are a few such pages.
+        let runtime_toggled = |a: &str, b: &str| {
+            let (a, b): (Vec<&str>, Vec<&str>) = (a.split(' ').collect(), b.split(' ').collect());
+            !strict_pages && a.len() == b.len() && a[1..] == b[1..] && a.get(2) == Some(&"0")
+        };
         let moved: Vec<String> = la.keys().chain(lb.keys()).collect::<std::collections::BTreeSet<_>>().into_iter()
-            .filter(|p| la.get(p) != lb.get(p)).take(10).map(|p| format!("{p:#x}: {:?} -> {:?}", la.get(p), lb.get(p))).collect();
-        assert!(moved.is_empty(), "{name}: the layout differs from a fresh restore's: {moved:#?}");
+            .filter(|p| la.get(p) != lb.get(p))
+            .map(|p| format!("{p:#x}: {:?} -> {:?}", la.get(p), lb.get(p)))
+            .collect();
+        let toggled = la.iter().filter(|(p, a)| lb.get(p).is_some_and(|b| b != *a && runtime_toggled(a, b))).count();
+        assert!(moved.len() == toggled && toggled <= 4, "{name}: the layout differs from a fresh restore's: {:#?}", &moved[..moved.len().min(10)]);
         // The kernel writes the CPU a thread runs on into its rseq area, in its TCB (at
         // fs_base), whenever it schedules it: those pages differ from clone to clone.
         let tcb_pages: Vec<String> = fresh
