@@ -529,11 +529,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 if reset && i > 0 {
                     let t = Instant::now();
                     match inst.reset(&snap) {
-                        Ok(st) => resets.push(json!({"invocation": i + 1, "reset_ms": st.reset_ms, "pages_written": st.pages_written,
-                            "pages_written_back": st.pages_written_back, "mappings_unmapped": st.mappings_unmapped, "mappings_reprotected": st.mappings_reprotected, "mappings_remapped": st.mappings_remapped, "pages_installed": st.pages_installed, "pages_left_writable": st.pages_left_writable,
-                            "fds_closed": st.fds_closed, "tmp_reset": st.tmp_reset, "limits_reset": st.limits_reset,
-                            "threads_ended": st.threads_ended, "processes_killed": st.processes_killed, "timers_deleted": st.timers_deleted, "signals_reset": st.signals_reset, "epoll_changes": st.epoll_changes, "memfds_rewritten": st.memfds_rewritten,
-                            "phases_ms": phases_ms(&st.phases)})),
+                        Ok(st) => {
+                            let mut r = reset_json(&st);
+                            r["invocation"] = json!(i + 1);
+                            resets.push(r);
+                        }
                         Err(e) => {
                             // Fail closed: discard, and serve the next invocation from a fresh restore.
                             let reason = format!("{:#}", anyhow::Error::from(e));
@@ -564,9 +564,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if reset && (noop_resets > 0 || search_memory.is_some()) {
                 for _ in 0..noop_resets.max(1) {
                     match inst.reset(&snap) {
-                        Ok(st) => noop.push(json!({"reset_ms": st.reset_ms, "pages_written": st.pages_written, "pages_written_back": st.pages_written_back, "pages_left_writable": st.pages_left_writable,
-                            "after_restore_ms": st.phases.iter().find(|p| p.0 == "after_restore").map(|p| p.1),
-                            "phases_ms": phases_ms(&st.phases)})),
+                        Ok(st) => {
+                            let mut r = reset_json(&st);
+                            r["after_restore_ms"] = json!(st.phases.iter().find(|p| p.0 == "after_restore").map(|p| p.1));
+                            noop.push(r);
+                        }
                         Err(e) => {
                             inst.kill();
                             return Err(anyhow::Error::from(e).context("a reset with nothing run since the previous one failed"));
@@ -696,6 +698,16 @@ fn print_logs(inst: &mut Instance, quiet: bool) {
 /// own share of a cold start (the fetch, the restore, the page server), not the
 /// instance's.
 /// Phase timings as `--stats` writes them: an object of milliseconds by phase name.
+/// A reset's figures for --stats: every field of ResetStats, its phases as a map.
+fn reset_json(st: &thaw_engine::reset::ResetStats) -> serde_json::Value {
+    let mut v = serde_json::to_value(st).unwrap_or_else(|_| json!({}));
+    if let Some(o) = v.as_object_mut() {
+        o.remove("phases");
+        o.insert("phases_ms".into(), json!(phases_ms(&st.phases)));
+    }
+    v
+}
+
 fn phases_ms(phases: &[(&'static str, f64)]) -> serde_json::Map<String, serde_json::Value> {
     phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect()
 }
