@@ -91,7 +91,7 @@ impl DataArea {
 
     /// Append `bytes` (8-byte aligned) and return their address in the tracee.
     pub fn push(&mut self, bytes: &[u8]) -> u64 {
-        while self.buf.len() % 8 != 0 {
+        while !self.buf.len().is_multiple_of(8) {
             self.buf.push(0);
         }
         let addr = self.base + self.buf.len() as u64;

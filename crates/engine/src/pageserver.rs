@@ -406,7 +406,7 @@ impl AddressSpace {
         if let Some((&s, &(e, d))) = self.spans.range(..p).next_back() {
             if e > p {
                 self.spans.insert(s, (p, d));
-                self.spans.insert(p, (e, d.map(|d| d)));
+                self.spans.insert(p, (e, d));
             }
         }
     }

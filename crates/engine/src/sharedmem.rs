@@ -150,7 +150,7 @@ pub fn resident_bytes() -> u64 {
     let dir = Path::new(DIR);
     let is_tmpfs = nix::sys::statfs::statfs(dir).is_ok_and(|f| f.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
     match nix::sys::statvfs::statvfs(dir) {
-        Ok(s) if is_tmpfs => (s.blocks() - s.blocks_free()) as u64 * s.fragment_size() as u64,
+        Ok(s) if is_tmpfs => (s.blocks() - s.blocks_free()) * s.fragment_size(),
         _ => 0,
     }
 }
