@@ -371,6 +371,30 @@ impl PageSource {
         Ok(())
     }
 
+    /// The image's contents of the consecutive pages from `addr` into `buf` (whole
+    /// pages): stored pages read and checked, each run of consecutive stored pages at
+    /// once; the pages the image has no contents for, zeros.
+    pub fn read_image(&self, addr: u64, buf: &mut [u8]) -> Result<(), PageServerError> {
+        let page = PAGE_SIZE as usize;
+        let n = buf.len() / page;
+        let at = |k: usize| addr + k as u64 * PAGE_SIZE;
+        let mut k = 0;
+        while k < n {
+            let Some(fp) = self.index.lookup(at(k)) else {
+                buf[k * page..(k + 1) * page].fill(0);
+                k += 1;
+                continue;
+            };
+            let mut l = k + 1;
+            while l < n && self.index.lookup(at(l)) == Some(fp + (l - k) as u64) {
+                l += 1;
+            }
+            self.read_pages(at(k), fp, &mut buf[k * page..l * page])?;
+            k = l;
+        }
+        Ok(())
+    }
+
     pub fn file(&self) -> &PageFiles {
         &self.file
     }

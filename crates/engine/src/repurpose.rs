@@ -148,8 +148,8 @@ pub struct Plan {
     reprotect: Vec<(u64, u64, i32)>,
     /// The diff's break, when it is not the base's.
     brk: Option<u64>,
-    /// Pages whose contents differ: (address, the diff's stored page, or zeros).
-    writes: Vec<(u64, Option<u64>)>,
+    /// Pages whose contents differ (the diff's: its stored page, or zeros).
+    writes: Vec<u64>,
     /// Signals whose action differs: (signal, the diff's action words; zeros: default).
     sigactions: Vec<(u32, [u64; 4])>,
     /// Epoll registrations to change: (epoll fd, op, target fd, events, data), removals first.
@@ -339,7 +339,7 @@ fn plan_of(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Resul
 
     // ---- Memory: the diff's own pages, and the base's pages the diff has as zeros.
     for r in &diff.pages.runs {
-        p.writes.extend((0..r.npages).map(|k| (r.vaddr + k * PAGE_SIZE, Some(r.file_page + k))));
+        p.writes.extend((0..r.npages).map(|k| r.vaddr + k * PAGE_SIZE));
     }
     for r in &base.pages.runs {
         for addr in (0..r.npages).map(|k| r.vaddr + k * PAGE_SIZE) {
@@ -347,13 +347,13 @@ fn plan_of(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Resul
                 continue;
             }
             match b.iter().find(|x| x.start <= addr && addr < x.end).map(|x| &x.backing) {
-                Some(Backing::Anon { .. }) => p.writes.push((addr, None)),
+                Some(Backing::Anon { .. }) => p.writes.push(addr),
                 _ => return Err(format!("its page at {addr:#x} is a mapped file's, where the base has a page of its own")),
             }
         }
     }
     p.writes.sort_unstable();
-    p.writes.dedup_by_key(|w| w.0);
+    p.writes.dedup();
     Ok(p)
 }
 
@@ -468,7 +468,7 @@ fn install_traced(
                 if stored.is_none() && !within(&plan.diff_anon, addr) {
                     return Err(InstallError::Refused(format!("the instance wrote {addr:#x}, a page of a mapped file the function has as the file's")));
                 }
-                written_since.push((addr, stored));
+                written_since.push(addr);
             }
         }
     }
@@ -576,14 +576,13 @@ fn install_traced(
     phase("layout", &mut out);
 
     // ---- Memory: each page that differs, and the pages the arguments above took.
-    let index = &source.index;
     let mut writes = plan.writes.clone();
     writes.extend(written_since);
     let first = at & !(PAGE_SIZE - 1);
     let scratch_pages = (at + scratch.bytes.len() as u64 - first).div_ceil(PAGE_SIZE);
-    writes.extend((0..scratch_pages).map(|k| first + k * PAGE_SIZE).map(|a| (a, index.lookup(a))));
+    writes.extend((0..scratch_pages).map(|k| first + k * PAGE_SIZE));
     writes.sort_unstable();
-    writes.dedup_by_key(|w| w.0);
+    writes.dedup();
     // Missing pages of the base's anonymous memory are the page server's: installed
     // (a write through /proc/PID/mem would fault there and fail).
     let served = |a: u64| within(&plan.served, a);
@@ -592,22 +591,12 @@ fn install_traced(
     // server serves) are written together (ProcMem::write_runs), the others installed.
     let mut buf: Vec<u8> = Vec::new();
     let mut direct_runs: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
-    // Runs of consecutive addresses and consecutive stored pages (or zeros): read at once.
-    let next = |a: &(u64, Option<u64>), b: &(u64, Option<u64>)| {
-        b.0 == a.0 + PAGE_SIZE
-            && match (a.1, b.1) {
-                (Some(x), Some(y)) => y == x + 1,
-                (None, None) => true,
-                _ => false,
-            }
-    };
-    for (i, j) in runs(writes.len(), |k| next(&writes[k - 1], &writes[k])) {
-        let (addr, n) = (writes[i].0, j - i);
+    // Runs of consecutive addresses: the diff's contents there read at once.
+    for (i, j) in runs(writes.len(), |k| writes[k] == writes[k - 1] + PAGE_SIZE) {
+        let (addr, n) = (writes[i], j - i);
         let start = buf.len();
         buf.resize(start + n * page, 0);
-        if let Some(fp) = writes[i].1 {
-            source.read_pages(addr, fp, &mut buf[start..]).map_err(|source| InstallError::Pages { pid, source })?;
-        }
+        source.read_image(addr, &mut buf[start..]).map_err(|source| InstallError::Pages { pid, source })?;
         let present = pm.present(addr, n).map_err(ioe("reading pagemap"))?;
         let direct = |k: usize| present[k] || !served(addr + k as u64 * PAGE_SIZE);
         for (k, l) in runs(n, |k| direct(k) == direct(k - 1)) {

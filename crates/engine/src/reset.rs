@@ -385,9 +385,6 @@ pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Re
     Ok(Tracking { uffd, ranges, maps_text, maps, syscall_insn, fds, fd_state, cwd, guarded, limits, hot: Default::default() })
 }
 
-/// Whether `m` (now) covers only baseline mappings of private anonymous memory under
-/// write tracking, with no gap: its bounds moved because part of it (or of a
-/// neighbour) changed protection, which a reset can put back.
 /// Plain anonymous private memory (no name: not the heap or a stack).
 fn plain_anon(x: &MapEntry) -> bool {
     x.name.is_empty() && x.inode == 0 && !x.shared
@@ -398,6 +395,9 @@ fn prot_of(m: &MapEntry) -> i32 {
     [(m.read, libc::PROT_READ), (m.write, libc::PROT_WRITE), (m.exec, libc::PROT_EXEC)].iter().filter(|(on, _)| *on).fold(0, |p, (_, bit)| p | bit)
 }
 
+/// Whether `m` (now) covers only baseline mappings of private anonymous memory under
+/// write tracking, with no gap: its bounds moved because part of it (or of a
+/// neighbour) changed protection, which a reset can put back.
 fn reprotectable(m: &MapEntry, baseline: &[MapEntry], ranges: &[Range]) -> bool {
     if !plain_anon(m) {
         return false;
@@ -638,11 +638,6 @@ pub(crate) fn resume_as(by_thread: &[(Tracee, &crate::image::ThreadState)], trac
     Ok(())
 }
 
-/// Reset the instance `pid` (not traced, idle between invocations) to `img`.
-/// `others`: the host pids of the other processes in its sandbox (all but its init
-/// and itself: children it started, daemons they left), which are killed. On
-/// error the process has been killed (and its threads reaped): the caller discards
-/// the instance. Must run on one thread from start to end (it becomes the tracer).
 /// Install `bytes` at `at`, pages the instance does not have (UFFDIO_COPY). Not
 /// `clean`: not write-protected (written in the eyes of the write tracking), and a
 /// page found there after all is written over. `clean`: write-protected (the base's
@@ -701,6 +696,11 @@ pub(crate) fn runs(n: usize, continues: impl Fn(usize) -> bool) -> Vec<(usize, u
 /// memory it holds at once for a function that wrote much).
 pub(crate) const WRITE_BACK_BATCH: usize = 64 << 10;
 
+/// Reset the instance `pid` (not traced, idle between invocations) to `img`.
+/// `others`: the host pids of the other processes in its sandbox (all but its init
+/// and itself: children it started, daemons they left), which are killed. On
+/// error the process has been killed (and its threads reaped): the caller discards
+/// the instance. Must run on one thread from start to end (it becomes the tracer).
 /// `keep_hot`: leave the pages call after call writes writable ([`Hot`]): resets
 /// between calls of one function; not before another function runs (a reset to a base).
 #[allow(clippy::too_many_arguments)]
@@ -1158,16 +1158,8 @@ fn reset_inner(
     // data, freed and allocated again by each call), and each page it found missing
     // would be a round trip to the page server on the call's path, after the reset.
     for &(start, end) in gaps.iter().filter(|(s, e)| e - s <= MAP_BACK_INSTALL_MAX) {
-        let n = ((end - start) / PAGE_SIZE) as usize;
-        let page = PAGE_SIZE as usize;
-        let mut bytes = vec![0u8; n * page];
-        let stored: Vec<Option<u64>> = (0..n).map(|k| source.index.lookup(start + k as u64 * PAGE_SIZE)).collect();
-        let next = |k: usize| matches!((stored[k - 1], stored[k]), (Some(a), Some(b)) if b == a + 1);
-        for (k, l) in runs(n, next) {
-            if let Some(fp) = stored[k] {
-                source.read_pages(start + k as u64 * PAGE_SIZE, fp, &mut bytes[k * page..l * page]).map_err(|source| ResetError::Pages { pid, source })?;
-            }
-        }
+        let mut bytes = vec![0u8; (end - start) as usize];
+        source.read_image(start, &mut bytes).map_err(|source| ResetError::Pages { pid, source })?;
         let (installed, _) = install_run(t, &mem, start, &bytes, true).map_err(|(what, source)| ResetError::Io { pid, what, source })?;
         out.pages_installed += installed;
     }
@@ -1221,32 +1213,27 @@ fn reset_inner(
                 return Err(ResetError::SharedWrite { pid, addr: s });
             }
             let populated = pm.populated(s, n).map_err(ioe("reading pagemap"))?;
-            // What the image holds at each page: stored (a page of the image file),
-            // zeros, or the mapped file's page; None: not populated, the next touch
+            // Where each page's contents come from: the image (its stored page, or
+            // zeros) or the mapped file's page; None: not populated, the next touch
             // faults it in from the image (anonymous) or from the file, which is what
             // the image holds there.
             #[derive(Clone, Copy, PartialEq)]
             enum Held {
-                Stored(u64),
-                Zeros,
+                Image,
                 File,
             }
             let held = |k: usize| -> Option<Held> {
                 let stored = source.index.lookup(s + k as u64 * PAGE_SIZE);
                 match (&v.kind, stored, populated[k]) {
                     (_, None, false) | (VmaKind::Anon { .. } | VmaKind::FileCopied { .. }, _, false) => None,
-                    (_, Some(fp), _) => Some(Held::Stored(fp)),
                     (VmaKind::FilePrivate { .. }, None, true) => Some(Held::File),
-                    (_, None, true) => Some(Held::Zeros),
+                    _ => Some(Held::Image),
                 }
             };
             let held: Vec<Option<Held>> = (0..n).map(held).collect();
-            // Runs read at once: consecutive stored pages, zeros.
-            let continues = |k: usize| match (held[k - 1], held[k]) {
-                (Some(Held::Stored(a)), Some(Held::Stored(b))) => b == a + 1,
-                (Some(Held::Zeros), Some(Held::Zeros)) | (None, None) => true,
-                _ => false,
-            };
+            // Runs read at once: the image's pages (PageSource::read_image); a file's
+            // page alone.
+            let continues = |k: usize| held[k - 1] == held[k] && held[k] != Some(Held::File);
             for (k, l) in runs(n, continues) {
                 let Some(what) = held[k] else { continue };
                 let addr = s + k as u64 * PAGE_SIZE;
@@ -1254,7 +1241,7 @@ fn reset_inner(
                 pages.resize(at + (l - k) * page, 0);
                 let buf = &mut pages[at..];
                 match (what, &v.kind) {
-                    (Held::Stored(fp), _) => source.read_pages(addr, fp, buf).map_err(|source| ResetError::Pages { pid, source })?,
+                    (Held::Image, _) => source.read_image(addr, buf).map_err(|source| ResetError::Pages { pid, source })?,
                     (Held::File, VmaKind::FilePrivate { file, offset }) => {
                         let f = match files.entry(*file) {
                             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
@@ -1273,7 +1260,6 @@ fn reset_inner(
                             got += n;
                         }
                     }
-                    // Zeros (as resized).
                     _ => {}
                 }
                 match runs_out.last_mut() {
