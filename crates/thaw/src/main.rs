@@ -694,10 +694,6 @@ fn print_logs(inst: &mut Instance, quiet: bool) {
     }
 }
 
-/// CPU time (user + system) this process has used, in ms: `thaw snapshot restore`'s
-/// own share of a cold start (the fetch, the restore, the page server), not the
-/// instance's.
-/// Phase timings as `--stats` writes them: an object of milliseconds by phase name.
 /// A reset's figures for --stats: every field of ResetStats, its phases as a map.
 fn reset_json(st: &thaw_engine::reset::ResetStats) -> serde_json::Value {
     let mut v = serde_json::to_value(st).unwrap_or_else(|_| json!({}));
@@ -708,10 +704,14 @@ fn reset_json(st: &thaw_engine::reset::ResetStats) -> serde_json::Value {
     v
 }
 
+/// Phase timings as `--stats` writes them: an object of milliseconds by phase name.
 fn phases_ms(phases: &[(&'static str, f64)]) -> serde_json::Map<String, serde_json::Value> {
     phases.iter().map(|(k, v)| (k.to_string(), json!(v))).collect()
 }
 
+/// CPU time (user + system) this process has used, in ms: `thaw snapshot restore`'s
+/// own share of a cold start (the fetch, the restore, the page server), not the
+/// instance's.
 fn process_cpu_ms() -> f64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID).map_or(0.0, |t| t.tv_sec() as f64 * 1e3 + t.tv_nsec() as f64 / 1e6)
 }
