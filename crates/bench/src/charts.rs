@@ -239,12 +239,18 @@ pub type ConcSeries = (String, String, Vec<(u32, f64, f64)>);
 /// Average (solid) and max (dashed-looking thin line) time to first response per instance vs N.
 /// Each series: (name, mode for the colour, points (N, avg ms, max ms)).
 pub fn concurrency(path: &Path, series: &[ConcSeries]) -> Result<()> {
+    lines(path, "Concurrent cold starts: time to first response per instance", "concurrent cold starts (N)", series, ("avg", "max"))
+}
+
+/// Two lines per series against a count on x: the first value of each point solid with
+/// dots, the second thin; `labels` name the two in the legend.
+pub fn lines(path: &Path, caption: &str, x_desc: &str, series: &[ConcSeries], labels: (&str, &str)) -> Result<()> {
     let root = SVGBackend::new(path, (760, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(e)?;
     let xmax = series.iter().flat_map(|s| s.2.iter().map(|p| p.0)).max().unwrap_or(1) as f64;
-    let ymax = series.iter().flat_map(|s| s.2.iter().map(|p| p.2.max(p.1))).fold(1.0f64, f64::max) * 1.1;
+    let ymax = series.iter().flat_map(|s| s.2.iter().map(|p| p.2.max(p.1))).filter(|v| v.is_finite()).fold(1.0f64, f64::max) * 1.1;
     let mut chart = ChartBuilder::on(&root)
-        .caption("Concurrent cold starts: time to first response per instance", (FONT, 17))
+        .caption(caption, (FONT, 17))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -252,7 +258,7 @@ pub fn concurrency(path: &Path, series: &[ConcSeries]) -> Result<()> {
         .map_err(e)?;
     chart
         .configure_mesh()
-        .x_desc("concurrent cold starts (N)")
+        .x_desc(x_desc)
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .max_light_lines(1)
@@ -264,7 +270,7 @@ pub fn concurrency(path: &Path, series: &[ConcSeries]) -> Result<()> {
         chart
             .draw_series(LineSeries::new(pts.iter().map(|p| (p.0 as f64, p.1)), c.stroke_width(2)))
             .map_err(e)?
-            .label(format!("{name} avg"))
+            .label(format!("{name} {}", labels.0))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], c.stroke_width(2)));
         chart
             .draw_series(pts.iter().map(|p| Circle::new((p.0 as f64, p.1), 3, c.filled())))
@@ -273,7 +279,7 @@ pub fn concurrency(path: &Path, series: &[ConcSeries]) -> Result<()> {
         chart
             .draw_series(LineSeries::new(pts.iter().map(|p| (p.0 as f64, p.2)), cm.stroke_width(1)))
             .map_err(e)?
-            .label(format!("{name} max"))
+            .label(format!("{name} {}", labels.1))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], cm.stroke_width(1)));
     }
     legend(&mut chart, SeriesLabelPosition::UpperLeft)?;

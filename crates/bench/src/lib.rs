@@ -8,6 +8,7 @@
 pub mod charts;
 pub mod cpu;
 pub mod disk;
+pub mod idle;
 pub mod report;
 pub mod runner;
 pub mod stats;
@@ -93,6 +94,14 @@ pub struct BenchArgs {
     /// Size of the file for the disk bandwidth measurement, MiB (at least 256).
     #[arg(long, default_value_t = 256)]
     pub disk_file_mib: usize,
+    /// Numbers of idle instances to measure cold starts beside (e.g. 0,100,500; default:
+    /// skip): the idle-instances experiment (see bench/README.md). With it, `--functions ""`
+    /// runs this experiment alone.
+    #[arg(long, value_delimiter = ',', value_parser = count_or_empty)]
+    pub idle: Option<Vec<u32>>,
+    /// The function of the idle-instances experiment (its idle instances and its measured starts).
+    #[arg(long, default_value = "helloworld")]
+    pub idle_function: String,
     /// Keep the scratch directory (snapshots, copies) instead of deleting it.
     #[arg(long)]
     pub keep_work: bool,
@@ -115,6 +124,9 @@ pub struct Config {
     pub quick: bool,
     pub disk_file_mib: usize,
     pub evict_dentries: bool,
+    /// Idle counts of the idle-instances experiment (empty: skipped) and its function.
+    pub idle: Vec<u32>,
+    pub idle_function: String,
 }
 
 impl BenchArgs {
@@ -147,6 +159,8 @@ impl BenchArgs {
             quick: self.quick,
             disk_file_mib: self.disk_file_mib.max(256),
             evict_dentries: self.evict_dentries,
+            idle: self.idle.clone().unwrap_or_default(),
+            idle_function: self.idle_function.trim().to_string(),
         }
     }
 }

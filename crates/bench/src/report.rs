@@ -296,9 +296,11 @@ pub fn build_json(cfg: &Config, res: &Results, pf: &PerFunction, h: &Headline, c
             "targets": {"speedup_avg": TARGET_SPEEDUP, "fault_reduction": TARGET_FAULT_REDUCTION,
                         "ws_bw_share": TARGET_WS_BW_SHARE, "paper_record_overhead": PAPER_RECORD_OVERHEAD},
             "concurrency": concurrency_summary(&res.concurrency),
+            "idle": crate::idle::summary(&res.idle),
         },
         "runs": res.runs,
         "concurrency_runs": res.concurrency,
+        "idle_runs": res.idle,
         "charts": charts,
     })
 }
@@ -487,6 +489,20 @@ pub fn write_charts(out: &Path, stamp: &str, res: &Results, pf: &PerFunction, fu
         names.push(n);
     }
 
+    let idle = crate::idle::summary(&res.idle);
+    if !idle.is_empty() {
+        let series: Vec<charts::ConcSeries> = crate::idle::IDLE_MODES
+            .iter()
+            .map(|m| {
+                let pts = idle.iter().filter_map(|(n, modes)| modes.get(*m).map(|p| (*n, p.ttfr_ms, p.node_cpu_ms + p.instance_cpu_ms))).collect();
+                (format!("{} {m}", res.idle[0].run.function), m.to_string(), pts)
+            })
+            .collect();
+        let (p, n) = path("idle");
+        charts::lines(&p, "Cold start beside idle instances: time to first response (solid), CPU node + instance (thin)", "idle instances on the node", &series, ("time", "CPU"))?;
+        names.push(n);
+    }
+
     let cdf: Vec<(String, String, Vec<f64>)> = ["lazy", "prefetch"]
         .iter()
         .map(|m| {
@@ -516,6 +532,14 @@ pub fn write_all(cfg: &Config, out: &Path, res: &Results) -> Result<PathBuf> {
     println!("{}", table(&pf, &cfg.functions));
     for l in summary_lines(&h, &conc) {
         println!("{l}");
+    }
+    for (n, modes) in crate::idle::summary(&res.idle) {
+        for (m, p) in modes {
+            println!(
+                "idle {n}: {m}: time to first response median {:.2} ms (x{:.2} the fewest idle), CPU {:.1} + {:.1} ms, {} page-server threads of {}",
+                p.ttfr_ms, p.vs_empty, p.node_cpu_ms, p.instance_cpu_ms, p.pageserver_threads, p.threads
+            );
+        }
     }
     let v = build_json(cfg, res, &pf, &h, &charts);
     let p = out.join(format!("reap-{stamp}.json"));
@@ -583,6 +607,7 @@ mod tests {
         Results {
             runs,
             concurrency,
+            idle: Vec::new(),
             disk_mib_s: vec![1000.0, 1300.0, 1200.0],
             snapshot_bytes: BTreeMap::from([("helloworld".into(), 1 << 20)]),
             started: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),

@@ -113,6 +113,8 @@ pub struct ConcRecord {
 pub struct Results {
     pub runs: Vec<RunRecord>,
     pub concurrency: Vec<ConcRecord>,
+    /// The idle-instances experiment (`crate::idle`).
+    pub idle: Vec<crate::idle::IdleRecord>,
     pub disk_mib_s: Vec<f64>,
     pub snapshot_bytes: BTreeMap<String, u64>,
     pub started: std::time::SystemTime,
@@ -229,11 +231,11 @@ fn check_mode(inst: &Instance, asked: Paging) -> Result<()> {
     Ok(())
 }
 
-struct Prepared {
-    name: String,
+pub(crate) struct Prepared {
+    pub(crate) name: String,
     payload: &'static str,
-    snap: PathBuf,
-    golden: PathBuf,
+    pub(crate) snap: PathBuf,
+    pub(crate) golden: PathBuf,
     /// The same function captured sealed at rest (the `*-sealed` modes), and its working set.
     sealed_snap: PathBuf,
     sealed_golden: PathBuf,
@@ -465,6 +467,42 @@ fn with_ws(p: &Prepared, snap: &Path, golden: &Path, mode: &str, run: usize) -> 
     })
 }
 
+/// Copy the snapshot `snap` into `to` (a new directory) with the working set of `golden`.
+pub(crate) fn copy_snapshot(snap: &Path, golden: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for ent in std::fs::read_dir(snap)? {
+        let src = ent?.path();
+        if src.is_file() {
+            copy_synced(&src, &to.join(src.file_name().expect("file name")))?;
+        }
+    }
+    install_ws(golden, to)
+}
+
+/// Open `dir` (a copy of `p`'s snapshot) once for many restores, as the node holds a
+/// function's opened snapshot: the reference working set, read once per burst.
+pub(crate) fn open_for_burst(dir: &Path, p: &Prepared) -> Result<LoadedSnapshot> {
+    let mut l = open_snapshot(dir, &p.code_check)?;
+    l.merge_misses = false;
+    l.single_flight = true;
+    Ok(l)
+}
+
+/// Invoke `inst` with `p`'s payload and check the result against the reference.
+pub(crate) fn invoke_checked(inst: &mut Instance, p: &Prepared, mode: &str) -> Result<()> {
+    let v = outcome(inst.invoke(REQUEST_ID, p.payload, TIMEOUT))?;
+    let _ = inst.take_logs();
+    check_output(&p.reference, &v, &p.name, mode)
+}
+
+/// One measured cold start of `p` in a restore `mode` of the main experiment, its
+/// result checked against the reference.
+pub(crate) fn measure(p: &Prepared, mode: &str, run: usize) -> Result<RunRecord> {
+    let (rec, v) = one_mode(p, mode, run)?;
+    check_output(&p.reference, &v, &p.name, mode)?;
+    Ok(rec)
+}
+
 /// Concurrent cold starts of copies of one function's snapshot.
 fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord>> {
     let max = cfg.concurrency.iter().copied().max().unwrap_or(0);
@@ -472,14 +510,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
     let mut copies = Vec::new();
     for i in 0..max {
         let d = base.join(format!("c{i}"));
-        std::fs::create_dir_all(&d)?;
-        for ent in std::fs::read_dir(&p.snap)? {
-            let src = ent?.path();
-            if src.is_file() {
-                copy_synced(&src, &d.join(src.file_name().expect("file name")))?;
-            }
-        }
-        install_ws(&p.golden, &d)?;
+        copy_snapshot(&p.snap, &p.golden, &d)?;
         copies.push(d);
     }
     let reps = cfg.runs;
@@ -604,7 +635,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
 }
 
 pub fn run(cfg: &Config, args: &BenchArgs, data_dir: &Path) -> Result<Results> {
-    if cfg.functions.is_empty() {
+    if cfg.functions.is_empty() && cfg.idle.is_empty() {
         bail!("no functions to run");
     }
     let started = std::time::SystemTime::now();
@@ -648,6 +679,9 @@ fn run_in(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, started:
             names.push(f.clone());
         }
     }
+    if !cfg.idle.is_empty() && !names.contains(&cfg.idle_function) {
+        names.push(cfg.idle_function.clone());
+    }
     let mut prepared = Vec::new();
     let mut snapshot_bytes = BTreeMap::new();
     let key = Arc::new(NodeKey::generate().context("generating the run's node key for the sealed modes")?);
@@ -690,7 +724,11 @@ fn run_in(cfg: &Config, args: &BenchArgs, data_dir: &Path, work: &Path, started:
             conc.extend(concurrency(p, cfg, work)?);
         }
     }
-    Ok(Results { runs, concurrency: conc, disk_mib_s, snapshot_bytes, started, meta: Value::Null })
+    let mut idle = Vec::new();
+    if let Some(p) = prepared.iter().find(|p| p.name == cfg.idle_function).filter(|_| !cfg.idle.is_empty()) {
+        idle = crate::idle::run(p, &cfg.idle, cfg.runs, work)?;
+    }
+    Ok(Results { runs, concurrency: conc, idle, disk_mib_s, snapshot_bytes, started, meta: Value::Null })
 }
 
 #[cfg(test)]

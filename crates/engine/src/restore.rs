@@ -110,7 +110,16 @@ pub struct Restored {
 
 /// Address of a `syscall` instruction inside the vDSO (identical in every
 /// process on this kernel), as an offset from the vDSO start.
+///
+/// Found once per process: the vDSO is the kernel's and does not change while we run,
+/// and reading our own /proc/self/maps costs in proportion to our mappings (a node's
+/// threads' stacks: with 500 idle instances it was ~1 ms of every restore).
 fn vdso_syscall_offset() -> Option<u64> {
+    static OFFSET: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *OFFSET.get_or_init(find_vdso_syscall_offset)
+}
+
+fn find_vdso_syscall_offset() -> Option<u64> {
     let base = nix::libc::AT_SYSINFO_EHDR;
     // SAFETY: getauxval only reads the process's auxiliary vector.
     let start = unsafe { libc::getauxval(base) };
