@@ -1,8 +1,9 @@
 //! The userfaultfd page server: serves a restored process's anonymous memory
 //! from the image.
 //!
-//! One thread per restored process (plus one per forked child) polls the
-//! userfaultfd, the process's pidfd and a stop pipe. Each missing-page fault is
+//! A node's few shared page-server threads (see [`shared`]; `THAW_PAGESERVER=thread`:
+//! one thread per restored process, plus one per forked child, as before issue #33)
+//! wait on the userfaultfds and the processes' pidfds. Each missing-page fault is
 //! resolved from the image: the faulting address is translated through the
 //! [`AddressSpace`] (which follows munmap/madvise/mremap events so that memory
 //! the process released is never refilled with stale image contents), looked
@@ -32,6 +33,8 @@ use crate::sys::mem;
 use crate::sys::uffd::{self, Event, Install};
 use crate::sys::PAGE_SIZE;
 use crate::ws::{Touch, WorkingSet};
+
+pub mod shared;
 
 #[derive(Debug, Error)]
 pub enum PageServerError {
@@ -481,17 +484,22 @@ impl AddressSpace {
     }
 }
 
-/// A running page server for one restored process.
+/// A running page server for one restored process: its own thread (and one per forked
+/// child), or an entry in one of the node's shared page-server threads (see
+/// [`shared`]); [`PageServer::start`] picks by `THAW_PAGESERVER`.
 pub struct PageServer {
-    stop_tx: Option<OwnedFd>,
-    thread: Option<JoinHandle<()>>,
+    handle: Option<Handle>,
     pub stats: Arc<Stats>,
 }
 
-struct Serve {
+enum Handle {
+    Thread { stop_tx: OwnedFd, thread: JoinHandle<()> },
+    Shared(shared::Registration),
+}
+
+pub(crate) struct Serve {
     uffd: OwnedFd,
     pidfd: Arc<OwnedFd>,
-    stop_rx: Arc<OwnedFd>,
     source: Arc<PageSource>,
     space: AddressSpace,
     stats: Arc<Stats>,
@@ -506,10 +514,25 @@ struct Serve {
     /// This thread's CPU time when it was last charged, and faults served since.
     cpu_mark: u64,
     since_charge: u32,
+    /// Events read but not yet served, each with the reset epoch it belongs to (kept
+    /// here while the fault budget holds the instance back).
+    queue: VecDeque<(u64, Event)>,
 }
 
-/// CPU time of the calling thread, in nanoseconds.
-fn thread_cpu_ns() -> u64 {
+/// What one pass over an instance's userfaultfd did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Nothing was pending.
+    Idle,
+    /// Events were read and served.
+    Served,
+    /// The instance's fault budget is spent: serve it again after this long (the
+    /// events read so far stay queued).
+    Throttled(Duration),
+}
+
+/// CPU time of the calling thread, in nanoseconds (a system call: ~0.4 µs here).
+pub(crate) fn thread_cpu_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
         .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
         .unwrap_or(0)
@@ -517,8 +540,11 @@ fn thread_cpu_ns() -> u64 {
 
 /// How often a forked child's server checks that the child's address space still
 /// exists (it ends when the child exits or execs, instead of living as long as the
-/// instance: a fork loop would otherwise pile up one thread per fork).
+/// instance: a fork loop would otherwise pile up one server per fork).
 const CHILD_PROBE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Events read from a userfaultfd at once.
+const READ_BATCH: usize = 64;
 
 impl PageServer {
     /// Start serving `uffd` (already registered) for the process behind `pidfd`.
@@ -529,11 +555,9 @@ impl PageServer {
         space: AddressSpace,
         stats: Arc<Stats>,
     ) -> io::Result<PageServer> {
-        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
         let serve = Serve {
             uffd,
             pidfd: Arc::new(pidfd),
-            stop_rx: Arc::new(rx),
             source,
             initial: space.clone(),
             epoch: stats.space_epoch.load(Ordering::Acquire),
@@ -543,16 +567,28 @@ impl PageServer {
             child: false,
             cpu_mark: 0,
             since_charge: 0,
+            queue: VecDeque::new(),
         };
-        let thread = std::thread::Builder::new().name("thaw-pageserver".into()).spawn(move || serve.run())?;
-        Ok(PageServer { stop_tx: Some(tx), thread: Some(thread), stats })
+        if let Some(pool) = shared::pool() {
+            let reg = pool.add(serve)?;
+            return Ok(PageServer { handle: Some(Handle::Shared(reg)), stats });
+        }
+        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+        let stop_rx = Arc::new(rx);
+        let thread = std::thread::Builder::new().name("thaw-pageserver".into()).spawn(move || serve.run_thread(stop_rx))?;
+        Ok(PageServer { handle: Some(Handle::Thread { stop_tx: tx, thread }), stats })
     }
 
-    /// Stop serving (the process must already be dead or about to be killed).
+    /// Stop serving (the process must already be dead or about to be killed). When
+    /// this returns, nothing serves the process any more and its userfaultfd is closed.
     pub fn stop(&mut self) {
-        self.stop_tx.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        match self.handle.take() {
+            Some(Handle::Thread { stop_tx, thread }) => {
+                drop(stop_tx);
+                let _ = thread.join();
+            }
+            Some(Handle::Shared(reg)) => reg.remove(),
+            None => {}
         }
     }
 }
@@ -564,36 +600,41 @@ impl Drop for PageServer {
 }
 
 impl Serve {
-    fn run(mut self) {
+    /// Serve on a thread of its own until the process exits or `stop_rx` is closed.
+    fn run_thread(mut self, stop_rx: Arc<OwnedFd>) {
         self.cpu_mark = thread_cpu_ns();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
-        self.charge_cpu();
-        let err = match result {
-            Ok(Ok(())) => return,
-            Ok(Err(e)) => e,
-            Err(_) => PageServerError::Poll(io::Error::other("page server panicked")),
-        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve_thread(&stop_rx)));
+        self.charge();
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.fail(&e),
+            Err(_) => self.fail(&PageServerError::Poll(io::Error::other("page server panicked"))),
+        }
+    }
+
+    /// The instance cannot be served: record why and kill it (a restored process never
+    /// runs on memory the image did not provide).
+    pub(crate) fn fail(&self, err: &PageServerError) {
         error!(error = %err, "page server failed; killing the instance it served");
-        self.stats.fail(&err);
+        self.stats.fail(err);
         let _ = mem::pidfd_kill(self.pidfd.as_fd());
     }
 
-    fn serve(&mut self) -> Result<(), PageServerError> {
+    fn serve_thread(&mut self, stop_rx: &Arc<OwnedFd>) -> Result<(), PageServerError> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        let mut queue = VecDeque::with_capacity(64);
         let mut buf = Vec::with_capacity((self.source.readaround() * PAGE_SIZE) as usize);
+        let mut forks = Vec::new();
         loop {
             let (uffd_ready, exited, stopped) = {
                 let mut fds = [
                     PollFd::new(self.uffd.as_fd(), PollFlags::POLLIN),
                     PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN),
-                    PollFd::new(self.stop_rx.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(stop_rx.as_fd(), PollFlags::POLLIN),
                 ];
                 let timeout = if self.child { PollTimeout::from(CHILD_PROBE.as_millis() as u16) } else { PollTimeout::NONE };
                 match poll(&mut fds, timeout) {
                     Ok(0) if self.child => {
-                        let gone = self.space.untracked_page().is_some_and(|p| !uffd::mm_alive(self.uffd.as_fd(), p));
-                        if gone {
+                        if self.child_gone() {
                             debug!("forked child is gone; its page server ends");
                             break;
                         }
@@ -617,45 +658,94 @@ impl Serve {
             // tens of microseconds per fault on a VM, more than serving the fault.
             let mut idle_since = Instant::now();
             loop {
-                self.read_into(&mut queue)?;
-                if queue.is_empty() {
-                    if idle_since.elapsed() > SPIN {
-                        self.charge_cpu();
+                let step = self.drain(&mut buf, &mut forks)?;
+                for child in forks.drain(..) {
+                    let stop_rx = stop_rx.clone();
+                    // Detached: it ends with the child (or the instance).
+                    drop(std::thread::Builder::new().name("thaw-ps-child".into()).spawn(move || child.run_thread(stop_rx)).map_err(PageServerError::Poll)?);
+                }
+                match step {
+                    Step::Idle if idle_since.elapsed() > SPIN => {
+                        if let Some(wait) = self.charge() {
+                            self.hold_back(wait, stop_rx);
+                        }
                         break;
                     }
-                    std::hint::spin_loop();
-                    continue;
-                }
-                while let Some((epoch, ev)) = queue.pop_front() {
-                    match ev {
-                        Event::PageFault { addr, .. } => self.fault(addr & !(PAGE_SIZE - 1), &mut buf, &mut queue)?,
-                        // Detached: it ends with the child (or the instance).
-                        Event::Fork { ufd } => drop(self.fork_child(ufd)?),
-                        other => self.apply(epoch, other),
+                    Step::Idle => std::hint::spin_loop(),
+                    Step::Served => idle_since = Instant::now(),
+                    Step::Throttled(wait) => {
+                        self.hold_back(wait, stop_rx);
+                        idle_since = Instant::now();
                     }
                 }
-                idle_since = Instant::now();
             }
         }
         Ok(())
     }
 
-    /// Account this thread's CPU time to the instance and, when its fault budget
-    /// is spent, wait (waking early if the server is stopped or the process exits).
-    fn charge_cpu(&mut self) {
+    /// Wait out the fault budget's deficit on this thread (waking early if the server
+    /// is stopped or the process exits): the faulting threads wait too.
+    fn hold_back(&mut self, wait: Duration, stop_rx: &OwnedFd) {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let t0 = Instant::now();
+        let mut fds = [PollFd::new(stop_rx.as_fd(), PollFlags::POLLIN), PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
+        let ms = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+        self.stats.throttled_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.cpu_mark = thread_cpu_ns();
+    }
+
+    /// A forked child's address space is gone (it exited or exec'd).
+    pub(crate) fn child_gone(&self) -> bool {
+        self.space.untracked_page().is_some_and(|p| !uffd::mm_alive(self.uffd.as_fd(), p))
+    }
+
+    /// One pass: read what is pending (at most [`READ_BATCH`] events) and serve it:
+    /// faults, address-space events, and forks (a forked child's server is pushed to
+    /// `forks` for the caller to run). Stops early when the instance's fault budget is
+    /// spent; what was read stays queued for the next pass.
+    pub(crate) fn drain(&mut self, buf: &mut Vec<u8>, forks: &mut Vec<Serve>) -> Result<Step, PageServerError> {
+        if self.queue.is_empty() {
+            self.read_queue()?;
+            if self.queue.is_empty() {
+                return Ok(Step::Idle);
+            }
+        }
+        while let Some((epoch, ev)) = self.queue.pop_front() {
+            match ev {
+                Event::PageFault { addr, .. } => {
+                    self.fault(addr & !(PAGE_SIZE - 1), buf, forks)?;
+                    if self.since_charge >= CHARGE_EVERY {
+                        if let Some(wait) = self.charge() {
+                            return Ok(Step::Throttled(wait));
+                        }
+                    }
+                }
+                Event::Fork { ufd } => forks.push(self.fork_child(ufd)),
+                other => self.apply(epoch, other),
+            }
+        }
+        Ok(Step::Served)
+    }
+
+    /// Account this thread's CPU time since the mark to the instance; returns how long
+    /// its fault budget says to hold it back, if it is spent.
+    pub(crate) fn charge(&mut self) -> Option<Duration> {
+        self.charge_until(thread_cpu_ns())
+    }
+
+    /// Charge the instance this thread's CPU time from its mark to `now` (a reading of
+    /// [`thread_cpu_ns`]), and mark `now`.
+    pub(crate) fn charge_until(&mut self, now: u64) -> Option<Duration> {
         self.since_charge = 0;
-        let now = thread_cpu_ns();
         let used = now.saturating_sub(self.cpu_mark);
         self.cpu_mark = now;
-        if let Some(wait) = self.stats.charge(used) {
-            let t0 = Instant::now();
-            let mut fds = [PollFd::new(self.stop_rx.as_fd(), PollFlags::POLLIN), PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN)];
-            let ms = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
-            let _ = poll(&mut fds, PollTimeout::from(ms));
-            self.stats.throttled_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            self.cpu_mark = thread_cpu_ns();
-        }
+        self.stats.charge(used)
+    }
+
+    /// Start accounting this thread's CPU time to the instance from `now`.
+    pub(crate) fn mark_cpu(&mut self, now: u64) {
+        self.cpu_mark = now;
     }
 
     /// Read the pending events, each with the reset epoch it belongs to: the epoch as it
@@ -663,11 +753,11 @@ impl Serve {
     /// reset bumps the epoch only after its own calls (munmap...) have returned, so an
     /// event from before a reset is read before the bump, and one from after it (the
     /// process runs again only after the bump) is read after.
-    fn read_into(&self, queue: &mut VecDeque<(u64, Event)>) -> Result<(), PageServerError> {
+    fn read_queue(&mut self) -> Result<(), PageServerError> {
         let epoch = self.stats.space_epoch.load(Ordering::Acquire);
-        let mut evs = Vec::with_capacity(64);
-        uffd::read_events(self.uffd.as_fd(), &mut evs, 64).map_err(PageServerError::Poll)?;
-        queue.extend(evs.into_iter().map(|ev| (epoch, ev)));
+        let mut evs = Vec::with_capacity(READ_BATCH);
+        uffd::read_events(self.uffd.as_fd(), &mut evs, READ_BATCH).map_err(PageServerError::Poll)?;
+        self.queue.extend(evs.into_iter().map(|ev| (epoch, ev)));
         Ok(())
     }
 
@@ -704,12 +794,13 @@ impl Serve {
         }
     }
 
-    fn fork_child(&mut self, ufd: i32) -> Result<JoinHandle<()>, PageServerError> {
+    /// The server of a child the process forked (UFFD_EVENT_FORK: its own userfaultfd).
+    fn fork_child(&mut self, ufd: i32) -> Serve {
         self.stats.events.fetch_add(1, Ordering::Relaxed);
-        let child = Serve {
+        debug!("serving a forked child");
+        Serve {
             uffd: uffd::own_fd(ufd),
             pidfd: self.pidfd.clone(),
-            stop_rx: self.stop_rx.clone(),
             source: self.source.clone(),
             space: self.space.clone(),
             stats: self.stats.clone(),
@@ -717,19 +808,15 @@ impl Serve {
             child: true,
             initial: self.initial.clone(),
             epoch: self.epoch,
-            cpu_mark: 0,
+            cpu_mark: thread_cpu_ns(),
             since_charge: 0,
-        };
-        debug!("serving a forked child");
-        std::thread::Builder::new().name("thaw-ps-child".into()).spawn(move || child.run()).map_err(PageServerError::Poll)
+            queue: VecDeque::new(),
+        }
     }
 
-    fn fault(&mut self, page: u64, buf: &mut Vec<u8>, queue: &mut VecDeque<(u64, Event)>) -> Result<(), PageServerError> {
+    fn fault(&mut self, page: u64, buf: &mut Vec<u8>, forks: &mut Vec<Serve>) -> Result<(), PageServerError> {
         self.stats.faults.fetch_add(1, Ordering::Relaxed);
         self.since_charge += 1;
-        if self.since_charge >= CHARGE_EVERY {
-            self.charge_cpu();
-        }
         self.follow_epoch(self.stats.space_epoch.load(Ordering::Acquire));
         let wp = self.stats.wp_tracking.load(Ordering::Relaxed);
         let mut counted = false;
@@ -788,16 +875,12 @@ impl Serve {
                 // A non-cooperative event is pending: read and apply the address-space
                 // events first (faults stay queued), then resolve this page again.
                 Install::Again { .. } => {
-                    self.read_into(queue)?;
-                    let pending: Vec<(u64, Event)> = queue.drain(..).collect();
+                    self.read_queue()?;
+                    let pending: Vec<(u64, Event)> = self.queue.drain(..).collect();
                     for (epoch, ev) in pending {
                         match ev {
-                            Event::PageFault { .. } => queue.push_back((epoch, ev)),
-                            Event::Fork { ufd } => {
-                                let h = self.fork_child(ufd)?;
-                                // Detached: it ends with the process.
-                                drop(h);
-                            }
+                            Event::PageFault { .. } => self.queue.push_back((epoch, ev)),
+                            Event::Fork { ufd } => forks.push(self.fork_child(ufd)),
                             other => self.apply(epoch, other),
                         }
                     }

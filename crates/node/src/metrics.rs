@@ -21,6 +21,7 @@
 //! | `thaw_restore_sandboxes_total` | counter | outcome (prepared: taken from the sandbox pool; created: none was ready) |
 //! | `thaw_sandbox_pool_ready` | gauge | — (prepared sandboxes waiting, all shapes) |
 //! | `thaw_base_pool_idle` | gauge | — (clean base instances waiting to be repurposed, `--base-pool`) |
+//! | `thaw_pageserver_threads` | gauge | — (the node's shared page-server threads; 0 with `THAW_PAGESERVER=thread`) |
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
@@ -50,6 +51,7 @@ pub struct Metrics {
     pub restore_sandboxes: IntCounterVec,
     pub sandbox_pool_ready: IntGauge,
     pub base_pool_idle: IntGauge,
+    pub pageserver_threads: IntGauge,
 }
 
 impl Metrics {
@@ -101,6 +103,7 @@ impl Metrics {
             ),
             sandbox_pool_ready: gauge("thaw_sandbox_pool_ready", "Prepared sandboxes waiting in the pool"),
             base_pool_idle: gauge("thaw_base_pool_idle", "Clean base instances waiting to be repurposed (--base-pool)"),
+            pageserver_threads: gauge("thaw_pageserver_threads", "Shared page-server threads serving every restored instance's faults"),
             registry,
         }
     }

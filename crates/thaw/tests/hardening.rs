@@ -115,12 +115,7 @@ def handler(event, context):
     assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["0", "0", "0"], "{out}");
 }
 
-/// A fork inside a restored instance gets a page server for the child's copy of the
-/// memory; that server ends with the child instead of living as long as the instance
-/// (a fork loop would otherwise pile up one node thread per fork).
-#[test]
-fn page_servers_of_forked_children_end_with_them() {
-    let handler = r#"
+const FORK_LOOP: &str = r#"
 import os, time
 HEAP = bytearray(b'h' * (4 << 20))
 
@@ -134,42 +129,69 @@ def handler(event, context):
     time.sleep(3)
     return HEAP.count(b'h')
 "#;
-    let (snap, o) = create("forkloop", handler);
+
+/// Restore the fork loop (a snapshot named `name`) lazily with `env`; while it runs, sample the node process's
+/// (page-server threads, forked children's page-server threads) every 10 ms. Returns the
+/// samples and the node's stderr.
+fn fork_loop(name: &str, env: &[(&str, &str)]) -> (Vec<(usize, usize)>, String) {
+    let (snap, o) = create(name, FORK_LOOP);
     ok(o);
     let node = std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
         .env("THAW_DATA_DIR", scratch().join("data"))
+        .envs(env.iter().copied())
         .args(["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--payload", "{}", "--quiet"])
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let child_servers = |pid: u32| -> Option<usize> {
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-        Some(
-            tasks
-                .flatten()
-                .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("thaw-ps-child")))
-                .count(),
-        )
+    let servers = |pid: u32| -> Option<(usize, usize)> {
+        let names: Vec<String> =
+            std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten().filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok()).collect();
+        let count = |p: &str| names.iter().filter(|c| c.starts_with(p)).count();
+        Some((count("thaw-pageserver"), count("thaw-ps-child")))
     };
-    let (mut seen, mut drained) = (0, false);
+    let mut samples = Vec::new();
     for _ in 0..400 {
-        match child_servers(node.id()) {
-            Some(n) => {
-                seen = seen.max(n);
-                if seen > 0 && n == 0 {
-                    drained = true;
-                    break;
-                }
-            }
+        match servers(node.id()) {
+            Some(s) => samples.push(s),
             None => break,
+        }
+        if samples.iter().any(|s| s.1 > 0) && samples.last().is_some_and(|s| s.1 == 0) {
+            break;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let out = node.wait_with_output().unwrap();
-    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), (4u32 << 20).to_string());
+    (samples, err)
+}
+
+/// A fork inside a restored instance gets a page server for the child's copy of the
+/// memory; that server ends with the child instead of living as long as the instance
+/// (a fork loop would otherwise pile up one node thread per fork). With a thread per
+/// instance (`THAW_PAGESERVER=thread`) each child's server is a thread.
+#[test]
+fn page_servers_of_forked_children_end_with_them() {
+    let (samples, _) = fork_loop("forkloop", &[("THAW_PAGESERVER", "thread")]);
+    let seen = samples.iter().map(|s| s.1).max().unwrap_or(0);
     assert!(seen > 0, "no forked child was ever served");
-    assert!(drained, "child page servers outlived their children (max {seen} seen)");
+    assert!(samples.last().is_some_and(|s| s.1 == 0), "child page servers outlived their children (max {seen} seen)");
+}
+
+/// The same on the node's shared page-server threads (issue #33): a child's server is
+/// an entry of its instance's thread, dropped when the child is gone, and no thread is
+/// ever started for one.
+#[test]
+fn shared_page_servers_serve_forked_children_and_drop_them() {
+    let (samples, err) = fork_loop("forkloop-shared", &[("THAW_PAGESERVER_THREADS", "2"), ("THAW_LOG", "thaw_engine::pageserver=debug")]);
+    assert!(samples.iter().all(|s| s.0 <= 2 && s.1 == 0), "threads beyond the two shared ones: {samples:?}");
+    let served = err.matches("serving a forked child").count();
+    let dropped = err.matches("forked child is gone; its page server ends").count();
+    assert_eq!(served, 30, "{err}");
+    // Each child is probed every 100 ms and the handler sleeps 3 s after its last fork.
+    assert_eq!(dropped, 30, "children's servers not dropped while the instance ran: {err}");
 }
 
 /// A restore over a bundle that changed after the capture would run the old code
