@@ -21,6 +21,9 @@ use thaw_engine::pageserver::Paging;
 use crate::runner::{self, Prepared, RunRecord};
 use crate::stats;
 
+/// How long the idle instances are left alone before the measurements at a count.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The modes measured at each idle count.
 pub const IDLE_MODES: [&str; 2] = ["prefetch", "prefetch-pooled"];
 
@@ -76,6 +79,9 @@ pub(crate) fn run(p: &Prepared, counts: &[u32], runs: usize, work: &std::path::P
                 idle.push(inst);
             }
             eprintln!("bench: idle: {n} idle instances ready ({:.0} ms)", t.elapsed().as_secs_f64() * 1e3);
+            // Idle means idle for a while: let the kernel's work of their creation (RCU
+            // callbacks, cgroup and namespace work queues) settle before measuring.
+            std::thread::sleep(SETTLE);
             // Counted once per level: reading 500 threads' names is not free either.
             let (threads, pageserver_threads) = thread_counts();
             for run in 0..runs {

@@ -225,6 +225,54 @@ pub fn concurrency_summary(recs: &[ConcRecord]) -> ConcSummary {
     out
 }
 
+/// function -> mode -> where a start's CPU goes -> median ms: the restoring thread's steps
+/// (`sandbox`, `stub`, ...), `sandbox_init` (the sandbox's init process), `instance`
+/// (the restored process to its first response) and `node_total` (all of the harness's
+/// threads: the restoring thread, the working-set reader, the page server...).
+pub type CpuPhases = BTreeMap<String, BTreeMap<String, BTreeMap<String, f64>>>;
+
+pub fn cpu_phases(runs: &[RunRecord]) -> CpuPhases {
+    let mut acc: BTreeMap<(String, String, String), Vec<f64>> = BTreeMap::new();
+    for r in runs.iter().filter(|r| !r.phases_cpu_ms.is_empty()) {
+        let mut put = |k: &str, v: Option<f64>| {
+            if let Some(v) = v.filter(|v| v.is_finite()) {
+                acc.entry((r.function.clone(), r.mode.clone(), k.to_string())).or_default().push(v);
+            }
+        };
+        for (k, v) in &r.phases_cpu_ms {
+            put(k, Some(*v));
+        }
+        put("sandbox_init", r.sandbox_init_cpu_ms);
+        put("instance", r.instance_cpu_ms);
+        put("node_total", r.node_cpu_ms);
+    }
+    let mut out = CpuPhases::new();
+    for ((f, m, k), v) in acc {
+        out.entry(f).or_default().entry(m).or_default().insert(k, stats::median(&v).unwrap_or(f64::NAN));
+    }
+    out
+}
+
+/// One line per function and restore mode with a CPU profile (see [`cpu_phases`]).
+pub fn cpu_phase_lines(c: &CpuPhases) -> Vec<String> {
+    let order = ["sandbox", "stub", "batch_a", "batch_b", "memory", "resume"];
+    let mut out = Vec::new();
+    for (f, modes) in c {
+        for (m, ph) in modes.iter().filter(|(m, _)| m.starts_with("prefetch") || *m == "lazy") {
+            let steps: Vec<String> = order.iter().filter_map(|k| Some(format!("{k} {:.2}", ph.get(*k)?))).collect();
+            let g = |k: &str| ph.get(k).map_or("-".to_string(), |v| format!("{v:.2}"));
+            out.push(format!(
+                "CPU of a start {f} {m} (medians, ms): restoring thread {}; sandbox init {}; all node threads {}; instance {}",
+                steps.join(", "),
+                g("sandbox_init"),
+                g("node_total"),
+                g("instance")
+            ));
+        }
+    }
+    out
+}
+
 /// UTC timestamp as (compact for file names, ISO 8601).
 pub fn utc_stamp(t: SystemTime) -> (String, String) {
     let secs = t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
@@ -297,6 +345,7 @@ pub fn build_json(cfg: &Config, res: &Results, pf: &PerFunction, h: &Headline, c
                         "ws_bw_share": TARGET_WS_BW_SHARE, "paper_record_overhead": PAPER_RECORD_OVERHEAD},
             "concurrency": concurrency_summary(&res.concurrency),
             "idle": crate::idle::summary(&res.idle),
+            "cpu_phases": cpu_phases(&res.runs),
         },
         "runs": res.runs,
         "concurrency_runs": res.concurrency,
@@ -530,7 +579,7 @@ pub fn write_all(cfg: &Config, out: &Path, res: &Results) -> Result<PathBuf> {
     let charts = write_charts(out, &stamp, res, &pf, &cfg.functions)?;
     let conc = concurrency_summary(&res.concurrency);
     println!("{}", table(&pf, &cfg.functions));
-    for l in summary_lines(&h, &conc) {
+    for l in summary_lines(&h, &conc).into_iter().chain(cpu_phase_lines(&cpu_phases(&res.runs))) {
         println!("{l}");
     }
     for (n, modes) in crate::idle::summary(&res.idle) {
@@ -613,6 +662,28 @@ mod tests {
             started: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
             meta: Value::Null,
         }
+    }
+
+    #[test]
+    fn cpu_profile_medians_per_step() {
+        let mut runs = Vec::new();
+        for (k, sandbox) in [0.2, 0.4, 0.3].into_iter().enumerate() {
+            let mut r = rec("helloworld", "prefetch-pooled", k, 2.0, 0.5, 0);
+            r.phases_cpu_ms = BTreeMap::from([("sandbox".into(), sandbox), ("memory".into(), 0.5)]);
+            r.sandbox_init_cpu_ms = Some(1.0 + k as f64);
+            r.instance_cpu_ms = Some(1.1);
+            r.node_cpu_ms = Some(1.8);
+            runs.push(r);
+        }
+        // Runs without a profile (boot, warm) are left out.
+        runs.push(rec("helloworld", "boot", 0, 20.0, 1.0, 0));
+        let c = cpu_phases(&runs);
+        let p = &c["helloworld"]["prefetch-pooled"];
+        assert_eq!((p["sandbox"], p["memory"], p["sandbox_init"], p["instance"], p["node_total"]), (0.3, 0.5, 2.0, 1.1, 1.8));
+        assert!(!c["helloworld"].contains_key("boot"));
+        let lines = cpu_phase_lines(&c);
+        assert_eq!(lines.len(), 1);
+        assert!(lines[0].contains("restoring thread sandbox 0.30, memory 0.50; sandbox init 2.00"), "{}", lines[0]);
     }
 
     #[test]

@@ -84,6 +84,13 @@ pub struct RunRecord {
     pub node_cpu_ms: Option<f64>,
     #[serde(default)]
     pub instance_cpu_ms: Option<f64>,
+    /// Where the node's side of a restore spends CPU (issue #33): the restoring thread
+    /// per step (`sandbox`, then the restore's phases), and the sandbox's init process
+    /// (building the sandbox: its mounts, cgroup, the stub), ms.
+    #[serde(default)]
+    pub phases_cpu_ms: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub sandbox_init_cpu_ms: Option<f64>,
 }
 
 /// One instance of a concurrent cold-start trial.
@@ -376,6 +383,7 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
         let first = ms(t.elapsed());
         let node_cpu = crate::cpu::process_ms() - cpu0;
         let instance_cpu = crate::cpu::task_ms(inst.pid());
+        let init_cpu = crate::cpu::task_ms(inst.sandbox_init_pid());
         let mut v = outcome(out)?;
         let before = inst.page_stats();
         let mut rec = RunRecord {
@@ -392,6 +400,8 @@ fn restore_once(p: &Prepared, snap: &Path, mode: &str, run: usize) -> Result<(Ru
             pages_installed_upfront: before.pages_installed_upfront,
             node_cpu_ms: (!warm).then_some(node_cpu),
             instance_cpu_ms: instance_cpu.filter(|_| !warm),
+            phases_cpu_ms: inst.start.phases_cpu.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            sandbox_init_cpu_ms: init_cpu.filter(|_| !warm),
             ..Default::default()
         };
         rec.ttfr_ms = rec.restore_ms + first;

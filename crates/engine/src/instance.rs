@@ -462,6 +462,10 @@ pub struct StartInfo {
     /// Boot: runtime start + function init. Restore: rebuilding the process.
     pub init_ms: f64,
     pub phases: Vec<(&'static str, f64)>,
+    /// A restore's CPU milliseconds on the restoring thread: `sandbox` (creating it, or
+    /// taking a prepared one; the sandbox's init process spends its own, see
+    /// [`Instance::sandbox_init_pid`]), then each of `phases`' steps. Empty otherwise.
+    pub phases_cpu: Vec<(&'static str, f64)>,
     /// The sandbox came prepared from a pool (see `thaw_sandbox::SandboxPool`).
     pub prepared_sandbox: bool,
 }
@@ -664,7 +668,7 @@ impl Instance {
             function_name: cfg.function_name.clone(),
             function_version: cfg.function_version.clone(),
             function_arn: None,
-            start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![], prepared_sandbox: false },
+            start: StartInfo { kind: "boot", sandbox_ms, init_ms, phases: vec![], phases_cpu: vec![], prepared_sandbox: false },
             paging: None,
             tracking: None,
             image_id: None,
@@ -686,6 +690,8 @@ impl Instance {
     /// snapshot's own: a base restored for a function (its code at /var/task).
     pub fn restore_as(snap: &LoadedSnapshot, paging: Paging, record: SandboxRecord) -> Result<Instance, InstanceError> {
         let t0 = Instant::now();
+        let cpu0 = crate::pageserver::thread_cpu_ns();
+        let mut sandbox_cpu_ms = 0.0;
         let requested = snap.resolve(paging);
         let spec = spec_for(&record, "restore");
         // Only this snapshot's file: the other files there hold other functions' memory.
@@ -713,6 +719,7 @@ impl Instance {
                 }
             };
             let pidfd = sandbox.pidfd().try_clone_to_owned().map_err(InstanceError::Io)?;
+            sandbox_cpu_ms = crate::pageserver::thread_cpu_ns().saturating_sub(cpu0) as f64 / 1e6;
             let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), snap.tracks_writes(), || {
                 let (prefill, m) = loader.join().unwrap_or((Prefill::None, Paging::Record));
                 mode = m;
@@ -777,6 +784,7 @@ impl Instance {
                 sandbox_ms,
                 init_ms: total_ms - sandbox_ms,
                 phases: restored.phases,
+                phases_cpu: std::iter::once(("sandbox", sandbox_cpu_ms)).chain(restored.phases_cpu).collect(),
                 prepared_sandbox: pool_used.is_some(),
             },
             paging: Some(PagingState {
@@ -910,6 +918,7 @@ impl Instance {
             sandbox_ms: 0.0,
             init_ms: total_ms,
             phases: vec![("code", code_ms), ("load", total_ms - code_ms)],
+            phases_cpu: vec![],
             prepared_sandbox: false,
         };
         info!(id = self.sandbox.id(), function = %cfg.function_name, code_ms, total_ms, "function loaded into a base instance");
@@ -983,7 +992,7 @@ impl Instance {
             phases.push(("after_restore", ms));
         }
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
-        self.start = StartInfo { kind: "repurposed-diff", sandbox_ms: 0.0, init_ms: total_ms, phases, prepared_sandbox: false };
+        self.start = StartInfo { kind: "repurposed-diff", sandbox_ms: 0.0, init_ms: total_ms, phases, phases_cpu: vec![], prepared_sandbox: false };
         info!(id = self.sandbox.id(), diff = %diff.dir.display(), code_ms, total_ms, pages_written = st.pages_written, pages_installed = st.pages_installed,
             "function's diff installed into a base instance");
         Ok(LoadIntoStats { code_ms, load_ms: total_ms - code_ms, total_ms })
@@ -1058,6 +1067,11 @@ impl Instance {
     /// Host pid of the instance's process (PID 1 of its sandbox).
     pub fn pid(&self) -> i32 {
         self.sandbox.pid()
+    }
+
+    /// Host pid of the instance's sandbox init (its namespace's reaper).
+    pub fn sandbox_init_pid(&self) -> i32 {
+        self.sandbox.init_pid()
     }
 
     /// The directory of the runtime base this instance was restored from, if it was

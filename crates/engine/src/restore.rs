@@ -104,6 +104,9 @@ pub struct Restored {
     pub prefetch: Option<PrefetchStats>,
     /// Milliseconds per restore step, in order.
     pub phases: Vec<(&'static str, f64)>,
+    /// CPU milliseconds the restoring thread spent in each step (the restored process's
+    /// own CPU, running the injected calls, is its own: see `Instance::pid`).
+    pub phases_cpu: Vec<(&'static str, f64)>,
     /// Write tracking and baseline for in-place resets (None: cannot be reset).
     pub tracking: Option<crate::reset::Tracking>,
 }
@@ -175,11 +178,16 @@ fn restore_inner(
     };
     let is_shared = |v: &crate::image::Vma| shared_ranges.binary_search(&(v.start, v.end)).is_ok();
     let mut phases = Vec::new();
+    let mut phases_cpu = Vec::new();
     let mut t = Instant::now();
+    let mut cpu = crate::pageserver::thread_cpu_ns();
     let mut lap = |name: &'static str, phases: &mut Vec<(&'static str, f64)>| {
         tracing::trace!(pid, phase = name, "restore phase done");
         phases.push((name, t.elapsed().as_secs_f64() * 1e3));
         t = Instant::now();
+        let now = crate::pageserver::thread_cpu_ns();
+        phases_cpu.push((name, now.saturating_sub(cpu) as f64 / 1e6));
+        cpu = now;
     };
     let ioe = |what: &str| {
         let what = what.to_string();
@@ -515,7 +523,7 @@ fn restore_inner(
     }
     lap("resume", &mut phases);
     debug!(pid, ?phases, upfront = stats.pages_installed_upfront.load(Ordering::Relaxed), "restored");
-    Ok(Restored { pageserver, stats, prefetch, phases, tracking })
+    Ok(Restored { pageserver, stats, prefetch, phases, phases_cpu, tracking })
 }
 
 /// The call that sets `advice` (a [`crate::image::Vma::advice`]) on a mapping again.
