@@ -690,6 +690,9 @@ impl Instance {
     /// snapshot's own: a base restored for a function (its code at /var/task).
     pub fn restore_as(snap: &LoadedSnapshot, paging: Paging, record: SandboxRecord) -> Result<Instance, InstanceError> {
         let t0 = Instant::now();
+        // A few restores at a time, in arrival order (see restore/gate.rs).
+        let permit = restore::gate::global().map(|g| g.enter());
+        let gate_ms = permit.as_ref().map_or(0.0, |p| p.waited.as_secs_f64() * 1e3);
         let cpu0 = crate::pageserver::thread_cpu_ns();
         let mut sandbox_cpu_ms = 0.0;
         let requested = snap.resolve(paging);
@@ -735,6 +738,10 @@ impl Instance {
                 }
             }
         })?;
+        drop(permit);
+        if gate_ms > 0.0 {
+            restored.phases.insert(0, ("gate", gate_ms));
+        }
         // Nothing of the function runs before its files are known to be the captured
         // ones (the walk went on beside the restore).
         let tc = Instant::now();

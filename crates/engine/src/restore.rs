@@ -38,6 +38,7 @@ use crate::sys::ptrace::Tracee;
 use crate::sys::{uffd, PAGE_SIZE};
 
 mod unlinked;
+pub mod gate;
 
 #[derive(Debug, Error)]
 pub enum RestoreError {
