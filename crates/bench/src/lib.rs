@@ -102,6 +102,12 @@ pub struct BenchArgs {
     /// The function of the idle-instances experiment (its idle instances and its measured starts).
     #[arg(long, default_value = "helloworld")]
     pub idle_function: String,
+    /// Open snapshots with shared memory as the node opens its local full images (the
+    /// pages instances of one opened snapshot touch live once in a tmpfs file, mapped
+    /// copy-on-write: engine/src/sharedmem.rs). It changes the burst-* modes, whose
+    /// restores share one opened snapshot; other modes open one per restore.
+    #[arg(long)]
+    pub share_memory: bool,
     /// Keep the scratch directory (snapshots, copies) instead of deleting it.
     #[arg(long)]
     pub keep_work: bool,
@@ -127,6 +133,7 @@ pub struct Config {
     /// Idle counts of the idle-instances experiment (empty: skipped) and its function.
     pub idle: Vec<u32>,
     pub idle_function: String,
+    pub share_memory: bool,
 }
 
 impl BenchArgs {
@@ -161,6 +168,7 @@ impl BenchArgs {
             evict_dentries: self.evict_dentries,
             idle: self.idle.clone().unwrap_or_default(),
             idle_function: self.idle_function.trim().to_string(),
+            share_memory: self.share_memory,
         }
     }
 }

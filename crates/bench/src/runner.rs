@@ -176,8 +176,12 @@ fn code_check(cfg: &FunctionConfig) -> Result<CodeCheck> {
     }
 }
 
+/// `--share-memory`: snapshots are opened with shared memory.
+static SHARE_MEMORY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn open_snapshot(dir: &Path, check: &CodeCheck) -> Result<LoadedSnapshot> {
-    Ok(LoadedSnapshot::open_checked(dir, false, check.clone())?)
+    let share = SHARE_MEMORY.load(std::sync::atomic::Ordering::Relaxed);
+    Ok(LoadedSnapshot::open_checked(dir, share, check.clone())?)
 }
 
 fn copy_synced(from: &Path, to: &Path) -> Result<()> {
@@ -648,6 +652,7 @@ pub fn run(cfg: &Config, args: &BenchArgs, data_dir: &Path) -> Result<Results> {
     if cfg.functions.is_empty() && cfg.idle.is_empty() {
         bail!("no functions to run");
     }
+    SHARE_MEMORY.store(cfg.share_memory, std::sync::atomic::Ordering::Relaxed);
     let started = std::time::SystemTime::now();
     let meta = crate::report::meta(cfg, started);
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
