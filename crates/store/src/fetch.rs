@@ -40,7 +40,9 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
     let key = Remote::manifest_key(id);
     let object = remote.url.object_url(&key);
+    let t0 = std::time::Instant::now();
     let stored = remote.get(&key).await?;
+    let got_ms = t0.elapsed().as_secs_f64() * 1e3;
     let len = stored.len() as u64;
     // Format 3 is stored compressed (zstd's magic; JSON starts with '{'), never
     // decompressed past the cap on manifests.
@@ -56,7 +58,9 @@ pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
     if got != id {
         return Err(StoreError::Corrupt { object, detail: format!("contents hash to {got}") });
     }
-    Ok((Manifest::parse(&object, &bytes)?, len))
+    let m = Manifest::parse(&object, &bytes)?;
+    tracing::debug!(get_ms = got_ms, checked_ms = t0.elapsed().as_secs_f64() * 1e3, stored = len, json = bytes.len(), "manifest read");
+    Ok((m, len))
 }
 
 /// What a miss fetches first: the manifest of the snapshot (verified against its
@@ -77,7 +81,13 @@ pub struct MissStart {
 /// for both, where the head otherwise needed a second one after the manifest).
 pub async fn manifest_and_head(remote: &Remote, id: &str) -> Result<MissStart> {
     let head_key = Remote::head_key(id);
-    let (m, head) = futures::join!(manifest(remote, id), remote.get(&head_key));
+    let t0 = std::time::Instant::now();
+    let head_get = async {
+        let r = remote.get(&head_key).await;
+        tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, "head copy read");
+        r
+    };
+    let (m, head) = futures::join!(manifest(remote, id), head_get);
     let (manifest, manifest_len) = m?;
     let head = match head {
         Ok(b) => Some(b),

@@ -1,7 +1,7 @@
 //! A fixed set of page-server threads shared by every instance of the process (issue
 //! #33): a node with 500 idle instances had 500 page-server threads, one blocked in
-//! poll(2) per instance. Now a few workers (2 per core, 2 to 16; `THAW_PAGESERVER_THREADS`)
-//! each wait in epoll on the userfaultfds of the instances given to them (an instance and
+//! poll(2) per instance. Now a few workers (at most 2 per core, 2 to 16;
+//! `THAW_PAGESERVER_THREADS`; started as instances come) each wait in epoll on the userfaultfds of the instances given to them (an instance and
 //! the children it forks stay on one worker: their servers share the instance's state)
 //! and on those instances' pidfds. `THAW_PAGESERVER=thread` gives every instance its own
 //! thread again (the baseline of the comparison).
@@ -35,33 +35,25 @@ use std::time::{Duration, Instant};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use super::{thread_cpu_ns, PageServerError, Serve, Step, CHILD_PROBE, PAGE_SIZE, SPIN};
 
-/// The shared workers, started at the first restore; `None` when
+/// The shared workers (started as instances need them); `None` when
 /// `THAW_PAGESERVER=thread` asks for a thread per instance.
 pub(crate) fn pool() -> Option<&'static Pool> {
     POOL.get_or_init(|| {
         if std::env::var("THAW_PAGESERVER").is_ok_and(|v| v == "thread") {
             return None;
         }
-        let n = workers_wanted();
-        match Pool::start(n) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                // Still correct, only more threads: every instance gets its own.
-                error!(error = %e, "starting the shared page-server threads failed; serving each instance on a thread of its own");
-                None
-            }
-        }
+        Some(Pool { max: workers_wanted(), workers: Mutex::new(Vec::new()) })
     })
     .as_ref()
 }
 
-/// How many shared workers: `THAW_PAGESERVER_THREADS`, else two per core, 2 to 16 (a
-/// page read from disk or from the store blocks its worker; two per core keeps a core
-/// busy meanwhile).
+/// How many shared workers at most: `THAW_PAGESERVER_THREADS`, else two per core, 2 to
+/// 16 (a page read from disk or from the store blocks its worker; two per core keeps a
+/// core busy meanwhile).
 fn workers_wanted() -> usize {
     if let Some(n) = std::env::var("THAW_PAGESERVER_THREADS").ok().and_then(|v| v.parse::<usize>().ok()) {
         return n.clamp(1, 64);
@@ -75,45 +67,66 @@ static POOL: OnceLock<Option<Pool>> = OnceLock::new();
 /// How many shared page-server threads run (0 before the first restore, and when each
 /// instance has its own).
 pub fn threads() -> usize {
-    POOL.get().and_then(Option::as_ref).map_or(0, |p| p.workers.len())
+    POOL.get().and_then(Option::as_ref).map_or(0, |p| p.workers.lock().expect("page-server pool lock").len())
 }
 
+/// The workers, started one at a time: a new instance gets a worker of its own while
+/// fewer than `max` run, else it joins the one with the fewest instances. A one-shot
+/// restore (the CLI) starts one thread, not one per core (each costs ~0.1 ms here).
 pub struct Pool {
-    workers: Vec<Arc<Worker>>,
+    max: usize,
+    workers: Mutex<Vec<Arc<Worker>>>,
 }
 
 impl Pool {
-    fn start(n: usize) -> io::Result<Pool> {
-        let mut workers = Vec::with_capacity(n);
-        for i in 0..n {
-            let w = Arc::new(Worker {
-                cmds: Mutex::new(Vec::new()),
-                wake: EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(io::Error::from)?,
-                instances: AtomicUsize::new(0),
-                alive: AtomicBool::new(true),
-            });
-            let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
-            epoll.add(w.wake.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, WAKE)).map_err(io::Error::from)?;
-            let worker = w.clone();
-            std::thread::Builder::new().name("thaw-pageserver".into()).spawn(move || {
-                let _alive = AliveGuard(worker.clone());
-                Loop::new(epoll, worker).run();
-            })?;
-            debug!(worker = i, "shared page-server thread started");
-            workers.push(w);
-        }
-        Ok(Pool { workers })
+    fn start_worker(index: usize) -> io::Result<Arc<Worker>> {
+        let w = Arc::new(Worker {
+            cmds: Mutex::new(Vec::new()),
+            wake: EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(io::Error::from)?,
+            instances: AtomicUsize::new(0),
+            alive: AtomicBool::new(true),
+        });
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
+        epoll.add(w.wake.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, WAKE)).map_err(io::Error::from)?;
+        let worker = w.clone();
+        std::thread::Builder::new().name("thaw-pageserver".into()).spawn(move || {
+            let _alive = AliveGuard(worker.clone());
+            Loop::new(epoll, worker).run();
+        })?;
+        debug!(worker = index, "shared page-server thread started");
+        Ok(w)
     }
 
-    /// Serve `serve` on the worker with the fewest instances.
+    /// Serve `serve` on a worker: a new one while fewer than `max` run and each has an
+    /// instance, else the one with the fewest instances.
     pub(crate) fn add(&self, serve: Serve) -> io::Result<Registration> {
         static GROUPS: AtomicU64 = AtomicU64::new(1);
-        let worker = self.workers.iter().min_by_key(|w| w.instances.load(Ordering::Relaxed)).expect("at least one worker").clone();
-        if !worker.alive.load(Ordering::Acquire) {
-            return Err(io::Error::other("the shared page-server thread has ended"));
-        }
-        let group = GROUPS.fetch_add(1, Ordering::Relaxed);
+        let mut workers = self.workers.lock().expect("page-server pool lock");
+        let worker = {
+            workers.retain(|w| w.alive.load(Ordering::Acquire));
+            let least = workers.iter().min_by_key(|w| w.instances.load(Ordering::Relaxed)).cloned();
+            match least {
+                Some(w) if w.instances.load(Ordering::Relaxed) == 0 || workers.len() >= self.max => w,
+                _ => match Self::start_worker(workers.len()) {
+                    Ok(w) => {
+                        workers.push(w.clone());
+                        w
+                    }
+                    // One more thread could not start: the running ones serve it.
+                    Err(e) => match least {
+                        Some(w) => {
+                            warn!(error = %e, "starting another page-server thread failed; sharing a running one");
+                            w
+                        }
+                        None => return Err(e),
+                    },
+                },
+            }
+        };
+        // Counted under the lock: the next add sees it.
         worker.instances.fetch_add(1, Ordering::Relaxed);
+        drop(workers);
+        let group = GROUPS.fetch_add(1, Ordering::Relaxed);
         worker.send(Cmd::Add { group, serve });
         Ok(Registration { worker, group })
     }
