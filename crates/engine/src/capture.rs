@@ -348,22 +348,13 @@ fn zombie_children(pid: i32) -> Result<Vec<Zombie>, CaptureError> {
     })
 }
 
-/// Stop every thread of `pid` (the leader first), repeating until no new thread
-/// appeared while we were stopping the others.
+/// Stop every thread of `pid` (the leader first; see [`crate::threads::seize_all`]).
 fn seize_all(pid: i32, tracees: &mut Vec<Tracee>) -> Result<Vec<Tracee>, CaptureError> {
-    let ioe = |what: String| move |source| CaptureError::Io { pid, what, source };
-    loop {
-        let tids = procfs::tids(pid).map_err(ioe("listing threads".into()))?;
-        let new: Vec<i32> = tids.iter().copied().filter(|t| !tracees.iter().any(|x| x.pid.as_raw() == *t)).collect();
-        if new.is_empty() {
-            // Keep the leader first, then ascending tids.
-            tracees.sort_by_key(|t| (t.pid.as_raw() != pid, t.pid.as_raw()));
-            return Ok(tracees.clone());
-        }
-        for tid in new {
-            tracees.push(Tracee::seize_and_stop(tid).map_err(ioe(format!("ptrace seize/interrupt of thread {tid}")))?);
-        }
-    }
+    crate::threads::seize_all(pid, tracees).map_err(|e| {
+        let (what, source) = e.parts();
+        CaptureError::Io { pid, what, source }
+    })?;
+    Ok(tracees.clone())
 }
 
 /// The socket with inode `ino` as one end of a socketpair whose other end the

@@ -88,9 +88,11 @@ pub fn state(pid: i32, source: &PageSource) -> Result<BTreeMap<String, String>, 
     let mut traced = Vec::new();
     let mut out = BTreeMap::new();
     let r = (|| {
-        for &tid in &tids {
-            traced.push(Tracee::seize_and_stop(tid).map_err(ioe(&format!("seizing thread {tid}")))?);
-        }
+        crate::threads::seize_all(pid, &mut traced).map_err(|e| {
+            let (what, source) = e.parts();
+            InspectError::Io { pid, what, source }
+        })?;
+        let tids: Vec<i32> = traced.iter().map(|t| t.pid.as_raw()).collect();
         read(pid, source, &traced, &tids, &mut out)
     })();
     for tr in traced.iter().rev() {

@@ -28,5 +28,6 @@ pub mod seal;
 pub mod sharedmem;
 pub mod sockdiag;
 pub mod sys;
+pub mod threads;
 pub mod tmpfs;
 pub mod ws;

@@ -429,24 +429,23 @@ fn install_traced(
     let failed = |what: String| InstallError::Failed { pid, what };
 
     // ---- Stop every thread: the diff's, and no other.
-    let tids = procfs::tids(pid).map_err(ioe("listing threads"))?;
-    for &tid in &tids {
-        traced.push(Tracee::seize_and_stop(tid).map_err(ioe(&format!("seizing thread {tid} (is another tracer attached?)")))?);
+    crate::threads::seize_all(pid, traced).map_err(|e| {
+        let (what, source) = e.parts();
+        InstallError::Io { pid, what, source }
+    })?;
+    let (named, extra) = crate::threads::name_by_image(pid, traced, &diff.threads).map_err(ioe("reading thread status"))?;
+    if let Some(tr) = extra.first() {
+        return Err(InstallError::Refused(format!("thread {} is not in the function's image (a clean base instance runs only the base's threads)", tr.pid)));
     }
-    let mut by_thread = Vec::with_capacity(tids.len());
-    for (tr, &tid) in traced.iter().zip(&tids) {
-        let st = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
-        let ns_tid = *st.nspid.last().unwrap_or(&tid);
-        let Some(image) = diff.threads.iter().find(|x| x.tid == ns_tid) else {
-            return Err(InstallError::Refused(format!("thread {ns_tid} is not in the function's image (a clean base instance runs only the base's threads)")));
-        };
+    let mut by_thread = Vec::with_capacity(named.len());
+    for (tr, image, st) in named {
         if st.sig_pending != 0 || st.shared_pending != 0 {
             return Err(InstallError::Refused("signals are pending in the instance".into()));
         }
-        by_thread.push((*tr, image));
+        by_thread.push((tr, image));
     }
-    if by_thread.len() != diff.threads.len() || procfs::tids(pid).map_err(ioe("listing threads"))?.len() != tids.len() {
-        return Err(InstallError::Refused(format!("the instance runs {} threads, the function's image has {}", tids.len(), diff.threads.len())));
+    if by_thread.len() != diff.threads.len() {
+        return Err(InstallError::Refused(format!("the instance runs {} threads, the function's image has {}", traced.len(), diff.threads.len())));
     }
     let main = traced[0];
     if main.pid.as_raw() != pid {

@@ -748,32 +748,21 @@ fn reset_inner(
     phase("processes", &mut out);
 
     // ---- Stop every thread; the image's must all be there, those started since end.
-    let tids = procfs::tids(pid).map_err(ioe("listing threads"))?;
-    for &tid in &tids {
-        traced.push(Tracee::seize_and_stop(tid).map_err(ioe(&format!("seizing thread {tid} (is another tracer attached?)")))?);
-    }
-    // A thread may have started between the listing and the stops.
-    let again = procfs::tids(pid).map_err(ioe("listing threads"))?;
-    if again.len() != tids.len() {
-        return Err(ResetError::Threads { pid, expected: img.threads.len(), found: again.len().max(tids.len()) });
-    }
-    let mut by_thread = Vec::with_capacity(tids.len());
-    let mut extra = Vec::new();
+    crate::threads::seize_all(pid, traced).map_err(|e| {
+        let (what, source) = e.parts();
+        ResetError::Io { pid, what, source }
+    })?;
+    let (named, extra) = crate::threads::name_by_image(pid, traced, &img.threads).map_err(ioe("reading thread status"))?;
+    let mut by_thread = Vec::with_capacity(named.len());
     let mut main_umask = img.umask;
-    for (tr, &tid) in traced.iter().zip(&tids) {
-        let st = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
-        let ns_tid = *st.nspid.last().unwrap_or(&tid);
-        let Some(image) = img.threads.iter().find(|x| x.tid == ns_tid) else {
-            extra.push(*tr);
-            continue;
-        };
-        if tid == pid {
+    for (tr, image, st) in named {
+        if tr.pid.as_raw() == pid {
             main_umask = st.umask;
         }
         if st.sig_pending != 0 || st.shared_pending != 0 {
             return Err(ResetError::PendingSignals { pid, pending: st.sig_pending, shared: st.shared_pending });
         }
-        by_thread.push((*tr, image));
+        by_thread.push((tr, image));
     }
     if by_thread.len() != img.threads.len() || by_thread.first().is_none_or(|(tr, _)| tr.pid.as_raw() != pid) {
         return Err(ResetError::Threads { pid, expected: img.threads.len(), found: by_thread.len() });
