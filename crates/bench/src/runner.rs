@@ -632,6 +632,10 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                 go.wait();
                 done.wait();
                 let node_cpu = (crate::cpu::process_ms() - cpu0) / f64::from(n);
+                // Once every restore of the burst is done, nothing of its working set stays.
+                if let Some(l) = shared.as_ref().filter(|l| l.holds_working_set()) {
+                    bail!("{}: the opened snapshot still holds its working set after a {mode} burst of {n}", l.dir.display());
+                }
                 let mut trial = Vec::new();
                 for h in handles {
                     let mut rec = h.join().map_err(|_| anyhow!("a concurrency thread panicked"))??;

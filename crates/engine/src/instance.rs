@@ -234,6 +234,12 @@ pub struct LoadedSnapshot {
     track_writes: std::sync::atomic::AtomicBool,
     /// The working set in memory while a burst of restores is installing it.
     ws_flight: std::sync::Mutex<std::sync::Weak<SharedWs>>,
+    /// Restores of this snapshot under way (waiting at the restore gate or restoring),
+    /// and the working set they keep in memory meanwhile: the restore gate lets a burst
+    /// in by waves, and the wave after the first would otherwise find the bytes freed
+    /// and read them again. The last restore out lets them go.
+    restores_under_way: std::sync::atomic::AtomicUsize,
+    ws_held: std::sync::Mutex<Option<Arc<SharedWs>>>,
     /// Restores take their sandbox from this pool when it has one of their shape
     /// (see `thaw_sandbox::SandboxPool`); `None`: each restore creates its own.
     pub sandboxes: Option<Arc<SandboxPool>>,
@@ -333,6 +339,8 @@ impl LoadedSnapshot {
             single_flight: true,
             track_writes: std::sync::atomic::AtomicBool::new(false),
             ws_flight: Default::default(),
+            restores_under_way: Default::default(),
+            ws_held: Default::default(),
             sandboxes: None,
             code_verdict,
             ws_from_image: fresh,
@@ -355,6 +363,12 @@ impl LoadedSnapshot {
     }
 
     /// Whether a working set has been recorded for this snapshot (not yet validated).
+    /// Whether this snapshot keeps its working set in memory (only while restores of
+    /// it are under way: a burst's waves share one read; then it is let go).
+    pub fn holds_working_set(&self) -> bool {
+        self.ws_held.lock().expect("working-set hold lock").is_some()
+    }
+
     pub fn has_working_set(&self) -> bool {
         WorkingSet::exists(&self.dir)
     }
@@ -410,7 +424,8 @@ impl LoadedSnapshot {
                 // first one's read and install the same bytes.
                 let mut flight = self.ws_flight.lock().expect("working-set flight lock");
                 if paging != Paging::Parallel && self.single_flight {
-                    if let Some(shared) = flight.upgrade() {
+                    let held = || self.ws_held.lock().expect("working-set hold lock").clone();
+                    if let Some(shared) = flight.upgrade().or_else(held) {
                         return (Prefill::Ws { shared, reader: false }, paging);
                     }
                 }
@@ -438,6 +453,9 @@ impl LoadedSnapshot {
                     Ok(p) => {
                         if let Prefill::Ws { shared, .. } = &p {
                             *flight = Arc::downgrade(shared);
+                            if self.single_flight {
+                                *self.ws_held.lock().expect("working-set hold lock") = Some(shared.clone());
+                            }
                         }
                         (p, paging)
                     }
@@ -450,6 +468,26 @@ impl LoadedSnapshot {
                     }
                 }
             }
+        }
+    }
+}
+
+/// A restore of a snapshot under way: the last one to finish lets go of the working
+/// set the snapshot holds for the restores of a burst (`LoadedSnapshot::ws_held`).
+struct UnderWay<'a>(&'a LoadedSnapshot);
+
+impl<'a> UnderWay<'a> {
+    fn enter(snap: &'a LoadedSnapshot) -> UnderWay<'a> {
+        snap.restores_under_way.fetch_add(1, Ordering::AcqRel);
+        UnderWay(snap)
+    }
+}
+
+impl Drop for UnderWay<'_> {
+    fn drop(&mut self) {
+        let mut held = self.0.ws_held.lock().expect("working-set hold lock");
+        if self.0.restores_under_way.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *held = None;
         }
     }
 }
@@ -690,6 +728,7 @@ impl Instance {
     /// snapshot's own: a base restored for a function (its code at /var/task).
     pub fn restore_as(snap: &LoadedSnapshot, paging: Paging, record: SandboxRecord) -> Result<Instance, InstanceError> {
         let t0 = Instant::now();
+        let _under_way = UnderWay::enter(snap);
         // A few restores at a time, in arrival order (see restore/gate.rs).
         let permit = restore::gate::global().map(|g| g.enter());
         let gate_ms = permit.as_ref().map_or(0.0, |p| p.waited.as_secs_f64() * 1e3);
