@@ -1178,6 +1178,57 @@ mod tests {
         (f, PageSource::new(index, file))
     }
 
+    /// A server of `space` whose descriptors are placeholders: enough for what the
+    /// address-space bookkeeping touches (no fault is served).
+    fn bookkeeper(space: AddressSpace, stats: Arc<Stats>) -> Serve {
+        let (_f, src) = source(1);
+        let fd = || OwnedFd::from(File::open("/dev/null").unwrap());
+        Serve {
+            uffd: fd(),
+            pidfd: Arc::new(fd()),
+            source: Arc::new(src),
+            initial: space.clone(),
+            epoch: stats.space_epoch.load(Ordering::Acquire),
+            space,
+            stats,
+            windows_read: Default::default(),
+            child: false,
+            cpu_mark: 0,
+            since_charge: 0,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Each event applies to the reset epoch it was read in: one from before a reset
+    /// the server followed is dropped (the reset put that memory back), and one from
+    /// after a reset the server has not followed yet follows it first (else the next
+    /// fault would forget the release: the bug of 4969f3b).
+    #[test]
+    fn events_apply_to_the_epoch_they_were_read_in() {
+        let stats = Arc::new(Stats::default());
+        let mut s = bookkeeper(AddressSpace::identity(&[(0x10000, 0x20000)]), stats.clone());
+        let page = |n: u64| 0x10000 + n * PAGE_SIZE;
+        let released = |s: &Serve, n: u64| s.space.resolve(page(n)).is_none();
+        s.apply(0, Event::Remove { start: page(0), end: page(1) });
+        assert!(released(&s, 0));
+        // A reset (epoch 1); an event read before it still belongs to epoch 0.
+        stats.space_epoch.store(1, Ordering::Release);
+        s.apply(0, Event::Unmap { start: page(1), end: page(2) });
+        assert!(released(&s, 1), "read before the reset: applied to the old space");
+        // An event read after the reset: the server follows the reset first.
+        s.apply(1, Event::Remove { start: page(3), end: page(4) });
+        assert!(!released(&s, 0) && !released(&s, 1), "the reset put back what was released before it");
+        assert!(released(&s, 3), "released after the reset, before any fault: reads zeros");
+        // A late event of epoch 0 after following epoch 1 is dropped.
+        s.apply(0, Event::Remove { start: page(5), end: page(6) });
+        assert!(!released(&s, 5));
+        // A fault follows the epoch too, keeping what epoch 1 released.
+        assert!(s.follow_epoch(1));
+        assert!(released(&s, 3));
+        assert!(!s.follow_epoch(0), "an older epoch is not followed");
+        assert_eq!(stats.events.load(Ordering::Relaxed), 4);
+    }
+
     #[test]
     fn lazy_faults_read_whole_windows_once() {
         let (_f, src) = source(40);
