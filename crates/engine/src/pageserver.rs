@@ -109,8 +109,15 @@ impl std::str::FromStr for Paging {
     }
 }
 
-/// How long the server keeps polling for the next fault before it sleeps.
-const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// How long the server keeps polling for the next fault before it sleeps
+/// (`THAW_PAGESERVER_SPIN_US`, default 200 µs).
+fn spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("THAW_PAGESERVER_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+        Duration::from_micros(us)
+    })
+}
 
 /// Counters shared between the server threads and the caller.
 #[derive(Debug, Default)]
@@ -665,7 +672,7 @@ impl Serve {
                     drop(std::thread::Builder::new().name("thaw-ps-child".into()).spawn(move || child.run_thread(stop_rx)).map_err(PageServerError::Poll)?);
                 }
                 match step {
-                    Step::Idle if idle_since.elapsed() > SPIN => {
+                    Step::Idle if idle_since.elapsed() > spin() => {
                         if let Some(wait) = self.charge() {
                             self.hold_back(wait, stop_rx);
                         }

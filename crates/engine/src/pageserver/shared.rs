@@ -10,7 +10,7 @@
 //! space and its reset epochs, read-around windows, the working-set trace, CPU
 //! accounting. Only the waiting is shared:
 //! - after serving, a worker keeps polling its descriptors without sleeping for
-//!   [`SPIN`], as the per-instance thread did (a sleep and wake-up costs more than a fault);
+//!   the spin time (`THAW_PAGESERVER_SPIN_US`), as the per-instance thread did (a sleep and wake-up costs more than a fault);
 //! - one pass over an instance reads at most a batch of its events, so a busy instance
 //!   cannot keep a worker from the others;
 //! - an instance whose fault budget is spent is taken out of the epoll set until its
@@ -37,7 +37,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tracing::{debug, error, warn};
 
-use super::{thread_cpu_ns, PageServerError, Serve, Step, CHILD_PROBE, PAGE_SIZE, SPIN};
+use super::{spin, thread_cpu_ns, PageServerError, Serve, Step, CHILD_PROBE, PAGE_SIZE};
 
 /// The shared workers (started as instances need them); `None` when
 /// `THAW_PAGESERVER=thread` asks for a thread per instance.
@@ -255,7 +255,7 @@ impl Loop {
             if let Some(id) = last.filter(|_| spin_until.is_some() && turn % EPOLL_EVERY != 0) {
                 turn += 1;
                 if self.serve(id) {
-                    spin_until = Some(Instant::now() + SPIN);
+                    spin_until = Some(Instant::now() + spin());
                 } else {
                     std::hint::spin_loop();
                 }
@@ -291,7 +291,7 @@ impl Loop {
             served |= self.due_timers();
             let now = Instant::now();
             if served {
-                spin_until = Some(now + SPIN);
+                spin_until = Some(now + spin());
             } else if spin_until.is_some_and(|u| now > u) {
                 spin_until = None;
                 last = None;
