@@ -498,7 +498,6 @@ pub(crate) fn copy_snapshot(snap: &Path, golden: &Path, to: &Path) -> Result<()>
 pub(crate) fn open_for_burst(dir: &Path, p: &Prepared) -> Result<LoadedSnapshot> {
     let mut l = open_snapshot(dir, &p.code_check)?;
     l.merge_misses = false;
-    l.single_flight = true;
     Ok(l)
 }
 
@@ -545,8 +544,7 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
                 let burst = mode.starts_with("burst-");
                 let asked = if burst { Paging::Prefetch } else { paging(mode)? };
                 let shared = if burst {
-                    let mut l = open_snapshot(&copies[0], &p.code_check)?;
-                    l.merge_misses = false;
+                    let mut l = open_for_burst(&copies[0], p)?;
                     l.single_flight = mode != "burst-each";
                     if mode == "burst-pooled" {
                         use_pool(&mut l, n as usize)?;

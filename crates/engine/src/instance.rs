@@ -362,13 +362,13 @@ impl LoadedSnapshot {
         }
     }
 
-    /// Whether a working set has been recorded for this snapshot (not yet validated).
     /// Whether this snapshot keeps its working set in memory (only while restores of
     /// it are under way: a burst's waves share one read; then it is let go).
     pub fn holds_working_set(&self) -> bool {
         self.ws_held.lock().expect("working-set hold lock").is_some()
     }
 
+    /// Whether a working set has been recorded for this snapshot (not yet validated).
     pub fn has_working_set(&self) -> bool {
         WorkingSet::exists(&self.dir)
     }

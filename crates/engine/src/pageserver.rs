@@ -815,7 +815,8 @@ impl Serve {
             child: true,
             initial: self.initial.clone(),
             epoch: self.epoch,
-            cpu_mark: thread_cpu_ns(),
+            // Marked when it is first served (its own thread, or a shared one turning to it).
+            cpu_mark: 0,
             since_charge: 0,
             queue: VecDeque::new(),
         }

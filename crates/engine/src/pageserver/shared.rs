@@ -1,16 +1,18 @@
 //! A fixed set of page-server threads shared by every instance of the process (issue
 //! #33): a node with 500 idle instances had 500 page-server threads, one blocked in
 //! poll(2) per instance. Now a few workers (at most 2 per core, 2 to 16;
-//! `THAW_PAGESERVER_THREADS`; started as instances come) each wait in epoll on the userfaultfds of the instances given to them (an instance and
-//! the children it forks stay on one worker: their servers share the instance's state)
-//! and on those instances' pidfds. `THAW_PAGESERVER=thread` gives every instance its own
+//! `THAW_PAGESERVER_THREADS`; started as instances come) each wait in epoll on the
+//! userfaultfds of the instances given to them (an instance and the children it forks
+//! stay on one worker: their servers share the instance's state) and on those
+//! instances' pidfds. `THAW_PAGESERVER=thread` gives every instance its own
 //! thread again (the baseline of the comparison).
 //!
 //! Per instance, nothing changes in what is served or how (see [`Serve`]): the address
 //! space and its reset epochs, read-around windows, the working-set trace, CPU
 //! accounting. Only the waiting is shared:
-//! - after serving, a worker keeps polling its descriptors without sleeping for
-//!   the spin time (`THAW_PAGESERVER_SPIN_US`), as the per-instance thread did (a sleep and wake-up costs more than a fault);
+//! - after serving, a worker keeps polling its descriptors without sleeping for the
+//!   spin time (`THAW_PAGESERVER_SPIN_US`), as the per-instance thread did (a sleep and
+//!   wake-up costs more than a fault);
 //! - one pass over an instance reads at most a batch of its events, so a busy instance
 //!   cannot keep a worker from the others;
 //! - an instance whose fault budget is spent is taken out of the epoll set until its
@@ -391,17 +393,16 @@ impl Loop {
         self.charge_current(Some(id));
         let e = self.entries.get_mut(&id).expect("checked above");
         let (buf, forks) = (&mut self.buf, &mut self.forks);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.serve.drain(buf, forks)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.serve.drain(buf, forks)))
+            .unwrap_or_else(|_| Err(PageServerError::Poll(io::Error::other("page server panicked"))));
         let group = e.group;
         let step = match r {
-            Ok(Ok(step)) => step,
-            Ok(Err(err)) => {
+            Ok(step) => step,
+            Err(err) => {
                 e.serve.fail(&err);
-                self.remove_group(group);
-                return true;
-            }
-            Err(_) => {
-                e.serve.fail(&PageServerError::Poll(io::Error::other("page server panicked")));
+                // Children it forked during the failed pass die with it: their servers
+                // must not be left for the next entry served (another instance's group).
+                self.forks.clear();
                 self.remove_group(group);
                 return true;
             }
