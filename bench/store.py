@@ -10,6 +10,9 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   remote-warm   the same with the snapshot in the node cache (page cache of the entry evicted)
   remote-cold-head-wait  remote-cold starting the restore only once the whole head is here
                 (THAW_STORE_HEAD=wait), the baseline of restoring the state beside the head's pages
+  remote-cold-copy-wait  remote-cold starting the restore only once the head's copy is here
+                whole (THAW_STORE_HEAD_STREAM=0), the baseline of taking state.bin and
+                ws.trace out of the copy's first bytes as they arrive
   remote-cold-chunk-check  remote-cold checking the head's pages chunk by chunk after decompression
                 (THAW_STORE_HEAD_CHECK=chunks), the baseline of checking the head whole by its
                 pack's name (the hash of its compressed bytes: less CPU)
@@ -70,7 +73,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
          "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
@@ -196,10 +199,11 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
                 menv = {"remote-cold-whole": dict(env, THAW_STORE_FETCH="whole"),
                         "remote-cold-head-wait": dict(env, THAW_STORE_HEAD="wait"),
+                        "remote-cold-copy-wait": dict(env, THAW_STORE_HEAD_STREAM="0"),
                         "remote-cold-chunk-check": dict(env, THAW_STORE_HEAD_CHECK="chunks"),
                         "remote-cold-early-sandbox": dict(env, THAW_STORE_EARLY_SANDBOX="1")}.get(mode, env)
                 st = run_thaw(thaw, menv, ["snapshot", "restore", urls.get(mode, url)], stats)

@@ -71,32 +71,141 @@ pub struct MissStart {
     pub manifest: Manifest,
     /// The manifest's size in the store.
     pub manifest_len: u64,
-    /// The head copy's bytes; None where the store has none (published before
-    /// copies, or without one) or its read failed (the head is then read from its
-    /// pack, after the manifest, as before).
-    pub head: Option<bytes::Bytes>,
+    /// The head copy, arriving (see [`HeadCopy`]).
+    pub head: HeadCopy,
+}
+
+/// The head's copy as it arrives: read on the store's runtime beside the manifest,
+/// part by part, and awaited only by what needs it. The head pack starts with
+/// state.bin's and ws.trace's chunks (`publish::plan`), so a miss takes those out of
+/// the copy's first bytes ([`HeadCopy::prefix`]) and starts the restore while the
+/// rest, the working set's pages, is still on the wire ([`HeadCopy::get`]); on a slow
+/// link that is most of the copy's transfer. Both resolve to None where the store has
+/// no copy (published before copies, or without one) or its read failed: the head is
+/// then read from its pack, after the manifest, as before.
+#[derive(Clone)]
+pub struct HeadCopy(tokio::sync::watch::Receiver<Arrival>);
+
+/// What has arrived of a head's copy.
+#[derive(Default)]
+pub struct Arrival {
+    /// The parts so far, in order, and their bytes in all.
+    parts: Vec<bytes::Bytes>,
+    len: usize,
+    /// Set once the read ended: the whole copy and the SHA-256 (hex) of its bytes
+    /// (hashed as they arrived), or None (none, or the read failed).
+    done: Option<Option<(bytes::Bytes, String)>>,
+}
+
+impl HeadCopy {
+    /// No copy (a whole fetch).
+    pub fn none() -> HeadCopy {
+        HeadCopy(tokio::sync::watch::channel(Arrival { done: Some(None), ..Default::default() }).1)
+    }
+
+    /// The copy of `key` read on the current runtime, part by part (see [`Remote::get_stream`]).
+    pub fn read(remote: &Remote, key: String) -> HeadCopy {
+        let r = remote.clone();
+        let t0 = std::time::Instant::now();
+        let parts = async move { r.get_stream(&key).await };
+        let copy = HeadCopy::from_parts(parts);
+        let watch = copy.clone();
+        tokio::spawn(async move {
+            let got = watch.get().await;
+            tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, bytes = got.map_or(0, |b| b.len()), "head copy read");
+        });
+        copy
+    }
+
+    /// The copy whose parts `parts` brings (a task of the current runtime gathers them).
+    pub fn from_parts<F, S>(parts: F) -> HeadCopy
+    where
+        F: std::future::Future<Output = Result<S>> + Send + 'static,
+        S: futures::Stream<Item = Result<bytes::Bytes>> + Send + Unpin + 'static,
+    {
+        let (tx, rx) = tokio::sync::watch::channel(Arrival::default());
+        tokio::spawn(async move {
+            let mut sha = <sha2::Sha256 as sha2::Digest>::new();
+            let read = async {
+                let mut parts = parts.await?;
+                while let Some(part) = parts.next().await {
+                    let part = part?;
+                    sha2::Digest::update(&mut sha, &part);
+                    tx.send_modify(|a| {
+                        a.len += part.len();
+                        a.parts.push(part);
+                    });
+                }
+                Ok::<(), StoreError>(())
+            };
+            let ended = read.await;
+            tx.send_modify(|a| {
+                a.done = Some(match ended {
+                    Ok(()) => Some((
+                        match a.parts.len() {
+                            1 => a.parts[0].clone(),
+                            _ => bytes::Bytes::from(a.parts.concat()),
+                        },
+                        hex::encode(sha2::Digest::finalize(sha)),
+                    )),
+                    Err(StoreError::NotFound { .. }) => None,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reading the head copy failed; reading the head from its pack");
+                        None
+                    }
+                });
+                a.parts.clear();
+            });
+        });
+        HeadCopy(rx)
+    }
+
+    /// The copy's first `n` bytes, as soon as they are here; None if it ends first
+    /// (none, shorter, or its read failed).
+    pub async fn prefix(&self, n: usize) -> Option<bytes::Bytes> {
+        self.range(0, n).await
+    }
+
+    /// Bytes `start..end` of the copy, as soon as they are here; None if it ends
+    /// first (none, shorter, or its read failed).
+    pub async fn range(&self, start: usize, end: usize) -> Option<bytes::Bytes> {
+        let mut rx = self.0.clone();
+        let a = rx.wait_for(|a| a.len >= end || a.done.is_some()).await.ok()?;
+        if let Some(done) = &a.done {
+            return done.as_ref().filter(|(b, _)| start <= end && b.len() >= end).map(|(b, _)| b.slice(start..end));
+        }
+        let mut out = bytes::BytesMut::with_capacity(end.saturating_sub(start));
+        let mut at = 0;
+        for p in &a.parts {
+            let (from, to) = (start.max(at), end.min(at + p.len()));
+            if from < to {
+                out.extend_from_slice(&p[from - at..to - at]);
+            }
+            at += p.len();
+        }
+        Some(out.freeze())
+    }
+
+    /// The whole copy, once here.
+    pub async fn get(&self) -> Option<bytes::Bytes> {
+        self.get_hashed().await.map(|(b, _)| b)
+    }
+
+    /// The whole copy and the SHA-256 (hex) of its bytes, once here.
+    pub async fn get_hashed(&self) -> Option<(bytes::Bytes, String)> {
+        let mut rx = self.0.clone();
+        let a = rx.wait_for(|a| a.done.is_some()).await.ok()?;
+        a.done.clone().flatten()
+    }
 }
 
 /// The manifest of snapshot `id` and, in parallel, its head copy (one round trip
 /// for both, where the head otherwise needed a second one after the manifest).
+/// Returns once the manifest is here; the copy may still be arriving. Call it on
+/// the store's runtime (the copy's read is a task of it).
 pub async fn manifest_and_head(remote: &Remote, id: &str) -> Result<MissStart> {
-    let head_key = Remote::head_key(id);
-    let t0 = std::time::Instant::now();
-    let head_get = async {
-        let r = remote.get(&head_key).await;
-        tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, "head copy read");
-        r
-    };
-    let (m, head) = futures::join!(manifest(remote, id), head_get);
-    let (manifest, manifest_len) = m?;
-    let head = match head {
-        Ok(b) => Some(b),
-        Err(StoreError::NotFound { .. }) => None,
-        Err(e) => {
-            tracing::debug!(error = %e, "reading the head copy failed; reading the head from its pack");
-            None
-        }
-    };
+    let head = HeadCopy::read(remote, Remote::head_key(id));
+    let (manifest, manifest_len) = manifest(remote, id).await?;
     Ok(MissStart { manifest, manifest_len, head })
 }
 
@@ -327,4 +436,52 @@ pub async fn pull(remote: &Remote, id: &str, dest: &Path, progress: &(dyn Fn(u64
         bytes_fetched: bytes + mlen,
         seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy whose parts arrive when the test sends them.
+    fn arriving(rt: &tokio::runtime::Runtime) -> (tokio::sync::mpsc::UnboundedSender<Result<bytes::Bytes>>, HeadCopy) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let parts = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
+        let copy = rt.block_on(async { HeadCopy::from_parts(async move { Ok(Box::pin(parts)) }) });
+        (tx, copy)
+    }
+
+    #[test]
+    fn a_prefix_is_handed_over_as_soon_as_it_is_here_and_the_whole_copy_at_its_end() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (tx, copy) = arriving(&rt);
+        tx.send(Ok(bytes::Bytes::from_static(b"state"))).unwrap();
+        tx.send(Ok(bytes::Bytes::from_static(b".trace"))).unwrap();
+        // The first 8 bytes span two parts; the read has not ended.
+        assert_eq!(rt.block_on(copy.prefix(8)).unwrap(), &b"state.tr"[..]);
+        assert_eq!(rt.block_on(copy.range(4, 7)).unwrap(), &b"e.t"[..]);
+        let whole = {
+            let c = copy.clone();
+            rt.spawn(async move { c.get().await })
+        };
+        tx.send(Ok(bytes::Bytes::from_static(b"+pages"))).unwrap();
+        drop(tx);
+        assert_eq!(rt.block_on(whole).unwrap().unwrap(), &b"state.trace+pages"[..]);
+        assert_eq!(rt.block_on(copy.get_hashed()).unwrap().1, crate::remote::sha256_hex(b"state.trace+pages"), "hashed as it arrived");
+        assert_eq!(rt.block_on(copy.range(3, 13)).unwrap(), &b"te.trace+p"[..]);
+        assert_eq!(rt.block_on(copy.prefix(5)).unwrap(), &b"state"[..], "after the end too");
+        assert!(rt.block_on(copy.prefix(100)).is_none(), "a copy shorter than the prefix asked");
+    }
+
+    #[test]
+    fn a_copy_whose_read_fails_or_that_is_missing_gives_nothing() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (tx, copy) = arriving(&rt);
+        tx.send(Ok(bytes::Bytes::from_static(b"state"))).unwrap();
+        tx.send(Err(StoreError::NotFound { object: "x".into() })).unwrap();
+        assert!(rt.block_on(copy.prefix(8)).is_none(), "ended before 8 bytes");
+        assert!(rt.block_on(copy.get()).is_none(), "a read that failed half way is no copy");
+        let missing = rt.block_on(async { HeadCopy::from_parts(async { Err::<futures::stream::Empty<Result<bytes::Bytes>>, _>(StoreError::NotFound { object: "x".into() }) }) });
+        assert!(rt.block_on(missing.prefix(1)).is_none() && rt.block_on(missing.get()).is_none());
+        assert!(rt.block_on(HeadCopy::none().get()).is_none());
+    }
 }

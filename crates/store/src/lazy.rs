@@ -174,11 +174,14 @@ impl HeldWs {
 /// it captures at once) has a working set beside it, `ws/<id>.trace`: it is read
 /// with the head, and its pages follow in a few coalesced range reads, in parallel.
 ///
-/// `head_copy`: the head pack's copy read beside the manifest ([`crate::fetch::MissStart`]):
-/// where it has the head's size, the head is taken from it instead of read from its
-/// pack (state.bin and ws.trace checked chunk by chunk, the pages by the pack's name,
-/// as reads of the pack are); a copy that fails those checks is not used.
-pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Option<bytes::Bytes>, base: Option<(Arc<LazyBase>, bool)>) -> Result<Option<Arc<RemoteFill>>> {
+/// `head_copy`: the head pack's copy, read beside the manifest
+/// ([`crate::fetch::MissStart`]). state.bin and ws.trace come out of its first bytes,
+/// each chunk checked by its hash, as soon as those are here: this returns without
+/// waiting for the rest of the copy (the working set's pages), which the fill takes
+/// from it once here, if it has the head's size and checks by the pack's name (hashed
+/// after the decompression). A copy that is missing or fails a check is not used:
+/// the head is read from its pack.
+pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: crate::fetch::HeadCopy, base: Option<(Arc<LazyBase>, bool)>) -> Result<Option<Arc<RemoteFill>>> {
     let Some(head) = m.head else { return Ok(None) };
     let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
     // ws.pages stored (format 4): read with the head's pages, not waited for.
@@ -225,52 +228,49 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Opt
     let whole = crate::pack::covers(first.iter().chain(&head_pages), head_pack.size) && std::env::var("THAW_STORE_HEAD_CHECK").as_deref() != Ok("chunks");
     let pages_check = if whole { Check::Pack } else { Check::Chunks };
     let copy_object = remote.url.object_url(&crate::Remote::head_key(id));
-    // The copy's read is counted whether or not it is used (a read that found none is not).
-    if let Some(c) = &head_copy {
-        counters.requests.fetch_add(1, Ordering::Relaxed);
-        counters.bytes.fetch_add(c.len() as u64, Ordering::Relaxed);
-    }
-    let head_copy = head_copy.filter(|c| {
-        let fits = c.len() as u64 == head_pack.size;
-        if !fits {
-            tracing::warn!(object = %copy_object, len = c.len(), head = head_pack.size, "the head's copy is not the head's size; reading the head from its pack");
+    // state.bin and ws.trace, each chunk checked by its hash: out of the head copy's
+    // first bytes as soon as those are here, while the rest is still arriving (the
+    // restore starts beside it; THAW_STORE_HEAD_STREAM=0 waits for the whole copy, as
+    // before: the baseline of bench/store.py), else read from the pack.
+    let first_end = first.iter().map(|s| s.end).max().unwrap_or(0);
+    let streamed = std::env::var("THAW_STORE_HEAD_STREAM").as_deref() != Ok("0");
+    let copy_start = store.block_on(async {
+        match streamed {
+            true => head_copy.prefix(first_end as usize).await,
+            false => head_copy.get().await,
         }
-        fits
     });
-    // state.bin and ws.trace out of the copy, each chunk checked by its hash.
-    let first_from_copy = head_copy.as_ref().and_then(|c| match crate::pack::slice_spans(&copy_object, c, &first, Check::Chunks) {
+    // The copy's read counts once some of it is here, whether or not it is used (a
+    // read that found none is not counted); its bytes as they are taken from it.
+    let copy_read = copy_start.as_ref().map_or((0, 0), |c| (1, c.len() as u64));
+    let copy_start = copy_start.filter(|c| streamed || fits_head(c, &head_pack, &copy_object));
+    let from_copy = copy_start.as_ref().and_then(|c| match crate::pack::slice_spans(&copy_object, c, &first, Check::Chunks) {
         Ok(r) => Some(r),
         Err(e) => {
             tracing::warn!(error = %e, "the head's copy does not check; reading the head from its pack");
             None
         }
     });
-    let head_copy = head_copy.filter(|_| first_from_copy.is_some());
-    let pages_read = match &head_copy {
-        Some(c) => {
-            let (c, spans, object) = (c.clone(), head_pages.clone(), copy_object.clone());
-            store.spawn(async move {
-                tokio::task::spawn_blocking(move || crate::pack::slice_spans(&object, &c, &spans, pages_check))
-                    .await
-                    .unwrap_or_else(|e| Err(StoreError::Task { detail: e.to_string() }))
-            })
-        }
-        None => store.spawn(crate::pack::read_spans_owned(remote.clone(), head_pages.clone(), pages_check)),
+    let pages_from = match copy_start.filter(|_| from_copy.is_some()) {
+        Some(_) if streamed => PagesFrom::Arriving(head_copy, first_end),
+        Some(c) => PagesFrom::Copy(c),
+        None => PagesFrom::Pack,
     };
-    let (first_read, recorded) = match first_from_copy {
+    // Started before the first files' reads (when those go to the store, in parallel).
+    let pages_read = store.spawn(read_head_pages(remote.clone(), pages_from, head_pages.clone(), pages_check, head_pack.clone(), copy_object));
+    let first_here = from_copy;
+    let first_reads = if first_here.is_some() { 0 } else { first.len() as u64 };
+    let (first_read, recorded) = match first_here {
         Some(r) => (Ok(r), store.block_on(crate::fetch::recorded_trace(remote, &m, id))),
         None => store.block_on(async { futures::join!(crate::pack::read_spans_as(remote, &first, Check::Chunks), crate::fetch::recorded_trace(remote, &m, id)) }),
     };
     let first_read = first_read?;
-    // Reads of the head's pack count as they arrive (the copy was counted above).
-    let copied = head_copy.is_some();
     // The first reads' stored bytes, for the check of the whole head.
     let first_stored: Vec<(u64, bytes::Bytes)> = first.iter().zip(&first_read).map(|(s, r)| (s.start, r.0.clone())).collect();
     let first_parts: Vec<Vec<bytes::Bytes>> = first_read.into_iter().map(|r| r.1).collect();
-    let first_reads = if copied { 0 } else { first.len() as u64 };
-    let first_bytes = if copied { 0 } else { first.iter().map(|s| s.end - s.start).sum::<u64>() };
-    counters.requests.fetch_add(first_reads + u64::from(crate::fetch::asks_recorded_trace(&m)), Ordering::Relaxed);
-    counters.bytes.fetch_add(recorded.as_ref().map_or(0, |t| t.len() as u64) + first_bytes, Ordering::Relaxed);
+    let first_bytes = if first_reads > 0 { first.iter().map(|s| s.end - s.start).sum::<u64>() } else { 0 };
+    counters.requests.fetch_add(copy_read.0 + first_reads + u64::from(crate::fetch::asks_recorded_trace(&m)), Ordering::Relaxed);
+    counters.bytes.fetch_add(copy_read.1 + recorded.as_ref().map_or(0, |t| t.len() as u64) + first_bytes, Ordering::Relaxed);
     // 2. Every file but pages.img, complete.
     for (s, parts) in first.iter().zip(&first_parts) {
         for (c, part) in s.chunks.iter().zip(parts) {
@@ -349,25 +349,31 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Opt
         base: base.map(|(base, counted)| BaseLink { base, own_bytes, counted }),
     });
     let whole_check = whole.then(|| (first_stored, head_pack.name.clone(), remote.url.object_url(&crate::pack::pack_key(&head_pack.name))));
-    for (spans, read, check, counted) in [(head_pages, Some(pages_read), whole_check, copied), (ws_spans, ws_read, None, false)] {
-        if let Some(read) = read {
-            let f = fill.clone();
-            store.spawn(async move {
-                let got = read.await.unwrap_or_else(|e| Err(StoreError::Task { detail: e.to_string() }));
-                let got = match (got, check) {
-                    (Ok(reads), Some((mut stored, name, object))) => {
-                        stored.extend(spans.iter().zip(&reads).map(|(s, r)| (s.start, r.0.clone())));
-                        match tokio::task::spawn_blocking(move || crate::pack::whole_digest(stored)).await {
-                            Ok(digest) if digest == name => Ok(reads),
-                            Ok(digest) => Err(StoreError::Corrupt { object, detail: format!("its bytes hash to {digest}") }),
-                            Err(e) => Err(StoreError::Task { detail: e.to_string() }),
-                        }
-                    }
-                    (got, _) => got,
-                };
-                f.arrived(&spans, got.map(|reads| reads.into_iter().map(|r| r.1).collect()), t0, counted);
-            });
-        }
+    let f = fill.clone();
+    store.spawn(async move {
+        let got = pages_read.await.unwrap_or_else(|e| HeadPages { reads: Err(StoreError::Task { detail: e.to_string() }), checked: true, requests: 0, bytes: 0 });
+        // Counted before the pages are handed over (the first response may follow).
+        f.counters.requests.fetch_add(got.requests, Ordering::Relaxed);
+        f.counters.bytes.fetch_add(got.bytes, Ordering::Relaxed);
+        let reads = match (got.reads, got.checked, whole_check) {
+            (Ok(reads), false, Some((mut stored, name, object))) => {
+                stored.extend(head_pages.iter().zip(&reads).map(|(s, r)| (s.start, r.0.clone())));
+                match tokio::task::spawn_blocking(move || crate::pack::whole_digest(stored)).await {
+                    Ok(digest) if digest == name => Ok(reads),
+                    Ok(digest) => Err(StoreError::Corrupt { object, detail: format!("its bytes hash to {digest}") }),
+                    Err(e) => Err(StoreError::Task { detail: e.to_string() }),
+                }
+            }
+            (reads, _, _) => reads,
+        };
+        f.arrived(&head_pages, reads.map(|reads| reads.into_iter().map(|r| r.1).collect()), t0, true);
+    });
+    if let Some(read) = ws_read {
+        let f = fill.clone();
+        store.spawn(async move {
+            let got = read.await.unwrap_or_else(|e| Err(StoreError::Task { detail: e.to_string() }));
+            f.arrived(&ws_spans, got.map(|reads| reads.into_iter().map(|r| r.1).collect()), t0, false);
+        });
     }
     tracing::debug!(requests = fill.counters.requests.load(Ordering::Relaxed), ms = t_first.as_secs_f64() * 1e3, "snapshot state fetched; its pages follow");
     if std::env::var("THAW_STORE_HEAD").as_deref() == Ok("wait") {
@@ -375,6 +381,137 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: Opt
         fill.wait_arrivals();
     }
     Ok(Some(fill))
+}
+
+/// Where the head's pages come from.
+enum PagesFrom {
+    /// The head's copy, here already (state.bin and ws.trace came out of it).
+    Copy(bytes::Bytes),
+    /// The head's copy, still arriving (state.bin and ws.trace came out of its first
+    /// bytes, this many).
+    Arriving(crate::fetch::HeadCopy, u64),
+    /// Reads of the head pack.
+    Pack,
+}
+
+/// The head's pages as [`read_head_pages`] got them, and what that cost.
+struct HeadPages {
+    /// Per span: its bytes as stored, and its chunks' (decompressed).
+    reads: Result<Vec<(bytes::Bytes, Vec<bytes::Bytes>)>>,
+    /// Checked already (out of a copy checked whole by the pack's name, or chunk by
+    /// chunk); else the caller checks the whole pack by its name.
+    checked: bool,
+    requests: u64,
+    bytes: u64,
+}
+
+/// Whether `copy` has the head pack's size (else it is not used).
+fn fits_head(copy: &bytes::Bytes, head: &crate::manifest::PackRef, object: &str) -> bool {
+    let fits = copy.len() as u64 == head.size;
+    if !fits {
+        tracing::warn!(object = %object, len = copy.len(), head = head.size, "the head's copy is not the head's size; reading the head from its pack");
+    }
+    fits
+}
+
+/// The head's pages (`spans`), from its copy where there is one that checks, else
+/// read from its pack (those reads checked as `check` says: by chunk here, or by the
+/// caller by the whole pack's name).
+async fn read_head_pages(remote: crate::Remote, from: PagesFrom, spans: Vec<Span>, check: Check, head: crate::manifest::PackRef, object: String) -> HeadPages {
+    let (mut requests, mut bytes) = (0, 0);
+    let copy = match from {
+        PagesFrom::Copy(c) => Some(c),
+        PagesFrom::Arriving(h, taken) => {
+            match pages_as_they_arrive(&h, &spans, check, &head, &object).await {
+                Ok(reads) => return HeadPages { reads: Ok(reads), checked: true, requests, bytes: head.size.saturating_sub(taken) },
+                Err(e) => tracing::warn!(error = %e, "the head's copy does not check; reading the head from its pack"),
+            }
+            None
+        }
+        PagesFrom::Pack => None,
+    };
+    if let Some(copy) = copy {
+        match pages_from_copy(copy, &spans, check, &head.name, &object).await {
+            Ok(reads) => return HeadPages { reads: Ok(reads), checked: true, requests, bytes },
+            Err(e) => tracing::warn!(error = %e, "the head's copy does not check; reading the head from its pack"),
+        }
+    }
+    let reads = crate::pack::read_spans_owned(remote, spans.clone(), check).await;
+    if reads.is_ok() {
+        requests += spans.len() as u64;
+        bytes += spans.iter().map(|s| s.end - s.start).sum::<u64>();
+    }
+    HeadPages { reads, checked: check == Check::Chunks, requests, bytes }
+}
+
+/// Stored bytes of the head's copy decompressed at a time, as they arrive.
+const PIECE: u64 = 256 << 10;
+
+/// `spans` out of the head's copy as it arrives: each span's chunks decompressed in
+/// pieces of about [`PIECE`] bytes as soon as a piece is here (one piece at a time
+/// per span, so at most [`HEAD_READS`] threads beside the restore), so that little is
+/// left to do when the last byte arrives. Nothing is returned before the whole copy
+/// is here and checked: by the pack's name (`Check::Pack`; the copy is hashed as it
+/// arrives), else chunk by chunk.
+async fn pages_as_they_arrive(copy: &crate::fetch::HeadCopy, spans: &[Span], check: Check, head: &crate::manifest::PackRef, object: &str) -> Result<Vec<(bytes::Bytes, Vec<bytes::Bytes>)>> {
+    let task = |e: tokio::task::JoinError| StoreError::Task { detail: e.to_string() };
+    let ended = |what: &str| StoreError::Corrupt { object: object.to_string(), detail: format!("its read ended before {what}") };
+    let reads: Vec<_> = spans
+        .iter()
+        .map(|s| {
+            let (copy, s, o) = (copy.clone(), s.clone(), object.to_string());
+            tokio::spawn(async move {
+                let pieces = ((s.end - s.start) / PIECE).max(1) as usize;
+                let mut chunks = Vec::with_capacity(s.chunks.len());
+                for piece in s.split(pieces) {
+                    let Some(data) = copy.range(piece.start as usize, piece.end as usize).await else { return Ok(None) };
+                    let o = o.clone();
+                    chunks.extend(tokio::task::spawn_blocking(move || crate::pack::check_span(&o, &piece, data, check)).await.map_err(task)??);
+                }
+                Ok::<_, StoreError>(Some(chunks))
+            })
+        })
+        .collect();
+    let mut parts = Vec::with_capacity(spans.len());
+    for r in reads {
+        parts.push(r.await.map_err(task)??.ok_or_else(|| ended("the head's end"))?);
+    }
+    let (whole, digest) = copy.get_hashed().await.ok_or_else(|| ended("its end"))?;
+    if whole.len() as u64 != head.size {
+        return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("holds {} bytes, the head {}", whole.len(), head.size) });
+    }
+    if check == Check::Pack && digest != head.name {
+        return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("its bytes hash to {digest}, not the head's {}", head.name) });
+    }
+    Ok(spans.iter().zip(parts).map(|(s, chunks)| (whole.slice(s.start as usize..s.end as usize), chunks)).collect())
+}
+
+/// `spans` out of the head's `copy` (the whole pack), checked: by the pack's name
+/// (`Check::Pack`, once every span is decompressed), else chunk by chunk. Each span on
+/// a thread of its own (a large head is split in [`HEAD_READS`]): not more, since
+/// this runs beside the restore, which has work for a core until it needs the pages
+/// (decompressing in parts and hashing beside them made a 2-core restore slower).
+async fn pages_from_copy(copy: bytes::Bytes, spans: &[Span], check: Check, name: &str, object: &str) -> Result<Vec<(bytes::Bytes, Vec<bytes::Bytes>)>> {
+    let task = |e: tokio::task::JoinError| StoreError::Task { detail: e.to_string() };
+    let reads: Vec<_> = spans
+        .iter()
+        .map(|s| {
+            let (c, o, s) = (copy.clone(), object.to_string(), s.clone());
+            tokio::task::spawn_blocking(move || crate::pack::slice_spans(&o, &c, &[s], check))
+        })
+        .collect();
+    let mut out = Vec::with_capacity(spans.len());
+    for r in reads {
+        out.extend(r.await.map_err(task)??);
+    }
+    if check == Check::Pack {
+        let c = copy.clone();
+        let digest = tokio::task::spawn_blocking(move || crate::remote::sha256_hex(&c)).await.map_err(task)?;
+        if digest != name {
+            return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("its bytes hash to {digest}, not the head's {name}") });
+        }
+    }
+    Ok(out)
 }
 
 /// The (file index, offset) places in pages.img (`file`) of the chunks `spans` read.

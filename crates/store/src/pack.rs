@@ -521,7 +521,7 @@ pub(crate) fn whole_digest(mut parts: Vec<(u64, Bytes)>) -> String {
 
 /// The chunks of span `s` in `data` (its bytes, read from `object`): decompressed
 /// when stored so, each checked against its hash unless `check` leaves that to the caller.
-fn check_span(object: &str, s: &Span, data: Bytes, check: Check) -> Result<Vec<Bytes>> {
+pub(crate) fn check_span(object: &str, s: &Span, data: Bytes, check: Check) -> Result<Vec<Bytes>> {
     // One context for the span's chunks (making one per chunk costs more than the
     // decompression of an 8 KiB chunk).
     let mut unzip = None;

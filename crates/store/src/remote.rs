@@ -275,6 +275,15 @@ impl Remote {
         r.bytes().await.map_err(self.remote_err("GET", key))
     }
 
+    /// The whole object `key` as it arrives, unverified: its bytes in the parts the
+    /// connection brings them.
+    pub async fn get_stream(&self, key: &str) -> Result<futures::stream::BoxStream<'static, Result<Bytes>>> {
+        use futures::StreamExt;
+        let r = self.s3.get(&self.path(key)).await.map_err(self.remote_err("GET", key))?;
+        let object = self.url.object_url(key);
+        Ok(r.into_stream().map(move |part| part.map_err(|source| StoreError::Remote { op: "GET", object: object.clone(), source })).boxed())
+    }
+
     /// Bytes `range` of `key`.
     pub async fn get_range(&self, key: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
         self.s3.get_range(&self.path(key), range).await.map_err(self.remote_err("GET (range)", key))
