@@ -670,8 +670,13 @@ async function main() {
   // as the warm-up lets it run before a full image's.
   else if (base) await new Promise((resolve) => setImmediate(resolve));
   // Compact the heap so the snapshot holds live objects only (not worth its ~10 ms
-  // when no snapshot follows).
-  if (typeof globalThis.gc === 'function' && !serving) globalThis.gc();
+  // when no snapshot follows). A function loaded into a base is captured as a diff on
+  // it: a full GC there compacts the old space the base already holds, moving objects
+  // across pages that were the base's, which the diff must then store (helloworld's
+  // diff 634 pages against 381 with a young-generation GC only, 38% of the full image
+  // against 22%; its first response no slower). So there only the young generation
+  // is collected: the function's survivors are promoted, the base's pages stay put.
+  if (typeof globalThis.gc === 'function' && !serving) globalThis.gc(base ? { type: 'minor' } : undefined);
 
   try {
     send({ type: 'ready' });
