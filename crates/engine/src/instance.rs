@@ -1261,7 +1261,11 @@ impl Instance {
             Paging::Prefetch | Paging::WsCached | Paging::Parallel => {
                 stats.recording.store(false, Ordering::Relaxed);
                 let missed = std::mem::take(&mut *stats.trace.lock().expect("trace lock"));
-                let misses = stats.faults.load(Ordering::Relaxed);
+                // Faults on the image's pages only: one on a page released since the
+                // restore is fresh memory, which no working set can hold (counted, a
+                // function that frees and reuses large buffers, Node.js imageresize,
+                // looked unrepresentative at every call and re-recorded forever).
+                let misses = stats.image_faults.load(Ordering::Relaxed);
                 let ws = p.prefetch.map(|x| x.ws_pages + x.ws_zero_pages).unwrap_or(0);
                 let share = misses as f64 / (misses + ws).max(1) as f64;
                 if share > p.threshold {

@@ -123,6 +123,10 @@ fn spin() -> Duration {
 #[derive(Debug, Default)]
 pub struct Stats {
     pub faults: AtomicU64,
+    /// Of those, faults on the image's pages (stored or zero): what a working set can
+    /// hold. A page the process released since the restore (MADV_DONTNEED, munmap and
+    /// mapped again) faults in zeros and is not one: no prefetch could have spared it.
+    pub image_faults: AtomicU64,
     pub zero_faults: AtomicU64,
     pub bytes_read: AtomicU64,
     pub pages_installed_upfront: AtomicU64,
@@ -828,8 +832,10 @@ impl Serve {
         self.follow_epoch(self.stats.space_epoch.load(Ordering::Acquire));
         let wp = self.stats.wp_tracking.load(Ordering::Relaxed);
         let mut counted = false;
+        let of_image = self.space.resolve(page);
+        self.stats.image_faults.fetch_add(u64::from(of_image.is_some()), Ordering::Relaxed);
         if self.stats.recording.load(Ordering::Relaxed) {
-            if let Some(img) = self.space.resolve(page) {
+            if let Some(img) = of_image {
                 let touch = Touch { vaddr: img, file_page: self.source.index.lookup(img) };
                 self.stats.trace.lock().expect("trace lock").push(touch);
             }
