@@ -832,16 +832,17 @@ impl Serve {
         self.follow_epoch(self.stats.space_epoch.load(Ordering::Acquire));
         let wp = self.stats.wp_tracking.load(Ordering::Relaxed);
         let mut counted = false;
-        let of_image = self.space.resolve(page);
-        self.stats.image_faults.fetch_add(u64::from(of_image.is_some()), Ordering::Relaxed);
+        // The image address of the page (None: released since the restore); resolved
+        // again only after address-space events were applied (Install::Again).
+        let mut img = self.space.resolve(page);
+        self.stats.image_faults.fetch_add(u64::from(img.is_some()), Ordering::Relaxed);
         if self.stats.recording.load(Ordering::Relaxed) {
-            if let Some(img) = of_image {
+            if let Some(img) = img {
                 let touch = Touch { vaddr: img, file_page: self.source.index.lookup(img) };
                 self.stats.trace.lock().expect("trace lock").push(touch);
             }
         }
         loop {
-            let img = self.space.resolve(page);
             let stored = img.and_then(|img| self.source.index.lookup(img).map(|fp| (img, fp)));
             let r = match stored {
                 Some((img, fp)) if self.source.is_shared(img, &self.stats) => {
@@ -871,7 +872,7 @@ impl Serve {
                     // An image zero page is installed clean (write-protected); a page
                     // the process released since the restore (or reset) is not: its
                     // contents differ from the image, so a reset must rewrite it.
-                    if wp && self.space.resolve(page).is_some() {
+                    if wp && img.is_some() {
                         install(self.uffd.as_fd(), page, &ZERO_PAGE, true)
                     } else {
                         uffd::zeropage(self.uffd.as_fd(), page, PAGE_SIZE, true)
@@ -899,6 +900,7 @@ impl Serve {
                         }
                     }
                     std::thread::yield_now();
+                    img = self.space.resolve(page);
                 }
             }
         }

@@ -106,15 +106,7 @@ impl HeadCopy {
     /// The copy of `key` read on the current runtime, part by part (see [`Remote::get_stream`]).
     pub fn read(remote: &Remote, key: String) -> HeadCopy {
         let r = remote.clone();
-        let t0 = std::time::Instant::now();
-        let parts = async move { r.get_stream(&key).await };
-        let copy = HeadCopy::from_parts(parts);
-        let watch = copy.clone();
-        tokio::spawn(async move {
-            let got = watch.get().await;
-            tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, bytes = got.map_or(0, |b| b.len()), "head copy read");
-        });
-        copy
+        HeadCopy::from_parts(async move { r.get_stream(&key).await })
     }
 
     /// The copy whose parts `parts` brings (a task of the current runtime gathers them).
@@ -124,6 +116,7 @@ impl HeadCopy {
         S: futures::Stream<Item = Result<bytes::Bytes>> + Send + Unpin + 'static,
     {
         let (tx, rx) = tokio::sync::watch::channel(Arrival::default());
+        let t0 = std::time::Instant::now();
         tokio::spawn(async move {
             let mut sha = <sha2::Sha256 as sha2::Digest>::new();
             let read = async {
@@ -139,6 +132,7 @@ impl HeadCopy {
                 Ok::<(), StoreError>(())
             };
             let ended = read.await;
+            tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, ok = ended.is_ok(), "head copy read");
             tx.send_modify(|a| {
                 a.done = Some(match ended {
                     Ok(()) => Some((

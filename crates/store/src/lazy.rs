@@ -179,7 +179,7 @@ impl HeldWs {
 /// each chunk checked by its hash, as soon as those are here: this returns without
 /// waiting for the rest of the copy (the working set's pages), which the fill takes
 /// from it once here, if it has the head's size and checks by the pack's name (hashed
-/// after the decompression). A copy that is missing or fails a check is not used:
+/// as it arrives). A copy that is missing or fails a check is not used:
 /// the head is read from its pack.
 pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: crate::fetch::HeadCopy, base: Option<(Arc<LazyBase>, bool)>) -> Result<Option<Arc<RemoteFill>>> {
     let Some(head) = m.head else { return Ok(None) };
@@ -251,11 +251,8 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
             None
         }
     });
-    let pages_from = match copy_start.filter(|_| from_copy.is_some()) {
-        Some(_) if streamed => PagesFrom::Arriving(head_copy, first_end),
-        Some(c) => PagesFrom::Copy(c),
-        None => PagesFrom::Pack,
-    };
+    // The copy's bytes counted already (its first ones, or all of it when waited for).
+    let pages_from = copy_start.filter(|_| from_copy.is_some()).map(|c| (head_copy, c.len() as u64));
     // Started before the first files' reads (when those go to the store, in parallel).
     let pages_read = store.spawn(read_head_pages(remote.clone(), pages_from, head_pages.clone(), pages_check, head_pack.clone(), copy_object));
     let first_here = from_copy;
@@ -383,17 +380,6 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     Ok(Some(fill))
 }
 
-/// Where the head's pages come from.
-enum PagesFrom {
-    /// The head's copy, here already (state.bin and ws.trace came out of it).
-    Copy(bytes::Bytes),
-    /// The head's copy, still arriving (state.bin and ws.trace came out of its first
-    /// bytes, this many).
-    Arriving(crate::fetch::HeadCopy, u64),
-    /// Reads of the head pack.
-    Pack,
-}
-
 /// The head's pages as [`read_head_pages`] got them, and what that cost.
 struct HeadPages {
     /// Per span: its bytes as stored, and its chunks' (decompressed).
@@ -414,33 +400,21 @@ fn fits_head(copy: &bytes::Bytes, head: &crate::manifest::PackRef, object: &str)
     fits
 }
 
-/// The head's pages (`spans`), from its copy where there is one that checks, else
-/// read from its pack (those reads checked as `check` says: by chunk here, or by the
-/// caller by the whole pack's name).
-async fn read_head_pages(remote: crate::Remote, from: PagesFrom, spans: Vec<Span>, check: Check, head: crate::manifest::PackRef, object: String) -> HeadPages {
-    let (mut requests, mut bytes) = (0, 0);
-    let copy = match from {
-        PagesFrom::Copy(c) => Some(c),
-        PagesFrom::Arriving(h, taken) => {
-            match pages_as_they_arrive(&h, &spans, check, &head, &object).await {
-                Ok(reads) => return HeadPages { reads: Ok(reads), checked: true, requests, bytes: head.size.saturating_sub(taken) },
-                Err(e) => tracing::warn!(error = %e, "the head's copy does not check; reading the head from its pack"),
-            }
-            None
-        }
-        PagesFrom::Pack => None,
-    };
-    if let Some(copy) = copy {
-        match pages_from_copy(copy, &spans, check, &head.name, &object).await {
-            Ok(reads) => return HeadPages { reads: Ok(reads), checked: true, requests, bytes },
+/// The head's pages (`spans`), from its copy (`copy`: with the bytes of it counted
+/// already) where there is one that checks, else read from its pack (those reads
+/// checked as `check` says: by chunk here, or by the caller by the whole pack's name).
+async fn read_head_pages(remote: crate::Remote, copy: Option<(crate::fetch::HeadCopy, u64)>, spans: Vec<Span>, check: Check, head: crate::manifest::PackRef, object: String) -> HeadPages {
+    if let Some((copy, counted)) = copy {
+        match pages_as_they_arrive(&copy, &spans, check, &head, &object).await {
+            Ok(reads) => return HeadPages { reads: Ok(reads), checked: true, requests: 0, bytes: head.size.saturating_sub(counted) },
             Err(e) => tracing::warn!(error = %e, "the head's copy does not check; reading the head from its pack"),
         }
     }
     let reads = crate::pack::read_spans_owned(remote, spans.clone(), check).await;
-    if reads.is_ok() {
-        requests += spans.len() as u64;
-        bytes += spans.iter().map(|s| s.end - s.start).sum::<u64>();
-    }
+    let (requests, bytes) = match &reads {
+        Ok(_) => (spans.len() as u64, spans.iter().map(|s| s.end - s.start).sum::<u64>()),
+        Err(_) => (0, 0),
+    };
     HeadPages { reads, checked: check == Check::Chunks, requests, bytes }
 }
 
@@ -450,9 +424,10 @@ const PIECE: u64 = 256 << 10;
 /// `spans` out of the head's copy as it arrives: each span's chunks decompressed in
 /// pieces of about [`PIECE`] bytes as soon as a piece is here (one piece at a time
 /// per span, so at most [`HEAD_READS`] threads beside the restore), so that little is
-/// left to do when the last byte arrives. Nothing is returned before the whole copy
-/// is here and checked: by the pack's name (`Check::Pack`; the copy is hashed as it
-/// arrives), else chunk by chunk.
+/// left to do when the last byte arrives (a copy that is all here already, waited for
+/// with `THAW_STORE_HEAD_STREAM=0`, is taken the same way). Nothing is returned before
+/// the whole copy is here and checked: by the pack's name (`Check::Pack`; the copy is
+/// hashed as it arrives), else chunk by chunk.
 async fn pages_as_they_arrive(copy: &crate::fetch::HeadCopy, spans: &[Span], check: Check, head: &crate::manifest::PackRef, object: &str) -> Result<Vec<(bytes::Bytes, Vec<bytes::Bytes>)>> {
     let task = |e: tokio::task::JoinError| StoreError::Task { detail: e.to_string() };
     let ended = |what: &str| StoreError::Corrupt { object: object.to_string(), detail: format!("its read ended before {what}") };
@@ -484,34 +459,6 @@ async fn pages_as_they_arrive(copy: &crate::fetch::HeadCopy, spans: &[Span], che
         return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("its bytes hash to {digest}, not the head's {}", head.name) });
     }
     Ok(spans.iter().zip(parts).map(|(s, chunks)| (whole.slice(s.start as usize..s.end as usize), chunks)).collect())
-}
-
-/// `spans` out of the head's `copy` (the whole pack), checked: by the pack's name
-/// (`Check::Pack`, once every span is decompressed), else chunk by chunk. Each span on
-/// a thread of its own (a large head is split in [`HEAD_READS`]): not more, since
-/// this runs beside the restore, which has work for a core until it needs the pages
-/// (decompressing in parts and hashing beside them made a 2-core restore slower).
-async fn pages_from_copy(copy: bytes::Bytes, spans: &[Span], check: Check, name: &str, object: &str) -> Result<Vec<(bytes::Bytes, Vec<bytes::Bytes>)>> {
-    let task = |e: tokio::task::JoinError| StoreError::Task { detail: e.to_string() };
-    let reads: Vec<_> = spans
-        .iter()
-        .map(|s| {
-            let (c, o, s) = (copy.clone(), object.to_string(), s.clone());
-            tokio::task::spawn_blocking(move || crate::pack::slice_spans(&o, &c, &[s], check))
-        })
-        .collect();
-    let mut out = Vec::with_capacity(spans.len());
-    for r in reads {
-        out.extend(r.await.map_err(task)??);
-    }
-    if check == Check::Pack {
-        let c = copy.clone();
-        let digest = tokio::task::spawn_blocking(move || crate::remote::sha256_hex(&c)).await.map_err(task)?;
-        if digest != name {
-            return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("its bytes hash to {digest}, not the head's {name}") });
-        }
-    }
-    Ok(out)
 }
 
 /// The (file index, offset) places in pages.img (`file`) of the chunks `spans` read.
