@@ -25,6 +25,9 @@ For each function, in one sitting and interleaved run by run (the order rotates)
                 under its id (THAW_STORE_HEAD_COPY=0: the miss reads the head from its
                 pack once the manifest is here), the baseline of reading the head's
                 copy beside the manifest
+  remote-cold-manifest-apart  remote-cold of the same snapshot pushed with a head copy that
+                does not start with the manifest (THAW_STORE_HEAD_MANIFEST=0: the miss reads
+                the manifest and the copy in two parallel requests), the baseline of one request
   remote-cold-window  remote-cold of the same snapshot pushed with pages.img cut by 8 KiB
                 address windows (THAW_STORE_CHUNKS=window), the baseline of content-defined chunks
   remote-cold-v2  remote-cold of the same snapshot pushed with its chunks raw (format 2,
@@ -73,8 +76,8 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
-         "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff")
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2",
+         "remote-cold-v1", "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
 
@@ -182,12 +185,15 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
     push_nc = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-no-head-copy"],
                              env=dict(env, THAW_STORE_HEAD_COPY="0"), check=True, capture_output=True, text=True)
     url_nc = push_nc.stdout.strip().splitlines()[-1]
+    push_ma = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-manifest-apart"],
+                             env=dict(env, THAW_STORE_HEAD_MANIFEST="0"), check=True, capture_output=True, text=True)
+    url_ma = push_ma.stdout.strip().splitlines()[-1]
     pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2]),
               "ws-derived": json.loads(push_wd.stdout.strip().splitlines()[-2]),
               "no-head-copy": json.loads(push_nc.stdout.strip().splitlines()[-2]),
               "v2": json.loads(push_v2.stdout.strip().splitlines()[-2]), "layered": json.loads(push_d.stdout.strip().splitlines()[-2]),
               "window": json.loads(push_w.stdout.strip().splitlines()[-2])}
-    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd, "remote-cold-no-head-copy": url_nc}
+    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd, "remote-cold-no-head-copy": url_nc, "remote-cold-manifest-apart": url_ma}
     base_entry = pushes["layered"]["base"]
     cache = data / "snapshot-cache" / "entries"
     rows = []
@@ -199,7 +205,7 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
                 menv = {"remote-cold-whole": dict(env, THAW_STORE_FETCH="whole"),
                         "remote-cold-head-wait": dict(env, THAW_STORE_HEAD="wait"),

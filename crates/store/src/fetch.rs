@@ -39,50 +39,82 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
 /// The manifest of snapshot `id`, verified against its name, with its size in the store.
 pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
     let key = Remote::manifest_key(id);
-    let object = remote.url.object_url(&key);
     let t0 = std::time::Instant::now();
     let stored = remote.get(&key).await?;
     let got_ms = t0.elapsed().as_secs_f64() * 1e3;
     let len = stored.len() as u64;
+    let m = verify_manifest(&remote.url.object_url(&key), stored, id)?;
+    tracing::debug!(get_ms = got_ms, checked_ms = t0.elapsed().as_secs_f64() * 1e3, stored = len, "manifest read");
+    Ok((m, len))
+}
+
+/// Manifest `stored` (as stored: JSON, or zstd-compressed JSON from format 3 on),
+/// checked against `id`, the hash of its JSON, and parsed. `object` names where it
+/// came from in errors.
+fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manifest> {
     // Format 3 is stored compressed (zstd's magic; JSON starts with '{'), never
     // decompressed past the cap on manifests.
     let bytes = if stored.starts_with(&ZSTD_MAGIC) {
         bytes::Bytes::from(
             zstd::bulk::decompress(&stored, crate::manifest::MAX_MANIFEST_LEN)
-                .map_err(|e| StoreError::Corrupt { object: object.clone(), detail: format!("does not decompress: {e}") })?,
+                .map_err(|e| StoreError::Corrupt { object: object.to_string(), detail: format!("does not decompress: {e}") })?,
         )
     } else {
         stored
     };
     let got = sha256_hex(&bytes);
     if got != id {
-        return Err(StoreError::Corrupt { object, detail: format!("contents hash to {got}") });
+        return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("contents hash to {got}") });
     }
-    let m = Manifest::parse(&object, &bytes)?;
-    tracing::debug!(get_ms = got_ms, checked_ms = t0.elapsed().as_secs_f64() * 1e3, stored = len, json = bytes.len(), "manifest read");
-    Ok((m, len))
+    Manifest::parse(object, &bytes)
 }
 
 /// What a miss fetches first: the manifest of the snapshot (verified against its
-/// name) and, read beside it in parallel, the copy of its head pack
-/// ([`Remote::head_key`], checked against the manifest's head by `lazy::open`).
+/// name) and the copy of its head pack ([`Remote::head_key`], checked against the
+/// manifest's head by `lazy::open`), which brings the manifest too.
 #[derive(Clone)]
 pub struct MissStart {
     pub manifest: Manifest,
-    /// The manifest's size in the store.
+    /// The manifest's size in the store (and that of one in the head's copy that did
+    /// not check).
     pub manifest_len: u64,
+    /// Requests the manifest took: 0 when it came in the head's copy, else 1 (2 when
+    /// the copy's did not check).
+    pub manifest_requests: u64,
     /// The head copy, arriving (see [`HeadCopy`]).
     pub head: HeadCopy,
 }
 
-/// The head's copy as it arrives: read on the store's runtime beside the manifest,
-/// part by part, and awaited only by what needs it. The head pack starts with
-/// state.bin's and ws.trace's chunks (`publish::plan`), so a miss takes those out of
-/// the copy's first bytes ([`HeadCopy::prefix`]) and starts the restore while the
-/// rest, the working set's pages, is still on the wire ([`HeadCopy::get`]); on a slow
-/// link that is most of the copy's transfer. Both resolve to None where the store has
-/// no copy (published before copies, or without one) or its read failed: the head is
-/// then read from its pack, after the manifest, as before.
+/// What a head's copy starts with since the manifest went into it: this, the
+/// manifest's length as stored (u32, little-endian), the manifest as stored
+/// (`snapshots/<id>.json`), then the head pack's bytes. A copy without it (stored
+/// before) is the head pack's bytes alone. An older reader finds that such a copy
+/// does not hash to the head pack's name and reads the head from its pack.
+pub const HEAD_MAGIC: &[u8; 8] = b"thawhd01";
+const HEAD_HEADER: usize = HEAD_MAGIC.len() + 4;
+
+/// The head's copy as stored: [`HEAD_MAGIC`], then manifest `stored` (as stored) and
+/// the head pack's bytes `pack`.
+pub fn head_copy(stored: &[u8], pack: &[u8]) -> bytes::Bytes {
+    let mut out = Vec::with_capacity(HEAD_HEADER + stored.len() + pack.len());
+    out.extend_from_slice(HEAD_MAGIC);
+    out.extend_from_slice(&(stored.len() as u32).to_le_bytes());
+    out.extend_from_slice(stored);
+    out.extend_from_slice(pack);
+    bytes::Bytes::from(out)
+}
+
+/// The head's copy as it arrives: read on the store's runtime, part by part, and
+/// awaited only by what needs it. It starts with the snapshot's manifest
+/// ([`HeadCopy::manifest`]), so a miss makes this one request before its restore
+/// starts. Then the head pack, which starts with state.bin's and ws.trace's chunks
+/// (`publish::plan`), so a miss takes those out of the pack's first bytes
+/// ([`HeadCopy::prefix`]) and starts the restore while the rest, the working set's
+/// pages, is still on the wire ([`HeadCopy::get`]); on a slow link that is most of
+/// the copy's transfer. Offsets are the head pack's, after the manifest. Each
+/// resolves to None where the store has no copy (published before copies, or
+/// without one) or its read failed: the head is then read from its pack, after the
+/// manifest, as before.
 #[derive(Clone)]
 pub struct HeadCopy(tokio::sync::watch::Receiver<Arrival>);
 
@@ -92,9 +124,41 @@ pub struct Arrival {
     /// The parts so far, in order, and their bytes in all.
     parts: Vec<bytes::Bytes>,
     len: usize,
-    /// Set once the read ended: the whole copy and the SHA-256 (hex) of its bytes
-    /// (hashed as they arrived), or None (none, or the read failed).
+    /// Where the head pack starts in the copy, once its first bytes told: after
+    /// the manifest, or at 0 in a copy without one.
+    pack_at: Option<usize>,
+    /// The manifest as stored, once all of it is here.
+    manifest: Option<bytes::Bytes>,
+    /// Set once the read ended: the head pack's bytes and their SHA-256 (hex;
+    /// hashed as they arrived), or None (none, or the read failed).
     done: Option<Option<(bytes::Bytes, String)>>,
+}
+
+/// Bytes `start..end` of `parts` laid end to end (`end` within them).
+fn gather(parts: &[bytes::Bytes], start: usize, end: usize) -> bytes::Bytes {
+    let mut out = bytes::BytesMut::with_capacity(end.saturating_sub(start));
+    let mut at = 0;
+    for p in parts {
+        let (from, to) = (start.max(at), end.min(at + p.len()));
+        if from < to {
+            out.extend_from_slice(&p[from - at..to - at]);
+        }
+        at += p.len();
+    }
+    out.freeze()
+}
+
+/// Where the pack starts in a copy whose first [`HEAD_HEADER`] bytes are `first`
+/// (all of it when shorter): after the manifest it announces, else at 0.
+fn pack_start(first: &[u8], object: &str) -> Result<usize> {
+    if first.len() < HEAD_HEADER || first[..HEAD_MAGIC.len()] != HEAD_MAGIC[..] {
+        return Ok(0);
+    }
+    let n = u32::from_le_bytes(first[HEAD_MAGIC.len()..HEAD_HEADER].try_into().expect("4 bytes")) as usize;
+    if n > crate::manifest::MAX_MANIFEST_LEN {
+        return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("announces a manifest of {n} bytes, over the cap") });
+    }
+    Ok(HEAD_HEADER + n)
 }
 
 impl HeadCopy {
@@ -106,11 +170,13 @@ impl HeadCopy {
     /// The copy of `key` read on the current runtime, part by part (see [`Remote::get_stream`]).
     pub fn read(remote: &Remote, key: String) -> HeadCopy {
         let r = remote.clone();
-        HeadCopy::from_parts(async move { r.get_stream(&key).await })
+        let object = remote.url.object_url(&key);
+        HeadCopy::from_parts(object, async move { r.get_stream(&key).await })
     }
 
-    /// The copy whose parts `parts` brings (a task of the current runtime gathers them).
-    pub fn from_parts<F, S>(parts: F) -> HeadCopy
+    /// The copy whose parts `parts` brings (a task of the current runtime gathers
+    /// them); `object` names it in logs.
+    pub fn from_parts<F, S>(object: String, parts: F) -> HeadCopy
     where
         F: std::future::Future<Output = Result<S>> + Send + 'static,
         S: futures::Stream<Item = Result<bytes::Bytes>> + Send + Unpin + 'static,
@@ -119,29 +185,75 @@ impl HeadCopy {
         let t0 = std::time::Instant::now();
         tokio::spawn(async move {
             let mut sha = <sha2::Sha256 as sha2::Digest>::new();
+            // Every part so far (the task's own list, so hashing runs outside the
+            // channel's lock), and where the pack starts once known.
+            let mut held: Vec<bytes::Bytes> = Vec::new();
+            let (mut len, mut pack_at, mut manifest_here) = (0usize, None, false);
+            let hash_from = |sha: &mut sha2::Sha256, part: &[u8], at: usize, p: usize| {
+                if at + part.len() > p {
+                    sha2::Digest::update(sha, &part[p.saturating_sub(at)..]);
+                }
+            };
             let read = async {
                 let mut parts = parts.await?;
                 while let Some(part) = parts.next().await {
                     let part = part?;
-                    sha2::Digest::update(&mut sha, &part);
+                    let at = len;
+                    len += part.len();
+                    held.push(part.clone());
+                    match pack_at {
+                        Some(p) => hash_from(&mut sha, &part, at, p),
+                        None if len >= HEAD_HEADER => {
+                            let p = pack_start(&gather(&held, 0, HEAD_HEADER), &object)?;
+                            let mut at = 0;
+                            for h in &held {
+                                hash_from(&mut sha, h, at, p);
+                                at += h.len();
+                            }
+                            pack_at = Some(p);
+                        }
+                        None => {}
+                    }
+                    let manifest = pack_at.filter(|&p| !manifest_here && p > HEAD_HEADER && len >= p).map(|p| gather(&held, HEAD_HEADER, p));
+                    manifest_here |= manifest.is_some();
                     tx.send_modify(|a| {
-                        a.len += part.len();
+                        a.len = len;
                         a.parts.push(part);
+                        a.pack_at = pack_at;
+                        if manifest.is_some() {
+                            a.manifest = manifest;
+                        }
                     });
                 }
                 Ok::<(), StoreError>(())
             };
             let ended = read.await;
             tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, ok = ended.is_ok(), "head copy read");
+            // A copy shorter than a manifest's header has none.
+            let p = match pack_at {
+                Some(p) => p,
+                None => {
+                    for h in &held {
+                        sha2::Digest::update(&mut sha, h);
+                    }
+                    0
+                }
+            };
             tx.send_modify(|a| {
+                a.pack_at = Some(p);
                 a.done = Some(match ended {
-                    Ok(()) => Some((
-                        match a.parts.len() {
-                            1 => a.parts[0].clone(),
-                            _ => bytes::Bytes::from(a.parts.concat()),
+                    Ok(()) if len >= p => Some((
+                        match (a.parts.len(), p) {
+                            (1, _) => a.parts[0].slice(p..),
+                            (_, 0) => bytes::Bytes::from(a.parts.concat()),
+                            _ => gather(&a.parts, p, len),
                         },
                         hex::encode(sha2::Digest::finalize(sha)),
                     )),
+                    Ok(()) => {
+                        tracing::warn!(object = %object, len, manifest_end = p, "the head's copy ends inside its manifest; reading the manifest and the head apart");
+                        None
+                    }
                     Err(StoreError::NotFound { .. }) => None,
                     Err(e) => {
                         tracing::debug!(error = %e, "reading the head copy failed; reading the head from its pack");
@@ -154,38 +266,39 @@ impl HeadCopy {
         HeadCopy(rx)
     }
 
-    /// The copy's first `n` bytes, as soon as they are here; None if it ends first
-    /// (none, shorter, or its read failed).
+    /// The manifest the copy starts with, as stored (unverified), as soon as it is
+    /// here; None for a copy without one (stored before), none, or a read that
+    /// failed first.
+    pub async fn manifest(&self) -> Option<bytes::Bytes> {
+        let mut rx = self.0.clone();
+        let a = rx.wait_for(|a| a.manifest.is_some() || a.pack_at.is_some_and(|p| p <= HEAD_HEADER) || a.done.is_some()).await.ok()?;
+        a.manifest.clone()
+    }
+
+    /// The head pack's first `n` bytes, as soon as they are here; None if the copy
+    /// ends first (none, shorter, or its read failed).
     pub async fn prefix(&self, n: usize) -> Option<bytes::Bytes> {
         self.range(0, n).await
     }
 
-    /// Bytes `start..end` of the copy, as soon as they are here; None if it ends
-    /// first (none, shorter, or its read failed).
+    /// Bytes `start..end` of the head pack, as soon as they are here; None if the
+    /// copy ends first (none, shorter, or its read failed).
     pub async fn range(&self, start: usize, end: usize) -> Option<bytes::Bytes> {
         let mut rx = self.0.clone();
-        let a = rx.wait_for(|a| a.len >= end || a.done.is_some()).await.ok()?;
+        let a = rx.wait_for(|a| a.pack_at.is_some_and(|p| a.len >= p + end) || a.done.is_some()).await.ok()?;
         if let Some(done) = &a.done {
             return done.as_ref().filter(|(b, _)| start <= end && b.len() >= end).map(|(b, _)| b.slice(start..end));
         }
-        let mut out = bytes::BytesMut::with_capacity(end.saturating_sub(start));
-        let mut at = 0;
-        for p in &a.parts {
-            let (from, to) = (start.max(at), end.min(at + p.len()));
-            if from < to {
-                out.extend_from_slice(&p[from - at..to - at]);
-            }
-            at += p.len();
-        }
-        Some(out.freeze())
+        let p = a.pack_at.expect("waited for");
+        Some(gather(&a.parts, p + start, p + end))
     }
 
-    /// The whole copy, once here.
+    /// The whole head pack, once here.
     pub async fn get(&self) -> Option<bytes::Bytes> {
         self.get_hashed().await.map(|(b, _)| b)
     }
 
-    /// The whole copy and the SHA-256 (hex) of its bytes, once here.
+    /// The whole head pack and the SHA-256 (hex) of its bytes, once here.
     pub async fn get_hashed(&self) -> Option<(bytes::Bytes, String)> {
         let mut rx = self.0.clone();
         let a = rx.wait_for(|a| a.done.is_some()).await.ok()?;
@@ -193,14 +306,35 @@ impl HeadCopy {
     }
 }
 
-/// The manifest of snapshot `id` and, in parallel, its head copy (one round trip
-/// for both, where the head otherwise needed a second one after the manifest).
-/// Returns once the manifest is here; the copy may still be arriving. Call it on
-/// the store's runtime (the copy's read is a task of it).
+/// The manifest of snapshot `id` and its head copy: one request where the copy
+/// brings the manifest (published since it does), else the manifest's read follows
+/// the copy's first bytes (or its absence). Returns once the manifest is here; the
+/// copy may still be arriving. Call it on the store's runtime (the copy's read is a
+/// task of it). A manifest in the copy that does not check is not used, and neither
+/// is the rest of that copy: the manifest is read, the head from its pack.
 pub async fn manifest_and_head(remote: &Remote, id: &str) -> Result<MissStart> {
-    let head = HeadCopy::read(remote, Remote::head_key(id));
+    let key = Remote::head_key(id);
+    let mut head = HeadCopy::read(remote, key.clone());
+    let t0 = std::time::Instant::now();
+    // A copy whose manifest did not check: its request and those bytes.
+    let mut spent = (0, 0);
+    if let Some(stored) = head.manifest().await {
+        let len = stored.len() as u64;
+        let object = remote.url.object_url(&key);
+        match verify_manifest(&object, stored, id) {
+            Ok(manifest) => {
+                tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, stored = len, "manifest read from the head's copy");
+                return Ok(MissStart { manifest, manifest_len: len, manifest_requests: 0, head });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the manifest in the head's copy does not check; reading the manifest, and the head from its pack");
+                head = HeadCopy::none();
+                spent = (1, len);
+            }
+        }
+    }
     let (manifest, manifest_len) = manifest(remote, id).await?;
-    Ok(MissStart { manifest, manifest_len, head })
+    Ok(MissStart { manifest, manifest_len: manifest_len + spent.1, manifest_requests: 1 + spent.0, head })
 }
 
 /// Fetch every file of `m` into the existing empty directory `dir` and rebuild
@@ -440,7 +574,7 @@ mod tests {
     fn arriving(rt: &tokio::runtime::Runtime) -> (tokio::sync::mpsc::UnboundedSender<Result<bytes::Bytes>>, HeadCopy) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let parts = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
-        let copy = rt.block_on(async { HeadCopy::from_parts(async move { Ok(Box::pin(parts)) }) });
+        let copy = rt.block_on(async { HeadCopy::from_parts("x".into(), async move { Ok(Box::pin(parts)) }) });
         (tx, copy)
     }
 
@@ -449,21 +583,70 @@ mod tests {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let (tx, copy) = arriving(&rt);
         tx.send(Ok(bytes::Bytes::from_static(b"state"))).unwrap();
-        tx.send(Ok(bytes::Bytes::from_static(b".trace"))).unwrap();
-        // The first 8 bytes span two parts; the read has not ended.
+        tx.send(Ok(bytes::Bytes::from_static(b".trace+"))).unwrap();
+        // The first 8 bytes span two parts; the read has not ended (a copy without
+        // a manifest, stored before: its first 12 bytes tell).
         assert_eq!(rt.block_on(copy.prefix(8)).unwrap(), &b"state.tr"[..]);
         assert_eq!(rt.block_on(copy.range(4, 7)).unwrap(), &b"e.t"[..]);
         let whole = {
             let c = copy.clone();
             rt.spawn(async move { c.get().await })
         };
-        tx.send(Ok(bytes::Bytes::from_static(b"+pages"))).unwrap();
+        tx.send(Ok(bytes::Bytes::from_static(b"pages"))).unwrap();
         drop(tx);
         assert_eq!(rt.block_on(whole).unwrap().unwrap(), &b"state.trace+pages"[..]);
         assert_eq!(rt.block_on(copy.get_hashed()).unwrap().1, crate::remote::sha256_hex(b"state.trace+pages"), "hashed as it arrived");
         assert_eq!(rt.block_on(copy.range(3, 13)).unwrap(), &b"te.trace+p"[..]);
         assert_eq!(rt.block_on(copy.prefix(5)).unwrap(), &b"state"[..], "after the end too");
         assert!(rt.block_on(copy.prefix(100)).is_none(), "a copy shorter than the prefix asked");
+    }
+
+    #[test]
+    fn a_copy_that_starts_with_the_manifest_hands_it_over_first_and_counts_from_the_pack() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (tx, copy) = arriving(&rt);
+        let stored = head_copy(b"{manifest}", b"state.trace+pages");
+        // The header split across parts, the manifest's end in the same part as the pack's start.
+        tx.send(Ok(stored.slice(..5))).unwrap();
+        tx.send(Ok(stored.slice(5..HEAD_HEADER + 12))).unwrap();
+        assert_eq!(rt.block_on(copy.manifest()).unwrap(), &b"{manifest}"[..]);
+        assert_eq!(rt.block_on(copy.prefix(2)).unwrap(), &b"st"[..], "offsets are the pack's");
+        tx.send(Ok(stored.slice(HEAD_HEADER + 12..))).unwrap();
+        assert_eq!(rt.block_on(copy.range(5, 11)).unwrap(), &b".trace"[..]);
+        drop(tx);
+        let (pack, digest) = rt.block_on(copy.get_hashed()).unwrap();
+        assert_eq!(pack, &b"state.trace+pages"[..]);
+        assert_eq!(digest, crate::remote::sha256_hex(b"state.trace+pages"), "the pack's bytes hashed, not the manifest's");
+        assert_eq!(rt.block_on(copy.manifest()).unwrap(), &b"{manifest}"[..], "after the end too");
+    }
+
+    #[test]
+    fn a_copy_without_a_manifest_is_the_pack_and_a_bad_header_is_no_copy() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        // Stored before manifests went into copies.
+        let (tx, copy) = arriving(&rt);
+        tx.send(Ok(bytes::Bytes::from_static(b"state.trace+pages"))).unwrap();
+        assert!(rt.block_on(copy.manifest()).is_none());
+        assert_eq!(rt.block_on(copy.prefix(5)).unwrap(), &b"state"[..]);
+        drop(tx);
+        assert_eq!(rt.block_on(copy.get_hashed()).unwrap().1, crate::remote::sha256_hex(b"state.trace+pages"));
+        // Shorter than a header.
+        let (tx, copy) = arriving(&rt);
+        tx.send(Ok(bytes::Bytes::from_static(b"pages"))).unwrap();
+        drop(tx);
+        assert!(rt.block_on(copy.manifest()).is_none());
+        assert_eq!(rt.block_on(copy.get()).unwrap(), &b"pages"[..]);
+        // A manifest's length over the cap, and a copy that ends inside its manifest.
+        for stored in [
+            [&HEAD_MAGIC[..], &u32::MAX.to_le_bytes(), b"{manifest}"].concat(),
+            head_copy(b"{manifest}", b"pages")[..HEAD_HEADER + 4].to_vec(),
+        ] {
+            let (tx, copy) = arriving(&rt);
+            tx.send(Ok(bytes::Bytes::from(stored))).unwrap();
+            drop(tx);
+            assert!(rt.block_on(copy.manifest()).is_none());
+            assert!(rt.block_on(copy.prefix(1)).is_none() && rt.block_on(copy.get()).is_none());
+        }
     }
 
     #[test]
@@ -474,7 +657,7 @@ mod tests {
         tx.send(Err(StoreError::NotFound { object: "x".into() })).unwrap();
         assert!(rt.block_on(copy.prefix(8)).is_none(), "ended before 8 bytes");
         assert!(rt.block_on(copy.get()).is_none(), "a read that failed half way is no copy");
-        let missing = rt.block_on(async { HeadCopy::from_parts(async { Err::<futures::stream::Empty<Result<bytes::Bytes>>, _>(StoreError::NotFound { object: "x".into() }) }) });
+        let missing = rt.block_on(async { HeadCopy::from_parts("x".into(), async { Err::<futures::stream::Empty<Result<bytes::Bytes>>, _>(StoreError::NotFound { object: "x".into() }) }) });
         assert!(rt.block_on(missing.prefix(1)).is_none() && rt.block_on(missing.get()).is_none());
         assert!(rt.block_on(HeadCopy::none().get()).is_none());
     }

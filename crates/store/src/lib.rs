@@ -251,7 +251,7 @@ pub struct Miss {
 /// as before. None: the snapshot has no head (fetch it whole). The fill counts the
 /// manifest (and a base fetched whole) as fetched before the head.
 pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start: fetch::MissStart) -> Result<Option<Miss>> {
-    let fetch::MissStart { manifest: m, manifest_len, head } = start;
+    let fetch::MissStart { manifest: m, manifest_len, manifest_requests, head } = start;
     if m.head.is_none() {
         return Ok(None);
     }
@@ -269,7 +269,7 @@ pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start:
     let opened = base_dir.map_or(Ok(()), |b| fetch::link_base(&dir, b)).and_then(|()| lazy::open(store.clone(), m, id, &dir, head, lazy_base));
     match opened {
         Ok(Some(fill)) => {
-            fill.count_before_head(1 + source.requests.load(std::sync::atomic::Ordering::Relaxed), manifest_len + source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed));
+            fill.count_before_head(manifest_requests + source.requests.load(std::sync::atomic::Ordering::Relaxed), manifest_len + source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed));
             Ok(Some(Miss { fill, dir, base }))
         }
         Ok(None) | Err(_) => {
@@ -301,7 +301,7 @@ fn lazy_base(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str) -> Result<
     let dir = cache.scratch_dir(id).map_err(Box::new)?;
     match lazy::open(store.clone(), start.manifest, id, &dir, start.head, None) {
         Ok(Some(fill)) => {
-            fill.count_before_head(1, start.manifest_len);
+            fill.count_before_head(start.manifest_requests, start.manifest_len);
             let b = Arc::new(lazy::LazyBase { id: id.to_string(), fill });
             *slot = Arc::downgrade(&b);
             Ok(Some((b, true)))

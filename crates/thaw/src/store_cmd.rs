@@ -308,7 +308,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
         store.block_on(thaw_store::fetch::manifest_and_head(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?
     } else {
         let (manifest, manifest_len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
-        thaw_store::fetch::MissStart { manifest, manifest_len, head: thaw_store::fetch::HeadCopy::none() }
+        thaw_store::fetch::MissStart { manifest, manifest_len, manifest_requests: 1, head: thaw_store::fetch::HeadCopy::none() }
     };
     let manifest_len = start.manifest_len;
     tracing::debug!(

@@ -38,10 +38,19 @@ fn round_trip_is_byte_identical_and_a_second_push_uploads_nothing() {
     assert!(r.packs as u64 <= r.snapshot_bytes / publish_pack_target() + 2, "the head, then packs of the target size: {r:?}");
     assert!(r.requests <= 2 * r.packs as u64 + 4, "LIST, HEAD+PUT per pack, the head's copy, the manifest, the GC list: {r:?}");
     let stored: u64 = packs.iter().map(|(_, n)| n).sum();
-    // The head's copy under the snapshot's id: the head pack's bytes again.
+    // The head's copy under the snapshot's id: the manifest as stored, then the head
+    // pack's bytes again (one request brings both to a miss).
     let heads = objects(&s, "heads");
     assert_eq!(heads, vec![(format!("heads/{}", r.id), r.head_copy_bytes)], "{r:?}");
-    assert!(packs.iter().any(|(_, n)| *n == r.head_copy_bytes), "the copy has the head pack's size: {packs:?}");
+    let copy = s.block_on(s.remote.get(&heads[0].0)).unwrap();
+    let manifest = s.block_on(s.remote.get(&format!("snapshots/{}.json", r.id))).unwrap();
+    let magic = thaw_store::fetch::HEAD_MAGIC.len();
+    assert_eq!(&copy[..magic], thaw_store::fetch::HEAD_MAGIC);
+    assert_eq!(u32::from_le_bytes(copy[magic..magic + 4].try_into().unwrap()) as usize, manifest.len());
+    assert_eq!(copy[magic + 4..magic + 4 + manifest.len()], manifest[..], "the manifest as stored");
+    let pack = &copy[magic + 4 + manifest.len()..];
+    let head = packs.iter().find(|(key, _)| key.ends_with(&thaw_store::remote::sha256_hex(pack))).expect("the rest is a stored pack's bytes");
+    assert_eq!(head.1, pack.len() as u64);
     assert_eq!(r.bytes_uploaded, stored + objects(&s, "snapshots")[0].1 + r.head_copy_bytes, "bytes reported = packs + manifest + the head's copy in the store");
     let raw: u64 = publish::plan(snap).unwrap().uploads.iter().map(|u| u.len).sum();
     assert_eq!(counted.into_inner(), raw, "progress covers every chunk once");
