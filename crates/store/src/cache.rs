@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! ROOT/entries/<id>/   complete, verified snapshots (renamed in whole)
-//! ROOT/tmp/            installs in progress and uncached (bypass) copies; emptied at open
+//! ROOT/tmp/            installs in progress and uncached (bypass) copies, named by their process:
+//!                      those of processes gone are removed at open
 //! ```
 //! - **Bound.** Installed bytes plus the reservations of installs in flight
 //!   never exceed `max_bytes`. An install reserves an upper bound of its size
@@ -203,6 +204,18 @@ pub fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(n)
 }
 
+/// Remove the entries of `dir` whose owner, the process `pid_of` finds in the
+/// name, is gone (a name without a pid is nobody's).
+fn remove_orphans(dir: &Path, pid_of: impl Fn(&str) -> Option<i32>) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if pid_of(&name).is_none_or(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
+        }
+    }
+    Ok(())
+}
+
 fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
@@ -216,9 +229,11 @@ impl Cache {
             let (root, what) = (root.to_path_buf(), what.to_string());
             move |source| CacheError::Io { root, what, source }
         };
+        // Installs of processes that are gone (a crash, kill -9); those of live ones
+        // sharing the root (another `thaw snapshot restore`) are theirs to finish.
         let tmp = root.join("tmp");
-        let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(ioe("creating tmp/"))?;
+        remove_orphans(&tmp, |name| name.rsplitn(3, '.').nth(1).and_then(|p| p.parse().ok())).map_err(ioe("listing tmp/"))?;
         let entries_dir = root.join("entries");
         std::fs::create_dir_all(&entries_dir).map_err(ioe("creating entries/"))?;
         let mut found = Vec::new();
@@ -315,13 +330,7 @@ impl Cache {
         };
         let root = self.root.join("lazy");
         std::fs::create_dir_all(&root).map_err(ioe("creating lazy/"))?;
-        for e in std::fs::read_dir(&root).map_err(ioe("listing lazy/"))?.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let pid: Option<i32> = name.split('-').next().and_then(|p| p.parse().ok());
-            if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
+        remove_orphans(&root, |name| name.split('-').next().and_then(|p| p.parse().ok())).map_err(ioe("listing lazy/"))?;
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         let dir = root.join(format!("{}-{id}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

@@ -244,6 +244,11 @@ fn restart_after_kill_9_during_a_download() {
         assert!(child.try_wait().unwrap().is_none(), "the child exited early");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Another process opening the cache meanwhile (a second `thaw snapshot restore`)
+    // leaves the live download alone.
+    drop(Cache::open(t.path(), 10_000).unwrap());
+    assert!(!tmp_is_empty(t.path()), "a live process's download was removed");
+    assert!(child.try_wait().unwrap().is_none(), "the child died");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let cache = Cache::open(t.path(), 10_000).unwrap();

@@ -310,7 +310,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
         let (manifest, manifest_len) = store.block_on(thaw_store::fetch::manifest(&store.remote, &url.id)).with_context(|| format!("fetching {url}"))?;
         thaw_store::fetch::MissStart { manifest, manifest_len, manifest_requests: 1, head: thaw_store::fetch::HeadCopy::none() }
     };
-    let manifest_len = start.manifest_len;
+    let (manifest_len, manifest_requests) = (start.manifest_len, start.manifest_requests);
     tracing::debug!(
         store_open_ms = t_open.as_secs_f64() * 1e3,
         manifest_ms = (t0.elapsed() - t_open).as_secs_f64() * 1e3,
@@ -346,7 +346,7 @@ pub fn resolve(snap: &std::path::Path, data_dir: &std::path::Path, cache_max_byt
     let source = thaw_store::StoreSource::new(&store).with_manifest(&url.id, start.manifest);
     let (handle, base) = source.cached(&cache, &url.id).with_context(|| format!("fetching {url}"))?;
     let bytes = source.bytes_fetched.load(Ordering::Relaxed) + manifest_len;
-    let requests = source.requests.load(Ordering::Relaxed) + 1;
+    let requests = source.requests.load(Ordering::Relaxed) + manifest_requests;
     let stats = json!({"url": url.to_string(), "cache_hit": false, "cached": handle.cached(), "lazy": false,
         "bytes_fetched": bytes, "requests": requests, "requests_before_first_response": requests,
         "bytes_fetched_before_first_response": bytes, "fetch_ms": t0.elapsed().as_secs_f64() * 1e3, "sandbox_during_fetch": sandboxes.is_some()});
