@@ -52,6 +52,7 @@ pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
 /// checked against `id`, the hash of its JSON, and parsed. `object` names where it
 /// came from in errors.
 fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manifest> {
+    let t0 = std::time::Instant::now();
     // Format 3 is stored compressed (zstd's magic; JSON starts with '{'), never
     // decompressed past the cap on manifests.
     let bytes = if stored.starts_with(&ZSTD_MAGIC) {
@@ -62,11 +63,16 @@ fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manif
     } else {
         stored
     };
+    let t_unzip = t0.elapsed();
     let got = sha256_hex(&bytes);
     if got != id {
         return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("contents hash to {got}") });
     }
-    Manifest::parse(object, &bytes)
+    let t_hash = t0.elapsed();
+    let m = Manifest::parse(object, &bytes)?;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    tracing::debug!(json = bytes.len(), unzip_ms = ms(t_unzip), hash_ms = ms(t_hash - t_unzip), parse_ms = ms(t0.elapsed() - t_hash), "manifest checked");
+    Ok(m)
 }
 
 /// What a miss fetches first: the manifest of the snapshot (verified against its
