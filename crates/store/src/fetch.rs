@@ -122,7 +122,12 @@ pub fn head_copy(stored: &[u8], pack: &[u8]) -> bytes::Bytes {
 /// without one) or its read failed: the head is then read from its pack, after the
 /// manifest, as before.
 #[derive(Clone)]
-pub struct HeadCopy(tokio::sync::watch::Receiver<Arrival>);
+pub struct HeadCopy {
+    rx: tokio::sync::watch::Receiver<Arrival>,
+    /// The most bytes of the head pack the read takes ([`HeadCopy::limit`]): a copy
+    /// longer than the head is not read to its end, into memory.
+    limit: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
 
 /// What has arrived of a head's copy.
 #[derive(Default)]
@@ -170,7 +175,7 @@ fn pack_start(first: &[u8], object: &str) -> Result<usize> {
 impl HeadCopy {
     /// No copy (a whole fetch).
     pub fn none() -> HeadCopy {
-        HeadCopy(tokio::sync::watch::channel(Arrival { done: Some(None), ..Default::default() }).1)
+        HeadCopy { rx: tokio::sync::watch::channel(Arrival { done: Some(None), ..Default::default() }).1, limit: Default::default() }
     }
 
     /// The copy of `key` read on the current runtime, part by part (see [`Remote::get_stream`]).
@@ -188,6 +193,8 @@ impl HeadCopy {
         S: futures::Stream<Item = Result<bytes::Bytes>> + Send + Unpin + 'static,
     {
         let (tx, rx) = tokio::sync::watch::channel(Arrival::default());
+        let limit = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+        let most = limit.clone();
         let t0 = std::time::Instant::now();
         tokio::spawn(async move {
             let mut sha = <sha2::Sha256 as sha2::Digest>::new();
@@ -206,6 +213,10 @@ impl HeadCopy {
                     let part = part?;
                     let at = len;
                     len += part.len();
+                    let most = most.load(std::sync::atomic::Ordering::Relaxed);
+                    if len - pack_at.unwrap_or(0) > most {
+                        return Err(StoreError::Corrupt { object: object.clone(), detail: format!("holds more than the head's {most} bytes") });
+                    }
                     held.push(part.clone());
                     match pack_at {
                         Some(p) => hash_from(&mut sha, &part, at, p),
@@ -235,6 +246,9 @@ impl HeadCopy {
             };
             let ended = read.await;
             tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, ok = ended.is_ok(), "head copy read");
+            if let Err(e @ StoreError::Corrupt { .. }) = &ended {
+                tracing::warn!(error = %e, "the head's copy is not used; reading the head from its pack");
+            }
             // A copy shorter than a manifest's header has none.
             let p = match pack_at {
                 Some(p) => p,
@@ -269,14 +283,20 @@ impl HeadCopy {
                 a.parts.clear();
             });
         });
-        HeadCopy(rx)
+        HeadCopy { rx, limit }
+    }
+
+    /// Take at most `n` bytes of the head pack (its size, once the manifest told it):
+    /// a read that brings more stops and gives no copy.
+    pub fn limit(&self, n: u64) {
+        self.limit.store(usize::try_from(n).unwrap_or(usize::MAX), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The manifest the copy starts with, as stored (unverified), as soon as it is
     /// here; None for a copy without one (stored before), none, or a read that
     /// failed first.
     pub async fn manifest(&self) -> Option<bytes::Bytes> {
-        let mut rx = self.0.clone();
+        let mut rx = self.rx.clone();
         let a = rx.wait_for(|a| a.manifest.is_some() || a.pack_at.is_some_and(|p| p <= HEAD_HEADER) || a.done.is_some()).await.ok()?;
         a.manifest.clone()
     }
@@ -290,7 +310,7 @@ impl HeadCopy {
     /// Bytes `start..end` of the head pack, as soon as they are here; None if the
     /// copy ends first (none, shorter, or its read failed).
     pub async fn range(&self, start: usize, end: usize) -> Option<bytes::Bytes> {
-        let mut rx = self.0.clone();
+        let mut rx = self.rx.clone();
         let a = rx.wait_for(|a| a.pack_at.is_some_and(|p| a.len >= p + end) || a.done.is_some()).await.ok()?;
         if let Some(done) = &a.done {
             return done.as_ref().filter(|(b, _)| start <= end && b.len() >= end).map(|(b, _)| b.slice(start..end));
@@ -306,7 +326,7 @@ impl HeadCopy {
 
     /// The whole head pack and the SHA-256 (hex) of its bytes, once here.
     pub async fn get_hashed(&self) -> Option<(bytes::Bytes, String)> {
-        let mut rx = self.0.clone();
+        let mut rx = self.rx.clone();
         let a = rx.wait_for(|a| a.done.is_some()).await.ok()?;
         a.done.clone().flatten()
     }
@@ -653,6 +673,21 @@ mod tests {
             assert!(rt.block_on(copy.manifest()).is_none());
             assert!(rt.block_on(copy.prefix(1)).is_none() && rt.block_on(copy.get()).is_none());
         }
+    }
+
+    #[test]
+    fn a_copy_longer_than_the_head_is_not_read_past_it() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (tx, copy) = arriving(&rt);
+        tx.send(Ok(head_copy(b"{manifest}", b"state"))).unwrap();
+        assert_eq!(rt.block_on(copy.manifest()).unwrap(), &b"{manifest}"[..]);
+        copy.limit(10);
+        tx.send(Ok(bytes::Bytes::from_static(b".trac"))).unwrap();
+        assert_eq!(rt.block_on(copy.prefix(10)).unwrap(), &b"state.trac"[..], "within the limit");
+        // The store keeps sending: the read stops there, and there is no copy.
+        tx.send(Ok(bytes::Bytes::from(vec![0u8; 1 << 20]))).unwrap();
+        assert!(rt.block_on(copy.get()).is_none());
+        assert!(tx.send(Ok(bytes::Bytes::from_static(b"more"))).is_err(), "the read stopped, nothing more is taken");
     }
 
     #[test]

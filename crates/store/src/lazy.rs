@@ -225,6 +225,8 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
         state[i] = State::Fetching;
     }
     let head_pack = m.packs[head as usize].clone();
+    // The copy is read into memory: never past the head's size.
+    head_copy.limit(head_pack.size);
     let whole = crate::pack::covers(first.iter().chain(&head_pages), head_pack.size) && std::env::var("THAW_STORE_HEAD_CHECK").as_deref() != Ok("chunks");
     let pages_check = if whole { Check::Pack } else { Check::Chunks };
     let copy_object = remote.url.object_url(&crate::Remote::head_key(id));

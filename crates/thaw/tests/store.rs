@@ -119,10 +119,14 @@ fn push_pull_restore_round_trip() {
         c[at] ^= 1;
         Some(c)
     };
+    // Longer than the head (a store that keeps sending): not read past the head's
+    // size into memory (requests vary with where the read stops).
+    let longer = Some([&copy[..], &vec![0u8; 4 << 20]].concat());
     let cases = [
-        ("corrupt pack", flipped(header + manifest_len), 3, "the head's copy does not check"),
-        ("corrupt manifest", flipped(header + manifest_len / 2), 4, "the manifest in the head's copy does not check"),
-        ("missing", None, 3, ""),
+        ("corrupt pack", flipped(header + manifest_len), Some(3), "the head's copy does not check"),
+        ("corrupt manifest", flipped(header + manifest_len / 2), Some(4), "the manifest in the head's copy does not check"),
+        ("missing", None, Some(3), ""),
+        ("longer", longer, None, "holds more than the head's"),
     ];
     for (what, put, requests, warning) in cases {
         match put {
@@ -134,7 +138,10 @@ fn push_pull_restore_round_trip() {
         let o = ok(thaw_s3(&m, &["snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]));
         assert_eq!(stdout(&o), original, "head copy {what}");
         let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
-        assert_eq!((&st["store"]["requests_before_first_response"], &st["mode"]), (&serde_json::json!(requests), &serde_json::json!("prefetch")), "head copy {what}: {st}");
+        assert_eq!(st["mode"], "prefetch", "head copy {what}: {st}");
+        if let Some(n) = requests {
+            assert_eq!(st["store"]["requests_before_first_response"], n, "head copy {what}: {st}");
+        }
         assert!(stderr(&o).contains(warning), "head copy {what}: {}", stderr(&o));
     }
     store.block_on(store.remote.put(&head_key, copy)).unwrap();
