@@ -233,7 +233,7 @@ impl Cache {
         // sharing the root (another `thaw snapshot restore`) are theirs to finish.
         let tmp = root.join("tmp");
         std::fs::create_dir_all(&tmp).map_err(ioe("creating tmp/"))?;
-        remove_orphans(&tmp, |name| name.rsplitn(3, '.').nth(1).and_then(|p| p.parse().ok())).map_err(ioe("listing tmp/"))?;
+        remove_orphans(&tmp, |name| name.rsplit('.').nth(1).and_then(|p| p.parse().ok())).map_err(ioe("listing tmp/"))?;
         let entries_dir = root.join("entries");
         std::fs::create_dir_all(&entries_dir).map_err(ioe("creating entries/"))?;
         let mut found = Vec::new();
