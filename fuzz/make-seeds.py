@@ -44,3 +44,11 @@ create = {'FunctionName': 'hello', 'Runtime': 'python3.11', 'Handler': 'handler.
 put('api_request', 'create', b'POST\n/2015-03-31/functions\n-\n' + json.dumps(create).encode())
 put('api_request', 'invoke-arn', b'POST\n/2015-03-31/functions/arn:aws:lambda:us-east-1:123456789012:function:hello:%24LATEST/invocations\n$LATEST\n{}')
 put('api_request', 'get-config', b'GET\n/2015-03-31/functions/hello/configuration\n-\n')
+
+# Heads' copies (fuzz_targets/store_head_copy.rs): [part size, limit / 4, the object].
+def head_copy(manifest, pack):
+    return b'thawhd01' + len(manifest).to_bytes(4, 'little') + manifest + pack
+put('store_head_copy', 'manifest-and-pack', bytes([7, 0]) + head_copy(b'{"format":4,"files":[]}', b'state.bin+ws.trace+pages' * 4))
+put('store_head_copy', 'pack-only', bytes([255, 0]) + b'state.bin+ws.trace+pages')
+put('store_head_copy', 'over-the-limit', bytes([3, 5]) + head_copy(b'{}', b'p' * 64))
+put('store_head_copy', 'cut-in-the-manifest', bytes([1, 0]) + head_copy(b'{"format":4}', b'')[:16])
