@@ -202,6 +202,12 @@ impl HeadCopy {
             // channel's lock), and where the pack starts once known.
             let mut held: Vec<bytes::Bytes> = Vec::new();
             let (mut len, mut pack_at, mut manifest_here) = (0usize, None, false);
+            // The limit once set: the pack's bytes past it (after the manifest, which
+            // is handed over whatever follows it).
+            let too_long = |len: usize, pack_at: Option<usize>| {
+                let most = most.load(std::sync::atomic::Ordering::Relaxed);
+                (len.saturating_sub(pack_at.unwrap_or(0)) > most).then_some(most)
+            };
             let hash_from = |sha: &mut sha2::Sha256, part: &[u8], at: usize, p: usize| {
                 if at + part.len() > p {
                     sha2::Digest::update(sha, &part[p.saturating_sub(at)..]);
@@ -213,10 +219,6 @@ impl HeadCopy {
                     let part = part?;
                     let at = len;
                     len += part.len();
-                    let most = most.load(std::sync::atomic::Ordering::Relaxed);
-                    if len - pack_at.unwrap_or(0) > most {
-                        return Err(StoreError::Corrupt { object: object.clone(), detail: format!("holds more than the head's {most} bytes") });
-                    }
                     held.push(part.clone());
                     match pack_at {
                         Some(p) => hash_from(&mut sha, &part, at, p),
@@ -241,14 +243,13 @@ impl HeadCopy {
                             a.manifest = manifest;
                         }
                     });
+                    if let Some(most) = pack_at.and_then(|p| too_long(len, Some(p))) {
+                        return Err(StoreError::Corrupt { object: object.clone(), detail: format!("holds more than the head's {most} bytes") });
+                    }
                 }
                 Ok::<(), StoreError>(())
             };
             let ended = read.await;
-            tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, ok = ended.is_ok(), "head copy read");
-            if let Err(e @ StoreError::Corrupt { .. }) = &ended {
-                tracing::warn!(error = %e, "the head's copy is not used; reading the head from its pack");
-            }
             // A copy shorter than a manifest's header has none.
             let p = match pack_at {
                 Some(p) => p,
@@ -259,6 +260,17 @@ impl HeadCopy {
                     0
                 }
             };
+            let ended = match ended {
+                Ok(()) => match too_long(len, Some(p)) {
+                    Some(most) => Err(StoreError::Corrupt { object: object.clone(), detail: format!("holds more than the head's {most} bytes") }),
+                    None => Ok(()),
+                },
+                e => e,
+            };
+            tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, ok = ended.is_ok(), "head copy read");
+            if let Err(e @ StoreError::Corrupt { .. }) = &ended {
+                tracing::warn!(error = %e, "the head's copy is not used; reading the head from its pack");
+            }
             tx.send_modify(|a| {
                 a.pack_at = Some(p);
                 a.done = Some(match ended {
