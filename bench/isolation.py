@@ -21,7 +21,7 @@ Prints medians, writes JSON (default bench/results/isolation-<time>.json) and a 
 beside it (.svg, when matplotlib is importable).
 
     .venv/bin/python bench/isolation.py [--thaw PATH] [--functions helloworld,pyaes,...]
-        [--calls 20] [--rounds 3] [--dirty-mib 0,1,4,16,64]
+        [--calls 20] [--rounds 3] [--dirty-mib 0,1,4,16,64] [--no-base]
 """
 
 import argparse
@@ -105,6 +105,7 @@ def main():
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dirty-mib", default="0,1,4,16,64")
+    ap.add_argument("--no-base", action="store_true", help="full images (thaw snapshot create --no-base) instead of diffs on the runtime's base")
     ap.add_argument("--out", default=f"bench/results/isolation-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     a = ap.parse_args()
     if a.calls < 3 or a.rounds < 1:
@@ -117,8 +118,8 @@ def main():
         snap = os.path.join(work, "snap-" + fn.replace("/", "-"))
         runtime, code, handler, sample_payload = function_spec(fn, a.samples)
         payload = sample_payload or "{}"
-        subprocess.run([a.thaw, "snapshot", "create", "--runtime", runtime, "--code", code, "--handler", handler, "--out", snap],
-                       check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run([a.thaw, "snapshot", "create", "--runtime", runtime, "--code", code, "--handler", handler, "--out", snap]
+                       + (["--no-base"] if a.no_base else []), check=True, env=env, stdout=subprocess.DEVNULL)
         restore(a.thaw, env, snap, payload, 1, False)  # records the working set
         plain, isolated, resets, refused, fresh, all_protected = [], [], [], 0, [], []
         for _ in range(a.rounds):

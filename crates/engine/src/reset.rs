@@ -1142,11 +1142,12 @@ fn reset_inner(
             .and_then(|()| uffd::writeprotect(t.uffd.as_fd(), start, end - start, true))
             .map_err(ioe(&format!("UFFDIO_REGISTER {start:#x}-{end:#x} ({what})")))?;
     }
-    // The image's pages of the memory mapped back, installed now (clean: they are the
-    // image's): the call that freed it touches it again (a malloc'd block of the init's
-    // data, freed and allocated again by each call), and each page it found missing
-    // would be a round trip to the page server on the call's path, after the reset.
-    for &(start, end) in gaps.iter().filter(|(s, e)| e - s <= MAP_BACK_INSTALL_MAX) {
+    // The image's pages of the memory mapped back and of the heap grown back, installed
+    // now (clean: they are the image's): the call that freed it touches it again (a
+    // malloc'd block of the init's data, freed and allocated again by each call; the
+    // top of the heap that free() trimmed), and each page it found missing would be a
+    // round trip to the page server on the call's path, after the reset.
+    for &(start, end) in gaps.iter().chain(&regrown).filter(|(s, e)| e - s <= MAP_BACK_INSTALL_MAX) {
         let mut bytes = vec![0u8; (end - start) as usize];
         source.read_image(start, &mut bytes).map_err(|source| ResetError::Pages { pid, source })?;
         let (installed, _) = install_run(t, &mem, start, &bytes, true).map_err(|(what, source)| ResetError::Io { pid, what, source })?;

@@ -824,6 +824,42 @@ fn snapshot_memory_a_call_unmapped_is_mapped_back_by_the_reset() {
     }
 }
 
+/// A call that frees the blocks at the top of the heap its init allocated (malloc
+/// trims the heap: brk shrinks, inside the snapshot's memory) is reset with the heap
+/// grown back and the image's pages installed there by the reset: every call finds the
+/// blocks as the init left them, and does not fault the top of the heap in page by
+/// page (imagerotate's calls after a reset were 47% slower than warm ones for that).
+#[test]
+fn the_heap_a_call_trimmed_is_grown_back_with_its_pages_installed() {
+    let code = bundle(
+        "trimmed",
+        &[(
+            "handler.py",
+            "import ctypes\n\
+             LIBC = ctypes.CDLL(None)\n\
+             LIBC.malloc.restype = ctypes.c_void_p\n\
+             LIBC.free.argtypes = [ctypes.c_void_p]\n\
+             # From the heap, not a mapping of its own (M_MMAP_THRESHOLD): its top.\n\
+             LIBC.mallopt(-3, 64 << 20)\n\
+             N = 3 << 20\n\
+             BLOCK = LIBC.malloc(N)\n\
+             ctypes.memset(BLOCK, 7, N)\n\n\
+             def handler(event, context):\n    seen = [ctypes.string_at(BLOCK, 1)[0], ctypes.string_at(BLOCK + N - 1, 1)[0]]\n    LIBC.free(BLOCK)\n    return seen\n",
+        )],
+    );
+    let snap = scratch().join("snap-trimmed");
+    // A full image: the heap's top is the function's own allocations.
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--no-base", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "trimmed", "{}", &["--invocations", "4", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!([7, 7]); 4], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        assert!(r.get("discarded").is_none(), "the reset was refused: {r}");
+        assert_eq!(r["mappings_remapped"], 0, "{r}");
+        // 3 MiB freed at the heap's top, installed by the reset.
+        assert!(r["pages_installed"].as_u64() >= Some(512), "the heap's pages were not installed: {r}");
+    }
+}
+
 /// Pages every call writes are left writable by the resets (no fault on the next
 /// call's first write to each), and rewritten by every reset all the same: no call
 /// sees what the previous one wrote, also across the resets that learn them again.
