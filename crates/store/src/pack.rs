@@ -242,6 +242,41 @@ fn copying_head() -> bool {
     std::env::var("THAW_STORE_HEAD_COPY").as_deref() != Ok("0")
 }
 
+/// Whether the head's copy starts with the manifest (the default);
+/// `THAW_STORE_HEAD_MANIFEST=0` stores the pack alone, as before (bench/store.py's
+/// baseline `remote-cold-manifest-apart`).
+fn copy_holds_manifest() -> bool {
+    std::env::var("THAW_STORE_HEAD_MANIFEST").as_deref() != Ok("0")
+}
+
+/// Stored snapshot `id`'s head copy written as this version writes it (starting with
+/// the manifest: a miss then reads one object) where it is missing or was written
+/// before copies held the manifest. Returns the bytes written (0: already so).
+async fn refresh_head_copy(remote: &Remote, id: &str, m: &Manifest, requests: &AtomicU64) -> Result<u64> {
+    let Some(head) = m.head.filter(|_| copying_head() && copy_holds_manifest()) else { return Ok(0) };
+    let key = Remote::head_key(id);
+    let magic = crate::fetch::HEAD_MAGIC;
+    requests.fetch_add(1, Relaxed);
+    match remote.get_range(&key, 0..magic.len() as u64).await {
+        Ok(first) if first[..] == magic[..] => return Ok(0),
+        Ok(_) | Err(StoreError::NotFound { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let pack = m.packs.get(head as usize).ok_or_else(|| StoreError::BadManifest { object: remote.url.object_url(&Remote::manifest_key(id)), detail: "its head is no pack".into() })?;
+    requests.fetch_add(2, Relaxed);
+    let (pk, mk) = (pack_key(&pack.name), Remote::manifest_key(id));
+    let (data, stored) = futures::try_join!(remote.get(&pk), remote.get(&mk))?;
+    let got = sha256_hex(&data);
+    if got != pack.name {
+        return Err(StoreError::Corrupt { object: remote.url.object_url(&pack_key(&pack.name)), detail: format!("its bytes hash to {got}") });
+    }
+    let copy = crate::fetch::head_copy(&stored, &data);
+    requests.fetch_add(1, Relaxed);
+    remote.put(&key, copy.clone()).await?;
+    tracing::info!(snapshot = id, bytes = copy.len(), "the head's copy rewritten to start with the manifest");
+    Ok(copy.len() as u64)
+}
+
 /// Publish `plan` in packs: the chunks the store lacks go into new packs, then the
 /// manifest (the commit point). `progress(bytes)` gets each new chunk's length once
 /// its pack is stored.
@@ -258,11 +293,18 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
             requests.fetch_add(1, Relaxed);
             remote.put(&key, stored_manifest(&m, m.to_bytes())).await?;
         }
+        // A push of a snapshot stored before its head copy held the manifest brings the
+        // copy up to date (best effort: the snapshot is whole without it).
+        let copied = refresh_head_copy(remote, &id, &m, &requests).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the head's copy was not rewritten; misses of this snapshot read its manifest apart");
+            0
+        });
         return Ok(Published {
             id,
             packs: m.packs.len(),
             packs_uploaded: repaired.len(),
-            bytes_uploaded: repaired.iter().sum(),
+            bytes_uploaded: repaired.iter().sum::<u64>() + copied,
+            head_copy_bytes: copied,
             requests: requests.into_inner(),
             ..Default::default()
         });
@@ -340,7 +382,7 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     // the head from its pack, as one without copies does. THAW_STORE_HEAD_MANIFEST=0:
     // the copy holds the pack alone, written beside the manifest (as before; the
     // baseline of bench/store.py).
-    let with_manifest = std::env::var("THAW_STORE_HEAD_MANIFEST").as_deref() != Ok("0");
+    let with_manifest = copy_holds_manifest();
     let head_copy = head_data.filter(|_| copying_head()).map(|d| match with_manifest {
         true => crate::fetch::head_copy(&stored, &d),
         false => d,

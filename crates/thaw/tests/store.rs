@@ -475,3 +475,40 @@ fn layered_snapshots_store_their_base_once_and_restore_from_the_store() {
     // collected) with its packs.
     assert!(s3::objects(&store, "heads").is_empty(), "{:?}", s3::objects(&store, "heads"));
 }
+
+/// A snapshot pushed before heads' copies held the manifest (THAW_STORE_HEAD_MANIFEST=0
+/// writes one so) misses in two requests; the next push of it rewrites the copy, and a
+/// miss then makes one. A push of a snapshot whose copy is up to date writes nothing.
+#[test]
+fn a_push_brings_a_head_copy_without_the_manifest_up_to_date() {
+    let m = Minio::start();
+    let snap = scratch().join("old-copy.snap");
+    let code = sample("helloworld");
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let payload = r#"{"name":"old copy"}"#;
+    ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"]));
+    let push = |env: &[(&str, &str)]| {
+        let o = ok(s3::thaw_s3_env(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://old-copy/fns", "--create-bucket"], env));
+        (last_line(&o), report(&o))
+    };
+    let miss = |url: &str, n: usize| {
+        let id = url.rsplit('/').next().unwrap();
+        let _ = std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id));
+        let stats = scratch().join(format!("old-copy-stats-{n}.json"));
+        let o = ok(thaw_s3(&m, &["snapshot", "restore", url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]));
+        assert_eq!(stdout(&o).trim(), r#"{"message": "hello, old copy"}"#);
+        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert_eq!((&st["store"]["cache_hit"], &st["mode"]), (&serde_json::json!(false), &serde_json::json!("prefetch")), "{st}");
+        st["store"]["requests_before_first_response"].as_u64().unwrap()
+    };
+    let (url, r) = push(&[("THAW_STORE_HEAD_MANIFEST", "0")]);
+    assert!(r["head_copy_bytes"].as_u64() > Some(0), "{r}");
+    assert_eq!(miss(&url, 0), 2, "the copy without the manifest, then the manifest");
+    let (again, r) = push(&[]);
+    assert_eq!(again, url, "the same snapshot");
+    let copied = r["head_copy_bytes"].as_u64().unwrap();
+    assert!(copied > 0, "the copy was not rewritten: {r}");
+    assert_eq!(miss(&url, 1), 1, "one request: the copy brings the manifest");
+    let (_, r) = push(&[]);
+    assert_eq!(r["head_copy_bytes"], 0, "an up-to-date copy is left alone: {r}");
+}
