@@ -202,11 +202,14 @@ impl HeadCopy {
             // channel's lock), and where the pack starts once known.
             let mut held: Vec<bytes::Bytes> = Vec::new();
             let (mut len, mut pack_at, mut manifest_here) = (0usize, None, false);
-            // The limit once set: the pack's bytes past it (after the manifest, which
-            // is handed over whatever follows it).
-            let too_long = |len: usize, pack_at: Option<usize>| {
+            // The limit once set, on the pack's bytes (those of the copy from the pack's
+            // start `p` on: the manifest is handed over whatever follows it).
+            let within_limit = |len: usize, p: usize| {
                 let most = most.load(std::sync::atomic::Ordering::Relaxed);
-                (len.saturating_sub(pack_at.unwrap_or(0)) > most).then_some(most)
+                match len.saturating_sub(p) > most {
+                    true => Err(StoreError::Corrupt { object: object.clone(), detail: format!("holds more than the head's {most} bytes") }),
+                    false => Ok(()),
+                }
             };
             let hash_from = |sha: &mut sha2::Sha256, part: &[u8], at: usize, p: usize| {
                 if at + part.len() > p {
@@ -243,8 +246,8 @@ impl HeadCopy {
                             a.manifest = manifest;
                         }
                     });
-                    if let Some(most) = pack_at.and_then(|p| too_long(len, Some(p))) {
-                        return Err(StoreError::Corrupt { object: object.clone(), detail: format!("holds more than the head's {most} bytes") });
+                    if let Some(p) = pack_at {
+                        within_limit(len, p)?;
                     }
                 }
                 Ok::<(), StoreError>(())
@@ -260,13 +263,7 @@ impl HeadCopy {
                     0
                 }
             };
-            let ended = match ended {
-                Ok(()) => match too_long(len, Some(p)) {
-                    Some(most) => Err(StoreError::Corrupt { object: object.clone(), detail: format!("holds more than the head's {most} bytes") }),
-                    None => Ok(()),
-                },
-                e => e,
-            };
+            let ended = ended.and_then(|()| within_limit(len, p));
             tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, ok = ended.is_ok(), "head copy read");
             if let Err(e @ StoreError::Corrupt { .. }) = &ended {
                 tracing::warn!(error = %e, "the head's copy is not used; reading the head from its pack");
@@ -275,9 +272,8 @@ impl HeadCopy {
                 a.pack_at = Some(p);
                 a.done = Some(match ended {
                     Ok(()) if len >= p => Some((
-                        match (a.parts.len(), p) {
-                            (1, _) => a.parts[0].slice(p..),
-                            (_, 0) => bytes::Bytes::from(a.parts.concat()),
+                        match a.parts.len() {
+                            1 => a.parts[0].slice(p..),
                             _ => gather(&a.parts, p, len),
                         },
                         hex::encode(sha2::Digest::finalize(sha)),

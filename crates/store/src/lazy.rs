@@ -257,9 +257,8 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     let pages_from = copy_start.filter(|_| from_copy.is_some()).map(|c| (head_copy, c.len() as u64));
     // Started before the first files' reads (when those go to the store, in parallel).
     let pages_read = store.spawn(read_head_pages(remote.clone(), pages_from, head_pages.clone(), pages_check, head_pack.clone(), copy_object));
-    let first_here = from_copy;
-    let first_reads = if first_here.is_some() { 0 } else { first.len() as u64 };
-    let (first_read, recorded) = match first_here {
+    let first_reads = if from_copy.is_some() { 0 } else { first.len() as u64 };
+    let (first_read, recorded) = match from_copy {
         Some(r) => (Ok(r), store.block_on(crate::fetch::recorded_trace(remote, &m, id))),
         None => store.block_on(async { futures::join!(crate::pack::read_spans_as(remote, &first, Check::Chunks), crate::fetch::recorded_trace(remote, &m, id)) }),
     };

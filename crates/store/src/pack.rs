@@ -268,7 +268,7 @@ async fn refresh_head_copy(remote: &Remote, id: &str, m: &Manifest, requests: &A
     let (data, stored) = futures::try_join!(remote.get(&pk), remote.get(&mk))?;
     let got = sha256_hex(&data);
     if got != pack.name {
-        return Err(StoreError::Corrupt { object: remote.url.object_url(&pack_key(&pack.name)), detail: format!("its bytes hash to {got}") });
+        return Err(StoreError::Corrupt { object: remote.url.object_url(&pk), detail: format!("its bytes hash to {got}") });
     }
     let copy = crate::fetch::head_copy(&stored, &data);
     requests.fetch_add(1, Relaxed);
