@@ -244,6 +244,18 @@ impl<'a> Injector<'a> {
 
 }
 
+/// The address of a `syscall` instruction in the vDSO of `pid` (`maps`: its memory
+/// map), for [`single`] in a process that has no injection region; `None` when it
+/// has no vDSO or none there.
+pub fn vdso_syscall(pid: i32, maps: &[crate::procfs::MapEntry]) -> io::Result<Option<u64>> {
+    let Some(vdso) = maps.iter().find(|m| m.name == "[vdso]") else {
+        return Ok(None);
+    };
+    let mut text = vec![0u8; vdso.len() as usize];
+    ProcMem::open(pid, false)?.read_exact_at(&mut text, vdso.start)?;
+    Ok(text.windows(2).position(|w| w == [0x0f, 0x05]).map(|i| vdso.start + i as u64))
+}
+
 /// Execute a single syscall in a stopped tracee using an existing `syscall`
 /// instruction at `insn` (found in its vDSO). Used once per capture, to map the
 /// injection region, and by resets (which map none). The `syscall` instruction is

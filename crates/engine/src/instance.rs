@@ -58,6 +58,8 @@ pub enum InstanceError {
     Install(#[from] crate::repurpose::InstallError),
     #[error("inspecting the instance")]
     Inspect(#[from] crate::inspect::InspectError),
+    #[error("giving back unchanged pages failed; the instance was discarded")]
+    GiveBack(#[from] crate::giveback::GiveBackError),
     #[error(transparent)]
     Layer(#[from] Box<crate::layers::LayerError>),
 }
@@ -1157,6 +1159,33 @@ impl Instance {
         self.sandbox.cgroup().freeze().map_err(|e| InstanceError::Freezer(Box::new(e)))?;
         self.frozen = true;
         Ok(())
+    }
+
+    /// Give back the pages this idle instance copied from its snapshot's shared memory
+    /// and holds unchanged (see `giveback.rs`): they are shared with its other
+    /// instances again. Nothing to do (all zeros) for an instance that maps no shared
+    /// memory, tracks writes for resets or is recording its working set. A frozen
+    /// instance is thawed for it and frozen again. On error the instance was killed:
+    /// discard it.
+    pub fn give_back(&mut self) -> Result<crate::giveback::GiveBackStats, InstanceError> {
+        let (Some(stats), Some(paging)) = (&self.page_stats, &self.paging) else {
+            return Ok(Default::default());
+        };
+        let (stats, source) = (stats.clone(), paging.source.clone());
+        if source.shared_memory().is_none()
+            || self.tracking.is_some()
+            || !stats.maps_shared_memory.load(Ordering::Acquire)
+            || stats.recording.load(Ordering::Acquire)
+        {
+            return Ok(Default::default());
+        }
+        let was_frozen = self.frozen;
+        self.thaw()?;
+        let out = crate::giveback::give_back(self.sandbox.pid(), source.shared_memory().expect("checked above"), &stats)?;
+        if was_frozen {
+            self.freeze()?;
+        }
+        Ok(out)
     }
 
     /// Let a frozen instance run again (done by [`Instance::invoke`] itself).

@@ -10,6 +10,7 @@
 pub mod capture;
 pub mod conventions;
 pub mod fingerprint;
+pub mod giveback;
 pub mod image;
 pub mod instance;
 pub mod layered;

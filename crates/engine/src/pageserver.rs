@@ -148,6 +148,11 @@ pub struct Stats {
     /// Bumped by a reset: the server forgets what the process released since the
     /// restore and serves every registered address from the image again.
     pub space_epoch: AtomicU64,
+    /// Pages being given back (see `giveback.rs`): `(start, end, image address of
+    /// start)` of each MADV_DONTNEED the engine makes the stopped process run. Its
+    /// removal event does not release the range (the process's own would): the range
+    /// is served from the image again. Each entry is taken by its event.
+    pub giving_back: Mutex<Vec<(u64, u64, u64)>>,
     /// CPU time the server threads of this instance spent (serving faults is work
     /// done for the instance, outside its cgroup), and how long they were held back
     /// by the instance's fault budget.
@@ -262,6 +267,11 @@ impl PageSource {
     /// The shared memory file instances may map, and the ranges they map from it.
     pub fn shared(&self) -> Option<(&Path, &[(u64, u64)])> {
         self.shared_mem.as_ref().map(|m| (m.path(), m.ranges()))
+    }
+
+    /// The snapshot's shared memory file, if its instances map one.
+    pub fn shared_memory(&self) -> Option<&crate::sharedmem::SharedMemory> {
+        self.shared_mem.as_ref()
     }
 
     /// Whether the stored page of image address `img` is served from the shared memory
@@ -478,6 +488,11 @@ impl AddressSpace {
     /// The range was unmapped or discarded: later faults there read zeros.
     pub fn release(&mut self, start: u64, end: u64) {
         self.set(start, end, None);
+    }
+
+    /// `[start, end)` holds the image's contents from image address `img` on.
+    pub fn map(&mut self, start: u64, end: u64, img: u64) {
+        self.set(start, end, Some(img as i64 - start as i64));
     }
 
     /// mremap moved `[from, from+len)` to `[to, to+len)`.
@@ -798,11 +813,24 @@ impl Serve {
             return;
         }
         match ev {
+            Event::Remove { start, end } if self.given_back(start, end) => {}
             Event::Remove { start, end } | Event::Unmap { start, end } => self.space.release(start, end),
             Event::Remap { from, to, len } => self.space.remap(from, to, len),
             Event::Unknown(kind) => warn!(kind, "unknown userfaultfd event"),
             Event::PageFault { .. } | Event::Fork { .. } => {}
         }
+    }
+
+    /// Whether `[start, end)` is a range the engine is giving back (its removal
+    /// expected, see [`Stats::giving_back`]): then it maps the image again.
+    fn given_back(&mut self, start: u64, end: u64) -> bool {
+        let mut list = self.stats.giving_back.lock().expect("giving_back lock");
+        let Some(i) = list.iter().position(|&(s, e, _)| (s, e) == (start, end)) else {
+            return false;
+        };
+        let (_, _, img) = list.swap_remove(i);
+        self.space.map(start, end, img);
+        true
     }
 
     /// The server of a child the process forked (UFFD_EVENT_FORK: its own userfaultfd).
@@ -1243,6 +1271,30 @@ mod tests {
         assert!(released(&s, 3));
         assert!(!s.follow_epoch(0), "an older epoch is not followed");
         assert_eq!(stats.events.load(Ordering::Relaxed), 4);
+    }
+
+    /// A removal the engine announced as a give-back maps the image again (at the
+    /// address announced, also where the process had released the page before, or
+    /// where mremap moved it); any other removal still releases; each announcement is
+    /// taken once.
+    #[test]
+    fn a_removal_announced_as_a_give_back_maps_the_image_again() {
+        let stats = Arc::new(Stats::default());
+        let mut s = bookkeeper(AddressSpace::identity(&[(0x10000, 0x20000)]), stats.clone());
+        let page = |n: u64| 0x10000 + n * PAGE_SIZE;
+        s.apply(0, Event::Remove { start: page(2), end: page(3) });
+        assert_eq!(s.space.resolve(page(2)), None);
+        stats.giving_back.lock().unwrap().extend([(page(1), page(3), page(1)), (page(8), page(9), page(4))]);
+        s.apply(0, Event::Remove { start: page(1), end: page(3) });
+        assert_eq!((s.space.resolve(page(1)), s.space.resolve(page(2))), (Some(page(1)), Some(page(2))));
+        // Not announced (a different range): the process's own release.
+        s.apply(0, Event::Remove { start: page(8), end: page(10) });
+        assert_eq!(s.space.resolve(page(8)), None);
+        s.apply(0, Event::Remove { start: page(8), end: page(9) });
+        assert_eq!(s.space.resolve(page(8)), Some(page(4)), "mapped to the image address announced");
+        assert!(stats.giving_back.lock().unwrap().is_empty(), "each announcement taken once");
+        s.apply(0, Event::Remove { start: page(1), end: page(3) });
+        assert_eq!(s.space.resolve(page(1)), None, "a later removal of the same range releases");
     }
 
     #[test]

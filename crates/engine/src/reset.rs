@@ -368,13 +368,9 @@ pub fn arm(pid: i32, uffd_fd: &OwnedFd, img: &ProcessImage, stats: &Stats) -> Re
     let maps_text = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(ioe("reading maps".into()))?;
     let maps = procfs::parse_maps(&maps_text)
         .ok_or_else(|| ResetError::Io { pid, what: "parsing maps".into(), source: io::ErrorKind::InvalidData.into() })?;
-    let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or_else(|| ResetError::NotTracked("no [vdso] mapping".into()))?;
-    let mut text = vec![0u8; vdso.len() as usize];
-    ProcMem::open(pid, false)
-        .and_then(|m| m.read_exact_at(&mut text, vdso.start))
-        .map_err(ioe("reading the vDSO".into()))?;
-    let syscall_insn = vdso.start
-        + text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or_else(|| ResetError::NotTracked("no syscall instruction in the vDSO".into()))? as u64;
+    let syscall_insn = inject::vdso_syscall(pid, &maps)
+        .map_err(ioe("reading the vDSO".into()))?
+        .ok_or_else(|| ResetError::NotTracked("no syscall instruction in a vDSO".into()))?;
     let all = procfs::fds(pid).map_err(ioe("reading descriptors".into()))?;
     let fd_state = all.iter().filter_map(|f| watched_state(&f.target, &f.info).map(|s| (f.fd, s))).collect();
     let fds = all.into_iter().map(|f| (f.fd, f.target)).collect();

@@ -123,6 +123,22 @@ impl SharedMemory {
         self.filled.lock().expect("filled lock").contains(&img)
     }
 
+    /// Read the page of image address `img` into `buf` (one page) if it is in the
+    /// file; false if it is not.
+    pub fn read_page(&self, img: u64, buf: &mut [u8]) -> io::Result<bool> {
+        if !self.has(img) {
+            return Ok(false);
+        }
+        self.file.read_exact_at(buf, img)?;
+        Ok(true)
+    }
+
+    /// The file's inode, as /proc/PID/maps shows it beside a mapping of it.
+    pub fn inode(&self) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.file.metadata()?.ino())
+    }
+
     /// Put `bytes` (whole, verified image pages of consecutive image addresses from
     /// `img`) into the file, skipping pages already there.
     pub fn fill(&self, img: u64, bytes: &[u8]) -> io::Result<()> {

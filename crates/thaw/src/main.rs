@@ -184,6 +184,13 @@ enum SnapshotCmd {
         /// nothing from it but pays for filling the file.
         #[arg(long)]
         share_memory: bool,
+        /// Between invocations, give back the pages the instance copied from the shared
+        /// memory and holds unchanged, as `thaw serve` does with idle instances (see
+        /// `thaw snapshot memory --give-back`). `--stats` reports give_backs; with
+        /// --dump-state the state is also written just before each give-back
+        /// (state-N-before-give-back.json: a give-back changes nothing it records).
+        #[arg(long, requires = "share_memory", conflicts_with = "reset")]
+        give_back: bool,
         /// Restore in a sandbox prepared beforehand (as `thaw serve --sandbox-pool` does):
         /// the sandbox is built before the restore starts and not counted in its time;
         /// the restore attaches the function's code to it. `--stats` reports
@@ -486,7 +493,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, dump_state, noop_resets, share_memory, prepared_sandbox, code }) => {
+        Cmd::Snapshot(SnapshotCmd::Restore { snapdir, cache_max_bytes, inv, paging, invocations, reprofile_threshold, no_ws_merge, readaround_kb, fault_cpu_share, reset, search_memory, dump_state, noop_resets, share_memory, give_back, prepared_sandbox, code }) => {
             let payload = load_payload(&inv.payload)?;
             if invocations == 0 {
                 bail!("--invocations must be at least 1");
@@ -525,7 +532,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut cpu_first = 0.0;
             let mut ok = true;
             let mut resets = Vec::new();
+            let mut give_backs = Vec::new();
             for i in 0..invocations {
+                if give_back && i > 0 {
+                    if let Some(d) = &dump_state {
+                        dump_state_of(&mut inst, &snap, d, format!("{i}-before-give-back"))?;
+                    }
+                    give_backs.push(inst.give_back().context("giving back unchanged pages")?);
+                }
                 if reset && i > 0 {
                     let t = Instant::now();
                     match inst.reset(&snap) {
@@ -605,7 +619,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                        "memory_peak_bytes": mem_peak, "store": store_stats,
                        "open_ms": open_ms, "sandbox_ms": start.sandbox_ms, "restore_ms": restore_ms,
                        "prepared_sandbox": start.prepared_sandbox, "sandbox_prepare_ms": prepare_ms,
-                       "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times, "resets": resets,
+                       "first_invoke_ms": times[0], "total_ms": total, "invocations_ms": times, "resets": resets, "give_backs": give_backs,
                        "cpu_ms_before_first_response": cpu_first,
                        "noop_resets": noop, "memory_matches": matches,
                        "page_faults": first.page_faults, "zero_faults": first.zero_faults,

@@ -1,4 +1,5 @@
-//! `thaw snapshot memory`: restore N instances of a snapshot, invoke each once, keep
+//! `thaw snapshot memory`: restore N instances of a snapshot, invoke each once (or
+//! `--invocations` times), keep
 //! them all alive and report what they cost the host (per-instance RSS, PSS, USS from
 //! /proc/PID/smaps_rollup, their cgroups' charge, and the drop of MemAvailable).
 //! The instances of a layered snapshot share the pages they do not write (see the
@@ -25,13 +26,21 @@ pub struct MemoryArgs {
     /// Paging mode of the restores (see `thaw snapshot restore --help`).
     #[arg(long, default_value = "auto", value_parser = |s: &str| s.parse::<Paging>())]
     paging: Paging,
-    /// The event each instance is invoked with once, as JSON text.
+    /// The event each instance is invoked with, as JSON text.
     #[arg(long, default_value = "{}")]
     payload: String,
+    /// Invocations of each instance before it is measured (0: as restored).
+    #[arg(long, default_value_t = 1)]
+    invocations: u32,
     /// Give each instance its own copy of every page (no shared memory file), as a
     /// single `thaw snapshot restore` does.
     #[arg(long)]
     no_share_memory: bool,
+    /// After the invocations, give back the pages each instance copied from the
+    /// shared memory and still holds unchanged (as `thaw serve` does with instances
+    /// idle for --give-back-after): they are shared again. Reported as `give_back`.
+    #[arg(long)]
+    give_back: bool,
     /// Then freeze every instance (as `thaw serve` does with idle ones), wait this many
     /// seconds and report the CPU time this process used meanwhile (`idle`).
     #[arg(long, default_value_t = 0.0)]
@@ -76,16 +85,26 @@ pub fn run(a: MemoryArgs) -> Result<()> {
         let mut first_invoke_ms = Vec::new();
         for k in 0..a.instances {
             let t = std::time::Instant::now();
-            let mut inst = Instance::restore(&snap, a.paging)?;
+            let inst = Instance::restore(&snap, a.paging)?;
             restore_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            let t = std::time::Instant::now();
-            let out = inst.invoke(&format!("memory-{k}"), &a.payload, Duration::from_secs(60));
-            first_invoke_ms.push(t.elapsed().as_secs_f64() * 1e3);
             insts.push(inst);
-            out?;
+            let inst = insts.last_mut().expect("just pushed");
+            for call in 0..a.invocations {
+                let t = std::time::Instant::now();
+                inst.invoke(&format!("memory-{k}-{call}"), &a.payload, Duration::from_secs(60))?;
+                if call == 0 {
+                    first_invoke_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
         }
         for i in &mut insts {
             i.finish_background();
+        }
+        let mut give_back = Vec::new();
+        if a.give_back {
+            for i in &mut insts {
+                give_back.push(i.give_back().context("giving back unchanged pages")?);
+            }
         }
         let after = mem_available()?;
         let keys = ["Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty"];
@@ -118,6 +137,7 @@ pub fn run(a: MemoryArgs) -> Result<()> {
             "mean": {"rss": mean("rss"), "pss": mean("pss"), "uss": mean("uss"), "shared_clean": mean("shared_clean"),
                      "cgroup_bytes": mean("cgroup_bytes"), "pages_shared": mean("pages_shared")},
             "per_instance": per,
+            "give_back": give_back,
             // The first restore of a process fills the shared memory file; later ones map it.
             "restore_ms": restore_ms, "first_invoke_ms": first_invoke_ms,
         }))

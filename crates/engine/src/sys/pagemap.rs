@@ -13,6 +13,11 @@ use super::last_err;
 const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
 /// Reported for a page not write-protected (WP-async: written since protected).
 pub const PAGE_IS_WRITTEN: u64 = 1 << 1;
+/// Mapped from a file (or shared anonymous memory): for a page of a private file
+/// mapping, clear once the process wrote it (its page is then an anonymous copy).
+const PAGE_IS_FILE: u64 = 1 << 2;
+/// In memory.
+const PAGE_IS_PRESENT: u64 = 1 << 3;
 /// Fail (EPERM) if part of the range is not registered for WP-async.
 const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
 
@@ -58,18 +63,31 @@ impl Pagemap {
     /// is not registered for WP-async (its registration was lost: unmapped and
     /// mapped again).
     pub fn written(&self, start: u64, end: u64, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+        self.scan(start, end, PM_SCAN_CHECK_WPASYNC, (PAGE_IS_WRITTEN, 0), out)
+    }
+
+    /// Append to `out` the runs of `[start, end)` whose pages are present and
+    /// anonymous: in a private file mapping, the pages the process copied on writing.
+    pub fn copied(&self, start: u64, end: u64, out: &mut Vec<(u64, u64)>) -> io::Result<()> {
+        self.scan(start, end, 0, (PAGE_IS_PRESENT | PAGE_IS_FILE, PAGE_IS_FILE), out)
+    }
+
+    /// PAGEMAP_SCAN over `[start, end)`: runs of the pages whose categories, with the
+    /// `inverted` ones flipped, all have `mask`'s.
+    fn scan(&self, start: u64, end: u64, flags: u64, (mask, inverted): (u64, u64), out: &mut Vec<(u64, u64)>) -> io::Result<()> {
         let mut vec = vec![PageRegion::default(); 256];
         let mut at = start;
         while at < end {
             let mut arg = PmScanArg {
                 size: std::mem::size_of::<PmScanArg>() as u64,
-                flags: PM_SCAN_CHECK_WPASYNC,
+                flags,
                 start: at,
                 end,
                 vec: vec.as_mut_ptr() as u64,
                 vec_len: vec.len() as u64,
-                category_mask: PAGE_IS_WRITTEN,
-                return_mask: PAGE_IS_WRITTEN,
+                category_inverted: inverted,
+                category_mask: mask,
+                return_mask: mask,
                 ..Default::default()
             };
             // SAFETY: `arg` is the repr(C) struct PAGEMAP_SCAN encodes; `vec` points at

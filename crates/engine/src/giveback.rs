@@ -1,0 +1,164 @@
+//! Giving back the pages an idle instance copied but holds unchanged (issue #31).
+//!
+//! The instances of a snapshot opened with sharing map its memory privately from
+//! the snapshot's shared memory file (`sharedmem.rs`): a page an instance writes
+//! becomes its own copy, the rest stay the file's, one copy for all. Much of what a
+//! call writes it leaves as it found it: CPython's reference counts go up and come
+//! down again. Measured after one call of Python helloworld: 196 copied pages, 92 of
+//! them byte for byte the file's page. Giving back drops those copies
+//! (MADV_DONTNEED, run by the instance itself, stopped): the pages are the file's
+//! again, and a later touch maps the file's page (a minor fault the page server
+//! answers with UFFDIO_CONTINUE; a write then copies it again, as the first did).
+//!
+//! Why nothing the instance can see changes:
+//! * every thread is stopped from the comparison to the madvise: a copy cannot
+//!   change in between (an instance's other processes have memory of their own);
+//! * only pages in the file are compared (stored image pages, put there once and
+//!   never written again), against the page at the mapping's own offset, which is
+//!   what a private file mapping reads once its copy is dropped (the offset survives
+//!   mremap);
+//! * the page server would take the removal for the process's own release (served
+//!   as zeros from then on): each range is announced first (`Stats::giving_back`),
+//!   and the server, meeting its removal event, maps the image there again instead.
+//!   The madvise returns only once its event was read; the engine waits until the
+//!   server has taken every announced range before the instance runs again.
+//!
+//! On any error the instance is killed (the caller discards it): never resumed with
+//! a range half given back.
+//!
+//! By hand: no crate knows a userfaultfd-served shared file; the pieces are ours
+//! (threads, inject, the page server's address space).
+
+use std::io;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use thiserror::Error;
+use tracing::debug;
+
+use crate::inject::{self, Call, InjectError};
+use crate::pageserver::Stats;
+use crate::procfs;
+use crate::sharedmem::SharedMemory;
+use crate::sys::mem::ProcMem;
+use crate::sys::pagemap::Pagemap;
+use crate::sys::ptrace::{self, Tracee};
+use crate::sys::PAGE_SIZE;
+
+#[derive(Debug, Error)]
+pub enum GiveBackError {
+    #[error("instance {pid}: {what}")]
+    Io { pid: i32, what: String, #[source] source: io::Error },
+    #[error("instance {pid}: dropping the copies")]
+    Inject { pid: i32, #[source] source: InjectError },
+    #[error("instance {pid}: the page server did not take {left} of the ranges given back within {waited:?}")]
+    NotTaken { pid: i32, left: usize, waited: Duration },
+}
+
+/// What one give-back found and did.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct GiveBackStats {
+    /// Pages of the shared file's mappings the instance holds copies of.
+    pub copied: u64,
+    /// Of those, equal to the file's page and given back.
+    pub given_back: u64,
+    /// madvise calls (runs of consecutive pages).
+    pub runs: u64,
+    pub ms: f64,
+}
+
+/// How long the engine waits for the page server to take the removals.
+const TAKE_WAIT: Duration = Duration::from_secs(2);
+
+/// Give back the unchanged copies of instance `pid` (idle, not traced, not frozen),
+/// whose page server counts in `stats`, of the pages of `shared`. On error the
+/// instance has been killed.
+pub fn give_back(pid: i32, shared: &SharedMemory, stats: &Stats) -> Result<GiveBackStats, GiveBackError> {
+    let mut traced = Vec::new();
+    let r = give_back_inner(pid, shared, stats, &mut traced);
+    if let Err(e) = &r {
+        debug!(pid, error = %e, "give-back failed; killing the instance");
+        ptrace::kill_and_reap(pid, &traced);
+        stats.giving_back.lock().expect("giving_back lock").clear();
+    }
+    r
+}
+
+fn give_back_inner(pid: i32, shared: &SharedMemory, stats: &Stats, traced: &mut Vec<Tracee>) -> Result<GiveBackStats, GiveBackError> {
+    let t0 = Instant::now();
+    let ioe = |what: &str| {
+        let what = what.to_string();
+        move |source| GiveBackError::Io { pid, what, source }
+    };
+    crate::threads::seize_all(pid, traced).map_err(|e| {
+        let (what, source) = e.parts();
+        GiveBackError::Io { pid, what, source }
+    })?;
+    let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
+    let ino = shared.inode().map_err(ioe("reading the shared memory file's inode"))?;
+    let pagemap = Pagemap::open(pid).map_err(ioe("opening pagemap"))?;
+    let mem = ProcMem::open(pid, false).map_err(ioe("opening memory"))?;
+    let mut out = GiveBackStats::default();
+    // (start, end, image address of start): runs of equal pages, consecutive in the
+    // process and in the file.
+    let mut runs: Vec<(u64, u64, u64)> = Vec::new();
+    let (mut mine, mut file) = (vec![0u8; PAGE_SIZE as usize], vec![0u8; PAGE_SIZE as usize]);
+    // Private mappings of the file; not mlock'd ones (madvise refuses those).
+    let of_file = |m: &&procfs::MapEntry| !m.shared && m.inode == ino && Path::new(&m.name) == shared.path() && !m.has_flag("lo");
+    for m in maps.iter().filter(of_file) {
+        let mut copied = Vec::new();
+        pagemap.copied(m.start, m.end, &mut copied).map_err(ioe("scanning pagemap"))?;
+        for (s, e) in copied {
+            for addr in (s..e).step_by(PAGE_SIZE as usize) {
+                out.copied += 1;
+                let img = m.offset + (addr - m.start);
+                if !shared.read_page(img, &mut file).map_err(ioe("reading the shared memory file"))? {
+                    continue;
+                }
+                mem.read_exact_at(&mut mine, addr).map_err(ioe(&format!("reading {addr:#x}")))?;
+                if mine != file {
+                    continue;
+                }
+                out.given_back += 1;
+                match runs.last_mut() {
+                    Some(r) if r.1 == addr && r.2 + (r.1 - r.0) == img => r.1 += PAGE_SIZE,
+                    _ => runs.push((addr, addr + PAGE_SIZE, img)),
+                }
+            }
+        }
+    }
+    out.runs = runs.len() as u64;
+    let main = traced[0];
+    if !runs.is_empty() {
+        let insn = inject::vdso_syscall(pid, &maps)
+            .map_err(ioe("reading the vDSO"))?
+            .ok_or_else(|| GiveBackError::Io { pid, what: "finding a syscall instruction".into(), source: io::ErrorKind::NotFound.into() })?;
+        let saved = main.get_regs().map_err(ioe("GETREGS"))?;
+        stats.giving_back.lock().expect("giving_back lock").extend(runs.iter().copied());
+        for &(start, end, _) in &runs {
+            let call = Call::new("madvise(MADV_DONTNEED)", libc::SYS_madvise, &[start, end - start, libc::MADV_DONTNEED as u64]);
+            inject::single(&main, insn, call).map_err(|source| GiveBackError::Inject { pid, source })?;
+        }
+        // Each madvise returned once its event was read; the server takes it when it
+        // applies the event, which it does before serving any later fault.
+        let waited = Instant::now();
+        loop {
+            let left = stats.giving_back.lock().expect("giving_back lock").len();
+            if left == 0 {
+                break;
+            }
+            if waited.elapsed() > TAKE_WAIT {
+                return Err(GiveBackError::NotTaken { pid, left, waited: TAKE_WAIT });
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        main.set_regs(&saved).map_err(ioe("SETREGS"))?;
+    }
+    for tr in traced.iter().rev() {
+        tr.detach().map_err(ioe("PTRACE_DETACH"))?;
+    }
+    out.ms = t0.elapsed().as_secs_f64() * 1e3;
+    debug!(pid, copied = out.copied, given_back = out.given_back, runs = out.runs, ms = out.ms, "gave back unchanged pages");
+    Ok(out)
+}
