@@ -328,3 +328,35 @@ def test_the_pool_serves_java_functions(tmp_path, way):
     finally:
         assert node.stop() == 0, node.log_path.read_text()
         assert node.leftover_sandboxes() == []
+
+
+def test_idle_instances_give_back_their_unchanged_pages(tmp_path):
+    """Issue #31: an instance idle for --give-back-after gives back the pages it copied
+    from its snapshot's shared memory and holds unchanged (once per idle period). It
+    keeps its state (the counter goes on), /thaw/status and /metrics count the pages,
+    and an instance that fails nothing is not discarded."""
+    import time
+    node = NodeProcess(tmp_path, "--give-back-after", "0.3", keep_alive="60")
+    try:
+        c = node.client()
+        create(c, "counter", sample_zip("counter"))
+        assert invoke_json(c, "counter", {})[1] == {"count": 1}
+        deadline = time.time() + 20
+        while node.function_status("counter")["counters"]["give_backs"] == 0:
+            assert time.time() < deadline, node.function_status("counter")
+            time.sleep(0.1)
+        counters = node.function_status("counter")["counters"]
+        assert counters["pages_given_back"] > 0, counters
+        # The same instance, its state kept: no new start.
+        assert invoke_json(c, "counter", {})[1] == {"count": 2}
+        counters = node.function_status("counter")["counters"]
+        assert counters["starts_cold"] == 1 and counters["starts_warm"] == 1, counters
+        m = {l.split()[0]: float(l.split()[1]) for l in node.metrics().splitlines() if l and not l.startswith("#")}
+        assert m["thaw_pages_given_back_total"] == counters["pages_given_back"], m
+        # Idle again after that call: given back again.
+        while node.function_status("counter")["counters"]["give_backs"] < 2:
+            assert time.time() < deadline, node.function_status("counter")
+            time.sleep(0.1)
+        assert invoke_json(c, "counter", {})[1] == {"count": 3}
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()

@@ -41,6 +41,15 @@ pub struct ServeArgs {
     /// Seconds an idle warm instance is kept before it is destroyed (scale to zero).
     #[arg(long, default_value = "60", value_parser = parse_secs)]
     pub keep_alive: Duration,
+    /// Seconds an instance stays idle before the node gives back the pages it copied
+    /// from its snapshot's shared memory and holds unchanged (layered snapshots): they
+    /// are shared with the function's other instances again, and the instance holds
+    /// only what its calls really changed (about a third of a full image's private
+    /// memory for Python helloworld, against 60% without). Costs a few milliseconds of
+    /// node CPU once per idle period and, at the next call, a minor fault per page it
+    /// touches again. 0: never.
+    #[arg(long, default_value = "2", value_parser = parse_secs)]
+    pub give_back_after: Duration,
     /// Most instances one function may have at once; invocations beyond get TooManyRequestsException.
     #[arg(long, default_value_t = 8)]
     pub max_instances_per_function: usize,
@@ -256,6 +265,7 @@ pub fn serve_with(args: ServeArgs, data_dir: &Path, beside: Option<Beside>) -> R
         event_max_retries: args.event_max_retries,
         event_concurrency: args.event_concurrency.max(1),
         freeze_idle: !args.no_freeze_idle,
+        give_back_after: (!args.give_back_after.is_zero()).then_some(args.give_back_after),
         fault_cpu_share: args.fault_cpu_share,
         sandbox_pool: match args.sandbox_pool {
             0 => None,

@@ -6,6 +6,7 @@
 //! | `thaw_errors_total` | counter | function, kind |
 //! | `thaw_starts_total` | counter | kind (boot, restore-lazy, restore-prefetch, restore-eager, repurposed, warm) |
 //! | `thaw_resets_total` | counter | `outcome` (done / refused: in-place resets of `thaw:isolation=invocation` functions) |
+//! | `thaw_pages_given_back_total` | counter | — (pages idle instances had copied from a snapshot's shared memory and held unchanged, given back: shared again; `--give-back-after`) |
 //! | `thaw_restore_fallbacks_total` | counter | — (restores that failed and fell back to a cold boot) |
 //! | `thaw_start_seconds` | histogram | kind (time to a ready instance; restore or boot) |
 //! | `thaw_invoke_seconds` | histogram | — (engine invoke: request written to result read) |
@@ -35,6 +36,7 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     pub starts: IntCounterVec,
     pub resets: IntCounterVec,
+    pub pages_given_back: IntCounter,
     pub restore_fallbacks: IntCounter,
     pub snapshot_builds: IntCounterVec,
     pub start_seconds: HistogramVec,
@@ -72,9 +74,16 @@ impl Metrics {
             registry.register(Box::new(g.clone())).expect("unique metric");
             g
         };
+        let pages_given_back = IntCounter::new(
+            "thaw_pages_given_back_total",
+            "Pages idle instances had copied from a snapshot's shared memory and held unchanged, given back (shared again)",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(pages_given_back.clone())).expect("unique metric");
         let restore_fallbacks = IntCounter::new("thaw_restore_fallbacks_total", "Restores that failed and fell back to a cold boot").expect("valid metric");
         registry.register(Box::new(restore_fallbacks.clone())).expect("unique metric");
         Metrics {
+            pages_given_back,
             invocations: counter("thaw_invocations_total", "Invocations by function and outcome", &["function", "outcome"]),
             errors: counter("thaw_errors_total", "Failed invocations by function and kind", &["function", "kind"]),
             snapshot_builds: counter(

@@ -83,6 +83,9 @@ pub struct NodeConfig {
     pub event_concurrency: usize,
     /// Freeze idle instances (cgroup freezer) between invocations, as Lambda does.
     pub freeze_idle: bool,
+    /// Give back the unchanged pages of instances idle this long (see
+    /// `thaw_engine::giveback`); None: never.
+    pub give_back_after: Option<Duration>,
     /// CPU the page server may spend per instance, as a share of its CPU limit (0: unbounded).
     pub fault_cpu_share: f64,
     /// Where snapshots are published and fetched from (`--snapshot-store`), with this
@@ -267,6 +270,8 @@ struct Idle {
     inst: Instance,
     rev: Arc<Revision>,
     since: Instant,
+    /// Its unchanged pages were given back since its last invocation.
+    given_back: bool,
 }
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -282,6 +287,10 @@ pub struct FunctionCounters {
     /// (the instance was discarded instead).
     pub resets: u64,
     pub resets_refused: u64,
+    /// Give-backs of idle instances' unchanged pages (`--give-back-after`) and the
+    /// pages they gave back.
+    pub give_backs: u64,
+    pub pages_given_back: u64,
 }
 
 struct FnState {
@@ -301,6 +310,13 @@ struct FnState {
     aliases: BTreeMap<String, crate::registry::AliasRecord>,
     /// Provisioned concurrency per version (see `node/provisioned.rs`).
     provisioned: BTreeMap<u64, provisioned::Provisioned>,
+}
+
+impl FnState {
+    /// Whether `rev` is still served: the active revision or a published version's.
+    fn serves(&self, rev: &Arc<Revision>) -> bool {
+        self.active.as_ref().is_some_and(|a| Arc::ptr_eq(a, rev)) || self.versions.values().any(|p| Arc::ptr_eq(&p.rev, rev))
+    }
 }
 
 pub struct Function {

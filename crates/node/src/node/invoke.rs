@@ -181,9 +181,9 @@ impl Node {
     pub fn release(&self, f: &Arc<Function>, lease: Lease, healthy: bool) {
         let mut st = f.lock();
         st.busy -= 1;
-        let current = st.active.as_ref().is_some_and(|a| Arc::ptr_eq(a, &lease.rev)) || st.versions.values().any(|p| Arc::ptr_eq(&p.rev, &lease.rev));
+        let current = st.serves(&lease.rev);
         if healthy && current && !st.deleted && !self.shutting_down.load(Ordering::Acquire) {
-            st.idle.push(Idle { inst: lease.inst, rev: lease.rev, since: Instant::now() });
+            st.idle.push(Idle { inst: lease.inst, rev: lease.rev, since: Instant::now(), given_back: false });
             drop(st);
             self.metrics.instances_idle.inc();
             return;

@@ -159,6 +159,7 @@ impl Node {
                 st.live -= old.len();
                 old
             };
+            self.give_back_idle(&f);
             if !expired.is_empty() {
                 debug!(function = %f.name, n = expired.len(), "keep-alive expired");
                 self.metrics.instances_idle.sub(expired.len() as i64);
@@ -184,6 +185,66 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Give back the unchanged pages of `f`'s instances idle for `--give-back-after`,
+    /// once per idle period (see `thaw_engine::giveback`), on the instance workers.
+    /// Each is out of the idle list meanwhile (a call finds another or starts one),
+    /// then back; one whose give-back failed was killed and is discarded.
+    fn give_back_idle(self: &Arc<Self>, f: &Arc<Function>) {
+        let Some(after) = self.cfg.give_back_after else {
+            return;
+        };
+        let due: Vec<Idle> = {
+            let mut st = f.lock();
+            let (due, rest): (Vec<Idle>, Vec<Idle>) = st.idle.drain(..).partition(|i| !i.given_back && i.since.elapsed() >= after);
+            st.idle = rest;
+            due
+        };
+        self.metrics.instances_idle.sub(due.len() as i64);
+        for idle in due {
+            let slot = Arc::new(Mutex::new(Some(idle)));
+            let (node, func, s2) = (self.clone(), f.clone(), slot.clone());
+            let queued = self.instance_workers.spawn(move || {
+                if let Some(mut idle) = s2.lock().ok().and_then(|mut g| g.take()) {
+                    let r = idle.inst.give_back();
+                    node.back_from_give_back(&func, idle, r);
+                }
+            });
+            if queued.is_err() {
+                // No worker took it: back as it was, not tried again this idle period.
+                if let Some(mut idle) = slot.lock().ok().and_then(|mut g| g.take()) {
+                    idle.given_back = true;
+                    self.back_from_give_back(f, idle, Ok(Default::default()));
+                }
+            }
+        }
+    }
+
+    /// An idle instance back from its give-back: to the idle list, or discarded (its
+    /// give-back failed, or its function changed or is gone meanwhile).
+    fn back_from_give_back(&self, f: &Arc<Function>, mut idle: Idle, r: Result<thaw_engine::giveback::GiveBackStats, InstanceError>) {
+        let mut st = f.lock();
+        match &r {
+            Ok(g) => {
+                st.counters.give_backs += 1;
+                st.counters.pages_given_back += g.given_back;
+                self.metrics.pages_given_back.inc_by(g.given_back);
+                debug!(function = %f.name, pages = g.given_back, copied = g.copied, ms = g.ms, "gave back an idle instance's unchanged pages");
+            }
+            Err(e) => warn!(function = %f.name, error = %error_chain(e), "giving back an idle instance's unchanged pages failed; it was discarded"),
+        }
+        let current = st.serves(&idle.rev);
+        if r.is_ok() && current && !st.deleted && !self.shutting_down.load(Ordering::Acquire) {
+            idle.given_back = true;
+            st.idle.push(idle);
+            drop(st);
+            self.metrics.instances_idle.inc();
+            return;
+        }
+        st.live -= 1;
+        drop(st);
+        self.discard(idle.inst);
     }
 
     /// Stop taking invocations and kill every idle instance (in-flight ones are discarded as they finish).

@@ -205,7 +205,7 @@ impl Node {
                     && !self.shutting_down.load(std::sync::atomic::Ordering::Acquire)
                     && st.versions.get(&version).is_some_and(|p| Arc::ptr_eq(&p.rev, &rev)) =>
             {
-                st.idle.push(Idle { inst, rev, since: Instant::now() });
+                st.idle.push(Idle { inst, rev, since: Instant::now(), given_back: false });
                 done(&mut st, None);
                 drop(st);
                 self.metrics.instances_idle.inc();

@@ -153,7 +153,7 @@ impl Node {
         if st.provisioned.remove(&version).is_some() {
             self.registry.put_provisioned(name, version, None)?;
         }
-        let used = st.active.as_ref().is_some_and(|a| Arc::ptr_eq(a, &p.rev)) || st.versions.values().any(|o| Arc::ptr_eq(&o.rev, &p.rev));
+        let used = st.serves(&p.rev);
         if !used {
             let (stale, keep): (Vec<_>, Vec<_>) = st.idle.drain(..).partition(|i| Arc::ptr_eq(&i.rev, &p.rev));
             st.idle = keep;
