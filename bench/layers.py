@@ -16,7 +16,9 @@ working set, and the create time of each kind.
 Memory: for N instances (--instances, default 1,8,16) of one function alive
 together, each invoked once (`thaw snapshot memory`): mean per-instance USS, PSS and
 RSS, the base/diff pages mapped from the shared memory file, and MemAvailable's drop
-per instance (noisy: page cache), for the full image and for the diff.
+per instance (noisy: page cache), for the full image, the diff, and the diff whose
+instances gave back their unchanged copies (`--give-back`); and the warm calls of one
+shared instance with a give-back before each against none.
 
 Writes JSON (default bench/results/layers.json) and an SVG chart beside it, and prints a table.
 """
@@ -150,14 +152,32 @@ def main(argv=None):
         }
         # Memory: N instances alive together, each invoked once (prefetch restores).
         res["memory"] = {}
+        variants = {k: (snaps[k], []) for k in snaps}
+        if layered:
+            # Each instance, once idle, gives back the pages it copied and holds unchanged
+            # (what `thaw serve --give-back-after` does).
+            variants["diff-given-back"] = (snaps["diff"], ["--give-back"])
         for n in [int(x) for x in args.instances.split(",") if x]:
-            for k in snaps:
-                m = thaw_json_all(thaw, ["snapshot", "memory", snaps[k], "--instances", str(n), "--paging", "prefetch", "--payload", payload], env)
+            for k, (snap, extra) in variants.items():
+                m = thaw_json_all(thaw, ["snapshot", "memory", snap, "--instances", str(n), "--paging", "prefetch", "--payload", payload, *extra], env)
                 later = sorted(m["restore_ms"][1:]) or [0.0]
                 res["memory"]["%s-%d" % (k, n)] = {"instances": n, "shared": m["shared_memory"] is not None,
                                                    "host_added_per_instance_bytes": m["host_mem_added_per_instance_bytes"],
                                                    "first_restore_ms": m["restore_ms"][0], "later_restore_ms_median": later[len(later) // 2],
                                                    **m["mean"]}
+                if m.get("give_back"):
+                    res["memory"]["%s-%d" % (k, n)]["give_back_ms_median"] = statistics.median(g["ms"] for g in m["give_back"])
+                    res["memory"]["%s-%d" % (k, n)]["pages_given_back_mean"] = statistics.mean(g["given_back"] for g in m["give_back"])
+        if layered:
+            # What a give-back costs the calls after it: warm calls 2..CALLS of one
+            # shared instance, with a give-back before each against none, same rounds.
+            calls = {"warm": [], "after-give-back": []}
+            for _ in range(args.runs):
+                for k, extra in (("warm", []), ("after-give-back", ["--give-back"])):
+                    s = reset_bench.run_stats(thaw, ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--share-memory", *extra,
+                                                     "--invocations", "5", "--payload", payload], env)
+                    calls[k].extend(s["invocations_ms"][1:])
+            res["calls_ms"] = {k: statistics.median(v) for k, v in calls.items()}
         res["bytes"]["diff_over_full"] = res["bytes"]["diff"] / res["bytes"]["full"]
         res["diff_prefetch_over_full_prefetch"] = res["modes"]["diff-prefetch"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"]
         results["functions"][fn] = res
@@ -167,9 +187,11 @@ def main(argv=None):
             res["modes"]["boot"]["total_ms"], res["modes"]["full-prefetch"]["total_ms"],
             res["modes"]["diff-eager"]["total_ms"], res["modes"]["diff-prefetch"]["total_ms"],
             res["diff_prefetch_over_full_prefetch"], res["modes"]["diff-prefetch-shared"]["total_ms"]), flush=True)
+        if "calls_ms" in res:
+            print("    warm call %.3f ms, after a give-back %.3f ms" % (res["calls_ms"]["warm"], res["calls_ms"]["after-give-back"]), flush=True)
         for key in sorted(res["memory"], key=lambda k: (res["memory"][k]["instances"], k)):
             m = res["memory"][key]
-            print("    %-10s USS %6.2f MB  PSS %6.2f MB  RSS %6.2f MB  shared pages %5d  restore first %6.1f ms, later %6.1f ms" % (
+            print("    %-20s USS %6.2f MB  PSS %6.2f MB  RSS %6.2f MB  shared pages %5d  restore first %6.1f ms, later %6.1f ms" % (
                 key, m["uss"] / 1e6, m["pss"] / 1e6, m["rss"] / 1e6, m["pages_shared"], m["first_restore_ms"], m["later_restore_ms_median"]), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

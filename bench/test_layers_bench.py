@@ -27,3 +27,7 @@ def test_layers_bench_runs_every_mode(tmp_path):
     assert mem["diff-2"]["shared"] and not mem["full-2"]["shared"], mem
     assert mem["diff-2"]["pages_shared"] > 0 and mem["full-2"]["pages_shared"] == 0, mem
     assert mem["diff-2"]["first_restore_ms"] > 0 and mem["diff-2"]["later_restore_ms_median"] > 0, mem
+    # Instances that gave back their unchanged copies hold fewer pages of their own.
+    assert mem["diff-given-back-2"]["pages_given_back_mean"] > 0, mem
+    assert mem["diff-given-back-2"]["uss"] < mem["diff-2"]["uss"], mem
+    assert fn["calls_ms"]["warm"] > 0 and fn["calls_ms"]["after-give-back"] > 0, fn["calls_ms"]
