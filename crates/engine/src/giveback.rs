@@ -111,6 +111,9 @@ fn give_back_inner(pid: i32, shared: &SharedMemory, stats: &Stats, traced: &mut 
     // Private mappings of the file; not mlock'd ones (madvise refuses those).
     let of_file = |m: &&procfs::MapEntry| !m.shared && m.inode == ino && Path::new(&m.name) == shared.path() && !m.has_flag("lo");
     for m in maps.iter().filter(of_file) {
+        // A run stays inside its mapping: the kernel reports a removal per mapping,
+        // and the page server takes a range announced exactly.
+        let first = runs.len();
         let mut copied = Vec::new();
         pagemap.copied(m.start, m.end, &mut copied).map_err(ioe("scanning pagemap"))?;
         for (s, e) in copied {
@@ -125,8 +128,9 @@ fn give_back_inner(pid: i32, shared: &SharedMemory, stats: &Stats, traced: &mut 
                     continue;
                 }
                 out.given_back += 1;
+                let in_this_map = runs.len() > first;
                 match runs.last_mut() {
-                    Some(r) if r.1 == addr && r.2 + (r.1 - r.0) == img && readable.last() == Some(&m.read) => r.1 += PAGE_SIZE,
+                    Some(r) if in_this_map && r.1 == addr => r.1 += PAGE_SIZE,
                     _ => {
                         runs.push((addr, addr + PAGE_SIZE, img));
                         readable.push(m.read);
