@@ -358,5 +358,7 @@ def test_idle_instances_give_back_their_unchanged_pages(tmp_path):
             assert time.time() < deadline, node.function_status("counter")
             time.sleep(0.1)
         assert invoke_json(c, "counter", {})[1] == {"count": 3}
+        table = subprocess.run([str(THAW), "status", "--endpoint", f"127.0.0.1:{node.port}"], check=True, capture_output=True, text=True).stdout
+        assert "give-back after 0.3s idle" in table, table
     finally:
         assert node.stop() == 0, node.log_path.read_text()

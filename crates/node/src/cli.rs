@@ -433,10 +433,11 @@ pub fn status(args: StatusArgs, _data_dir: &Path) -> Result<()> {
     let v: serde_json::Value = serde_json::from_str(&body).context("parsing the status document")?;
     let n = &v["node"];
     println!(
-        "node pid {}  up {:.0}s  instances {}/{}  (per function {})  memory {}/{} MB  keep-alive {}s  paging {}  builds running {}  events pending {}",
+        "node pid {}  up {:.0}s  instances {}/{}  (per function {})  memory {}/{} MB  keep-alive {}s  give-back {}  paging {}  builds running {}  events pending {}",
         n["pid"], n["uptime_s"].as_f64().unwrap_or(0.0), n["instances_alive"], n["max_instances"], n["max_per_function"],
         n["memory_committed_mb"], n["memory_budget_mb"],
-        n["keep_alive_s"], n["paging"].as_str().unwrap_or("?"), n["builds_running"], v["events"]["pending"]
+        n["keep_alive_s"], n["give_back_after_s"].as_f64().map_or("off".to_string(), |s| format!("after {s}s idle")),
+        n["paging"].as_str().unwrap_or("?"), n["builds_running"], v["events"]["pending"]
     );
     println!("state: {}", n["state_dir"].as_str().unwrap_or("?"));
     if let Some(st) = v["snapshot_store"].as_object() {

@@ -331,6 +331,7 @@ impl Node {
                 "memory_budget_mb": self.admission.budget_mb(),
                 "max_per_function": self.cfg.max_per_function,
                 "keep_alive_s": self.cfg.keep_alive.as_secs_f64(),
+                "give_back_after_s": self.cfg.give_back_after.map(|d| d.as_secs_f64()),
                 "paging": self.cfg.paging,
                 "builds_running": self.builds_running(),
                 "shutting_down": self.is_shutting_down(),
