@@ -46,8 +46,8 @@ pub struct ServeArgs {
     /// are shared with the function's other instances again, and the instance holds
     /// only what its calls really changed (about a third of a full image's private
     /// memory for Python helloworld, against 60% without). Costs a few milliseconds of
-    /// node CPU once per idle period and, at the next call, a minor fault per page it
-    /// touches again (helloworld's warm call: 0.35-0.55 ms instead of 0.05-0.08), so
+    /// node CPU once per idle period and, at the next call, a copy of each page it
+    /// writes again (helloworld's warm call: 0.35-0.55 ms instead of 0.05-0.08), so
     /// a function called more often than this never pays it. 0: never.
     #[arg(long, default_value = "10", value_parser = parse_secs)]
     pub give_back_after: Duration,
