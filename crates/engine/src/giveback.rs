@@ -14,9 +14,9 @@
 //! * every thread is stopped from the comparison to the madvise: a copy cannot
 //!   change in between (an instance's other processes have memory of their own);
 //! * only pages in the file are compared (stored image pages, put there once and
-//!   never written again), against the page at the mapping's own offset, which is
-//!   what a private file mapping reads once its copy is dropped (the offset survives
-//!   mremap);
+//!   never written again; with a base's file, only the base's pages), against the
+//!   page at the mapping's own offset, which is what a private file mapping reads
+//!   once its copy is dropped (the offset survives mremap);
 //! * the page server would take the removal for the process's own release (served
 //!   as zeros from then on): each range is announced first (`Stats::giving_back`),
 //!   and the server, meeting its removal event, maps the image there again instead.
@@ -31,6 +31,7 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -38,7 +39,7 @@ use thiserror::Error;
 use tracing::debug;
 
 use crate::inject::{self, Call, InjectError};
-use crate::pageserver::Stats;
+use crate::pageserver::{PageSource, Stats};
 use crate::procfs;
 use crate::sharedmem::SharedMemory;
 use crate::sys::mem::ProcMem;
@@ -77,9 +78,12 @@ const TAKE_WAIT: Duration = Duration::from_secs(2);
 /// Give back the unchanged copies of instance `pid` (idle, not traced, not frozen),
 /// whose page server counts in `stats`, of the pages of `shared`. On error the
 /// instance has been killed.
-pub fn give_back(pid: i32, shared: &SharedMemory, stats: &Stats) -> Result<GiveBackStats, GiveBackError> {
+pub fn give_back(pid: i32, source: &PageSource, stats: &Stats) -> Result<GiveBackStats, GiveBackError> {
+    let Some(shared) = source.shared_memory() else {
+        return Ok(GiveBackStats::default());
+    };
     let mut traced = Vec::new();
-    let r = give_back_inner(pid, shared, stats, &mut traced);
+    let r = give_back_inner(pid, source, shared, stats, &mut traced);
     if let Err(e) = &r {
         debug!(pid, error = %e, "give-back failed; killing the instance");
         ptrace::kill_and_reap(pid, &traced);
@@ -88,7 +92,7 @@ pub fn give_back(pid: i32, shared: &SharedMemory, stats: &Stats) -> Result<GiveB
     r
 }
 
-fn give_back_inner(pid: i32, shared: &SharedMemory, stats: &Stats, traced: &mut Vec<Tracee>) -> Result<GiveBackStats, GiveBackError> {
+fn give_back_inner(pid: i32, source: &PageSource, shared: &SharedMemory, stats: &Stats, traced: &mut Vec<Tracee>) -> Result<GiveBackStats, GiveBackError> {
     let t0 = Instant::now();
     let ioe = |what: &str| {
         let what = what.to_string();
@@ -120,7 +124,9 @@ fn give_back_inner(pid: i32, shared: &SharedMemory, stats: &Stats, traced: &mut 
             for addr in (s..e).step_by(PAGE_SIZE as usize) {
                 out.copied += 1;
                 let img = m.offset + (addr - m.start);
-                if !shared.read_page(img, &mut file).map_err(ioe("reading the shared memory file"))? {
+                // Only where the file holds the image's own page (with a base's file,
+                // not a diff's page: the file has the base's there).
+                if !source.is_shared(img, stats) || !shared.read_page(img, &mut file).map_err(ioe("reading the shared memory file"))? {
                     continue;
                 }
                 mem.read_exact_at(&mut mine, addr).map_err(ioe(&format!("reading {addr:#x}")))?;
@@ -139,8 +145,21 @@ fn give_back_inner(pid: i32, shared: &SharedMemory, stats: &Stats, traced: &mut 
             }
         }
     }
-    out.runs = runs.len() as u64;
     let main = traced[0];
+    // The process's own removals (read before it stopped) applied first: one still
+    // queued could match a range announced below and be taken for it (that page then
+    // released by ours). None comes while it is stopped.
+    let settled = Instant::now();
+    while stats.events.load(Ordering::Acquire) < stats.events_read.load(Ordering::Acquire) {
+        if settled.elapsed() > TAKE_WAIT {
+            debug!(pid, "the page server has events queued (its fault budget, most likely): nothing given back this time");
+            runs.clear();
+            out.given_back = 0;
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    out.runs = runs.len() as u64;
     if !runs.is_empty() {
         let insn = inject::vdso_syscall(pid, &maps)
             .map_err(ioe("reading the vDSO"))?

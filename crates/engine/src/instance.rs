@@ -1181,7 +1181,7 @@ impl Instance {
         }
         let was_frozen = self.frozen;
         self.thaw()?;
-        let out = crate::giveback::give_back(self.sandbox.pid(), source.shared_memory().expect("checked above"), &stats)?;
+        let out = crate::giveback::give_back(self.sandbox.pid(), &source, &stats)?;
         if was_frozen {
             self.freeze()?;
         }

@@ -153,6 +153,9 @@ pub struct Stats {
     /// removal event does not release the range (the process's own would): the range
     /// is served from the image again. Each entry is taken by its event.
     pub giving_back: Mutex<Vec<(u64, u64, u64)>>,
+    /// Address-space events (not faults) read from the userfaultfds; `events` counts
+    /// those applied. Equal: none is waiting in a queue (a give-back waits for that).
+    pub events_read: AtomicU64,
     /// CPU time the server threads of this instance spent (serving faults is work
     /// done for the instance, outside its cgroup), and how long they were held back
     /// by the instance's fault budget.
@@ -276,8 +279,13 @@ impl PageSource {
 
     /// Whether the stored page of image address `img` is served from the shared memory
     /// file (for an instance that maps it, `stats.maps_shared_memory`).
+    /// With a base's file (`SharedMemory::base_only`), only the base's pages are: a
+    /// diff's own pages are copied.
     pub fn is_shared(&self, img: u64, stats: &Stats) -> bool {
-        stats.maps_shared_memory.load(Ordering::Relaxed) && self.shared_mem.as_ref().is_some_and(|m| m.maps(img))
+        stats.maps_shared_memory.load(Ordering::Relaxed)
+            && self.shared_mem.as_ref().is_some_and(|m| {
+                m.maps(img) && (!m.base_only() || self.index.lookup(img).is_some_and(|fp| fp >= self.file.own_pages()))
+            })
     }
 
     /// Put verified page bytes of image addresses from `img` into the shared memory file.
@@ -783,6 +791,8 @@ impl Serve {
         let epoch = self.stats.space_epoch.load(Ordering::Acquire);
         let mut evs = Vec::with_capacity(READ_BATCH);
         uffd::read_events(self.uffd.as_fd(), &mut evs, READ_BATCH).map_err(PageServerError::Poll)?;
+        let others = evs.iter().filter(|e| !matches!(e, Event::PageFault { .. })).count();
+        self.stats.events_read.fetch_add(others as u64, Ordering::Release);
         self.queue.extend(evs.into_iter().map(|ev| (epoch, ev)));
         Ok(())
     }
@@ -808,22 +818,26 @@ impl Serve {
     /// (else the first fault after it would forget this release: MADV_DONTNEED'd
     /// memory served the image's contents instead of zeros).
     fn apply(&mut self, epoch: u64, ev: Event) {
-        self.stats.events.fetch_add(1, Ordering::Relaxed);
-        if !self.follow_epoch(epoch) {
-            return;
+        if self.follow_epoch(epoch) {
+            match ev {
+                Event::Remove { start, end } if self.given_back(start, end) => {}
+                Event::Remove { start, end } | Event::Unmap { start, end } => self.space.release(start, end),
+                Event::Remap { from, to, len } => self.space.remap(from, to, len),
+                Event::Unknown(kind) => warn!(kind, "unknown userfaultfd event"),
+                Event::PageFault { .. } | Event::Fork { .. } => {}
+            }
         }
-        match ev {
-            Event::Remove { start, end } if self.given_back(start, end) => {}
-            Event::Remove { start, end } | Event::Unmap { start, end } => self.space.release(start, end),
-            Event::Remap { from, to, len } => self.space.remap(from, to, len),
-            Event::Unknown(kind) => warn!(kind, "unknown userfaultfd event"),
-            Event::PageFault { .. } | Event::Fork { .. } => {}
-        }
+        // Counted once applied (a give-back waits for every event read to be).
+        self.stats.events.fetch_add(1, Ordering::Release);
     }
 
     /// Whether `[start, end)` is a range the engine is giving back (its removal
     /// expected, see [`Stats::giving_back`]): then it maps the image again.
     fn given_back(&mut self, start: u64, end: u64) -> bool {
+        // A forked child's removals are its own (it has its own memory).
+        if self.child {
+            return false;
+        }
         let mut list = self.stats.giving_back.lock().expect("giving_back lock");
         let Some(i) = list.iter().position(|&(s, e, _)| (s, e) == (start, end)) else {
             return false;
@@ -1295,6 +1309,15 @@ mod tests {
         assert!(stats.giving_back.lock().unwrap().is_empty(), "each announcement taken once");
         s.apply(0, Event::Remove { start: page(1), end: page(3) });
         assert_eq!(s.space.resolve(page(1)), None, "a later removal of the same range releases");
+        // A forked child's removal is its own, even of a range announced for the process.
+        let mut child = bookkeeper(AddressSpace::identity(&[(0x10000, 0x20000)]), stats.clone());
+        child.child = true;
+        stats.giving_back.lock().unwrap().push((page(5), page(6), page(5)));
+        child.apply(0, Event::Remove { start: page(5), end: page(6) });
+        assert_eq!(child.space.resolve(page(5)), None);
+        assert_eq!(stats.giving_back.lock().unwrap().len(), 1, "left for the process's own server");
+        // Every event applied is counted (a give-back waits until all read are).
+        assert_eq!(stats.events.load(Ordering::Relaxed), 6);
     }
 
     #[test]

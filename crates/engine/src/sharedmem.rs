@@ -40,7 +40,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tracing::{debug, warn};
 
@@ -54,15 +54,33 @@ pub const DIR: &str = "/run/thaw/shared-mem";
 /// Size of a shared memory file: the whole user address space (sparse).
 const FILE_LEN: u64 = 1 << 47;
 
-/// One snapshot's shared memory file, and the image address ranges (whole VMAs,
-/// sorted) restored as mappings of it.
-pub struct SharedMemory {
+/// A shared memory file: one snapshot's, or one base's for all its diffs.
+struct SharedFile {
     path: PathBuf,
     file: File,
-    ranges: Vec<(u64, u64)>,
     /// Image addresses whose page is in the file.
     filled: Mutex<HashSet<u64>>,
 }
+
+impl Drop for SharedFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A snapshot's shared memory: the file, and the image address ranges (whole VMAs,
+/// sorted) restored as mappings of it.
+pub struct SharedMemory {
+    file: Arc<SharedFile>,
+    ranges: Vec<(u64, u64)>,
+    /// The file is its base's (`THAW_SHARE_MEMORY=base`): only the base's pages are
+    /// put in it and mapped from it, for every diff on that base in this process; a
+    /// diff's own pages are copied into each instance.
+    base_only: bool,
+}
+
+/// The base files open in this process, by base id (see [`SharedMemory::for_base`]).
+static BASE_FILES: Mutex<Vec<(String, std::sync::Weak<SharedFile>)>> = Mutex::new(Vec::new());
 
 impl SharedMemory {
     /// A new, empty shared memory file for `image` (whose stored pages `index` lists),
@@ -72,8 +90,13 @@ impl SharedMemory {
         if std::env::var("THAW_SHARE_MEMORY").is_ok_and(|v| v == "0") {
             return None;
         }
-        match Self::try_create(shareable(image, index)) {
-            Ok(s) => Some(s),
+        let base = image.base.as_ref().filter(|_| std::env::var("THAW_SHARE_MEMORY").is_ok_and(|v| v == "base"));
+        let file = match base {
+            Some(b) => Self::base_file(&b.id),
+            None => Self::try_create().map(Arc::new),
+        };
+        match file {
+            Ok(file) => Some(SharedMemory { file, ranges: shareable(image, index), base_only: base.is_some() }),
             Err(e) => {
                 warn!(error = %e, dir = DIR, "cannot make a shared memory file; instances get their own copies of every page");
                 None
@@ -81,7 +104,21 @@ impl SharedMemory {
         }
     }
 
-    fn try_create(ranges: Vec<(u64, u64)>) -> io::Result<SharedMemory> {
+    /// The file of base `id` in this process: the one its other diffs map, if any
+    /// is still open, else a new one.
+    fn base_file(id: &str) -> io::Result<Arc<SharedFile>> {
+        let mut open = BASE_FILES.lock().expect("base files lock");
+        open.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(f) = open.iter().find(|(k, _)| k == id).and_then(|(_, w)| w.upgrade()) {
+            return Ok(f);
+        }
+        let f = Arc::new(Self::try_create()?);
+        open.push((id.to_string(), Arc::downgrade(&f)));
+        debug!(base = id, path = %f.path.display(), "a base's shared memory file, for all its diffs");
+        Ok(f)
+    }
+
+    fn try_create() -> io::Result<SharedFile> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
         let dir = Path::new(DIR);
@@ -100,11 +137,16 @@ impl SharedMemory {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400))?;
         debug!(path = %path.display(), "shared memory file created");
-        Ok(SharedMemory { path, file, ranges, filled: Mutex::default() })
+        Ok(SharedFile { path, file, filled: Mutex::default() })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.file.path
+    }
+
+    /// Whether only the base's pages are in the file (see [`SharedMemory::base_only`]).
+    pub fn base_only(&self) -> bool {
+        self.base_only
     }
 
     /// The image address ranges restored as mappings of the file.
@@ -120,7 +162,7 @@ impl SharedMemory {
 
     /// Whether the page of image address `img` is in the file.
     pub fn has(&self, img: u64) -> bool {
-        self.filled.lock().expect("filled lock").contains(&img)
+        self.file.filled.lock().expect("filled lock").contains(&img)
     }
 
     /// Read the page of image address `img` into `buf` (one page) if it is in the
@@ -129,14 +171,14 @@ impl SharedMemory {
         if !self.has(img) {
             return Ok(false);
         }
-        self.file.read_exact_at(buf, img)?;
+        self.file.file.read_exact_at(buf, img)?;
         Ok(true)
     }
 
     /// The file's inode, as /proc/PID/maps shows it beside a mapping of it.
     pub fn inode(&self) -> io::Result<u64> {
         use std::os::unix::fs::MetadataExt;
-        Ok(self.file.metadata()?.ino())
+        Ok(self.file.file.metadata()?.ino())
     }
 
     /// Put `bytes` (whole, verified image pages of consecutive image addresses from
@@ -147,16 +189,10 @@ impl SharedMemory {
             if self.has(at) {
                 continue;
             }
-            self.file.write_all_at(page, at)?;
-            self.filled.lock().expect("filled lock").insert(at);
+            self.file.file.write_all_at(page, at)?;
+            self.file.filled.lock().expect("filled lock").insert(at);
         }
         Ok(())
-    }
-}
-
-impl Drop for SharedMemory {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 

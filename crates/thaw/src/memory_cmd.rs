@@ -18,9 +18,12 @@ use thaw_engine::pageserver::Paging;
 
 #[derive(Args)]
 pub struct MemoryArgs {
-    /// Snapshot directory made by `thaw snapshot create`.
-    snapdir: PathBuf,
-    /// Instances restored and kept alive together.
+    /// Snapshot directory made by `thaw snapshot create`; several: instances of each,
+    /// all alive together (functions of one runtime: with THAW_SHARE_MEMORY=base their
+    /// diffs share their base's memory file).
+    #[arg(required = true)]
+    snapdirs: Vec<PathBuf>,
+    /// Instances of each snapshot restored and kept alive together.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
     instances: u32,
     /// Paging mode of the restores (see `thaw snapshot restore --help`).
@@ -77,15 +80,17 @@ fn mem_available() -> Result<u64> {
 }
 
 pub fn run(a: MemoryArgs) -> Result<()> {
-    let snap = LoadedSnapshot::open_with(&a.snapdir, !a.no_share_memory)?;
+    let shared_before = thaw_engine::sharedmem::resident_bytes();
+    let snaps = a.snapdirs.iter().map(|d| LoadedSnapshot::open_with(d, !a.no_share_memory)).collect::<Result<Vec<_>, _>>()?;
+    let snap = &snaps[0];
     let before = mem_available()?;
     let mut insts: Vec<Instance> = Vec::new();
     let result = (|| -> Result<serde_json::Value> {
         let mut restore_ms = Vec::new();
         let mut first_invoke_ms = Vec::new();
-        for k in 0..a.instances {
+        for (k, snap) in (0..a.instances).flat_map(|k| snaps.iter().map(move |s| (k, s))) {
             let t = std::time::Instant::now();
-            let inst = Instance::restore(&snap, a.paging)?;
+            let inst = Instance::restore(snap, a.paging)?;
             restore_ms.push(t.elapsed().as_secs_f64() * 1e3);
             insts.push(inst);
             let inst = insts.last_mut().expect("just pushed");
@@ -107,12 +112,15 @@ pub fn run(a: MemoryArgs) -> Result<()> {
             }
         }
         let after = mem_available()?;
-        let keys = ["Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty"];
+        let keys = ["Rss", "Pss", "Shared_Clean", "Shared_Dirty", "Private_Clean", "Private_Dirty", "Anonymous"];
         let mut per = Vec::new();
         for i in &insts {
             let text = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", i.pid())).context("reading smaps_rollup")?;
             let f = kb_fields(&text, &keys);
-            per.push(json!({"rss": f[0], "pss": f[1], "shared_clean": f[2], "shared_dirty": f[3], "uss": f[4] + f[5],
+            // anon: the instance's own pages (copies included); with the shared memory
+            // files' bytes counted once, what the instances cost the host. (USS counts a
+            // shared file's page as private when one process maps it.)
+            per.push(json!({"rss": f[0], "pss": f[1], "shared_clean": f[2], "shared_dirty": f[3], "uss": f[4] + f[5], "anon": f[6],
                             "cgroup_bytes": i.memory_usage_bytes(), "pages_shared": i.page_stats().pages_shared}));
         }
         let mean = |k: &str| per.iter().map(|p| p[k].as_u64().unwrap_or(0)).sum::<u64>() / per.len().max(1) as u64;
@@ -131,10 +139,14 @@ pub fn run(a: MemoryArgs) -> Result<()> {
         };
         Ok(json!({
             "idle": idle,
-            "snapshot": a.snapdir, "instances": a.instances, "shared_memory": snap.source.shared().map(|s| s.0.to_path_buf()),
+            "snapshot": a.snapdirs[0], "snapshots": a.snapdirs, "instances": a.instances,
+            "shared_memory": snap.source.shared().map(|s| s.0.to_path_buf()),
+            "shared_memory_files": snaps.iter().filter_map(|s| s.source.shared().map(|x| x.0.to_path_buf())).collect::<std::collections::BTreeSet<_>>().len(),
+            // What the shared memory files hold (the tmpfs's use, less what it held before).
+            "shared_memory_bytes": thaw_engine::sharedmem::resident_bytes().saturating_sub(shared_before),
             "host_mem_added_bytes": before.saturating_sub(after),
-            "host_mem_added_per_instance_bytes": before.saturating_sub(after) / u64::from(a.instances),
-            "mean": {"rss": mean("rss"), "pss": mean("pss"), "uss": mean("uss"), "shared_clean": mean("shared_clean"),
+            "host_mem_added_per_instance_bytes": before.saturating_sub(after) / u64::from(a.instances) / snaps.len() as u64,
+            "mean": {"rss": mean("rss"), "pss": mean("pss"), "uss": mean("uss"), "anon": mean("anon"), "shared_clean": mean("shared_clean"),
                      "cgroup_bytes": mean("cgroup_bytes"), "pages_shared": mean("pages_shared")},
             "per_instance": per,
             "give_back": give_back,

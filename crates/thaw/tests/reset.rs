@@ -1120,14 +1120,7 @@ fn an_installed_diff_is_a_fresh_restore_fact_for_fact() {
         assert!(moved.len() == toggled && toggled <= 4, "{name}: the layout differs from a fresh restore's: {:#?}", &moved[..moved.len().min(10)]);
         // The kernel writes the CPU a thread runs on into its rseq area, in its TCB (at
         // fs_base), whenever it schedules it: those pages differ from clone to clone.
-        let tcb_pages: Vec<String> = fresh
-            .iter()
-            .filter(|(k, _)| k.ends_with(":fs_base"))
-            .flat_map(|(_, v)| {
-                let fs = u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap();
-                [fs & !4095, (fs + 4095) & !4095].map(|p| format!("page:{p:#x}"))
-            })
-            .collect();
+        let tcb_pages = common::tcb_pages(&fresh);
         // Helper threads (V8's workers) run on after the restore notice: their registers
         // and FPU state are where they stopped, clone by clone (as reset.rs's check).
         let helper_state = |k: &str| !strict_pages && k.starts_with("thread:") && !k.ends_with(":sigmask") && !k.ends_with(":SigPnd") && !k.ends_with(":SigBlk");

@@ -80,3 +80,19 @@ pub fn bundle(name: &str, files: &[(&str, &str)]) -> PathBuf {
     }
     dir
 }
+
+/// The pages holding each thread's TCB (at its fs_base), named as the engine's
+/// inspection names pages (`page:0x...`): the kernel writes the CPU a thread runs on
+/// into its rseq area there whenever it schedules the thread, so those pages differ
+/// from run to run and from clone to clone. Differential checks set them aside.
+#[allow(dead_code)]
+pub fn tcb_pages(facts: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    facts
+        .iter()
+        .filter(|(k, _)| k.ends_with(":fs_base"))
+        .flat_map(|(_, v)| {
+            let fs = u64::from_str_radix(v.trim_start_matches("0x"), 16).unwrap();
+            [fs & !4095, (fs + 4095) & !4095].map(|p| format!("page:{p:#x}"))
+        })
+        .collect()
+}
