@@ -362,3 +362,23 @@ def test_idle_instances_give_back_their_unchanged_pages(tmp_path):
         assert "give-back after 0.3s idle" in table, table
     finally:
         assert node.stop() == 0, node.log_path.read_text()
+
+
+@pytest.mark.parametrize("mode,files", [("snapshot", 2), ("base", 1)])
+def test_functions_on_one_base_map_its_memory_file(tmp_path, mode, files):
+    """Issue #31: with --shared-memory-file base the instances of every function on a
+    base map one file of the base's pages (the base counted once); with a file per
+    snapshot (the default) each function's file holds them again."""
+    import os
+    node = NodeProcess(tmp_path, "--shared-memory-file", mode, keep_alive="60")
+    try:
+        c = node.client()
+        create(c, "hello", sample_zip("helloworld"))
+        create(c, "counter", sample_zip("counter"))
+        assert invoke_json(c, "hello", {"name": mode})[1] == {"message": "hello, %s" % mode}
+        assert invoke_json(c, "counter", {})[1] == {"count": 1}
+        mine = [f for f in os.listdir("/run/thaw/shared-mem") if f.startswith("%d-" % node.pid)]
+        assert len(mine) == files, mine
+        assert invoke_json(c, "counter", {})[1] == {"count": 2}
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()

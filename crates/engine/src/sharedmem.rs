@@ -79,7 +79,17 @@ pub struct SharedMemory {
     base_only: bool,
 }
 
-/// The base files open in this process, by base id (see [`SharedMemory::for_base`]).
+/// Whether diffs share their base's file in this process by default (see
+/// [`SharedMemory::base_only`]; `THAW_SHARE_MEMORY=base` or `=snapshot` overrides).
+static BASE_FILE_DEFAULT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Make the base's file the default for this process's layered snapshots (`thaw
+/// serve --shared-memory-file base`), or a file per snapshot.
+pub fn use_base_files(on: bool) {
+    BASE_FILE_DEFAULT.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The base files open in this process, by base id (see [`SharedMemory::create`]).
 static BASE_FILES: Mutex<Vec<(String, std::sync::Weak<SharedFile>)>> = Mutex::new(Vec::new());
 
 impl SharedMemory {
@@ -90,7 +100,12 @@ impl SharedMemory {
         if std::env::var("THAW_SHARE_MEMORY").is_ok_and(|v| v == "0") {
             return None;
         }
-        let base = image.base.as_ref().filter(|_| std::env::var("THAW_SHARE_MEMORY").is_ok_and(|v| v == "base"));
+        let base_files = match std::env::var("THAW_SHARE_MEMORY").as_deref() {
+            Ok("base") => true,
+            Ok("snapshot") => false,
+            _ => BASE_FILE_DEFAULT.load(std::sync::atomic::Ordering::Relaxed),
+        };
+        let base = image.base.as_ref().filter(|_| base_files);
         let file = match base {
             Some(b) => Self::base_file(&b.id),
             None => Self::try_create().map(Arc::new),
