@@ -18,7 +18,11 @@ together, each invoked once (`thaw snapshot memory`): mean per-instance USS, PSS
 RSS, the base/diff pages mapped from the shared memory file, and MemAvailable's drop
 per instance (noisy: page cache), for the full image, the diff, and the diff whose
 instances gave back their unchanged copies (`--give-back`); and the warm calls of one
-shared instance with a give-back before each against none.
+shared instance with a give-back before each against none. Across the functions
+of one runtime (--cross-instances, default 1,4 instances each, all alive in one
+process): host memory per instance (its anonymous pages plus the shared memory
+files counted once) for full images, diffs with a file per snapshot and diffs
+with their base's file (THAW_SHARE_MEMORY=base), each also given back.
 
 Writes JSON (default bench/results/layers.json) and an SVG chart beside it, and prints a table.
 """
@@ -89,6 +93,8 @@ def main(argv=None):
     ap.add_argument("--functions", default="helloworld,pyaes,jsonserde,lrserving")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--instances", default="1,8,16", help="instance counts of the memory measurement")
+    ap.add_argument("--cross-instances", default="1,4",
+                    help="instances of each function in the memory measurement across the functions of one runtime ('' to skip)")
     ap.add_argument("--out", default="bench/results/layers.json")
     args = ap.parse_args(argv)
     thaw = os.path.abspath(args.thaw)
@@ -96,7 +102,8 @@ def main(argv=None):
     env = dict(os.environ, THAW_DATA_DIR=os.path.join(work, "data"))
     env.pop("THAW_LOG", None)
     bases = {}
-    results = {"bases": {}, "runs": args.runs, "functions": {}}
+    results = {"bases": {}, "runs": args.runs, "functions": {}, "across_functions": {}}
+    by_runtime = {}
     for fn in [f for f in args.functions.split(",") if f]:
         runtime, code, handler, payload = reset_bench.function_spec(fn, args.samples)
         payload = payload or "{}"
@@ -181,6 +188,8 @@ def main(argv=None):
         res["bytes"]["diff_over_full"] = res["bytes"]["diff"] / res["bytes"]["full"]
         res["diff_prefetch_over_full_prefetch"] = res["modes"]["diff-prefetch"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"]
         results["functions"][fn] = res
+        if layered:
+            by_runtime.setdefault(runtime, []).append((fn, snaps, payload))
         print("%-12s diff %6.2f MB / full %6.2f MB (%3.0f%%)  ws %5.2f / %5.2f MB  total ms: boot %6.1f  full+REAP %6.1f  diff eager %6.1f  diff+WS %6.1f (%.2fx)  diff+WS, shared file filled %6.1f" % (
             fn, res["bytes"]["diff"] / 1e6, res["bytes"]["full"] / 1e6, 100 * res["bytes"]["diff_over_full"],
             res["bytes"]["ws_diff"] / 1e6, res["bytes"]["ws_full"] / 1e6,
@@ -193,6 +202,33 @@ def main(argv=None):
             m = res["memory"][key]
             print("    %-20s USS %6.2f MB  PSS %6.2f MB  RSS %6.2f MB  shared pages %5d  restore first %6.1f ms, later %6.1f ms" % (
                 key, m["uss"] / 1e6, m["pss"] / 1e6, m["rss"] / 1e6, m["pages_shared"], m["first_restore_ms"], m["later_restore_ms_median"]), flush=True)
+    # Memory across the functions of one runtime: instances of every function alive
+    # together in one process (`thaw snapshot memory A B ...`). Host memory per instance
+    # = each instance's anonymous pages (its own, copies included) plus the shared memory
+    # files' bytes counted once: full images; diffs with a file per snapshot; diffs with
+    # their base's file (the base counted once); each also with the unchanged copies
+    # given back.
+    for runtime, fns in by_runtime.items():
+        if len(fns) < 2:
+            continue
+        for n in [int(x) for x in args.cross_instances.split(",") if x]:
+            row = {}
+            variants = (("full", "full", "snapshot", []), ("diff, file per snapshot", "diff", "snapshot", []),
+                        ("diff, file per snapshot, given back", "diff", "snapshot", ["--give-back"]),
+                        ("diff, base's file", "diff", "base", []), ("diff, base's file, given back", "diff", "base", ["--give-back"]))
+            for label, kind, files, extra in variants:
+                m = thaw_json_all(thaw, ["snapshot", "memory", *[s[kind] for _, s, _ in fns], "--instances", str(n), "--paging", "prefetch", *extra],
+                                  dict(env, THAW_SHARE_MEMORY=files))
+                k = n * len(fns)
+                row[label] = {"anon_per_instance": m["mean"]["anon"], "uss_per_instance": m["mean"]["uss"], "shared_memory_files": m["shared_memory_files"],
+                              "shared_memory_bytes": m["shared_memory_bytes"], "host_per_instance": (m["mean"]["anon"] * k + m["shared_memory_bytes"]) / k}
+            results["across_functions"]["%s x%d" % (runtime, n)] = {"functions": [f for f, _, _ in fns], "instances_each": n, "memory": row}
+            print("%s, %d functions x %d instances: host memory per instance (anon + shared files once)" % (runtime, len(fns), n), flush=True)
+            full = row["full"]["host_per_instance"]
+            for label, r in row.items():
+                print("    %-38s %7.0f KB (%3.0f%% of full)  anon %6.0f KB  shared files %d: %7.0f KB" % (
+                    label, r["host_per_instance"] / 1024, 100 * r["host_per_instance"] / full, r["anon_per_instance"] / 1024,
+                    r["shared_memory_files"], r["shared_memory_bytes"] / 1024), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
