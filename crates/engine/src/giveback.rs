@@ -75,9 +75,10 @@ const MADV_POPULATE_READ: u64 = 22;
 /// How long the engine waits for the page server to take the removals.
 const TAKE_WAIT: Duration = Duration::from_secs(2);
 
-/// Give back the unchanged copies of instance `pid` (idle, not traced, not frozen),
-/// whose page server counts in `stats`, of the pages of `shared`. On error the
-/// instance has been killed.
+/// Give back the unchanged copies instance `pid` (idle, not traced, not frozen) holds
+/// of the pages of its snapshot's shared memory file (`source`'s); its page server
+/// counts in `stats`. Nothing for a snapshot without one. On error the instance has
+/// been killed.
 pub fn give_back(pid: i32, source: &PageSource, stats: &Stats) -> Result<GiveBackStats, GiveBackError> {
     let Some(shared) = source.shared_memory() else {
         return Ok(GiveBackStats::default());
