@@ -214,9 +214,10 @@ enum SnapshotCmd {
     },
     /// Drop a snapshot's files from the page cache (for cold-start measurements).
     Evict { snapdir: PathBuf },
-    /// Restore N instances of SNAPDIR, invoke each once, keep them all alive and print
-    /// what they cost the host as JSON: per-instance RSS, PSS and USS (smaps_rollup),
-    /// cgroup charge, and the drop in MemAvailable.
+    /// Restore N instances of each SNAPDIR in one process, invoke each once, keep them
+    /// all alive and print what they cost the host as JSON: per-instance RSS, PSS, USS
+    /// and anonymous memory (smaps_rollup), cgroup charge, the shared memory files'
+    /// bytes (counted once), and the drop in MemAvailable.
     Memory(memory_cmd::MemoryArgs),
     /// Publish a snapshot to an S3-compatible store (s3://BUCKET/PREFIX): content-addressed
     /// chunks the store lacks, then the manifest. Prints a JSON report, then the stored
