@@ -159,18 +159,24 @@ def main(argv=None):
         }
         # Memory: N instances alive together, each invoked once (prefetch restores).
         res["memory"] = {}
-        variants = {k: (snaps[k], []) for k in snaps}
+        variants = {k: (snaps[k], [], "snapshot") for k in snaps}
         if layered:
             # Each instance, once idle, gives back the pages it copied and holds unchanged
-            # (what `thaw serve --give-back-after` does).
-            variants["diff-given-back"] = (snaps["diff"], ["--give-back"])
+            # (what `thaw serve --give-back-after` does); and the same with the base's
+            # memory file (`--shared-memory-file base`: the diff's own pages private).
+            variants["diff-given-back"] = (snaps["diff"], ["--give-back"], "snapshot")
+            variants["diff-base-file"] = (snaps["diff"], [], "base")
+            variants["diff-base-file-given-back"] = (snaps["diff"], ["--give-back"], "base")
         for n in [int(x) for x in args.instances.split(",") if x]:
-            for k, (snap, extra) in variants.items():
-                m = thaw_json_all(thaw, ["snapshot", "memory", snap, "--instances", str(n), "--paging", "prefetch", "--payload", payload, *extra], env)
+            for k, (snap, extra, files) in variants.items():
+                m = thaw_json_all(thaw, ["snapshot", "memory", snap, "--instances", str(n), "--paging", "prefetch", "--payload", payload, *extra],
+                                  dict(env, THAW_SHARE_MEMORY=files))
                 later = sorted(m["restore_ms"][1:]) or [0.0]
                 res["memory"]["%s-%d" % (k, n)] = {"instances": n, "shared": m["shared_memory"] is not None,
                                                    "host_added_per_instance_bytes": m["host_mem_added_per_instance_bytes"],
                                                    "first_restore_ms": m["restore_ms"][0], "later_restore_ms_median": later[len(later) // 2],
+                                                   "shared_memory_bytes": m["shared_memory_bytes"],
+                                                   "host_per_instance": m["mean"]["anon"] + m["shared_memory_bytes"] / n,
                                                    **m["mean"]}
                 if m.get("give_back"):
                     res["memory"]["%s-%d" % (k, n)]["give_back_ms_median"] = statistics.median(g["ms"] for g in m["give_back"])
@@ -200,8 +206,8 @@ def main(argv=None):
             print("    warm call %.3f ms, after a give-back %.3f ms" % (res["calls_ms"]["warm"], res["calls_ms"]["after-give-back"]), flush=True)
         for key in sorted(res["memory"], key=lambda k: (res["memory"][k]["instances"], k)):
             m = res["memory"][key]
-            print("    %-20s USS %6.2f MB  PSS %6.2f MB  RSS %6.2f MB  shared pages %5d  restore first %6.1f ms, later %6.1f ms" % (
-                key, m["uss"] / 1e6, m["pss"] / 1e6, m["rss"] / 1e6, m["pages_shared"], m["first_restore_ms"], m["later_restore_ms_median"]), flush=True)
+            print("    %-26s host %6.2f MB  anon %6.2f MB  USS %6.2f MB  PSS %6.2f MB  RSS %6.2f MB  shared pages %5d  restore first %6.1f ms, later %6.1f ms" % (
+                key, m["host_per_instance"] / 1e6, m["anon"] / 1e6, m["uss"] / 1e6, m["pss"] / 1e6, m["rss"] / 1e6, m["pages_shared"], m["first_restore_ms"], m["later_restore_ms_median"]), flush=True)
     # Memory across the functions of one runtime: instances of every function alive
     # together in one process (`thaw snapshot memory A B ...`). Host memory per instance
     # = each instance's anonymous pages (its own, copies included) plus the shared memory
