@@ -80,7 +80,7 @@ const TAKE_WAIT: Duration = Duration::from_secs(2);
 /// counts in `stats`. Nothing for a snapshot without one. On error the instance has
 /// been killed.
 pub fn give_back(pid: i32, source: &PageSource, stats: &Stats) -> Result<GiveBackStats, GiveBackError> {
-    let Some(shared) = source.shared_memory() else {
+    let Some(shared) = source.shared_memory(stats) else {
         return Ok(GiveBackStats::default());
     };
     let mut traced = Vec::new();

@@ -228,6 +228,9 @@ pub struct LoadedSnapshot {
     /// Concurrent restores share one read of the working set (on by default; off:
     /// each restore reads it itself, as REAP does).
     pub single_flight: bool,
+    /// The next restores map the base's shared memory file rather than this
+    /// snapshot's (see `sharedmem.rs`; default: `sharedmem::base_files_default`).
+    base_file: std::sync::atomic::AtomicBool,
     /// Arm write tracking (userfaultfd WP-async) on restored instances so they can be
     /// reset in place. Off by default: it costs every restore ~1.5 ms and the first
     /// invocation a write-protect fault per page it writes (measured, helloworld).
@@ -257,6 +260,19 @@ pub struct LoadedSnapshot {
 }
 
 impl LoadedSnapshot {
+    /// Make the next restores of this snapshot map its base's shared memory file (`true`:
+    /// the base's pages once for every function on it, the diff's own pages copied
+    /// into each instance) or the snapshot's own (the diff's pages shared among its
+    /// instances too). Instances restored already keep theirs.
+    pub fn set_base_file(&self, on: bool) {
+        self.base_file.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the next restores map the base's shared memory file.
+    pub fn uses_base_file(&self) -> bool {
+        self.base_file.load(Ordering::Relaxed) && self.source.has_base_file()
+    }
+
     /// Arm write tracking on instances restored from now on (they can then be reset).
     pub fn set_track_writes(&self, on: bool) {
         self.track_writes.store(on, std::sync::atomic::Ordering::Relaxed);
@@ -324,8 +340,11 @@ impl LoadedSnapshot {
             tracing::debug!(dir = %dir.display(), "not a layered snapshot: its instances do not share memory");
         }
         if share_memory && image.base.is_some() {
-            if let Some(mem) = crate::sharedmem::SharedMemory::create(&image, &source.index) {
-                source = source.with_shared(mem);
+            // Both files: the snapshot's and its base's; each restore maps one.
+            for base_file in [false, true] {
+                if let Some(mem) = crate::sharedmem::SharedMemory::create(&image, &source.index, base_file) {
+                    source = source.with_shared(mem);
+                }
             }
         }
         let source = Arc::new(source);
@@ -339,6 +358,7 @@ impl LoadedSnapshot {
             merge_misses: true,
             parallel_readers: 4,
             single_flight: true,
+            base_file: std::sync::atomic::AtomicBool::new(crate::sharedmem::base_files_default()),
             track_writes: std::sync::atomic::AtomicBool::new(false),
             ws_flight: Default::default(),
             restores_under_way: Default::default(),
@@ -739,8 +759,9 @@ impl Instance {
         let requested = snap.resolve(paging);
         let spec = spec_for(&record, "restore");
         // Only this snapshot's file: the other files there hold other functions' memory.
+        let base_file = snap.uses_base_file();
         let extra: Vec<PathBuf> =
-            snap.source.shared().filter(|_| !snap.tracks_writes()).map(|(file, _)| file.to_path_buf()).into_iter().collect();
+            snap.source.shared(base_file).filter(|_| !snap.tracks_writes()).map(|(file, _)| file.to_path_buf()).into_iter().collect();
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
         let mut pool_used = None;
         let (mut sandbox, mut restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
@@ -764,7 +785,7 @@ impl Instance {
             };
             let pidfd = sandbox.pidfd().try_clone_to_owned().map_err(InstanceError::Io)?;
             sandbox_cpu_ms = crate::pageserver::thread_cpu_ns().saturating_sub(cpu0) as f64 / 1e6;
-            let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), snap.tracks_writes(), || {
+            let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), snap.tracks_writes(), base_file, || {
                 let (prefill, m) = loader.join().unwrap_or((Prefill::None, Paging::Record));
                 mode = m;
                 // Faults are logged while recording, and after a prefetch whose misses are merged.
@@ -1172,7 +1193,7 @@ impl Instance {
             return Ok(Default::default());
         };
         let (stats, source) = (stats.clone(), paging.source.clone());
-        if source.shared_memory().is_none()
+        if source.shared_memory(&stats).is_none()
             || self.tracking.is_some()
             || !stats.maps_shared_memory.load(Ordering::Acquire)
             || stats.recording.load(Ordering::Acquire)

@@ -143,6 +143,9 @@ pub struct Stats {
     /// snapshot's shared memory file (see `sharedmem.rs`): stored pages there are
     /// mapped with UFFDIO_CONTINUE, not copied.
     pub maps_shared_memory: AtomicBool,
+    /// Set with `maps_shared_memory` when the file is the base's (see
+    /// `PageSource::shared`).
+    pub maps_base_file: AtomicBool,
     /// Pages mapped from the shared memory file (CONTINUE) rather than copied.
     pub pages_shared: AtomicU64,
     /// Bumped by a reset: the server forgets what the process released since the
@@ -243,6 +246,10 @@ pub struct PageSource {
     /// The snapshot's shared memory file (see `sharedmem.rs`): a stored page in the
     /// ranges mapped from it is put in the file and mapped, not copied.
     shared_mem: Option<crate::sharedmem::SharedMemory>,
+    /// Its base's file, for all diffs on that base in this process (see
+    /// `SharedMemory::base_only`): an instance maps one or the other
+    /// (`Stats::maps_base_file`).
+    base_mem: Option<crate::sharedmem::SharedMemory>,
 }
 
 impl PageSource {
@@ -257,24 +264,42 @@ impl PageSource {
             sealer: None,
             fault_cpu_share: AtomicU64::new(DEFAULT_FAULT_CPU_SHARE.to_bits()),
             shared_mem: None,
+            base_mem: None,
         }
     }
 
     /// Share this snapshot's memory between its instances through `mem` (see
     /// `sharedmem.rs`).
     pub fn with_shared(mut self, mem: crate::sharedmem::SharedMemory) -> PageSource {
-        self.shared_mem = Some(mem);
+        if mem.base_only() {
+            self.base_mem = Some(mem);
+        } else {
+            self.shared_mem = Some(mem);
+        }
         self
     }
 
-    /// The shared memory file instances may map, and the ranges they map from it.
-    pub fn shared(&self) -> Option<(&Path, &[(u64, u64)])> {
-        self.shared_mem.as_ref().map(|m| (m.path(), m.ranges()))
+    /// The shared memory file an instance may map (the base's if `base_file` and there
+    /// is one, else the snapshot's), and the ranges it maps from it.
+    pub fn shared(&self, base_file: bool) -> Option<(&Path, &[(u64, u64)])> {
+        self.file_for(base_file).map(|m| (m.path(), m.ranges()))
     }
 
-    /// The snapshot's shared memory file, if its instances map one.
-    pub fn shared_memory(&self) -> Option<&crate::sharedmem::SharedMemory> {
-        self.shared_mem.as_ref()
+    fn file_for(&self, base_file: bool) -> Option<&crate::sharedmem::SharedMemory> {
+        if base_file { self.base_mem.as_ref().or(self.shared_mem.as_ref()) } else { self.shared_mem.as_ref().or(self.base_mem.as_ref()) }
+    }
+
+    /// Whether the base's file can be mapped (the snapshot has one).
+    pub fn has_base_file(&self) -> bool {
+        self.base_mem.is_some()
+    }
+
+    /// The shared memory file the instance whose page server counts in `stats` maps.
+    pub fn shared_memory(&self, stats: &Stats) -> Option<&crate::sharedmem::SharedMemory> {
+        if !stats.maps_shared_memory.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.file_for(stats.maps_base_file.load(Ordering::Relaxed))
     }
 
     /// Whether the stored page of image address `img` is served from the shared memory
@@ -282,21 +307,19 @@ impl PageSource {
     /// With a base's file (`SharedMemory::base_only`), only the base's pages are: a
     /// diff's own pages are copied.
     pub fn is_shared(&self, img: u64, stats: &Stats) -> bool {
-        stats.maps_shared_memory.load(Ordering::Relaxed)
-            && self.shared_mem.as_ref().is_some_and(|m| {
-                m.maps(img) && (!m.base_only() || self.index.lookup(img).is_some_and(|fp| fp >= self.file.own_pages()))
-            })
+        self.shared_memory(stats)
+            .is_some_and(|m| m.maps(img) && (!m.base_only() || self.index.lookup(img).is_some_and(|fp| fp >= self.file.own_pages())))
     }
 
     /// Put verified page bytes of image addresses from `img` into the shared memory file.
-    fn fill_shared(&self, img: u64, file_page: u64, bytes: &[u8]) -> Result<(), PageServerError> {
-        let mem = self.shared_mem.as_ref().expect("is_shared checked");
+    fn fill_shared(&self, img: u64, file_page: u64, bytes: &[u8], stats: &Stats) -> Result<(), PageServerError> {
+        let mem = self.shared_memory(stats).expect("is_shared checked");
         mem.fill(img, bytes).map_err(|source| PageServerError::Read { addr: img, file_page, source })
     }
 
     /// Whether the page of image address `img` is already in the shared memory file.
-    fn in_shared_file(&self, img: u64) -> bool {
-        self.shared_mem.as_ref().is_some_and(|m| m.has(img))
+    fn in_shared_file(&self, img: u64, stats: &Stats) -> bool {
+        self.shared_memory(stats).is_some_and(|m| m.has(img))
     }
 
     /// Bound the page server's CPU per instance to `share` of the instance's CPU
@@ -890,12 +913,12 @@ impl Serve {
                 Some((img, fp)) if self.source.is_shared(img, &self.stats) => {
                     // Into the shared file once, then mapped from it (the VMA keeps the file
                     // offset it was restored with, also after a mremap).
-                    if !self.source.in_shared_file(img) {
+                    if !self.source.in_shared_file(img, &self.stats) {
                         let (bytes, fetched) = self.source.read_for_fault(page, fp, buf, &mut self.windows_read)?;
                         if !counted {
                             self.stats.bytes_read.fetch_add(fetched, Ordering::Relaxed);
                         }
-                        self.source.fill_shared(img, fp, bytes)?;
+                        self.source.fill_shared(img, fp, bytes, &self.stats)?;
                     }
                     self.stats.pages_shared.fetch_add(u64::from(!counted), Ordering::Relaxed);
                     uffd::continue_(self.uffd.as_fd(), page, PAGE_SIZE, true)
@@ -1000,7 +1023,7 @@ fn copy_run(uffd_fd: &OwnedFd, dst: u64, bytes: &[u8]) -> Result<u64, PageServer
 /// else copied. Returns the pages installed.
 fn install_run(uffd_fd: &OwnedFd, source: &PageSource, stats: &Stats, dst: u64, file_page: u64, bytes: &[u8]) -> Result<u64, PageServerError> {
     if source.is_shared(dst, stats) {
-        source.fill_shared(dst, file_page, bytes)?;
+        source.fill_shared(dst, file_page, bytes, stats)?;
         continue_run(uffd_fd, dst, bytes.len() as u64 / PAGE_SIZE, stats)
     } else {
         copy_run(uffd_fd, dst, bytes)
@@ -1147,7 +1170,7 @@ pub fn install_pages(uffd_fd: &OwnedFd, source: &PageSource, pages: &[u64], stat
             Some(fp) if source.is_shared(page, stats) => {
                 source.read_page(page, fp, &mut buf)?;
                 stats.bytes_read.fetch_add(PAGE_SIZE, Ordering::Relaxed);
-                source.fill_shared(page, fp, &buf)?;
+                source.fill_shared(page, fp, &buf, stats)?;
                 stats.pages_shared.fetch_add(1, Ordering::Relaxed);
                 uffd::continue_(uffd_fd.as_fd(), page, PAGE_SIZE, false)
             }

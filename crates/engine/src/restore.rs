@@ -142,6 +142,7 @@ fn find_vdso_syscall_offset() -> Option<u64> {
 /// whose injection region is at `region`. `pidfd` refers to the stub. On failure
 /// the process is killed (and the threads we created reaped), so the caller can
 /// simply destroy the sandbox.
+#[allow(clippy::too_many_arguments)]
 pub fn restore_into(
     pid: i32,
     pidfd: &OwnedFd,
@@ -149,10 +150,11 @@ pub fn restore_into(
     img: &ProcessImage,
     source: Arc<PageSource>,
     track_writes: bool,
+    base_file: bool,
     prefill: impl FnOnce() -> (Prefill, bool),
 ) -> Result<Restored, RestoreError> {
     let mut threads = Vec::new();
-    let result = restore_inner(pid, pidfd, region, img, source, track_writes, prefill, &mut threads);
+    let result = restore_inner(pid, pidfd, region, img, source, track_writes, base_file, prefill, &mut threads);
     if result.is_err() {
         crate::sys::ptrace::kill_and_reap(pid, &threads);
     }
@@ -167,13 +169,15 @@ fn restore_inner(
     img: &ProcessImage,
     source: Arc<PageSource>,
     track_writes: bool,
+    base_file: bool,
     prefill: impl FnOnce() -> (Prefill, bool),
     threads: &mut Vec<Tracee>,
 ) -> Result<Restored, RestoreError> {
     // Memory ranges mapped privately from the snapshot's shared memory file (see
     // `sharedmem.rs`): never together with write tracking (a reset works on anonymous
-    // memory).
-    let (shared_path, shared_ranges) = match source.shared() {
+    // memory). `base_file`: its base's file (see `sharedmem.rs`), if it has one.
+    let base_file = base_file && source.has_base_file();
+    let (shared_path, shared_ranges) = match source.shared(base_file) {
         Some((path, ranges)) if !track_writes => (Some(path.to_path_buf()), ranges.to_vec()),
         _ => (None, Vec::new()),
     };
@@ -415,6 +419,7 @@ fn restore_inner(
     let share = source.fault_cpu_share();
     let stats = Arc::new(Stats::with_fault_budget((share > 0.0).then(|| share * img.sandbox.cpu_millis as f64 / 1000.0)));
     stats.maps_shared_memory.store(shared_fd.is_some(), Ordering::Relaxed);
+    stats.maps_base_file.store(shared_fd.is_some() && base_file, Ordering::Relaxed);
     write_file_cow_pages(pid, &wmem, img, &source, &stats)?;
     let pages_err = |source| RestoreError::Pages { pid, source };
     // rseq pages of every thread first (see above), then each thread registers

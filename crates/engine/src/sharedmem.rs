@@ -89,6 +89,16 @@ pub fn use_base_files(on: bool) {
     BASE_FILE_DEFAULT.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Whether restores map the base's file by default: `THAW_SHARE_MEMORY=base` or
+/// `=snapshot`, else what [`use_base_files`] set (a file per snapshot if nothing).
+pub fn base_files_default() -> bool {
+    match std::env::var("THAW_SHARE_MEMORY").as_deref() {
+        Ok("base") => true,
+        Ok("snapshot") => false,
+        _ => BASE_FILE_DEFAULT.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
 /// The base files open in this process, by base id (see [`SharedMemory::create`]).
 static BASE_FILES: Mutex<Vec<(String, std::sync::Weak<SharedFile>)>> = Mutex::new(Vec::new());
 
@@ -96,16 +106,15 @@ impl SharedMemory {
     /// A new, empty shared memory file for `image` (whose stored pages `index` lists),
     /// or `None` (logged) when sharing is off or the file cannot be made: restores
     /// then copy pages, as without sharing.
-    pub fn create(image: &ProcessImage, index: &PageIndex) -> Option<SharedMemory> {
+    /// `base_file`: the file of `image`'s base, for all its diffs in this process.
+    pub fn create(image: &ProcessImage, index: &PageIndex, base_file: bool) -> Option<SharedMemory> {
         if std::env::var("THAW_SHARE_MEMORY").is_ok_and(|v| v == "0") {
             return None;
         }
-        let base_files = match std::env::var("THAW_SHARE_MEMORY").as_deref() {
-            Ok("base") => true,
-            Ok("snapshot") => false,
-            _ => BASE_FILE_DEFAULT.load(std::sync::atomic::Ordering::Relaxed),
-        };
-        let base = image.base.as_ref().filter(|_| base_files);
+        let base = image.base.as_ref().filter(|_| base_file);
+        if base_file && base.is_none() {
+            return None;
+        }
         let file = match base {
             Some(b) => Self::base_file(&b.id),
             None => Self::try_create().map(Arc::new),

@@ -123,8 +123,9 @@ pub struct ServeArgs {
     /// are copied into each instance). Measured (Python, one call each, given back):
     /// two functions with one instance each 1702 vs 1052 KB per instance (full images
     /// 1336); four instances each 743 vs 807. Many functions with few instances each:
-    /// `base`.
-    #[arg(long, default_value = "snapshot", value_parser = ["snapshot", "base"])]
+    /// `base`. `auto` (the default): a function's first two instances map the base's
+    /// file, later ones the snapshot's.
+    #[arg(long, default_value = "auto", value_parser = ["snapshot", "base", "auto"])]
     pub shared_memory_file: String,
     /// Keep snapshots and stored environment values in clear. By default the node seals
     /// them at rest (AES-256-GCM) with its node key: THAW_NODE_KEY, --key-file, or
@@ -277,6 +278,7 @@ pub fn serve_with(args: ServeArgs, data_dir: &Path, beside: Option<Beside>) -> R
         event_concurrency: args.event_concurrency.max(1),
         freeze_idle: !args.no_freeze_idle,
         give_back_after: (!args.give_back_after.is_zero()).then_some(args.give_back_after),
+        shared_memory_auto: args.shared_memory_file == "auto",
         fault_cpu_share: args.fault_cpu_share,
         sandbox_pool: match args.sandbox_pool {
             0 => None,

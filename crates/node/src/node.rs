@@ -55,6 +55,10 @@ pub use provisioned::ProvisionedView;
 pub use versions::{changed_alias, check_routing, AliasChange, VersionError, VersionSpec, VersionState, VersionView, LATEST};
 use crate::workers::{WorkerError, WorkerPool};
 
+/// With `--shared-memory-file auto`, a function's instances map their base's memory
+/// file while it has at most this many (see `thaw_engine::sharedmem`): measured, a
+/// file per snapshot costs less from about four instances of one function on.
+pub const AUTO_BASE_FILE_UP_TO: usize = 2;
 /// How long a function's init may take while its snapshot is built.
 pub const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The account of function and role ARNs (a node, and the cluster's gateways, serve one).
@@ -83,6 +87,9 @@ pub struct NodeConfig {
     pub event_concurrency: usize,
     /// Freeze idle instances (cgroup freezer) between invocations, as Lambda does.
     pub freeze_idle: bool,
+    /// `--shared-memory-file auto`: a function's first [`AUTO_BASE_FILE_UP_TO`] live
+    /// instances map their base's memory file, later ones their snapshot's.
+    pub shared_memory_auto: bool,
     /// Give back the unchanged pages of instances idle this long (see
     /// `thaw_engine::giveback`); None: never.
     pub give_back_after: Option<Duration>,

@@ -140,8 +140,8 @@ pub fn run(a: MemoryArgs) -> Result<()> {
         Ok(json!({
             "idle": idle,
             "snapshot": a.snapdirs[0], "snapshots": a.snapdirs, "instances": a.instances,
-            "shared_memory": snap.source.shared().map(|s| s.0.to_path_buf()),
-            "shared_memory_files": snaps.iter().filter_map(|s| s.source.shared().map(|x| x.0.to_path_buf())).collect::<std::collections::BTreeSet<_>>().len(),
+            "shared_memory": snap.source.shared(snap.uses_base_file()).map(|s| s.0.to_path_buf()),
+            "shared_memory_files": snaps.iter().filter_map(|s| s.source.shared(s.uses_base_file()).map(|x| x.0.to_path_buf())).collect::<std::collections::BTreeSet<_>>().len(),
             // What the shared memory files hold (the tmpfs's use, less what it held before).
             "shared_memory_bytes": thaw_engine::sharedmem::resident_bytes().saturating_sub(shared_before),
             "host_mem_added_bytes": before.saturating_sub(after),

@@ -76,7 +76,7 @@ impl Node {
             return Err(InvokeError::ShuttingDown);
         }
         let mut evicted = 0;
-        let (rev, isolate) = loop {
+        let (rev, isolate, base_file) = loop {
             let mut st = f.lock();
             if st.deleted {
                 return Err(InvokeError::NotFound(self.arn(&f.name)));
@@ -122,7 +122,11 @@ impl Node {
             st.busy += 1;
             st.counters.starts_cold += 1;
             st.counters.peak_instances = st.counters.peak_instances.max(st.live);
-            break (rev, isolate);
+            // `--shared-memory-file auto`: a function's first instances map their base's
+            // memory file (the base counted once across functions), later ones the
+            // snapshot's (its diff's pages shared among them too).
+            let base_file = self.cfg.shared_memory_auto.then_some(st.live <= AUTO_BASE_FILE_UP_TO);
+            break (rev, isolate, base_file);
         };
         self.update_alive_gauge();
         let t0 = Instant::now();
@@ -145,7 +149,7 @@ impl Node {
         let job_rev = rev.clone();
         let started = self
             .instance_workers
-            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, version, isolate, boot, taken) })
+            .run(move || -> (Result<Instance, InstanceError>, bool) { start_instance(&job_rev, paging, &name, version, isolate, boot, taken, base_file) })
             .await;
         let start_ms = t0.elapsed().as_secs_f64() * 1e3;
         let failure = match started {
@@ -381,6 +385,7 @@ pub(super) fn start_instance(
     isolate: bool,
     cold_boot: bool,
     pooled: Option<(Instance, Arc<LoadedSnapshot>)>,
+    base_file: Option<bool>,
 ) -> (Result<Instance, InstanceError>, bool) {
     if let Some((mut inst, base)) = pooled {
         let mut cfg = rev.boot.clone();
@@ -425,6 +430,9 @@ pub(super) fn start_instance(
         None => {}
         Some(Ok(snap)) => {
             snap.set_track_writes(isolate);
+            if let Some(on) = base_file {
+                snap.set_base_file(on);
+            }
             match Instance::restore(&snap, paging) {
                 Ok(mut inst) => {
                     inst.set_function_name(name);

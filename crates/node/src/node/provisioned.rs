@@ -197,7 +197,7 @@ impl Node {
         };
         self.update_alive_gauge();
         let (job_rev, name, paging) = (rev.clone(), f.name.clone(), self.cfg.paging);
-        let started = self.instance_workers.run(move || start_instance(&job_rev, paging, &name, Some(version), false, false, None)).await;
+        let started = self.instance_workers.run(move || start_instance(&job_rev, paging, &name, Some(version), false, false, None, None)).await;
         let mut st = f.lock();
         match started {
             Ok((Ok(inst), _))
