@@ -268,9 +268,10 @@ impl LoadedSnapshot {
         self.base_file.store(on, Ordering::Relaxed);
     }
 
-    /// Whether the next restores map the base's shared memory file.
+    /// Whether the next restores map the base's shared memory file (when the snapshot
+    /// has one: a restore falls back to its own file, see `restore_into`).
     pub fn uses_base_file(&self) -> bool {
-        self.base_file.load(Ordering::Relaxed) && self.source.has_base_file()
+        self.base_file.load(Ordering::Relaxed)
     }
 
     /// Arm write tracking on instances restored from now on (they can then be reset).
@@ -1193,11 +1194,8 @@ impl Instance {
             return Ok(Default::default());
         };
         let (stats, source) = (stats.clone(), paging.source.clone());
-        if source.shared_memory(&stats).is_none()
-            || self.tracking.is_some()
-            || !stats.maps_shared_memory.load(Ordering::Acquire)
-            || stats.recording.load(Ordering::Acquire)
-        {
+        // (No shared memory file: `shared_memory` is None unless the instance maps one.)
+        if source.shared_memory(&stats).is_none() || self.tracking.is_some() || stats.recording.load(Ordering::Acquire) {
             return Ok(Default::default());
         }
         let was_frozen = self.frozen;

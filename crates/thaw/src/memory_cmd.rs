@@ -1,7 +1,7 @@
-//! `thaw snapshot memory`: restore N instances of a snapshot, invoke each once (or
-//! `--invocations` times), keep
-//! them all alive and report what they cost the host (per-instance RSS, PSS, USS from
-//! /proc/PID/smaps_rollup, their cgroups' charge, and the drop of MemAvailable).
+//! `thaw snapshot memory`: restore N instances of each snapshot given, invoke each
+//! once (or `--invocations` times), keep them all alive and report what they cost the
+//! host (per-instance RSS, PSS, USS and anonymous memory from /proc/PID/smaps_rollup,
+//! their cgroups' charge, the shared memory files' bytes, the drop of MemAvailable).
 //! The instances of a layered snapshot share the pages they do not write (see the
 //! engine's sharedmem.rs) unless --no-share-memory. With --idle-seconds it also
 //! measures the CPU this process (the engine: page servers and all) uses while the

@@ -185,16 +185,22 @@ impl Node {
     pub fn release(&self, f: &Arc<Function>, lease: Lease, healthy: bool) {
         let mut st = f.lock();
         st.busy -= 1;
-        let current = st.serves(&lease.rev);
-        if healthy && current && !st.deleted && !self.shutting_down.load(Ordering::Acquire) {
-            st.idle.push(Idle { inst: lease.inst, rev: lease.rev, since: Instant::now(), given_back: false });
+        self.keep_idle_or_discard(st, Idle { inst: lease.inst, rev: lease.rev, since: Instant::now(), given_back: false }, healthy);
+    }
+
+    /// `idle` into its function's idle list (`st`, locked) if `healthy`, its revision is
+    /// still served and the node is not shutting down; else it is discarded and its
+    /// slot freed.
+    pub(super) fn keep_idle_or_discard(&self, mut st: MutexGuard<'_, FnState>, idle: Idle, healthy: bool) {
+        if healthy && st.serves(&idle.rev) && !st.deleted && !self.shutting_down.load(Ordering::Acquire) {
+            st.idle.push(idle);
             drop(st);
             self.metrics.instances_idle.inc();
             return;
         }
         st.live -= 1;
         drop(st);
-        self.discard(lease.inst);
+        self.discard(idle.inst);
     }
 
     /// Run one invocation of `name` (sync API and event dispatcher share this).

@@ -213,8 +213,7 @@ impl Node {
             });
             if queued.is_err() {
                 // No worker took it: back as it was, not tried again this idle period.
-                if let Some(mut idle) = slot.lock().ok().and_then(|mut g| g.take()) {
-                    idle.given_back = true;
+                if let Some(idle) = slot.lock().ok().and_then(|mut g| g.take()) {
                     self.back_from_give_back(f, idle, Ok(Default::default()));
                 }
             }
@@ -225,6 +224,7 @@ impl Node {
     /// give-back failed, or its function changed or is gone meanwhile).
     fn back_from_give_back(&self, f: &Arc<Function>, mut idle: Idle, r: Result<thaw_engine::giveback::GiveBackStats, InstanceError>) {
         let mut st = f.lock();
+        idle.given_back = true;
         match &r {
             Ok(g) => {
                 st.counters.give_backs += 1;
@@ -234,17 +234,7 @@ impl Node {
             }
             Err(e) => warn!(function = %f.name, error = %error_chain(e), "giving back an idle instance's unchanged pages failed; it was discarded"),
         }
-        let current = st.serves(&idle.rev);
-        if r.is_ok() && current && !st.deleted && !self.shutting_down.load(Ordering::Acquire) {
-            idle.given_back = true;
-            st.idle.push(idle);
-            drop(st);
-            self.metrics.instances_idle.inc();
-            return;
-        }
-        st.live -= 1;
-        drop(st);
-        self.discard(idle.inst);
+        self.keep_idle_or_discard(st, idle, r.is_ok());
     }
 
     /// Stop taking invocations and kill every idle instance (in-flight ones are discarded as they finish).
