@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One change switched by an environment variable, A against B, in one sitting:
 `thaw bench --functions helloworld` runs alternated between the two environments, and
-the medians of sandbox_ms, restore_ms and ttfr_ms per restore mode.
+the medians of sandbox_ms, restore_ms and ttfr_ms per function and restore mode.
 
     bench/env_ab.py small-init THAW_SANDBOX_INIT=self   # the small init binary vs re-exec of thaw
     bench/env_ab.py etc-staging THAW_NO_ETC_STAGING=1   # staged /etc vs per-entry mounts
@@ -67,13 +67,18 @@ def main():
             order = list(envs)
             for m in order[i % len(order):] + order[:i % len(order)]:
                 got[m] += bench(a.thaw, envs[m], a.runs, tmp, a.functions, extra)
-    med = {m: {f"{mode}_{k}": statistics.median(r[k] for r in rs if r["mode"] == mode)
-               for mode in MODES if any(r["mode"] == mode for r in rs) for k in FIELDS} for m, rs in got.items()}
+    # Medians per function and mode (several functions' runs are never pooled: their
+    # times differ by more than any change measured here).
+    functions = list(dict.fromkeys(r["function"] for rs in got.values() for r in rs))
+    med = {m: {f"{fn}/{mode}_{k}": statistics.median(r[k] for r in rs if r["mode"] == mode and r["function"] == fn)
+               for fn in functions for mode in MODES if any(r["mode"] == mode and r["function"] == fn for r in rs) for k in FIELDS}
+           for m, rs in got.items()}
     for m, d in med.items():
-        print(f"{m}:  ({a.pairs * a.runs} runs per mode)")
-        for mode in MODES:
-            if f"{mode}_ttfr_ms" in d:
-                print(f"  {mode:16s} " + "  ".join(f"{k} {d[f'{mode}_{k}']:.2f}" for k in FIELDS))
+        print(f"{m}:  ({a.pairs * a.runs} runs per function and mode)")
+        for fn in functions:
+            for mode in MODES:
+                if f"{fn}/{mode}_ttfr_ms" in d:
+                    print(f"  {fn:14s} {mode:16s} " + "  ".join(f"{k} {d[f'{fn}/{mode}_{k}']:.2f}" for k in FIELDS))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / time.strftime(f"{a.name}-%Y%m%dT%H%M%SZ.json", time.gmtime())
