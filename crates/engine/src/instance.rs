@@ -429,19 +429,47 @@ impl LoadedSnapshot {
         };
         if let Some(sealer) = self.source.sealer() {
             // Decrypting is part of reading a sealed working set (once per burst).
-            ws.unseal(&self.dir, sealer, &self.source.index, self.source.file().own_pages(), &mut buf)?;
+            ws.unseal(&self.dir, sealer, &self.source.index, self.source.file().own_pages(), 0, buf.as_mut())?;
             read_ms = t.elapsed().as_secs_f64() * 1e3;
         }
         Ok((buf, read_ms))
     }
 
+    /// Read the working set's pages from ws.pages into `job`'s, piece by piece (each
+    /// checked and, sealed, decrypted before a restore installs it). A read that fails
+    /// is logged, the working set removed (the next restore records one) and let go
+    /// of by this snapshot; the restores installing it get the rest from the page
+    /// server.
+    fn read_ws(&self, job: WsRead) {
+        let ws = &job.shared.ws;
+        let (sealer, own) = (self.source.sealer(), self.source.file().own_pages());
+        let open = |first: usize, pages: &mut [u8]| match sealer {
+            Some(s) => ws.unseal(&self.dir, s, &self.source.index, own, first, pages),
+            None => Ok(()),
+        };
+        if let Err(e) = ws.read_into(&self.dir, &self.source.index, job.cached, &job.shared.pages, &open) {
+            warn!(error = %e, "ignoring the working set: what was read is installed, the page server serves the rest, the next restore re-records");
+            ws::invalidate(&self.dir);
+            let mut flight = self.ws_flight.lock().expect("working-set flight lock");
+            if flight.upgrade().is_some_and(|f| Arc::ptr_eq(&f, &job.shared)) {
+                *flight = std::sync::Weak::new();
+            }
+            let mut held = self.ws_held.lock().expect("working-set hold lock");
+            if held.as_ref().is_some_and(|h| Arc::ptr_eq(h, &job.shared)) {
+                *held = None;
+            }
+        }
+    }
+
     /// Load what `paging` needs before the process resumes. A missing, stale or
     /// corrupt working set is logged and removed, and the restore degrades to
-    /// record mode (lazy paging that records a fresh working set).
-    fn prefill(&self, paging: Paging) -> (Prefill, Paging) {
+    /// record mode (lazy paging that records a fresh working set). The working set's
+    /// pages are left to read (the [`WsRead`] returned, [`LoadedSnapshot::read_ws`]):
+    /// a restore installs them piece by piece as they arrive.
+    fn prefill(&self, paging: Paging) -> (Prefill, Paging, Option<WsRead>) {
         match paging {
-            Paging::Lazy | Paging::Record | Paging::Auto => (Prefill::None, paging),
-            Paging::Eager => (Prefill::Eager, paging),
+            Paging::Lazy | Paging::Record | Paging::Auto => (Prefill::None, paging, None),
+            Paging::Eager => (Prefill::Eager, paging, None),
             Paging::Prefetch | Paging::WsCached | Paging::Parallel => {
                 // One read per burst: concurrent restores of this snapshot wait for the
                 // first one's read and install the same bytes.
@@ -449,16 +477,24 @@ impl LoadedSnapshot {
                 if paging != Paging::Parallel && self.single_flight {
                     let held = || self.ws_held.lock().expect("working-set hold lock").clone();
                     if let Some(shared) = flight.upgrade().or_else(held) {
-                        return (Prefill::Ws { shared, reader: false }, paging);
+                        return (Prefill::Ws { shared, reader: false }, paging, None);
                     }
                 }
+                let cached = paging == Paging::WsCached;
                 let load = || {
                     WorkingSet::load(&self.dir, self.id).and_then(|ws| {
                         if paging == Paging::Parallel {
-                            return Ok(Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers });
+                            return Ok((Prefill::Parallel { trace: ws.trace, readers: self.parallel_readers }, None));
                         }
-                        let (buf, read_ms) = self.ws_pages(&ws, paging == Paging::WsCached)?;
-                        Ok(Prefill::Ws { shared: Arc::new(SharedWs { ws, buf, read_ms }), reader: true })
+                        if self.ws_from_image {
+                            // Out of the image a store fill hands over: whole, at once.
+                            let (buf, read_ms) = self.ws_pages(&ws, cached)?;
+                            let shared = Arc::new(SharedWs { ws, pages: ws::Arriving::whole(buf, read_ms) });
+                            return Ok((Prefill::Ws { shared, reader: true }, None));
+                        }
+                        let pages = ws::Arriving::new(ws.pages_bytes() as usize);
+                        let shared = Arc::new(SharedWs { ws, pages });
+                        Ok((Prefill::Ws { shared: shared.clone(), reader: true }, Some(WsRead { shared, cached })))
                     })
                 };
                 // A working set being replaced (recorded or merged by another instance)
@@ -473,26 +509,33 @@ impl LoadedSnapshot {
                     loaded = load();
                 }
                 match loaded {
-                    Ok(p) => {
+                    Ok((p, read)) => {
                         if let Prefill::Ws { shared, .. } = &p {
                             *flight = Arc::downgrade(shared);
                             if self.single_flight {
                                 *self.ws_held.lock().expect("working-set hold lock") = Some(shared.clone());
                             }
                         }
-                        (p, paging)
+                        (p, paging, read)
                     }
                     Err(e) => {
                         if !matches!(e, WsError::Missing { .. }) {
                             warn!(error = %e, "ignoring the working set; restoring lazily and re-recording");
                             ws::invalidate(&self.dir);
                         }
-                        (Prefill::None, Paging::Record)
+                        (Prefill::None, Paging::Record, None)
                     }
                 }
             }
         }
     }
+}
+
+/// The working set's pages still to read, by the restore that read its trace (see
+/// [`LoadedSnapshot::read_ws`]).
+struct WsRead {
+    shared: Arc<SharedWs>,
+    cached: bool,
 }
 
 /// A restore of a snapshot under way: the last one to finish lets go of the working
@@ -766,11 +809,17 @@ impl Instance {
         let entry = Entry::Stub { addr: snap.region, len: inject::REGION_LEN as usize, blob: inject::BLOB.to_vec() };
         let mut pool_used = None;
         let (mut sandbox, mut restored, mode) = std::thread::scope(|s| -> Result<_, InstanceError> {
-            let loader = s.spawn(|| {
-                // The working set first, so its read has the disk to itself.
-                let prefill = snap.prefill(requested);
+            // The working set first, so its read has the disk to itself: handed over as
+            // soon as its pages are on their way, then read piece by piece while the
+            // restore installs what is here.
+            let (handed, prefilled) = std::sync::mpsc::sync_channel(1);
+            let loader = s.spawn(move || {
+                let (prefill, mode, read) = snap.prefill(requested);
+                let _ = handed.send((prefill, mode));
+                if let Some(read) = read {
+                    snap.read_ws(read);
+                }
                 snap.readahead_file_pages();
-                prefill
             });
             let sandbox = stub_sandbox(snap.sandboxes.as_ref(), spec, &extra, entry);
             let mut mode = requested;
@@ -787,7 +836,7 @@ impl Instance {
             let pidfd = sandbox.pidfd().try_clone_to_owned().map_err(InstanceError::Io)?;
             sandbox_cpu_ms = crate::pageserver::thread_cpu_ns().saturating_sub(cpu0) as f64 / 1e6;
             let restored = restore::restore_into(sandbox.pid(), &pidfd, snap.region, &snap.image, snap.source.clone(), snap.tracks_writes(), base_file, || {
-                let (prefill, m) = loader.join().unwrap_or((Prefill::None, Paging::Record));
+                let (prefill, m) = prefilled.recv().unwrap_or((Prefill::None, Paging::Record));
                 mode = m;
                 // Faults are logged while recording, and after a prefetch whose misses are merged.
                 let prefetching = matches!(m, Paging::Prefetch | Paging::WsCached | Paging::Parallel);

@@ -1067,37 +1067,55 @@ pub struct PrefetchStats {
     /// The working set was installed from a copy another restore of the same burst
     /// had read (single flight): nothing was read from disk for this instance.
     pub shared: bool,
+    /// Its read failed midway: only the pieces before were installed.
+    pub partial: bool,
 }
 
-/// REAP prefetch: install the working set (already read into `buf`, laid out by
-/// vaddr) with one UFFDIO_COPY per contiguous run, and map its zero pages. The
-/// caller accounts the bytes read (once per burst, see `restore::SharedWs`).
-/// `vma_starts`: sorted start addresses of the VMAs; a UFFDIO_COPY must not cross one.
+/// REAP prefetch: install the working set (read into `pages`, laid out by vaddr,
+/// piece by piece as it arrives: each piece is installed as soon as it is here, while
+/// the next is read) with one UFFDIO_COPY per contiguous run within a piece, and map
+/// its zero pages. A piece that never comes (its read failed; the reader logs why)
+/// ends the install there: what is installed is the image's, checked, and the page
+/// server serves the rest (`PrefetchStats::partial`). The caller accounts the bytes
+/// read (once per burst, see `restore::SharedWs`). `vma_starts`: sorted start
+/// addresses of the VMAs; a UFFDIO_COPY must not cross one.
 pub fn install_ws(
     uffd_fd: &OwnedFd,
     ws: &WorkingSet,
-    buf: &[u8],
+    pages: &crate::ws::Arriving,
     vma_starts: &[u64],
     source: &PageSource,
     stats: &Stats,
 ) -> Result<PrefetchStats, PageServerError> {
     let t0 = Instant::now();
-    let mut ps = PrefetchStats { ws_bytes: buf.len() as u64, ..Default::default() };
+    let mut ps = PrefetchStats { ws_bytes: pages.len() as u64, ..Default::default() };
     let shared = |k: usize| source.is_shared(ws.layout[k].0, stats);
-    let mut i = 0;
-    while i < ws.layout.len() {
-        let mut j = i + 1;
-        while j < ws.layout.len()
-            && ws.layout[j].0 == ws.layout[j - 1].0 + PAGE_SIZE
-            && vma_starts.binary_search(&ws.layout[j].0).is_err()
-            && shared(j) == shared(i)
-        {
-            j += 1;
+    let page = PAGE_SIZE as usize;
+    let mut waited = std::time::Duration::ZERO;
+    for piece in 0..pages.pieces() {
+        let w = Instant::now();
+        let got = pages.wait(piece);
+        waited += w.elapsed();
+        let buf = match got {
+            Ok(b) => b,
+            Err(why) => {
+                debug!(piece, why, "the working set's read failed; the page server serves the rest");
+                ps.partial = true;
+                break;
+            }
+        };
+        let (lo, hi) = (pages.start(piece) / page, pages.start(piece) / page + buf.len() / page);
+        let mut i = lo;
+        while i < hi {
+            let mut j = i + 1;
+            while j < hi && ws.layout[j].0 == ws.layout[j - 1].0 + PAGE_SIZE && vma_starts.binary_search(&ws.layout[j].0).is_err() && shared(j) == shared(i) {
+                j += 1;
+            }
+            let bytes = &buf[(i - lo) * page..(j - lo) * page];
+            ps.ws_pages += install_run(uffd_fd, source, stats, ws.layout[i].0, ws.layout[i].1, bytes)?;
+            ps.copies += 1;
+            i = j;
         }
-        let bytes = &buf[i * PAGE_SIZE as usize..j * PAGE_SIZE as usize];
-        ps.ws_pages += install_run(uffd_fd, source, stats, ws.layout[i].0, ws.layout[i].1, bytes)?;
-        ps.copies += 1;
-        i = j;
     }
     for &z in &ws.zeros {
         if uffd::zeropage(uffd_fd.as_fd(), z, PAGE_SIZE, false)
@@ -1108,7 +1126,7 @@ pub fn install_ws(
         }
     }
     stats.pages_installed_upfront.fetch_add(ps.ws_pages + ps.ws_zero_pages, Ordering::Relaxed);
-    ps.install_ms = t0.elapsed().as_secs_f64() * 1e3;
+    ps.install_ms = (t0.elapsed() - waited).as_secs_f64() * 1e3;
     Ok(ps)
 }
 

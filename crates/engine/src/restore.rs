@@ -30,7 +30,7 @@ use tracing::debug;
 use crate::image::{AltStack, FdKind, FdRecord, ProcAttrs, ProcessImage, ThreadState, VmaKind};
 use crate::inject::{self, Call, DataArea, InjectError, Injector, REGION_LEN};
 use crate::pageserver::{self, AddressSpace, PageServer, PageServerError, PageSource, PrefetchStats, Stats};
-use crate::ws::{AlignedBuf, Touch, WorkingSet};
+use crate::ws::{Touch, WorkingSet};
 use crate::procfs;
 use crate::regs;
 use crate::sys::mem::{self, ProcMem};
@@ -91,11 +91,11 @@ pub enum Prefill {
 }
 
 /// A working set read into memory once and installed into every instance restored
-/// while it is alive (single flight; the bytes are freed when the last one is done).
+/// while it is alive (single flight; the bytes are freed when the last one is done),
+/// piece by piece as its read goes on.
 pub struct SharedWs {
     pub ws: WorkingSet,
-    pub buf: AlignedBuf,
-    pub read_ms: f64,
+    pub pages: crate::ws::Arriving,
 }
 
 /// What a finished restore hands to the caller.
@@ -479,9 +479,9 @@ fn restore_inner(
         }
         Prefill::Ws { shared, reader } => {
             let starts: Vec<u64> = anon_vmas.iter().map(|v| v.0).collect();
-            let mut ps = pageserver::install_ws(&uffd, &shared.ws, shared.buf.as_ref(), &starts, &source, &stats).map_err(pages_err)?;
+            let mut ps = pageserver::install_ws(&uffd, &shared.ws, &shared.pages, &starts, &source, &stats).map_err(pages_err)?;
             if reader {
-                ps.read_ms = shared.read_ms;
+                ps.read_ms = shared.pages.read_ms();
                 stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
             } else {
                 ps.shared = true;

@@ -168,8 +168,73 @@ impl WorkingSet {
             done += n;
         }
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
-        self.verify(dir, index, &buf)?;
+        self.verify(dir, index, 0, buf.as_ref())?;
         Ok((buf, read_ms))
+    }
+
+    /// Read ws.pages into `into` piece by piece (O_DIRECT unless `cached`), each
+    /// piece checked against the image's CRCs and `open`ed (decrypted, for a sealed
+    /// image) before it is handed over, so a restore installs the first pieces while
+    /// the next are read. [`READ_LANES`] pieces are read at once (lane `l` reads
+    /// pieces `l`, `l + lanes`, ...): one at a time, the disk served 256 KiB pieces
+    /// more slowly than one read of the whole (helloworld: 2.0 against 1.4 ms). A
+    /// piece that cannot be read or does not check fails, with it every piece not
+    /// handed over yet (their waiters are told), and the error is returned.
+    pub fn read_into(
+        &self,
+        dir: &Path,
+        index: &PageIndex,
+        cached: bool,
+        into: &Arriving,
+        open: &OpenPieces,
+    ) -> Result<(), WsError> {
+        let t0 = Instant::now();
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true);
+        if !cached {
+            opts.custom_flags(libc::O_DIRECT);
+        }
+        let opened = opts.open(dir.join(PAGES_FILE)).map_err(|source| WsError::Io { dir: dir.to_path_buf(), what: "opening ws.pages".into(), source });
+        let f = match opened {
+            Ok(f) => f,
+            Err(e) => {
+                into.fail(e.to_string());
+                return Err(e);
+            }
+        };
+        let lanes = READ_LANES.min(into.pieces());
+        let lane = |l: usize| -> Result<(), WsError> {
+            for k in (l..into.pieces()).step_by(lanes) {
+                let at = into.start(k);
+                let mut buf = AlignedBuf::new(into.piece_len(k));
+                let r = (|| {
+                    let mut done = 0;
+                    while done < buf.len {
+                        let n = f
+                            .read_at(&mut buf.as_mut()[done..], (at + done) as u64)
+                            .map_err(|source| WsError::Io { dir: dir.to_path_buf(), what: "reading ws.pages".into(), source })?;
+                        if n == 0 {
+                            return Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: "short read".into() });
+                        }
+                        done += n;
+                    }
+                    let first = at / PAGE_SIZE as usize;
+                    self.verify(dir, index, first, buf.as_ref())?;
+                    open(first, buf.as_mut())
+                })();
+                if let Err(e) = r {
+                    into.fail(e.to_string());
+                    return Err(e);
+                }
+                into.put(k, buf, t0);
+            }
+            Ok(())
+        };
+        std::thread::scope(|s| {
+            let others: Vec<_> = (1..lanes).map(|l| s.spawn(move || lane(l))).collect();
+            let mine = lane(0);
+            others.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: "its reader panicked".into() }))).fold(mine, Result::and)
+        })
     }
 
     /// The working set's pages read out of the image's `pages` instead of ws.pages:
@@ -192,14 +257,15 @@ impl WorkingSet {
             i += n;
         }
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
-        self.verify(dir, index, &buf)?;
+        self.verify(dir, index, 0, buf.as_ref())?;
         Ok((buf, read_ms))
     }
 
-    /// Every page of `buf` (ws.pages' contents) against the image's CRCs.
-    fn verify(&self, dir: &Path, index: &PageIndex, buf: &AlignedBuf) -> Result<(), WsError> {
-        for (i, page) in buf.as_ref().chunks_exact(PAGE_SIZE as usize).enumerate() {
-            let (vaddr, fp) = self.layout[i];
+    /// Every page of `pages` (ws.pages' contents from its page `first` on) against
+    /// the image's CRCs.
+    fn verify(&self, dir: &Path, index: &PageIndex, first: usize, pages: &[u8]) -> Result<(), WsError> {
+        for (i, page) in pages.chunks_exact(PAGE_SIZE as usize).enumerate() {
+            let (vaddr, fp) = self.layout[first + i];
             if index.crcs.get(fp as usize) != Some(&crc32fast::hash(page)) {
                 return Err(WsError::Corrupt {
                     dir: dir.to_path_buf(),
@@ -214,9 +280,10 @@ impl WorkingSet {
     /// Decrypt in place the pages [`WorkingSet::read_pages`] read from the working
     /// set of a sealed image (`ws.pages` holds copies of the sealed image pages).
     /// Pages numbered from `own_pages` on are a diff's base pages, which are clear.
-    pub fn unseal(&self, dir: &Path, sealer: &Sealer, index: &PageIndex, own_pages: u64, buf: &mut AlignedBuf) -> Result<(), WsError> {
-        for (i, page) in buf.as_mut().chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
-            let (vaddr, fp) = self.layout[i];
+    /// `pages` are ws.pages' contents from its page `first` on.
+    pub fn unseal(&self, dir: &Path, sealer: &Sealer, index: &PageIndex, own_pages: u64, first: usize, pages: &mut [u8]) -> Result<(), WsError> {
+        for (i, page) in pages.chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
+            let (vaddr, fp) = self.layout[first + i];
             if fp >= own_pages {
                 continue;
             }
@@ -329,6 +396,122 @@ pub fn invalidate(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(PAGES_FILE));
 }
 
+/// What [`WorkingSet::read_into`] does to each piece once checked (decrypt it, for
+/// a sealed image): called with the piece's first page in ws.pages and its bytes.
+pub type OpenPieces<'a> = dyn Fn(usize, &mut [u8]) -> Result<(), WsError> + Sync + 'a;
+
+/// Bytes of ws.pages per piece when it is read piece by piece (a restore installs a
+/// piece while the next is read): `THAW_WS_PIECE_KB`, else this.
+const PIECE: usize = 256 << 10;
+/// At most this many pieces: a larger working set has larger pieces.
+const MAX_PIECES: usize = 8;
+/// Pieces of ws.pages read at once (see [`WorkingSet::read_into`]).
+const READ_LANES: usize = 2;
+
+/// ws.pages in memory as it is read, piece by piece ([`WorkingSet::read_into`]):
+/// each piece is set once, checked; a restore waits for the piece it installs next
+/// ([`Arriving::wait`]). Shared by the restores of a burst.
+pub struct Arriving {
+    len: usize,
+    piece: usize,
+    slots: Vec<std::sync::OnceLock<Result<AlignedBuf, String>>>,
+    lock: std::sync::Mutex<()>,
+    set: std::sync::Condvar,
+    read_ms: std::sync::OnceLock<f64>,
+}
+
+impl Arriving {
+    /// `len` bytes to come, in pieces of [`PIECE`] bytes (`THAW_WS_PIECE_KB`; one
+    /// piece, the whole file at once as before: `THAW_WS_PIECE_KB=0`), at most
+    /// [`MAX_PIECES`].
+    pub fn new(len: usize) -> Arriving {
+        let page = PAGE_SIZE as usize;
+        let asked = std::env::var("THAW_WS_PIECE_KB").ok().and_then(|v| v.parse::<usize>().ok()).map(|kb| kb << 10);
+        let piece = match asked.unwrap_or(PIECE) {
+            0 => len.max(page),
+            p => p.max(len.div_ceil(MAX_PIECES)),
+        };
+        Arriving::with_piece(len, piece.div_ceil(page) * page)
+    }
+
+    fn with_piece(len: usize, piece: usize) -> Arriving {
+        let n = len.div_ceil(piece).max(1);
+        Arriving {
+            len,
+            piece,
+            slots: (0..n).map(|_| std::sync::OnceLock::new()).collect(),
+            lock: std::sync::Mutex::new(()),
+            set: std::sync::Condvar::new(),
+            read_ms: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The whole of it, here already (read another way), in one piece.
+    pub fn whole(buf: AlignedBuf, read_ms: f64) -> Arriving {
+        let a = Arriving::with_piece(buf.len, buf.len.max(PAGE_SIZE as usize));
+        let _ = a.read_ms.set(read_ms);
+        let _ = a.slots[0].set(Ok(buf));
+        a
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn pieces(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Byte offset of piece `k` in ws.pages.
+    pub fn start(&self, k: usize) -> usize {
+        k * self.piece
+    }
+
+    pub fn piece_len(&self, k: usize) -> usize {
+        self.piece.min(self.len - self.start(k))
+    }
+
+    fn put(&self, k: usize, buf: AlignedBuf, t0: Instant) {
+        let _ = self.slots[k].set(Ok(buf));
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.slots.iter().all(|s| s.get().is_some()) {
+            let _ = self.read_ms.set(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        self.set.notify_all();
+    }
+
+    /// Every piece not set yet fails with `why`.
+    fn fail(&self, why: String) {
+        for slot in &self.slots {
+            let _ = slot.set(Err(why.clone()));
+        }
+        let _ = self.read_ms.set(0.0);
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.set.notify_all();
+    }
+
+    /// Piece `k`'s bytes once they are here and checked (blocks), or why they never
+    /// will be.
+    pub fn wait(&self, k: usize) -> Result<&[u8], &str> {
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = self.slots[k].get() {
+                return r.as_ref().map(AlignedBuf::as_ref).map_err(String::as_str);
+            }
+            g = self.set.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// How long the read took, once it has ended (0 if it failed).
+    pub fn read_ms(&self) -> f64 {
+        self.read_ms.get().copied().unwrap_or(0.0)
+    }
+}
+
 /// A heap buffer whose start is page aligned (O_DIRECT needs it), in safe code:
 /// over-allocate and start at the first aligned byte.
 pub struct AlignedBuf {
@@ -431,5 +614,71 @@ mod tests {
         assert!(e.ends_with("ws.trace is corrupt (checksum mismatch)"), "{e}");
         invalidate(dir);
         assert!(!WorkingSet::exists(dir));
+    }
+
+    #[test]
+    fn a_working_set_arrives_piece_by_piece_checked_and_a_bad_piece_fails_it_from_there_on() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let img: Vec<u8> = (0..9u8).flat_map(|i| vec![i + 1; 4096]).collect();
+        std::fs::write(dir.join("pages.img"), &img).unwrap();
+        let pages: crate::pagefiles::PageFiles = File::open(dir.join("pages.img")).unwrap().into();
+        let mut index = PageIndex::default();
+        for i in 0..9u64 {
+            index.push(0x10000 + i * 4096, crc32fast::hash(&img[i as usize * 4096..(i as usize + 1) * 4096]));
+        }
+        // Nine stored pages, recorded out of order: ws.pages holds them by address.
+        let trace: Vec<Touch> = [4u64, 0, 8, 2, 6, 1, 7, 3, 5].iter().map(|&p| Touch { vaddr: 0x10000 + p * 4096, file_page: Some(p) }).collect();
+        let ws = write(dir, 9, &trace, &pages).unwrap();
+        let opened = std::sync::atomic::AtomicUsize::new(0);
+        let open = |_: usize, p: &mut [u8]| {
+            opened.fetch_add(p.len() / 4096, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        };
+        // Pieces of 1, 2, 4 pages and of the whole; read in lanes, each handed over.
+        for piece in [1usize, 2, 4, 9] {
+            for cached in [true, false] {
+                let into = Arriving::with_piece(9 * 4096, piece * 4096);
+                opened.store(0, std::sync::atomic::Ordering::Relaxed);
+                ws.read_into(dir, &index, cached, &into, &open).unwrap();
+                let got: Vec<u8> = (0..into.pieces()).flat_map(|k| into.wait(k).unwrap().to_vec()).collect();
+                assert_eq!(got, img, "pieces of {piece} pages, cached {cached}");
+                assert_eq!(opened.load(std::sync::atomic::Ordering::Relaxed), 9, "every page opened once");
+                assert!(into.read_ms() > 0.0);
+            }
+        }
+        // A restore waiting for a piece is woken when it comes.
+        let into = Arriving::with_piece(9 * 4096, 2 * 4096);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| into.wait(4).map(<[u8]>::to_vec));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            ws.read_into(dir, &index, true, &into, &open).unwrap();
+            assert_eq!(waiter.join().unwrap().unwrap(), &img[8 * 4096..]);
+        });
+        // A page that does not match the image, in the third of five pieces: the
+        // pieces before it arrive, checked; it and every later one fail, with why.
+        let mut wp = std::fs::read(dir.join(PAGES_FILE)).unwrap();
+        wp[4 * 4096 + 5] ^= 1;
+        std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
+        let into = Arriving::with_piece(9 * 4096, 2 * 4096);
+        let e = ws.read_into(dir, &index, true, &into, &open).unwrap_err().to_string();
+        assert!(e.ends_with("ws.pages is corrupt (page for 0x14000 does not match the image)"), "{e}");
+        assert_eq!(into.wait(0).unwrap(), &img[..2 * 4096]);
+        for k in 2..5 {
+            assert!(into.wait(k).unwrap_err().ends_with("does not match the image)"), "piece {k}");
+        }
+        // Shorter than its trace says: refused from the piece that ends early.
+        std::fs::write(dir.join(PAGES_FILE), &img[..7 * 4096]).unwrap();
+        let into = Arriving::with_piece(9 * 4096, 2 * 4096);
+        assert!(ws.read_into(dir, &index, true, &into, &open).unwrap_err().to_string().ends_with("ws.pages is corrupt (short read)"));
+        assert!(into.wait(4).is_err());
+        // No ws.pages at all: every piece fails, no waiter hangs.
+        std::fs::remove_file(dir.join(PAGES_FILE)).unwrap();
+        let into = Arriving::with_piece(9 * 4096, 2 * 4096);
+        assert!(ws.read_into(dir, &index, true, &into, &open).is_err());
+        assert!((0..into.pieces()).all(|k| into.wait(k).is_err()));
+        // Read another way, whole: one piece, here at once.
+        let whole = Arriving::whole(AlignedBuf::new(3 * 4096), 1.5);
+        assert_eq!((whole.pieces(), whole.wait(0).unwrap().len(), whole.read_ms()), (1, 3 * 4096, 1.5));
     }
 }

@@ -70,18 +70,29 @@ fn corrupt_or_stale_working_sets_are_ignored_then_re_recorded() {
     let (want, _) = restore(&dir, "{}", "record", &[]);
     assert!(WorkingSet::exists(&dir));
 
-    // Flip a byte of a working-set page: the restore still answers, lazily, and re-records.
-    let mut wp = std::fs::read(dir.join(PAGES_FILE)).unwrap();
-    wp[100] ^= 0xff;
-    std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
-    let (out, st) = restore(&dir, "{}", "prefetch", &[]);
-    assert_eq!(out, want);
-    assert_eq!(st["mode"], "record", "a corrupt working set must be ignored: {st}");
+    // Flip a byte of a working-set page, in its first piece and then in its last: the
+    // working set is checked piece by piece as it is read and installed, so the
+    // pieces before the bad one are installed and the rest is served lazily; the
+    // restore answers as ever, the set is removed, and the next restore records one.
     let snap = Snapshot::open(&dir).unwrap();
-    let ws = WorkingSet::load(&dir, snap.id).expect("re-recorded");
-    ws.read_pages(&dir, &snap.image.pages, true).expect("the new working set is valid");
-    let (_, st) = restore(&dir, "{}", "auto", &[]);
-    assert_eq!(st["mode"], "prefetch");
+    for at in [100, std::fs::metadata(dir.join(PAGES_FILE)).unwrap().len() as usize - 100] {
+        let mut wp = std::fs::read(dir.join(PAGES_FILE)).unwrap();
+        wp[at] ^= 0xff;
+        std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
+        let (out, st) = restore(&dir, "{}", "prefetch", &[]);
+        assert_eq!(out, want);
+        assert_eq!(st["prefetch"]["partial"], true, "byte {at}: a corrupt working set is not installed past the bad page: {st}");
+        let installed = st["prefetch"]["ws_pages"].as_u64().unwrap();
+        assert!(if at == 100 { installed == 0 } else { installed > 0 }, "byte {at}: {installed} pages installed before it");
+        assert!(!WorkingSet::exists(&dir), "byte {at}: the corrupt working set is removed");
+        let (out, st) = restore(&dir, "{}", "auto", &[]);
+        assert_eq!((out.as_str(), &st["mode"]), (want.as_str(), &serde_json::json!("record")));
+        let ws = WorkingSet::load(&dir, snap.id).expect("re-recorded");
+        ws.read_pages(&dir, &snap.image.pages, true).expect("the new working set is valid");
+        let (_, st) = restore(&dir, "{}", "auto", &[]);
+        assert_eq!(st["mode"], "prefetch");
+        assert_eq!(st["prefetch"]["partial"], false, "{st}");
+    }
 
     // A working set recorded for another image is stale: ignored and re-recorded.
     let other = fresh_snapshot("helloworld", "other");
