@@ -189,6 +189,9 @@ impl WorkingSet {
         open: &OpenPieces,
     ) -> Result<(), WsError> {
         let t0 = Instant::now();
+        // However this ends (a lane that panicked included), no piece is left unset: a
+        // restore waiting for it would wait for ever.
+        let _settled = Settled(into);
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true);
         if !cached {
@@ -512,6 +515,17 @@ impl Arriving {
     }
 }
 
+/// Fails every piece of an [`Arriving`] still unset when dropped.
+struct Settled<'a>(&'a Arriving);
+
+impl Drop for Settled<'_> {
+    fn drop(&mut self) {
+        if self.0.slots.iter().any(|s| s.get().is_none()) {
+            self.0.fail("the working set's read ended before this piece".into());
+        }
+    }
+}
+
 /// A heap buffer whose start is page aligned (O_DIRECT needs it), in safe code:
 /// over-allocate and start at the first aligned byte.
 pub struct AlignedBuf {
@@ -677,6 +691,16 @@ mod tests {
         let into = Arriving::with_piece(9 * 4096, 2 * 4096);
         assert!(ws.read_into(dir, &index, true, &into, &open).is_err());
         assert!((0..into.pieces()).all(|k| into.wait(k).is_err()));
+        // A reader that panics (here: in `open`) leaves no piece unset.
+        std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
+        let into = Arriving::with_piece(9 * 4096, 2 * 4096);
+        let boom = |first: usize, _: &mut [u8]| if first >= 4 { panic!("boom") } else { Ok(()) };
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws.read_into(dir, &index, true, &into, &boom)));
+        assert!(caught.is_err() || caught.unwrap().is_err());
+        for k in 0..into.pieces() {
+            let _ = into.wait(k); // returns: no piece is left unset
+        }
+        assert!(into.wait(3).is_err(), "the piece whose reader panicked");
         // Read another way, whole: one piece, here at once.
         let whole = Arriving::whole(AlignedBuf::new(3 * 4096), 1.5);
         assert_eq!((whole.pieces(), whole.wait(0).unwrap().len(), whole.read_ms()), (1, 3 * 4096, 1.5));
