@@ -447,7 +447,7 @@ impl LoadedSnapshot {
             Some(s) => ws.unseal(&self.dir, s, &self.source.index, own, first, pages),
             None => Ok(()),
         };
-        if let Err(e) = ws.read_into(&self.dir, &self.source.index, job.cached, &job.shared.pages, &open) {
+        if let Err(e) = ws.read_into(&self.dir, &self.source.index, &job.file, &job.shared.pages, &open) {
             warn!(error = %e, "ignoring the working set: what was read is installed, the page server serves the rest, the next restore re-records");
             ws::invalidate(&self.dir);
             let mut flight = self.ws_flight.lock().expect("working-set flight lock");
@@ -492,9 +492,10 @@ impl LoadedSnapshot {
                             let shared = Arc::new(SharedWs { ws, pages: ws::Arriving::whole(buf, read_ms) });
                             return Ok((Prefill::Ws { shared, reader: true }, None));
                         }
+                        let file = ws.open_pages(&self.dir, cached)?;
                         let pages = ws::Arriving::new(ws.pages_bytes() as usize);
                         let shared = Arc::new(SharedWs { ws, pages });
-                        Ok((Prefill::Ws { shared: shared.clone(), reader: true }, Some(WsRead { shared, cached })))
+                        Ok((Prefill::Ws { shared: shared.clone(), reader: true }, Some(WsRead { shared, file })))
                     })
                 };
                 // A working set being replaced (recorded or merged by another instance)
@@ -535,7 +536,8 @@ impl LoadedSnapshot {
 /// [`LoadedSnapshot::read_ws`]).
 struct WsRead {
     shared: Arc<SharedWs>,
-    cached: bool,
+    /// ws.pages, opened (and its size checked) with the trace.
+    file: std::fs::File,
 }
 
 /// A restore of a snapshot under way: the last one to finish lets go of the working

@@ -172,39 +172,19 @@ impl WorkingSet {
         Ok((buf, read_ms))
     }
 
-    /// Read ws.pages into `into` piece by piece (O_DIRECT unless `cached`), each
-    /// piece checked against the image's CRCs and `open`ed (decrypted, for a sealed
-    /// image) before it is handed over, so a restore installs the first pieces while
-    /// the next are read. [`READ_LANES`] pieces are read at once (lane `l` reads
+    /// Read ws.pages (`f`, see [`WorkingSet::open_pages`]) into `into` piece by
+    /// piece, each checked against the image's CRCs and `open`ed (decrypted, for a
+    /// sealed image) before it is handed over, so a restore installs the first pieces
+    /// while the next are read. [`READ_LANES`] pieces are read at once (lane `l` reads
     /// pieces `l`, `l + lanes`, ...): one at a time, the disk served 256 KiB pieces
     /// more slowly than one read of the whole (helloworld: 2.0 against 1.4 ms). A
     /// piece that cannot be read or does not check fails, with it every piece not
     /// handed over yet (their waiters are told), and the error is returned.
-    pub fn read_into(
-        &self,
-        dir: &Path,
-        index: &PageIndex,
-        cached: bool,
-        into: &Arriving,
-        open: &OpenPieces,
-    ) -> Result<(), WsError> {
+    pub fn read_into(&self, dir: &Path, index: &PageIndex, f: &File, into: &Arriving, open: &OpenPieces) -> Result<(), WsError> {
         let t0 = Instant::now();
         // However this ends (a lane that panicked included), no piece is left unset: a
         // restore waiting for it would wait for ever.
         let _settled = Settled(into);
-        let mut opts = std::fs::OpenOptions::new();
-        opts.read(true);
-        if !cached {
-            opts.custom_flags(libc::O_DIRECT);
-        }
-        let opened = opts.open(dir.join(PAGES_FILE)).map_err(|source| WsError::Io { dir: dir.to_path_buf(), what: "opening ws.pages".into(), source });
-        let f = match opened {
-            Ok(f) => f,
-            Err(e) => {
-                into.fail(e.to_string());
-                return Err(e);
-            }
-        };
         let lanes = READ_LANES.min(into.pieces());
         let lane = |l: usize| -> Result<(), WsError> {
             for k in (l..into.pieces()).step_by(lanes) {
@@ -238,6 +218,32 @@ impl WorkingSet {
             let mine = lane(0);
             others.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: "its reader panicked".into() }))).fold(mine, Result::and)
         })
+    }
+
+    /// Open ws.pages for [`WorkingSet::read_into`] (O_DIRECT unless `cached`), and
+    /// check it has the size the trace needs: opened right after the trace was read,
+    /// a pages file that another instance replaced in between (a merge) shows here as
+    /// corrupt, and the caller looks again.
+    pub fn open_pages(&self, dir: &Path, cached: bool) -> Result<File, WsError> {
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(true);
+        if !cached {
+            opts.custom_flags(libc::O_DIRECT);
+        }
+        let ioe = |what: &str| {
+            let (d, what) = (dir.to_path_buf(), what.to_string());
+            move |source| WsError::Io { dir: d, what, source }
+        };
+        let f = opts.open(dir.join(PAGES_FILE)).map_err(ioe("opening ws.pages"))?;
+        let size = f.metadata().map_err(ioe("reading the size of ws.pages"))?.len();
+        if size != self.pages_bytes() {
+            return Err(WsError::Corrupt {
+                dir: dir.to_path_buf(),
+                file: PAGES_FILE,
+                detail: format!("size is {size} bytes, the trace needs {}", self.pages_bytes()),
+            });
+        }
+        Ok(f)
     }
 
     /// The working set's pages read out of the image's `pages` instead of ws.pages:
@@ -654,7 +660,7 @@ mod tests {
             for cached in [true, false] {
                 let into = Arriving::with_piece(9 * 4096, piece * 4096);
                 opened.store(0, std::sync::atomic::Ordering::Relaxed);
-                ws.read_into(dir, &index, cached, &into, &open).unwrap();
+                ws.read_into(dir, &index, &ws.open_pages(dir, cached).unwrap(), &into, &open).unwrap();
                 let got: Vec<u8> = (0..into.pieces()).flat_map(|k| into.wait(k).unwrap().to_vec()).collect();
                 assert_eq!(got, img, "pieces of {piece} pages, cached {cached}");
                 assert_eq!(opened.load(std::sync::atomic::Ordering::Relaxed), 9, "every page opened once");
@@ -666,7 +672,7 @@ mod tests {
         std::thread::scope(|s| {
             let waiter = s.spawn(|| into.wait(4).map(<[u8]>::to_vec));
             std::thread::sleep(std::time::Duration::from_millis(20));
-            ws.read_into(dir, &index, true, &into, &open).unwrap();
+            ws.read_into(dir, &index, &ws.open_pages(dir, true).unwrap(), &into, &open).unwrap();
             assert_eq!(waiter.join().unwrap().unwrap(), &img[8 * 4096..]);
         });
         // A page that does not match the image, in the third of five pieces: the
@@ -675,27 +681,32 @@ mod tests {
         wp[4 * 4096 + 5] ^= 1;
         std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
         let into = Arriving::with_piece(9 * 4096, 2 * 4096);
-        let e = ws.read_into(dir, &index, true, &into, &open).unwrap_err().to_string();
+        let e = ws.read_into(dir, &index, &ws.open_pages(dir, true).unwrap(), &into, &open).unwrap_err().to_string();
         assert!(e.ends_with("ws.pages is corrupt (page for 0x14000 does not match the image)"), "{e}");
         assert_eq!(into.wait(0).unwrap(), &img[..2 * 4096]);
         for k in 2..5 {
             assert!(into.wait(k).unwrap_err().ends_with("does not match the image)"), "piece {k}");
         }
-        // Shorter than its trace says: refused from the piece that ends early.
+        // Not the size its trace says (replaced by a merge since the trace was read):
+        // refused when opened, so the caller looks again; shortened after it was opened:
+        // refused from the piece that ends early.
         std::fs::write(dir.join(PAGES_FILE), &img[..7 * 4096]).unwrap();
+        assert!(ws.open_pages(dir, true).unwrap_err().to_string().ends_with("ws.pages is corrupt (size is 28672 bytes, the trace needs 36864)"));
+        std::fs::write(dir.join(PAGES_FILE), &img).unwrap();
+        let f = ws.open_pages(dir, true).unwrap();
+        std::fs::OpenOptions::new().write(true).open(dir.join(PAGES_FILE)).unwrap().set_len(7 * 4096).unwrap();
         let into = Arriving::with_piece(9 * 4096, 2 * 4096);
-        assert!(ws.read_into(dir, &index, true, &into, &open).unwrap_err().to_string().ends_with("ws.pages is corrupt (short read)"));
+        assert!(ws.read_into(dir, &index, &f, &into, &open).unwrap_err().to_string().ends_with("ws.pages is corrupt (short read)"));
         assert!(into.wait(4).is_err());
-        // No ws.pages at all: every piece fails, no waiter hangs.
+        // No ws.pages at all.
         std::fs::remove_file(dir.join(PAGES_FILE)).unwrap();
-        let into = Arriving::with_piece(9 * 4096, 2 * 4096);
-        assert!(ws.read_into(dir, &index, true, &into, &open).is_err());
-        assert!((0..into.pieces()).all(|k| into.wait(k).is_err()));
+        assert!(matches!(ws.open_pages(dir, true), Err(WsError::Io { .. })));
         // A reader that panics (here: in `open`) leaves no piece unset.
         std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
         let into = Arriving::with_piece(9 * 4096, 2 * 4096);
         let boom = |first: usize, _: &mut [u8]| if first >= 4 { panic!("boom") } else { Ok(()) };
-        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws.read_into(dir, &index, true, &into, &boom)));
+        let f = ws.open_pages(dir, true).unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws.read_into(dir, &index, &f, &into, &boom)));
         assert!(caught.is_err() || caught.unwrap().is_err());
         for k in 0..into.pieces() {
             let _ = into.wait(k); // returns: no piece is left unset
