@@ -99,14 +99,16 @@ impl WorkingSet {
         let size = std::fs::metadata(dir.join(PAGES_FILE))
             .map_err(|_| WsError::Missing { dir: dir.to_path_buf(), file: PAGES_FILE })?
             .len();
-        if size != ws.pages_bytes() {
-            return Err(WsError::Corrupt {
-                dir: dir.to_path_buf(),
-                file: PAGES_FILE,
-                detail: format!("size is {size} bytes, the trace needs {}", ws.pages_bytes()),
-            });
-        }
+        ws.check_size(dir, size)?;
         Ok(ws)
+    }
+
+    /// A ws.pages of `size` bytes is the one this trace needs, or corrupt.
+    fn check_size(&self, dir: &Path, size: u64) -> Result<(), WsError> {
+        if size == self.pages_bytes() {
+            return Ok(());
+        }
+        Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: format!("size is {size} bytes, the trace needs {}", self.pages_bytes()) })
     }
 
     /// Parse and check the bytes of a trace (of the working set in `dir`, for
@@ -235,14 +237,7 @@ impl WorkingSet {
             move |source| WsError::Io { dir: d, what, source }
         };
         let f = opts.open(dir.join(PAGES_FILE)).map_err(ioe("opening ws.pages"))?;
-        let size = f.metadata().map_err(ioe("reading the size of ws.pages"))?.len();
-        if size != self.pages_bytes() {
-            return Err(WsError::Corrupt {
-                dir: dir.to_path_buf(),
-                file: PAGES_FILE,
-                detail: format!("size is {size} bytes, the trace needs {}", self.pages_bytes()),
-            });
-        }
+        self.check_size(dir, f.metadata().map_err(ioe("reading the size of ws.pages"))?.len())?;
         Ok(f)
     }
 
