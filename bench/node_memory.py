@@ -183,8 +183,7 @@ def run_policy(policy, functions, steps, hold_ms, give_back):
             if give_back:
                 time.sleep(3.0)  # idle > --give-back-after: each instance gives back once
                 row = {"policy": policy, "per_function": m, "given_back": True, **measure(node)}
-                row["pages_given_back"] = node.status()["functions"] and sum(
-                    f["counters"].get("pages_given_back", 0) for f in node.status()["functions"])
+                row["pages_given_back"] = sum(f["counters"].get("pages_given_back", 0) for f in node.status()["functions"])
                 rows.append(row)
                 print_row(row)
     finally:

@@ -43,7 +43,7 @@ use crate::inject::{self, Call, InjectError};
 use crate::pageserver::{PageSource, Stats};
 use crate::procfs;
 use crate::sharedmem::SharedMemory;
-use crate::sys::mem::ProcMem;
+use crate::sys::mem::{ProcMem, IOV_MAX};
 use crate::sys::pagemap::Pagemap;
 use crate::sys::ptrace::{self, Tracee};
 use crate::sys::PAGE_SIZE;
@@ -79,8 +79,6 @@ const MADV_POPULATE_READ: u64 = 22;
 /// process_madvise(2)'s pidfd for the calling thread's own process (Linux 6.14);
 /// since Linux 6.13 a process may ask any advice of itself (MADV_DONTNEED too).
 const PIDFD_SELF_THREAD: u64 = -10000i64 as u64;
-/// Ranges per process_madvise call (UIO_MAXIOV).
-const IOV_MAX: usize = 1024;
 /// What the kernel leaves alone below a stack pointer (the x86-64 red zone).
 const RED_ZONE: u64 = 128;
 

@@ -159,16 +159,8 @@ impl WorkingSet {
             opts.custom_flags(libc::O_DIRECT);
         }
         let f = opts.open(dir.join(PAGES_FILE)).map_err(ioe("opening ws.pages"))?;
-        let len = self.pages_bytes() as usize;
-        let mut buf = AlignedBuf::new(len);
-        let mut done = 0;
-        while done < len {
-            let n = f.read_at(&mut buf.as_mut()[done..], done as u64).map_err(ioe("reading ws.pages"))?;
-            if n == 0 {
-                return Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: "short read".into() });
-            }
-            done += n;
-        }
+        let mut buf = AlignedBuf::new(self.pages_bytes() as usize);
+        read_full(dir, &f, buf.as_mut(), 0)?;
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
         self.verify(dir, index, 0, buf.as_ref())?;
         Ok((buf, read_ms))
@@ -193,16 +185,7 @@ impl WorkingSet {
                 let at = into.start(k);
                 let mut buf = AlignedBuf::new(into.piece_len(k));
                 let r = (|| {
-                    let mut done = 0;
-                    while done < buf.len {
-                        let n = f
-                            .read_at(&mut buf.as_mut()[done..], (at + done) as u64)
-                            .map_err(|source| WsError::Io { dir: dir.to_path_buf(), what: "reading ws.pages".into(), source })?;
-                        if n == 0 {
-                            return Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: "short read".into() });
-                        }
-                        done += n;
-                    }
+                    read_full(dir, f, buf.as_mut(), at)?;
                     let first = at / PAGE_SIZE as usize;
                     self.verify(dir, index, first, buf.as_ref())?;
                     open(first, buf.as_mut())
@@ -398,6 +381,22 @@ pub fn write_from(
 pub fn invalidate(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(TRACE_FILE));
     let _ = std::fs::remove_file(dir.join(PAGES_FILE));
+}
+
+/// Fill `buf` from ws.pages (`f`, of the working set in `dir`) at byte `at`; a file
+/// that ends first is corrupt.
+fn read_full(dir: &Path, f: &File, buf: &mut [u8], at: usize) -> Result<(), WsError> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = f
+            .read_at(&mut buf[done..], (at + done) as u64)
+            .map_err(|source| WsError::Io { dir: dir.to_path_buf(), what: "reading ws.pages".into(), source })?;
+        if n == 0 {
+            return Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: "short read".into() });
+        }
+        done += n;
+    }
+    Ok(())
 }
 
 /// What [`WorkingSet::read_into`] does to each piece once checked (decrypt it, for

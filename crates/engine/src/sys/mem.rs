@@ -20,8 +20,9 @@ pub struct ProcMem {
     pid: i32,
 }
 
-/// process_vm_writev's limit of iovecs per call (IOV_MAX).
-const IOV_MAX: usize = 1024;
+/// The kernel's limit of iovecs per call (IOV_MAX, UIO_MAXIOV): process_vm_writev's,
+/// process_madvise's.
+pub(crate) const IOV_MAX: usize = 1024;
 
 impl ProcMem {
     pub fn open(pid: i32, write: bool) -> io::Result<ProcMem> {
