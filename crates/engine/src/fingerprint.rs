@@ -199,11 +199,12 @@ fn list(dir: &Path, rel: &str, subdirs: &mut Vec<(PathBuf, String)>) -> io::Resu
     for e in std::fs::read_dir(dir)? {
         let e = e?;
         let name = format!("{rel}/{}", e.file_name().to_string_lossy());
-        let path = e.path();
-        let m = std::fs::symlink_metadata(&path)?;
+        // Relative to the listed directory (fstatat on its descriptor, not following
+        // a symlink): no walk of the whole path for every entry.
+        let m = e.metadata()?;
         let ft = m.file_type();
         let (kind, extra) = if ft.is_symlink() {
-            ("l", std::fs::read_link(&path)?.to_string_lossy().into_owned())
+            ("l", std::fs::read_link(e.path())?.to_string_lossy().into_owned())
         } else if ft.is_dir() {
             ("d", String::new())
         } else {
@@ -211,7 +212,7 @@ fn list(dir: &Path, rel: &str, subdirs: &mut Vec<(PathBuf, String)>) -> io::Resu
         };
         out.push(format!("{name}\0{kind}\0{}\0{}.{}\0{:o}\0{extra}", m.len(), m.mtime(), m.mtime_nsec(), m.mode()));
         if ft.is_dir() {
-            subdirs.push((path, name));
+            subdirs.push((e.path(), name));
         }
     }
     Ok(out)
