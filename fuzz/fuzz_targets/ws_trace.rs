@@ -3,14 +3,26 @@
 //! the size the input's last 2 bytes choose; a trace that loads is then read in pieces
 //! (`open_pages`, `read_into`, `Arriving`) against an image of 64 zero pages: every
 //! piece settles, each one handed over holds checked zeros, and the read succeeds
-//! exactly when every stored page of the trace is one of the image's.
+//! exactly when every stored page of the trace is one of the image's; and the same
+//! again beside a ws.lz4 for that trace with bytes the input chooses damaged (header,
+//! table or frames): it never changes the outcome (a frame that does not decompress
+//! or check is read from ws.pages).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use thaw_engine::image::PageIndex;
-use thaw_engine::ws::{Arriving, WorkingSet, PAGES_FILE, TRACE_FILE};
+use thaw_engine::ws::{lz4, WorkingSet, LZ4_FILE, PAGES_FILE, TRACE_FILE};
 
 /// Pages of the image the pieces are checked against (all zeros).
 const IMAGE_PAGES: u64 = 64;
+
+/// ws.lz4 of `len` bytes of zero pages, for the trace whose crc is `crc`.
+fn lz4_of_zero_pages(len: u64, crc: u32) -> Option<Vec<u8>> {
+    let mut w = lz4::Writer::default();
+    for _ in 0..len / 4096 {
+        w.page(&[0u8; 4096]);
+    }
+    w.finish(crc)
+}
 
 fuzz_target!(|data: &[u8]| {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -37,15 +49,28 @@ fuzz_target!(|data: &[u8]| {
                 for p in 0..IMAGE_PAGES {
                     index.push(0x1000_0000 + p * 4096, zero);
                 }
-                let into = Arriving::new(pages_len as usize);
-                let f = ws.open_pages(dir.path(), true).expect("ws.pages has the trace's size");
-                let read = ws.read_into(dir.path(), &index, &f, &into, &|_, _| Ok(()));
                 let known = ws.layout.iter().all(|&(_, fp)| fp < IMAGE_PAGES);
-                assert_eq!(read.is_ok(), known, "{read:?}");
-                for k in 0..into.pieces() {
-                    match into.wait(k) {
-                        Ok(bytes) => assert!(bytes.iter().all(|&b| b == 0) && bytes.len() == into.piece_len(k)),
-                        Err(_) => assert!(!known),
+                // Without ws.lz4, then with one made for this trace and damaged where the
+                // input says: whatever its frames hold, the outcome is the same.
+                for damaged in [false, true] {
+                    if damaged {
+                        if let Some(mut z) = lz4_of_zero_pages(pages_len, ws.trace_crc) {
+                            for p in data.chunks_exact(3).take(8) {
+                                let at = u16::from_le_bytes([p[0], p[1]]) as usize % z.len();
+                                z[at] ^= p[2] | 1;
+                            }
+                            std::fs::write(dir.path().join(LZ4_FILE), &z).expect("ws.lz4");
+                        }
+                    }
+                    let f = ws.open_pages(dir.path(), true).expect("ws.pages has the trace's size");
+                    let into = f.arriving(pages_len as usize);
+                    let read = ws.read_into(dir.path(), &index, &f, &into, &|_, _| Ok(()));
+                    assert_eq!(read.is_ok(), known, "{read:?}");
+                    for k in 0..into.pieces() {
+                        match into.wait(k) {
+                            Ok(bytes) => assert!(bytes.iter().all(|&b| b == 0) && bytes.len() == into.piece_len(k)),
+                            Err(_) => assert!(!known),
+                        }
                     }
                 }
             }

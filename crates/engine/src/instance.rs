@@ -493,7 +493,7 @@ impl LoadedSnapshot {
                             return Ok((Prefill::Ws { shared, reader: true }, None));
                         }
                         let file = ws.open_pages(&self.dir, cached)?;
-                        let pages = ws::Arriving::new(ws.pages_bytes() as usize);
+                        let pages = file.arriving(ws.pages_bytes() as usize);
                         let shared = Arc::new(SharedWs { ws, pages });
                         Ok((Prefill::Ws { shared: shared.clone(), reader: true }, Some(WsRead { shared, file })))
                     })
@@ -536,8 +536,8 @@ impl LoadedSnapshot {
 /// [`LoadedSnapshot::read_ws`]).
 struct WsRead {
     shared: Arc<SharedWs>,
-    /// ws.pages, opened (and its size checked) with the trace.
-    file: std::fs::File,
+    /// ws.pages, opened (and its size checked) with the trace; ws.lz4 with it.
+    file: ws::PagesFile,
 }
 
 /// A restore of a snapshot under way: the last one to finish lets go of the working

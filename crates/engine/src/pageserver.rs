@@ -1061,6 +1061,9 @@ pub struct PrefetchStats {
     pub ws_pages: u64,
     pub ws_zero_pages: u64,
     pub ws_bytes: u64,
+    /// Bytes this restore read from the disk for it (ws.lz4's frames are fewer than
+    /// `ws_bytes`; 0 when another restore of the burst read it).
+    pub disk_bytes: u64,
     pub read_ms: f64,
     pub install_ms: f64,
     pub copies: u64,

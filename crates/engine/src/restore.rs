@@ -482,7 +482,9 @@ fn restore_inner(
             let mut ps = pageserver::install_ws(&uffd, &shared.ws, &shared.pages, &starts, &source, &stats).map_err(pages_err)?;
             if reader {
                 ps.read_ms = shared.pages.read_ms();
-                stats.bytes_read.fetch_add(ps.ws_bytes, Ordering::Relaxed);
+                // What came from the disk (ws.lz4's frames are fewer bytes than the pages).
+                ps.disk_bytes = shared.pages.read_bytes();
+                stats.bytes_read.fetch_add(ps.disk_bytes, Ordering::Relaxed);
             } else {
                 ps.shared = true;
             }

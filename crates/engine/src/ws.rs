@@ -27,6 +27,9 @@ use crate::image::PageIndex;
 use crate::seal::Sealer;
 use crate::sys::PAGE_SIZE;
 
+pub mod lz4;
+pub use lz4::FILE as LZ4_FILE;
+
 pub const TRACE_FILE: &str = "ws.trace";
 pub const PAGES_FILE: &str = "ws.pages";
 const MAGIC: &[u8; 8] = b"THAWWST\0";
@@ -64,6 +67,8 @@ pub struct WorkingSet {
     pub layout: Vec<(u64, u64)>,
     /// Zero pages sorted by vaddr.
     pub zeros: Vec<u64>,
+    /// The checksum ws.trace ends with (0: not read from a file): what ws.lz4 names.
+    pub trace_crc: u32,
 }
 
 impl WorkingSet {
@@ -74,7 +79,7 @@ impl WorkingSet {
         let mut zeros: Vec<u64> = trace.iter().filter(|t| t.file_page.is_none()).map(|t| t.vaddr).collect();
         zeros.sort_unstable();
         zeros.dedup();
-        WorkingSet { trace, layout, zeros }
+        WorkingSet { trace, layout, zeros, trace_crc: 0 }
     }
 
     pub fn pages_bytes(&self) -> u64 {
@@ -141,7 +146,7 @@ impl WorkingSet {
                 Touch { vaddr: u64_at(24 + i * 16), file_page: (fp != ZERO).then_some(fp) }
             })
             .collect();
-        Ok(WorkingSet::from_trace(trace))
+        Ok(WorkingSet { trace_crc: u32_at(end), ..WorkingSet::from_trace(trace) })
     }
 
     /// Read ws.pages in one go (O_DIRECT unless `cached`) and verify every page
@@ -174,7 +179,11 @@ impl WorkingSet {
     /// more slowly than one read of the whole (helloworld: 2.0 against 1.4 ms). A
     /// piece that cannot be read or does not check fails, with it every piece not
     /// handed over yet (their waiters are told), and the error is returned.
-    pub fn read_into(&self, dir: &Path, index: &PageIndex, f: &File, into: &Arriving, open: &OpenPieces) -> Result<(), WsError> {
+    ///
+    /// Where `f` has ws.lz4 ([`PagesFile`]), a piece's frames are read from there and
+    /// decompressed on the lane instead; a piece whose frames do not decompress or
+    /// check is read from ws.pages (and ws.lz4 removed).
+    pub fn read_into(&self, dir: &Path, index: &PageIndex, f: &PagesFile, into: &Arriving, open: &OpenPieces) -> Result<(), WsError> {
         let t0 = Instant::now();
         // However this ends (a lane that panicked included), no piece is left unset: a
         // restore waiting for it would wait for ever.
@@ -184,10 +193,25 @@ impl WorkingSet {
             for k in (l..into.pieces()).step_by(lanes) {
                 let at = into.start(k);
                 let mut buf = AlignedBuf::new(into.piece_len(k));
+                let first = at / PAGE_SIZE as usize;
                 let r = (|| {
-                    read_full(dir, f, buf.as_mut(), at)?;
-                    let first = at / PAGE_SIZE as usize;
-                    self.verify(dir, index, first, buf.as_ref())?;
+                    let compressed = f.lz4.as_ref().filter(|z| z.whole_frames(at, buf.as_ref().len())).and_then(|z| {
+                        let r = z.read(at, buf.as_mut()).and_then(|n| self.verify(dir, index, first, buf.as_ref()).map(|()| n).map_err(|e| e.to_string()));
+                        r.inspect_err(|e| {
+                            tracing::warn!(dir = %dir.display(), error = %e, "a piece of ws.lz4 does not check; reading it from ws.pages and removing ws.lz4");
+                            let _ = std::fs::remove_file(dir.join(LZ4_FILE));
+                        })
+                        .ok()
+                    });
+                    let n = match compressed {
+                        Some(n) => n,
+                        None => {
+                            read_full(dir, &f.file, buf.as_mut(), at)?;
+                            self.verify(dir, index, first, buf.as_ref())?;
+                            buf.as_ref().len() as u64
+                        }
+                    };
+                    into.read_bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
                     open(first, buf.as_mut())
                 })();
                 if let Err(e) = r {
@@ -208,8 +232,9 @@ impl WorkingSet {
     /// Open ws.pages for [`WorkingSet::read_into`] (O_DIRECT unless `cached`), and
     /// check it has the size the trace needs: opened right after the trace was read,
     /// a pages file that another instance replaced in between (a merge) shows here as
-    /// corrupt, and the caller looks again.
-    pub fn open_pages(&self, dir: &Path, cached: bool) -> Result<File, WsError> {
+    /// corrupt, and the caller looks again. With it ws.lz4, if there is one for this
+    /// trace (`THAW_WS_LZ4=0`: never, the baseline).
+    pub fn open_pages(&self, dir: &Path, cached: bool) -> Result<PagesFile, WsError> {
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true);
         if !cached {
@@ -221,7 +246,10 @@ impl WorkingSet {
         };
         let f = opts.open(dir.join(PAGES_FILE)).map_err(ioe("opening ws.pages"))?;
         self.check_size(dir, f.metadata().map_err(ioe("reading the size of ws.pages"))?.len())?;
-        Ok(f)
+        let lz4 = (self.trace_crc != 0 && std::env::var("THAW_WS_LZ4").as_deref() != Ok("0"))
+            .then(|| lz4::open(dir, cached, self.trace_crc, self.pages_bytes()))
+            .flatten();
+        Ok(PagesFile { file: f, lz4 })
     }
 
     /// The working set's pages read out of the image's `pages` instead of ws.pages:
@@ -315,19 +343,30 @@ pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &crate::pagefi
 /// Write the trace and the WS pages for `trace` beside the image, atomically
 /// (temporary names, then rename: a reader never sees half a working set).
 pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &crate::pagefiles::PageFiles) -> Result<WorkingSet, WsError> {
-    write_from(dir, image_id, trace, &mut |fp, page| pages.read_exact_at(page, fp * PAGE_SIZE), true)
+    write_from(dir, image_id, trace, &mut |fp, page| pages.read_exact_at(page, fp * PAGE_SIZE), WriteHow::Durable)
 }
 
-/// [`write`], each page of the image got from `read(file page, buffer)`. Not
-/// `durable`: the files are not synced (for a directory that is thrown away after a
-/// crash, and synced before it is kept; see the store's lazy fetch).
+/// How [`write_from`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteHow {
+    /// Synced, with ws.lz4 (where it pays): off a restore's path.
+    Durable,
+    /// Synced, without ws.lz4 (on a restore's path: compressing costs CPU there).
+    DurableUncompressed,
+    /// Not synced, without ws.lz4: for a directory that is thrown away after a
+    /// crash, and synced before it is kept (see the store's lazy fetch).
+    Unsynced,
+}
+
+/// [`write`], each page of the image got from `read(file page, buffer)`, as `how` says.
 pub fn write_from(
     dir: &Path,
     image_id: u32,
     trace: &[Touch],
     read: &mut dyn FnMut(u64, &mut [u8]) -> io::Result<()>,
-    durable: bool,
+    how: WriteHow,
 ) -> Result<WorkingSet, WsError> {
+    let durable = how != WriteHow::Unsynced;
     let ws = WorkingSet::from_trace(trace.to_vec());
     let ioe = |what: &str| {
         let what = what.to_string();
@@ -337,12 +376,17 @@ pub fn write_from(
     let tag = format!(".tmp-{}-{:?}", std::process::id(), std::thread::current().id());
     let tmp_pages = dir.join(format!("{PAGES_FILE}{tag}"));
     let tmp_trace = dir.join(format!("{TRACE_FILE}{tag}"));
+    let tmp_lz4 = dir.join(format!("{LZ4_FILE}{tag}"));
     let result = (|| {
         let mut out = io::BufWriter::with_capacity(1 << 20, File::create(&tmp_pages).map_err(ioe("creating ws.pages"))?);
         let mut page = vec![0u8; PAGE_SIZE as usize];
+        let mut z = (how == WriteHow::Durable).then(lz4::Writer::default);
         for &(_, fp) in &ws.layout {
             read(fp, &mut page).map_err(ioe("reading the image"))?;
             out.write_all(&page).map_err(ioe("writing ws.pages"))?;
+            if let Some(z) = z.as_mut() {
+                z.page(&page);
+            }
         }
         let f = out.into_inner().map_err(|e| e.into_error()).map_err(ioe("writing ws.pages"))?;
         if durable {
@@ -360,27 +404,81 @@ pub fn write_from(
         }
         let crc = crc32fast::hash(&t);
         t.extend_from_slice(&crc.to_le_bytes());
+        let compressed = z.and_then(|z| z.finish(crc));
+        if let Some(bytes) = &compressed {
+            lz4::write_tmp(&tmp_lz4, bytes, durable).map_err(ioe("writing ws.lz4"))?;
+        }
         let mut tf = File::create(&tmp_trace).map_err(ioe("creating ws.trace"))?;
         tf.write_all(&t).map_err(ioe("writing ws.trace"))?;
         if durable {
             tf.sync_all().map_err(ioe("syncing ws.trace"))?;
         }
-        // Pages first: a trace is only ever visible next to the pages it describes.
+        // Pages first: a trace is only ever visible next to the pages it describes
+        // (ws.lz4 names its trace: one for another trace is not used).
         std::fs::rename(&tmp_pages, dir.join(PAGES_FILE)).map_err(ioe("installing ws.pages"))?;
+        match compressed {
+            Some(_) => std::fs::rename(&tmp_lz4, dir.join(LZ4_FILE)).map_err(ioe("installing ws.lz4"))?,
+            None => {
+                let _ = std::fs::remove_file(dir.join(LZ4_FILE));
+            }
+        }
         std::fs::rename(&tmp_trace, dir.join(TRACE_FILE)).map_err(ioe("installing ws.trace"))?;
-        Ok(())
+        Ok(crc)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp_pages);
+        let _ = std::fs::remove_file(&tmp_lz4);
         let _ = std::fs::remove_file(&tmp_trace);
     }
-    result.map(|()| ws)
+    result.map(|crc| WorkingSet { trace_crc: crc, ..ws })
+}
+
+/// Write ws.lz4 for the working set in `dir` from its ws.pages, where there is a
+/// working set and no ws.lz4 for its trace yet (a working set that arrived as files:
+/// pulled from a store, or filled in by a lazy fetch). Returns whether one was written
+/// (not where the pages do not compress: a sealed image's). Off a restore's path.
+pub fn compress_beside(dir: &Path, durable: bool) -> Result<bool, WsError> {
+    let ioe = |what: &str| {
+        let (d, what) = (dir.to_path_buf(), what.to_string());
+        move |source| WsError::Io { dir: d, what, source }
+    };
+    let trace = match std::fs::read(dir.join(TRACE_FILE)) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(ioe("reading ws.trace")(e)),
+    };
+    let Some(body) = trace.len().checked_sub(4) else { return Ok(false) };
+    let crc = u32::from_le_bytes(trace[body..].try_into().expect("4 bytes"));
+    if crc32fast::hash(&trace[..body]) != crc {
+        return Ok(false);
+    }
+    let pages = match std::fs::read(dir.join(PAGES_FILE)) {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(ioe("reading ws.pages")(e)),
+    };
+    if lz4::open(dir, true, crc, pages.len() as u64).is_some() {
+        return Ok(false);
+    }
+    let mut z = lz4::Writer::default();
+    for page in pages.chunks(PAGE_SIZE as usize) {
+        z.page(page);
+    }
+    let Some(bytes) = z.finish(crc) else { return Ok(false) };
+    let tmp = dir.join(format!("{LZ4_FILE}.tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let written = lz4::write_tmp(&tmp, &bytes, durable).and_then(|()| std::fs::rename(&tmp, dir.join(LZ4_FILE)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(ioe("writing ws.lz4"))?;
+    Ok(true)
 }
 
 /// Remove a working set (stale, mispredicting or corrupt) so the next restore re-records.
 pub fn invalidate(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(TRACE_FILE));
     let _ = std::fs::remove_file(dir.join(PAGES_FILE));
+    let _ = std::fs::remove_file(dir.join(LZ4_FILE));
 }
 
 /// Fill `buf` from ws.pages (`f`, of the working set in `dir`) at byte `at`; a file
@@ -397,6 +495,31 @@ fn read_full(dir: &Path, f: &File, buf: &mut [u8], at: usize) -> Result<(), WsEr
         done += n;
     }
     Ok(())
+}
+
+/// ws.pages opened for [`WorkingSet::read_into`] ([`WorkingSet::open_pages`]), and
+/// ws.lz4 beside it when there is one for the same trace.
+#[derive(Debug)]
+pub struct PagesFile {
+    file: File,
+    lz4: Option<lz4::Frames>,
+}
+
+impl PagesFile {
+    /// Whether the pieces come from ws.lz4.
+    pub fn compressed(&self) -> bool {
+        self.lz4.is_some()
+    }
+
+    /// The pieces a read of `len` bytes from here arrives in ([`Arriving::new`]'s,
+    /// made whole frames of ws.lz4 when it is read).
+    pub fn arriving(&self, len: usize) -> Arriving {
+        let a = Arriving::new(len);
+        match &self.lz4 {
+            Some(z) => Arriving::with_piece(len, a.piece.div_ceil(z.frame_bytes()) * z.frame_bytes()),
+            None => a,
+        }
+    }
 }
 
 /// What [`WorkingSet::read_into`] does to each piece once checked (decrypt it, for
@@ -421,6 +544,8 @@ pub struct Arriving {
     lock: std::sync::Mutex<()>,
     set: std::sync::Condvar,
     read_ms: std::sync::OnceLock<f64>,
+    /// Bytes read from the disk for it (fewer than `len` from ws.lz4).
+    read_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl Arriving {
@@ -446,6 +571,7 @@ impl Arriving {
             lock: std::sync::Mutex::new(()),
             set: std::sync::Condvar::new(),
             read_ms: std::sync::OnceLock::new(),
+            read_bytes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -453,6 +579,7 @@ impl Arriving {
     pub fn whole(buf: AlignedBuf, read_ms: f64) -> Arriving {
         let a = Arriving::with_piece(buf.len, buf.len.max(PAGE_SIZE as usize));
         let _ = a.read_ms.set(read_ms);
+        a.read_bytes.store(buf.len as u64, std::sync::atomic::Ordering::Relaxed);
         let _ = a.slots[0].set(Ok(buf));
         a
     }
@@ -512,6 +639,11 @@ impl Arriving {
     /// How long the read took, once it has ended (0 if it failed).
     pub fn read_ms(&self) -> f64 {
         self.read_ms.get().copied().unwrap_or(0.0)
+    }
+
+    /// Bytes read from the disk so far (ws.lz4's frames, or ws.pages').
+    pub fn read_bytes(&self) -> u64 {
+        self.read_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -630,6 +762,81 @@ mod tests {
         assert!(!WorkingSet::exists(dir));
     }
 
+    /// An image of `n` pages, each different and compressible, its page index, and the
+    /// trace of all of them in reverse order.
+    fn compressible_image(dir: &Path, n: u64) -> (Vec<u8>, crate::pagefiles::PageFiles, PageIndex, Vec<Touch>) {
+        let img: Vec<u8> = (0..n as usize * 4096).map(|i| ((i / 4096) as u8).wrapping_mul(31) ^ ((i % 128) as u8)).collect();
+        std::fs::write(dir.join("pages.img"), &img).unwrap();
+        let mut index = PageIndex::default();
+        for i in 0..n {
+            index.push(0x10000 + i * 4096, crc32fast::hash(&img[i as usize * 4096..(i as usize + 1) * 4096]));
+        }
+        let trace = (0..n).rev().map(|p| Touch { vaddr: 0x10000 + p * 4096, file_page: Some(p) }).collect();
+        (img, File::open(dir.join("pages.img")).unwrap().into(), index, trace)
+    }
+
+    fn read_all(ws: &WorkingSet, dir: &Path, index: &PageIndex, f: &PagesFile) -> (Vec<u8>, u64) {
+        let into = f.arriving(ws.pages_bytes() as usize);
+        ws.read_into(dir, index, f, &into, &|_, _| Ok(())).unwrap();
+        ((0..into.pieces()).flat_map(|k| into.wait(k).unwrap().to_vec()).collect(), into.read_bytes())
+    }
+
+    #[test]
+    fn ws_lz4_is_read_in_whole_frames_and_a_bad_frame_falls_back_to_ws_pages() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // 150 pages: two whole frames and part of a third.
+        let (img, pages, index, trace) = compressible_image(dir, 150);
+        let ws = write(dir, 3, &trace, &pages).unwrap();
+        let z = std::fs::metadata(dir.join(LZ4_FILE)).expect("ws.lz4 written").len();
+        assert!(z < ws.pages_bytes() / 2, "{z} bytes for {}", ws.pages_bytes());
+        let ws = WorkingSet::load(dir, 3).unwrap();
+        for cached in [true, false] {
+            let f = ws.open_pages(dir, cached).unwrap();
+            assert!(f.compressed());
+            let (got, read) = read_all(&ws, dir, &index, &f);
+            assert!(got == img, "cached {cached}");
+            assert!(read < ws.pages_bytes() / 2, "read {read} bytes from the disk");
+        }
+        // A frame changed on disk: its piece comes from ws.pages, checked, and ws.lz4 goes.
+        let mut b = std::fs::read(dir.join(LZ4_FILE)).unwrap();
+        let last = b.len() - 100;
+        b[last] ^= 0x55;
+        std::fs::write(dir.join(LZ4_FILE), &b).unwrap();
+        let f = ws.open_pages(dir, true).unwrap();
+        assert!(f.compressed(), "its header still checks");
+        let (got, _) = read_all(&ws, dir, &index, &f);
+        assert!(got == img);
+        assert!(!dir.join(LZ4_FILE).exists(), "removed");
+        assert!(!ws.open_pages(dir, true).unwrap().compressed());
+        assert!(read_all(&ws, dir, &index, &ws.open_pages(dir, true).unwrap()).0 == img);
+        // One written for another trace (the working set merged since) is not used.
+        write(dir, 3, &trace, &pages).unwrap();
+        let old = std::fs::read(dir.join(LZ4_FILE)).unwrap();
+        merge(dir, 3, &[Touch { vaddr: 0x900000, file_page: None }], &pages).unwrap();
+        std::fs::write(dir.join(LZ4_FILE), &old).unwrap();
+        let merged = WorkingSet::load(dir, 3).unwrap();
+        assert!(!merged.open_pages(dir, true).unwrap().compressed());
+        // Pages that do not compress (a sealed image's): none written, an old one removed.
+        std::fs::write(dir.join("pages.img"), lz4::tests::noise(150 * 4096)).unwrap();
+        let pages: crate::pagefiles::PageFiles = File::open(dir.join("pages.img")).unwrap().into();
+        write(dir, 3, &trace, &pages).unwrap();
+        assert!(!dir.join(LZ4_FILE).exists());
+        // Made beside a working set that arrived as files (pulled): the same bytes.
+        let (_, pages, _, _) = compressible_image(dir, 150);
+        write(dir, 3, &trace, &pages).unwrap();
+        let made = std::fs::read(dir.join(LZ4_FILE)).unwrap();
+        assert!(!compress_beside(dir, false).unwrap(), "there already");
+        std::fs::remove_file(dir.join(LZ4_FILE)).unwrap();
+        assert!(compress_beside(dir, true).unwrap());
+        assert!(std::fs::read(dir.join(LZ4_FILE)).unwrap() == made);
+        // invalidate() removes it with the rest.
+        write(dir, 3, &trace, &compressible_image(dir, 150).1).unwrap();
+        assert!(dir.join(LZ4_FILE).exists());
+        invalidate(dir);
+        assert!(!dir.join(LZ4_FILE).exists());
+    }
+
     #[test]
     fn a_working_set_arrives_piece_by_piece_checked_and_a_bad_piece_fails_it_from_there_on() {
         let tmp = tempfile::tempdir().unwrap();
@@ -678,8 +885,14 @@ mod tests {
         let e = ws.read_into(dir, &index, &ws.open_pages(dir, true).unwrap(), &into, &open).unwrap_err().to_string();
         assert!(e.ends_with("ws.pages is corrupt (page for 0x14000 does not match the image)"), "{e}");
         assert_eq!(into.wait(0).unwrap(), &img[..2 * 4096]);
-        for k in 2..5 {
-            assert!(into.wait(k).unwrap_err().ends_with("does not match the image)"), "piece {k}");
+        assert!(into.wait(2).unwrap_err().ends_with("does not match the image)"));
+        // Later pieces fail with it, or arrived checked already on the other lane (a
+        // restore installs nothing past the failed piece either way).
+        for k in 3..5 {
+            match into.wait(k) {
+                Ok(bytes) => assert_eq!(bytes, &img[k * 2 * 4096..(k * 2 * 4096 + into.piece_len(k))], "piece {k}"),
+                Err(e) => assert!(e.ends_with("does not match the image)"), "piece {k}: {e}"),
+            }
         }
         // Not the size its trace says (replaced by a merge since the trace was read):
         // refused when opened, so the caller looks again; shortened after it was opened:

@@ -484,7 +484,7 @@ pub fn link_base(dir: &Path, base: &Path) -> Result<()> {
 pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path, trace: &[u8], read: PageRead, durable: bool) -> bool {
     let installed = WorkingSet::parse(dir, trace, m.image_id)
         .map_err(|e| e.to_string())
-        .and_then(|set| ws::write_from(dir, m.image_id, &set.trace, read, durable).map_err(|e| e.to_string()));
+        .and_then(|set| ws::write_from(dir, m.image_id, &set.trace, read, write_how(durable, false)).map_err(|e| e.to_string()));
     if let Err(e) = &installed {
         tracing::warn!(object = %remote.url.object_url(&Remote::ws_key(id)), error = %e, "ignoring a recorded working set that does not match its snapshot");
         ws::invalidate(dir);
@@ -497,6 +497,8 @@ pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path,
 /// `durable`.
 pub(crate) fn derive(m: &Manifest, dir: &Path, durable: bool) -> Result<()> {
     if !m.derived.iter().any(|d| d == ws::PAGES_FILE) {
+        // ws.pages came as a file: ws.lz4 (never stored) is made beside it.
+        compress_ws(dir, durable);
         return Ok(());
     }
     let trace = std::fs::read(dir.join(TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
@@ -518,8 +520,26 @@ pub(crate) fn derive_pages(m: &Manifest, dir: &Path, durable: bool) -> Result<()
 fn write_ws_pages(m: &Manifest, dir: &Path, trace: &[u8], durable: bool) -> Result<()> {
     let wse = |source| StoreError::WorkingSet { dir: dir.to_path_buf(), source };
     let set = WorkingSet::parse(dir, trace, m.image_id).map_err(wse)?;
-    ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, durable).map_err(wse)?;
+    ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, write_how(durable, true)).map_err(wse)?;
     Ok(())
+}
+
+/// ws.lz4 beside a working set that arrived as files (`ws::compress_beside`): a
+/// failure only costs its speed, so it is logged.
+pub(crate) fn compress_ws(dir: &Path, durable: bool) {
+    if let Err(e) = ws::compress_beside(dir, durable) {
+        tracing::warn!(dir = %dir.display(), error = %e, "ws.lz4 not written; restores read ws.pages");
+    }
+}
+
+/// How a working set is written here: compressed (ws.lz4) only off a restore's path
+/// and only when synced.
+fn write_how(durable: bool, off_path: bool) -> ws::WriteHow {
+    match (durable, off_path) {
+        (false, _) => ws::WriteHow::Unsynced,
+        (true, true) => ws::WriteHow::Durable,
+        (true, false) => ws::WriteHow::DurableUncompressed,
+    }
 }
 
 /// A temporary directory beside `dest` (same filesystem, so it can be renamed

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use common::{ok, sample, scratch, thaw};
 use thaw_engine::image::Snapshot;
-use thaw_engine::ws::{WorkingSet, PAGES_FILE, TRACE_FILE};
+use thaw_engine::ws::{WorkingSet, LZ4_FILE, PAGES_FILE, TRACE_FILE};
 
 /// A fresh snapshot of `sample` in its own directory.
 fn fresh_snapshot(name: &str, tag: &str) -> PathBuf {
@@ -75,7 +75,28 @@ fn corrupt_or_stale_working_sets_are_ignored_then_re_recorded() {
     // pieces before the bad one are installed and the rest is served lazily; the
     // restore answers as ever, the set is removed, and the next restore records one.
     let snap = Snapshot::open(&dir).unwrap();
+    // Read from ws.lz4 (written beside ws.pages: helloworld's pages compress): a frame
+    // that does not decompress to the image's pages is read from ws.pages instead, and
+    // ws.lz4 removed; the working set stays.
+    assert!(dir.join(LZ4_FILE).is_file(), "ws.lz4 written with the working set");
+    let (_, st) = restore(&dir, "{}", "prefetch", &[]);
+    let (ws_bytes, disk) = (st["prefetch"]["ws_bytes"].as_u64().unwrap(), st["prefetch"]["disk_bytes"].as_u64().unwrap());
+    assert!(disk > 0 && disk < ws_bytes / 2, "{disk} bytes read for {ws_bytes}: {st}");
+    let mut z = std::fs::read(dir.join(LZ4_FILE)).unwrap();
+    let at = z.len() - 200;
+    z[at] ^= 0xff;
+    std::fs::write(dir.join(LZ4_FILE), &z).unwrap();
+    let (out, st) = restore(&dir, "{}", "prefetch", &[]);
+    assert_eq!(out, want);
+    assert_eq!(st["prefetch"]["partial"], false, "{st}");
+    assert!(!dir.join(LZ4_FILE).exists(), "the damaged ws.lz4 is removed");
+    assert!(WorkingSet::exists(&dir), "the working set stays");
+    let (out, st) = restore(&dir, "{}", "prefetch", &[]);
+    assert_eq!(out, want);
+    assert_eq!(st["prefetch"]["disk_bytes"], st["prefetch"]["ws_bytes"], "read from ws.pages: {st}");
     for at in [100, std::fs::metadata(dir.join(PAGES_FILE)).unwrap().len() as usize - 100] {
+        // ws.pages itself (ws.lz4, made again by the re-recording below, removed).
+        let _ = std::fs::remove_file(dir.join(LZ4_FILE));
         let mut wp = std::fs::read(dir.join(PAGES_FILE)).unwrap();
         wp[at] ^= 0xff;
         std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
