@@ -8,7 +8,7 @@ the medians of sandbox_ms, restore_ms and ttfr_ms per function and restore mode.
     # the bundle check beside the restore vs none and vs before it, dentries cold (issue #35)
     bench/env_ab.py code-check THAW_CODE_CHECK=unchecked THAW_CODE_CHECK=before --functions lrserving --evict-dentries
 
-    bench/env_ab.py NAME VAR=VALUE [VAR=VALUE ...] [--pairs 4] [--runs 5] [--functions helloworld]
+    bench/env_ab.py NAME VAR=VALUE [VAR=VALUE ...] [--pairs 4] [--runs 5] [--functions helloworld] [--modes boot,prefetch,...]
                     [--evict-dentries] [--thaw target/release/thaw] [--out bench/results]
 
 A is the current environment, B (C, ...) the same plus each VAR=VALUE. `--pairs` rounds
@@ -31,13 +31,13 @@ MODES = ("boot", "prefetch", "prefetch-pooled", "lazy")
 FIELDS = ("sandbox_ms", "restore_ms", "ttfr_ms")
 
 
-def bench(thaw, env, runs, out, functions, extra):
+def bench(thaw, env, runs, out, functions, extra, modes):
     subprocess.run([thaw, "bench", "--functions", functions, "--runs", str(runs), "--concurrency", "",
                     "--out", str(out), *extra], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     newest = max(out.glob("reap-*.json"), key=lambda p: p.stat().st_mtime)
     data = json.loads(newest.read_text())
     newest.unlink()
-    return [r for r in data["runs"] if r["mode"] in MODES]
+    return [r for r in data["runs"] if r["mode"] in modes]
 
 
 def main():
@@ -48,9 +48,11 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--functions", default="helloworld", help="thaw bench --functions")
     ap.add_argument("--evict-dentries", action="store_true", help="thaw bench --evict-dentries")
+    ap.add_argument("--modes", default=",".join(MODES), help="restore modes reported (thaw bench runs them all), e.g. prefetch-sealed")
     ap.add_argument("--thaw", default=str(ROOT / "target/release/thaw"))
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     a = ap.parse_args()
+    modes = tuple(m for m in a.modes.split(",") if m)
     labels = ["A"] + [f"{chr(ord('B') + i)} {st}" for i, st in enumerate(a.settings)]
     got = {m: [] for m in labels}
     extra = ["--evict-dentries"] if a.evict_dentries else []
@@ -66,17 +68,17 @@ def main():
         for i in range(a.pairs):
             order = list(envs)
             for m in order[i % len(order):] + order[:i % len(order)]:
-                got[m] += bench(a.thaw, envs[m], a.runs, tmp, a.functions, extra)
+                got[m] += bench(a.thaw, envs[m], a.runs, tmp, a.functions, extra, modes)
     # Medians per function and mode (several functions' runs are never pooled: their
     # times differ by more than any change measured here).
     functions = list(dict.fromkeys(r["function"] for rs in got.values() for r in rs))
     med = {m: {f"{fn}/{mode}_{k}": statistics.median(r[k] for r in rs if r["mode"] == mode and r["function"] == fn)
-               for fn in functions for mode in MODES if any(r["mode"] == mode and r["function"] == fn for r in rs) for k in FIELDS}
+               for fn in functions for mode in modes if any(r["mode"] == mode and r["function"] == fn for r in rs) for k in FIELDS}
            for m, rs in got.items()}
     for m, d in med.items():
         print(f"{m}:  ({a.pairs * a.runs} runs per function and mode)")
         for fn in functions:
-            for mode in MODES:
+            for mode in modes:
                 if f"{fn}/{mode}_ttfr_ms" in d:
                     print(f"  {fn:14s} {mode:16s} " + "  ".join(f"{k} {d[f'{fn}/{mode}_{k}']:.2f}" for k in FIELDS))
     out = Path(a.out)

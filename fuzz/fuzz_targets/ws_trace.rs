@@ -21,7 +21,7 @@ fn lz4_of_zero_pages(len: u64, crc: u32) -> Option<Vec<u8>> {
     for _ in 0..len / 4096 {
         w.page(&[0u8; 4096]);
     }
-    w.finish(crc)
+    w.finish(crc, None)
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -64,7 +64,7 @@ fuzz_target!(|data: &[u8]| {
                     }
                     let f = ws.open_pages(dir.path(), true).expect("ws.pages has the trace's size");
                     let into = f.arriving(pages_len as usize);
-                    let read = ws.read_into(dir.path(), &index, &f, &into, &|_, _| Ok(()));
+                    let read = ws.read_into(dir.path(), &index, &f, &into, &|_, _| Ok(()), None);
                     assert_eq!(read.is_ok(), known, "{read:?}");
                     for k in 0..into.pieces() {
                         match into.wait(k) {

@@ -194,6 +194,12 @@ fn stub_sandbox(
     Ok((Sandbox::spawn(&spec, entry)?, None))
 }
 
+/// How a working set's pages are opened for its ws.lz4 (`ws::write`): a sealed
+/// image's are decrypted there, its frames sealed.
+fn sealed_pages(source: &PageSource) -> Option<ws::SealedPages<'_>> {
+    source.sealer().map(|sealer| ws::SealedPages { sealer, index: &source.index, own_pages: source.file().own_pages() })
+}
+
 /// Set to "1" in the environment of an instance booted to be captured.
 pub const SNAPSHOT_ENV: &str = "THAW_SNAPSHOT";
 /// Set to "1" in the environment of a runtime booted as a base: it starts, says
@@ -447,7 +453,7 @@ impl LoadedSnapshot {
             Some(s) => ws.unseal(&self.dir, s, &self.source.index, own, first, pages),
             None => Ok(()),
         };
-        if let Err(e) = ws.read_into(&self.dir, &self.source.index, &job.file, &job.shared.pages, &open) {
+        if let Err(e) = ws.read_into(&self.dir, &self.source.index, &job.file, &job.shared.pages, &open, sealer) {
             warn!(error = %e, "ignoring the working set: what was read is installed, the page server serves the rest, the next restore re-records");
             ws::invalidate(&self.dir);
             let mut flight = self.ws_flight.lock().expect("working-set flight lock");
@@ -1351,7 +1357,7 @@ impl Instance {
                 let (dir, id, source) = (p.dir.clone(), p.image_id, p.source.clone());
                 p.writer = std::thread::Builder::new()
                     .name("thaw-ws-writer".into())
-                    .spawn(move || match ws::write(&dir, id, &trace, source.file()) {
+                    .spawn(move || match ws::write(&dir, id, &trace, source.file(), sealed_pages(&source).as_ref()) {
                         Ok(w) => info!(dir = %dir.display(), pages = w.layout.len(), zero = w.zeros.len(), "working set recorded"),
                         Err(e) => warn!(error = %e, "writing the working set failed"),
                     })
@@ -1375,7 +1381,7 @@ impl Instance {
                     let (dir, id, source) = (p.dir.clone(), p.image_id, p.source.clone());
                     p.writer = std::thread::Builder::new()
                         .name("thaw-ws-merge".into())
-                        .spawn(move || match ws::merge(&dir, id, &missed, source.file()) {
+                        .spawn(move || match ws::merge(&dir, id, &missed, source.file(), sealed_pages(&source).as_ref()) {
                             Ok(0) => {}
                             Ok(added) => info!(dir = %dir.display(), added, "working set extended by the pages this restore faulted in"),
                             Err(e) => warn!(error = %e, "extending the working set failed"),

@@ -216,6 +216,9 @@ impl Gcm {
 pub struct Sealer {
     pages: Gcm,
     tmp: Gcm,
+    /// The frames of the compressed working set (`ws/lz4.rs`), with random nonces: a
+    /// working set is written again and again (merges) under the same image salt.
+    ws: Gcm,
     info: SealInfo,
 }
 
@@ -226,7 +229,12 @@ impl Sealer {
     }
 
     fn with_info(key: &NodeKey, info: SealInfo) -> Sealer {
-        Sealer { pages: key.derive(b"thaw pages v1", &info.salt), tmp: key.derive(b"thaw tmp v1", &info.salt), info }
+        Sealer {
+            pages: key.derive(b"thaw pages v1", &info.salt),
+            tmp: key.derive(b"thaw tmp v1", &info.salt),
+            ws: key.derive(b"thaw ws v1", &info.salt),
+            info,
+        }
     }
 
     /// Ciphers to open an image sealed as `info`, with `key` (this process's node key).
@@ -258,6 +266,22 @@ impl Sealer {
     pub fn seal_data(&self, n: u64, data: &mut Vec<u8>) {
         let tag = self.tmp.seal(n, data);
         data.extend_from_slice(&tag);
+    }
+
+    /// Encrypt a frame of the compressed working set in place, bound to `aad` (where it
+    /// belongs); its random nonce and its tag.
+    pub fn seal_frame(&self, aad: &[u8], data: &mut [u8]) -> Result<([u8; 12], [u8; TAG_LEN]), SealError> {
+        let n: [u8; 12] = random()?;
+        let tag = self.ws.0.seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::from(aad), data).expect("below GCM's length limit");
+        Ok((n, tag.as_ref().try_into().expect("16-byte tag")))
+    }
+
+    /// Reverse of [`Sealer::seal_frame`]; false if it does not authenticate (then
+    /// `data` holds garbage and must not be used).
+    #[must_use]
+    pub fn open_frame(&self, nonce: &[u8; 12], aad: &[u8], data: &mut [u8], tag: &[u8; TAG_LEN]) -> bool {
+        let tag = Tag::try_from(&tag[..]).expect("16-byte tag");
+        self.ws.0.open_in_place_separate_tag(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), tag, data, 0..).is_ok()
     }
 
     /// Reverse of [`Sealer::seal_data`]; false if it does not authenticate.

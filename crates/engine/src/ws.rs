@@ -183,7 +183,9 @@ impl WorkingSet {
     /// Where `f` has ws.lz4 ([`PagesFile`]), a piece's frames are read from there and
     /// decompressed on the lane instead; a piece whose frames do not decompress or
     /// check is read from ws.pages (and ws.lz4 removed).
-    pub fn read_into(&self, dir: &Path, index: &PageIndex, f: &PagesFile, into: &Arriving, open: &OpenPieces) -> Result<(), WsError> {
+    /// A sealed image's ws.lz4 is opened with `sealer`: its pieces come out clear, and
+    /// `open` is not called for them.
+    pub fn read_into(&self, dir: &Path, index: &PageIndex, f: &PagesFile, into: &Arriving, open: &OpenPieces, sealer: Option<&Sealer>) -> Result<(), WsError> {
         let t0 = Instant::now();
         // However this ends (a lane that panicked included), no piece is left unset: a
         // restore waiting for it would wait for ever.
@@ -195,23 +197,31 @@ impl WorkingSet {
                 let mut buf = AlignedBuf::new(into.piece_len(k));
                 let first = at / PAGE_SIZE as usize;
                 let r = (|| {
-                    let compressed = f.lz4.as_ref().filter(|z| z.whole_frames(at, buf.as_ref().len())).and_then(|z| {
-                        let r = z.read(at, buf.as_mut()).and_then(|n| self.verify(dir, index, first, buf.as_ref()).map(|()| n).map_err(|e| e.to_string()));
+                    let usable = |z: &&lz4::Frames| z.whole_frames(at, buf.as_ref().len()) && (!z.sealed() || sealer.is_some());
+                    let compressed = f.lz4.as_ref().filter(usable).and_then(|z| {
+                        // Sealed frames authenticate; clear ones are checked as ws.pages is.
+                        let r = z.read(at, buf.as_mut(), sealer).and_then(|n| match z.sealed() {
+                            true => Ok((n, true)),
+                            false => self.verify(dir, index, first, buf.as_ref()).map(|()| (n, false)).map_err(|e| e.to_string()),
+                        });
                         r.inspect_err(|e| {
                             tracing::warn!(dir = %dir.display(), error = %e, "a piece of ws.lz4 does not check; reading it from ws.pages and removing ws.lz4");
                             let _ = std::fs::remove_file(dir.join(LZ4_FILE));
                         })
                         .ok()
                     });
-                    let n = match compressed {
-                        Some(n) => n,
+                    let (n, clear) = match compressed {
+                        Some(got) => got,
                         None => {
                             read_full(dir, &f.file, buf.as_mut(), at)?;
                             self.verify(dir, index, first, buf.as_ref())?;
-                            buf.as_ref().len() as u64
+                            (buf.as_ref().len() as u64, false)
                         }
                     };
                     into.read_bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    if clear {
+                        return Ok(());
+                    }
                     open(first, buf.as_mut())
                 })();
                 if let Err(e) = r {
@@ -322,7 +332,7 @@ impl WorkingSet {
 /// Add the pages of `touched` that the working set of `dir` lacks (in the order
 /// they were touched, after the recorded ones) and rewrite it. Returns how many
 /// entries were added (0: nothing to do, files untouched).
-pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &crate::pagefiles::PageFiles) -> Result<usize, WsError> {
+pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &crate::pagefiles::PageFiles, sealed: Option<&SealedPages<'_>>) -> Result<usize, WsError> {
     let ws = match WorkingSet::load(dir, image_id) {
         Ok(ws) => ws,
         // Dropped meanwhile (by another instance's misprediction): the next restore records.
@@ -335,15 +345,37 @@ pub fn merge(dir: &Path, image_id: u32, touched: &[Touch], pages: &crate::pagefi
     trace.extend(touched.iter().filter(|t| known.insert(t.vaddr)).copied());
     let added = trace.len() - before;
     if added > 0 {
-        write(dir, image_id, &trace, pages)?;
+        write(dir, image_id, &trace, pages, sealed)?;
     }
     Ok(added)
 }
 
 /// Write the trace and the WS pages for `trace` beside the image, atomically
 /// (temporary names, then rename: a reader never sees half a working set).
-pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &crate::pagefiles::PageFiles) -> Result<WorkingSet, WsError> {
-    write_from(dir, image_id, trace, &mut |fp, page| pages.read_exact_at(page, fp * PAGE_SIZE), WriteHow::Durable)
+/// ws.lz4 then holds the pages decrypted and its frames sealed, where `sealed` gives
+/// the image's sealing (a sealed image's ws.pages holds ciphertext).
+pub fn write(dir: &Path, image_id: u32, trace: &[Touch], pages: &crate::pagefiles::PageFiles, sealed: Option<&SealedPages<'_>>) -> Result<WorkingSet, WsError> {
+    write_from(dir, image_id, trace, &mut |fp, page| pages.read_exact_at(page, fp * PAGE_SIZE), WriteHow::Durable, sealed)
+}
+
+/// How a sealed image's pages are opened ([`write`]): its sealer, the page index
+/// holding the tags, and how many of the numbered pages are its own (a diff's base
+/// pages, numbered after them, are clear).
+pub struct SealedPages<'a> {
+    pub sealer: &'a Sealer,
+    pub index: &'a PageIndex,
+    pub own_pages: u64,
+}
+
+impl SealedPages<'_> {
+    /// Decrypt stored page `fp` in place (a base page is clear); false if it does not
+    /// authenticate.
+    fn open(&self, fp: u64, page: &mut [u8]) -> bool {
+        if fp >= self.own_pages {
+            return true;
+        }
+        self.index.tags.get(fp as usize).is_some_and(|tag| self.sealer.open_page(fp, page, tag))
+    }
 }
 
 /// How [`write_from`] writes.
@@ -365,6 +397,7 @@ pub fn write_from(
     trace: &[Touch],
     read: &mut dyn FnMut(u64, &mut [u8]) -> io::Result<()>,
     how: WriteHow,
+    sealed: Option<&SealedPages<'_>>,
 ) -> Result<WorkingSet, WsError> {
     let durable = how != WriteHow::Unsynced;
     let ws = WorkingSet::from_trace(trace.to_vec());
@@ -381,11 +414,22 @@ pub fn write_from(
         let mut out = io::BufWriter::with_capacity(1 << 20, File::create(&tmp_pages).map_err(ioe("creating ws.pages"))?);
         let mut page = vec![0u8; PAGE_SIZE as usize];
         let mut z = (how == WriteHow::Durable).then(lz4::Writer::default);
+        let mut clear = vec![0u8; PAGE_SIZE as usize];
         for &(_, fp) in &ws.layout {
             read(fp, &mut page).map_err(ioe("reading the image"))?;
             out.write_all(&page).map_err(ioe("writing ws.pages"))?;
-            if let Some(z) = z.as_mut() {
-                z.page(&page);
+            match (z.as_mut(), sealed) {
+                (Some(w), None) => w.page(&page),
+                (Some(w), Some(s)) => {
+                    clear.copy_from_slice(&page);
+                    if s.open(fp, &mut clear) {
+                        w.page(&clear);
+                    } else {
+                        // ws.pages is checked page by page when read; ws.lz4 is not made.
+                        z = None;
+                    }
+                }
+                (None, _) => {}
             }
         }
         let f = out.into_inner().map_err(|e| e.into_error()).map_err(ioe("writing ws.pages"))?;
@@ -404,7 +448,7 @@ pub fn write_from(
         }
         let crc = crc32fast::hash(&t);
         t.extend_from_slice(&crc.to_le_bytes());
-        let compressed = z.and_then(|z| z.finish(crc));
+        let compressed = z.and_then(|z| z.finish(crc, sealed.map(|s| s.sealer)));
         if let Some(bytes) = &compressed {
             lz4::write_tmp(&tmp_lz4, bytes, durable).map_err(ioe("writing ws.lz4"))?;
         }
@@ -464,7 +508,7 @@ pub fn compress_beside(dir: &Path, durable: bool) -> Result<bool, WsError> {
     for page in pages.chunks(PAGE_SIZE as usize) {
         z.page(page);
     }
-    let Some(bytes) = z.finish(crc) else { return Ok(false) };
+    let Some(bytes) = z.finish(crc, None) else { return Ok(false) };
     let tmp = dir.join(format!("{LZ4_FILE}.tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
     let written = lz4::write_tmp(&tmp, &bytes, durable).and_then(|()| std::fs::rename(&tmp, dir.join(LZ4_FILE)));
     if written.is_err() {
@@ -710,16 +754,16 @@ mod tests {
         let dir = tmp.path();
         let (_, pages) = fake_image(dir);
         let t = |vaddr: u64, fp: Option<u64>| Touch { vaddr, file_page: fp };
-        assert_eq!(merge(dir, 7, &[t(0x10000, Some(0))], &pages).unwrap(), 0, "no working set: nothing to extend");
+        assert_eq!(merge(dir, 7, &[t(0x10000, Some(0))], &pages, None).unwrap(), 0, "no working set: nothing to extend");
         assert!(!WorkingSet::exists(dir));
-        write(dir, 7, &[t(0x12000, Some(2)), t(0x20000, None)], &pages).unwrap();
-        let added = merge(dir, 7, &[t(0x12000, Some(2)), t(0x10000, Some(0)), t(0x30000, None), t(0x10000, Some(0))], &pages);
+        write(dir, 7, &[t(0x12000, Some(2)), t(0x20000, None)], &pages, None).unwrap();
+        let added = merge(dir, 7, &[t(0x12000, Some(2)), t(0x10000, Some(0)), t(0x30000, None), t(0x10000, Some(0))], &pages, None);
         assert_eq!(added.unwrap(), 2);
         let ws = WorkingSet::load(dir, 7).unwrap();
         assert_eq!(ws.trace, vec![t(0x12000, Some(2)), t(0x20000, None), t(0x10000, Some(0)), t(0x30000, None)]);
         assert_eq!(std::fs::metadata(dir.join(PAGES_FILE)).unwrap().len(), 2 * 4096);
-        assert_eq!(merge(dir, 7, &[t(0x10000, Some(0))], &pages).unwrap(), 0, "already there");
-        assert!(matches!(merge(dir, 8, &[t(0x11000, Some(1))], &pages), Err(WsError::Stale { .. })));
+        assert_eq!(merge(dir, 7, &[t(0x10000, Some(0))], &pages, None).unwrap(), 0, "already there");
+        assert!(matches!(merge(dir, 8, &[t(0x11000, Some(1))], &pages, None), Err(WsError::Stale { .. })));
     }
 
     #[test]
@@ -736,7 +780,7 @@ mod tests {
             Touch { vaddr: 0x10000, file_page: Some(0) },
             Touch { vaddr: 0x20000, file_page: None },
         ];
-        write(dir, 0xabcd, &trace, &pages).unwrap();
+        write(dir, 0xabcd, &trace, &pages, None).unwrap();
         let ws = WorkingSet::load(dir, 0xabcd).unwrap();
         assert_eq!(ws.trace, trace);
         for cached in [true, false] {
@@ -777,7 +821,7 @@ mod tests {
 
     fn read_all(ws: &WorkingSet, dir: &Path, index: &PageIndex, f: &PagesFile) -> (Vec<u8>, u64) {
         let into = f.arriving(ws.pages_bytes() as usize);
-        ws.read_into(dir, index, f, &into, &|_, _| Ok(())).unwrap();
+        ws.read_into(dir, index, f, &into, &|_, _| Ok(()), None).unwrap();
         ((0..into.pieces()).flat_map(|k| into.wait(k).unwrap().to_vec()).collect(), into.read_bytes())
     }
 
@@ -787,7 +831,7 @@ mod tests {
         let dir = tmp.path();
         // 150 pages: two whole frames and part of a third.
         let (img, pages, index, trace) = compressible_image(dir, 150);
-        let ws = write(dir, 3, &trace, &pages).unwrap();
+        let ws = write(dir, 3, &trace, &pages, None).unwrap();
         let z = std::fs::metadata(dir.join(LZ4_FILE)).expect("ws.lz4 written").len();
         assert!(z < ws.pages_bytes() / 2, "{z} bytes for {}", ws.pages_bytes());
         let ws = WorkingSet::load(dir, 3).unwrap();
@@ -811,27 +855,27 @@ mod tests {
         assert!(!ws.open_pages(dir, true).unwrap().compressed());
         assert!(read_all(&ws, dir, &index, &ws.open_pages(dir, true).unwrap()).0 == img);
         // One written for another trace (the working set merged since) is not used.
-        write(dir, 3, &trace, &pages).unwrap();
+        write(dir, 3, &trace, &pages, None).unwrap();
         let old = std::fs::read(dir.join(LZ4_FILE)).unwrap();
-        merge(dir, 3, &[Touch { vaddr: 0x900000, file_page: None }], &pages).unwrap();
+        merge(dir, 3, &[Touch { vaddr: 0x900000, file_page: None }], &pages, None).unwrap();
         std::fs::write(dir.join(LZ4_FILE), &old).unwrap();
         let merged = WorkingSet::load(dir, 3).unwrap();
         assert!(!merged.open_pages(dir, true).unwrap().compressed());
         // Pages that do not compress (a sealed image's): none written, an old one removed.
         std::fs::write(dir.join("pages.img"), lz4::tests::noise(150 * 4096)).unwrap();
         let pages: crate::pagefiles::PageFiles = File::open(dir.join("pages.img")).unwrap().into();
-        write(dir, 3, &trace, &pages).unwrap();
+        write(dir, 3, &trace, &pages, None).unwrap();
         assert!(!dir.join(LZ4_FILE).exists());
         // Made beside a working set that arrived as files (pulled): the same bytes.
         let (_, pages, _, _) = compressible_image(dir, 150);
-        write(dir, 3, &trace, &pages).unwrap();
+        write(dir, 3, &trace, &pages, None).unwrap();
         let made = std::fs::read(dir.join(LZ4_FILE)).unwrap();
         assert!(!compress_beside(dir, false).unwrap(), "there already");
         std::fs::remove_file(dir.join(LZ4_FILE)).unwrap();
         assert!(compress_beside(dir, true).unwrap());
         assert!(std::fs::read(dir.join(LZ4_FILE)).unwrap() == made);
         // invalidate() removes it with the rest.
-        write(dir, 3, &trace, &compressible_image(dir, 150).1).unwrap();
+        write(dir, 3, &trace, &compressible_image(dir, 150).1, None).unwrap();
         assert!(dir.join(LZ4_FILE).exists());
         invalidate(dir);
         assert!(!dir.join(LZ4_FILE).exists());
@@ -850,7 +894,7 @@ mod tests {
         }
         // Nine stored pages, recorded out of order: ws.pages holds them by address.
         let trace: Vec<Touch> = [4u64, 0, 8, 2, 6, 1, 7, 3, 5].iter().map(|&p| Touch { vaddr: 0x10000 + p * 4096, file_page: Some(p) }).collect();
-        let ws = write(dir, 9, &trace, &pages).unwrap();
+        let ws = write(dir, 9, &trace, &pages, None).unwrap();
         let opened = std::sync::atomic::AtomicUsize::new(0);
         let open = |_: usize, p: &mut [u8]| {
             opened.fetch_add(p.len() / 4096, std::sync::atomic::Ordering::Relaxed);
@@ -861,7 +905,7 @@ mod tests {
             for cached in [true, false] {
                 let into = Arriving::with_piece(9 * 4096, piece * 4096);
                 opened.store(0, std::sync::atomic::Ordering::Relaxed);
-                ws.read_into(dir, &index, &ws.open_pages(dir, cached).unwrap(), &into, &open).unwrap();
+                ws.read_into(dir, &index, &ws.open_pages(dir, cached).unwrap(), &into, &open, None).unwrap();
                 let got: Vec<u8> = (0..into.pieces()).flat_map(|k| into.wait(k).unwrap().to_vec()).collect();
                 assert_eq!(got, img, "pieces of {piece} pages, cached {cached}");
                 assert_eq!(opened.load(std::sync::atomic::Ordering::Relaxed), 9, "every page opened once");
@@ -873,7 +917,7 @@ mod tests {
         std::thread::scope(|s| {
             let waiter = s.spawn(|| into.wait(4).map(<[u8]>::to_vec));
             std::thread::sleep(std::time::Duration::from_millis(20));
-            ws.read_into(dir, &index, &ws.open_pages(dir, true).unwrap(), &into, &open).unwrap();
+            ws.read_into(dir, &index, &ws.open_pages(dir, true).unwrap(), &into, &open, None).unwrap();
             assert_eq!(waiter.join().unwrap().unwrap(), &img[8 * 4096..]);
         });
         // A page that does not match the image, in the third of five pieces: the
@@ -882,7 +926,7 @@ mod tests {
         wp[4 * 4096 + 5] ^= 1;
         std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
         let into = Arriving::with_piece(9 * 4096, 2 * 4096);
-        let e = ws.read_into(dir, &index, &ws.open_pages(dir, true).unwrap(), &into, &open).unwrap_err().to_string();
+        let e = ws.read_into(dir, &index, &ws.open_pages(dir, true).unwrap(), &into, &open, None).unwrap_err().to_string();
         assert!(e.ends_with("ws.pages is corrupt (page for 0x14000 does not match the image)"), "{e}");
         assert_eq!(into.wait(0).unwrap(), &img[..2 * 4096]);
         assert!(into.wait(2).unwrap_err().ends_with("does not match the image)"));
@@ -903,7 +947,7 @@ mod tests {
         let f = ws.open_pages(dir, true).unwrap();
         std::fs::OpenOptions::new().write(true).open(dir.join(PAGES_FILE)).unwrap().set_len(7 * 4096).unwrap();
         let into = Arriving::with_piece(9 * 4096, 2 * 4096);
-        assert!(ws.read_into(dir, &index, &f, &into, &open).unwrap_err().to_string().ends_with("ws.pages is corrupt (short read)"));
+        assert!(ws.read_into(dir, &index, &f, &into, &open, None).unwrap_err().to_string().ends_with("ws.pages is corrupt (short read)"));
         assert!(into.wait(4).is_err());
         // No ws.pages at all.
         std::fs::remove_file(dir.join(PAGES_FILE)).unwrap();
@@ -913,7 +957,7 @@ mod tests {
         let into = Arriving::with_piece(9 * 4096, 2 * 4096);
         let boom = |first: usize, _: &mut [u8]| if first >= 4 { panic!("boom") } else { Ok(()) };
         let f = ws.open_pages(dir, true).unwrap();
-        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws.read_into(dir, &index, &f, &into, &boom)));
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws.read_into(dir, &index, &f, &into, &boom, None)));
         assert!(caught.is_err() || caught.unwrap().is_err());
         for k in 0..into.pieces() {
             let _ = into.wait(k); // returns: no piece is left unset

@@ -484,7 +484,7 @@ pub fn link_base(dir: &Path, base: &Path) -> Result<()> {
 pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path, trace: &[u8], read: PageRead, durable: bool) -> bool {
     let installed = WorkingSet::parse(dir, trace, m.image_id)
         .map_err(|e| e.to_string())
-        .and_then(|set| ws::write_from(dir, m.image_id, &set.trace, read, write_how(durable, false)).map_err(|e| e.to_string()));
+        .and_then(|set| ws::write_from(dir, m.image_id, &set.trace, read, write_how(durable, false), None).map_err(|e| e.to_string()));
     if let Err(e) = &installed {
         tracing::warn!(object = %remote.url.object_url(&Remote::ws_key(id)), error = %e, "ignoring a recorded working set that does not match its snapshot");
         ws::invalidate(dir);
@@ -520,7 +520,7 @@ pub(crate) fn derive_pages(m: &Manifest, dir: &Path, durable: bool) -> Result<()
 fn write_ws_pages(m: &Manifest, dir: &Path, trace: &[u8], durable: bool) -> Result<()> {
     let wse = |source| StoreError::WorkingSet { dir: dir.to_path_buf(), source };
     let set = WorkingSet::parse(dir, trace, m.image_id).map_err(wse)?;
-    ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, write_how(durable, true)).map_err(wse)?;
+    ws::write_from(dir, m.image_id, &set.trace, &mut page_reader(dir)?, write_how(durable, true), None).map_err(wse)?;
     Ok(())
 }
 

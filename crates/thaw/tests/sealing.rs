@@ -84,6 +84,16 @@ fn a_sealed_snapshot_holds_no_secret_and_restores_only_with_its_key() {
         assert_eq!(stdout(&ok(restore(&snap, Some(&key), paging))).trim(), want, "paging {paging}");
     }
     assert!(snap.join("ws.pages").is_file(), "a working set was recorded");
+    // Its compressed copy holds the pages decrypted, compressed, each frame sealed
+    // (version 2): a prefetch reads fewer bytes than the working set holds.
+    let z = std::fs::read(snap.join("ws.lz4")).expect("ws.lz4 written for a sealed working set");
+    assert_eq!((&z[..8], u32::from_le_bytes(z[8..12].try_into().unwrap())), (&b"THAWWSZ\0"[..], 2), "sealed frames");
+    let stats = scratch().join("sealed-prefetch.json");
+    let o = thaw(&["--key-file", key.to_str().unwrap(), "snapshot", "restore", snap.to_str().unwrap(), "--paging", "prefetch", "--payload", "{}", "--quiet", "--stats", stats.to_str().unwrap()]);
+    assert_eq!(stdout(&ok(o)).trim(), want);
+    let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let (ws_bytes, disk) = (st["prefetch"]["ws_bytes"].as_u64().unwrap(), st["prefetch"]["disk_bytes"].as_u64().unwrap());
+    assert!(disk > 0 && disk < ws_bytes / 2, "{disk} bytes read for {ws_bytes}: {st}");
     assert_eq!(files_holding(&snap, SECRET.as_bytes()), Vec::<String>::new(), "no file of a sealed snapshot holds the secret");
 
     let inspect: serde_json::Value =

@@ -6,14 +6,23 @@
 //! the frames of each piece and decompresses them on the reading lane instead.
 //!
 //! ```text
-//! ws.lz4  +0 magic "THAWWSZ\0" | +8 version u32 | +12 the trace's crc u32 (ws.trace's
-//!         last 4 bytes) | +16 the length of ws.pages u64 | +24 frame bytes u32 |
-//!         +28 frames u32 | +32 per frame: where its compressed bytes end, from the
-//!         data's start, u64 | crc32 u32 over everything before it | zeros to the next
+//! ws.lz4  +0 magic "THAWWSZ\0" | +8 version u32 (1 clear, 2 sealed) | +12 the trace's
+//!         crc u32 (ws.trace's last 4 bytes) | +16 the length of ws.pages u64 |
+//!         +24 frame bytes u32 | +28 frames u32 | +32 per frame: where its stored bytes
+//!         end, from the data's start, u64 (sealed: then its nonce, 12 bytes, and its
+//!         GCM tag, 16) | crc32 u32 over everything before it | zeros to the next
 //!         multiple of 4096
-//!         data: frame i = ws.pages' bytes i*F..(i+1)*F in the LZ4 block format, back
-//!         to back
+//!         data: frame i = ws.pages' bytes i*F..(i+1)*F in the LZ4 block format (sealed:
+//!         then encrypted), back to back
 //! ```
+//!
+//! A sealed image's ws.pages holds ciphertext, which does not compress: its ws.lz4 holds
+//! the pages decrypted (each checked by its tag first), compressed, and each frame
+//! sealed with AES-256-GCM under a key of the image's own (`Sealer::seal_frame`: the
+//! node key and the image's salt, a random nonce per frame), bound to where it belongs
+//! (the trace's crc, ws.pages' length and the frame's number as associated data). A
+//! frame that authenticates is what a holder of the node key wrote for this trace of
+//! this image; its pages are handed over clear.
 //!
 //! Derived data, never trusted: it is used only when its header checks and names the
 //! trace beside it and the length of ws.pages, and every page decompressed is checked
@@ -30,12 +39,16 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::AlignedBuf;
+use crate::seal::{Sealer, TAG_LEN};
 use crate::sys::PAGE_SIZE;
 
 pub const FILE: &str = "ws.lz4";
 const MAGIC: &[u8; 8] = b"THAWWSZ\0";
 const VERSION: u32 = 1;
+const VERSION_SEALED: u32 = 2;
 const HEADER: usize = 32;
+/// A sealed frame's nonce and tag.
+type Seal = ([u8; 12], [u8; TAG_LEN]);
 /// ws.pages' bytes per frame: 64 pages. A piece of a read is a whole number of frames.
 pub const FRAME: usize = 256 << 10;
 /// Written only when the frames take at most this share of ws.pages (3/4).
@@ -52,6 +65,9 @@ pub struct Frames {
     /// ws.pages' bytes per frame.
     frame: usize,
     len: u64,
+    trace_crc: u32,
+    /// Sealed frames' nonces and tags.
+    seals: Option<Vec<Seal>>,
 }
 
 /// Open ws.lz4 in `dir` for a working set whose trace has the crc `trace_crc` and
@@ -73,8 +89,8 @@ pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64) -> Option<Frames
     let got = read_upto(&file, first.as_mut(), 0).ok()?;
     let b = &first.as_ref()[..got];
     let why = match parse_header(b, trace_crc, len) {
-        Ok(Header { frames, frame, table_len }) => {
-            let table_end = HEADER + table_len;
+        Ok(Header { frames, frame, sealed }) => {
+            let table_end = HEADER + frames * entry_len(sealed);
             let data_at = (table_end + 4).div_ceil(page) * page;
             let whole = if data_at <= got {
                 b[..data_at].to_vec()
@@ -85,8 +101,8 @@ pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64) -> Option<Frames
                 }
                 all.as_ref().to_vec()
             };
-            match parse_table(&whole, frames, frame, size - data_at.min(size as usize) as u64) {
-                Ok(ends) => return Some(Frames { file, data_at: data_at as u64, ends, frame, len }),
+            match parse_table(&whole, frames, frame, sealed, size - data_at.min(size as usize) as u64) {
+                Ok((ends, seals)) => return Some(Frames { file, data_at: data_at as u64, ends, frame, len, trace_crc, seals }),
                 Err(why) => why,
             }
         }
@@ -99,7 +115,26 @@ pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64) -> Option<Frames
 struct Header {
     frames: usize,
     frame: usize,
-    table_len: usize,
+    sealed: bool,
+}
+
+/// Bytes of a table entry.
+fn entry_len(sealed: bool) -> usize {
+    if sealed {
+        8 + 12 + TAG_LEN
+    } else {
+        8
+    }
+}
+
+/// What a sealed frame is bound to: where it belongs.
+fn aad(trace_crc: u32, len: u64, frame: usize) -> [u8; 24] {
+    let mut a = [0u8; 24];
+    a[..8].copy_from_slice(MAGIC);
+    a[8..12].copy_from_slice(&trace_crc.to_le_bytes());
+    a[12..20].copy_from_slice(&len.to_le_bytes());
+    a[20..24].copy_from_slice(&(frame as u32).to_le_bytes());
+    a
 }
 
 fn parse_header(b: &[u8], trace_crc: u32, len: u64) -> Result<Header, &'static str> {
@@ -108,9 +143,11 @@ fn parse_header(b: &[u8], trace_crc: u32, len: u64) -> Result<Header, &'static s
     }
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-    if u32_at(8) != VERSION {
-        return Err("another version");
-    }
+    let sealed = match u32_at(8) {
+        VERSION => false,
+        VERSION_SEALED => true,
+        _ => return Err("another version"),
+    };
     if u32_at(12) != trace_crc {
         return Err("written for another trace");
     }
@@ -125,13 +162,14 @@ fn parse_header(b: &[u8], trace_crc: u32, len: u64) -> Result<Header, &'static s
     if frames != (len as usize).div_ceil(frame) {
         return Err("frames do not cover ws.pages");
     }
-    Ok(Header { frames, frame, table_len: frames * 8 })
+    Ok(Header { frames, frame, sealed })
 }
 
-/// The frames' ends from the header and table `b` (at least up to its crc), each
-/// frame no longer than LZ4 can make it and all of them within `data` bytes.
-fn parse_table(b: &[u8], frames: usize, frame: usize, data: u64) -> Result<Vec<u64>, &'static str> {
-    let end = HEADER + frames * 8;
+/// The frames' ends (and seals) from the header and table `b` (at least up to its
+/// crc), each frame no longer than LZ4 can make it and all of them within `data` bytes.
+fn parse_table(b: &[u8], frames: usize, frame: usize, sealed: bool, data: u64) -> Result<(Vec<u64>, Option<Vec<Seal>>), &'static str> {
+    let entry = entry_len(sealed);
+    let end = HEADER + frames * entry;
     if b.len() < end + 4 {
         return Err("short header");
     }
@@ -141,15 +179,20 @@ fn parse_table(b: &[u8], frames: usize, frame: usize, data: u64) -> Result<Vec<u
     let most = lz4_flex::block::get_maximum_output_size(frame) as u64;
     let mut prev = 0u64;
     let mut ends = Vec::with_capacity(frames);
+    let mut seals = Vec::new();
     for i in 0..frames {
-        let e = u64::from_le_bytes(b[HEADER + i * 8..HEADER + i * 8 + 8].try_into().expect("8 bytes"));
+        let at = HEADER + i * entry;
+        let e = u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
         if e < prev || e - prev > most || e > data {
             return Err("a frame out of bounds");
         }
         ends.push(e);
         prev = e;
+        if sealed {
+            seals.push((b[at + 8..at + 20].try_into().expect("12 bytes"), b[at + 20..at + 36].try_into().expect("16 bytes")));
+        }
     }
-    Ok(ends)
+    Ok((ends, sealed.then_some(seals)))
 }
 
 impl Frames {
@@ -164,10 +207,16 @@ impl Frames {
         at.is_multiple_of(self.frame) && (end.is_multiple_of(self.frame) || end as u64 == self.len) && end as u64 <= self.len && len > 0
     }
 
+    /// Whether its frames are sealed (they need the image's [`Sealer`]).
+    pub fn sealed(&self) -> bool {
+        self.seals.is_some()
+    }
+
     /// ws.pages' bytes `at..at + out.len()` (whole frames) decompressed into `out`:
-    /// their frames read in one read. Returns the bytes read from the disk. Unchecked:
-    /// the caller checks the pages.
-    pub fn read(&self, at: usize, out: &mut [u8]) -> Result<u64, String> {
+    /// their frames read in one read. Returns the bytes read from the disk. Clear
+    /// frames are unchecked (the caller checks the pages as ws.pages' are); sealed
+    /// ones are opened with `sealer` first, and their pages come out clear.
+    pub fn read(&self, at: usize, out: &mut [u8], sealer: Option<&Sealer>) -> Result<u64, String> {
         let end = at + out.len();
         if !self.whole_frames(at, out.len()) {
             return Err(format!("bytes {at}..{end} are not whole frames"));
@@ -183,11 +232,18 @@ impl Frames {
         if (got as u64) < self.data_at + stop - a0 {
             return Err("ws.lz4 ends early".into());
         }
-        let data = &buf.as_ref()[(self.data_at + start - a0) as usize..];
+        let data = &mut buf.as_mut()[(self.data_at + start - a0) as usize..];
         let mut from = 0usize;
         for (i, chunk) in out.chunks_mut(self.frame).enumerate() {
             let f = f0 + i;
             let to = (self.ends[f] - start) as usize;
+            if let Some(seals) = &self.seals {
+                let sealer = sealer.ok_or("ws.lz4 is sealed and no key opens it")?;
+                let (nonce, tag) = &seals[f];
+                if !sealer.open_frame(nonce, &aad(self.trace_crc, self.len, f), &mut data[from..to], tag) {
+                    return Err(format!("frame {f} of ws.lz4 does not authenticate under the node key"));
+                }
+            }
             let n = lz4_flex::block::decompress_into(&data[from..to], chunk).map_err(|e| format!("frame {f} of ws.lz4 does not decompress: {e}"))?;
             if n != chunk.len() {
                 return Err(format!("frame {f} of ws.lz4 holds {n} bytes, not {}", chunk.len()));
@@ -242,24 +298,38 @@ impl Writer {
         self.frame.clear();
     }
 
-    /// The whole file for the trace whose crc is `trace_crc`, or `None` when it would
-    /// not save a quarter of ws.pages (or ws.pages is empty).
-    pub fn finish(mut self, trace_crc: u32) -> Option<Vec<u8>> {
+    /// The whole file for the trace whose crc is `trace_crc`, its frames sealed with
+    /// `sealer` if given (the pages written were clear), or `None` when it would not
+    /// save a quarter of ws.pages (or ws.pages is empty, or no nonce could be drawn).
+    pub fn finish(mut self, trace_crc: u32, sealer: Option<&Sealer>) -> Option<Vec<u8>> {
         if !self.frame.is_empty() {
             self.seal_frame();
         }
         if self.len == 0 || self.data.len() as u64 * WORTH.1 as u64 > self.len * WORTH.0 as u64 {
             return None;
         }
-        let mut h = Vec::with_capacity(HEADER + self.ends.len() * 8 + 4);
+        let mut seals = Vec::new();
+        if let Some(s) = sealer {
+            let mut from = 0usize;
+            for (f, &end) in self.ends.iter().enumerate() {
+                seals.push(s.seal_frame(&aad(trace_crc, self.len, f), &mut self.data[from..end as usize]).ok()?);
+                from = end as usize;
+            }
+        }
+        let version = if sealer.is_some() { VERSION_SEALED } else { VERSION };
+        let mut h = Vec::with_capacity(HEADER + self.ends.len() * entry_len(sealer.is_some()) + 4);
         h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&VERSION.to_le_bytes());
+        h.extend_from_slice(&version.to_le_bytes());
         h.extend_from_slice(&trace_crc.to_le_bytes());
         h.extend_from_slice(&self.len.to_le_bytes());
         h.extend_from_slice(&(FRAME as u32).to_le_bytes());
         h.extend_from_slice(&(self.ends.len() as u32).to_le_bytes());
-        for e in &self.ends {
+        for (f, e) in self.ends.iter().enumerate() {
             h.extend_from_slice(&e.to_le_bytes());
+            if let Some((n, t)) = seals.get(f) {
+                h.extend_from_slice(n);
+                h.extend_from_slice(t);
+            }
         }
         let crc = crc32fast::hash(&h);
         h.extend_from_slice(&crc.to_le_bytes());
@@ -293,7 +363,7 @@ pub(super) mod tests {
         for p in raw.chunks(PAGE_SIZE as usize) {
             w.page(p);
         }
-        std::fs::write(dir.join(FILE), w.finish(crc).expect("compressible")).unwrap();
+        std::fs::write(dir.join(FILE), w.finish(crc, None).expect("compressible")).unwrap();
     }
 
     #[test]
@@ -306,11 +376,11 @@ pub(super) mod tests {
             let z = open(d.path(), cached, 7, raw.len() as u64).expect("opens");
             for (at, end) in [(0, raw.len()), (0, FRAME), (FRAME, 2 * FRAME), (2 * FRAME, raw.len()), (FRAME, raw.len())] {
                 let mut out = AlignedBuf::new(end - at);
-                z.read(at, out.as_mut()).unwrap();
+                z.read(at, out.as_mut(), None).unwrap();
                 assert!(out.as_ref() == &raw[at..end], "{at}..{end}");
             }
             let mut out = vec![0u8; 4096];
-            assert!(z.read(4096, &mut out).is_err(), "not a frame's start");
+            assert!(z.read(4096, &mut out, None).is_err(), "not a frame's start");
         }
     }
 
@@ -340,7 +410,7 @@ pub(super) mod tests {
         std::fs::write(d.path().join(FILE), &b).unwrap();
         let z = open(d.path(), true, 1, raw.len() as u64).expect("the header is intact");
         let mut out = vec![0u8; raw.len()];
-        match z.read(0, &mut out) {
+        match z.read(0, &mut out, None) {
             Ok(_) => assert!(out != raw, "a changed byte changes the output"),
             Err(e) => assert!(e.contains("frame 0"), "{e}"),
         }
@@ -365,7 +435,52 @@ pub(super) mod tests {
         for p in noise(8 * 4096).chunks(4096) {
             w.page(p);
         }
-        assert!(w.finish(0).is_none());
-        assert!(Writer::default().finish(0).is_none(), "nothing to write");
+        assert!(w.finish(0, None).is_none());
+        assert!(Writer::default().finish(0, None).is_none(), "nothing to write");
+    }
+
+    #[test]
+    fn sealed_frames_open_only_with_the_image_key_and_where_they_belong() {
+        let d = tempfile::tempdir().unwrap();
+        let raw = pages(130);
+        let key = crate::seal::NodeKey::from_bytes([7; 32]);
+        let sealer = Sealer::new(&key).unwrap();
+        let mut w = Writer::default();
+        for p in raw.chunks(PAGE_SIZE as usize) {
+            w.page(p);
+        }
+        let file = w.finish(9, Some(&sealer)).expect("compressible");
+        std::fs::write(d.path().join(FILE), &file).unwrap();
+        let z = open(d.path(), true, 9, raw.len() as u64).expect("opens");
+        assert!(z.sealed());
+        let mut out = AlignedBuf::new(raw.len());
+        z.read(0, out.as_mut(), Some(&sealer)).unwrap();
+        assert!(out.as_ref() == &raw[..]);
+        assert!(z.read(0, out.as_mut(), None).unwrap_err().contains("no key"));
+        // Another image's key (same node key, another salt) opens nothing.
+        let other = Sealer::new(&key).unwrap();
+        assert!(z.read(0, out.as_mut(), Some(&other)).unwrap_err().contains("does not authenticate"));
+        // The header rewritten to name another trace (its crc32 fixed: no secret
+        // needed): the frames are bound to the trace they were written for.
+        let mut moved = file.clone();
+        moved[12..16].copy_from_slice(&10u32.to_le_bytes());
+        let crc_at = HEADER + z.ends.len() * entry_len(true);
+        let crc = crc32fast::hash(&moved[..crc_at]);
+        moved[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(d.path().join(FILE), &moved).unwrap();
+        let z2 = open(d.path(), true, 10, raw.len() as u64).expect("the header checks");
+        assert!(z2.read(0, out.as_mut(), Some(&sealer)).unwrap_err().contains("does not authenticate"));
+        // A frame given another frame's seal does not authenticate either.
+        let mut swapped = file.clone();
+        let (a, b, n) = (HEADER + 8, HEADER + entry_len(true) + 8, 12 + TAG_LEN);
+        let first: Vec<u8> = swapped[a..a + n].to_vec();
+        swapped.copy_within(b..b + n, a);
+        swapped[b..b + n].copy_from_slice(&first);
+        let crc = crc32fast::hash(&swapped[..crc_at]);
+        swapped[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(d.path().join(FILE), &swapped).unwrap();
+        let z3 = open(d.path(), true, 9, raw.len() as u64).expect("the header checks");
+        let mut one = AlignedBuf::new(FRAME);
+        assert!(z3.read(0, one.as_mut(), Some(&sealer)).is_err());
     }
 }
