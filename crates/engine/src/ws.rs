@@ -190,7 +190,7 @@ impl WorkingSet {
         // However this ends (a lane that panicked included), no piece is left unset: a
         // restore waiting for it would wait for ever.
         let _settled = Settled(into);
-        let lanes = READ_LANES.min(into.pieces());
+        let lanes = read_lanes().min(into.pieces());
         let lane = |l: usize| -> Result<(), WsError> {
             for k in (l..into.pieces()).step_by(lanes) {
                 let at = into.start(k);
@@ -577,6 +577,11 @@ const PIECE: usize = 256 << 10;
 const MAX_PIECES: usize = 8;
 /// Pieces of ws.pages read at once (see [`WorkingSet::read_into`]).
 const READ_LANES: usize = 2;
+
+/// [`READ_LANES`], or `THAW_WS_LANES` (1-8) to measure against.
+fn read_lanes() -> usize {
+    std::env::var("THAW_WS_LANES").ok().and_then(|v| v.parse::<usize>().ok()).filter(|n| (1..=8).contains(n)).unwrap_or(READ_LANES)
+}
 
 /// ws.pages in memory as it is read, piece by piece ([`WorkingSet::read_into`]):
 /// each piece is set once, checked; a restore waits for the piece it installs next
