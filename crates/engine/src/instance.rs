@@ -376,6 +376,22 @@ impl LoadedSnapshot {
         })
     }
 
+    /// Write ws.lz4 beside this snapshot's working set where it has none for its trace
+    /// (one that arrived as files: from a store, or written before ws.lz4 existed), a
+    /// sealed image's with its frames sealed. Off a restore's path (it reads and
+    /// compresses the whole working set): a node calls it from a thread of its own.
+    pub fn compress_working_set(&self) -> Result<bool, WsError> {
+        let ws = match WorkingSet::load(&self.dir, self.id) {
+            Ok(ws) => ws,
+            Err(WsError::Missing { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        match sealed_pages(&self.source) {
+            Some(sealed) => ws::compress_sealed_beside(&self.dir, &ws, &sealed),
+            None => ws::compress_beside(&self.dir, true),
+        }
+    }
+
     /// Wait until the bundle is known to be the one captured (see [`CodeCheck`]).
     pub fn code_checked(&self) -> Result<(), RestoreError> {
         self.code_verdict.wait().map_err(RestoreError::Incompatible)

@@ -368,11 +368,11 @@ pub struct SealedPages<'a> {
 }
 
 impl SealedPages<'_> {
-    /// Decrypt stored page `fp` in place (a base page is clear); false if it does not
-    /// authenticate.
+    /// Decrypt stored page `fp` in place; false if it does not authenticate. A diff's
+    /// base page is clear: checked by its CRC instead.
     fn open(&self, fp: u64, page: &mut [u8]) -> bool {
         if fp >= self.own_pages {
-            return true;
+            return self.index.crcs.get(fp as usize) == Some(&crc32fast::hash(page));
         }
         self.index.tags.get(fp as usize).is_some_and(|tag| self.sealer.open_page(fp, page, tag))
     }
@@ -509,13 +509,46 @@ pub fn compress_beside(dir: &Path, durable: bool) -> Result<bool, WsError> {
         z.page(page);
     }
     let Some(bytes) = z.finish(crc, None) else { return Ok(false) };
+    install_lz4(dir, &bytes, durable)?;
+    Ok(true)
+}
+
+/// [`compress_beside`] for the working set `ws` of a sealed image (its pages
+/// decrypted, each checked by its tag, a diff's clear base pages by their CRC; the
+/// frames sealed): for one that arrived as files on a node that holds the key. Returns
+/// whether one was written; a page that does not check writes none.
+pub fn compress_sealed_beside(dir: &Path, ws: &WorkingSet, sealed: &SealedPages<'_>) -> Result<bool, WsError> {
+    let ioe = |what: &str| {
+        let (d, what) = (dir.to_path_buf(), what.to_string());
+        move |source| WsError::Io { dir: d, what, source }
+    };
+    if ws.trace_crc == 0 || lz4::open(dir, true, ws.trace_crc, ws.pages_bytes()).is_some() {
+        return Ok(false);
+    }
+    let mut pages = std::fs::read(dir.join(PAGES_FILE)).map_err(ioe("reading ws.pages"))?;
+    if pages.len() as u64 != ws.pages_bytes() {
+        return Ok(false);
+    }
+    let mut z = lz4::Writer::default();
+    for (page, &(_, fp)) in pages.chunks_mut(PAGE_SIZE as usize).zip(&ws.layout) {
+        if !sealed.open(fp, page) {
+            return Ok(false);
+        }
+        z.page(page);
+    }
+    let Some(bytes) = z.finish(ws.trace_crc, Some(sealed.sealer)) else { return Ok(false) };
+    install_lz4(dir, &bytes, true)?;
+    Ok(true)
+}
+
+/// Write ws.lz4's `bytes` under a temporary name and rename it into place.
+fn install_lz4(dir: &Path, bytes: &[u8], durable: bool) -> Result<(), WsError> {
     let tmp = dir.join(format!("{LZ4_FILE}.tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
-    let written = lz4::write_tmp(&tmp, &bytes, durable).and_then(|()| std::fs::rename(&tmp, dir.join(LZ4_FILE)));
+    let written = lz4::write_tmp(&tmp, bytes, durable).and_then(|()| std::fs::rename(&tmp, dir.join(LZ4_FILE)));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written.map_err(ioe("writing ws.lz4"))?;
-    Ok(true)
+    written.map_err(|source| WsError::Io { dir: dir.to_path_buf(), what: "writing ws.lz4".into(), source })
 }
 
 /// Remove a working set (stale, mispredicting or corrupt) so the next restore re-records.
@@ -883,6 +916,57 @@ mod tests {
         write(dir, 3, &trace, &compressible_image(dir, 150).1, None).unwrap();
         assert!(dir.join(LZ4_FILE).exists());
         invalidate(dir);
+        assert!(!dir.join(LZ4_FILE).exists());
+    }
+
+    #[test]
+    fn a_sealed_working_set_that_arrived_as_files_gets_sealed_frames_made_from_its_checked_pages() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let (img, _, _, trace) = compressible_image(dir, 100);
+        // The image sealed as capture seals it: each page encrypted in place, its CRC
+        // over the stored bytes, its tag in the index.
+        let key = crate::seal::NodeKey::from_bytes([3; 32]);
+        let sealer = Sealer::new(&key).unwrap();
+        let mut stored = img.clone();
+        let mut index = PageIndex::default();
+        for (fp, page) in stored.chunks_mut(4096).enumerate() {
+            let tag = sealer.seal_page(fp as u64, page);
+            index.push(0x10000 + fp as u64 * 4096, crc32fast::hash(page));
+            index.tags.push(tag);
+        }
+        std::fs::write(dir.join("pages.img"), &stored).unwrap();
+        let pages: crate::pagefiles::PageFiles = File::open(dir.join("pages.img")).unwrap().into();
+        // Written without its sealing (as a store writes it): ciphertext does not compress.
+        write(dir, 5, &trace, &pages, None).unwrap();
+        assert!(!dir.join(LZ4_FILE).exists());
+        let ws = WorkingSet::load(dir, 5).unwrap();
+        let sealed = SealedPages { sealer: &sealer, index: &index, own_pages: 100 };
+        assert!(compress_sealed_beside(dir, &ws, &sealed).unwrap());
+        assert!(!compress_sealed_beside(dir, &ws, &sealed).unwrap(), "there already");
+        let f = ws.open_pages(dir, true).unwrap();
+        assert!(f.compressed());
+        let into = f.arriving(ws.pages_bytes() as usize);
+        let opened = std::sync::atomic::AtomicUsize::new(0);
+        let open = |_: usize, _: &mut [u8]| {
+            opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        };
+        ws.read_into(dir, &index, &f, &into, &open, Some(&sealer)).unwrap();
+        let got: Vec<u8> = (0..into.pieces()).flat_map(|k| into.wait(k).unwrap().to_vec()).collect();
+        assert!(got == img, "the pages clear, from sealed frames");
+        assert_eq!(opened.load(std::sync::atomic::Ordering::Relaxed), 0, "clear pieces are not opened again");
+        // Without the key its frames are not used: ws.pages is read (and opened).
+        let into = f.arriving(ws.pages_bytes() as usize);
+        ws.read_into(dir, &index, &f, &into, &open, None).unwrap();
+        assert!(opened.load(std::sync::atomic::Ordering::Relaxed) > 0);
+        assert!(dir.join(LZ4_FILE).exists(), "kept: not damaged, only not for this reader");
+        // A page of ws.pages that does not authenticate: none made.
+        std::fs::remove_file(dir.join(LZ4_FILE)).unwrap();
+        let mut wp = std::fs::read(dir.join(PAGES_FILE)).unwrap();
+        wp[7 * 4096 + 9] ^= 1;
+        std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
+        assert!(!compress_sealed_beside(dir, &ws, &sealed).unwrap());
         assert!(!dir.join(LZ4_FILE).exists());
     }
 

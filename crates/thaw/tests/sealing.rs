@@ -176,3 +176,29 @@ fn a_sealed_diff_on_a_clear_base_holds_no_secret() {
     let o = run(&["snapshot", "restore", snap.to_str().unwrap(), "--paging", "lazy", "--payload", "{}", "--quiet"]);
     assert_eq!(o.status.code(), Some(2), "without the key: refused");
 }
+
+/// A sealed snapshot whose working set arrived without its compressed copy (a store
+/// writes none for a sealed image): the node, which holds the key, makes sealed
+/// frames beside it (`LoadedSnapshot::compress_working_set`), and a prefetch then
+/// reads them.
+#[test]
+fn a_sealed_working_set_that_arrived_without_ws_lz4_gets_sealed_frames_from_the_key_holder() {
+    let key = key_file("c.key");
+    let snap = scratch().join("snap-sealed-arrived");
+    create(&snap, Some(&key));
+    ok(restore(&snap, Some(&key), "record"));
+    std::fs::remove_file(snap.join("ws.lz4")).expect("written with the working set");
+    let hex = std::fs::read_to_string(&key).unwrap();
+    thaw_engine::seal::install(Some(std::sync::Arc::new(thaw_engine::seal::NodeKey::from_hex(hex.trim(), "the key file").unwrap())));
+    let loaded = thaw_engine::instance::LoadedSnapshot::open(&snap).unwrap();
+    assert!(loaded.compress_working_set().unwrap(), "made");
+    assert!(!loaded.compress_working_set().unwrap(), "there already");
+    let z = std::fs::read(snap.join("ws.lz4")).unwrap();
+    assert_eq!(u32::from_le_bytes(z[8..12].try_into().unwrap()), 2, "sealed frames");
+    let stats = scratch().join("sealed-arrived.json");
+    let o = thaw(&["--key-file", key.to_str().unwrap(), "snapshot", "restore", snap.to_str().unwrap(), "--paging", "prefetch", "--payload", "{}", "--quiet", "--stats", stats.to_str().unwrap()]);
+    assert_eq!(stdout(&ok(o)).trim(), format!(r#"{{"env": "{SECRET}", "tmp": "tmp:{SECRET}"}}"#));
+    let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert!(st["prefetch"]["disk_bytes"].as_u64().unwrap() < st["prefetch"]["ws_bytes"].as_u64().unwrap() / 2, "{st}");
+    assert_eq!(files_holding(&snap, SECRET.as_bytes()), Vec::<String>::new());
+}

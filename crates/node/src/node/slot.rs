@@ -187,6 +187,9 @@ impl SnapshotSlot {
             },
         };
         let snap = Arc::new(self.open.apply(snap));
+        if pin.is_some() {
+            compress_later(&snap);
+        }
         *st = Slot::Open { snap: snap.clone(), _pin: pin, lazy, last_use: Instant::now() };
         Ok(snap)
     }
@@ -265,7 +268,9 @@ impl SnapshotSlot {
         match reopened {
             Ok((s, mut h)) => {
                 h.lazy_was = Some(l.clone());
-                *st = Slot::Open { snap: Arc::new(self.open.apply(s)), _pin: Some(h), lazy: None, last_use: Instant::now() }
+                let snap = Arc::new(self.open.apply(s));
+                compress_later(&snap);
+                *st = Slot::Open { snap, _pin: Some(h), lazy: None, last_use: Instant::now() }
             }
             Err(e) => {
                 // Whatever moved is in the cache or gone: the next start opens it again.
@@ -452,5 +457,21 @@ impl super::Node {
                 }
             }
         }
+    }
+}
+
+/// ws.lz4 beside the working set of a snapshot that came from the store (the store
+/// makes clear ones only: a sealed image's needs the node key), on a thread of its
+/// own: it reads and compresses the whole working set once; a snapshot that has one
+/// returns at once.
+fn compress_later(snap: &Arc<LoadedSnapshot>) {
+    let s = snap.clone();
+    let spawned = std::thread::Builder::new().name("thaw-ws-lz4".into()).spawn(move || match s.compress_working_set() {
+        Ok(true) => tracing::info!(dir = %s.dir.display(), "ws.lz4 written beside the working set"),
+        Ok(false) => {}
+        Err(e) => warn!(dir = %s.dir.display(), error = %e, "ws.lz4 not written; restores read ws.pages"),
+    });
+    if let Err(e) = spawned {
+        warn!(error = %e, "cannot start the thread writing ws.lz4");
     }
 }
