@@ -386,10 +386,7 @@ impl LoadedSnapshot {
             Err(WsError::Missing { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
-        match sealed_pages(&self.source) {
-            Some(sealed) => ws::compress_sealed_beside(&self.dir, &ws, &sealed),
-            None => ws::compress_beside(&self.dir, true),
-        }
+        ws::compress_beside(&self.dir, &ws, sealed_pages(&self.source).as_ref(), true)
     }
 
     /// Wait until the bundle is known to be the one captured (see [`CodeCheck`]).

@@ -152,18 +152,13 @@ impl WorkingSet {
     /// Read ws.pages in one go (O_DIRECT unless `cached`) and verify every page
     /// against the image's CRCs. Returns the page-aligned contents.
     pub fn read_pages(&self, dir: &Path, index: &PageIndex, cached: bool) -> Result<(AlignedBuf, f64), WsError> {
-        let ioe = |what: &str| {
-            let what = what.to_string();
-            let d = dir.to_path_buf();
-            move |source| WsError::Io { dir: d, what, source }
-        };
         let t0 = Instant::now();
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true);
         if !cached {
             opts.custom_flags(libc::O_DIRECT);
         }
-        let f = opts.open(dir.join(PAGES_FILE)).map_err(ioe("opening ws.pages"))?;
+        let f = opts.open(dir.join(PAGES_FILE)).map_err(io_err(dir, "opening ws.pages"))?;
         let mut buf = AlignedBuf::new(self.pages_bytes() as usize);
         read_full(dir, &f, buf.as_mut(), 0)?;
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -250,12 +245,8 @@ impl WorkingSet {
         if !cached {
             opts.custom_flags(libc::O_DIRECT);
         }
-        let ioe = |what: &str| {
-            let (d, what) = (dir.to_path_buf(), what.to_string());
-            move |source| WsError::Io { dir: d, what, source }
-        };
-        let f = opts.open(dir.join(PAGES_FILE)).map_err(ioe("opening ws.pages"))?;
-        self.check_size(dir, f.metadata().map_err(ioe("reading the size of ws.pages"))?.len())?;
+        let f = opts.open(dir.join(PAGES_FILE)).map_err(io_err(dir, "opening ws.pages"))?;
+        self.check_size(dir, f.metadata().map_err(io_err(dir, "reading the size of ws.pages"))?.len())?;
         let lz4 = (self.trace_crc != 0 && std::env::var("THAW_WS_LZ4").as_deref() != Ok("0"))
             .then(|| lz4::open(dir, cached, self.trace_crc, self.pages_bytes()))
             .flatten();
@@ -401,23 +392,18 @@ pub fn write_from(
 ) -> Result<WorkingSet, WsError> {
     let durable = how != WriteHow::Unsynced;
     let ws = WorkingSet::from_trace(trace.to_vec());
-    let ioe = |what: &str| {
-        let what = what.to_string();
-        let d = dir.to_path_buf();
-        move |source| WsError::Io { dir: d, what, source }
-    };
-    let tag = format!(".tmp-{}-{:?}", std::process::id(), std::thread::current().id());
+    let tag = tmp_tag();
     let tmp_pages = dir.join(format!("{PAGES_FILE}{tag}"));
     let tmp_trace = dir.join(format!("{TRACE_FILE}{tag}"));
     let tmp_lz4 = dir.join(format!("{LZ4_FILE}{tag}"));
     let result = (|| {
-        let mut out = io::BufWriter::with_capacity(1 << 20, File::create(&tmp_pages).map_err(ioe("creating ws.pages"))?);
+        let mut out = io::BufWriter::with_capacity(1 << 20, File::create(&tmp_pages).map_err(io_err(dir, "creating ws.pages"))?);
         let mut page = vec![0u8; PAGE_SIZE as usize];
         let mut z = (how == WriteHow::Durable).then(lz4::Writer::default);
         let mut clear = vec![0u8; PAGE_SIZE as usize];
         for &(_, fp) in &ws.layout {
-            read(fp, &mut page).map_err(ioe("reading the image"))?;
-            out.write_all(&page).map_err(ioe("writing ws.pages"))?;
+            read(fp, &mut page).map_err(io_err(dir, "reading the image"))?;
+            out.write_all(&page).map_err(io_err(dir, "writing ws.pages"))?;
             match (z.as_mut(), sealed) {
                 (Some(w), None) => w.page(&page),
                 (Some(w), Some(s)) => {
@@ -432,9 +418,9 @@ pub fn write_from(
                 (None, _) => {}
             }
         }
-        let f = out.into_inner().map_err(|e| e.into_error()).map_err(ioe("writing ws.pages"))?;
+        let f = out.into_inner().map_err(|e| e.into_error()).map_err(io_err(dir, "writing ws.pages"))?;
         if durable {
-            f.sync_all().map_err(ioe("syncing ws.pages"))?;
+            f.sync_all().map_err(io_err(dir, "syncing ws.pages"))?;
         }
 
         let mut t = Vec::with_capacity(28 + trace.len() * 16);
@@ -450,23 +436,23 @@ pub fn write_from(
         t.extend_from_slice(&crc.to_le_bytes());
         let compressed = z.and_then(|z| z.finish(crc, sealed.map(|s| s.sealer)));
         if let Some(bytes) = &compressed {
-            lz4::write_tmp(&tmp_lz4, bytes, durable).map_err(ioe("writing ws.lz4"))?;
+            lz4::write_tmp(&tmp_lz4, bytes, durable).map_err(io_err(dir, "writing ws.lz4"))?;
         }
-        let mut tf = File::create(&tmp_trace).map_err(ioe("creating ws.trace"))?;
-        tf.write_all(&t).map_err(ioe("writing ws.trace"))?;
+        let mut tf = File::create(&tmp_trace).map_err(io_err(dir, "creating ws.trace"))?;
+        tf.write_all(&t).map_err(io_err(dir, "writing ws.trace"))?;
         if durable {
-            tf.sync_all().map_err(ioe("syncing ws.trace"))?;
+            tf.sync_all().map_err(io_err(dir, "syncing ws.trace"))?;
         }
         // Pages first: a trace is only ever visible next to the pages it describes
         // (ws.lz4 names its trace: one for another trace is not used).
-        std::fs::rename(&tmp_pages, dir.join(PAGES_FILE)).map_err(ioe("installing ws.pages"))?;
+        std::fs::rename(&tmp_pages, dir.join(PAGES_FILE)).map_err(io_err(dir, "installing ws.pages"))?;
         match compressed {
-            Some(_) => std::fs::rename(&tmp_lz4, dir.join(LZ4_FILE)).map_err(ioe("installing ws.lz4"))?,
+            Some(_) => std::fs::rename(&tmp_lz4, dir.join(LZ4_FILE)).map_err(io_err(dir, "installing ws.lz4"))?,
             None => {
                 let _ = std::fs::remove_file(dir.join(LZ4_FILE));
             }
         }
-        std::fs::rename(&tmp_trace, dir.join(TRACE_FILE)).map_err(ioe("installing ws.trace"))?;
+        std::fs::rename(&tmp_trace, dir.join(TRACE_FILE)).map_err(io_err(dir, "installing ws.trace"))?;
         Ok(crc)
     })();
     if result.is_err() {
@@ -477,78 +463,58 @@ pub fn write_from(
     result.map(|crc| WorkingSet { trace_crc: crc, ..ws })
 }
 
-/// Write ws.lz4 for the working set in `dir` from its ws.pages, where there is a
-/// working set and no ws.lz4 for its trace yet (a working set that arrived as files:
-/// pulled from a store, or filled in by a lazy fetch). Returns whether one was written
-/// (not where the pages do not compress: a sealed image's). Off a restore's path.
-pub fn compress_beside(dir: &Path, durable: bool) -> Result<bool, WsError> {
-    let ioe = |what: &str| {
-        let (d, what) = (dir.to_path_buf(), what.to_string());
-        move |source| WsError::Io { dir: d, what, source }
-    };
-    let trace = match std::fs::read(dir.join(TRACE_FILE)) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(ioe("reading ws.trace")(e)),
-    };
-    let Some(body) = trace.len().checked_sub(4) else { return Ok(false) };
-    let crc = u32::from_le_bytes(trace[body..].try_into().expect("4 bytes"));
-    if crc32fast::hash(&trace[..body]) != crc {
-        return Ok(false);
-    }
-    let pages = match std::fs::read(dir.join(PAGES_FILE)) {
-        Ok(p) => p,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(ioe("reading ws.pages")(e)),
-    };
-    if lz4::open(dir, true, crc, pages.len() as u64).is_some() {
-        return Ok(false);
-    }
-    let mut z = lz4::Writer::default();
-    for page in pages.chunks(PAGE_SIZE as usize) {
-        z.page(page);
-    }
-    let Some(bytes) = z.finish(crc, None) else { return Ok(false) };
-    install_lz4(dir, &bytes, durable)?;
-    Ok(true)
-}
-
-/// [`compress_beside`] for the working set `ws` of a sealed image (its pages
-/// decrypted, each checked by its tag, a diff's clear base pages by their CRC; the
-/// frames sealed): for one that arrived as files on a node that holds the key. Returns
-/// whether one was written; a page that does not check writes none.
-pub fn compress_sealed_beside(dir: &Path, ws: &WorkingSet, sealed: &SealedPages<'_>) -> Result<bool, WsError> {
-    let ioe = |what: &str| {
-        let (d, what) = (dir.to_path_buf(), what.to_string());
-        move |source| WsError::Io { dir: d, what, source }
-    };
+/// Write ws.lz4 beside the working set `ws` of `dir` from its ws.pages, where it has
+/// none for its trace yet (a working set that arrived as files: pulled from a store,
+/// filled in by a lazy fetch, or written before ws.lz4 existed). A sealed image's
+/// (`sealed`) has its pages decrypted, each checked by its tag (a diff's clear base
+/// pages by their CRC), and its frames sealed; a page that does not check writes none.
+/// Returns whether one was written (not where the pages do not compress: a sealed
+/// image's without `sealed`). Off a restore's path: it reads and compresses the whole
+/// working set.
+pub fn compress_beside(dir: &Path, ws: &WorkingSet, sealed: Option<&SealedPages<'_>>, durable: bool) -> Result<bool, WsError> {
     if ws.trace_crc == 0 || lz4::open(dir, true, ws.trace_crc, ws.pages_bytes()).is_some() {
         return Ok(false);
     }
-    let mut pages = std::fs::read(dir.join(PAGES_FILE)).map_err(ioe("reading ws.pages"))?;
+    let mut pages = match std::fs::read(dir.join(PAGES_FILE)) {
+        Ok(p) => p,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_err(dir, "reading ws.pages")(e)),
+    };
     if pages.len() as u64 != ws.pages_bytes() {
         return Ok(false);
     }
     let mut z = lz4::Writer::default();
     for (page, &(_, fp)) in pages.chunks_mut(PAGE_SIZE as usize).zip(&ws.layout) {
-        if !sealed.open(fp, page) {
+        if sealed.is_some_and(|s| !s.open(fp, page)) {
             return Ok(false);
         }
         z.page(page);
     }
-    let Some(bytes) = z.finish(ws.trace_crc, Some(sealed.sealer)) else { return Ok(false) };
-    install_lz4(dir, &bytes, true)?;
+    let Some(bytes) = z.finish(ws.trace_crc, sealed.map(|s| s.sealer)) else { return Ok(false) };
+    install_lz4(dir, &bytes, durable)?;
     Ok(true)
 }
 
 /// Write ws.lz4's `bytes` under a temporary name and rename it into place.
 fn install_lz4(dir: &Path, bytes: &[u8], durable: bool) -> Result<(), WsError> {
-    let tmp = dir.join(format!("{LZ4_FILE}.tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let tmp = dir.join(format!("{LZ4_FILE}{}", tmp_tag()));
     let written = lz4::write_tmp(&tmp, bytes, durable).and_then(|()| std::fs::rename(&tmp, dir.join(LZ4_FILE)));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written.map_err(|source| WsError::Io { dir: dir.to_path_buf(), what: "writing ws.lz4".into(), source })
+    written.map_err(io_err(dir, "writing ws.lz4"))
+}
+
+/// The suffix of a file being written here before it is renamed into place: this
+/// process's and thread's, so concurrent writers never share one.
+fn tmp_tag() -> String {
+    format!(".tmp-{}-{:?}", std::process::id(), std::thread::current().id())
+}
+
+/// An I/O error of the working set in `dir` while doing `what`.
+fn io_err(dir: &Path, what: &str) -> impl FnOnce(io::Error) -> WsError {
+    let (dir, what) = (dir.to_path_buf(), what.to_string());
+    move |source| WsError::Io { dir, what, source }
 }
 
 /// Remove a working set (stale, mispredicting or corrupt) so the next restore re-records.
@@ -565,7 +531,7 @@ fn read_full(dir: &Path, f: &File, buf: &mut [u8], at: usize) -> Result<(), WsEr
     while done < buf.len() {
         let n = f
             .read_at(&mut buf[done..], (at + done) as u64)
-            .map_err(|source| WsError::Io { dir: dir.to_path_buf(), what: "reading ws.pages".into(), source })?;
+            .map_err(io_err(dir, "reading ws.pages"))?;
         if n == 0 {
             return Err(WsError::Corrupt { dir: dir.to_path_buf(), file: PAGES_FILE, detail: "short read".into() });
         }
@@ -908,9 +874,10 @@ mod tests {
         let (_, pages, _, _) = compressible_image(dir, 150);
         write(dir, 3, &trace, &pages, None).unwrap();
         let made = std::fs::read(dir.join(LZ4_FILE)).unwrap();
-        assert!(!compress_beside(dir, false).unwrap(), "there already");
+        let ws = WorkingSet::load(dir, 3).unwrap();
+        assert!(!compress_beside(dir, &ws, None, false).unwrap(), "there already");
         std::fs::remove_file(dir.join(LZ4_FILE)).unwrap();
-        assert!(compress_beside(dir, true).unwrap());
+        assert!(compress_beside(dir, &ws, None, true).unwrap());
         assert!(std::fs::read(dir.join(LZ4_FILE)).unwrap() == made);
         // invalidate() removes it with the rest.
         write(dir, 3, &trace, &compressible_image(dir, 150).1, None).unwrap();
@@ -942,8 +909,8 @@ mod tests {
         assert!(!dir.join(LZ4_FILE).exists());
         let ws = WorkingSet::load(dir, 5).unwrap();
         let sealed = SealedPages { sealer: &sealer, index: &index, own_pages: 100 };
-        assert!(compress_sealed_beside(dir, &ws, &sealed).unwrap());
-        assert!(!compress_sealed_beside(dir, &ws, &sealed).unwrap(), "there already");
+        assert!(compress_beside(dir, &ws, Some(&sealed), true).unwrap());
+        assert!(!compress_beside(dir, &ws, Some(&sealed), true).unwrap(), "there already");
         let f = ws.open_pages(dir, true).unwrap();
         assert!(f.compressed());
         let into = f.arriving(ws.pages_bytes() as usize);
@@ -966,7 +933,7 @@ mod tests {
         let mut wp = std::fs::read(dir.join(PAGES_FILE)).unwrap();
         wp[7 * 4096 + 9] ^= 1;
         std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
-        assert!(!compress_sealed_beside(dir, &ws, &sealed).unwrap());
+        assert!(!compress_beside(dir, &ws, Some(&sealed), true).unwrap());
         assert!(!dir.join(LZ4_FILE).exists());
     }
 

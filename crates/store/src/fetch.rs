@@ -498,7 +498,7 @@ pub(crate) fn install_trace(remote: &Remote, m: &Manifest, id: &str, dir: &Path,
 pub(crate) fn derive(m: &Manifest, dir: &Path, durable: bool) -> Result<()> {
     if !m.derived.iter().any(|d| d == ws::PAGES_FILE) {
         // ws.pages came as a file: ws.lz4 (never stored) is made beside it.
-        compress_ws(dir, durable);
+        compress_ws(m, dir, durable);
         return Ok(());
     }
     let trace = std::fs::read(dir.join(TRACE_FILE)).map_err(StoreError::local(dir, "reading ws.trace"))?;
@@ -524,10 +524,16 @@ fn write_ws_pages(m: &Manifest, dir: &Path, trace: &[u8], durable: bool) -> Resu
     Ok(())
 }
 
-/// ws.lz4 beside a working set that arrived as files (`ws::compress_beside`): a
-/// failure only costs its speed, so it is logged.
-pub(crate) fn compress_ws(dir: &Path, durable: bool) {
-    if let Err(e) = ws::compress_beside(dir, durable) {
+/// ws.lz4 beside a working set that arrived as files (`ws::compress_beside`; clear:
+/// a sealed image's frames need the node key, see the node's slots): a failure only
+/// costs its speed, so it is logged.
+pub(crate) fn compress_ws(m: &Manifest, dir: &Path, durable: bool) {
+    let written = match WorkingSet::load(dir, m.image_id) {
+        Ok(set) => ws::compress_beside(dir, &set, None, durable),
+        Err(ws::WsError::Missing { .. }) => Ok(false),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = written {
         tracing::warn!(dir = %dir.display(), error = %e, "ws.lz4 not written; restores read ws.pages");
     }
 }

@@ -720,7 +720,7 @@ impl RemoteFill {
                 Err(e) => return Err(e),
             }
         }
-        crate::fetch::compress_ws(&self.dir, true);
+        crate::fetch::compress_ws(&self.m, &self.dir, true);
         self.complete.store(true, Ordering::Release);
         Ok(())
     }
