@@ -1,10 +1,13 @@
 //! Capture: freeze a ready-to-invoke sandboxed process and write its image.
 //!
-//! Order matters: stop the thread, read everything that is visible from the
-//! outside (registers, /proc, memory), *then* inject syscalls into the target
-//! to read what only the process itself can report (signal handlers, tid
-//! address, brk, cwd). Injection maps a scratch region and clobbers registers,
-//! which is harmless because the process is killed after capture.
+//! Order matters: stop the threads and read their registers, then map the
+//! injection's scratch region and drain the socketpairs (so descriptors in flight
+//! are received and described like the others, capture/passed.rs), read what is
+//! visible from the outside (/proc, memory; the region is not among the maps read
+//! before it), *then* inject the syscalls that read what only the process itself
+//! can report (signal handlers, tid address, brk, cwd). Injection clobbers
+//! registers and takes queued messages, which is harmless because the process is
+//! killed after capture.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -147,13 +150,40 @@ fn capture_inner(
     let auxv = procfs::auxv(pid).map_err(ioe("reading auxv"))?;
     let exe = procfs::exe(pid).map_err(ioe("reading exe link"))?;
     let personality = procfs::personality(pid).map_err(ioe("reading personality"))?;
-    let mut fds = capture_fds(pid)?;
+    // Descriptors in flight: every socketpair end drained first, so that what the
+    // queued messages passed is received into the process and described below
+    // like its own descriptors (capture/passed.rs). The region the injection needs
+    // is not among `maps`, so it is not captured.
+    let (region, wmem) = injection_region(&tracees[0], &maps).map_err(|source| CaptureError::Inject { pid, source })?;
+    let (drains, received) = passed::drain_all(&Injector::new(tracees[0], &wmem, region).map_err(|source| CaptureError::Inject { pid, source })?, region, pid)?;
+    for (fd, drained) in &drains {
+        if let passed::Drained::Refused(what) = drained {
+            return Err(refuse(format!("descriptor {fd} is a unix socketpair end on which {what}")));
+        }
+    }
+    let mut fds = capture_fds(pid, &received)?;
+    for (fd, drained) in drains.iter() {
+        if let (passed::Drained::Messages(m), Some(FdRecord { kind: FdKind::SocketPair { queued, .. }, .. })) = (drained, fds.iter_mut().find(|r| r.fd == *fd)) {
+            *queued = m.iter().map(|(bytes, _)| bytes.clone()).collect();
+        }
+    }
     let tmp = crate::tmpfs::capture(Path::new(&format!("/proc/{pid}/root"))).map_err(|e| match e {
         crate::tmpfs::TmpfsError::Io { .. } => CaptureError::Io { pid, what: "capturing /tmp".into(), source: io::Error::other(e) },
         refusal => refuse(refusal.to_string()),
     })?;
 
     let (mut vmas, files) = classify_vmas(pid, &maps, &mut fds)?;
+    // A mapping is made from its descriptor after the descriptors are restored, and
+    // one in flight is closed by then (it is in its message).
+    if let Some((v, r)) = vmas.iter().find_map(|v| match v.kind {
+        VmaKind::Unlinked { fd, .. } => received.iter().find(|r| r.fd == fd).map(|r| (v, r)),
+        _ => None,
+    }) {
+        return Err(refuse(format!(
+            "descriptor {} is a unix socketpair end with a descriptor in flight (SCM_RIGHTS) of an object the process maps at {:#x}; a restore cannot map it from its message",
+            r.send.0, v.start
+        )));
+    }
     let mem = ProcMem::open(pid, false).map_err(ioe("opening /proc/PID/mem"))?;
     let base = match layer {
         Layer::Diff(b) => Some(b),
@@ -172,7 +202,7 @@ fn capture_inner(
     };
 
     // State only the process can report: inject syscalls.
-    let injected = match injected_state(&tracees, &mem, &maps, &fds, timers) {
+    let injected = match injected_state(&tracees, region, &wmem, &fds, timers) {
         Ok(x) => x,
         Err(e) => {
             writer.abandon();
@@ -199,38 +229,21 @@ fn capture_inner(
             *buffered = bytes;
         }
     }
-    if !injected.socket_data.is_empty() {
+    if !drains.is_empty() {
         // Everything queued must have been read out: a peer still charged for unread
         // data (an empty record taken for end of stream, say) would lose it.
         let socks = sockdiag::unix_sockets(pid).map_err(|source| CaptureError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?;
         for r in &fds {
-            if let FdKind::SocketPair { .. } = r.kind {
-                let ino = std::fs::read_link(format!("/proc/{pid}/fd/{}", r.fd)).ok().and_then(|t| sockdiag::inode_of(&t.to_string_lossy()));
-                if ino.and_then(|i| socks.get(&i)).is_none_or(|s| s.wqueue > 0) {
-                    writer.abandon();
-                    return Err(refuse(format!("descriptor {} is a unix socketpair end whose sent data could not all be read out", r.fd)));
-                }
-            }
-        }
-    }
-    for (fd, drained) in injected.socket_data {
-        match drained {
-            Drained::Messages(m) => {
-                // Descriptors in flight: recorded at numbers the process does not use.
-                if let Err(what) = passed::record(pid, fd, &m, &mut fds) {
-                    writer.abandon();
-                    return Err(refuse(format!("descriptor {fd} is a unix socketpair end with a descriptor in flight (SCM_RIGHTS) that is {what}")));
-                }
-                if let Some(FdRecord { kind: FdKind::SocketPair { queued, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
-                    *queued = m.into_iter().map(|(bytes, _)| bytes).collect();
-                }
-            }
-            Drained::Refused(what) => {
+            let FdKind::SocketPair { .. } = &r.kind else { continue };
+            let ino = std::fs::read_link(format!("/proc/{pid}/fd/{}", r.fd)).ok().and_then(|t| sockdiag::inode_of(&t.to_string_lossy()));
+            if ino.and_then(|i| socks.get(&i)).is_none_or(|s| s.wqueue > 0) {
                 writer.abandon();
-                return Err(refuse(format!("descriptor {fd} is a unix socketpair end on which {what}")));
+                return Err(refuse(format!("descriptor {} is a unix socketpair end whose sent data could not all be read out", r.fd)));
             }
         }
     }
+    // What was received out of queued messages goes back into them at restore.
+    passed::wrap(&mut fds, &received);
     for (t, (tid_address, altstack)) in threads.iter_mut().zip(injected.per_thread) {
         t.tid_address = tid_address;
         t.altstack = altstack;
@@ -410,11 +423,16 @@ fn read_file(path: &str) -> Result<(Vec<u8>, u32, u32), Option<std::io::Error>> 
     Ok((content, seals as u32, meta.permissions().mode() & 0o7777))
 }
 
-fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
+/// The process's descriptors, each as what a restore makes again. `received`: those
+/// just received out of queued messages (in flight at the snapshot), described
+/// after the process's own (so that one it also holds is a [`FdKind::Dup`] of its
+/// own number) and named as passed in a refusal.
+fn capture_fds(pid: i32, received: &[passed::Received]) -> Result<Vec<FdRecord>, CaptureError> {
+    let mut list = procfs::fds(pid).map_err(|source| CaptureError::Io { pid, what: "listing descriptors".into(), source })?;
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
-    let list = procfs::fds(pid).map_err(|source| CaptureError::Io { pid, what: "listing descriptors".into(), source })?;
+    let late = |fd: i32| received.iter().position(|r| r.fd == fd);
+    list.sort_by_key(|f| (late(f.fd), f.fd));
     let mut out = Vec::new();
-    let pipe_ino = |t: &str| t.strip_prefix("pipe:[").and_then(|x| x.strip_suffix(']')).and_then(|x| x.parse::<u64>().ok());
     // The unix sockets of the process's network namespace, read once if it has sockets.
     let mut unix: Option<std::collections::HashMap<u32, sockdiag::UnixSock>> = None;
     for f in &list {
@@ -446,133 +464,15 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
             out.push(FdRecord { fd, kind: FdKind::Dup { of, flags } });
             continue;
         }
-        let kind = match (fd, t) {
-            (0, "/dev/null") => FdKind::Null,
-            (1 | 2, t) if t.starts_with("pipe:") && flags & libc::O_ACCMODE == libc::O_WRONLY && is_log_pipe(&list, t) => FdKind::Log,
-            (3, t) if t.starts_with("socket:") => FdKind::Control,
-            (_, t) if t.starts_with("socket:") => {
-                let ino = sockdiag::inode_of(t).unwrap_or(0);
-                if unix.is_none() {
-                    unix = Some(sockdiag::unix_sockets(pid).map_err(|source| CaptureError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?);
-                }
-                match socketpair_end(unix.as_ref().expect("set above"), &list, ino) {
-                    Ok((peer, s)) => FdKind::SocketPair {
-                        pair: u64::from(ino.min(peer)),
-                        first: ino < peer,
-                        sock_type: s.sock_type as i32,
-                        flags,
-                        shutdown: s.shutdown,
-                        queued: Vec::new(),
-                    },
-                    Err(Some(why)) => return Err(refuse(format!("descriptor {fd} is a unix socket {why}; only socketpairs whose both ends the process holds are carried across a snapshot"))),
-                    Err(None) => {
-                        let what = procfs::describe_socket(pid, u64::from(ino)).unwrap_or_else(|| format!("socket {t}"));
-                        return Err(refuse(format!(
-                            "descriptor {fd} is an open {what}; network connections cannot be carried across a snapshot \
-                             (open them in the handler, not at import time)"
-                        )));
-                    }
-                }
+        let kind = match describe(pid, f, &list, &mut unix) {
+            Err(CaptureError::Refused { pid, reason }) if late(fd).is_some() => {
+                let via = received[late(fd).expect("checked")].send.0;
+                return Err(CaptureError::Refused {
+                    pid,
+                    reason: format!("descriptor {via} is a unix socketpair end with a descriptor in flight (SCM_RIGHTS): {reason}"),
+                });
             }
-            (_, t) if t.starts_with("pipe:") => {
-                let ino = pipe_ino(t).unwrap_or(0);
-                let ends = list.iter().filter(|g| g.target == t).count();
-                let write = flags & libc::O_ACCMODE == libc::O_WRONLY;
-                if !list.iter().any(|g| g.target == t && (g.flags as i32 & libc::O_ACCMODE == libc::O_WRONLY) != write) {
-                    return Err(refuse(format!(
-                        "descriptor {fd} is one end of a pipe ({t}, {ends} descriptor(s)) whose other end is outside the process"
-                    )));
-                }
-                FdKind::Pipe { pipe: ino, write, flags, buffered: Vec::new() }
-            }
-            (_, "anon_inode:[eventfd]") => FdKind::EventFd {
-                count: procfs::fdinfo_field(&f.info, "eventfd-count").and_then(|v| v.parse().ok()).unwrap_or(0),
-                semaphore: procfs::fdinfo_field(&f.info, "eventfd-semaphore").as_deref() == Some("1"),
-                flags,
-            },
-            (_, "anon_inode:[timerfd]") => {
-                let pair = |k: &str| -> Option<(i64, i64)> {
-                    let v = procfs::fdinfo_field(&f.info, k)?;
-                    let (a, b) = v.trim_matches(|c| c == '(' || c == ')').split_once(',')?;
-                    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
-                };
-                match (procfs::fdinfo_field(&f.info, "clockid").and_then(|v| v.parse().ok()), pair("it_value"), pair("it_interval")) {
-                    (Some(clockid), Some(value), Some(interval)) => FdKind::TimerFd {
-                        clockid,
-                        flags,
-                        ticks: procfs::fdinfo_field(&f.info, "ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
-                        value,
-                        interval,
-                    },
-                    _ => return Err(refuse(format!("descriptor {fd} is a timerfd whose settings cannot be read: {}", f.info.trim()))),
-                }
-            }
-            (_, "anon_inode:[eventpoll]") => FdKind::Epoll { flags, items: procfs::parse_epoll_items(&f.info) },
-            (_, "anon_inode:inotify") => FdKind::Inotify { flags, watches: inotify::watches(pid, fd, &f.info)? },
-            // fdinfo's Pid is in the reader's namespace: the host pid.
-            (_, "anon_inode:[pidfd]") if procfs::fdinfo_field(&f.info, "Pid").and_then(|p| p.parse::<i32>().ok()) == Some(pid) => FdKind::PidFdSelf { flags },
-            (_, "anon_inode:[pidfd]") => {
-                return Err(refuse(format!("descriptor {fd} is a pidfd of another process ({}); only one of the process itself is carried across a snapshot", f.info.lines().find(|l| l.starts_with("Pid:")).unwrap_or("Pid: ?").trim())));
-            }
-            (_, "anon_inode:[signalfd]") => FdKind::SignalFd {
-                mask: procfs::fdinfo_field(&f.info, "sigmask").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0),
-                flags,
-            },
-            (_, t) if t.starts_with("/memfd:") && t.ends_with(" (deleted)") => {
-                let name = t["/memfd:".len()..t.len() - " (deleted)".len()].to_string();
-                let (content, seals, _) = read_fd_file(pid, fd).map_err(|e| match e {
-                    Some(source) => CaptureError::Io { pid, what: format!("reading memfd descriptor {fd} ({t})"), source },
-                    None => refuse(format!("descriptor {fd} is a memfd ({t}) larger than {} MiB; the engine carries memfds up to that size", MEMFD_MAX >> 20)),
-                })?;
-                FdKind::MemFd { name, content, seals, flags, pos: f.pos }
-            }
-            (_, t) if t.ends_with(" (deleted)") && crate::tmpfs::holds(t) => {
-                // A file of the instance's own /tmp, open and then deleted: made again at
-                // its path, which must be free.
-                let path = t[..t.len() - " (deleted)".len()].to_string();
-                if std::fs::symlink_metadata(format!("/proc/{pid}/root{path}")).is_ok() {
-                    return Err(refuse(format!("descriptor {fd} is a deleted file ({t}) whose path was taken again; it cannot be made again there")));
-                }
-                let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
-                    .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {fd}"), source })?;
-                if !meta.file_type().is_file() || std::os::unix::fs::MetadataExt::nlink(&meta) != 0 {
-                    return Err(refuse(format!("descriptor {fd} ({t}) is a deleted file that is not a regular file, or still linked elsewhere")));
-                }
-                let (content, _, mode) = read_fd_file(pid, fd).map_err(|e| match e {
-                    Some(source) => CaptureError::Io { pid, what: format!("reading deleted file descriptor {fd} ({t})"), source },
-                    None => refuse(format!("descriptor {fd} is a deleted file ({t}) larger than {} MiB", MEMFD_MAX >> 20)),
-                })?;
-                FdKind::DeletedTmp { path, content, mode, flags, pos: f.pos }
-            }
-            (_, t) if t.starts_with('/') && !t.ends_with(" (deleted)") => {
-                let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
-                    .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {fd}"), source })?;
-                let ft = meta.file_type();
-                use std::os::unix::fs::FileTypeExt;
-                if !(ft.is_file() || ft.is_char_device() || ft.is_dir()) {
-                    return Err(refuse(format!("descriptor {fd} ({t}) is neither a regular file nor a device")));
-                }
-                // File locks: taken again on the instance's own /tmp files (no other
-                // process shares those), refused by name elsewhere.
-                let locks = parse_locks(&f.info).map_err(|line| refuse(format!("descriptor {fd} ({t}) holds a file lock thaw cannot take again: {line}")))?;
-                if !locks.is_empty() && !(ft.is_file() && crate::tmpfs::holds(t)) {
-                    return Err(refuse(format!("descriptor {fd} ({t}) holds a file lock (flock, POSIX or OFD) on a file outside /tmp and /dev/shm, which cannot be carried across a snapshot")));
-                }
-                // Open for writing: only a file of the instance's own /tmp or /dev/shm
-                // (restored afresh for every instance), never one others share.
-                let acc = flags & libc::O_ACCMODE;
-                if ft.is_file() && acc != libc::O_RDONLY && !crate::tmpfs::holds(t) {
-                    return Err(refuse(format!("descriptor {fd} ({t}) is open for writing (only files in /tmp or /dev/shm may be)")));
-                }
-                if locks.is_empty() {
-                    FdKind::Path { path: t.to_string(), flags, pos: f.pos }
-                } else {
-                    FdKind::PathLocked { path: t.to_string(), flags, pos: f.pos, locks }
-                }
-            }
-            (_, t) => {
-                return Err(refuse(format!("descriptor {fd} is of a kind the engine cannot recreate yet: {t}")));
-            }
+            other => other?,
         };
         out.push(FdRecord { fd, kind });
     }
@@ -587,6 +487,148 @@ fn capture_fds(pid: i32) -> Result<Vec<FdRecord>, CaptureError> {
         }
     }
     Ok(out)
+}
+
+/// What descriptor `f` of `pid` is, as a restore makes it again (`list`: all of the
+/// process's descriptors, for the other end of a pipe or socketpair); a refusal
+/// names why it cannot be.
+fn describe(
+    pid: i32,
+    f: &procfs::FdInfo,
+    list: &[procfs::FdInfo],
+    unix: &mut Option<std::collections::HashMap<u32, sockdiag::UnixSock>>,
+) -> Result<FdKind, CaptureError> {
+    let refuse = |reason: String| CaptureError::Refused { pid, reason };
+    let pipe_ino = |t: &str| t.strip_prefix("pipe:[").and_then(|x| x.strip_suffix(']')).and_then(|x| x.parse::<u64>().ok());
+    let (fd, t, flags) = (f.fd, f.target.as_str(), f.flags as i32);
+    Ok(match (fd, t) {
+        (0, "/dev/null") => FdKind::Null,
+        (1 | 2, t) if t.starts_with("pipe:") && flags & libc::O_ACCMODE == libc::O_WRONLY && is_log_pipe(list, t) => FdKind::Log,
+        (3, t) if t.starts_with("socket:") => FdKind::Control,
+        (_, t) if t.starts_with("socket:") => {
+            let ino = sockdiag::inode_of(t).unwrap_or(0);
+            if unix.is_none() {
+                *unix = Some(sockdiag::unix_sockets(pid).map_err(|source| CaptureError::Io { pid, what: "listing unix sockets (sock_diag)".into(), source })?);
+            }
+            match socketpair_end(unix.as_ref().expect("set above"), list, ino) {
+                Ok((peer, s)) => FdKind::SocketPair {
+                    pair: u64::from(ino.min(peer)),
+                    first: ino < peer,
+                    sock_type: s.sock_type as i32,
+                    flags,
+                    shutdown: s.shutdown,
+                    queued: Vec::new(),
+                },
+                Err(Some(why)) => return Err(refuse(format!("descriptor {fd} is a unix socket {why}; only socketpairs whose both ends the process holds are carried across a snapshot"))),
+                Err(None) => {
+                    let what = procfs::describe_socket(pid, u64::from(ino)).unwrap_or_else(|| format!("socket {t}"));
+                    return Err(refuse(format!(
+                        "descriptor {fd} is an open {what}; network connections cannot be carried across a snapshot \
+                         (open them in the handler, not at import time)"
+                    )));
+                }
+            }
+        }
+        (_, t) if t.starts_with("pipe:") => {
+            let ino = pipe_ino(t).unwrap_or(0);
+            let ends = list.iter().filter(|g| g.target == t).count();
+            let write = flags & libc::O_ACCMODE == libc::O_WRONLY;
+            if !list.iter().any(|g| g.target == t && (g.flags as i32 & libc::O_ACCMODE == libc::O_WRONLY) != write) {
+                return Err(refuse(format!(
+                    "descriptor {fd} is one end of a pipe ({t}, {ends} descriptor(s)) whose other end is outside the process"
+                )));
+            }
+            FdKind::Pipe { pipe: ino, write, flags, buffered: Vec::new() }
+        }
+        (_, "anon_inode:[eventfd]") => FdKind::EventFd {
+            count: procfs::fdinfo_field(&f.info, "eventfd-count").and_then(|v| v.parse().ok()).unwrap_or(0),
+            semaphore: procfs::fdinfo_field(&f.info, "eventfd-semaphore").as_deref() == Some("1"),
+            flags,
+        },
+        (_, "anon_inode:[timerfd]") => {
+            let pair = |k: &str| -> Option<(i64, i64)> {
+                let v = procfs::fdinfo_field(&f.info, k)?;
+                let (a, b) = v.trim_matches(|c| c == '(' || c == ')').split_once(',')?;
+                Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+            };
+            match (procfs::fdinfo_field(&f.info, "clockid").and_then(|v| v.parse().ok()), pair("it_value"), pair("it_interval")) {
+                (Some(clockid), Some(value), Some(interval)) => FdKind::TimerFd {
+                    clockid,
+                    flags,
+                    ticks: procfs::fdinfo_field(&f.info, "ticks").and_then(|v| v.parse().ok()).unwrap_or(0),
+                    value,
+                    interval,
+                },
+                _ => return Err(refuse(format!("descriptor {fd} is a timerfd whose settings cannot be read: {}", f.info.trim()))),
+            }
+        }
+        (_, "anon_inode:[eventpoll]") => FdKind::Epoll { flags, items: procfs::parse_epoll_items(&f.info) },
+        (_, "anon_inode:inotify") => FdKind::Inotify { flags, watches: inotify::watches(pid, fd, &f.info)? },
+        // fdinfo's Pid is in the reader's namespace: the host pid.
+        (_, "anon_inode:[pidfd]") if procfs::fdinfo_field(&f.info, "Pid").and_then(|p| p.parse::<i32>().ok()) == Some(pid) => FdKind::PidFdSelf { flags },
+        (_, "anon_inode:[pidfd]") => {
+            return Err(refuse(format!("descriptor {fd} is a pidfd of another process ({}); only one of the process itself is carried across a snapshot", f.info.lines().find(|l| l.starts_with("Pid:")).unwrap_or("Pid: ?").trim())));
+        }
+        (_, "anon_inode:[signalfd]") => FdKind::SignalFd {
+            mask: procfs::fdinfo_field(&f.info, "sigmask").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0),
+            flags,
+        },
+        (_, t) if t.starts_with("/memfd:") && t.ends_with(" (deleted)") => {
+            let name = t["/memfd:".len()..t.len() - " (deleted)".len()].to_string();
+            let (content, seals, _) = read_fd_file(pid, fd).map_err(|e| match e {
+                Some(source) => CaptureError::Io { pid, what: format!("reading memfd descriptor {fd} ({t})"), source },
+                None => refuse(format!("descriptor {fd} is a memfd ({t}) larger than {} MiB; the engine carries memfds up to that size", MEMFD_MAX >> 20)),
+            })?;
+            FdKind::MemFd { name, content, seals, flags, pos: f.pos }
+        }
+        (_, t) if t.ends_with(" (deleted)") && crate::tmpfs::holds(t) => {
+            // A file of the instance's own /tmp, open and then deleted: made again at
+            // its path, which must be free.
+            let path = t[..t.len() - " (deleted)".len()].to_string();
+            if std::fs::symlink_metadata(format!("/proc/{pid}/root{path}")).is_ok() {
+                return Err(refuse(format!("descriptor {fd} is a deleted file ({t}) whose path was taken again; it cannot be made again there")));
+            }
+            let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
+                .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {fd}"), source })?;
+            if !meta.file_type().is_file() || std::os::unix::fs::MetadataExt::nlink(&meta) != 0 {
+                return Err(refuse(format!("descriptor {fd} ({t}) is a deleted file that is not a regular file, or still linked elsewhere")));
+            }
+            let (content, _, mode) = read_fd_file(pid, fd).map_err(|e| match e {
+                Some(source) => CaptureError::Io { pid, what: format!("reading deleted file descriptor {fd} ({t})"), source },
+                None => refuse(format!("descriptor {fd} is a deleted file ({t}) larger than {} MiB", MEMFD_MAX >> 20)),
+            })?;
+            FdKind::DeletedTmp { path, content, mode, flags, pos: f.pos }
+        }
+        (_, t) if t.starts_with('/') && !t.ends_with(" (deleted)") => {
+            let meta = std::fs::metadata(format!("/proc/{pid}/fd/{fd}"))
+                .map_err(|source| CaptureError::Io { pid, what: format!("stat of descriptor {fd}"), source })?;
+            let ft = meta.file_type();
+            use std::os::unix::fs::FileTypeExt;
+            if !(ft.is_file() || ft.is_char_device() || ft.is_dir()) {
+                return Err(refuse(format!("descriptor {fd} ({t}) is neither a regular file nor a device")));
+            }
+            // File locks: taken again on the instance's own /tmp files (no other
+            // process shares those), refused by name elsewhere.
+            let locks = parse_locks(&f.info).map_err(|line| refuse(format!("descriptor {fd} ({t}) holds a file lock thaw cannot take again: {line}")))?;
+            if !locks.is_empty() && !(ft.is_file() && crate::tmpfs::holds(t)) {
+                return Err(refuse(format!("descriptor {fd} ({t}) holds a file lock (flock, POSIX or OFD) on a file outside /tmp and /dev/shm, which cannot be carried across a snapshot")));
+            }
+            // Open for writing: only a file of the instance's own /tmp or /dev/shm
+            // (restored afresh for every instance), never one others share.
+            let acc = flags & libc::O_ACCMODE;
+            if ft.is_file() && acc != libc::O_RDONLY && !crate::tmpfs::holds(t) {
+                return Err(refuse(format!("descriptor {fd} ({t}) is open for writing (only files in /tmp or /dev/shm may be)")));
+            }
+            if locks.is_empty() {
+                FdKind::Path { path: t.to_string(), flags, pos: f.pos }
+            } else {
+                FdKind::PathLocked { path: t.to_string(), flags, pos: f.pos, locks }
+            }
+        }
+        (_, t) => {
+            return Err(refuse(format!("descriptor {fd} is of a kind the engine cannot recreate yet: {t}")));
+        }
+    })
 }
 
 /// fds 1 and 2 are the sandbox's log pipe: write ends whose read end is not ours.
@@ -817,73 +859,12 @@ struct Injected {
     pipe_data: Vec<(i32, Vec<u8>)>,
     /// Bytes of events queued on each inotify instance that has any (by descriptor).
     inotify_queued: Vec<(i32, u32)>,
-    /// What waited to be read on each socketpair end (by descriptor).
-    socket_data: Vec<(i32, Drained)>,
     brk: u64,
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
     attrs: ProcAttrs,
     /// System V shared memory segments in the process's IPC namespace.
     sysv_segments: i32,
-}
-
-/// What draining one socketpair end found.
-enum Drained {
-    /// The messages, in order (a stream's bytes as one or more pieces), each with the
-    /// descriptors it passed (SCM_RIGHTS), now received into the process.
-    Messages(Vec<(Vec<u8>, Vec<i32>)>),
-    /// Something that cannot be carried (named in the refusal).
-    Refused(&'static str),
-}
-
-/// Read out everything waiting on socketpair end `fd` (the process is never
-/// resumed, so reading it is harmless), message by message with recvmsg, until
-/// EAGAIN. Ancillary data (passed descriptors, credentials) and messages larger
-/// than what may travel are refused, never dropped.
-fn drain_socket(inj: &Injector<'_>, region: u64, fd: i32, sock_type: i32, rcv_shutdown: bool) -> Result<Drained, InjectError> {
-    const CTL: usize = 256;
-    let mut msgs = Vec::new();
-    let mut total = 0usize;
-    for _ in 0..SOCKET_MSGS_MAX {
-        let room = PIPE_DATA_MAX - total;
-        if room == 0 {
-            return Ok(Drained::Refused("more queued bytes than a snapshot carries"));
-        }
-        let mut d = DataArea::new(region);
-        let buf = d.reserve(room);
-        let ctl = d.reserve(CTL);
-        let iov = d.push(&[buf.to_le_bytes(), (room as u64).to_le_bytes()].concat());
-        // struct msghdr: name, namelen(+pad), iov, iovlen, control, controllen, flags(+pad).
-        let hdr: Vec<u8> = [0u64, 0, iov, 1, ctl, CTL as u64, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
-        let msg = d.push(&hdr);
-        let call = Call::new("recvmsg(socketpair)", libc::SYS_recvmsg, &[fd as u64, msg, libc::MSG_DONTWAIT as u64]);
-        let got = match inj.run(&[call], &mut d) {
-            Ok(r) => r[0] as usize,
-            Err(InjectError::Syscall { err, .. }) if err.raw_os_error() == Some(libc::EAGAIN) => return Ok(Drained::Messages(msgs)),
-            Err(e) => return Err(e),
-        };
-        let (controllen, flags) = (d.u64_at(msg, 5), d.u32_at(msg + 48) as i32);
-        if flags & libc::MSG_CTRUNC != 0 {
-            return Ok(Drained::Refused("a queued message passes more descriptors than a snapshot carries"));
-        }
-        let rights = match passed::rights(d.bytes(ctl, (controllen as usize).min(CTL))) {
-            Ok(r) => r,
-            Err(what) => return Ok(Drained::Refused(what)),
-        };
-        if flags & libc::MSG_TRUNC != 0 {
-            return Ok(Drained::Refused("a queued message is larger than a snapshot carries"));
-        }
-        // 0 is the end of a stream (its peer shut its sending side down: kept as
-        // shutdown state), or an empty record; a record socket shut down for
-        // receiving cannot tell them apart (the capture's final check refuses
-        // whatever was left unread).
-        if got == 0 && (sock_type == libc::SOCK_STREAM || sock_type == libc::SOCK_SEQPACKET && rcv_shutdown) {
-            return Ok(Drained::Messages(msgs));
-        }
-        total += got;
-        msgs.push((d.bytes(buf, got).to_vec(), rights));
-    }
-    Ok(Drained::Refused("more queued messages than a snapshot carries"))
 }
 
 /// A descriptor number above every one of `fds` and clear of the one the engine keeps
@@ -898,16 +879,13 @@ pub(super) fn unused_number(fds: &[FdRecord]) -> i32 {
     }
 }
 
-/// Most messages a socketpair end may hold at capture.
-const SOCKET_MSGS_MAX: usize = 1024;
-
 /// Bytes of CPU mask read (1024 CPUs).
 const AFFINITY_LEN: u64 = 128;
 
 const PR_GET_TID_ADDRESS: u64 = 40;
 const SS_DISABLE: i32 = 2;
 /// Most bytes a pipe may hold at capture (they travel in the injection data area).
-const PIPE_DATA_MAX: usize = 64 * 1024;
+pub(super) const PIPE_DATA_MAX: usize = 64 * 1024;
 /// RLIMIT_CPU .. RLIMIT_RTTIME.
 const RLIMIT_COUNT: u32 = 16;
 
@@ -991,14 +969,10 @@ fn posix_timers(pid: i32) -> Result<Vec<PosixTimer>, CaptureError> {
     Ok(out)
 }
 
-fn injected_state(
-    tracees: &[Tracee],
-    mem: &ProcMem,
-    maps: &[MapEntry],
-    fds: &[FdRecord],
-    mut posix_timers: Vec<PosixTimer>,
-) -> Result<Injected, InjectError> {
-    let tracee = &tracees[0];
+/// Map the scratch region syscalls are injected through into the stopped `tracee`
+/// (bootstrapped with the `syscall` instruction of its vDSO) and put the batch blob
+/// in it: the region's address and the process's memory, open for writing.
+fn injection_region(tracee: &Tracee, maps: &[MapEntry]) -> Result<(u64, ProcMem), InjectError> {
     let pid = tracee.pid.as_raw();
     // A `syscall` instruction to bootstrap with: the vDSO always has one.
     let vdso = maps.iter().find(|m| m.name == "[vdso]").ok_or(InjectError::UnexpectedStop {
@@ -1006,8 +980,9 @@ fn injected_state(
         rip: 0,
         signal: Some("no [vdso] mapping to find a syscall instruction in".into()),
     })?;
+    let wmem = ProcMem::open(pid, true).map_err(|source| InjectError::Memory { pid, addr: vdso.start, source })?;
     let mut text = vec![0u8; vdso.len() as usize];
-    mem.read_exact_at(&mut text, vdso.start).map_err(|source| InjectError::Memory { pid, addr: vdso.start, source })?;
+    wmem.read_exact_at(&mut text, vdso.start).map_err(|source| InjectError::Memory { pid, addr: vdso.start, source })?;
     let off = text.windows(2).position(|w| w == [0x0f, 0x05]).ok_or(InjectError::UnexpectedStop {
         pid,
         rip: vdso.start,
@@ -1021,9 +996,20 @@ fn injected_state(
         Call::new("mmap", libc::SYS_mmap, &[0, REGION_LEN, prot, flags, u64::MAX, 0]),
     )? as u64;
 
-    let wmem = ProcMem::open(pid, true).map_err(|source| InjectError::Memory { pid, addr: region, source })?;
-    let inj = Injector::new(*tracee, &wmem, region)?;
-    inj.install_blob()?;
+    Injector::new(*tracee, &wmem, region)?.install_blob()?;
+    Ok((region, wmem))
+}
+
+/// State only the process can report, read by syscalls injected through `region`
+/// (see [`injection_region`]).
+fn injected_state(
+    tracees: &[Tracee],
+    region: u64,
+    wmem: &ProcMem,
+    fds: &[FdRecord],
+    mut posix_timers: Vec<PosixTimer>,
+) -> Result<Injected, InjectError> {
+    let inj = Injector::new(tracees[0], wmem, region)?;
     let mut data = DataArea::new(region);
     let mut calls = Vec::new();
     let mut outs = Vec::new();
@@ -1154,16 +1140,10 @@ fn injected_state(
             pipe_data.push((fd, pd.bytes(buf, n).to_vec()));
         }
     }
-    let mut socket_data = Vec::new();
-    for r in fds {
-        if let FdKind::SocketPair { sock_type, shutdown, .. } = r.kind {
-            socket_data.push((r.fd, drain_socket(&inj, region, r.fd, sock_type, shutdown & 1 != 0)?));
-        }
-    }
     // Per-thread attributes only each thread can report.
     let mut per_thread = Vec::with_capacity(tracees.len());
     for t in tracees {
-        let ti = Injector::new(*t, &wmem, region)?;
+        let ti = Injector::new(*t, wmem, region)?;
         let mut d = DataArea::new(region);
         let ss = d.reserve(24);
         let tida = d.reserve(8);
@@ -1187,7 +1167,6 @@ fn injected_state(
         per_thread,
         pipe_data,
         inotify_queued,
-        socket_data,
         brk: res[brk_call] as u64,
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),

@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 18;
+pub const FORMAT_VERSION: u32 = 19;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -303,12 +303,13 @@ pub enum FdKind {
     /// path in watch descriptor order (no events were queued at capture). (Appended
     /// last.)
     Inotify { flags: i32, watches: Vec<InotifyWatch> },
-    /// Not one of the process's descriptors: an open file in flight, passed
-    /// (SCM_RIGHTS) with queued messages and not received at the snapshot. `sends`:
+    /// Not one of the process's descriptors: a descriptor in flight, passed
+    /// (SCM_RIGHTS) with a queued message and not received at the snapshot. `sends`:
     /// (socketpair end, message index on it, place among the message's descriptors)
-    /// of each time it was passed (one open file description passed twice is one
-    /// record). `object` (a `Path`) is made at this number, otherwise unused, sent
-    /// again with those messages, and closed. (Appended last.)
+    /// of the time it was passed. `object` (any kind but another `InFlight`; a `Dup`
+    /// where its open file is also a descriptor of the process or was passed
+    /// before it, format 19) is made at this number, otherwise unused, sent again
+    /// with that message, and closed. (Appended last.)
     InFlight { sends: Vec<(i32, u32, u32)>, object: Box<FdKind> },
 }
 

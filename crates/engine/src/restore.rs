@@ -769,9 +769,10 @@ fn push_lock_calls(calls: &mut Vec<Call>, data: &mut DataArea, fd: i32, locks: &
 /// 3. dup3 each into its recorded number, then close the high range,
 /// 4. restore offsets, O_NONBLOCK on pipe ends, and epoll registrations.
 fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError> {
-    let dups: Vec<&FdRecord> = img.fds.iter().filter(|r| matches!(r.kind, FdKind::Dup { .. })).collect();
     // Objects made only for their mappings or to be sent with a queued message: made as
-    // what they hold (closed once mapped, or sent).
+    // what they hold (closed once mapped, or sent); one in flight that is the open
+    // file of another descriptor (the process's own, or one passed before it) is a
+    // dup of it.
     let made_for: Vec<FdRecord> = img
         .fds
         .iter()
@@ -780,6 +781,8 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             _ => None,
         })
         .collect();
+    let (made_dups, made_for): (Vec<FdRecord>, Vec<FdRecord>) = made_for.into_iter().partition(|r| matches!(r.kind, FdKind::Dup { .. }));
+    let dups: Vec<&FdRecord> = img.fds.iter().filter(|r| matches!(r.kind, FdKind::Dup { .. })).chain(&made_dups).collect();
     let recs: Vec<&FdRecord> = img
         .fds
         .iter()

@@ -1,5 +1,5 @@
 # kind: descriptors (descriptors in flight over a unix socket: sent, not yet received)
-# variants: file two tmp held pipe
+# variants: file two tmp held pipe socketpair nested eventfd orphan
 # refusal-names: socket
 from _probe import *
 import socket
@@ -24,15 +24,42 @@ elif VARIANT == 'tmp':
     socket.send_fds(a, [b'tmp'], [fd])
     os.close(fd)
 elif VARIANT == 'held':
-    # Sent and still held: refused by name (a restore would make two open files).
+    # Sent and still held: one open file description, so one offset.
     held = os.open('/var/task/handler.py', os.O_RDONLY)
     socket.send_fds(a, [b'held'], [held])
 elif VARIANT == 'pipe':
+    # A pipe's read end in flight, with bytes in the pipe; the process keeps the
+    # write end.
     r, w = os.pipe()
-    socket.send_fds(a, [b'pipe'], [r])  # refused by name: only files travel
+    socket.send_fds(a, [b'pipe'], [r])
+    os.close(r)
+    os.write(w, b'queued')
+elif VARIANT == 'socketpair':
+    # One end of another socketpair in flight, a message waiting on it; the process
+    # keeps the other end.
+    c, d = socket.socketpair()
+    socket.send_fds(a, [b'socketpair'], [c.fileno()])
+    c.close()
+    d.send(b'to c')
+elif VARIANT == 'nested':
+    # A socketpair end in flight whose own queued message passes a file.
+    c, d = socket.socketpair()
+    f = os.open('/var/task/handler.py', os.O_RDONLY)
+    socket.send_fds(d, [b'inner'], [f])
+    os.close(f)
+    socket.send_fds(a, [b'nested'], [c.fileno()])
+    c.close()
+elif VARIANT == 'eventfd':
+    efd = os.eventfd(5, os.EFD_NONBLOCK)
+    socket.send_fds(a, [b'eventfd'], [efd])
+    os.close(efd)
+elif VARIANT == 'orphan':
+    # A pipe end in flight whose other end nobody holds: refused by name.
+    r, w = os.pipe()
+    os.write(w, b'x')
+    socket.send_fds(a, [b'orphan'], [r])
     os.close(r)
     os.close(w)
-
 
 def recv(n):
     b.settimeout(5)
@@ -63,6 +90,35 @@ def check():
     else:
         msg, fds = recv(1)
         expect(msg == VARIANT.encode() and len(fds) == 1, f'received {msg!r} {fds}')
+        got = fds[0]
+        if VARIANT == 'held':
+            os.lseek(got, 7, os.SEEK_SET)
+            expect(os.lseek(held, 0, os.SEEK_CUR) == 7, 'the held and the passed descriptor became two open files')
+        elif VARIANT == 'pipe':
+            expect(os.read(got, 100) == b'queued', 'the bytes in the passed pipe are lost')
+            os.write(w, b'more')
+            expect(os.read(got, 100) == b'more', 'the passed read end is not the held write end\'s pipe')
+            os.close(w)
+            expect(os.read(got, 100) == b'', 'another write end is open')
+        elif VARIANT == 'socketpair':
+            c2 = socket.socket(fileno=got)
+            c2.settimeout(5)
+            expect(c2.recv(100) == b'to c', 'the message queued on the passed end is lost')
+            c2.send(b'back')
+            d.settimeout(5)
+            expect(d.recv(100) == b'back', 'the passed end is not the held end\'s peer')
+        elif VARIANT == 'nested':
+            c2 = socket.socket(fileno=got)
+            c2.settimeout(5)
+            msg2, fds2, _, _ = socket.recv_fds(c2, 100, 1)
+            expect(msg2 == b'inner' and len(fds2) == 1, f'the passed end\'s own message: {msg2!r} {fds2}')
+            expect(fd_target(fds2[0]) == '/var/task/handler.py', fd_target(fds2[0]))
+            c2.send(b'back')
+            d.settimeout(5)
+            expect(d.recv(100) == b'back', 'the passed end is not the held end\'s peer')
+        elif VARIANT == 'eventfd':
+            expect(os.eventfd_read(got) == 5, 'the passed eventfd lost its count')
+            expect(os.get_blocking(got) is False, 'the passed eventfd lost O_NONBLOCK')
     b.setblocking(False)
     try:
         extra = b.recv(100)
