@@ -161,6 +161,10 @@ fn capture_inner(
             return Err(refuse(format!("descriptor {fd} is a unix socketpair end on which {what}")));
         }
     }
+    // Events queued on inotify instances, read out before anything here opens or
+    // lists a file they may watch (the walks of /tmp and of inotify's watched paths
+    // below would queue events of our own).
+    let inotify_queued = inotify::read_queued(&Injector::new(tracees[0], &wmem, region).map_err(|source| CaptureError::Inject { pid, source })?, region, pid)?;
     let mut fds = capture_fds(pid, &received)?;
     for (fd, drained) in drains.iter() {
         if let (passed::Drained::Messages(m), Some(FdRecord { kind: FdKind::SocketPair { queued, .. }, .. })) = (drained, fds.iter_mut().find(|r| r.fd == *fd)) {
@@ -218,11 +222,31 @@ fn capture_inner(
             injected.sysv_segments
         )));
     }
-    if let Some(&(fd, n)) = injected.inotify_queued.first() {
-        writer.abandon();
-        return Err(refuse(format!(
-            "descriptor {fd} is an inotify instance with {n} bytes of events queued; queued events cannot be carried across a snapshot (read them before init ends)"
-        )));
+    for (fd, n, bytes) in inotify_queued {
+        if n as usize > PIPE_DATA_MAX {
+            writer.abandon();
+            return Err(refuse(format!(
+                "descriptor {fd} is an inotify instance with {n} bytes of events queued, more than a snapshot carries ({PIPE_DATA_MAX}; read them before init ends)"
+            )));
+        }
+        // Caused again at restore from outside the process, which needs every
+        // instance at its number then (one in flight is closed by then).
+        if let Some(r) = fds.iter().find(|r| received.iter().any(|x| x.fd == r.fd) && matches!(r.kind, FdKind::Inotify { .. })) {
+            writer.abandon();
+            return Err(refuse(format!(
+                "descriptor {fd} is an inotify instance with events queued while inotify instance {} is in flight (SCM_RIGHTS); its events cannot be caused again",
+                r.fd
+            )));
+        }
+        if let Some(FdRecord { kind: FdKind::Inotify { watches, queued, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
+            match inotify::queued(pid, fd, &bytes, watches) {
+                Ok(events) => *queued = events,
+                Err(e) => {
+                    writer.abandon();
+                    return Err(e);
+                }
+            }
+        }
     }
     for (fd, bytes) in injected.pipe_data {
         if let Some(FdRecord { kind: FdKind::Pipe { buffered, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
@@ -563,7 +587,7 @@ fn describe(
             }
         }
         (_, "anon_inode:[eventpoll]") => FdKind::Epoll { flags, items: procfs::parse_epoll_items(&f.info) },
-        (_, "anon_inode:inotify") => FdKind::Inotify { flags, watches: inotify::watches(pid, fd, &f.info)? },
+        (_, "anon_inode:inotify") => FdKind::Inotify { flags, watches: inotify::watches(pid, fd, &f.info)?, queued: Vec::new() },
         // fdinfo's Pid is in the reader's namespace: the host pid.
         (_, "anon_inode:[pidfd]") if procfs::fdinfo_field(&f.info, "Pid").and_then(|p| p.parse::<i32>().ok()) == Some(pid) => FdKind::PidFdSelf { flags },
         (_, "anon_inode:[pidfd]") => {
@@ -857,8 +881,6 @@ struct Injected {
     per_thread: Vec<(u64, Option<AltStack>)>,
     /// Bytes buffered in each non-empty pipe (by read-end descriptor).
     pipe_data: Vec<(i32, Vec<u8>)>,
-    /// Bytes of events queued on each inotify instance that has any (by descriptor).
-    inotify_queued: Vec<(i32, u32)>,
     brk: u64,
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
@@ -1021,19 +1043,14 @@ fn injected_state(
         outs.push((sig as u32, out));
         calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig, 0, out, 8]));
     }
-    // How many bytes each pipe holds (read out below: data left in a pipe would be lost),
-    // and each inotify instance's queued events (refused: they cannot be put back).
+    // How many bytes each pipe holds (read out below: data left in a pipe would be lost).
     let mut pipe_checks = Vec::new();
-    let mut inotify_checks = Vec::new();
     for r in fds {
-        let checks = match r.kind {
-            FdKind::Pipe { write: false, .. } => &mut pipe_checks,
-            FdKind::Inotify { .. } => &mut inotify_checks,
-            _ => continue,
-        };
-        let out = data.reserve(4);
-        checks.push((r.fd, out));
-        calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
+        if let FdKind::Pipe { write: false, .. } = r.kind {
+            let out = data.reserve(4);
+            pipe_checks.push((r.fd, out));
+            calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
+        }
     }
     let brk_call = calls.len();
     calls.push(Call::new("brk", libc::SYS_brk, &[0]));
@@ -1116,7 +1133,6 @@ fn injected_state(
             sigactions.push(sa);
         }
     }
-    let inotify_queued: Vec<(i32, u32)> = inotify_checks.iter().map(|&(fd, out)| (fd, data.u32_at(out))).filter(|q| q.1 > 0).collect();
     // Take out what is buffered in pipes (the process is never resumed, so reading
     // it is harmless); restore writes it back into the new pipe.
     let mut pipe_data = Vec::new();
@@ -1166,7 +1182,6 @@ fn injected_state(
         sigactions,
         per_thread,
         pipe_data,
-        inotify_queued,
         brk: res[brk_call] as u64,
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),

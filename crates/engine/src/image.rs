@@ -300,9 +300,10 @@ pub enum FdKind {
     /// closed once they are made. (Appended last.)
     MapOnly { object: Box<FdKind> },
     /// An inotify instance (inotify_init1 `flags`) and its watches, added again by
-    /// path in watch descriptor order (no events were queued at capture). (Appended
+    /// path in watch descriptor order, and the events queued on it at capture, in
+    /// order (caused again at restore: restore/inotify.rs; format 19). (Appended
     /// last.)
-    Inotify { flags: i32, watches: Vec<InotifyWatch> },
+    Inotify { flags: i32, watches: Vec<InotifyWatch>, queued: Vec<InotifyEvent> },
     /// Not one of the process's descriptors: a descriptor in flight, passed
     /// (SCM_RIGHTS) with a queued message and not received at the snapshot. `sends`:
     /// (socketpair end, message index on it, place among the message's descriptors)
@@ -320,6 +321,18 @@ pub struct InotifyWatch {
     pub wd: i32,
     pub path: String,
     pub mask: u32,
+}
+
+/// An event queued on an inotify instance at capture, as read(2) gave it: the watch
+/// descriptor, the mask (one event, or `IN_MOVED_FROM` / `IN_MOVED_TO` of one
+/// rename, with `IN_ISDIR`), the cookie pairing a rename's two events, and the name
+/// of the entry in a watched directory (empty for an event on the watched object).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InotifyEvent {
+    pub wd: i32,
+    pub mask: u32,
+    pub cookie: u32,
+    pub name: Vec<u8>,
 }
 
 /// A file lock a descriptor holds (fdinfo's `lock:` lines, as /proc/locks prints them).

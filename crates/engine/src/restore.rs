@@ -37,6 +37,7 @@ use crate::sys::mem::{self, ProcMem};
 use crate::sys::ptrace::Tracee;
 use crate::sys::{uffd, PAGE_SIZE};
 
+mod inotify;
 mod unlinked;
 pub mod gate;
 
@@ -378,6 +379,9 @@ fn restore_inner(
     calls.push(Call::new("personality", libc::SYS_personality, &[img.personality as u64]));
     inj.run(&calls, &mut data).map_err(inj_err)?;
     restore_fds(&inj, img).map_err(inj_err)?;
+    if inotify::any(img) {
+        inotify::put_back(pid, pidfd.as_fd(), img).map_err(|e| RestoreError::Io { pid, what: format!("inotify events queued at capture: {e}"), source: io::Error::other("not caused again") })?;
+    }
     let unlinked = unlinked::calls(img);
     if !unlinked.is_empty() {
         inj.run(&unlinked, &mut DataArea::new(region)).map_err(inj_err)?;
