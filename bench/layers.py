@@ -95,6 +95,9 @@ def main(argv=None):
     ap.add_argument("--instances", default="1,8,16", help="instance counts of the memory measurement")
     ap.add_argument("--cross-instances", default="1,4",
                     help="instances of each function in the memory measurement across the functions of one runtime ('' to skip)")
+    ap.add_argument("--prepared-sandbox", action="store_true",
+                    help="restore in sandboxes prepared beforehand, as a node does (thaw serve --sandbox-pool, its default): "
+                         "the sandbox's creation (~5 ms here, and the largest source of run-to-run spread) is not in the times")
     ap.add_argument("--out", default="bench/results/layers.json")
     args = ap.parse_args(argv)
     thaw = os.path.abspath(args.thaw)
@@ -102,7 +105,7 @@ def main(argv=None):
     env = dict(os.environ, THAW_DATA_DIR=os.path.join(work, "data"))
     env.pop("THAW_LOG", None)
     bases = {}
-    results = {"bases": {}, "runs": args.runs, "functions": {}, "across_functions": {}}
+    results = {"bases": {}, "runs": args.runs, "prepared_sandbox": args.prepared_sandbox, "functions": {}, "across_functions": {}}
     by_runtime = {}
     for fn in [f for f in args.functions.split(",") if f]:
         runtime, code, handler, payload = reset_bench.function_spec(fn, args.samples)
@@ -127,18 +130,22 @@ def main(argv=None):
         layered = diff.get("base") is not None
         for k in snaps:
             reset_bench.run_stats(thaw, ["snapshot", "restore", snaps[k], "--paging", "record", "--payload", payload], env)
+        pool = ["--prepared-sandbox"] if args.prepared_sandbox else []
         modes = {
             "boot": ["boot", *common, "--payload", payload],
-            "full-prefetch": ["snapshot", "restore", snaps["full"], "--paging", "prefetch", "--payload", payload],
-            "diff-eager": ["snapshot", "restore", snaps["diff"], "--paging", "eager", "--payload", payload],
-            "diff-prefetch": ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--payload", payload],
+            "full-prefetch": ["snapshot", "restore", snaps["full"], "--paging", "prefetch", "--payload", payload, *pool],
+            "diff-eager": ["snapshot", "restore", snaps["diff"], "--paging", "eager", "--payload", payload, *pool],
+            "diff-prefetch": ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--payload", payload, *pool],
             # With a shared memory file: each CLI restore is a new process whose file is
             # empty, so this is the cost of filling it (later restores of a process map it).
-            "diff-prefetch-shared": ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--share-memory", "--payload", payload],
+            "diff-prefetch-shared": ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--share-memory", "--payload", payload, *pool],
         }
         samples = {m: [] for m in modes}
-        for _ in range(args.runs):
-            for m, a in modes.items():
+        order = list(modes.items())
+        for run in range(args.runs):
+            # Each round starts at another mode, so none always follows the same one
+            # (a restore right after an eager one ran slower in every round).
+            for m, a in order[run % len(order):] + order[:run % len(order)]:
                 for d in (*snaps.values(), base["dir"]):
                     if d:
                         coldstart.evict_page_cache(d)
