@@ -557,9 +557,12 @@ fn describe(
             let ino = pipe_ino(t).unwrap_or(0);
             let ends = list.iter().filter(|g| g.target == t).count();
             let write = flags & libc::O_ACCMODE == libc::O_WRONLY;
-            if !list.iter().any(|g| g.target == t && (g.flags as i32 & libc::O_ACCMODE == libc::O_WRONLY) != write) {
+            // The other end is the process's (or in flight to it), or closed: the
+            // restore makes it and closes it (after putting the buffered bytes in).
+            // Held by another process, it cannot be carried.
+            if !list.iter().any(|g| g.target == t && (g.flags as i32 & libc::O_ACCMODE == libc::O_WRONLY) != write) && !other_end_closed(pid, fd, write) {
                 return Err(refuse(format!(
-                    "descriptor {fd} is one end of a pipe ({t}, {ends} descriptor(s)) whose other end is outside the process"
+                    "descriptor {fd} is one end of a pipe ({t}, {ends} descriptor(s)) whose other end is open outside the process"
                 )));
             }
             FdKind::Pipe { pipe: ino, write, flags, buffered: Vec::new() }
@@ -653,6 +656,19 @@ fn describe(
             return Err(refuse(format!("descriptor {fd} is of a kind the engine cannot recreate yet: {t}")));
         }
     })
+}
+
+/// Whether the other end of the pipe whose end is descriptor `fd` of `pid` (its write
+/// end if `write`) is closed everywhere: polled through a copy of the end (which
+/// holds this end, not that one), a read end reports POLLHUP with no writer left, a
+/// write end POLLERR with no reader.
+fn other_end_closed(pid: i32, fd: i32, write: bool) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let Ok(end) = crate::sys::mem::pidfd_open(pid).and_then(|p| crate::sys::mem::pidfd_getfd(p.as_fd(), fd)) else { return false };
+    let mut fds = [PollFd::new(end.as_fd(), PollFlags::empty())];
+    let gone = if write { PollFlags::POLLERR } else { PollFlags::POLLHUP };
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(_)) && fds[0].revents().is_some_and(|r| r.contains(gone))
 }
 
 /// fds 1 and 2 are the sandbox's log pipe: write ends whose read end is not ours.

@@ -895,6 +895,20 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
         };
         sources.push(src);
     }
+    // A pipe end whose other end was closed at capture: the other end pipe2 makes
+    // too is kept (above the records, in step 2) to write the buffered bytes through,
+    // then closed.
+    let lone: Vec<(u64, u64)> = pipes
+        .iter()
+        .filter_map(|&(id, at)| {
+            let ends: Vec<bool> = recs.iter().filter_map(|r| match &r.kind {
+                FdKind::Pipe { pipe, write, .. } if *pipe == id => Some(*write),
+                _ => None,
+            }).collect();
+            (!ends.contains(&true) || !ends.contains(&false)).then(|| (id, if ends.contains(&true) { at } else { at + 4 }))
+        })
+        .collect();
+    sources.extend(lone.iter().map(|&(_, at)| Src::PipeEnd(at)));
     let res = inj.run(&calls, &mut data)?;
     let temp: Vec<u64> = sources
         .iter()
@@ -965,10 +979,12 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             if buffered.is_empty() {
                 continue;
             }
-            let w = recs.iter().find(|x| matches!(&x.kind, FdKind::Pipe { pipe: p, write: true, .. } if p == pipe));
+            let w = recs.iter().find(|x| matches!(&x.kind, FdKind::Pipe { pipe: p, write: true, .. } if p == pipe)).map(|w| w.fd as u64);
+            // Or the write end made only for this (its writer closed at capture).
+            let w = w.or_else(|| lone.iter().position(|l| l.0 == *pipe).map(|k| high + (recs.len() + k) as u64));
             if let Some(w) = w {
                 let a = data.push(buffered);
-                calls.push(Call::new("write(pipe)", libc::SYS_write, &[w.fd as u64, a, buffered.len() as u64]));
+                calls.push(Call::new("write(pipe)", libc::SYS_write, &[w, a, buffered.len() as u64]));
             }
         }
     }
@@ -1025,9 +1041,13 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             }
         }
     }
-    // Descriptors in flight are in their messages now: closed.
+    // Descriptors in flight are in their messages now: closed. So are the other ends
+    // of pipes whose other end was closed.
     for r in img.fds.iter().filter(|r| matches!(r.kind, FdKind::InFlight { .. })) {
         calls.push(Call::new("close(in flight)", libc::SYS_close, &[r.fd as u64]));
+    }
+    for k in 0..lone.len() {
+        calls.push(Call::new("close(closed pipe end)", libc::SYS_close, &[high + (recs.len() + k) as u64]));
     }
     // inotify watches, each added again by path in watch descriptor order: a fresh
     // instance numbers them from 1, so a gap (a watch removed before the capture) is

@@ -1,15 +1,38 @@
-# kind: descriptors (a pipe inside the process: empty, with buffered bytes, non-blocking, close-on-exec)
-# variants: empty buffered nonblock cloexec full
+# kind: descriptors (a pipe inside the process: empty, with buffered bytes, non-blocking, close-on-exec, one end closed)
+# variants: empty buffered nonblock cloexec full writer_closed reader_closed
 # refusal-names: pipe
 from _probe import *
 import fcntl
 r, w = os.pipe2({'nonblock': os.O_NONBLOCK, 'cloexec': os.O_CLOEXEC}.get(VARIANT, 0))
-DATA = {'buffered': b'in the pipe', 'full': b'x' * 60000}.get(VARIANT, b'')
+DATA = {'buffered': b'in the pipe', 'full': b'x' * 60000, 'writer_closed': b'left for the reader'}.get(VARIANT, b'')
 if DATA:
     os.write(w, DATA)
+if VARIANT == 'writer_closed':
+    # What a finished subprocess leaves: its output, then the end of the stream.
+    os.close(w)
+elif VARIANT == 'reader_closed':
+    os.close(r)
 
 
 def check():
+    if VARIANT == 'writer_closed':
+        expect(fd_target(r).startswith('pipe:'), fd_target(r))
+        got = b''
+        while True:
+            b = os.read(r, 65536)  # blocks if a write end is still open somewhere
+            if not b:
+                break
+            got += b
+        expect(got == DATA, f'read {got!r} then the end of the stream, want {DATA!r}')
+        return
+    if VARIANT == 'reader_closed':
+        expect(fd_target(w).startswith('pipe:'), fd_target(w))
+        try:
+            os.write(w, b'x')
+            expect(False, 'a write with no reader left succeeded')
+        except BrokenPipeError:
+            pass
+        return
     expect(fd_target(r).startswith('pipe:') and fd_target(r) == fd_target(w), f'{fd_target(r)} / {fd_target(w)}')
     os.set_blocking(r, False)
     try:

@@ -54,7 +54,7 @@ elif VARIANT == 'eventfd':
     socket.send_fds(a, [b'eventfd'], [efd])
     os.close(efd)
 elif VARIANT == 'orphan':
-    # A pipe end in flight whose other end nobody holds: refused by name.
+    # A pipe's read end in flight, with a byte in the pipe, whose writer is closed.
     r, w = os.pipe()
     os.write(w, b'x')
     socket.send_fds(a, [b'orphan'], [r])
@@ -116,6 +116,9 @@ def check():
             c2.send(b'back')
             d.settimeout(5)
             expect(d.recv(100) == b'back', 'the passed end is not the held end\'s peer')
+        elif VARIANT == 'orphan':
+            expect(os.read(got, 100) == b'x', 'the byte in the passed pipe is lost')
+            expect(os.read(got, 100) == b'', 'a write end of the passed pipe is open')
         elif VARIANT == 'eventfd':
             expect(os.eventfd_read(got) == 5, 'the passed eventfd lost its count')
             expect(os.get_blocking(got) is False, 'the passed eventfd lost O_NONBLOCK')
