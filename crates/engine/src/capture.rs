@@ -395,7 +395,7 @@ fn seize_all(pid: i32, tracees: &mut Vec<Tracee>) -> Result<Vec<Tracee>, Capture
 }
 
 /// The socket with inode `ino` as one end of a socketpair whose other end the
-/// process holds too: (peer inode, the socket). Err(Some(why)) for a unix socket
+/// process holds too, or that is closed: (peer inode, 0 if closed; the socket). Err(Some(why)) for a unix socket
 /// that is not one; Err(None) for a socket that is not unix at all.
 fn socketpair_end(unix: &std::collections::HashMap<u32, sockdiag::UnixSock>, list: &[procfs::FdInfo], ino: u32) -> Result<(u32, sockdiag::UnixSock), Option<String>> {
     let s = *unix.get(&ino).ok_or(None)?;
@@ -405,8 +405,12 @@ fn socketpair_end(unix: &std::collections::HashMap<u32, sockdiag::UnixSock>, lis
     if ![libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_SEQPACKET].contains(&(s.sock_type as i32)) {
         return Err(Some(format!("of type {}", s.sock_type)));
     }
-    if s.peer == 0 || s.state != 1 {
+    if s.state != 1 {
         return Err(Some("that is not connected".into()));
+    }
+    // Connected, and its peer closed (peer inode 0): made by the restore and closed.
+    if s.peer == 0 {
+        return Ok((0, s));
     }
     let peer = format!("socket:[{}]", s.peer);
     if !list.iter().any(|g| g.target == peer) {
@@ -536,8 +540,9 @@ fn describe(
             }
             match socketpair_end(unix.as_ref().expect("set above"), list, ino) {
                 Ok((peer, s)) => FdKind::SocketPair {
-                    pair: u64::from(ino.min(peer)),
-                    first: ino < peer,
+                    // A pair of its own where the peer is closed.
+                    pair: u64::from(if peer == 0 { ino } else { ino.min(peer) }),
+                    first: peer == 0 || ino < peer,
                     sock_type: s.sock_type as i32,
                     flags,
                     shutdown: s.shutdown,

@@ -908,7 +908,19 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
             (!ends.contains(&true) || !ends.contains(&false)).then(|| (id, if ends.contains(&true) { at } else { at + 4 }))
         })
         .collect();
-    sources.extend(lone.iter().map(|&(_, at)| Src::PipeEnd(at)));
+    // The same for a socketpair end whose peer was closed: the peer socketpair makes
+    // sends what was queued, then is closed.
+    let lone_pairs: Vec<(u64, u64)> = pairs
+        .iter()
+        .filter_map(|&(id, at)| {
+            let ends: Vec<bool> = recs.iter().filter_map(|r| match &r.kind {
+                FdKind::SocketPair { pair, first, .. } if *pair == id => Some(*first),
+                _ => None,
+            }).collect();
+            (!ends.contains(&true) || !ends.contains(&false)).then(|| (id, if ends.contains(&true) { at + 4 } else { at }))
+        })
+        .collect();
+    sources.extend(lone.iter().chain(&lone_pairs).map(|&(_, at)| Src::PipeEnd(at)));
     let res = inj.run(&calls, &mut data)?;
     let temp: Vec<u64> = sources
         .iter()
@@ -992,7 +1004,9 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     // (message by message), then each end's shutdown state is put back.
     for r in &recs {
         if let FdKind::SocketPair { pair, first, queued, .. } = &r.kind {
-            let peer = recs.iter().find(|x| matches!(&x.kind, FdKind::SocketPair { pair: p, first: f, .. } if p == pair && f != first));
+            let peer = recs.iter().find(|x| matches!(&x.kind, FdKind::SocketPair { pair: p, first: f, .. } if p == pair && f != first)).map(|x| x.fd as u64);
+            // Or the peer made only for this (closed at capture).
+            let peer = peer.or_else(|| lone_pairs.iter().position(|l| l.0 == *pair).map(|k| high + (recs.len() + lone.len() + k) as u64));
             if let Some(peer) = peer.filter(|_| !queued.is_empty()) {
                 for (i, m) in queued.iter().enumerate() {
                     let a = data.push(m);
@@ -1010,9 +1024,9 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
                     rights.sort_unstable();
                     let rights: Vec<i32> = rights.into_iter().map(|(_, fd)| fd).collect();
                     if rights.is_empty() {
-                        calls.push(Call::new("sendto(socketpair)", libc::SYS_sendto, &[peer.fd as u64, a, m.len() as u64, libc::MSG_DONTWAIT as u64, 0, 0]));
+                        calls.push(Call::new("sendto(socketpair)", libc::SYS_sendto, &[peer, a, m.len() as u64, libc::MSG_DONTWAIT as u64, 0, 0]));
                     } else {
-                        calls.push(sendmsg_rights(&mut data, peer.fd, a, m.len(), &rights));
+                        calls.push(sendmsg_rights(&mut data, peer as i32, a, m.len(), &rights));
                     }
                 }
             }
@@ -1046,8 +1060,8 @@ fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), InjectError
     for r in img.fds.iter().filter(|r| matches!(r.kind, FdKind::InFlight { .. })) {
         calls.push(Call::new("close(in flight)", libc::SYS_close, &[r.fd as u64]));
     }
-    for k in 0..lone.len() {
-        calls.push(Call::new("close(closed pipe end)", libc::SYS_close, &[high + (recs.len() + k) as u64]));
+    for k in 0..lone.len() + lone_pairs.len() {
+        calls.push(Call::new("close(closed end)", libc::SYS_close, &[high + (recs.len() + k) as u64]));
     }
     // inotify watches, each added again by path in watch descriptor order: a fresh
     // instance numbers them from 1, so a gap (a watch removed before the capture) is

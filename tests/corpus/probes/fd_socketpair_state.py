@@ -1,5 +1,5 @@
-# kind: descriptors (unix socketpair state beyond queued bytes: a shut-down side, datagram boundaries and order, an empty datagram, non-blocking ends, an asyncio event loop's self-pipe)
-# variants: shutdown messages emptydgram emptyrecord nonblock asyncio
+# kind: descriptors (unix socketpair state beyond queued bytes: a shut-down side, datagram boundaries and order, an empty datagram, non-blocking ends, an asyncio event loop's self-pipe, an end whose peer is closed)
+# variants: shutdown messages emptydgram emptyrecord nonblock asyncio peer_closed peer_closed_dgram
 # refusal-names: socket
 from _probe import *
 import socket
@@ -23,6 +23,12 @@ elif VARIANT == 'emptyrecord':
 elif VARIANT == 'nonblock':
     a, b = socket.socketpair()
     a.setblocking(False)
+elif VARIANT in ('peer_closed', 'peer_closed_dgram'):
+    # The peer said its last and closed: what it sent is still to be read.
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if VARIANT == 'peer_closed_dgram' else socket.SOCK_STREAM)
+    a.send(b'last words')
+    a.send(b'and more')
+    a.close()
 elif VARIANT == 'asyncio':
     import asyncio
     loop = asyncio.new_event_loop()
@@ -30,6 +36,29 @@ elif VARIANT == 'asyncio':
 
 
 def check():
+    if VARIANT in ('peer_closed', 'peer_closed_dgram'):
+        b.settimeout(5)
+        if VARIANT == 'peer_closed':
+            got = b''
+            while True:
+                chunk = b.recv(100)
+                if not chunk:
+                    break
+                got += chunk
+            expect(got == b'last wordsand more', f'read {got!r} then the end of the stream')
+            try:
+                b.send(b'x')
+                expect(False, 'a send to a closed peer succeeded')
+            except BrokenPipeError:
+                pass
+        else:
+            expect(b.recv(100) == b'last words' and b.recv(100) == b'and more', 'the datagrams the peer sent are lost')
+            try:
+                b.send(b'x')
+                expect(False, 'a send to a closed peer succeeded')
+            except ConnectionRefusedError:
+                pass
+        return
     if VARIANT == 'shutdown':
         b.settimeout(5)
         expect(b.recv(100) == b'last words', 'queued bytes lost')

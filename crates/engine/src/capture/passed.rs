@@ -51,7 +51,8 @@ pub(super) fn drain_all(inj: &Injector<'_>, region: u64, pid: i32) -> Result<Dra
         };
         let Some(s) = unix.get(&ino) else { continue };
         let kind = s.sock_type as i32;
-        if s.named || s.peer == 0 || s.state != 1 || ![libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_SEQPACKET].contains(&kind) {
+        // Connected (its peer open, or closed: what it queued is still to be read).
+        if s.named || s.state != 1 || ![libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_SEQPACKET].contains(&kind) {
             continue;
         }
         if drains.len() == SOCKETS_MAX {
