@@ -6,7 +6,7 @@
 pub const MAIN_PID: i32 = 2;
 
 /// The restore moves new descriptors through scratch numbers from here (or from above
-/// the image's highest descriptor, see restore.rs `scratch_base`).
+/// the image's highest descriptor, see restore/fds.rs `scratch_base`).
 pub const HIGH_FD_BASE: i32 = 700;
 
 /// Descriptor number the userfaultfd keeps inside the restored process. Holding

@@ -7,7 +7,8 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use super::{read_file, CaptureError, MEMFD_MAX};
+use super::fds::{read_file, MEMFD_MAX};
+use super::CaptureError;
 use crate::image::{FdKind, FdRecord, VmaKind};
 use crate::procfs::MapEntry;
 
