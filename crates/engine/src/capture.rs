@@ -249,6 +249,11 @@ fn capture_inner(
             }
         }
     }
+    for (fd, got) in injected.socket_options {
+        if let Some(FdRecord { kind: FdKind::SocketPair { options, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
+            *options = got;
+        }
+    }
     for (fd, bytes) in injected.pipe_data {
         if let Some(FdRecord { kind: FdKind::Pipe { buffered, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
             *buffered = bytes;
@@ -584,6 +589,8 @@ struct Injected {
     per_thread: Vec<(u64, Option<AltStack>)>,
     /// Bytes buffered in each non-empty pipe (by read-end descriptor).
     pipe_data: Vec<(i32, Vec<u8>)>,
+    /// Each socketpair end's options ([`crate::image::SOCKET_OPTIONS`]), by descriptor.
+    socket_options: Vec<(i32, Vec<(i32, Vec<u8>)>)>,
     brk: u64,
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
@@ -746,13 +753,25 @@ fn injected_state(
         outs.push((sig as u32, out));
         calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sig, 0, out, 8]));
     }
-    // How many bytes each pipe holds (read out below: data left in a pipe would be lost).
+    // How many bytes each pipe holds (read out below: data left in a pipe would be lost),
+    // and each socketpair end's options.
     let mut pipe_checks = Vec::new();
+    let mut option_reads = Vec::new();
     for r in fds {
-        if let FdKind::Pipe { write: false, .. } = r.kind {
-            let out = data.reserve(4);
-            pipe_checks.push((r.fd, out));
-            calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
+        match r.kind {
+            FdKind::Pipe { write: false, .. } => {
+                let out = data.reserve(4);
+                pipe_checks.push((r.fd, out));
+                calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
+            }
+            FdKind::SocketPair { .. } => {
+                for (opt, size) in crate::image::SOCKET_OPTIONS {
+                    let (out, len) = (data.reserve(size), data.push(&(size as u32).to_le_bytes()));
+                    option_reads.push((r.fd, opt, out, len));
+                    calls.push(Call::new("getsockopt", libc::SYS_getsockopt, &[r.fd as u64, libc::SOL_SOCKET as u64, opt as u64, out, len]));
+                }
+            }
+            _ => {}
         }
     }
     let brk_call = calls.len();
@@ -803,6 +822,14 @@ fn injected_state(
     calls.push(Call::new("shmctl(SHM_INFO)", libc::SYS_shmctl, &[0, SHM_INFO, shm_info]));
     let res = inj.run(&calls, &mut data)?;
     let r = |i: usize| res[attr_call + i];
+    let mut socket_options: Vec<(i32, Vec<(i32, Vec<u8>)>)> = Vec::new();
+    for &(fd, opt, out, len) in &option_reads {
+        let value = data.bytes(out, data.u32_at(len) as usize).to_vec();
+        match socket_options.last_mut() {
+            Some((f, v)) if *f == fd => v.push((opt, value)),
+            _ => socket_options.push((fd, vec![(opt, value)])),
+        }
+    }
     let itimer = |i: usize| [0, 1, 2, 3].map(|w| data.u64_at(itimers[i], w) as i64);
     for (t, &out) in posix_timers.iter_mut().zip(&timer_outs) {
         // struct itimerspec: interval {s, ns}, value {s, ns}.
@@ -885,6 +912,7 @@ fn injected_state(
         sigactions,
         per_thread,
         pipe_data,
+        socket_options,
         brk: res[brk_call] as u64,
         rlimits,
         cwd: String::from_utf8_lossy(cwd_bytes).into_owned(),

@@ -222,6 +222,21 @@ pub enum VmaKind {
     Unlinked { fd: i32, offset: u64, shared: bool },
 }
 
+/// The SOL_SOCKET options of a socketpair end carried across a snapshot, with the
+/// size of their value: whether credentials and security labels are passed with
+/// each message, the buffer sizes (getsockopt gives the doubled value the kernel
+/// keeps; setting half of it gives it back), the receive and send timeouts
+/// (struct timeval) and the peek offset.
+pub const SOCKET_OPTIONS: [(i32, usize); 7] = [
+    (libc::SO_PASSCRED, 4),
+    (libc::SO_PASSSEC, 4),
+    (libc::SO_RCVBUF, 4),
+    (libc::SO_SNDBUF, 4),
+    (libc::SO_RCVTIMEO, 16),
+    (libc::SO_SNDTIMEO, 16),
+    (libc::SO_PEEK_OFF, 4),
+];
+
 /// Shared anonymous memory larger than this is refused at capture (it is stored
 /// whole and written before the process resumes).
 pub const MAX_SHARED_ANON: u64 = 64 << 20;
@@ -277,8 +292,10 @@ pub enum FdKind {
     /// identifies it; `first` is the end socketpair(2) returns first). `queued` is
     /// what was waiting to be read on this end (one entry per message; one for a
     /// stream), sent again from the other end at restore; `shutdown` the
-    /// RCV_SHUTDOWN (1) / SEND_SHUTDOWN (2) bits of this end.
-    SocketPair { pair: u64, first: bool, sock_type: i32, flags: i32, shutdown: u8, queued: Vec<Vec<u8>> },
+    /// RCV_SHUTDOWN (1) / SEND_SHUTDOWN (2) bits of this end; `options` the socket
+    /// options set again before anything is sent ([`SOCKET_OPTIONS`]: option and
+    /// its value as getsockopt gave it; format 19).
+    SocketPair { pair: u64, first: bool, sock_type: i32, flags: i32, shutdown: u8, queued: Vec<Vec<u8>>, options: Vec<(i32, Vec<u8>)> },
     /// A memfd (memfd_create) only held open, not mapped: its name, its whole
     /// contents (its size is their length), its seals (F_GET_SEALS), offset and flags.
     /// (Appended last: the variants before keep their numbers in older images.)

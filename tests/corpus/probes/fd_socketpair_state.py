@@ -1,5 +1,5 @@
-# kind: descriptors (unix socketpair state beyond queued bytes: a shut-down side, datagram boundaries and order, an empty datagram, non-blocking ends, an asyncio event loop's self-pipe, an end whose peer is closed)
-# variants: shutdown messages emptydgram emptyrecord nonblock asyncio peer_closed peer_closed_dgram
+# kind: descriptors (unix socketpair state beyond queued bytes: a shut-down side, datagram boundaries and order, an empty datagram, non-blocking ends, an asyncio event loop's self-pipe, an end whose peer is closed, socket options)
+# variants: shutdown messages emptydgram emptyrecord nonblock asyncio peer_closed peer_closed_dgram options
 # refusal-names: socket
 from _probe import *
 import socket
@@ -23,6 +23,23 @@ elif VARIANT == 'emptyrecord':
 elif VARIANT == 'nonblock':
     a, b = socket.socketpair()
     a.setblocking(False)
+elif VARIANT == 'options':
+    # Options set on each end, not the defaults: credentials passed, buffer sizes,
+    # timeouts, a peek offset. A datagram waits (sent before credentials were asked for).
+    import struct
+    SO_PEEK_OFF = 42  # not in Python's socket module
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.send(b'queued')
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 40000)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack('ll', 2, 500000))
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack('ll', 7, 0))
+    b.setsockopt(socket.SOL_SOCKET, SO_PEEK_OFF, 0)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    OPTS = [(socket.SO_PASSCRED, 4), (socket.SO_RCVBUF, 4), (socket.SO_SNDBUF, 4), (socket.SO_RCVTIMEO, 16), (socket.SO_SNDTIMEO, 16), (SO_PEEK_OFF, 4)]
+    def options():
+        return [(s.getsockopt(socket.SOL_SOCKET, o, n)) for s in (a, b) for o, n in OPTS]
+    AT_INIT = options()
 elif VARIANT in ('peer_closed', 'peer_closed_dgram'):
     # The peer said its last and closed: what it sent is still to be read.
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM if VARIANT == 'peer_closed_dgram' else socket.SOCK_STREAM)
@@ -36,6 +53,12 @@ elif VARIANT == 'asyncio':
 
 
 def check():
+    if VARIANT == 'options':
+        got = options()
+        expect(got == AT_INIT, f'socket options {got}, at init {AT_INIT}')
+        b.settimeout(5)
+        expect(b.recv(100) == b'queued', 'the queued datagram is lost')
+        return
     if VARIANT in ('peer_closed', 'peer_closed_dgram'):
         b.settimeout(5)
         if VARIANT == 'peer_closed':

@@ -162,6 +162,8 @@ fn describe(
                     flags,
                     shutdown: s.shutdown,
                     queued: Vec::new(),
+                    // Read by injection with the other state only the process reports.
+                    options: Vec::new(),
                 },
                 Err(Some(why)) => return Err(refuse(format!("descriptor {fd} is a unix socket {why}; only socketpairs whose both ends the process holds are carried across a snapshot"))),
                 Err(None) => {

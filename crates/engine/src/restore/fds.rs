@@ -255,7 +255,22 @@ pub(super) fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), 
             FdKind::Path { pos, .. } | FdKind::PathLocked { pos, .. } | FdKind::MemFd { pos, .. } | FdKind::DeletedTmp { pos, .. } if *pos != 0 => {
                 calls.push(Call::new("lseek", libc::SYS_lseek, &[r.fd as u64, *pos, libc::SEEK_SET as u64]));
             }
-            FdKind::Pipe { flags, .. } | FdKind::SocketPair { flags, .. } if *flags as u64 & nonblock != 0 => {
+            FdKind::SocketPair { flags, options, .. } => {
+                // Its options, before anything is sent through it (a send buffer
+                // decides how much may wait in it).
+                for (opt, value) in options {
+                    let value = match *opt {
+                        libc::SO_RCVBUF | libc::SO_SNDBUF if value.len() == 4 => (u32::from_le_bytes(value[..4].try_into().expect("4 bytes")) / 2).to_le_bytes().to_vec(),
+                        _ => value.clone(),
+                    };
+                    let a = data.push(&value);
+                    calls.push(Call::new("setsockopt", libc::SYS_setsockopt, &[r.fd as u64, libc::SOL_SOCKET as u64, *opt as u64, a, value.len() as u64]));
+                }
+                if *flags as u64 & nonblock != 0 {
+                    calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
+                }
+            }
+            FdKind::Pipe { flags, .. } if *flags as u64 & nonblock != 0 => {
                 calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
             }
             FdKind::TimerFd { ticks, value, interval, .. } => {
