@@ -583,6 +583,9 @@ fn dump_pages(
     Ok((index, base_pages, stats))
 }
 
+/// A socketpair end's options, as getsockopt gave them.
+type SocketOptions = Vec<(i32, Vec<u8>)>;
+
 struct Injected {
     sigactions: Vec<SigAction>,
     /// (tid address, altstack) of each thread, in the order of the tracees.
@@ -590,7 +593,7 @@ struct Injected {
     /// Bytes buffered in each non-empty pipe (by read-end descriptor).
     pipe_data: Vec<(i32, Vec<u8>)>,
     /// Each socketpair end's options ([`crate::image::SOCKET_OPTIONS`]), by descriptor.
-    socket_options: Vec<(i32, Vec<(i32, Vec<u8>)>)>,
+    socket_options: Vec<(i32, SocketOptions)>,
     brk: u64,
     cwd: String,
     rlimits: Vec<(u32, u64, u64)>,
@@ -822,7 +825,7 @@ fn injected_state(
     calls.push(Call::new("shmctl(SHM_INFO)", libc::SYS_shmctl, &[0, SHM_INFO, shm_info]));
     let res = inj.run(&calls, &mut data)?;
     let r = |i: usize| res[attr_call + i];
-    let mut socket_options: Vec<(i32, Vec<(i32, Vec<u8>)>)> = Vec::new();
+    let mut socket_options: Vec<(i32, SocketOptions)> = Vec::new();
     for &(fd, opt, out, len) in &option_reads {
         let value = data.bytes(out, data.u32_at(len) as usize).to_vec();
         match socket_options.last_mut() {
