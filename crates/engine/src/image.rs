@@ -226,8 +226,9 @@ pub enum VmaKind {
 /// size of their value: whether credentials and security labels are passed with
 /// each message, the buffer sizes (getsockopt gives the doubled value the kernel
 /// keeps; setting half of it gives it back), the receive and send timeouts
-/// (struct timeval) and the peek offset.
-pub const SOCKET_OPTIONS: [(i32, usize); 7] = [
+/// (struct timeval), the peek offset, the receive low-water mark, and whether a
+/// received message carries its time.
+pub const SOCKET_OPTIONS: [(i32, usize); 10] = [
     (libc::SO_PASSCRED, 4),
     (libc::SO_PASSSEC, 4),
     (libc::SO_RCVBUF, 4),
@@ -235,6 +236,9 @@ pub const SOCKET_OPTIONS: [(i32, usize); 7] = [
     (libc::SO_RCVTIMEO, 16),
     (libc::SO_SNDTIMEO, 16),
     (libc::SO_PEEK_OFF, 4),
+    (libc::SO_RCVLOWAT, 4),
+    (libc::SO_TIMESTAMP, 4),
+    (libc::SO_TIMESTAMPNS, 4),
 ];
 
 /// Shared anonymous memory larger than this is refused at capture (it is stored

@@ -27,7 +27,7 @@ elif VARIANT == 'options':
     # Options set on each end, not the defaults: credentials passed, buffer sizes,
     # timeouts, a peek offset. A datagram waits (sent before credentials were asked for).
     import struct
-    SO_PEEK_OFF = 42  # not in Python's socket module
+    SO_PEEK_OFF, SO_TIMESTAMP, SO_TIMESTAMPNS = 42, 29, 35  # not all in Python's socket module
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     a.send(b'queued')
     b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
@@ -36,7 +36,10 @@ elif VARIANT == 'options':
     b.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack('ll', 7, 0))
     b.setsockopt(socket.SOL_SOCKET, SO_PEEK_OFF, 0)
     a.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-    OPTS = [(socket.SO_PASSCRED, 4), (socket.SO_RCVBUF, 4), (socket.SO_SNDBUF, 4), (socket.SO_RCVTIMEO, 16), (socket.SO_SNDTIMEO, 16), (SO_PEEK_OFF, 4)]
+    a.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 3)
+    OPTS = [(socket.SO_PASSCRED, 4), (socket.SO_RCVBUF, 4), (socket.SO_SNDBUF, 4), (socket.SO_RCVTIMEO, 16), (socket.SO_SNDTIMEO, 16), (SO_PEEK_OFF, 4),
+            (socket.SO_RCVLOWAT, 4), (SO_TIMESTAMP, 4), (SO_TIMESTAMPNS, 4)]
     def options():
         return [(s.getsockopt(socket.SOL_SOCKET, o, n)) for s in (a, b) for o, n in OPTS]
     AT_INIT = options()
