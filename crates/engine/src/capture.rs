@@ -254,6 +254,11 @@ fn capture_inner(
             *options = got;
         }
     }
+    for (fd, got) in injected.pipe_sizes {
+        if let Some(FdRecord { kind: FdKind::Pipe { size, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
+            *size = got;
+        }
+    }
     for (fd, bytes) in injected.pipe_data {
         if let Some(FdRecord { kind: FdKind::Pipe { buffered, .. }, .. }) = fds.iter_mut().find(|r| r.fd == fd) {
             *buffered = bytes;
@@ -592,6 +597,8 @@ struct Injected {
     per_thread: Vec<(u64, Option<AltStack>)>,
     /// Bytes buffered in each non-empty pipe (by read-end descriptor).
     pipe_data: Vec<(i32, Vec<u8>)>,
+    /// Each pipe end's pipe's capacity, by descriptor.
+    pipe_sizes: Vec<(i32, u32)>,
     /// Each socketpair end's options ([`crate::image::SOCKET_OPTIONS`]), by descriptor.
     socket_options: Vec<(i32, SocketOptions)>,
     brk: u64,
@@ -760,12 +767,17 @@ fn injected_state(
     // and each socketpair end's options.
     let mut pipe_checks = Vec::new();
     let mut option_reads = Vec::new();
+    let mut pipe_sizes = Vec::new();
     for r in fds {
         match r.kind {
-            FdKind::Pipe { write: false, .. } => {
-                let out = data.reserve(4);
-                pipe_checks.push((r.fd, out));
-                calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
+            FdKind::Pipe { write, .. } => {
+                if !write {
+                    let out = data.reserve(4);
+                    pipe_checks.push((r.fd, out));
+                    calls.push(Call::new("ioctl(FIONREAD)", libc::SYS_ioctl, &[r.fd as u64, libc::FIONREAD, out]));
+                }
+                pipe_sizes.push((r.fd, calls.len()));
+                calls.push(Call::new("fcntl(F_GETPIPE_SZ)", libc::SYS_fcntl, &[r.fd as u64, libc::F_GETPIPE_SZ as u64]));
             }
             FdKind::SocketPair { .. } => {
                 for (opt, size) in crate::image::SOCKET_OPTIONS {
@@ -825,6 +837,7 @@ fn injected_state(
     calls.push(Call::new("shmctl(SHM_INFO)", libc::SYS_shmctl, &[0, SHM_INFO, shm_info]));
     let res = inj.run(&calls, &mut data)?;
     let r = |i: usize| res[attr_call + i];
+    let pipe_sizes: Vec<(i32, u32)> = pipe_sizes.iter().map(|&(fd, i)| (fd, res[i] as u32)).collect();
     let mut socket_options: Vec<(i32, SocketOptions)> = Vec::new();
     for &(fd, opt, out, len) in &option_reads {
         let value = data.bytes(out, data.u32_at(len) as usize).to_vec();
@@ -915,6 +928,7 @@ fn injected_state(
         sigactions,
         per_thread,
         pipe_data,
+        pipe_sizes,
         socket_options,
         brk: res[brk_call] as u64,
         rlimits,

@@ -276,9 +276,10 @@ pub enum FdKind {
     Control,
     /// A file or character device reopened by path.
     Path { path: String, flags: i32, pos: u64 },
-    /// One end of a pipe whose both ends the process holds (`pipe` identifies the
-    /// pair); a read end carries the bytes that were buffered in the pipe.
-    Pipe { pipe: u64, write: bool, flags: i32, buffered: Vec<u8> },
+    /// One end of a pipe whose both ends the process holds, or whose other end is
+    /// closed (`pipe` identifies the pair); a read end carries the bytes that were
+    /// buffered in the pipe; `size` is its capacity (F_GETPIPE_SZ, format 19).
+    Pipe { pipe: u64, write: bool, flags: i32, buffered: Vec<u8>, size: u32 },
     /// An eventfd with its counter.
     EventFd { count: u64, semaphore: bool, flags: i32 },
     /// A timerfd: its clock, expirations not yet read, and what was left of its

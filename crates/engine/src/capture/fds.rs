@@ -187,7 +187,8 @@ fn describe(
                     "descriptor {fd} is one end of a pipe ({t}, {ends} descriptor(s)) whose other end is open outside the process"
                 )));
             }
-            FdKind::Pipe { pipe: ino, write, flags, buffered: Vec::new() }
+            // Its capacity is read by injection with the other state only the process reports.
+            FdKind::Pipe { pipe: ino, write, flags, buffered: Vec::new(), size: 0 }
         }
         (_, "anon_inode:[eventfd]") => FdKind::EventFd {
             count: procfs::fdinfo_field(&f.info, "eventfd-count").and_then(|v| v.parse().ok()).unwrap_or(0),

@@ -112,7 +112,11 @@ pub(super) fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), 
                     Some(p) => p.1,
                     None => {
                         let at = data.reserve(8);
-                        calls.push(Call::new("pipe2", libc::SYS_pipe2, &[at, cloexec]));
+                        // O_DIRECT (packet mode) is only ever given at creation, and
+                        // the kernel keeps it on the write end only.
+                        let direct = recs.iter().any(|x| matches!(&x.kind, FdKind::Pipe { pipe: p, flags, .. } if p == pipe && flags & libc::O_DIRECT != 0));
+                        let direct = if direct { libc::O_DIRECT as u64 } else { 0 };
+                        calls.push(Call::new("pipe2", libc::SYS_pipe2, &[at, cloexec | direct]));
                         pipes.push((*pipe, at));
                         at
                     }
@@ -270,8 +274,14 @@ pub(super) fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), 
                     calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
                 }
             }
-            FdKind::Pipe { flags, .. } if *flags as u64 & nonblock != 0 => {
-                calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
+            FdKind::Pipe { flags, size, .. } => {
+                // Its capacity (before the buffered bytes go in), from one end.
+                if *size != 0 && recs.iter().find(|x| matches!(&x.kind, FdKind::Pipe { pipe: p, .. } if Some(p) == pipe_of(r))).map(|x| x.fd) == Some(r.fd) {
+                    calls.push(Call::new("fcntl(F_SETPIPE_SZ)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETPIPE_SZ as u64, *size as u64]));
+                }
+                if *flags as u64 & nonblock != 0 {
+                    calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
+                }
             }
             FdKind::TimerFd { ticks, value, interval, .. } => {
                 // Re-armed with what was left of its period, relative; then the
@@ -402,6 +412,14 @@ pub(super) fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), 
         return Err(InjectError::Syscall { pid: inj.tracee.pid.as_raw(), index: i, name: "inotify_add_watch", nr: libc::SYS_inotify_add_watch, err });
     }
     restore_memfd_contents(inj, &recs)
+}
+
+/// The pipe a record is an end of.
+fn pipe_of(r: &FdRecord) -> Option<&u64> {
+    match &r.kind {
+        FdKind::Pipe { pipe, .. } => Some(pipe),
+        _ => None,
+    }
 }
 
 /// sendmsg(2) of `len` bytes at `buf` from `fd` with descriptors `rights` (SCM_RIGHTS),
