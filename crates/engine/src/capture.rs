@@ -118,6 +118,13 @@ fn capture_inner(
     for t in &tracees {
         let tid = t.pid.as_raw();
         let tst = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
+        // Filters of its own would not be installed again: refused, not dropped.
+        if tst.seccomp_filters > crate::conventions::SANDBOX_SECCOMP_FILTERS {
+            return Err(refuse(format!(
+                "thread {tid} of the process runs under {} seccomp filter(s) it installed itself (seccomp(2) or prctl(PR_SET_SECCOMP)); they are not carried across a snapshot",
+                tst.seccomp_filters - crate::conventions::SANDBOX_SECCOMP_FILTERS
+            )));
+        }
         let pending = pending_signals(pid, t, false, tst.sig_pending).map_err(|e| e.into_capture(pid, &format!("thread {tid}")))?;
         let mut r = t.get_regs().map_err(ioe("reading registers"))?;
         regs::rewind_interrupted_syscall(&mut r);

@@ -16,3 +16,7 @@ pub const UFFD_KEEP_FD: u64 = 1000;
 
 /// `_IOW('T', 0, u64)`: set a timerfd's count of expirations (CONFIG_CHECKPOINT_RESTORE).
 pub(crate) const TFD_IOC_SET_TICKS: u64 = (1 << 30) | (8 << 16) | ((b'T' as u64) << 8);
+
+/// The seccomp filters the sandbox puts a runtime (and a restore's stub) under: one,
+/// its deny-list (crates/sandbox init.rs). A process under more installed its own.
+pub const SANDBOX_SECCOMP_FILTERS: u32 = 1;

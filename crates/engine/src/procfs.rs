@@ -182,6 +182,8 @@ pub struct Status {
     pub ppid: i32,
     /// `State:` (e.g. "S (sleeping)", "Z (zombie)").
     pub state: String,
+    /// `Seccomp_filters:`: the seccomp filters the thread runs under.
+    pub seccomp_filters: u32,
 }
 
 pub fn parse_status(text: &str) -> Option<Status> {
@@ -207,6 +209,7 @@ pub fn parse_status(text: &str) -> Option<Status> {
             "ShdPnd" => st.shared_pending = hex(v)?,
             "PPid" => st.ppid = v.parse().ok()?,
             "State" => st.state = v.to_string(),
+            "Seccomp_filters" => st.seccomp_filters = v.parse().ok()?,
             _ => {}
         }
     }

@@ -1,5 +1,5 @@
-# kind: process attributes (cwd, environment, nice, CPU affinity, timer slack, comm, oom_score_adj, THP-disable, child subreaper, pdeathsig)
-# variants: cwd environ nice affinity timerslack comm oomadj thpdisable subreaper
+# kind: process attributes (cwd, environment, nice, CPU affinity, timer slack, comm, oom_score_adj, THP-disable, child subreaper, pdeathsig, a seccomp filter of its own)
+# variants: cwd environ nice affinity timerslack comm oomadj thpdisable subreaper seccomp
 # refusal-names: process
 from _probe import *
 if VARIANT == 'cwd':
@@ -21,6 +21,19 @@ elif VARIANT == 'thpdisable':
     libc.prctl(41, 1, 0, 0, 0)
 elif VARIANT == 'subreaper':
     libc.prctl(36, 1, 0, 0, 0)
+elif VARIANT == 'seccomp':
+    # A filter of its own that denies getcpu(2) with EPERM (refused by name: a
+    # restore would drop it). struct sock_filter {u16 code; u8 jt, jf; u32 k}.
+    SYS_GETCPU = 309
+    prog = [(0x20, 0, 0, 0),                  # ld [nr]
+            (0x15, 0, 1, SYS_GETCPU),         # jeq getcpu ? next : allow
+            (0x06, 0, 0, 0x00050000 | 1),     # ret ERRNO(EPERM)
+            (0x06, 0, 0, 0x7fff0000)]         # ret ALLOW
+    raw = b''.join(struct.pack('<HBBI', *f) for f in prog)
+    buf = ctypes.create_string_buffer(raw)
+    fprog = struct.pack('<HxxxxxxQ', len(prog), ctypes.addressof(buf))
+    check_errno(libc.prctl(38, 1, 0, 0, 0), 'PR_SET_NO_NEW_PRIVS')
+    check_errno(libc.prctl(22, 2, ctypes.create_string_buffer(fprog), 0, 0), 'PR_SET_SECCOMP')
 
 
 def state():
@@ -35,6 +48,7 @@ def state():
         'oomadj': lambda: open('/proc/self/oom_score_adj').read().strip(),
         'thpdisable': lambda: libc.prctl(42, 0, 0, 0, 0),
         'subreaper': lambda: (libc.prctl(37, ctypes.byref(v), 0, 0, 0), v.value)[1],
+        'seccomp': lambda: (libc.syscall(309, 0, 0, 0), ctypes.get_errno()),
     }[VARIANT]()
 
 
