@@ -144,6 +144,7 @@ fn capture_inner(
             altstack: None,
             comm: procfs::thread_comm(pid, tid).map_err(ioe("reading thread name"))?,
             pending,
+            sched_policy: sched_policy(pid, tid).map_err(refuse)?,
         });
     }
     if threads[0].tid != MAIN_PID {
@@ -334,6 +335,16 @@ fn capture_inner(
 }
 
 pub use crate::conventions::MAIN_PID;
+
+/// Thread `tid`'s scheduling policy, one a restore can set again without privilege
+/// (a real-time one, which the sandbox does not allow anyway, is refused).
+fn sched_policy(pid: i32, tid: i32) -> Result<i32, String> {
+    let policy = procfs::thread_stat(pid, tid).map_err(|e| format!("thread {tid}'s scheduling policy cannot be read: {e}"))?.policy;
+    match policy {
+        libc::SCHED_OTHER | libc::SCHED_BATCH | libc::SCHED_IDLE => Ok(policy),
+        other => Err(format!("thread {tid} of the process runs under real-time scheduling policy {other}, which a restore cannot set again")),
+    }
+}
 
 /// The runtime's zombie children (exited, not yet waited for), which the restore
 /// recreates. Any other process in the instance is refused, named, rather than

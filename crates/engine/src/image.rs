@@ -125,6 +125,8 @@ pub struct ThreadState {
     /// Signals queued for this thread alone (tgkill, pthread_kill) and not delivered
     /// at capture, in queue order.
     pub pending: Vec<PendingSignal>,
+    /// Its scheduling policy (SCHED_OTHER 0, SCHED_BATCH 3, SCHED_IDLE 5; format 19).
+    pub sched_policy: i32,
 }
 
 /// A signal queued and not yet delivered (typically blocked), as `PTRACE_PEEKSIGINFO`
@@ -802,6 +804,7 @@ mod tests {
                 altstack: None,
                 comm: "python3".into(),
                 pending: vec![PendingSignal { signo: 10, info: vec![10; 128] }],
+                sched_policy: libc::SCHED_BATCH,
             }],
             mm: MmState { fields: MmFields::default(), brk: 0x4000, auxv: vec![0; 16], exe: "/usr/bin/python3.11".into() },
             sigactions: vec![],

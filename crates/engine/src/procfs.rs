@@ -154,12 +154,19 @@ pub struct ProcStat {
     pub pgrp: i32,
     pub session: i32,
     pub exit_code: i32,
+    /// Scheduling policy (SCHED_OTHER, SCHED_BATCH, SCHED_IDLE...; field 41).
+    pub policy: i32,
 }
 
 pub fn parse_proc_stat(text: &str) -> Option<ProcStat> {
     let f = stat_fields(text)?;
     let g = |n: usize| -> Option<i32> { f.get(n - 3)?.parse().ok() };
-    Some(ProcStat { state: f.first()?.chars().next()?, pgrp: g(5)?, session: g(6)?, exit_code: g(52)? })
+    Some(ProcStat { state: f.first()?.chars().next()?, pgrp: g(5)?, session: g(6)?, exit_code: g(52)?, policy: g(41)? })
+}
+
+/// /proc/PID/task/TID/stat's fields the capture uses.
+pub fn thread_stat(pid: i32, tid: i32) -> io::Result<ProcStat> {
+    parse_proc_stat(&read(pid, &format!("task/{tid}/stat"))?).ok_or_else(|| bad(pid, "task stat"))
 }
 
 pub fn proc_stat(pid: i32) -> io::Result<ProcStat> {
@@ -449,7 +456,7 @@ mod tests {
         assert_eq!(mm.env_end, 51);
         fields[0] = "Z".into();
         let st = parse_proc_stat(&format!("42 (a) b (c)) {}", fields.join(" "))).unwrap();
-        assert_eq!(st, ProcStat { state: 'Z', pgrp: 5, session: 6, exit_code: 52 });
+        assert_eq!(st, ProcStat { state: 'Z', pgrp: 5, session: 6, exit_code: 52, policy: 41 });
     }
 
     #[test]

@@ -400,6 +400,11 @@ fn restore_inner(
     }
     push_attr_calls(&mut calls, &mut data, &img.attrs);
     push_timer_calls(&mut calls, &mut data, &img.attrs.posix_timers);
+    // Each thread's scheduling policy (its tid in the sandbox, where the leader runs).
+    for t in img.threads.iter().filter(|t| t.sched_policy != libc::SCHED_OTHER) {
+        let param = data.push(&0i32.to_le_bytes());
+        calls.push(Call::new("sched_setscheduler", libc::SYS_sched_setscheduler, &[t.tid as u64, t.sched_policy as u64, param]));
+    }
     inj.run(&calls, &mut data).map_err(inj_err)?;
     // Lowering it needs privilege the process no longer has: the node writes it.
     std::fs::write(format!("/proc/{pid}/oom_score_adj"), img.attrs.oom_score_adj.to_string())

@@ -1,5 +1,5 @@
-# kind: process attributes (cwd, environment, nice, CPU affinity, timer slack, comm, oom_score_adj, THP-disable, child subreaper, pdeathsig, a seccomp filter of its own)
-# variants: cwd environ nice affinity timerslack comm oomadj thpdisable subreaper seccomp
+# kind: process attributes (cwd, environment, nice, CPU affinity, timer slack, comm, oom_score_adj, THP-disable, child subreaper, pdeathsig, a seccomp filter of its own, scheduling policies)
+# variants: cwd environ nice affinity timerslack comm oomadj thpdisable subreaper seccomp sched
 # refusal-names: process
 from _probe import *
 if VARIANT == 'cwd':
@@ -21,6 +21,19 @@ elif VARIANT == 'thpdisable':
     libc.prctl(41, 1, 0, 0, 0)
 elif VARIANT == 'subreaper':
     libc.prctl(36, 1, 0, 0, 0)
+elif VARIANT == 'sched':
+    # The process batch, a thread of it idle.
+    import threading
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    TID = []
+    started = threading.Event()
+    def idle_thread():
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        TID.append(threading.get_native_id())
+        started.set()
+        threading.Event().wait()
+    threading.Thread(target=idle_thread, daemon=True).start()
+    started.wait(5)
 elif VARIANT == 'seccomp':
     # A filter of its own that denies getcpu(2) with EPERM (refused by name: a
     # restore would drop it). struct sock_filter {u16 code; u8 jt, jf; u32 k}.
@@ -49,6 +62,7 @@ def state():
         'thpdisable': lambda: libc.prctl(42, 0, 0, 0, 0),
         'subreaper': lambda: (libc.prctl(37, ctypes.byref(v), 0, 0, 0), v.value)[1],
         'seccomp': lambda: (libc.syscall(309, 0, 0, 0), ctypes.get_errno()),
+        'sched': lambda: (os.sched_getscheduler(0), os.sched_getscheduler(TID[0])),
     }[VARIANT]()
 
 
