@@ -26,7 +26,12 @@ def handler(event, context):
 
 def server_threads(pid):
     """(shared-or-instance page-server threads, forked-child page-server threads) of `pid`."""
-    names = [(t / "comm").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir()]
+    names = []
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            names.append((t / "comm").read_text().strip())
+        except FileNotFoundError:
+            pass  # a short-lived thread (the working set's compression, say) ended meanwhile
     return names.count("thaw-pageserver"), names.count("thaw-ps-child")
 
 
