@@ -206,6 +206,10 @@ pub const SNAPSHOT_ENV: &str = "THAW_SNAPSHOT";
 /// `ready` with `"base": true` and waits for `load` before importing any function.
 pub const BASE_ENV: &str = "THAW_BASE";
 
+/// Times a reset lists the sandbox again for processes forked while the others were
+/// being killed.
+const LEFTOVER_ROUNDS: usize = 4;
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Boot {
     Plain,
@@ -981,6 +985,22 @@ impl Instance {
             }
         };
         let mut st = crate::reset::reset(main, &others, &snap.image, &snap.source, tracking, stats, keep_hot)?;
+        // A process forked while the others were being killed (a daemon's second fork)
+        // was not in the listing: list again until none is left, so the next call
+        // never sees one.
+        for _ in 0..LEFTOVER_ROUNDS {
+            let late: Vec<i32> = match self.sandbox.cgroup().pids() {
+                Ok(p) => p.into_iter().filter(|&p| p != main && p != init).collect(),
+                Err(e) => {
+                    let _ = self.sandbox.kill();
+                    return Err(crate::reset::ResetError::Children { pid: main, what: format!("listing the sandbox's processes: {e}") }.into());
+                }
+            };
+            if late.is_empty() {
+                break;
+            }
+            st.processes_killed += crate::reset::kill_others(main, &late)?;
+        }
         let _ = self.channel.take_logs();
         // Whatever the previous tenant left on the control channel is dropped (and any
         // frame it could still produce lacks the next request's nonce).

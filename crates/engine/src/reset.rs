@@ -564,7 +564,7 @@ const KILL_WAIT_MS: u16 = 2000;
 /// each has exited. Returns how many were killed. (Each is opened as a pidfd, then
 /// checked to be in the instance's cgroup: a pid reused since the listing is never
 /// signalled.)
-fn kill_others(pid: i32, others: &[i32]) -> Result<u64, ResetError> {
+pub(crate) fn kill_others(pid: i32, others: &[i32]) -> Result<u64, ResetError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     if others.is_empty() {
         return Ok(0);
