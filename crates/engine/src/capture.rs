@@ -164,7 +164,8 @@ fn capture_inner(
     // like its own descriptors (capture/passed.rs). The region the injection needs
     // is not among `maps`, so it is not captured.
     let (region, wmem) = injection_region(&tracees[0], &maps).map_err(|source| CaptureError::Inject { pid, source })?;
-    let (drains, received) = passed::drain_all(&Injector::new(tracees[0], &wmem, region).map_err(|source| CaptureError::Inject { pid, source })?, region, pid)?;
+    let inj = Injector::new(tracees[0], &wmem, region).map_err(|source| CaptureError::Inject { pid, source })?;
+    let (drains, received) = passed::drain_all(&inj, region, pid)?;
     for (fd, drained) in &drains {
         if let passed::Drained::Refused(what) = drained {
             return Err(refuse(format!("descriptor {fd} is a unix socketpair end on which {what}")));
@@ -173,8 +174,10 @@ fn capture_inner(
     // Events queued on inotify instances, read out before anything here opens or
     // lists a file they may watch (the walks of /tmp and of inotify's watched paths
     // below would queue events of our own).
-    let inotify_queued = inotify::read_queued(&Injector::new(tracees[0], &wmem, region).map_err(|source| CaptureError::Inject { pid, source })?, region, pid)?;
-    let mut fds = fds::capture_fds(pid, &received)?;
+    // The descriptors as they are now, those just received included.
+    let list = procfs::fds(pid).map_err(ioe("listing descriptors"))?;
+    let inotify_queued = inotify::read_queued(&inj, region, pid, &list)?;
+    let mut fds = fds::capture_fds(pid, list, &received)?;
     for (fd, drained) in drains.iter() {
         if let (passed::Drained::Messages(m), Some(FdRecord { kind: FdKind::SocketPair { queued, .. }, .. })) = (drained, fds.iter_mut().find(|r| r.fd == *fd)) {
             *queued = m.iter().map(|(bytes, _)| bytes.clone()).collect();

@@ -977,25 +977,22 @@ impl Instance {
         }
         // The sandbox's processes but its init and the instance: what the tenant started.
         let (main, init) = (self.sandbox.pid(), self.sandbox.init_pid());
-        let others: Vec<i32> = match self.sandbox.cgroup().pids() {
-            Ok(p) => p.into_iter().filter(|&p| p != main && p != init).collect(),
-            Err(e) => {
-                let _ = self.sandbox.kill();
-                return Err(crate::reset::ResetError::Children { pid: main, what: format!("listing the sandbox's processes: {e}") }.into());
+        let mut list_others = || -> Result<Vec<i32>, InstanceError> {
+            match self.sandbox.cgroup().pids() {
+                Ok(p) => Ok(p.into_iter().filter(|&p| p != main && p != init).collect()),
+                Err(e) => {
+                    let _ = self.sandbox.kill();
+                    Err(crate::reset::ResetError::Children { pid: main, what: format!("listing the sandbox's processes: {e}") }.into())
+                }
             }
         };
+        let others = list_others()?;
         let mut st = crate::reset::reset(main, &others, &snap.image, &snap.source, tracking, stats, keep_hot)?;
         // A process forked while the others were being killed (a daemon's second fork)
         // was not in the listing: list again until none is left, so the next call
         // never sees one.
         for _ in 0..LEFTOVER_ROUNDS {
-            let late: Vec<i32> = match self.sandbox.cgroup().pids() {
-                Ok(p) => p.into_iter().filter(|&p| p != main && p != init).collect(),
-                Err(e) => {
-                    let _ = self.sandbox.kill();
-                    return Err(crate::reset::ResetError::Children { pid: main, what: format!("listing the sandbox's processes: {e}") }.into());
-                }
-            };
+            let late = list_others()?;
             if late.is_empty() {
                 break;
             }

@@ -66,12 +66,12 @@ pub(super) fn read_file(path: &str) -> Result<(Vec<u8>, u32, u32), Option<std::i
     Ok((content, seals as u32, meta.permissions().mode() & 0o7777))
 }
 
-/// The process's descriptors, each as what a restore makes again. `received`: those
+/// The process's descriptors (`list`, as procfs::fds read them), each as what a
+/// restore makes again. `received`: those
 /// just received out of queued messages (in flight at the snapshot), described
 /// after the process's own (so that one it also holds is a [`FdKind::Dup`] of its
 /// own number) and named as passed in a refusal.
-pub(super) fn capture_fds(pid: i32, received: &[passed::Received]) -> Result<Vec<FdRecord>, CaptureError> {
-    let mut list = procfs::fds(pid).map_err(|source| CaptureError::Io { pid, what: "listing descriptors".into(), source })?;
+pub(super) fn capture_fds(pid: i32, mut list: Vec<procfs::FdInfo>, received: &[passed::Received]) -> Result<Vec<FdRecord>, CaptureError> {
     let refuse = |reason: String| CaptureError::Refused { pid, reason };
     let late = |fd: i32| received.iter().position(|r| r.fd == fd);
     list.sort_by_key(|f| (late(f.fd), f.fd));

@@ -66,11 +66,10 @@ pub(super) fn watches(pid: i32, fd: i32, info: &str) -> Result<Vec<InotifyWatch>
         .collect()
 }
 
-/// The events queued on each inotify instance of `pid` that has any (those just
-/// received out of queued messages too): (descriptor, bytes queued, the bytes read
+/// The events queued on each inotify instance among `pid`'s descriptors `list` that
+/// has any (those just received out of queued messages too): (descriptor, bytes queued, the bytes read
 /// out, which are empty where there are more than a snapshot carries).
-pub(super) fn read_queued(inj: &Injector<'_>, region: u64, pid: i32) -> Result<Vec<(i32, u32, Vec<u8>)>, CaptureError> {
-    let list = crate::procfs::fds(pid).map_err(|source| CaptureError::Io { pid, what: "listing descriptors".into(), source })?;
+pub(super) fn read_queued(inj: &Injector<'_>, region: u64, pid: i32, list: &[crate::procfs::FdInfo]) -> Result<Vec<(i32, u32, Vec<u8>)>, CaptureError> {
     let mut out = Vec::new();
     for f in list.iter().filter(|f| f.target == "anon_inode:inotify") {
         let inject = |source| CaptureError::Inject { pid, source };

@@ -189,29 +189,16 @@ pub(super) fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), 
     }
     // A pipe end whose other end was closed at capture: the other end pipe2 makes
     // too is kept (above the records, in step 2) to write the buffered bytes through,
-    // then closed.
-    let lone: Vec<(u64, u64)> = pipes
-        .iter()
-        .filter_map(|&(id, at)| {
-            let ends: Vec<bool> = recs.iter().filter_map(|r| match &r.kind {
-                FdKind::Pipe { pipe, write, .. } if *pipe == id => Some(*write),
-                _ => None,
-            }).collect();
-            (!ends.contains(&true) || !ends.contains(&false)).then(|| (id, if ends.contains(&true) { at } else { at + 4 }))
-        })
-        .collect();
-    // The same for a socketpair end whose peer was closed: the peer socketpair makes
-    // sends what was queued, then is closed.
-    let lone_pairs: Vec<(u64, u64)> = pairs
-        .iter()
-        .filter_map(|&(id, at)| {
-            let ends: Vec<bool> = recs.iter().filter_map(|r| match &r.kind {
-                FdKind::SocketPair { pair, first, .. } if *pair == id => Some(*first),
-                _ => None,
-            }).collect();
-            (!ends.contains(&true) || !ends.contains(&false)).then(|| (id, if ends.contains(&true) { at + 4 } else { at }))
-        })
-        .collect();
+    // then closed. The same for a socketpair end whose peer was closed: the peer
+    // socketpair makes sends what was queued, then is closed.
+    let lone = missing_ends(&pipes, &recs, |k| match k {
+        FdKind::Pipe { pipe, write, .. } => Some((*pipe, u64::from(*write))),
+        _ => None,
+    });
+    let lone_pairs = missing_ends(&pairs, &recs, |k| match k {
+        FdKind::SocketPair { pair, first, .. } => Some((*pair, u64::from(!*first))),
+        _ => None,
+    });
     sources.extend(lone.iter().chain(&lone_pairs).map(|&(_, at)| Src::PipeEnd(at)));
     let res = inj.run(&calls, &mut data)?;
     let temp: Vec<u64> = sources
@@ -251,6 +238,7 @@ pub(super) fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), 
         }
     }
     // Step 4.
+    let mut sized: Vec<u64> = Vec::new(); // pipes whose capacity is set
     for r in &recs {
         if let FdKind::PathLocked { locks, .. } = &r.kind {
             push_lock_calls(&mut calls, &mut data, r.fd, locks);
@@ -274,9 +262,10 @@ pub(super) fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), 
                     calls.push(Call::new("fcntl(F_SETFL)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETFL as u64, *flags as u64 & nonblock]));
                 }
             }
-            FdKind::Pipe { flags, size, .. } => {
+            FdKind::Pipe { pipe, flags, size, .. } => {
                 // Its capacity (before the buffered bytes go in), from one end.
-                if *size != 0 && recs.iter().find(|x| matches!(&x.kind, FdKind::Pipe { pipe: p, .. } if Some(p) == pipe_of(r))).map(|x| x.fd) == Some(r.fd) {
+                if *size != 0 && !sized.contains(pipe) {
+                    sized.push(*pipe);
                     calls.push(Call::new("fcntl(F_SETPIPE_SZ)", libc::SYS_fcntl, &[r.fd as u64, libc::F_SETPIPE_SZ as u64, *size as u64]));
                 }
                 if *flags as u64 & nonblock != 0 {
@@ -414,12 +403,20 @@ pub(super) fn restore_fds(inj: &Injector<'_>, img: &ProcessImage) -> Result<(), 
     restore_memfd_contents(inj, &recs)
 }
 
-/// The pipe a record is an end of.
-fn pipe_of(r: &FdRecord) -> Option<&u64> {
-    match &r.kind {
-        FdKind::Pipe { pipe, .. } => Some(pipe),
-        _ => None,
-    }
+/// Of the pipes or socketpairs `made` (id, address of the int[2] pipe2/socketpair
+/// fills), those with one end only among `recs` (the other closed at capture): (id,
+/// address of the other end's int). `end` gives a record's (id, its place in the
+/// int[2]) for the kind in question.
+fn missing_ends(made: &[(u64, u64)], recs: &[&FdRecord], end: impl Fn(&FdKind) -> Option<(u64, u64)>) -> Vec<(u64, u64)> {
+    made.iter()
+        .filter_map(|&(id, at)| {
+            let places: Vec<u64> = recs.iter().filter_map(|r| end(&r.kind).filter(|e| e.0 == id).map(|e| e.1)).collect();
+            match places[..] {
+                [place] => Some((id, at + 4 * (1 - place))),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// sendmsg(2) of `len` bytes at `buf` from `fd` with descriptors `rights` (SCM_RIGHTS),

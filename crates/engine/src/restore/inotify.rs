@@ -73,6 +73,23 @@ pub(super) fn put_back(pid: i32, pidfd: BorrowedFd<'_>, img: &ProcessImage) -> R
     Ok(())
 }
 
+/// A directory readied by [`Watches::clear`].
+struct Cleared {
+    dir: OwnedFd,
+    kept: Timestamps,
+    aside: Option<String>,
+}
+
+impl Cleared {
+    /// What was set aside back at `name`, and the directory's times back.
+    fn put_back(self, name: &str) -> Result<(), String> {
+        if let Some(aside) = &self.aside {
+            rfs::renameat(&self.dir, aside.as_str(), &self.dir, name).map_err(|e| format!("putting {name} back: {e}"))?;
+        }
+        rfs::futimens(&self.dir, &self.kept).map_err(|e| format!("setting times back: {e}"))
+    }
+}
+
 struct Watches<'a> {
     root: BorrowedFd<'a>,
 }
@@ -130,11 +147,9 @@ impl Watches<'_> {
         let name = std::str::from_utf8(&e.name).map_err(|_| err("a name that is not UTF-8".into()))?;
         if matches!(bit, libc::IN_CREATE | libc::IN_DELETE) {
             // An entry of the watched directory (of the instance's own: checked at capture).
-            let watched = self.open(&x.path, OFlags::RDONLY | OFlags::DIRECTORY).map_err(err)?;
-            let kept = times(watched.as_fd()).map_err(err)?;
-            let aside = self.set_aside(watched.as_fd(), name).map_err(err)?;
-            let make = || fresh(watched.as_fd(), name, dir);
-            let remove = || remove(watched.as_fd(), name, dir);
+            let cleared = self.clear(&x.path, name).map_err(err)?;
+            let make = || fresh(cleared.dir.as_fd(), name, dir);
+            let remove = || remove(cleared.dir.as_fd(), name, dir);
             if bit == libc::IN_CREATE {
                 self.set(fd, x, bit)?;
                 let made = make();
@@ -148,10 +163,7 @@ impl Watches<'_> {
                 self.set(fd, x, QUIET)?;
                 removed.map_err(err)?;
             }
-            if let Some(aside) = aside {
-                rfs::renameat(&watched, aside.as_str(), &watched, name).map_err(|e| err(format!("putting {name} back: {e}")))?;
-            }
-            return rfs::futimens(&watched, &kept).map_err(|e| err(format!("setting times back: {e}")));
+            return cleared.put_back(name).map_err(err);
         }
         // An operation on the watched object itself, or on an entry of the directory:
         // an entry that is not there or not fit for it (of the instance's own
@@ -170,11 +182,9 @@ impl Watches<'_> {
         let stand_in = if fit {
             None
         } else if own && !name.is_empty() {
-            let watched = self.open(&x.path, OFlags::RDONLY | OFlags::DIRECTORY).map_err(err)?;
-            let kept = times(watched.as_fd()).map_err(err)?;
-            let aside = self.set_aside(watched.as_fd(), name).map_err(err)?;
-            fresh(watched.as_fd(), name, dir).map_err(err)?;
-            Some((watched, kept, aside))
+            let cleared = self.clear(&x.path, name).map_err(err)?;
+            fresh(cleared.dir.as_fd(), name, dir).map_err(err)?;
+            Some(cleared)
         } else {
             return Err(err("what the event is about is gone or changed".into()));
         };
@@ -210,12 +220,9 @@ impl Watches<'_> {
             let obj = self.open(&path, OFlags::RDONLY).map_err(err)?;
             rfs::futimens(&obj, &t).map_err(|e| err(format!("setting times back: {e}")))?;
         }
-        if let Some((watched, kept, aside)) = stand_in {
-            remove(watched.as_fd(), name, dir).map_err(err)?;
-            if let Some(aside) = aside {
-                rfs::renameat(&watched, aside.as_str(), &watched, name).map_err(|e| err(format!("putting {name} back: {e}")))?;
-            }
-            rfs::futimens(&watched, &kept).map_err(|e| err(format!("setting times back: {e}")))?;
+        if let Some(cleared) = stand_in {
+            remove(cleared.dir.as_fd(), name, dir).map_err(err)?;
+            cleared.put_back(name).map_err(err)?;
         }
         Ok(())
     }
@@ -227,47 +234,39 @@ impl Watches<'_> {
             (Ok(f), Ok(t)) => (f, t),
             _ => return Err(err("a name that is not UTF-8".into())),
         };
-        let fdir = self.open(&fx.path, OFlags::RDONLY | OFlags::DIRECTORY).map_err(err)?;
-        let tdir = self.open(&tx.path, OFlags::RDONLY | OFlags::DIRECTORY).map_err(err)?;
-        let (ft, tt) = (times(fdir.as_fd()).map_err(err)?, times(tdir.as_fd()).map_err(err)?);
-        let faside = self.set_aside(fdir.as_fd(), fname).map_err(err)?;
-        let taside = self.set_aside(tdir.as_fd(), tname).map_err(err)?;
+        // Put back in the reverse order (the same directory twice: its first times last).
+        let from_dir = self.clear(&fx.path, fname).map_err(err)?;
+        let to_dir = self.clear(&tx.path, tname).map_err(err)?;
+        let (fdir, tdir) = (from_dir.dir.as_fd(), to_dir.dir.as_fd());
         let dir = from.mask & libc::IN_ISDIR != 0;
-        fresh(fdir.as_fd(), fname, dir).map_err(err)?;
+        fresh(fdir, fname, dir).map_err(err)?;
         if fx.wd == tx.wd {
             self.set(fd, fx, libc::IN_MOVED_FROM | libc::IN_MOVED_TO)?;
         } else {
             self.set(fd, fx, libc::IN_MOVED_FROM)?;
             self.set(fd, tx, libc::IN_MOVED_TO)?;
         }
-        rfs::renameat(&fdir, fname, &tdir, tname).map_err(|e| err(format!("rename: {e}")))?;
+        rfs::renameat(fdir, fname, tdir, tname).map_err(|e| err(format!("rename: {e}")))?;
         self.set(fd, fx, QUIET)?;
         self.set(fd, tx, QUIET)?;
-        remove(tdir.as_fd(), tname, dir).map_err(err)?;
-        if let Some(a) = taside {
-            rfs::renameat(&tdir, &a, &tdir, tname).map_err(|e| err(format!("putting {tname} back: {e}")))?;
-        }
-        if let Some(a) = faside {
-            rfs::renameat(&fdir, &a, &fdir, fname).map_err(|e| err(format!("putting {fname} back: {e}")))?;
-        }
-        rfs::futimens(&fdir, &ft).map_err(|e| err(format!("setting times back: {e}")))?;
-        rfs::futimens(&tdir, &tt).map_err(|e| err(format!("setting times back: {e}")))?;
-        Ok(())
+        remove(tdir, tname, dir).map_err(err)?;
+        to_dir.put_back(tname).map_err(err)?;
+        from_dir.put_back(fname).map_err(err)
     }
 
-    /// Move what stands at `name` in `dir` (if anything) to a free name there, which
-    /// is returned (every watch is quiet meanwhile).
-    fn set_aside(&self, dir: BorrowedFd<'_>, name: &str) -> Result<Option<String>, String> {
-        if rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).is_err() {
-            return Ok(None);
+    /// Directory `dir_path` (the instance's own) readied for an operation on its entry
+    /// `name` (every watch quiet): its times kept, and what stands at `name`, if
+    /// anything, moved to a free name there; [`Cleared::put_back`] undoes both.
+    fn clear(&self, dir_path: &str, name: &str) -> Result<Cleared, String> {
+        let dir = self.open(dir_path, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let kept = times(dir.as_fd())?;
+        let mut aside = None;
+        if rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+            let free = (0..1000).map(|k| format!(".thaw-aside-{k}")).find(|a| rfs::statat(&dir, a.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_err());
+            let free = free.ok_or_else(|| format!("no free name to set {name} aside"))?;
+            rfs::renameat(&dir, name, &dir, free.as_str()).map_err(|e| format!("setting {name} aside: {e}"))?;
+            aside = Some(free);
         }
-        for k in 0..1000 {
-            let aside = format!(".thaw-aside-{k}");
-            if rfs::statat(dir, aside.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_err() {
-                rfs::renameat(dir, name, dir, aside.as_str()).map_err(|e| format!("setting {name} aside: {e}"))?;
-                return Ok(Some(aside));
-            }
-        }
-        Err(format!("no free name to set {name} aside"))
+        Ok(Cleared { dir, kept, aside })
     }
 }
