@@ -31,6 +31,7 @@ use crate::sys::PAGE_SIZE;
 mod fds;
 mod inotify;
 mod passed;
+mod tree;
 mod unlinked;
 
 #[derive(Debug, Error)]
@@ -53,8 +54,11 @@ pub struct CaptureStats {
     pub pages_zero_skipped: u64,
     /// Private file mappings stored whole (see `VmaKind::FileCopied`).
     pub vmas_copied_whole: u64,
-    /// Pages of a diff equal to its base's page at the same address (not stored).
+    /// Pages of a diff equal to its base's page at the same address (not stored); of
+    /// a child process, equal to the runtime's.
     pub pages_from_base: u64,
+    /// Live child processes captured with the runtime.
+    pub children: u64,
     pub bytes_written: u64,
     pub capture_ms: f64,
 }
@@ -86,11 +90,15 @@ pub enum Layer<'a> {
 /// [`capture`] one kind of layer.
 pub fn capture_with(pid: i32, sandbox: SandboxRecord, out: &Path, layer: Layer<'_>) -> Result<(PathBuf, CaptureStats), CaptureError> {
     let mut seized = Vec::new();
-    let result = capture_inner(pid, sandbox, out, layer, &mut seized);
+    let mut kids = Vec::new();
+    let result = capture_inner(pid, sandbox, out, layer, &mut seized, &mut kids);
     // Whatever happened, the process is not resumed: kill it and reap the threads
     // we trace (a traced thread's exit waits for its tracer, and the leader's
-    // exit waits for its threads).
+    // exit waits for its threads); its child processes likewise.
     crate::sys::ptrace::kill_and_reap(pid, &seized);
+    for (host, tracees) in &kids {
+        crate::sys::ptrace::kill_and_reap(*host, tracees);
+    }
     result
 }
 
@@ -100,6 +108,7 @@ fn capture_inner(
     out: &Path,
     layer: Layer<'_>,
     seized: &mut Vec<Tracee>,
+    kids: &mut Vec<(i32, Vec<Tracee>)>,
 ) -> Result<(PathBuf, CaptureStats), CaptureError> {
     let t0 = Instant::now();
     let ioe = |what: &str| {
@@ -113,44 +122,12 @@ fn capture_inner(
     let shared_pending = pending_signals(pid, &tracees[0], true, status.shared_pending).map_err(|e| e.into_capture(pid, "the process"))?;
     let timers = posix_timers(pid)?;
 
-    // Thread state visible through ptrace.
-    let mut threads = Vec::with_capacity(tracees.len());
-    for t in &tracees {
-        let tid = t.pid.as_raw();
-        let tst = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
-        // Filters of its own would not be installed again: refused, not dropped.
-        if tst.seccomp_filters > crate::conventions::SANDBOX_SECCOMP_FILTERS {
-            return Err(refuse(format!(
-                "thread {tid} of the process runs under {} seccomp filter(s) it installed itself (seccomp(2) or prctl(PR_SET_SECCOMP)); they are not carried across a snapshot",
-                tst.seccomp_filters - crate::conventions::SANDBOX_SECCOMP_FILTERS
-            )));
-        }
-        let pending = pending_signals(pid, t, false, tst.sig_pending).map_err(|e| e.into_capture(pid, &format!("thread {tid}")))?;
-        let mut r = t.get_regs().map_err(ioe("reading registers"))?;
-        regs::rewind_interrupted_syscall(&mut r);
-        let rseq = t.get_rseq().map_err(ioe("reading rseq configuration"))?;
-        threads.push(ThreadState {
-            tid: *tst.nspid.last().unwrap_or(&tid),
-            regs: regs::to_array(&r),
-            xstate: t.get_xstate().map_err(ioe("reading xstate"))?,
-            sigmask: t.get_sigmask().map_err(ioe("reading signal mask"))?,
-            rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
-                ptr: rseq.rseq_abi_pointer,
-                len: rseq.rseq_abi_size,
-                sig: rseq.signature,
-            }),
-            robust_list: ptrace::robust_list(tid).map_err(ioe("reading robust list"))?,
-            tid_address: 0,
-            altstack: None,
-            comm: procfs::thread_comm(pid, tid).map_err(ioe("reading thread name"))?,
-            pending,
-            sched_policy: sched_policy(pid, tid).map_err(refuse)?,
-        });
-    }
+    let mut threads = thread_states(pid, &tracees)?;
     if threads[0].tid != MAIN_PID {
         return Err(refuse(format!("its thread group leader is pid {} in its namespace, not {MAIN_PID}", threads[0].tid)));
     }
-    let zombies = zombie_children(pid)?;
+    let (zombies, live) = children_of(pid, true)?;
+    let tree = tree::seize(&live, kids)?;
 
     // Process state visible through /proc.
     let maps = procfs::maps(pid).map_err(ioe("reading maps"))?;
@@ -165,6 +142,9 @@ fn capture_inner(
     // is not among `maps`, so it is not captured.
     let (region, wmem) = injection_region(&tracees[0], &maps).map_err(|source| CaptureError::Inject { pid, source })?;
     let inj = Injector::new(tracees[0], &wmem, region).map_err(|source| CaptureError::Inject { pid, source })?;
+    // What only the child processes hold is copied into the leader first, then
+    // drained and described with its own (capture/tree.rs).
+    let handed = tree::hand_down(&inj, region, pid, &tree)?;
     let (drains, received) = passed::drain_all(&inj, region, pid)?;
     for (fd, drained) in &drains {
         if let passed::Drained::Refused(what) = drained {
@@ -177,7 +157,8 @@ fn capture_inner(
     // The descriptors as they are now, those just received included.
     let list = procfs::fds(pid).map_err(ioe("listing descriptors"))?;
     let inotify_queued = inotify::read_queued(&inj, region, pid, &list)?;
-    let mut fds = fds::capture_fds(pid, list, &received)?;
+    let mut fds = fds::capture_fds(pid, list, &received).map_err(|e| handed.name_copies(e))?;
+    handed.check(&fds).map_err(refuse)?;
     for (fd, drained) in drains.iter() {
         if let (passed::Drained::Messages(m), Some(FdRecord { kind: FdKind::SocketPair { queued, .. }, .. })) = (drained, fds.iter_mut().find(|r| r.fd == *fd)) {
             *queued = m.iter().map(|(bytes, _)| bytes.clone()).collect();
@@ -205,11 +186,13 @@ fn capture_inner(
         Layer::Diff(b) => Some(b),
         _ => None,
     };
+    let against = base.map(|b| b as &dyn SamePage);
     let mut writer = match layer {
         Layer::Base => SnapshotWriter::create_with(out, None)?,
         _ => SnapshotWriter::create(out)?,
     };
-    let (pages, base_pages, mut stats) = match dump_pages(pid, &mem, &mut vmas, &files, base, &mut writer) {
+    let mut pages = PageIndex::default();
+    let (base_pages, mut stats) = match dump_pages(pid, &mem, &mut vmas, &files, against, &mut writer, &mut pages, 0) {
         Ok(x) => x,
         Err(e) => {
             writer.abandon();
@@ -302,6 +285,21 @@ fn capture_inner(
         writer.abandon();
         return Err(refuse(format!("{} zombie child processes while SIGCHLD is ignored (or SA_NOCLDWAIT): recreated, they would be reaped at once", zombies.len())));
     }
+    // The child processes, their pages after the leader's (keyed apart: they share
+    // its addresses).
+    let mut numbered = 0;
+    let mut children = Vec::with_capacity(tree.len());
+    let leader = tree::LeaderPages::new(&mem, &pages, &base_pages);
+    for m in &tree {
+        let parent = (injected.attrs.pgid, injected.attrs.sid);
+        match tree::capture_child(m, parent, &handed, &leader, &sandbox, &mut writer, &mut pages, &mut numbered, &mut stats) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                writer.abandon();
+                return Err(e);
+            }
+        }
+    }
     let image = ProcessImage {
         created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
         kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
@@ -329,8 +327,10 @@ fn capture_inner(
             oom_score_adj: std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0),
             ..injected.attrs
         },
+        children,
+        handed_down: handed.copies(),
     };
-    stats.vmas = image.vmas.len();
+    stats.vmas += image.vmas.len();
     let dir = writer.finish(&image)?;
     stats.capture_ms = t0.elapsed().as_secs_f64() * 1e3;
     info!(pid, dir = %dir.display(), pages = stats.pages_stored, ms = stats.capture_ms, "captured");
@@ -338,6 +338,50 @@ fn capture_inner(
 }
 
 pub use crate::conventions::MAIN_PID;
+
+/// The state of each of `tracees` (the threads of `pid`, stopped) that ptrace and
+/// /proc show.
+fn thread_states(pid: i32, tracees: &[Tracee]) -> Result<Vec<ThreadState>, CaptureError> {
+    let ioe = |what: &str| {
+        let what = what.to_string();
+        move |source| CaptureError::Io { pid, what, source }
+    };
+    let refuse = |reason: String| CaptureError::Refused { pid, reason };
+    let mut threads = Vec::with_capacity(tracees.len());
+    for t in tracees {
+        let tid = t.pid.as_raw();
+        let tst = procfs::thread_status(pid, tid).map_err(ioe("reading thread status"))?;
+        // Filters of its own would not be installed again: refused, not dropped.
+        if tst.seccomp_filters > crate::conventions::SANDBOX_SECCOMP_FILTERS {
+            return Err(refuse(format!(
+                "thread {tid} of the process runs under {} seccomp filter(s) it installed itself (seccomp(2) or prctl(PR_SET_SECCOMP)); they are not carried across a snapshot",
+                tst.seccomp_filters - crate::conventions::SANDBOX_SECCOMP_FILTERS
+            )));
+        }
+        let pending = pending_signals(pid, t, false, tst.sig_pending).map_err(|e| e.into_capture(pid, &format!("thread {tid}")))?;
+        let mut r = t.get_regs().map_err(ioe("reading registers"))?;
+        regs::rewind_interrupted_syscall(&mut r);
+        let rseq = t.get_rseq().map_err(ioe("reading rseq configuration"))?;
+        threads.push(ThreadState {
+            tid: *tst.nspid.last().unwrap_or(&tid),
+            regs: regs::to_array(&r),
+            xstate: t.get_xstate().map_err(ioe("reading xstate"))?,
+            sigmask: t.get_sigmask().map_err(ioe("reading signal mask"))?,
+            rseq: (rseq.rseq_abi_pointer != 0).then_some(Rseq {
+                ptr: rseq.rseq_abi_pointer,
+                len: rseq.rseq_abi_size,
+                sig: rseq.signature,
+            }),
+            robust_list: ptrace::robust_list(tid).map_err(ioe("reading robust list"))?,
+            tid_address: 0,
+            altstack: None,
+            comm: procfs::thread_comm(pid, tid).map_err(ioe("reading thread name"))?,
+            pending,
+            sched_policy: sched_policy(pid, tid).map_err(refuse)?,
+        });
+    }
+    Ok(threads)
+}
 
 /// Thread `tid`'s scheduling policy, one a restore can set again without privilege
 /// (a real-time one, which the sandbox does not allow anyway, is refused).
@@ -349,13 +393,13 @@ fn sched_policy(pid: i32, tid: i32) -> Result<i32, String> {
     }
 }
 
-/// The runtime's zombie children (exited, not yet waited for), which the restore
-/// recreates. Any other process in the instance is refused, named, rather than
-/// silently dropped (a restore would run without it): live children, a zombie killed
-/// by a signal or in another process group or session than the runtime's. Orphans
-/// the runtime left are children of the init (PID 1); the runtime's own children are
-/// its children.
-fn zombie_children(pid: i32) -> Result<Vec<Zombie>, CaptureError> {
+/// The children of `pid`: its zombies (exited, not yet waited for), which the
+/// restore recreates, and the host pids of its live children, captured with it
+/// (capture/tree.rs). Anything else is refused, named, rather than silently dropped
+/// (a restore would run without it): a stopped child, a zombie killed by a signal or
+/// in another process group or session, and for the runtime (`leader`) any process
+/// the init adopted (an orphan the runtime left, a daemon).
+fn children_of(pid: i32, leader: bool) -> Result<(Vec<Zombie>, Vec<i32>), CaptureError> {
     let children = |p: i32| -> Vec<i32> {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { return Vec::new() };
         let mut out = Vec::new();
@@ -365,32 +409,34 @@ fn zombie_children(pid: i32) -> Result<Vec<Zombie>, CaptureError> {
         }
         out
     };
-    let init = procfs::status(pid).ok().map(|s| s.ppid).unwrap_or(0);
+    let init = if leader { procfs::status(pid).ok().map(|s| s.ppid).unwrap_or(0) } else { 0 };
     let me = procfs::proc_stat(pid).map_err(|source| CaptureError::Io { pid, what: "reading stat".into(), source })?;
     let mut zombies = Vec::new();
-    // (host pid, why it cannot be recreated, if it is a zombie).
-    let mut others: Vec<(i32, Option<&str>)> = Vec::new();
+    let mut live = Vec::new();
+    // (host pid, why it cannot be recreated).
+    let mut others: Vec<(i32, &str)> = Vec::new();
     for c in children(pid) {
         let (Ok(st), Ok(status)) = (procfs::proc_stat(c), procfs::status(c)) else {
-            others.push((c, None));
+            others.push((c, "gone while listed"));
             continue;
         };
-        if st.state != 'Z' {
-            others.push((c, None));
-        } else if st.exit_code & 0x7f != 0 {
-            others.push((c, Some("a zombie killed by a signal")));
-        } else if (st.pgrp, st.session) != (me.pgrp, me.session) {
-            others.push((c, Some("a zombie in another process group or session")));
-        } else {
-            zombies.push(Zombie { pid: status.nspid.last().copied().unwrap_or(c), status: st.exit_code });
+        match st.state {
+            'Z' if st.exit_code & 0x7f != 0 => others.push((c, "a zombie killed by a signal")),
+            'Z' if (st.pgrp, st.session) != (me.pgrp, me.session) => others.push((c, "a zombie in another process group or session")),
+            'Z' => zombies.push(Zombie { pid: status.nspid.last().copied().unwrap_or(c), status: st.exit_code }),
+            // (`t`, stopped by a tracer, is one seized here: a live child; another
+            // tracer's would fail the seize.)
+            'T' => others.push((c, "a stopped process: job control state is not carried")),
+            _ => live.push(c),
         }
     }
     if init > 0 {
-        others.extend(children(init).into_iter().filter(|&c| c != pid).map(|c| (c, None)));
+        others.extend(children(init).into_iter().filter(|&c| c != pid).map(|c| (c, "adopted by the init: an orphan or daemon, whose parent is gone")));
     }
     if others.is_empty() {
         zombies.sort_by_key(|z| z.pid);
-        return Ok(zombies);
+        live.sort_unstable();
+        return Ok((zombies, live));
     }
     others.sort_unstable();
     let named: Vec<String> = others
@@ -398,20 +444,17 @@ fn zombie_children(pid: i32) -> Result<Vec<Zombie>, CaptureError> {
         .map(|&(c, why)| {
             let st = procfs::status(c).ok();
             let ns = st.as_ref().and_then(|s| s.nspid.last().copied()).unwrap_or(c);
-            let state = st.map(|s| s.state).unwrap_or_default();
             let cmd = std::fs::read(format!("/proc/{c}/cmdline"))
                 .map(|b| String::from_utf8_lossy(&b).replace('\0', " ").trim().to_string())
                 .unwrap_or_default();
             let cmd = if cmd.is_empty() { procfs::thread_comm(c, c).unwrap_or_default() } else { cmd };
-            let what = why.unwrap_or(if state.starts_with('Z') { "a zombie" } else { "" });
-            format!("pid {ns} ({}{}{what})", cmd.chars().take(60).collect::<String>(), if what.is_empty() { "" } else { ", " })
+            format!("pid {ns} ({}, {why})", cmd.chars().take(60).collect::<String>())
         })
         .collect();
     Err(CaptureError::Refused {
         pid,
         reason: format!(
-            "the instance has other processes besides the runtime: {}; live child processes cannot be captured yet \
-             (start them in the handler, or wait for them before init ends)",
+            "the instance has processes that cannot be captured: {} (start them in the handler, or wait for them before init ends)",
             named.join(", ")
         ),
     })
@@ -544,18 +587,31 @@ fn copy_whole(v: &Vma, files: &[FileRef], written: u64, npages: u64) -> Option<V
     (inside && written as f64 >= COPY_WHOLE_SHARE * npages as f64).then_some(VmaKind::FileCopied { file, offset })
 }
 
+/// A page a capture need not store: the same as one it is taken from at restore.
+pub(crate) trait SamePage {
+    fn same(&self, vaddr: u64, page: &[u8]) -> bool;
+}
+
+impl SamePage for crate::layers::Comparer {
+    fn same(&self, vaddr: u64, page: &[u8]) -> bool {
+        crate::layers::Comparer::same(self, vaddr, page)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn dump_pages(
     pid: i32,
     mem: &ProcMem,
     vmas: &mut [Vma],
     files: &[FileRef],
-    base: Option<&crate::layers::Comparer>,
+    base: Option<&dyn SamePage>,
     writer: &mut SnapshotWriter,
-) -> Result<(PageIndex, Vec<u64>, CaptureStats), CaptureError> {
+    index: &mut PageIndex,
+    key: u64,
+) -> Result<(Vec<u64>, CaptureStats), CaptureError> {
     use std::os::unix::fs::FileExt;
     let ioe = |what: String| move |source| CaptureError::Io { pid, what, source };
     let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).map_err(ioe("opening pagemap".into()))?;
-    let mut index = PageIndex::default();
     let mut base_pages = Vec::new();
     let mut stats = CaptureStats::default();
     let mut buf = vec![0u8; (DUMP_CHUNK_PAGES * PAGE_SIZE) as usize];
@@ -598,15 +654,15 @@ fn dump_pages(
                     stats.pages_from_base += 1;
                     continue;
                 }
-                writer.store_page(&mut index, at, page)?;
+                writer.store_page(index, at | key, page)?;
                 stats.pages_stored += 1;
             }
             i = j;
         }
     }
-    stats.bytes_written = stats.pages_stored * PAGE_SIZE;
+    stats.bytes_written += stats.pages_stored * PAGE_SIZE;
     debug!(pid, pages = stats.pages_stored, zero = stats.pages_zero_skipped, from_base = stats.pages_from_base, "pages dumped");
-    Ok((index, base_pages, stats))
+    Ok((base_pages, stats))
 }
 
 /// A socketpair end's options, as getsockopt gave them.
@@ -884,6 +940,8 @@ fn injected_state(
         oom_score_adj: 0,
         session_leader: r(8) == r(6),
         group_leader: r(7) == r(6),
+        pgid: r(7) as i32,
+        sid: r(8) as i32,
         itimers: [itimer(0), itimer(1), itimer(2)],
         posix_timers,
         // Read before the injection (see capture_inner).

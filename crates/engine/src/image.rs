@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 19;
+pub const FORMAT_VERSION: u32 = 20;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -460,6 +460,51 @@ pub struct ProcessImage {
     /// Set for a diff: the base image it was captured against and the pages it takes
     /// from it (see `layers.rs`).
     pub base: Option<BaseRef>,
+    /// Its live child processes, each with its own (format 20).
+    pub children: Vec<ChildImage>,
+    /// Descriptors the leader holds only to hand them down to its children (open
+    /// files only children held at capture, copied into the leader to be described
+    /// like its own), closed once the children exist.
+    pub handed_down: Vec<i32>,
+}
+
+/// A live process below the runtime (a child or grandchild started at init): its
+/// place in the process tree, its descriptors as the leader's, and its own image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildImage {
+    /// Its pid in the sandbox's namespace.
+    pub pid: i32,
+    /// Its process group and session (ids in the namespace).
+    pub pgid: i32,
+    pub sid: i32,
+    /// What keys its pages in the leader's page index: its page at address `a` is
+    /// stored as the index's `a | key` (user addresses lie below 2^47; see [`child_key`]).
+    pub key: u64,
+    /// Its descriptors: (number, the leader's descriptor it is a copy of, close-on-exec).
+    pub fds: Vec<(i32, i32, bool)>,
+    /// Address ranges (start, pages) whose contents are the leader's image's at the
+    /// same addresses (memory a forked child has not written since): not stored again.
+    pub from_leader: Vec<(u64, u64)>,
+    /// Its threads, memory layout, attributes and children (its `fds`, `pages`, `tmp`
+    /// and `sandbox` are the leader's, not repeated).
+    pub image: Box<ProcessImage>,
+}
+
+/// Consecutive pages `pages` (addresses, sorted) as runs (start, pages).
+pub fn page_runs(pages: &[u64]) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &a in pages {
+        match runs.last_mut() {
+            Some((s, n)) if *s + *n * PAGE_SIZE == a => *n += 1,
+            _ => runs.push((a, 1)),
+        }
+    }
+    runs
+}
+
+/// The key of the `n`th child process (in the tree's pre-order) in the page index.
+pub fn child_key(n: usize) -> u64 {
+    (n as u64 + 1) << 48
 }
 
 impl ProcessImage {
@@ -510,6 +555,10 @@ pub struct ProcAttrs {
     /// The process leads its own session (setsid) / process group (setpgid(0, 0)).
     pub session_leader: bool,
     pub group_leader: bool,
+    /// Its process group and session as ids in the sandbox (format 20; what a child
+    /// process joins again).
+    pub pgid: i32,
+    pub sid: i32,
     /// Interval timers (ITIMER_REAL, VIRTUAL, PROF) as `struct itimerval` words:
     /// interval s, interval µs, value (left) s, value µs. A timer is re-armed with what
     /// was left at capture (time stands still while the snapshot is on disk).
@@ -840,12 +889,18 @@ mod tests {
                 posix_timers: vec![PosixTimer { id: 3, clockid: 1, signo: 10, sigval: 7, notify: 4, tid: 2, value: (5, 0), interval: (0, 0) }],
                 ..Default::default()
             },
+            children: vec![],
+            handed_down: vec![],
         }
     }
 
     #[test]
     fn state_round_trips() {
-        let img = sample();
+        let mut img = sample();
+        let mut child = sample();
+        child.threads[0].tid = 3;
+        img.children.push(ChildImage { pid: 3, pgid: 3, sid: 2, key: child_key(0), fds: vec![(1, 1, false), (7, 205, true)], from_leader: vec![(0x1000, 2)], image: Box::new(child) });
+        img.handed_down = vec![205];
         let bytes = encode_state(&img);
         assert_eq!(decode_state(Path::new("/s"), &bytes).unwrap(), img);
     }

@@ -282,14 +282,7 @@ impl Comparer {
 
     /// The reference a diff stores, for the addresses `pages` (sorted) taken from the base.
     pub fn base_ref(&self, pages: &[u64]) -> BaseRef {
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for &a in pages {
-            match runs.last_mut() {
-                Some((s, n)) if *s + *n * PAGE_SIZE == a => *n += 1,
-                _ => runs.push((a, 1)),
-            }
-        }
-        BaseRef { id: self.meta.id.clone(), dir: self.meta.dir.clone(), state_crc: self.state_crc, runs }
+        BaseRef { id: self.meta.id.clone(), dir: self.meta.dir.clone(), state_crc: self.state_crc, runs: crate::image::page_runs(pages) }
     }
 
     pub fn meta(&self) -> &BaseMeta {

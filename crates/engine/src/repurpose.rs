@@ -213,6 +213,9 @@ fn plan_of(base: &ProcessImage, diff: &ProcessImage, index: &PageIndex) -> Resul
     if diff.threads.iter().any(|t| !t.pending.is_empty()) {
         return Err("signals were pending when it was captured".into());
     }
+    if !diff.children.is_empty() {
+        return Err(format!("it had {} live child processes when it was captured", diff.children.len()));
+    }
     // The base's descriptors, as the base has them (but for what an install changes);
     // those its init opened on top must be files, opened again here.
     let common: Vec<FdRecord> = diff.fds.iter().filter(|r| base.fds.iter().any(|b| b.fd == r.fd)).cloned().collect();

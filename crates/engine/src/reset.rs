@@ -335,6 +335,10 @@ pub fn untrackable(img: &ProcessImage) -> Option<String> {
         let n = img.attrs.zombies.len();
         (n > 0).then(|| format!("{n} zombie child processes were in the snapshot, which a reset does not recreate once waited for"))
     })
+    .or_else(|| {
+        let n = img.children.len();
+        (n > 0).then(|| format!("{n} child processes were live in the snapshot, which a reset would kill and does not make again"))
+    })
 }
 
 /// Register the restored process's memory for write tracking on the page server's

@@ -37,6 +37,7 @@ use crate::sys::mem::{self, ProcMem};
 use crate::sys::ptrace::Tracee;
 use crate::sys::{uffd, PAGE_SIZE};
 
+mod children;
 mod fds;
 mod inotify;
 mod unlinked;
@@ -64,14 +65,22 @@ const SHUFFLE_LEN: u64 = 1 << 20;
 pub fn choose_region(img: &ProcessImage) -> Result<u64, RestoreError> {
     let need = REGION_LEN + SHUFFLE_LEN;
     let mut cand = REGION_SEARCH_START;
-    for v in &img.vmas {
-        if v.end <= cand {
+    // Free in the child processes' layouts too: they are made through the same region.
+    fn all(img: &ProcessImage, out: &mut Vec<(u64, u64)>) {
+        out.extend(img.vmas.iter().map(|v| (v.start, v.end)));
+        img.children.iter().for_each(|c| all(&c.image, out));
+    }
+    let mut vmas = Vec::new();
+    all(img, &mut vmas);
+    vmas.sort_unstable();
+    for (start, end) in vmas {
+        if end <= cand {
             continue;
         }
-        if v.start >= cand + need {
+        if start >= cand + need {
             return Ok(cand);
         }
-        cand = v.end;
+        cand = end;
     }
     if cand + need < 0x7fff_0000_0000 {
         return Ok(cand);
@@ -156,9 +165,11 @@ pub fn restore_into(
     prefill: impl FnOnce() -> (Prefill, bool),
 ) -> Result<Restored, RestoreError> {
     let mut threads = Vec::new();
-    let result = restore_inner(pid, pidfd, region, img, source, track_writes, base_file, prefill, &mut threads);
+    let mut made = Vec::new();
+    let result = restore_inner(pid, pidfd, region, img, source, track_writes, base_file, prefill, &mut threads, &mut made);
     if result.is_err() {
         crate::sys::ptrace::kill_and_reap(pid, &threads);
+        children::kill(&made);
     }
     result
 }
@@ -174,6 +185,7 @@ fn restore_inner(
     base_file: bool,
     prefill: impl FnOnce() -> (Prefill, bool),
     threads: &mut Vec<Tracee>,
+    made: &mut Vec<children::Made>,
 ) -> Result<Restored, RestoreError> {
     // Memory ranges mapped privately from the snapshot's shared memory file (see
     // `sharedmem.rs`): never together with write tracking (a reset works on anonymous
@@ -201,28 +213,10 @@ fn restore_inner(
         move |source| RestoreError::Io { pid, what, source }
     };
     let inj_err = |source| RestoreError::Inject { pid, source };
-    let thread = match img.threads.first() {
-        Some(t) if t.tid == crate::conventions::MAIN_PID => t,
-        _ => {
-            return Err(RestoreError::Incompatible(format!(
-                "the image's first thread is not PID {}",
-                crate::conventions::MAIN_PID
-            )))
-        }
-    };
-
-    // The files the image maps must be the ones it was captured with.
-    for f in &img.files {
-        let meta = std::fs::metadata(format!("/proc/{pid}/root{}", f.path)).map_err(ioe(&format!("stat {}", f.path)))?;
-        if !f.unchanged(&meta) {
-            return Err(RestoreError::Incompatible(format!(
-                "{} changed since the snapshot was taken (size {} -> {}); re-create the snapshot",
-                f.path,
-                f.size,
-                meta.len()
-            )));
-        }
+    if img.threads.first().map(|t| t.tid) != Some(crate::conventions::MAIN_PID) {
+        return Err(RestoreError::Incompatible(format!("the image's first thread is not PID {}", crate::conventions::MAIN_PID)));
     }
+    files_unchanged(pid, img)?;
 
     // What the instance had in /tmp and /dev/shm, before any descriptor is reopened.
     let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
@@ -248,38 +242,7 @@ fn restore_inner(
     // ---- Batch A: clear the stub, place the vDSO, create the uffd, open files.
     let mut data = DataArea::new(region);
     let mut calls = Vec::new();
-    let specials = ["[vvar]", "[vvar_vclock]", "[vdso]"];
-    for m in &stub_maps {
-        if m.start == region || m.name == "[vsyscall]" || specials.contains(&m.name.as_str()) {
-            continue;
-        }
-        calls.push(Call::new("munmap", libc::SYS_munmap, &[m.start, m.len()]));
-    }
-    let mremap_flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
-    let mut shuffle = region + REGION_LEN;
-    let mut moves = Vec::new();
-    for m in stub_maps.iter().filter(|m| specials.contains(&m.name.as_str())) {
-        let target = img.vmas.iter().find(|v| matches!(&v.kind, VmaKind::Special { name } if *name == m.name));
-        match target {
-            Some(v) if v.end - v.start == m.len() => {
-                calls.push(Call::new("mremap(vdso to scratch)", libc::SYS_mremap, &[m.start, m.len(), m.len(), mremap_flags, shuffle]));
-                moves.push((shuffle, m.len(), v.start));
-                shuffle += m.len();
-            }
-            Some(v) => {
-                return Err(RestoreError::Incompatible(format!(
-                    "{} is {} bytes on this kernel but {} in the image",
-                    m.name,
-                    m.len(),
-                    v.end - v.start
-                )))
-            }
-            None => calls.push(Call::new("munmap(special)", libc::SYS_munmap, &[m.start, m.len()])),
-        }
-    }
-    for (from, len, to) in moves {
-        calls.push(Call::new("mremap(vdso into place)", libc::SYS_mremap, &[from, len, len, mremap_flags, to]));
-    }
+    clear_stub(&mut calls, &stub_maps, img, region)?;
     let uffd_flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
     let uffd_idx = calls.len();
     calls.push(Call::new("userfaultfd", libc::SYS_userfaultfd, &[uffd_flags]));
@@ -347,37 +310,11 @@ fn restore_inner(
         }
     }
     let exe_fd = *file_fds.last().expect("exe is always opened");
-    let f = &img.mm.fields;
-    let auxv = data.push(&img.mm.auxv);
-    let mut mm_map = Vec::with_capacity(104);
-    for x in [
-        f.start_code, f.end_code, f.start_data, f.end_data, f.start_brk, img.mm.brk, f.start_stack, f.arg_start,
-        f.arg_end, f.env_start, f.env_end, auxv,
-    ] {
-        mm_map.extend_from_slice(&x.to_le_bytes());
-    }
-    mm_map.extend_from_slice(&(img.mm.auxv.len() as u32).to_le_bytes());
-    mm_map.extend_from_slice(&(exe_fd as u32).to_le_bytes());
-    let mm_map_addr = data.push(&mm_map);
-    const PR_SET_MM: u64 = 35;
-    const PR_SET_MM_MAP: u64 = 14;
-    calls.push(Call::new("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, mm_map_addr, 104]));
+    push_mm_calls(&mut calls, &mut data, img, exe_fd);
     for fd in &all_fds {
         calls.push(Call::new("close(file)", libc::SYS_close, &[*fd]));
     }
-    push_thread_calls(&mut calls, &mut data, thread);
-    for sa in &img.sigactions {
-        let mut b = Vec::with_capacity(32);
-        for x in sa.words() {
-            b.extend_from_slice(&x.to_le_bytes());
-        }
-        let a = data.push(&b);
-        calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sa.sig as u64, a, 0, 8]));
-    }
-    let cwd = data.push_cstr(&img.cwd);
-    calls.push(Call::new("chdir", libc::SYS_chdir, &[cwd]));
-    calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
-    calls.push(Call::new("personality", libc::SYS_personality, &[img.personality as u64]));
+    push_process_calls(&mut calls, &mut data, img, false);
     inj.run(&calls, &mut data).map_err(inj_err)?;
     fds::restore_fds(&inj, img).map_err(inj_err)?;
     if inotify::any(img) {
@@ -389,22 +326,20 @@ fn restore_inner(
     }
     create_threads(&inj, &wmem, region, img, threads).map_err(inj_err)?;
     create_zombies(&inj, &wmem, region, img).map_err(inj_err)?;
-    // Resource limits last (still as root, before the credentials drop): a lowered
-    // RLIMIT_NOFILE or RLIMIT_NPROC must not refuse the descriptors and threads
-    // recreated above. They are per process, so the leader sets them for all.
+    // Process attributes, then the child processes, forked from the leader with its
+    // session and process group set and its descriptors made (restore/children.rs).
     let mut data = DataArea::new(region);
     let mut calls = Vec::new();
-    for &(res, cur, max) in &img.rlimits {
-        let a = data.push(&[cur.to_le_bytes(), max.to_le_bytes()].concat());
-        calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, a, 0]));
-    }
-    push_attr_calls(&mut calls, &mut data, &img.attrs);
-    push_timer_calls(&mut calls, &mut data, &img.attrs.posix_timers);
-    // Each thread's scheduling policy (its tid in the sandbox, where the leader runs).
-    for t in img.threads.iter().filter(|t| t.sched_policy != libc::SCHED_OTHER) {
-        let param = data.push(&0i32.to_le_bytes());
-        calls.push(Call::new("sched_setscheduler", libc::SYS_sched_setscheduler, &[t.tid as u64, t.sched_policy as u64, param]));
-    }
+    push_attr_calls(&mut calls, &mut data, img, false);
+    push_group_calls(&mut calls, &img.attrs);
+    inj.run(&calls, &mut data).map_err(inj_err)?;
+    children::make_all(&inj, region, img, &source, made)?;
+    // Resource limits last (still as root, before the credentials drop): a lowered
+    // RLIMIT_NOFILE or RLIMIT_NPROC must not refuse the descriptors, threads and
+    // processes recreated above. They are per process, so the leader sets them for all.
+    let mut data = DataArea::new(region);
+    let mut calls: Vec<Call> = img.handed_down.iter().map(|&fd| Call::new("close(handed down)", libc::SYS_close, &[fd as u64])).collect();
+    push_rlimit_calls(&mut calls, &mut data, img);
     inj.run(&calls, &mut data).map_err(inj_err)?;
     // Lowering it needs privilege the process no longer has: the node writes it.
     std::fs::write(format!("/proc/{pid}/oom_score_adj"), img.attrs.oom_score_adj.to_string())
@@ -444,10 +379,7 @@ fn restore_inner(
         let ti = Injector::new(tracee, &wmem, region).map_err(inj_err)?;
         let mut data = DataArea::new(region);
         let mut calls = Vec::new();
-        if let Some(r) = &t.rseq {
-            calls.push(Call::new("rseq", libc::SYS_rseq, &[r.ptr, r.len as u64, 0, r.sig as u64]));
-        }
-        push_cred_calls(&mut calls, &mut data, img);
+        push_settle_calls(&mut calls, &mut data, img, t);
         if i == 0 {
             // Changing credentials clears the parent-death signal: set it again, so the
             // process dies with the node that serves its memory.
@@ -467,16 +399,7 @@ fn restore_inner(
     // thread's injected calls are done, and the leader runs what is left of the
     // restore with every signal blocked (the image's masks are set just before the
     // process resumes), so none is delivered early.
-    let pending = pending_signals(img)?;
-    if !pending.is_empty() {
-        tracee.set_sigmask(!0).map_err(ioe("SETSIGMASK (all blocked)"))?;
-        let ti = Injector::new(tracee, &wmem, region).map_err(inj_err)?;
-        for batch in pending.chunks(PENDING_BATCH) {
-            let mut data = DataArea::new(region);
-            let calls: Vec<Call> = batch.iter().map(|&(tid, s)| requeue_call(tid, s, data.push(&s.info))).collect();
-            ti.run(&calls, &mut data).map_err(inj_err)?;
-        }
-    }
+    requeue_pending(tracee, &wmem, region, img, crate::conventions::MAIN_PID)?;
     let (prefill, record) = prefill();
     // Recording starts before the process resumes so no fault escapes the trace.
     stats.recording.store(record, Ordering::Relaxed);
@@ -536,12 +459,112 @@ fn restore_inner(
     if std::env::var_os("THAW_DEBUG_RESTORE").is_some() {
         debug_follow(&tracee);
     }
+    children::detach(made)?;
     for t in all.iter().rev() {
         t.detach().map_err(ioe("PTRACE_DETACH"))?;
     }
     lap("resume", &mut phases);
     debug!(pid, ?phases, upfront = stats.pages_installed_upfront.load(Ordering::Relaxed), "restored");
     Ok(Restored { pageserver, stats, prefetch, phases, phases_cpu, tracking })
+}
+
+/// The calls that clear a stub's address space for `img`: unmap everything of its
+/// own but the injection region at `region`, and move its vDSO and vvar to where the
+/// image had them.
+pub(crate) fn clear_stub(calls: &mut Vec<Call>, stub_maps: &[procfs::MapEntry], img: &ProcessImage, region: u64) -> Result<(), RestoreError> {
+    let specials = ["[vvar]", "[vvar_vclock]", "[vdso]"];
+    for m in stub_maps {
+        if m.start == region || m.name == "[vsyscall]" || specials.contains(&m.name.as_str()) {
+            continue;
+        }
+        calls.push(Call::new("munmap", libc::SYS_munmap, &[m.start, m.len()]));
+    }
+    let mremap_flags = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED) as u64;
+    let mut shuffle = region + REGION_LEN;
+    let mut moves = Vec::new();
+    for m in stub_maps.iter().filter(|m| specials.contains(&m.name.as_str())) {
+        let target = img.vmas.iter().find(|v| matches!(&v.kind, VmaKind::Special { name } if *name == m.name));
+        match target {
+            Some(v) if v.end - v.start == m.len() => {
+                calls.push(Call::new("mremap(vdso to scratch)", libc::SYS_mremap, &[m.start, m.len(), m.len(), mremap_flags, shuffle]));
+                moves.push((shuffle, m.len(), v.start));
+                shuffle += m.len();
+            }
+            Some(v) => {
+                return Err(RestoreError::Incompatible(format!(
+                    "{} is {} bytes on this kernel but {} in the image",
+                    m.name,
+                    m.len(),
+                    v.end - v.start
+                )))
+            }
+            None => calls.push(Call::new("munmap(special)", libc::SYS_munmap, &[m.start, m.len()])),
+        }
+    }
+    for (from, len, to) in moves {
+        calls.push(Call::new("mremap(vdso into place)", libc::SYS_mremap, &[from, len, len, mremap_flags, to]));
+    }
+    Ok(())
+}
+
+/// PR_SET_MM_MAP: the image's mm fields, auxv and executable (`exe_fd`).
+pub(crate) fn push_mm_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage, exe_fd: u64) {
+    let f = &img.mm.fields;
+    let auxv = data.push(&img.mm.auxv);
+    let mut mm_map = Vec::with_capacity(104);
+    for x in [
+        f.start_code, f.end_code, f.start_data, f.end_data, f.start_brk, img.mm.brk, f.start_stack, f.arg_start,
+        f.arg_end, f.env_start, f.env_end, auxv,
+    ] {
+        mm_map.extend_from_slice(&x.to_le_bytes());
+    }
+    mm_map.extend_from_slice(&(img.mm.auxv.len() as u32).to_le_bytes());
+    mm_map.extend_from_slice(&(exe_fd as u32).to_le_bytes());
+    let mm_map_addr = data.push(&mm_map);
+    const PR_SET_MM: u64 = 35;
+    const PR_SET_MM_MAP: u64 = 14;
+    calls.push(Call::new("prctl(PR_SET_MM_MAP)", libc::SYS_prctl, &[PR_SET_MM, PR_SET_MM_MAP, mm_map_addr, 104]));
+}
+
+/// The leader thread's attributes, the signal actions (with `all`, every signal's,
+/// the default where the image has none: a forked child has its parent's), cwd,
+/// umask and personality.
+pub(crate) fn push_process_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage, all: bool) {
+    push_thread_calls(calls, data, &img.threads[0]);
+    let default = |sig: u32| crate::image::SigAction { sig, handler: 0, flags: 0, restorer: 0, mask: 0 };
+    let every: Vec<crate::image::SigAction> = (1..=64u32)
+        .filter(|&s| all && s != libc::SIGKILL as u32 && s != libc::SIGSTOP as u32)
+        .map(|s| img.sigactions.iter().find(|a| a.sig == s).cloned().unwrap_or_else(|| default(s)))
+        .collect();
+    for sa in if all { &every } else { &img.sigactions } {
+        let mut b = Vec::with_capacity(32);
+        for x in sa.words() {
+            b.extend_from_slice(&x.to_le_bytes());
+        }
+        let a = data.push(&b);
+        calls.push(Call::new("rt_sigaction", libc::SYS_rt_sigaction, &[sa.sig as u64, a, 0, 8]));
+    }
+    let cwd = data.push_cstr(&img.cwd);
+    calls.push(Call::new("chdir", libc::SYS_chdir, &[cwd]));
+    calls.push(Call::new("umask", libc::SYS_umask, &[img.umask as u64]));
+    calls.push(Call::new("personality", libc::SYS_personality, &[img.personality as u64]));
+}
+
+/// The files `img` (and its child processes) maps must be the ones it was captured
+/// with, as the sandbox of `pid` sees them.
+fn files_unchanged(pid: i32, img: &ProcessImage) -> Result<(), RestoreError> {
+    for f in &img.files {
+        let meta = std::fs::metadata(format!("/proc/{pid}/root{}", f.path)).map_err(|source| RestoreError::Io { pid, what: format!("stat {}", f.path), source })?;
+        if !f.unchanged(&meta) {
+            return Err(RestoreError::Incompatible(format!(
+                "{} changed since the snapshot was taken (size {} -> {}); re-create the snapshot",
+                f.path,
+                f.size,
+                meta.len()
+            )));
+        }
+    }
+    img.children.iter().try_for_each(|c| files_unchanged(pid, &c.image))
 }
 
 /// The call that sets `advice` (a [`crate::image::Vma::advice`]) on a mapping again.
@@ -570,13 +593,21 @@ pub fn rseq_pages(img: &ProcessImage) -> Vec<u64> {
 /// run inside a mapping: what [`write_file_cow_pages`] writes before the process
 /// resumes.
 pub fn file_cow_runs<'a>(img: &'a ProcessImage, index: &'a crate::image::PageIndex) -> impl Iterator<Item = (u64, u64, u64)> + 'a {
-    img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. } | VmaKind::SharedAnon | VmaKind::Unlinked { shared: false, .. })).flat_map(move |v| {
-        let first = index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= v.start);
-        index.runs[first..].iter().take_while(move |r| r.vaddr < v.end).map(move |run| {
-            let s = run.vaddr.max(v.start);
-            let e = (run.vaddr + run.npages * PAGE_SIZE).min(v.end);
-            (s, run.file_page + (s - run.vaddr) / PAGE_SIZE, (e - s) / PAGE_SIZE)
-        })
+    img.vmas
+        .iter()
+        .filter(|v| matches!(v.kind, VmaKind::FilePrivate { .. } | VmaKind::SharedAnon | VmaKind::Unlinked { shared: false, .. }))
+        .flat_map(move |v| stored_runs(index, v.start, v.end, 0))
+}
+
+/// The stored pages of `index` from `start` to `end` (keyed with `key`, see
+/// [`crate::image::child_key`]), as (address, first file page, pages) per contiguous run.
+pub(crate) fn stored_runs(index: &crate::image::PageIndex, start: u64, end: u64, key: u64) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+    let (start, end) = (start | key, end | key);
+    let first = index.runs.partition_point(|r| r.vaddr + r.npages * PAGE_SIZE <= start);
+    index.runs[first..].iter().take_while(move |r| r.vaddr < end).map(move |run| {
+        let s = run.vaddr.max(start);
+        let e = (run.vaddr + run.npages * PAGE_SIZE).min(end);
+        (s & !key, run.file_page + (s - run.vaddr) / PAGE_SIZE, (e - s) / PAGE_SIZE)
     })
 }
 
@@ -648,20 +679,41 @@ fn pending_signals(img: &ProcessImage) -> Result<Vec<(Option<i32>, &crate::image
         .collect()
 }
 
+/// Queue the image's pending signals again in the process `tracee` (its pid `ns` in
+/// the sandbox), with every signal blocked until its registers and mask are loaded.
+fn requeue_pending(tracee: Tracee, wmem: &ProcMem, region: u64, img: &ProcessImage, ns: i32) -> Result<(), RestoreError> {
+    let pid = tracee.pid.as_raw();
+    let pending = pending_signals(img)?;
+    if pending.is_empty() {
+        return Ok(());
+    }
+    tracee.set_sigmask(!0).map_err(|source| RestoreError::Io { pid, what: "SETSIGMASK (all blocked)".into(), source })?;
+    let ti = Injector::new(tracee, wmem, region).map_err(|source| RestoreError::Inject { pid, source })?;
+    for batch in pending.chunks(PENDING_BATCH) {
+        let mut data = DataArea::new(region);
+        let calls: Vec<Call> = batch.iter().map(|&(tid, s)| requeue_call(ns, tid, s, data.push(&s.info))).collect();
+        ti.run(&calls, &mut data).map_err(|source| RestoreError::Inject { pid, source })?;
+    }
+    Ok(())
+}
+
 /// The call that queues pending signal `s` again, its siginfo at `info`: the
-/// process's with rt_sigqueueinfo, a thread's with rt_tgsigqueueinfo. The leader
-/// makes them; a process may queue any siginfo to itself.
-fn requeue_call(tid: Option<i32>, s: &crate::image::PendingSignal, info: u64) -> Call {
-    let main = crate::conventions::MAIN_PID as u64;
+/// process's (`ns` in the sandbox) with rt_sigqueueinfo, a thread's with
+/// rt_tgsigqueueinfo. The process makes them; it may queue any siginfo to itself.
+fn requeue_call(ns: i32, tid: Option<i32>, s: &crate::image::PendingSignal, info: u64) -> Call {
+    let main = ns as u64;
     match tid {
         None => Call::new("rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo, &[main, s.signo as u64, info]),
         Some(tid) => Call::new("rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo, &[main, tid as u64, s.signo as u64, info]),
     }
 }
 
-/// Scheduling and prctl attributes of the process, its interval timers, its session
-/// and process group (run by the leader before the credentials drop).
-fn push_attr_calls(calls: &mut Vec<Call>, data: &mut DataArea, a: &ProcAttrs) {
+/// Scheduling and prctl attributes of the process, its interval timers, POSIX timers
+/// and its threads' scheduling policies (each thread's tid in the sandbox, where the
+/// process runs; with `every_thread`, SCHED_OTHER too: a forked child has its
+/// parent's policy).
+fn push_attr_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage, every_thread: bool) {
+    let a = &img.attrs;
     calls.push(Call::new("setpriority", libc::SYS_setpriority, &[libc::PRIO_PROCESS as u64, 0, a.nice as i64 as u64]));
     if !a.affinity.is_empty() {
         let mask = data.push(&a.affinity);
@@ -682,10 +734,28 @@ fn push_attr_calls(calls: &mut Vec<Call>, data: &mut DataArea, a: &ProcAttrs) {
             calls.push(Call::new("setitimer", libc::SYS_setitimer, &[which as u64, v, 0]));
         }
     }
+    push_timer_calls(calls, data, &a.posix_timers);
+    for t in img.threads.iter().filter(|t| every_thread || t.sched_policy != libc::SCHED_OTHER) {
+        let param = data.push(&0i32.to_le_bytes());
+        calls.push(Call::new("sched_setscheduler", libc::SYS_sched_setscheduler, &[t.tid as u64, t.sched_policy as u64, param]));
+    }
+}
+
+/// The process's session and process group, as the runtime's: its own session, or
+/// group, or the one it was born in.
+fn push_group_calls(calls: &mut Vec<Call>, a: &ProcAttrs) {
     if a.session_leader {
         calls.push(Call::new("setsid", libc::SYS_setsid, &[]));
     } else if a.group_leader {
         calls.push(Call::new("setpgid", libc::SYS_setpgid, &[0, 0]));
+    }
+}
+
+/// The process's resource limits.
+fn push_rlimit_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage) {
+    for &(res, cur, max) in &img.rlimits {
+        let a = data.push(&[cur.to_le_bytes(), max.to_le_bytes()].concat());
+        calls.push(Call::new("prlimit64", libc::SYS_prlimit64, &[0, res as u64, a, 0]));
     }
 }
 
@@ -718,6 +788,15 @@ fn push_timer_calls(calls: &mut Vec<Call>, data: &mut DataArea, timers: &[crate:
         let its = data.push(&its);
         calls.push(Call::new("timer_settime", libc::SYS_timer_settime, &[t.id as u64, 0, its, 0]));
     }
+}
+
+/// What each thread does last, itself: register its rseq area (its pages present),
+/// drop to the image's credentials.
+fn push_settle_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage, t: &ThreadState) {
+    if let Some(r) = &t.rseq {
+        calls.push(Call::new("rseq", libc::SYS_rseq, &[r.ptr, r.len as u64, 0, r.sig as u64]));
+    }
+    push_cred_calls(calls, data, img);
 }
 
 fn push_cred_calls(calls: &mut Vec<Call>, data: &mut DataArea, img: &ProcessImage) {

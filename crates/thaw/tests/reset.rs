@@ -747,6 +747,54 @@ fn a_zombie_child_is_restored_and_its_reset_refused() {
     assert_eq!(answers, vec![serde_json::json!([true, 9]), serde_json::Value::Null]);
 }
 
+/// A worker process forked at init, joined to the runtime by two pipes, is live again
+/// after the restore with its pid and its own memory (it counts the requests it
+/// served), and answers each call. A reset would kill it and cannot make it again, so
+/// each reset is refused by name and each call gets a fresh restore whose worker has
+/// served one request (the one before the snapshot); without resets the count goes on.
+#[test]
+fn a_live_child_process_is_restored_and_its_reset_refused() {
+    let code = bundle(
+        "worker",
+        &[(
+            "handler.py",
+            r#"import os
+REQ_R, REQ = os.pipe()
+RESP, RESP_W = os.pipe()
+KID = os.fork()
+if KID == 0:
+    os.close(REQ)
+    os.close(RESP)
+    served = 0
+    while os.read(REQ_R, 1):
+        served += 1
+        os.write(RESP_W, b'%d %d' % (os.getpid(), served))
+    os._exit(0)
+os.close(REQ_R)
+os.close(RESP_W)
+os.write(REQ, b'x')
+os.read(RESP, 100)
+
+
+def handler(event, context):
+    os.write(REQ, b'x')
+    pid, served = os.read(RESP, 100).split()
+    return [int(pid) == KID, int(served)]
+"#,
+        )],
+    );
+    let snap = scratch().join("snap-worker");
+    ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let (answers, stats) = restore_with(&snap, "worker", "{}", &["--invocations", "3", "--reset"]);
+    assert_eq!(answers, vec![serde_json::json!([true, 2]); 3], "{stats}");
+    for r in stats["resets"].as_array().unwrap() {
+        let why = r["discarded"].as_str().unwrap_or_else(|| panic!("the reset was not refused: {r}"));
+        assert!(why.contains("child processes were live"), "{why}");
+    }
+    let (answers, _) = restore_with(&snap, "worker-plain", "{}", &["--invocations", "2"]);
+    assert_eq!(answers, vec![serde_json::json!([true, 2]), serde_json::json!([true, 3])]);
+}
+
 /// A /tmp file opened and then deleted at init is carried across the snapshot (made
 /// again at its path, opened, unlinked). A call that writes it is reset: its contents
 /// go back (rewritten through the descriptor), and every call reads them as the

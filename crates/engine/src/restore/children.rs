@@ -1,0 +1,237 @@
+//! The runtime's live child processes, made again (see capture/tree.rs): each is
+//! forked from its parent (clone3 with its pid, injected) once the parent's session,
+//! process group and — for the runtime — descriptors are made, so it inherits the
+//! whole descriptor table of the tree; it joins its session and group, forks its own
+//! children, keeps only its descriptors at their numbers, then gets its own address
+//! space, memory (installed whole from the image: a child has no page server),
+//! threads, attributes and registers, like the runtime. Each stays stopped until the
+//! runtime's restore is done.
+
+use std::io;
+
+use super::{
+    clear_stub, clone3_call, create_threads, create_zombies, push_attr_calls, push_mm_calls, push_process_calls, push_rlimit_calls,
+    push_settle_calls, requeue_pending, stored_runs, vdso_syscall_offset, RestoreError,
+};
+use crate::image::{ChildImage, ProcessImage, VmaKind};
+use crate::inject::{self, Call, DataArea, Injector, REGION_LEN};
+use crate::pageserver::PageSource;
+use crate::procfs;
+use crate::regs;
+use crate::sys::mem::ProcMem;
+use crate::sys::ptrace::Tracee;
+use crate::sys::PAGE_SIZE;
+
+/// A process made here: its host pid and its threads, its main thread first.
+pub(crate) struct Made {
+    host: i32,
+    tracees: Vec<Tracee>,
+}
+
+/// Kill what was made (a restore that failed).
+pub(super) fn kill(made: &[Made]) {
+    for m in made {
+        crate::sys::ptrace::kill_and_reap(m.host, &m.tracees);
+    }
+}
+
+/// Let every process made run.
+pub(super) fn detach(made: &[Made]) -> Result<(), RestoreError> {
+    for m in made {
+        for t in m.tracees.iter().rev() {
+            t.detach().map_err(|source| RestoreError::Io { pid: m.host, what: "PTRACE_DETACH (child process)".into(), source })?;
+        }
+    }
+    Ok(())
+}
+
+/// Make every child of `img`, the process `parent` injects into (stopped in
+/// `region`), and theirs.
+pub(super) fn make_all(parent: &Injector<'_>, region: u64, img: &ProcessImage, source: &PageSource, made: &mut Vec<Made>) -> Result<(), RestoreError> {
+    for c in &img.children {
+        make(parent, region, img, c, source, made)?;
+    }
+    Ok(())
+}
+
+fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &ChildImage, source: &PageSource, made: &mut Vec<Made>) -> Result<(), RestoreError> {
+    let img = &c.image;
+    if img.threads.first().map(|t| t.tid) != Some(c.pid) {
+        return Err(RestoreError::Incompatible(format!("child process {}: its first thread is not the process", c.pid)));
+    }
+    let ppid = parent.tracee.pid.as_raw();
+    let perr = |what: &str| {
+        let what = format!("child process {}: {what}", c.pid);
+        move |source| RestoreError::Io { pid: ppid, what, source }
+    };
+    let listed = || -> Vec<i32> {
+        let list = std::fs::read_to_string(format!("/proc/{ppid}/task/{ppid}/children")).unwrap_or_default();
+        list.split_whitespace().filter_map(|c| c.parse().ok()).collect()
+    };
+    parent.tracee.trace_clones().map_err(perr("SETOPTIONS(TRACEFORK)"))?;
+    let before = listed();
+    let mut data = DataArea::new(region);
+    let res = parent.run(&[clone3_call("clone3(child)", &mut data, 0, libc::SIGCHLD as u64, c.pid)], &mut data).map_err(|source| RestoreError::Inject { pid: ppid, source })?;
+    if res[0] != c.pid as i64 {
+        return Err(perr("clone3")(io::Error::other(format!("got pid {} instead of {}", res[0], c.pid))));
+    }
+    let host = listed().into_iter().find(|p| !before.contains(p)).ok_or_else(|| perr("clone3")(io::Error::other("the new process is not in /proc")))?;
+    let child = Tracee { pid: nix::unistd::Pid::from_raw(host) };
+    let at = made.len();
+    made.push(Made { host, tracees: vec![child] });
+    let ioe = |what: &str| {
+        let what = format!("child process {}: {what}", c.pid);
+        move |source| RestoreError::Io { pid: host, what, source }
+    };
+    let inj_err = |source| RestoreError::Inject { pid: host, source };
+    child.wait_stop().map_err(ioe("wait (new process)"))?;
+    let wmem = ProcMem::open(host, true).map_err(ioe("opening /proc/PID/mem"))?;
+    let inj = Injector::new(child, &wmem, region).map_err(inj_err)?;
+
+    // Its session and group, before its own children are forked into them.
+    let mut data = DataArea::new(region);
+    let mut calls = Vec::new();
+    if c.sid == c.pid {
+        calls.push(Call::new("setsid", libc::SYS_setsid, &[]));
+    } else if c.pgid == c.pid {
+        calls.push(Call::new("setpgid", libc::SYS_setpgid, &[0, 0]));
+    } else if c.pgid != parent_img.attrs.pgid {
+        calls.push(Call::new("setpgid(join)", libc::SYS_setpgid, &[0, c.pgid as u64]));
+    }
+    // Not its own (the runtime's, which keeps the fault context alive; a grandchild's
+    // parent closed it already).
+    let uffd = crate::conventions::UFFD_KEEP_FD;
+    if std::path::Path::new(&format!("/proc/{host}/fd/{uffd}")).exists() {
+        calls.push(Call::new("close(userfaultfd)", libc::SYS_close, &[uffd]));
+    }
+    inj.run(&calls, &mut data).map_err(inj_err)?;
+    for gc in &img.children {
+        make(&inj, region, img, gc, source, made)?;
+    }
+    descriptors(&inj, region, host, c)?;
+
+    // Its address space, as a stub's is made for the runtime (restore.rs).
+    let stub_maps = procfs::parse_maps(&std::fs::read_to_string(format!("/proc/{host}/maps")).map_err(ioe("reading maps"))?)
+        .ok_or_else(|| ioe("parsing maps")(io::ErrorKind::InvalidData.into()))?;
+    let mut data = DataArea::new(region);
+    let mut calls = Vec::new();
+    clear_stub(&mut calls, &stub_maps, img, region)?;
+    let opened = calls.len();
+    for p in img.files.iter().map(|f| f.path.as_str()).chain([img.mm.exe.as_str()]) {
+        let a = data.push_cstr(p);
+        calls.push(Call::new("openat", libc::SYS_openat, &[libc::AT_FDCWD as u64, a, (libc::O_RDONLY | libc::O_CLOEXEC) as u64]));
+    }
+    let res = inj.run(&calls, &mut data).map_err(inj_err)?;
+    let file_fds: Vec<u64> = res[opened..].iter().map(|&r| r as u64).collect();
+    let mut data = DataArea::new(region);
+    let mut calls = Vec::new();
+    for v in &img.vmas {
+        let noreplace = libc::MAP_FIXED_NOREPLACE as u64;
+        let (flags, fd, off) = match &v.kind {
+            VmaKind::Special { .. } => continue,
+            VmaKind::Anon { growsdown } => {
+                let gd = if *growsdown { libc::MAP_GROWSDOWN as u64 } else { 0 };
+                ((libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | gd | noreplace, u64::MAX, 0)
+            }
+            VmaKind::FileCopied { .. } => ((libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64 | noreplace, u64::MAX, 0),
+            VmaKind::FilePrivate { file, offset } => (libc::MAP_PRIVATE as u64 | noreplace, file_fd(&file_fds, *file, c.pid)?, *offset),
+            VmaKind::FileShared { file, offset } => (libc::MAP_SHARED as u64 | noreplace, file_fd(&file_fds, *file, c.pid)?, *offset),
+            VmaKind::SharedAnon | VmaKind::Unlinked { .. } => {
+                return Err(RestoreError::Incompatible(format!("child process {} maps shared memory at {:#x}, which a child cannot have", c.pid, v.start)))
+            }
+        };
+        calls.push(Call::new("mmap", libc::SYS_mmap, &[v.start, v.end - v.start, v.prot as u64, flags, fd, off]));
+        calls.extend(v.advice.iter().map(|&a| super::advice_call(v.start, v.end - v.start, a)));
+    }
+    // The executable it inherited, if the same, is kept (it is mapped again: the kernel
+    // refuses to change an executable that is still mapped, even for itself).
+    let exe_fd = if img.mm.exe == parent_img.mm.exe { u32::MAX as u64 } else { *file_fds.last().expect("exe is always opened") };
+    push_mm_calls(&mut calls, &mut data, img, exe_fd);
+    calls.extend(file_fds.iter().map(|&fd| Call::new("close(file)", libc::SYS_close, &[fd])));
+    push_process_calls(&mut calls, &mut data, img, true);
+    inj.run(&calls, &mut data).map_err(inj_err)?;
+
+    // Its memory, whole (pages through /proc/PID/mem copy-on-write as the process's
+    // own writes did).
+    let mut buf = Vec::new();
+    for v in img.vmas.iter().filter(|v| !matches!(v.kind, VmaKind::Special { .. } | VmaKind::FileShared { .. })) {
+        for (s, fp, n) in stored_runs(&source.index, v.start, v.end, c.key) {
+            buf.resize((n * PAGE_SIZE) as usize, 0);
+            source.read_pages(s | c.key, fp, &mut buf).map_err(|source| RestoreError::Pages { pid: host, source })?;
+            wmem.write_all_at(&buf, s).map_err(ioe(&format!("writing pages at {s:#x}")))?;
+        }
+    }
+    for &(start, n) in &c.from_leader {
+        // The leader's image at these addresses (its own pages or its base's).
+        buf.resize((n * PAGE_SIZE) as usize, 0);
+        source.read_image(start, &mut buf).map_err(|source| RestoreError::Pages { pid: host, source })?;
+        wmem.write_all_at(&buf, start).map_err(ioe(&format!("writing pages at {start:#x}")))?;
+    }
+    create_zombies(&inj, &wmem, region, img).map_err(inj_err)?;
+    let mut threads = Vec::new();
+    let created = create_threads(&inj, &wmem, region, img, &mut threads);
+    made[at].tracees.extend(threads.iter().copied());
+    created.map_err(inj_err)?;
+    let mut data = DataArea::new(region);
+    let mut calls = Vec::new();
+    push_attr_calls(&mut calls, &mut data, img, true);
+    push_rlimit_calls(&mut calls, &mut data, img);
+    inj.run(&calls, &mut data).map_err(inj_err)?;
+    std::fs::write(format!("/proc/{host}/oom_score_adj"), img.attrs.oom_score_adj.to_string()).map_err(ioe("writing oom_score_adj"))?;
+    let all: Vec<Tracee> = made[at].tracees.clone();
+    for (i, t) in img.threads.iter().enumerate().rev() {
+        let ti = Injector::new(all[i], &wmem, region).map_err(inj_err)?;
+        let mut data = DataArea::new(region);
+        let mut calls = Vec::new();
+        push_settle_calls(&mut calls, &mut data, img, t);
+        if i == 0 {
+            calls.push(Call::new("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as u64, img.attrs.dumpable as u64]));
+        }
+        ti.run(&calls, &mut data).map_err(inj_err)?;
+    }
+    requeue_pending(child, &wmem, region, img, c.pid)?;
+    let off = vdso_syscall_offset().ok_or_else(|| RestoreError::Incompatible("no syscall instruction in the vDSO".into()))?;
+    let vdso = img
+        .vmas
+        .iter()
+        .find(|v| matches!(&v.kind, VmaKind::Special { name } if name == "[vdso]"))
+        .ok_or_else(|| RestoreError::Incompatible(format!("child process {} has no [vdso] mapping", c.pid)))?;
+    inject::single(&child, vdso.start + off, Call::new("munmap(region)", libc::SYS_munmap, &[region, REGION_LEN])).map_err(inj_err)?;
+    for (t, st) in all.iter().zip(&img.threads) {
+        t.set_regs(&regs::from_array(&st.regs)).map_err(ioe("SETREGS"))?;
+        t.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
+        t.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
+    }
+    tracing::debug!(child = c.pid, host, threads = all.len(), "child process restored");
+    Ok(())
+}
+
+fn file_fd(file_fds: &[u64], file: usize, pid: i32) -> Result<u64, RestoreError> {
+    // The last one is the executable's.
+    file_fds[..file_fds.len() - 1]
+        .get(file)
+        .copied()
+        .ok_or_else(|| RestoreError::Incompatible(format!("child process {pid} maps file {file}, which its image does not list")))
+}
+
+/// Keep of the inherited table only the child's descriptors, each at its number:
+/// every source moved above all numbers open now, everything below closed, each put
+/// at its number with its close-on-exec flag, the moved ones closed.
+fn descriptors(inj: &Injector<'_>, region: u64, host: i32, c: &ChildImage) -> Result<(), RestoreError> {
+    let open = std::fs::read_dir(format!("/proc/{host}/fd"))
+        .map_err(|source| RestoreError::Io { pid: host, what: format!("child process {}: listing descriptors", c.pid), source })?
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u64>().ok());
+    let numbers = c.fds.iter().flat_map(|&(n, from, _)| [n as u64, from as u64]);
+    let top = open.chain(numbers).max().map_or(0, |m| m + 1);
+    let mut calls: Vec<Call> = c.fds.iter().enumerate().map(|(i, &(_, from, _))| Call::new("dup3(aside)", libc::SYS_dup3, &[from as u64, top + i as u64, 0])).collect();
+    if top > 0 {
+        calls.push(Call::new("close_range(inherited)", libc::SYS_close_range, &[0, top - 1, 0]));
+    }
+    for (i, &(n, _, cloexec)) in c.fds.iter().enumerate() {
+        let flags = if cloexec { libc::O_CLOEXEC as u64 } else { 0 };
+        calls.push(Call::new("dup3(own)", libc::SYS_dup3, &[top + i as u64, n as u64, flags]));
+    }
+    calls.push(Call::new("close_range(aside)", libc::SYS_close_range, &[top, u32::MAX as u64, 0]));
+    inj.run(&calls, &mut DataArea::new(region)).map(|_| ()).map_err(|source| RestoreError::Inject { pid: host, source })
+}
