@@ -485,6 +485,11 @@ pub struct ChildImage {
     /// Address ranges (start, pages) whose contents are the leader's image's at the
     /// same addresses (memory a forked child has not written since): not stored again.
     pub from_leader: Vec<(u64, u64)>,
+    /// Shared mappings it shares with the leader (shared anonymous memory, a shared
+    /// memfd or deleted-file mapping, inherited across its fork): the leader's
+    /// mapping at the same place, kept across the fork with its own protection and
+    /// advice (its `kind` is the leader's).
+    pub inherited: Vec<Vma>,
     /// Its threads, memory layout, attributes and children (its `fds`, `pages`, `tmp`
     /// and `sandbox` are the leader's, not repeated).
     pub image: Box<ProcessImage>,
@@ -899,7 +904,7 @@ mod tests {
         let mut img = sample();
         let mut child = sample();
         child.threads[0].tid = 3;
-        img.children.push(ChildImage { pid: 3, pgid: 3, sid: 2, key: child_key(0), fds: vec![(1, 1, false), (7, 205, true)], from_leader: vec![(0x1000, 2)], image: Box::new(child) });
+        img.children.push(ChildImage { pid: 3, pgid: 3, sid: 2, key: child_key(0), fds: vec![(1, 1, false), (7, 205, true)], from_leader: vec![(0x1000, 2)], inherited: vec![], image: Box::new(child) });
         img.handed_down = vec![205];
         let bytes = encode_state(&img);
         assert_eq!(decode_state(Path::new("/s"), &bytes).unwrap(), img);

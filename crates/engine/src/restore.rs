@@ -242,7 +242,7 @@ fn restore_inner(
     // ---- Batch A: clear the stub, place the vDSO, create the uffd, open files.
     let mut data = DataArea::new(region);
     let mut calls = Vec::new();
-    clear_stub(&mut calls, &stub_maps, img, region)?;
+    clear_stub(&mut calls, &stub_maps, img, region, &[])?;
     let uffd_flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as u64;
     let uffd_idx = calls.len();
     calls.push(Call::new("userfaultfd", libc::SYS_userfaultfd, &[uffd_flags]));
@@ -471,10 +471,14 @@ fn restore_inner(
 /// The calls that clear a stub's address space for `img`: unmap everything of its
 /// own but the injection region at `region`, and move its vDSO and vvar to where the
 /// image had them.
-pub(crate) fn clear_stub(calls: &mut Vec<Call>, stub_maps: &[procfs::MapEntry], img: &ProcessImage, region: u64) -> Result<(), RestoreError> {
+/// Mappings inside `keep` (a child's, inherited across its fork) stay.
+pub(crate) fn clear_stub(calls: &mut Vec<Call>, stub_maps: &[procfs::MapEntry], img: &ProcessImage, region: u64, keep: &[crate::image::Vma]) -> Result<(), RestoreError> {
     let specials = ["[vvar]", "[vvar_vclock]", "[vdso]"];
     for m in stub_maps {
         if m.start == region || m.name == "[vsyscall]" || specials.contains(&m.name.as_str()) {
+            continue;
+        }
+        if keep.iter().any(|k| k.start <= m.start && m.end <= k.end) {
             continue;
         }
         calls.push(Call::new("munmap", libc::SYS_munmap, &[m.start, m.len()]));

@@ -1,5 +1,5 @@
 # kind: live child processes started at init (workers, a subprocess, process groups and sessions), working with the runtime after the restore
-# variants: pipe_worker socket_worker groups exec_cat threaded_child mp_process live_and_zombie shared_end
+# variants: pipe_worker socket_worker groups exec_cat threaded_child mp_process live_and_zombie shared_end shared_anon shared_memfd mp_value
 # refusal-names: process|shared memory
 from _probe import *
 import signal, socket, subprocess, threading, time
@@ -129,6 +129,45 @@ elif VARIANT == 'shared_end':
         PIDS.append(pid)
     os.close(req_r)
     REQ, RESP, RESP_W = req_w, resp_r, resp_w
+elif VARIANT in ('shared_anon', 'shared_memfd'):
+    # Memory the runtime and its worker share: the worker adds one to what the
+    # runtime wrote and writes it beside.
+    import mmap
+    if VARIANT == 'shared_anon':
+        SHM = mmap.mmap(-1, 4 * PAGE)
+    else:
+        mfd = os.memfd_create('shared')
+        os.ftruncate(mfd, 4 * PAGE)
+        SHM = mmap.mmap(mfd, 4 * PAGE)
+        os.close(mfd)
+    SHM[PAGE:PAGE + 5] = b'hello'
+    REQ2_R, REQ2 = os.pipe()
+    KID = os.fork()
+    if KID == 0:
+        os.close(REQ2)
+        while os.read(REQ2_R, 1):
+            SHM[8:16] = (int.from_bytes(SHM[0:8], 'little') + 1).to_bytes(8, 'little')
+        os._exit(0)
+    os.close(REQ2_R)
+    SHM[0:8] = (41).to_bytes(8, 'little')
+    os.write(REQ2, b'x')
+    time.sleep(0.2)
+elif VARIANT == 'mp_value':
+    import multiprocessing
+    ctx = multiprocessing.get_context('fork')
+    COUNT = ctx.Value('i', 5)
+    CONN, THEIRS = ctx.Pipe()
+
+    def bump(conn, count):
+        while conn.recv():
+            with count.get_lock():
+                count.value += 1
+            conn.send(count.value)
+
+    PROC = ctx.Process(target=bump, args=(THEIRS, COUNT))
+    PROC.start()
+    CONN.send(True)
+    FIRST = CONN.recv()
 
 
 def check():
@@ -203,3 +242,26 @@ def check():
         for pid in PIDS:
             p, status = os.waitpid(pid, 0)
             expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f'worker {pid} ended with {status}')
+    elif VARIANT in ('shared_anon', 'shared_memfd'):
+        expect(int.from_bytes(SHM[8:16], 'little') == 42, f'before the snapshot the worker wrote {SHM[8:16]!r}')
+        expect(SHM[PAGE:PAGE + 5] == b'hello', 'the shared memory lost its contents')
+        SHM[0:8] = (99).to_bytes(8, 'little')
+        os.write(REQ2, b'x')
+        deadline = time.time() + 5
+        while int.from_bytes(SHM[8:16], 'little') != 100 and time.time() < deadline:
+            time.sleep(0.01)
+        expect(int.from_bytes(SHM[8:16], 'little') == 100, f'the worker did not see the runtime write: {SHM[8:16]!r}')
+        os.close(REQ2)
+        for pid in (KID,):
+            p, status = os.waitpid(pid, 0)
+            expect(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f'worker {pid} ended with {status}')
+    elif VARIANT == 'mp_value':
+        expect(FIRST == 6, f'before the snapshot: {FIRST!r}')
+        with COUNT.get_lock():
+            COUNT.value += 10
+        CONN.send(True)
+        got = CONN.recv()
+        expect(got == 17 and COUNT.value == 17, f'the worker counted {got}, the runtime sees {COUNT.value}')
+        CONN.send(False)
+        PROC.join(10)
+        expect(PROC.exitcode == 0, f'worker exit code {PROC.exitcode}')

@@ -16,7 +16,7 @@
 use super::{children_of, classify_vmas, dump_pages, injected_state, injection_region, pending_signals, posix_timers, thread_states, CaptureError, CaptureStats, SamePage};
 use crate::image::{ChildImage, Creds, FdKind, FdRecord, MmState, PageIndex, ProcAttrs, ProcessImage, SandboxRecord, SnapshotWriter, VmaKind};
 use crate::inject::{Call, DataArea, Injector};
-use crate::procfs;
+use crate::procfs::{self, MapEntry};
 use crate::sys::mem::ProcMem;
 use crate::sys::ptrace::Tracee;
 
@@ -201,14 +201,26 @@ fn flatten<'a>(tree: &'a [Member], out: &mut Vec<&'a Member>) {
 /// taken from there at restore (what a forked child has not written since).
 pub(super) struct LeaderPages<'a> {
     mem: &'a ProcMem,
+    /// Its mappings (a child's shared mapping of the same object at the same place is
+    /// inherited).
+    maps: &'a [MapEntry],
     /// The leader's stored pages (a copy: the children's are added to the index).
     index: PageIndex,
     base_pages: &'a [u64],
 }
 
 impl<'a> LeaderPages<'a> {
-    pub(super) fn new(mem: &'a ProcMem, index: &PageIndex, base_pages: &'a [u64]) -> LeaderPages<'a> {
-        LeaderPages { mem, index: index.clone(), base_pages }
+    pub(super) fn new(mem: &'a ProcMem, maps: &'a [MapEntry], index: &PageIndex, base_pages: &'a [u64]) -> LeaderPages<'a> {
+        LeaderPages { mem, maps, index: index.clone(), base_pages }
+    }
+
+    /// Whether `m`, a shared mapping of a child, is the leader's mapping of the same
+    /// object at the same place.
+    fn maps_same(&self, m: &MapEntry) -> bool {
+        m.shared
+            && self.maps.iter().any(|l| {
+                l.shared && (l.start, l.end, l.offset, &l.dev, l.inode, &l.name) == (m.start, m.end, m.offset, &m.dev, m.inode, &m.name)
+            })
     }
 }
 
@@ -259,10 +271,16 @@ pub(super) fn capture_child(
     let exe = procfs::exe(pid).map_err(ioe("reading exe link"))?;
     let personality = procfs::personality(pid).map_err(ioe("reading personality"))?;
     let mut unlinked = Vec::new();
-    let (mut vmas, files) = classify_vmas(pid, &maps, &mut unlinked).map_err(relabel)?;
+    let (vmas, files) = classify_vmas(pid, &maps, &mut unlinked).map_err(relabel)?;
+    // Shared memory (anonymous, a memfd's or a deleted file's) that is the leader's
+    // mapping of the same object at the same place is kept across the fork at restore;
+    // any other cannot be made again in a child.
+    let (inherited, mut vmas): (Vec<_>, Vec<_>) = vmas.into_iter().partition(|v| {
+        matches!(v.kind, VmaKind::SharedAnon | VmaKind::Unlinked { shared: true, .. }) && maps.iter().any(|m| (m.start, m.end) == (v.start, v.end) && leader.maps_same(m))
+    });
     if let Some(v) = vmas.iter().find(|v| matches!(v.kind, VmaKind::SharedAnon | VmaKind::Unlinked { .. })) {
         return Err(refuse(format!(
-            "it maps shared memory or a memfd at {:#x}-{:#x}; memory shared between processes is not carried across a snapshot yet",
+            "it maps shared memory or a memfd at {:#x}-{:#x} that is not the runtime's mapping of it at the same place (or a private memfd mapping); such memory is not carried across a snapshot in a child",
             v.start, v.end
         )));
     }
@@ -326,5 +344,5 @@ pub(super) fn capture_child(
         handed_down: Vec::new(),
     };
     tracing::debug!(child = ns, pid, vmas = image.vmas.len(), threads = image.threads.len(), "child process captured");
-    Ok(ChildImage { pid: ns, pgid, sid, key, fds: handed.table(pid), from_leader: crate::image::page_runs(&same), image: Box::new(image) })
+    Ok(ChildImage { pid: ns, pgid, sid, key, fds: handed.table(pid), from_leader: crate::image::page_runs(&same), inherited, image: Box::new(image) })
 }

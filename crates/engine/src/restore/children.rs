@@ -115,7 +115,7 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
         .ok_or_else(|| ioe("parsing maps")(io::ErrorKind::InvalidData.into()))?;
     let mut data = DataArea::new(region);
     let mut calls = Vec::new();
-    clear_stub(&mut calls, &stub_maps, img, region)?;
+    clear_stub(&mut calls, &stub_maps, img, region, &c.inherited)?;
     let opened = calls.len();
     for p in img.files.iter().map(|f| f.path.as_str()).chain([img.mm.exe.as_str()]) {
         let a = data.push_cstr(p);
@@ -146,6 +146,11 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
     // The executable it inherited, if the same, is kept (it is mapped again: the kernel
     // refuses to change an executable that is still mapped, even for itself).
     let exe_fd = if img.mm.exe == parent_img.mm.exe { u32::MAX as u64 } else { *file_fds.last().expect("exe is always opened") };
+    for v in &c.inherited {
+        // The leader's mapping, kept: its own protection and advice.
+        calls.push(Call::new("mprotect(inherited)", libc::SYS_mprotect, &[v.start, v.end - v.start, v.prot as u64]));
+        calls.extend(v.advice.iter().map(|&a| super::advice_call(v.start, v.end - v.start, a)));
+    }
     push_mm_calls(&mut calls, &mut data, img, exe_fd);
     calls.extend(file_fds.iter().map(|&fd| Call::new("close(file)", libc::SYS_close, &[fd])));
     push_process_calls(&mut calls, &mut data, img, true);
