@@ -659,6 +659,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
             });
             let layers = thaw_engine::layers::LayerSizes::of(img);
             let mut v = v;
+            // Live child processes (and theirs): where each is in the process tree, what
+            // it holds, how many of the stored pages are its own.
+            fn children(img: &thaw_engine::image::ProcessImage, index: &thaw_engine::image::PageIndex) -> serde_json::Value {
+                json!(img.children.iter().map(|c| json!({
+                    "pid": c.pid, "pgid": c.pgid, "sid": c.sid, "exe": c.image.mm.exe, "threads": c.image.threads.len(),
+                    "vmas": c.image.vmas.len(), "descriptors": c.fds.len(), "inherited_shared_mappings": c.inherited.len(),
+                    "stored_pages": index.runs.iter().filter(|r| r.vaddr & !((1u64 << 48) - 1) == c.key).map(|r| r.npages).sum::<u64>(),
+                    "pages_from_runtime": c.from_leader.iter().map(|r| r.1).sum::<u64>(),
+                    "children": children(&c.image, index),
+                })).collect::<Vec<_>>())
+            }
+            v["children"] = children(img, &img.pages);
+            v["handed_down"] = json!(img.handed_down);
             v["base"] = json!(layers.base);
             v["diff_bytes"] = json!(layers.diff_bytes);
             v["base_bytes"] = json!(layers.base_bytes);
