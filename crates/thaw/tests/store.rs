@@ -513,3 +513,60 @@ fn a_push_brings_a_head_copy_without_the_manifest_up_to_date() {
     let (_, r) = push(&[]);
     assert_eq!(r["head_copy_bytes"], 0, "an up-to-date copy is left alone: {r}");
 }
+
+/// A snapshot with a live child process (issue #32) round-trips through the store: its
+/// pages (the child's keyed apart in the same pages.img) are packed and fetched like
+/// the runtime's, and a restore straight from the store with a cold cache (the head
+/// first, the child's pages fetched as its restore reads them) answers like the local
+/// one, as does a hit.
+#[test]
+fn a_snapshot_with_a_live_child_process_restores_from_the_store() {
+    let m = Minio::start();
+    let handler = r#"import os
+REQ_R, REQ = os.pipe()
+RESP, RESP_W = os.pipe()
+KID = os.fork()
+if KID == 0:
+    os.close(REQ)
+    os.close(RESP)
+    table = {i: i * i for i in range(20000)}
+    served = 0
+    while True:
+        k = os.read(REQ_R, 16)
+        if not k:
+            os._exit(0)
+        served += 1
+        os.write(RESP_W, b'%d %d %d' % (os.getpid(), table[int(k)], served))
+os.close(REQ_R)
+os.close(RESP_W)
+os.write(REQ, b'3')
+os.read(RESP, 100)
+
+
+def handler(event, context):
+    os.write(REQ, b'%d' % event['k'])
+    pid, square, served = os.read(RESP, 100).split()
+    return [int(pid) == KID, int(square), int(served)]
+"#;
+    let code = bundle("store-child", &[("handler.py", handler)]);
+    let snap = scratch().join("child.snap");
+    ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let payload = r#"{"k": 1234}"#;
+    let want = "[true, 1522756, 2]";
+    assert_eq!(stdout(&ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"]))).trim(), want);
+    let o = ok(thaw_s3(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://child-bucket/fns/child", "--create-bucket"]));
+    let url = last_line(&o);
+    for (i, hit) in [(1, false), (2, true)] {
+        let stats = scratch().join(format!("child-s3-stats-{i}.json"));
+        let o = ok(thaw_s3(&m, &["snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]));
+        assert_eq!(stdout(&o).trim(), want, "restore from the store #{i}");
+        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        assert_eq!(st["store"]["cache_hit"], hit, "{st}");
+        if !hit {
+            assert_eq!(st["store"]["lazy"], true, "{st}");
+        }
+    }
+    let pulled = scratch().join("child-pulled");
+    ok(thaw_s3(&m, &["snapshot", "pull", &url, pulled.to_str().unwrap()]));
+    assert_eq!(stdout(&ok(thaw(&["snapshot", "restore", pulled.to_str().unwrap(), "--payload", payload, "--quiet"]))).trim(), want);
+}
