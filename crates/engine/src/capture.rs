@@ -882,6 +882,7 @@ fn injected_state(
     let attr_call = calls.len();
     let affinity = data.reserve(AFFINITY_LEN as usize);
     let subreaper = data.reserve(8);
+    let pdeathsig = data.reserve(8);
     calls.extend([
         Call::new("getpriority", libc::SYS_getpriority, &[libc::PRIO_PROCESS as u64, 0]),
         Call::new("sched_getaffinity", libc::SYS_sched_getaffinity, &[0, AFFINITY_LEN, affinity]),
@@ -892,6 +893,7 @@ fn injected_state(
         Call::new("getpid", libc::SYS_getpid, &[]),
         Call::new("getpgid", libc::SYS_getpgid, &[0]),
         Call::new("getsid", libc::SYS_getsid, &[0]),
+        Call::new("prctl(PR_GET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_GET_PDEATHSIG as u64, pdeathsig]),
     ]);
     let itimers: Vec<u64> = (0..3u64)
         .map(|which| {
@@ -942,6 +944,7 @@ fn injected_state(
         group_leader: r(7) == r(6),
         pgid: r(7) as i32,
         sid: r(8) as i32,
+        pdeathsig: data.u32_at(pdeathsig) as i32,
         itimers: [itimer(0), itimer(1), itimer(2)],
         posix_timers,
         // Read before the injection (see capture_inner).

@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 20;
+pub const FORMAT_VERSION: u32 = 21;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -564,6 +564,9 @@ pub struct ProcAttrs {
     /// process joins again).
     pub pgid: i32,
     pub sid: i32,
+    /// The signal it gets when its parent dies (PR_SET_PDEATHSIG; format 21). Set
+    /// again for a child process; the runtime gets SIGKILL (it dies with the node).
+    pub pdeathsig: i32,
     /// Interval timers (ITIMER_REAL, VIRTUAL, PROF) as `struct itimerval` words:
     /// interval s, interval µs, value (left) s, value µs. A timer is re-armed with what
     /// was left at capture (time stands still while the snapshot is on disk).

@@ -1,5 +1,5 @@
 # kind: live child processes started at init (workers, a subprocess, process groups and sessions), working with the runtime after the restore
-# variants: pipe_worker socket_worker groups exec_cat threaded_child mp_process live_and_zombie shared_end shared_anon shared_memfd mp_value
+# variants: pipe_worker pdeathsig socket_worker groups exec_cat threaded_child mp_process live_and_zombie shared_end shared_anon shared_memfd mp_value
 # refusal-names: process|shared memory
 from _probe import *
 import signal, socket, subprocess, threading, time
@@ -64,6 +64,24 @@ if VARIANT == 'pipe_worker':
     PID, REQ, RESP = fork_pipe_worker('w')
     os.write(REQ, b'1')
     FIRST = os.read(RESP, 200)
+elif VARIANT == 'pdeathsig':
+    # A worker told to get SIGTERM when the runtime dies (prctl(PR_SET_PDEATHSIG)), as
+    # a subprocess's preexec_fn does; it reports what it has.
+    PR_GET_PDEATHSIG, PR_SET_PDEATHSIG = 2, 1
+    req_r, REQ = os.pipe()
+    RESP, resp_w = os.pipe()
+    PID = os.fork()
+    if PID == 0:
+        os.close(REQ)
+        os.close(RESP)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        while os.read(req_r, 1):
+            sig = ctypes.c_int(0)
+            libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(sig))
+            os.write(resp_w, b'%d' % sig.value)
+        os._exit(0)
+    os.close(req_r)
+    os.close(resp_w)
 elif VARIANT == 'socket_worker':
     A, B = socket.socketpair()
     PID = os.fork()
@@ -189,6 +207,12 @@ def check():
         os.close(REQ)
         p, status = os.waitpid(PID, 0)
         expect(p == PID and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f'worker ended with {status}')
+    elif VARIANT == 'pdeathsig':
+        os.write(REQ, b'x')
+        got = int(os.read(RESP, 10))
+        expect(got == signal.SIGTERM, f'the worker has parent-death signal {got}')
+        os.close(REQ)
+        os.waitpid(PID, 0)
     elif VARIANT == 'socket_worker':
         expect(FIRST == reply('s', 1, 1, PID), f'before the snapshot: {FIRST!r}')
         got = A.recv(200)

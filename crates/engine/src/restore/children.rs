@@ -190,7 +190,9 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
         let mut calls = Vec::new();
         push_settle_calls(&mut calls, &mut data, img, t);
         if i == 0 {
+            // Both are cleared by the credentials' change.
             calls.push(Call::new("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as u64, img.attrs.dumpable as u64]));
+            calls.push(Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, img.attrs.pdeathsig as u64]));
         }
         ti.run(&calls, &mut data).map_err(inj_err)?;
     }
