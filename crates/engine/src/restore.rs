@@ -328,17 +328,20 @@ fn restore_inner(
     create_zombies(&inj, &wmem, region, img).map_err(inj_err)?;
     // Process attributes, then the child processes, forked from the leader with its
     // session and process group set and its descriptors made (restore/children.rs).
+    // Resource limits last (still as root, before the credentials drop): a lowered
+    // RLIMIT_NOFILE or RLIMIT_NPROC must not refuse the descriptors, threads and
+    // processes recreated above. They are per process, so the leader sets them for all.
+    // (One batch without children: each batch is a round trip through ptrace.)
     let mut data = DataArea::new(region);
     let mut calls = Vec::new();
     push_attr_calls(&mut calls, &mut data, img, false);
     push_group_calls(&mut calls, &img.attrs);
-    inj.run(&calls, &mut data).map_err(inj_err)?;
-    children::make_all(&inj, region, img, &source, made)?;
-    // Resource limits last (still as root, before the credentials drop): a lowered
-    // RLIMIT_NOFILE or RLIMIT_NPROC must not refuse the descriptors, threads and
-    // processes recreated above. They are per process, so the leader sets them for all.
-    let mut data = DataArea::new(region);
-    let mut calls: Vec<Call> = img.handed_down.iter().map(|&fd| Call::new("close(handed down)", libc::SYS_close, &[fd as u64])).collect();
+    if !img.children.is_empty() {
+        inj.run(&calls, &mut data).map_err(inj_err)?;
+        children::make_all(&inj, region, img, &source, made)?;
+        (data, calls) = (DataArea::new(region), Vec::new());
+    }
+    calls.extend(img.handed_down.iter().map(|&fd| Call::new("close(handed down)", libc::SYS_close, &[fd as u64])));
     push_rlimit_calls(&mut calls, &mut data, img);
     inj.run(&calls, &mut data).map_err(inj_err)?;
     // Lowering it needs privilege the process no longer has: the node writes it.
