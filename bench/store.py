@@ -243,6 +243,9 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
                          "bytes_before_first_response": s.get("bytes_fetched_before_first_response", s.get("bytes_fetched", 0)),
                          "fetch_ms": s.get("fetch_ms", 0.0) if "remote" in mode else 0.0,
                          "cpu_ms": st.get("cpu_ms_before_first_response", 0.0),
+                         # Where the time goes, to compare modes step by step.
+                         "phases_ms": dict(st.get("phases_ms") or {}, sandbox=st.get("sandbox_ms", 0.0), open=st.get("open_ms", 0.0),
+                                           first_invoke=st.get("first_invoke_ms", 0.0)),
                          "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2", "layered-remote-cold": "layered",
                                          "remote-cold-window": "window", "remote-cold-ws-derived": "ws-derived",
                                          "remote-cold-no-head-copy": "no-head-copy"}.get(mode, "packs")]
@@ -261,6 +264,8 @@ def medians(rows):
                 "requests": statistics.median(x.get("requests", 0) for x in v),
                 "bytes_before_first_response": statistics.median(x.get("bytes_before_first_response", 0) for x in v),
                 "push": v[0].get("push"),
+                "phases_ms": {p: statistics.median(x.get("phases_ms", {}).get(p, 0.0) for x in v)
+                              for p in sorted({p for x in v for p in x.get("phases_ms", {})})},
                 "paging": v[0]["paging"], "n": len(v)} for k, v in out.items()}
 
 
@@ -322,6 +327,13 @@ def main():
         share = 100 * m["fetch_ms"] / m["total_ms"] if m["fetch_ms"] else 0
         print(f"{link:9s} {fn:11s} {mode:24s} {m['total_ms']:17.1f} {m['total_ms'] / local:8.2f} {m['fetch_ms']:9.1f} "
               f"{share:8.0f} {m['bytes_fetched'] / 1e6:10.2f} {m['bytes_before_first_response'] / 1e6:9.2f} {m['requests']:9.0f} {m['cpu_ms']:7.1f}")
+    # Each mode's phases against the local restore's (median ms; + is slower).
+    for (link, fn, mode), m in sorted(med.items(), key=lambda kv: (kv[0][0], kv[0][1], MODES.index(kv[0][2]))):
+        base = med[(link, fn, "local")].get("phases_ms", {})
+        if mode == "local" or not base:
+            continue
+        diffs = {p: m["phases_ms"].get(p, 0.0) - base.get(p, 0.0) for p in sorted(set(base) | set(m["phases_ms"]))}
+        print(f"phases {link} {fn} {mode} vs local: " + ", ".join(f"{p} {d:+.2f}" for p, d in diffs.items() if abs(d) >= 0.05))
     for (link, fn, mode), m in sorted(med.items()):
         label = {"remote-cold": "format 4, compressed packs, ws.pages in the head, head copy", "remote-cold-ws-derived": "format 3, ws.pages derived",
                  "remote-cold-no-head-copy": "format 4, no head copy",
