@@ -167,10 +167,19 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
         }
     }
     for &(start, n) in &c.from_leader {
-        // The leader's image at these addresses (its own pages or its base's).
-        buf.resize((n * PAGE_SIZE) as usize, 0);
-        source.read_image(start, &mut buf).map_err(|source| RestoreError::Pages { pid: host, source })?;
-        wmem.write_all_at(&buf, start).map_err(ioe(&format!("writing pages at {start:#x}")))?;
+        // The leader's image at these addresses (its own pages or its base's), inside
+        // the child's own mappings (a run an image places elsewhere is refused), a
+        // bounded piece at a time.
+        let end = n.checked_mul(PAGE_SIZE).and_then(|len| start.checked_add(len));
+        if !end.is_some_and(|end| within(&img.vmas, start, end)) {
+            return Err(RestoreError::Incompatible(format!("child process {}: pages taken from the runtime at {start:#x} (+{n}) lie outside its memory", c.pid)));
+        }
+        for (k, piece) in (0..n).step_by(PIECE_PAGES as usize).enumerate() {
+            let at = start + k as u64 * PIECE_PAGES * PAGE_SIZE;
+            buf.resize(((n - piece).min(PIECE_PAGES) * PAGE_SIZE) as usize, 0);
+            source.read_image(at, &mut buf).map_err(|source| RestoreError::Pages { pid: host, source })?;
+            wmem.write_all_at(&buf, at).map_err(ioe(&format!("writing pages at {at:#x}")))?;
+        }
     }
     create_zombies(&inj, &wmem, region, img).map_err(inj_err)?;
     let mut threads = Vec::new();
@@ -213,6 +222,21 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
     Ok(())
 }
 
+/// Pages read and written at a time.
+const PIECE_PAGES: u64 = 256;
+
+/// Whether `start..end` is covered by `vmas` (sorted, touching ones joined).
+fn within(vmas: &[crate::image::Vma], start: u64, end: u64) -> bool {
+    let mut at = start;
+    for v in vmas.iter().filter(|v| v.end > start && v.start < end) {
+        if v.start > at {
+            return false;
+        }
+        at = at.max(v.end);
+    }
+    at >= end
+}
+
 fn file_fd(file_fds: &[u64], file: usize, pid: i32) -> Result<u64, RestoreError> {
     // The last one is the executable's.
     file_fds[..file_fds.len() - 1]
@@ -241,4 +265,22 @@ fn descriptors(inj: &Injector<'_>, region: u64, host: i32, c: &ChildImage) -> Re
     }
     calls.push(Call::new("close_range(aside)", libc::SYS_close_range, &[top, u32::MAX as u64, 0]));
     inj.run(&calls, &mut DataArea::new(region)).map(|_| ()).map_err(|source| RestoreError::Inject { pid: host, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+    use crate::image::{Vma, VmaKind};
+
+    #[test]
+    fn runs_from_the_runtime_must_lie_in_the_childs_memory() {
+        let v = |start: u64, end: u64| Vma { start, end, prot: 3, kind: VmaKind::Anon { growsdown: false }, advice: vec![] };
+        let vmas = [v(0x1000, 0x3000), v(0x3000, 0x5000), v(0x8000, 0x9000)];
+        assert!(within(&vmas, 0x1000, 0x3000));
+        assert!(within(&vmas, 0x2000, 0x4000), "across two touching mappings");
+        assert!(!within(&vmas, 0x4000, 0x6000), "into a hole");
+        assert!(!within(&vmas, 0x0, 0x2000), "before the first");
+        assert!(within(&vmas, 0x8000, 0x9000));
+        assert!(!within(&vmas, 0x8000, 0xa000), "past the last");
+    }
 }
