@@ -59,6 +59,10 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
     if img.threads.first().map(|t| t.tid) != Some(c.pid) {
         return Err(RestoreError::Incompatible(format!("child process {}: its first thread is not the process", c.pid)));
     }
+    // A key keys apart what no user address reaches (see image::child_key).
+    if c.key == 0 || c.key & ((1 << 48) - 1) != 0 {
+        return Err(RestoreError::Incompatible(format!("child process {}: its pages' key {:#x} is not one a capture gives", c.pid, c.key)));
+    }
     let ppid = parent.tracee.pid.as_raw();
     let perr = |what: &str| {
         let what = format!("child process {}: {what}", c.pid);
