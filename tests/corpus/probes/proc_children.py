@@ -1,5 +1,5 @@
 # kind: live child processes started at init (workers, a subprocess, process groups and sessions), working with the runtime after the restore
-# variants: pipe_worker pdeathsig socket_worker groups exec_cat threaded_child mp_process live_and_zombie shared_end shared_anon shared_memfd mp_value
+# variants: pipe_worker pdeathsig attrs socket_worker groups exec_cat threaded_child mp_process live_and_zombie shared_end shared_anon shared_memfd mp_value
 # refusal-names: process|shared memory
 from _probe import *
 import signal, socket, subprocess, threading, time
@@ -82,6 +82,34 @@ elif VARIANT == 'pdeathsig':
         os._exit(0)
     os.close(req_r)
     os.close(resp_w)
+elif VARIANT == 'attrs':
+    # A worker whose process state differs from the runtime's: cwd, umask, a signal
+    # handler, a blocked signal pending, an interval timer, a nice value, a name.
+    req_r, REQ = os.pipe()
+    RESP, resp_w = os.pipe()
+    PID = os.fork()
+    if PID == 0:
+        os.close(REQ)
+        os.close(RESP)
+        os.chdir('/tmp')
+        os.umask(0o077)
+        HITS = []
+        signal.signal(signal.SIGUSR1, lambda s, f: HITS.append(s))
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+        os.kill(os.getpid(), signal.SIGUSR2)
+        signal.setitimer(signal.ITIMER_VIRTUAL, 3600)
+        os.nice(3)
+        libc.prctl(15, b'worker-x')  # PR_SET_NAME
+        while os.read(req_r, 1):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            state = [os.getcwd(), os.umask(0o077), sorted(signal.sigpending()), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+                     len(HITS), signal.getitimer(signal.ITIMER_VIRTUAL)[0] > 3000, os.nice(0), open('/proc/self/comm').read().strip()]
+            os.write(resp_w, repr(state).encode())
+        os._exit(0)
+    os.close(req_r)
+    os.close(resp_w)
+    os.write(REQ, b'x')
+    FIRST = os.read(RESP, 500)
 elif VARIANT == 'socket_worker':
     A, B = socket.socketpair()
     PID = os.fork()
@@ -211,6 +239,14 @@ def check():
         os.write(REQ, b'x')
         got = int(os.read(RESP, 10))
         expect(got == signal.SIGTERM, f'the worker has parent-death signal {got}')
+        os.close(REQ)
+        os.waitpid(PID, 0)
+    elif VARIANT == 'attrs':
+        want = lambda hits: repr(['/tmp', 0o077, [signal.SIGUSR2], [signal.SIGUSR2], hits, True, 3, 'worker-x']).encode()
+        expect(FIRST == want(1), f'before the snapshot: {FIRST!r}')
+        os.write(REQ, b'x')
+        got = os.read(RESP, 500)
+        expect(got == want(2), f'the worker reports {got!r}, expected {want(2)!r}')
         os.close(REQ)
         os.waitpid(PID, 0)
     elif VARIANT == 'socket_worker':
