@@ -289,14 +289,17 @@ fn capture_inner(
     // its addresses).
     let mut numbered = 0;
     let mut children = Vec::with_capacity(tree.len());
-    let leader = tree::LeaderPages::new(&mem, &maps, &pages, &base_pages);
-    for m in &tree {
-        let parent = (injected.attrs.pgid, injected.attrs.sid);
-        match tree::capture_child(m, parent, &handed, &leader, &sandbox, &mut writer, &mut pages, &mut numbered, &mut stats) {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                writer.abandon();
-                return Err(e);
+    if !tree.is_empty() {
+        // (A copy of the leader's index: made only when there are children.)
+        let leader = tree::LeaderPages::new(&mem, &maps, &pages, &base_pages);
+        for m in &tree {
+            let parent = (injected.attrs.pgid, injected.attrs.sid);
+            match tree::capture_child(m, parent, &handed, &leader, &sandbox, &mut writer, &mut pages, &mut numbered, &mut stats) {
+                Ok(c) => children.push(c),
+                Err(e) => {
+                    writer.abandon();
+                    return Err(e);
+                }
             }
         }
     }

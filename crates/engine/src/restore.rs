@@ -377,27 +377,15 @@ fn restore_inner(
     // pages already present.
     let rseq_pages = rseq_pages(img);
     pageserver::install_pages(&uffd, &source, &rseq_pages, &stats).map_err(|source| RestoreError::Pages { pid, source })?;
-    for (i, t) in img.threads.iter().enumerate().rev() {
-        let tracee = if i == 0 { tracee } else { threads[i - 1] };
-        let ti = Injector::new(tracee, &wmem, region).map_err(inj_err)?;
-        let mut data = DataArea::new(region);
-        let mut calls = Vec::new();
-        push_settle_calls(&mut calls, &mut data, img, t);
-        if i == 0 {
-            // Changing credentials clears the parent-death signal: set it again, so the
-            // process dies with the node that serves its memory.
-            calls.push(Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, libc::SIGKILL as u64]));
-            // So does dumpability (to suid_dumpable, 0 here): without this the process's
-            // own /proc/self files (environ, mem, ...) became unreadable to it.
-            calls.push(Call::new("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as u64, img.attrs.dumpable as u64]));
-            // Shared anonymous memory, its contents written (write_file_cow_pages): its
-            // own protection.
-            for v in img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::SharedAnon) && v.prot != libc::PROT_READ | libc::PROT_WRITE) {
-                calls.push(Call::new("mprotect(shared)", libc::SYS_mprotect, &[v.start, v.end - v.start, v.prot as u64]));
-            }
-        }
-        ti.run(&calls, &mut data).map_err(inj_err)?;
+    // Changing credentials clears the parent-death signal: set it again, so the
+    // process dies with the node that serves its memory. Shared anonymous memory,
+    // its contents written (write_file_cow_pages), gets its own protection.
+    let mut last = vec![Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, libc::SIGKILL as u64])];
+    for v in img.vmas.iter().filter(|v| matches!(v.kind, VmaKind::SharedAnon) && v.prot != libc::PROT_READ | libc::PROT_WRITE) {
+        last.push(Call::new("mprotect(shared)", libc::SYS_mprotect, &[v.start, v.end - v.start, v.prot as u64]));
     }
+    let all: Vec<Tracee> = std::iter::once(tracee).chain(threads.iter().copied()).collect();
+    settle_threads(&all, &wmem, region, img, &last)?;
     // Signals pending at capture, queued again with their siginfo last of all: every
     // thread's injected calls are done, and the leader runs what is left of the
     // restore with every signal blocked (the image's masks are set just before the
@@ -433,20 +421,7 @@ fn restore_inner(
     lap("memory", &mut phases);
 
     // ---- Leave no trace of the injection region, load registers, go.
-    let off = vdso_syscall_offset().ok_or_else(|| RestoreError::Incompatible("no syscall instruction in the vDSO".into()))?;
-    let vdso = img
-        .vmas
-        .iter()
-        .find(|v| matches!(&v.kind, VmaKind::Special { name } if name == "[vdso]"))
-        .ok_or_else(|| RestoreError::Incompatible("the image has no [vdso] mapping".into()))?;
-    inject::single(&tracee, vdso.start + off, Call::new("munmap(region)", libc::SYS_munmap, &[region, REGION_LEN]))
-        .map_err(inj_err)?;
-    let all: Vec<Tracee> = std::iter::once(tracee).chain(threads.iter().copied()).collect();
-    for (t, st) in all.iter().zip(&img.threads) {
-        t.set_regs(&regs::from_array(&st.regs)).map_err(ioe("SETREGS"))?;
-        t.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
-        t.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
-    }
+    leave_region(&all, img, region)?;
     // Write tracking for in-place resets, when asked for; an instance that cannot be
     // tracked is still a good instance, it just cannot be reset (see reset.rs).
     let tracking = if track_writes {
@@ -629,15 +604,67 @@ fn write_file_cow_pages(
     source: &PageSource,
     stats: &Stats,
 ) -> Result<(), RestoreError> {
+    let n = write_runs(pid, wmem, source, file_cow_runs(img, &source.index), 0)?;
+    stats.bytes_read.fetch_add(n * PAGE_SIZE, Ordering::Relaxed);
+    stats.pages_installed_upfront.fetch_add(n, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Write stored pages into process `pid` through /proc/PID/mem (`wmem`): each of `runs`
+/// (address, first file page, pages; stored under `key`, see
+/// [`crate::image::child_key`]) with one read and one write. Returns the pages written.
+fn write_runs(pid: i32, wmem: &ProcMem, source: &PageSource, runs: impl Iterator<Item = (u64, u64, u64)>, key: u64) -> Result<u64, RestoreError> {
     let mut buf = Vec::new();
-    // One read and one write per contiguous run inside a VMA.
-    for (s, fp, n) in file_cow_runs(img, &source.index) {
+    let mut written = 0;
+    for (s, fp, n) in runs {
         buf.resize((n * PAGE_SIZE) as usize, 0);
-        source.read_pages(s, fp, &mut buf).map_err(|source| RestoreError::Pages { pid, source })?;
+        source.read_pages(s | key, fp, &mut buf).map_err(|source| RestoreError::Pages { pid, source })?;
         wmem.write_all_at(&buf, s)
             .map_err(|source| RestoreError::Io { pid, what: format!("writing pages at {s:#x}"), source })?;
-        stats.bytes_read.fetch_add(n * PAGE_SIZE, Ordering::Relaxed);
-        stats.pages_installed_upfront.fetch_add(n, Ordering::Relaxed);
+        written += n;
+    }
+    Ok(written)
+}
+
+/// Each thread's last injected calls, its own: its rseq area (its pages present), the
+/// image's credentials; the main thread's last of all, with `last` (what the
+/// credentials' change cleared) after its dumpability, which the change clears too.
+fn settle_threads(all: &[Tracee], wmem: &ProcMem, region: u64, img: &ProcessImage, last: &[Call]) -> Result<(), RestoreError> {
+    for (i, t) in img.threads.iter().enumerate().rev() {
+        let pid = all[i].pid.as_raw();
+        let ti = Injector::new(all[i], wmem, region).map_err(|source| RestoreError::Inject { pid, source })?;
+        let mut data = DataArea::new(region);
+        let mut calls = Vec::new();
+        push_settle_calls(&mut calls, &mut data, img, t);
+        if i == 0 {
+            // Without this the process's own /proc/self files (environ, mem, ...) became
+            // unreadable to it (dumpability falls to suid_dumpable, 0 here).
+            calls.push(Call::new("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as u64, img.attrs.dumpable as u64]));
+            calls.extend_from_slice(last);
+        }
+        ti.run(&calls, &mut data).map_err(|source| RestoreError::Inject { pid, source })?;
+    }
+    Ok(())
+}
+
+/// What a process does last before it runs: unmap the injection region (one syscall
+/// through the image's vDSO), then load each of `all` (its threads, the main one
+/// first) with its registers, extended state and signal mask.
+fn leave_region(all: &[Tracee], img: &ProcessImage, region: u64) -> Result<(), RestoreError> {
+    let pid = all[0].pid.as_raw();
+    let off = vdso_syscall_offset().ok_or_else(|| RestoreError::Incompatible("no syscall instruction in the vDSO".into()))?;
+    let vdso = img
+        .vmas
+        .iter()
+        .find(|v| matches!(&v.kind, VmaKind::Special { name } if name == "[vdso]"))
+        .ok_or_else(|| RestoreError::Incompatible(format!("process {} of the image has no [vdso] mapping", img.threads[0].tid)))?;
+    inject::single(&all[0], vdso.start + off, Call::new("munmap(region)", libc::SYS_munmap, &[region, REGION_LEN]))
+        .map_err(|source| RestoreError::Inject { pid, source })?;
+    let ioe = |what: &'static str| move |source| RestoreError::Io { pid, what: what.into(), source };
+    for (t, st) in all.iter().zip(&img.threads) {
+        t.set_regs(&regs::from_array(&st.regs)).map_err(ioe("SETREGS"))?;
+        t.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
+        t.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
     }
     Ok(())
 }
@@ -885,6 +912,27 @@ fn create_threads(
     Ok(())
 }
 
+/// Fork from `inj`'s process a child of pid `ns` in the sandbox (an injected clone3
+/// named `name`, with `flags`, SIGCHLD its exit signal), auto-attached by ptrace (the
+/// caller set TRACEFORK), not yet waited for: its tracee (its host pid found among
+/// the process's children).
+fn fork_traced(inj: &Injector<'_>, region: u64, name: &'static str, flags: u64, ns: i32) -> Result<Tracee, InjectError> {
+    let pid = inj.tracee.pid.as_raw();
+    let children = || -> Vec<i32> {
+        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        list.split_whitespace().filter_map(|c| c.parse().ok()).collect()
+    };
+    let before = children();
+    let mut data = DataArea::new(region);
+    let res = inj.run(&[clone3_call(name, &mut data, flags, libc::SIGCHLD as u64, ns)], &mut data)?;
+    let syscall_err = |what: String| InjectError::Syscall { pid, index: 0, name, nr: SYS_CLONE3, err: io::Error::other(what) };
+    if res[0] != ns as i64 {
+        return Err(syscall_err(format!("got pid {} instead of {ns}", res[0])));
+    }
+    let host = children().into_iter().find(|c| !before.contains(c)).ok_or_else(|| syscall_err("the new child is not in /proc".into()))?;
+    Ok(Tracee { pid: nix::unistd::Pid::from_raw(host) })
+}
+
 /// clone3 flags of a zombie-to-be: a process sharing the leader's memory (nothing is
 /// copied, no userfaultfd fork event) that exits at once.
 const ZOMBIE_FLAGS: u64 = libc::CLONE_VM as u64;
@@ -905,20 +953,9 @@ fn create_zombies(inj: &Injector<'_>, wmem: &ProcMem, region: u64, img: &Process
     leader.trace_clones().map_err(perr("SETOPTIONS(TRACEFORK)"))?;
     let mask = leader.get_sigmask().map_err(perr("GETSIGMASK"))?;
     leader.set_sigmask(!0).map_err(perr("SETSIGMASK"))?;
-    let children = || -> Vec<i32> {
-        let list = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        list.split_whitespace().filter_map(|c| c.parse().ok()).collect()
-    };
     for z in &img.attrs.zombies {
-        let before = children();
-        let mut data = DataArea::new(region);
-        let res = inj.run(&[clone3_call("clone3(zombie)", &mut data, ZOMBIE_FLAGS, libc::SIGCHLD as u64, z.pid)], &mut data)?;
-        let syscall_err = |what: String| InjectError::Syscall { pid, index: 0, name: "clone3(zombie)", nr: SYS_CLONE3, err: io::Error::other(what) };
-        if res[0] != z.pid as i64 {
-            return Err(syscall_err(format!("got pid {} instead of {}", res[0], z.pid)));
-        }
-        let host = children().into_iter().find(|c| !before.contains(c)).ok_or_else(|| syscall_err("the new child is not in /proc".into()))?;
-        let child = Tracee { pid: nix::unistd::Pid::from_raw(host) };
+        let child = fork_traced(inj, region, "clone3(zombie)", ZOMBIE_FLAGS, z.pid)?;
+        let host = child.pid.as_raw();
         child.wait_stop().map_err(|source| InjectError::Ptrace { op: "wait(new child)", pid: host, source })?;
         Injector::new(child, wmem, region)?.run_exit((z.status >> 8) & 0xff)?;
         tracing::trace!(pid, zombie = z.pid, host, status = z.status, "zombie recreated");

@@ -10,14 +10,13 @@
 use std::io;
 
 use super::{
-    clear_stub, clone3_call, create_threads, create_zombies, push_attr_calls, push_mm_calls, push_process_calls, push_rlimit_calls,
-    push_settle_calls, requeue_pending, stored_runs, vdso_syscall_offset, RestoreError,
+    clear_stub, create_threads, create_zombies, fork_traced, leave_region, push_attr_calls, push_mm_calls, push_process_calls,
+    push_rlimit_calls, requeue_pending, settle_threads, stored_runs, write_runs, RestoreError,
 };
 use crate::image::{ChildImage, ProcessImage, VmaKind};
-use crate::inject::{self, Call, DataArea, Injector, REGION_LEN};
+use crate::inject::{Call, DataArea, Injector};
 use crate::pageserver::PageSource;
 use crate::procfs;
-use crate::regs;
 use crate::sys::mem::ProcMem;
 use crate::sys::ptrace::Tracee;
 use crate::sys::PAGE_SIZE;
@@ -64,23 +63,9 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
         return Err(RestoreError::Incompatible(format!("child process {}: its pages' key {:#x} is not one a capture gives", c.pid, c.key)));
     }
     let ppid = parent.tracee.pid.as_raw();
-    let perr = |what: &str| {
-        let what = format!("child process {}: {what}", c.pid);
-        move |source| RestoreError::Io { pid: ppid, what, source }
-    };
-    let listed = || -> Vec<i32> {
-        let list = std::fs::read_to_string(format!("/proc/{ppid}/task/{ppid}/children")).unwrap_or_default();
-        list.split_whitespace().filter_map(|c| c.parse().ok()).collect()
-    };
-    parent.tracee.trace_clones().map_err(perr("SETOPTIONS(TRACEFORK)"))?;
-    let before = listed();
-    let mut data = DataArea::new(region);
-    let res = parent.run(&[clone3_call("clone3(child)", &mut data, 0, libc::SIGCHLD as u64, c.pid)], &mut data).map_err(|source| RestoreError::Inject { pid: ppid, source })?;
-    if res[0] != c.pid as i64 {
-        return Err(perr("clone3")(io::Error::other(format!("got pid {} instead of {}", res[0], c.pid))));
-    }
-    let host = listed().into_iter().find(|p| !before.contains(p)).ok_or_else(|| perr("clone3")(io::Error::other("the new process is not in /proc")))?;
-    let child = Tracee { pid: nix::unistd::Pid::from_raw(host) };
+    parent.tracee.trace_clones().map_err(|source| RestoreError::Io { pid: ppid, what: format!("child process {}: SETOPTIONS(TRACEFORK)", c.pid), source })?;
+    let child = fork_traced(parent, region, "clone3(child)", 0, c.pid).map_err(|source| RestoreError::Inject { pid: ppid, source })?;
+    let host = child.pid.as_raw();
     let at = made.len();
     made.push(Made { host, tracees: vec![child] });
     let ioe = |what: &str| {
@@ -162,14 +147,9 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
 
     // Its memory, whole (pages through /proc/PID/mem copy-on-write as the process's
     // own writes did).
+    let own = img.vmas.iter().filter(|v| !matches!(v.kind, VmaKind::Special { .. } | VmaKind::FileShared { .. }));
+    write_runs(host, &wmem, source, own.flat_map(|v| stored_runs(&source.index, v.start, v.end, c.key)), c.key)?;
     let mut buf = Vec::new();
-    for v in img.vmas.iter().filter(|v| !matches!(v.kind, VmaKind::Special { .. } | VmaKind::FileShared { .. })) {
-        for (s, fp, n) in stored_runs(&source.index, v.start, v.end, c.key) {
-            buf.resize((n * PAGE_SIZE) as usize, 0);
-            source.read_pages(s | c.key, fp, &mut buf).map_err(|source| RestoreError::Pages { pid: host, source })?;
-            wmem.write_all_at(&buf, s).map_err(ioe(&format!("writing pages at {s:#x}")))?;
-        }
-    }
     for &(start, n) in &c.from_leader {
         // The leader's image at these addresses (its own pages or its base's), inside
         // the child's own mappings (a run an image places elsewhere is refused), a
@@ -197,31 +177,11 @@ fn make(parent: &Injector<'_>, region: u64, parent_img: &ProcessImage, c: &Child
     inj.run(&calls, &mut data).map_err(inj_err)?;
     std::fs::write(format!("/proc/{host}/oom_score_adj"), img.attrs.oom_score_adj.to_string()).map_err(ioe("writing oom_score_adj"))?;
     let all: Vec<Tracee> = made[at].tracees.clone();
-    for (i, t) in img.threads.iter().enumerate().rev() {
-        let ti = Injector::new(all[i], &wmem, region).map_err(inj_err)?;
-        let mut data = DataArea::new(region);
-        let mut calls = Vec::new();
-        push_settle_calls(&mut calls, &mut data, img, t);
-        if i == 0 {
-            // Both are cleared by the credentials' change.
-            calls.push(Call::new("prctl(PR_SET_DUMPABLE)", libc::SYS_prctl, &[libc::PR_SET_DUMPABLE as u64, img.attrs.dumpable as u64]));
-            calls.push(Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, img.attrs.pdeathsig as u64]));
-        }
-        ti.run(&calls, &mut data).map_err(inj_err)?;
-    }
+    // Cleared by the credentials' change, like dumpability.
+    let pdeathsig = Call::new("prctl(PR_SET_PDEATHSIG)", libc::SYS_prctl, &[libc::PR_SET_PDEATHSIG as u64, img.attrs.pdeathsig as u64]);
+    settle_threads(&all, &wmem, region, img, &[pdeathsig])?;
     requeue_pending(child, &wmem, region, img, c.pid)?;
-    let off = vdso_syscall_offset().ok_or_else(|| RestoreError::Incompatible("no syscall instruction in the vDSO".into()))?;
-    let vdso = img
-        .vmas
-        .iter()
-        .find(|v| matches!(&v.kind, VmaKind::Special { name } if name == "[vdso]"))
-        .ok_or_else(|| RestoreError::Incompatible(format!("child process {} has no [vdso] mapping", c.pid)))?;
-    inject::single(&child, vdso.start + off, Call::new("munmap(region)", libc::SYS_munmap, &[region, REGION_LEN])).map_err(inj_err)?;
-    for (t, st) in all.iter().zip(&img.threads) {
-        t.set_regs(&regs::from_array(&st.regs)).map_err(ioe("SETREGS"))?;
-        t.set_xstate(&st.xstate).map_err(ioe("SETREGSET xstate"))?;
-        t.set_sigmask(st.sigmask).map_err(ioe("SETSIGMASK"))?;
-    }
+    leave_region(&all, img, region)?;
     tracing::debug!(child = c.pid, host, threads = all.len(), "child process restored");
     Ok(())
 }
