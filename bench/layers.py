@@ -8,7 +8,9 @@ base evicted): cold boot, full image + REAP prefetch (today), base + diff eager
 (the whole diff and its base pages installed before resuming: SnapFaaS- on our
 engine), base + diff + working set (prefetch). Reported per mode: medians of
 restore_ms (A+B: process state and eager memory), first_invoke_ms (C+D: first
-response after restore), total_ms; per function: bytes of base, diff, full image,
+response after restore), total_ms; for a Java function also base + diff + working
+set whose classes come from a class loader of its own (THAW_JAVA_FUNCTION_LOADER=own),
+the baseline of appending its class path to the system loader's; per function: bytes of base, diff, full image,
 working set, and the create time of each kind.
 
     python3 bench/layers.py [--thaw PATH] [--functions helloworld,pyaes] [--runs 7]
@@ -128,8 +130,15 @@ def main(argv=None):
         diff = thaw_json(thaw, ["snapshot", "create", *common, "--out", snaps["diff"]], env)
         diff_ms = (time.perf_counter() - t) * 1e3
         layered = diff.get("base") is not None
-        for k in snaps:
-            reset_bench.run_stats(thaw, ["snapshot", "restore", snaps[k], "--paging", "record", "--payload", payload], env)
+        # Java: the baseline of the function's classes on the system class loader's path
+        # (what a diff does), a loader of the function's own (THAW_JAVA_FUNCTION_LOADER=own).
+        own_loader = None
+        if layered and runtime.startswith("java"):
+            own_loader = os.path.join(work, "%s.diff-own-loader" % fn.replace("/", "_"))
+            thaw_json(thaw, ["snapshot", "create", *common, "--env", "THAW_JAVA_FUNCTION_LOADER=own", "--out", own_loader], env)
+        for k in (*snaps.values(), own_loader):
+            if k:
+                reset_bench.run_stats(thaw, ["snapshot", "restore", k, "--paging", "record", "--payload", payload], env)
         pool = ["--prepared-sandbox"] if args.prepared_sandbox else []
         modes = {
             "boot": ["boot", *common, "--payload", payload],
@@ -140,13 +149,15 @@ def main(argv=None):
             # empty, so this is the cost of filling it (later restores of a process map it).
             "diff-prefetch-shared": ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--share-memory", "--payload", payload, *pool],
         }
+        if own_loader:
+            modes["diff-prefetch-own-loader"] = ["snapshot", "restore", own_loader, "--paging", "prefetch", "--payload", payload, *pool]
         samples = {m: [] for m in modes}
         order = list(modes.items())
         for run in range(args.runs):
             # Each round starts at another mode, so none always follows the same one
             # (a restore right after an eager one ran slower in every round).
             for m, a in order[run % len(order):] + order[:run % len(order)]:
-                for d in (*snaps.values(), base["dir"]):
+                for d in (*snaps.values(), base["dir"], own_loader):
                     if d:
                         coldstart.evict_page_cache(d)
                 samples[m].append(reset_bench.run_stats(thaw, a, env))
@@ -209,6 +220,10 @@ def main(argv=None):
             res["modes"]["boot"]["total_ms"], res["modes"]["full-prefetch"]["total_ms"],
             res["modes"]["diff-eager"]["total_ms"], res["modes"]["diff-prefetch"]["total_ms"],
             res["diff_prefetch_over_full_prefetch"], res["modes"]["diff-prefetch-shared"]["total_ms"]), flush=True)
+        if own_loader:
+            print("    diff+WS with a class loader of the function's own (the baseline) %6.1f ms (%.2fx full+REAP); first invocation %.1f vs %.1f ms on the system loader" % (
+                res["modes"]["diff-prefetch-own-loader"]["total_ms"], res["modes"]["diff-prefetch-own-loader"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"],
+                res["modes"]["diff-prefetch-own-loader"]["first_invoke_ms"], res["modes"]["diff-prefetch"]["first_invoke_ms"]), flush=True)
         if "calls_ms" in res:
             print("    warm call %.3f ms, after a give-back %.3f ms" % (res["calls_ms"]["warm"], res["calls_ms"]["after-give-back"]), flush=True)
         for key in sorted(res["memory"], key=lambda k: (res["memory"][k]["instances"], k)):

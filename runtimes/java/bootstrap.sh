@@ -14,11 +14,14 @@ if [ ! -f "$jar" ]; then
     exit 127
 fi
 # A base (THAW_BASE=1) starts before any function is known: the shim alone; the
-# function's classes come later through a class loader of its own (Bootstrap.waitAsBase).
+# function's class path is appended to the system class loader's later
+# (Bootstrap.bundleLoader, through jdk.internal.loader, which is opened to it).
 if [ "$THAW_BASE" = 1 ]; then
     cp="$jar"
+    loader=--add-opens=java.base/jdk.internal.loader=ALL-UNNAMED
 else
     cp="$jar:$task:$task/lib/*:$task/*:/opt/java/lib/*"
+    loader=
 fi
 exec ${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}/bin/java \
     -XX:-UsePerfData \
@@ -46,5 +49,6 @@ exec ${JAVA_HOME:-/usr/lib/jvm/java-17-openjdk-amd64}/bin/java \
     --add-opens=java.base/java.util=ALL-UNNAMED \
     --add-opens=java.base/java.util.concurrent=ALL-UNNAMED \
     --add-opens=java.base/sun.security.provider=ALL-UNNAMED \
+    $loader \
     -cp "$cp" \
     dev.thaw.runtime.Bootstrap "$@"

@@ -278,20 +278,25 @@ class JavaShimTest(shimtest.ShimTestCase):
 
     # ---- base ------------------------------------------------------------
     def test_base_waits_for_its_function_then_takes_its_environment(self):
-        rt = self.start("", env={"THAW_BASE": "1", "SECRET": "from-the-boot"})
-        self.assertEqual(rt.init, {"type": "ready", "base": True, "restore_notice": True}, rt.read_log())
-        rt.send({"type": "restored", "nonce": "n1"})
-        self.assertEqual(rt.recv(), {"type": "ok", "nonce": "n1"})
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG")}
-        env.update(_HANDLER="example.Layered::handle", LAMBDA_TASK_ROOT=self.dir, SECRET="s3", AWS_LAMBDA_FUNCTION_NAME="layered")
-        rt.send({"type": "load", "env": env})
-        self.assertEqual(rt.recv()["type"], "ready", rt.read_log())
-        v = json.loads(rt.invoke({})["result"])
-        # The function sees the environment `load` carried, nothing of the base's, and its
-        # classes come from the bundle through a loader of its own (also the context one).
-        # A child process inherits that environment too (the C library's, set natively).
-        self.assertEqual(v, {"init": "s3", "now": "s3", "base": None, "loader": "function", "context": True, "child": "s3"}, rt.read_log())
-        self.assertEqual(rt.shutdown(), 0)
+        # The function's classes: on the system class loader's path (as in a full image's
+        # JVM), or, asked for by THAW_JAVA_FUNCTION_LOADER=own, a loader of their own.
+        for own, loader in ((None, "app"), ("own", "function")):
+            rt = self.start("", env={"THAW_BASE": "1", "SECRET": "from-the-boot"})
+            self.assertEqual(rt.init, {"type": "ready", "base": True, "restore_notice": True}, rt.read_log())
+            rt.send({"type": "restored", "nonce": "n1"})
+            self.assertEqual(rt.recv(), {"type": "ok", "nonce": "n1"})
+            env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG")}
+            env.update(_HANDLER="example.Layered::handle", LAMBDA_TASK_ROOT=self.dir, SECRET="s3", AWS_LAMBDA_FUNCTION_NAME="layered")
+            if own:
+                env["THAW_JAVA_FUNCTION_LOADER"] = own
+            rt.send({"type": "load", "env": env})
+            self.assertEqual(rt.recv()["type"], "ready", rt.read_log())
+            v = json.loads(rt.invoke({})["result"])
+            # The function sees the environment `load` carried, nothing of the base's, and
+            # its loader is also the context one. A child process inherits that
+            # environment too (the C library's, set natively).
+            self.assertEqual(v, {"init": "s3", "now": "s3", "base": None, "loader": loader, "context": True, "child": "s3"}, rt.read_log())
+            self.assertEqual(rt.shutdown(), 0)
 
     def test_base_rejects_anything_but_load(self):
         self.assertBaseTakesOnlyLoad("is not a string")

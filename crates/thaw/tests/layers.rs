@@ -423,8 +423,8 @@ fn a_nodejs_diff_restores_what_a_full_image_and_a_boot_give() {
 
 /// Java has bases too (issue #31): the JVM and the runtime start with the shim alone
 /// on the class path, warm up and wait; `load` gives the function's environment, and
-/// its classes come from the bundle (classes, lib/*.jar, *.jar) through a class loader
-/// of its own. Every Java sample's diff restores to what its full image and a boot
+/// its classes come from the bundle (classes, lib/*.jar, *.jar), appended to the system
+/// class loader's path as in a full image's JVM. Every Java sample's diff restores to what its full image and a boot
 /// give, in every paging mode, and stores less than its full image.
 #[test]
 fn a_java_diff_restores_what_a_full_image_and_a_boot_give() {
@@ -460,8 +460,9 @@ fn a_java_diff_restores_what_a_full_image_and_a_boot_give() {
         eprintln!("java/{name}: diff {} bytes, full {} bytes", di["diff_bytes"], fi["stored_bytes"]);
     }
     // A function's environment reaches it through the base (System.getenv, and a child
-    // process's environment), its class comes from its own loader, and a class of the
-    // bundle is not on the system class path of the JVM that started as the base.
+    // process's environment), and its class is the system class loader's with the bundle
+    // on java.class.path, as in a full image's JVM; THAW_JAVA_FUNCTION_LOADER=own (the
+    // baseline of bench/layers.py) gives it a loader of its own, off that path.
     let src = bundle("java-env", &[("EnvEcho.java", r#"package example;
 import java.util.Map;
 public class EnvEcho {
@@ -479,6 +480,13 @@ public class EnvEcho {
     let e = create(&src, "example.EnvEcho::handle", &envsnap, &["--runtime", "java17", "--env", "GREETING=hej"]);
     assert_eq!(e["base"].as_str(), Some(id.as_str()), "{e}");
     let answer = restore(&envsnap, "lazy", "{}", 1);
+    assert!(answer.contains("hej|hej|app|true"), "{answer}");
+    let full = scratch().join("java-env.full");
+    create(&src, "example.EnvEcho::handle", &full, &["--runtime", "java17", "--env", "GREETING=hej", "--no-base"]);
+    assert_eq!(restore(&full, "lazy", "{}", 1), answer, "the diff's function sees the JVM a full image's does");
+    let own = scratch().join("java-env-own.diff");
+    create(&src, "example.EnvEcho::handle", &own, &["--runtime", "java17", "--env", "GREETING=hej", "--env", "THAW_JAVA_FUNCTION_LOADER=own"]);
+    let answer = restore(&own, "lazy", "{}", 1);
     assert!(answer.contains("hej|hej|function|false"), "{answer}");
 
     // The JVM's options, read as it starts, give a full image.

@@ -636,9 +636,9 @@ public final class Bootstrap {
     }
 
     /**
-     * Where the function's classes come from. The system class loader when the JVM started
-     * with the function's bundle on its class path (bootstrap.sh); in a base, which started
-     * before any function was known, a loader of the bundle's own made by {@link #waitAsBase}.
+     * Where the function's classes come from: the system class loader, with the function's
+     * bundle on its class path from the start (bootstrap.sh) or, in a base, which started
+     * before any function was known, appended by {@link #waitAsBase} ({@link #bundleLoader}).
      */
     static ClassLoader functionLoader = ClassLoader.getSystemClassLoader();
 
@@ -646,7 +646,8 @@ public final class Bootstrap {
      * A base (THAW_BASE=1): the JVM and the runtime are started and warmed up with no
      * function, report ready as a base and wait (the engine captures them blocked in this
      * read). The {@code load} frame brings the function's environment; its classes then
-     * come from the bundle through a class loader of its own. False on shutdown.
+     * come from the bundle, on the system class loader's path ({@link #bundleLoader}).
+     * False on shutdown.
      */
     static boolean waitAsBase() throws IOException, ChannelClosed, ProtocolError {
         warmUp(null);
@@ -691,18 +692,20 @@ public final class Bootstrap {
         if (!Env.chdir(task)) {
             throw new ProtocolError("cannot change the working directory to " + task + " (libthawenv.so: scripts/build-runtimes.sh)");
         }
-        functionLoader = bundleLoader(task);
+        // THAW_JAVA_FUNCTION_LOADER=own: a loader of the bundle's own (the baseline of
+        // bench/layers.py's java samples), else the system one.
+        functionLoader = "own".equals(wanted.get("THAW_JAVA_FUNCTION_LOADER")) ? ownLoader(bundlePath(task)) : bundleLoader(task);
         Thread.currentThread().setContextClassLoader(functionLoader);
         return true;
     }
 
     /**
-     * The class path bootstrap.sh gives a function's JVM, as a loader over the system one:
-     * the bundle's directory, its lib/*.jar, its *.jar, then its layers' /opt/java/lib/*.jar.
+     * The class path bootstrap.sh gives a function's JVM: the bundle's directory, its
+     * lib/*.jar, its *.jar, then its layers' /opt/java/lib/*.jar.
      */
-    static ClassLoader bundleLoader(String task) throws IOException {
-        List<URL> urls = new ArrayList<>();
-        urls.add(Path.of(task).toUri().toURL());
+    static List<Path> bundlePath(String task) throws IOException {
+        List<Path> path = new ArrayList<>();
+        path.add(Path.of(task));
         for (Path dir : List.of(Path.of(task, "lib"), Path.of(task), Path.of("/opt/java/lib"))) {
             if (!Files.isDirectory(dir)) {
                 continue;
@@ -714,9 +717,46 @@ public final class Bootstrap {
                 }
             }
             jars.sort(null);
-            for (Path j : jars) {
-                urls.add(j.toUri().toURL());
+            path.addAll(jars);
+        }
+        return path;
+    }
+
+    /**
+     * The loader of a function loaded into a base: the system class loader with the
+     * bundle's class path appended (what the JDK does for an agent's
+     * appendToSystemClassLoaderSearch; bootstrap.sh opens jdk.internal.loader to this
+     * shim for it), and {@code java.class.path} naming it, so the function sees the
+     * JVM a full image's does. A loader of its own would resolve, on the first
+     * invocation, every class the function names through Java code the full image's
+     * JVM never runs then (issue #31: java/jsonhandler's first call 2.9 ms slower).
+     * Where the JVM refuses that, a loader of the bundle's own over the system one.
+     */
+    static ClassLoader bundleLoader(String task) throws IOException {
+        List<Path> path = bundlePath(task);
+        ClassLoader app = ClassLoader.getSystemClassLoader();
+        try {
+            Method append = app.getClass().getDeclaredMethod("appendToClassPathForInstrumentation", String.class);
+            append.setAccessible(true);
+            StringBuilder cp = new StringBuilder(System.getProperty("java.class.path", ""));
+            for (Path p : path) {
+                append.invoke(app, p.toString());
+                cp.append(cp.length() == 0 ? "" : java.io.File.pathSeparator).append(p);
             }
+            System.setProperty("java.class.path", cp.toString());
+            return app;
+        } catch (ReflectiveOperationException | RuntimeException e) {
+            System.err.println("thaw runtime: the system class loader cannot take the function's class path (" + e
+                + "; bootstrap.sh opens java.base/jdk.internal.loader); its classes come from a loader of their own");
+            return ownLoader(path);
+        }
+    }
+
+    /** A loader named {@code function} of the class path {@code path}, over the system one. */
+    static ClassLoader ownLoader(List<Path> path) throws IOException {
+        List<URL> urls = new ArrayList<>();
+        for (Path p : path) {
+            urls.add(p.toUri().toURL());
         }
         return new URLClassLoader("function", urls.toArray(new URL[0]), ClassLoader.getSystemClassLoader());
     }
