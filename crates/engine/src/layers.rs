@@ -320,14 +320,27 @@ pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageI
     }
     let own_pages = image.pages.stored_pages();
     let mut runs: Vec<PageRun> = image.pages.runs.clone();
+    // Each run of base pages the diff takes, as the pieces of the base's runs it spans
+    // (one lookup per piece, not per page), joined where contiguous in both.
+    let base_runs = &base.image.pages.runs;
     for &(start, n) in &bref.runs {
-        for k in 0..n {
-            let vaddr = start + k * PAGE_SIZE;
-            let fp = base.image.pages.lookup(vaddr).ok_or_else(|| mismatch(format!("the base has no page at {vaddr:#x}")))? + own_pages;
+        let end = n.checked_mul(PAGE_SIZE).and_then(|len| start.checked_add(len)).ok_or_else(|| mismatch(format!("a run of {n} base pages at {start:#x} is past the address space")))?;
+        let mut vaddr = start;
+        while vaddr < end {
+            let r = base_runs
+                .partition_point(|r| r.vaddr <= vaddr)
+                .checked_sub(1)
+                .map(|i| &base_runs[i])
+                .filter(|r| vaddr < r.vaddr + r.npages * PAGE_SIZE)
+                .ok_or_else(|| mismatch(format!("the base has no page at {vaddr:#x}")))?;
+            let k = (vaddr - r.vaddr) / PAGE_SIZE;
+            let take = (r.npages - k).min((end - vaddr) / PAGE_SIZE);
+            let fp = r.file_page + k + own_pages;
             match runs.last_mut() {
-                Some(r) if r.file_page >= own_pages && r.vaddr + r.npages * PAGE_SIZE == vaddr && r.file_page + r.npages == fp => r.npages += 1,
-                _ => runs.push(PageRun { vaddr, npages: 1, file_page: fp }),
+                Some(l) if l.file_page >= own_pages && l.vaddr + l.npages * PAGE_SIZE == vaddr && l.file_page + l.npages == fp => l.npages += take,
+                _ => runs.push(PageRun { vaddr, npages: take, file_page: fp }),
             }
+            vaddr += take * PAGE_SIZE;
         }
     }
     runs.sort_by_key(|r| r.vaddr);
@@ -338,7 +351,8 @@ pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageI
             detail: "a page is both stored and taken from the base".into(),
         }));
     }
-    let mut crcs = image.pages.crcs.clone();
+    let mut crcs = Vec::with_capacity(image.pages.crcs.len() + base.image.pages.crcs.len());
+    crcs.extend_from_slice(&image.pages.crcs);
     crcs.extend_from_slice(&base.image.pages.crcs);
     // A sealed diff's own pages carry their tags; the base's pages are clear (a base
     // holds nothing of any function, and is never sealed).
