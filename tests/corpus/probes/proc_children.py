@@ -31,13 +31,24 @@ def reply(tag, k, served, pid):
     return f'{tag}:{k}:{(k * 7919) % 1009}:{served}:{pid}:{os.getpid()}:{len(b"%d" % pid) * 100000}\n'.encode()
 
 
-def fork_pipe_worker(tag, threaded=False):
+def fork_with_pipes(child):
+    """A child given the read end of a request pipe and the write end of a reply pipe
+    (`child(req_r, resp_w)`, which never returns); the runtime keeps the other ends:
+    (pid, requests, replies)."""
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(req_w)
         os.close(resp_r)
+        child(req_r, resp_w)
+    os.close(req_r)
+    os.close(resp_w)
+    return pid, req_w, resp_r
+
+
+def fork_pipe_worker(tag, threaded=False):
+    def child(req_r, resp_w):
         args = (lambda: os.read(req_r, 64), lambda b: os.write(resp_w, b), tag)
         if threaded:
             # Served by a thread of the child; its main thread waits.
@@ -45,9 +56,18 @@ def fork_pipe_worker(tag, threaded=False):
             while True:
                 signal.pause()
         serve(*args)
-    os.close(req_r)
-    os.close(resp_w)
-    return pid, req_w, resp_r
+    return fork_with_pipes(child)
+
+
+def fork_reporter(setup, report):
+    """A worker that runs `setup` after the fork, then answers every request byte
+    with `report()`, and exits when the requests end."""
+    def child(req_r, resp_w):
+        setup()
+        while os.read(req_r, 1):
+            os.write(resp_w, report())
+        os._exit(0)
+    return fork_with_pipes(child)
 
 
 def sleeper(setup=None):
@@ -68,46 +88,32 @@ elif VARIANT == 'pdeathsig':
     # A worker told to get SIGTERM when the runtime dies (prctl(PR_SET_PDEATHSIG)), as
     # a subprocess's preexec_fn does; it reports what it has.
     PR_GET_PDEATHSIG, PR_SET_PDEATHSIG = 2, 1
-    req_r, REQ = os.pipe()
-    RESP, resp_w = os.pipe()
-    PID = os.fork()
-    if PID == 0:
-        os.close(REQ)
-        os.close(RESP)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        while os.read(req_r, 1):
-            sig = ctypes.c_int(0)
-            libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(sig))
-            os.write(resp_w, b'%d' % sig.value)
-        os._exit(0)
-    os.close(req_r)
-    os.close(resp_w)
+
+    def pdeathsig():
+        sig = ctypes.c_int(0)
+        libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(sig))
+        return b'%d' % sig.value
+    PID, REQ, RESP = fork_reporter(lambda: libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM), pdeathsig)
 elif VARIANT == 'attrs':
     # A worker whose process state differs from the runtime's: cwd, umask, a signal
     # handler, a blocked signal pending, an interval timer, a nice value, a name.
-    req_r, REQ = os.pipe()
-    RESP, resp_w = os.pipe()
-    PID = os.fork()
-    if PID == 0:
-        os.close(REQ)
-        os.close(RESP)
+    HITS = []
+
+    def setup():
         os.chdir('/tmp')
         os.umask(0o077)
-        HITS = []
         signal.signal(signal.SIGUSR1, lambda s, f: HITS.append(s))
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
         os.kill(os.getpid(), signal.SIGUSR2)
         signal.setitimer(signal.ITIMER_VIRTUAL, 3600)
         os.nice(3)
         libc.prctl(15, b'worker-x')  # PR_SET_NAME
-        while os.read(req_r, 1):
-            os.kill(os.getpid(), signal.SIGUSR1)
-            state = [os.getcwd(), os.umask(0o077), sorted(signal.sigpending()), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-                     len(HITS), signal.getitimer(signal.ITIMER_VIRTUAL)[0] > 3000, os.nice(0), open('/proc/self/comm').read().strip()]
-            os.write(resp_w, repr(state).encode())
-        os._exit(0)
-    os.close(req_r)
-    os.close(resp_w)
+
+    def state():
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return repr([os.getcwd(), os.umask(0o077), sorted(signal.sigpending()), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+                     len(HITS), signal.getitimer(signal.ITIMER_VIRTUAL)[0] > 3000, os.nice(0), open('/proc/self/comm').read().strip()]).encode()
+    PID, REQ, RESP = fork_reporter(setup, state)
     os.write(REQ, b'x')
     FIRST = os.read(RESP, 500)
 elif VARIANT == 'socket_worker':
