@@ -10,7 +10,10 @@ engine), base + diff + working set (prefetch). Reported per mode: medians of
 restore_ms (A+B: process state and eager memory), first_invoke_ms (C+D: first
 response after restore), total_ms; for a Java function also base + diff + working
 set whose classes come from a class loader of its own (THAW_JAVA_FUNCTION_LOADER=own),
-the baseline of appending its class path to the system loader's; per function: bytes of base, diff, full image,
+the baseline of appending its class path to the system loader's; for a function its
+base could provide little of (under 10% of its memory), which `thaw snapshot create`
+therefore captures as a full image, its diff made anyway (THAW_DIFF_MIN_BASE_SHARE=0,
+mode diff-kept-prefetch: the baseline); per function: bytes of base, diff, full image,
 working set, and the create time of each kind.
 
     python3 bench/layers.py [--thaw PATH] [--functions helloworld,pyaes] [--runs 7]
@@ -136,7 +139,13 @@ def main(argv=None):
         if layered and runtime.startswith("java"):
             own_loader = os.path.join(work, "%s.diff-own-loader" % fn.replace("/", "_"))
             thaw_json(thaw, ["snapshot", "create", *common, "--env", "THAW_JAVA_FUNCTION_LOADER=own", "--out", own_loader], env)
-        for k in (*snaps.values(), own_loader):
+        # A function its base could provide little of is captured as a full image
+        # (layered.rs MIN_BASE_SHARE_PERCENT); the baseline keeps its diff anyway.
+        kept_diff = None
+        if diff.get("full_image_because"):
+            kept_diff = os.path.join(work, "%s.diff-kept" % fn.replace("/", "_"))
+            thaw_json(thaw, ["snapshot", "create", *common, "--out", kept_diff], dict(env, THAW_DIFF_MIN_BASE_SHARE="0"))
+        for k in (*snaps.values(), own_loader, kept_diff):
             if k:
                 reset_bench.run_stats(thaw, ["snapshot", "restore", k, "--paging", "record", "--payload", payload], env)
         pool = ["--prepared-sandbox"] if args.prepared_sandbox else []
@@ -149,6 +158,8 @@ def main(argv=None):
             # empty, so this is the cost of filling it (later restores of a process map it).
             "diff-prefetch-shared": ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--share-memory", "--payload", payload, *pool],
         }
+        if kept_diff:
+            modes["diff-kept-prefetch"] = ["snapshot", "restore", kept_diff, "--paging", "prefetch", "--payload", payload, *pool]
         if own_loader:
             modes["diff-prefetch-own-loader"] = ["snapshot", "restore", own_loader, "--paging", "prefetch", "--payload", payload, *pool]
         samples = {m: [] for m in modes}
@@ -157,13 +168,14 @@ def main(argv=None):
             # Each round starts at another mode, so none always follows the same one
             # (a restore right after an eager one ran slower in every round).
             for m, a in order[run % len(order):] + order[:run % len(order)]:
-                for d in (*snaps.values(), base["dir"], own_loader):
+                for d in (*snaps.values(), base["dir"], own_loader, kept_diff):
                     if d:
                         coldstart.evict_page_cache(d)
                 samples[m].append(reset_bench.run_stats(thaw, a, env))
         med = lambda m, k: statistics.median(s.get(k) or 0.0 for s in samples[m])  # noqa: E731
         res = {
             "layered": layered,
+            "full_image_because": diff.get("full_image_because"),
             "bytes": {
                 "base": base["bytes"],
                 "full": dir_bytes(snaps["full"]),

@@ -191,6 +191,9 @@ pub struct Status {
     pub state: String,
     /// `Seccomp_filters:`: the seccomp filters the thread runs under.
     pub seccomp_filters: u32,
+    /// `RssAnon:` in KiB: resident anonymous memory (private copies of file pages
+    /// included; what a capture stores, zero pages aside).
+    pub rss_anon_kb: u64,
 }
 
 pub fn parse_status(text: &str) -> Option<Status> {
@@ -217,6 +220,7 @@ pub fn parse_status(text: &str) -> Option<Status> {
             "PPid" => st.ppid = v.parse().ok()?,
             "State" => st.state = v.to_string(),
             "Seccomp_filters" => st.seccomp_filters = v.parse().ok()?,
+            "RssAnon" => st.rss_anon_kb = v.trim_end_matches("kB").trim().parse().ok()?,
             _ => {}
         }
     }
@@ -461,8 +465,9 @@ mod tests {
 
     #[test]
     fn parses_status() {
-        let text = "Name:\tpython3\nUmask:\t0022\nThreads:\t1\nUid:\t65534\t65534\t65534\t65534\nGid:\t65534\t65534\t65534\t65534\nGroups:\t\nNSpid:\t4242\t1\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n";
+        let text = "Name:\tpython3\nUmask:\t0022\nThreads:\t1\nUid:\t65534\t65534\t65534\t65534\nGid:\t65534\t65534\t65534\t65534\nGroups:\t\nNSpid:\t4242\t1\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\nRssAnon:\t    5432 kB\n";
         let st = parse_status(text).unwrap();
+        assert_eq!(st.rss_anon_kb, 5432);
         assert_eq!(st.uid, [65534; 3]);
         assert_eq!(st.umask, 0o22);
         assert_eq!(st.nspid, vec![4242, 1]);

@@ -476,8 +476,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let base = if no_base { None } else { base_cmd::default_base(&cfg, &cli.data_dir) };
             if let Some(base) = base {
                 match thaw_engine::layered::create_diff(&cfg, &base, &out) {
-                    Ok((dir, stats)) => {
-                        let v = json!({"snapshot": dir, "base": base.id, "create_ms": ms(t0.elapsed()), "capture": stats});
+                    Ok(c) => {
+                        let v = match &c.full_image {
+                            None => json!({"snapshot": c.dir, "base": base.id, "create_ms": ms(t0.elapsed()), "capture": c.stats}),
+                            Some(why) => {
+                                eprintln!("note: a full image rather than a diff on base {}: {why}", base.id);
+                                json!({"snapshot": c.dir, "base": null, "full_image_because": why, "create_ms": ms(t0.elapsed()), "capture": c.stats})
+                            }
+                        };
                         println!("{}", serde_json::to_string(&v)?);
                         return Ok(ExitCode::SUCCESS);
                     }

@@ -38,6 +38,14 @@ fn create(code: &Path, handler: &str, out: &Path, extra: &[&str]) -> serde_json:
     serde_json::from_str(stdout(&ok(thaw(&args))).trim()).unwrap()
 }
 
+/// [`create`] keeping the diff however little its base provides (bigheap's 211 MB heap
+/// would otherwise make it a full image: `layered::MIN_BASE_SHARE_PERCENT`).
+fn create_diff(code: &Path, handler: &str, out: &Path) -> serde_json::Value {
+    let _ = std::fs::remove_dir_all(out);
+    let args = ["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", handler, "--out", out.to_str().unwrap()];
+    serde_json::from_str(stdout(&ok(thaw_with("THAW_DIFF_MIN_BASE_SHARE", "0", &args))).trim()).unwrap()
+}
+
 fn restore(snap: &Path, paging: &str, payload: &str, invocations: u32) -> String {
     let n = invocations.to_string();
     stdout(&ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--paging", paging, "--payload", payload, "--invocations", &n, "--quiet"])))
@@ -91,7 +99,7 @@ fn a_diff_restores_what_a_full_image_and_a_boot_give() {
         let code = sample(name);
         let diff = scratch().join(format!("{name}.diff"));
         let full = scratch().join(format!("{name}.full"));
-        let d = create(&code, "handler.handler", &diff, &[]);
+        let d = create_diff(&code, "handler.handler", &diff);
         assert_eq!(d["base"].as_str(), Some(id.as_str()), "{name}: a base exists, so the snapshot is a diff on it: {d}");
         let f = create(&code, "handler.handler", &full, &["--no-base"]);
         assert!(f["base"].is_null(), "{name}: --no-base makes a full image");
@@ -737,4 +745,34 @@ fn snapshots_are_layered_by_default_and_a_base_that_cannot_be_built_gives_a_full
     assert!(err.contains("warning: no python3 base") && err.contains("making a full image"), "{err}");
     let o = ok(thaw_in(&broken, &["snapshot", "restore", out.to_str().unwrap(), "--payload", r#"{"name":"full"}"#, "--quiet"]));
     assert!(stdout(&o).contains("hello, full"), "{}", stdout(&o));
+}
+
+#[test]
+fn a_function_its_base_provides_little_of_is_captured_as_a_full_image() {
+    let _g = serial();
+    base();
+    // 96 MiB of its own (non-zero) at init: the base's ~1,400 pages are ~5% of it.
+    let code = bundle(
+        "ownheap",
+        &[("handler.py", "HEAP = bytearray(b\"\\x01\") * (96 << 20)\nHEAP[12345] = 7\n\ndef handler(event, context):\n    HEAP[1] += 1\n    return {\"len\": len(HEAP), \"at\": HEAP[12345], \"first\": HEAP[1]}\n")],
+    );
+    let out = scratch().join("ownheap.snap");
+    let o = ok(thaw(&["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", out.to_str().unwrap()]));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert!(v["base"].is_null(), "a full image: {v}");
+    let why = v["full_image_because"].as_str().unwrap_or_default();
+    assert!(why.contains("could provide at most") && why.contains("under 10%"), "{v}");
+    assert!(stderr(&o).contains("a full image rather than a diff"), "{}", stderr(&o));
+    assert_eq!(v["capture"]["pages_from_base"], 0, "{v}");
+    assert!(inspect(&out)["base"].is_null(), "the image names no base");
+    let want = r#"{"len": 100663296, "at": 7, "first": 2}"#;
+    for paging in ["lazy", "record", "prefetch"] {
+        assert_eq!(restore(&out, paging, "{}", 1).trim(), want, "{paging}");
+    }
+    // THAW_DIFF_MIN_BASE_SHARE=0 keeps the diff (the benchmark's baseline): it answers the same.
+    let kept = scratch().join("ownheap-kept.snap");
+    let v = create_diff(&code, "handler.handler", &kept);
+    assert_eq!(v["base"].as_str(), Some(base().0.as_str()), "{v}");
+    assert!(v["capture"]["pages_from_base"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(restore(&kept, "prefetch", "{}", 1).trim(), want);
 }

@@ -43,7 +43,12 @@ fn base_for(cfg: &FunctionConfig, bases: &Bases) -> Option<BaseMeta> {
 pub fn capture(cfg: &FunctionConfig, snapdir: &Path, bases: Option<&Bases>) -> Result<(PathBuf, CaptureStats), InstanceError> {
     if let Some(base) = bases.and_then(|b| base_for(cfg, b)) {
         match layered::create_diff(cfg, &base, snapdir) {
-            Ok(r) => return Ok(r),
+            Ok(c) => {
+                if let Some(why) = &c.full_image {
+                    info!(function = %cfg.function_name, base = %base.id, "a full image rather than a diff: {why}");
+                }
+                return Ok((c.dir, c.stats));
+            }
             // The function's own init failed: a full image would fail the same way.
             Err(e @ (InstanceError::Init(_) | InstanceError::InitOutOfMemory { .. })) => return Err(e),
             Err(e) => {
