@@ -17,7 +17,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid};
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter};
+use seccompiler::BpfProgram;
 
 use crate::config::{self, InitConfig, InitMode, RootOp, StatusError, EXEC_MARK, FD_STATUS, PREPARED_MARK, STUB_MARK};
 use crate::sys;
@@ -83,7 +83,7 @@ fn run(status: &mut std::fs::File) -> Result<std::convert::Infallible, Fail> {
     drop(null);
     setrlimit(Resource::RLIMIT_NOFILE, NOFILE_LIMIT, NOFILE_LIMIT).step(|| "setrlimit RLIMIT_NOFILE".into())?;
     sys::close_from(FD_STATUS as u32 + 1).step(|| "close inherited descriptors".into())?;
-    let filter = seccomp_program().map_err(|e| Fail { step: format!("build seccomp filter: {e}"), errno: libc::EINVAL })?;
+    let filter = crate::seccomp::deny_list(&denied_syscalls());
     // PID 1 dies with the caller's thread, and the whole namespace with it.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).step(|| "PR_SET_PDEATHSIG".into())?;
 
@@ -283,7 +283,7 @@ fn build_root(cfg: &InitConfig) -> Result<(), Fail> {
 
 /// Denied with EPERM; everything else is allowed (the restore engine injects prctl,
 /// userfaultfd, mmap, rseq, setresuid, ... into the stub).
-fn denied_syscalls() -> Vec<i64> {
+pub(crate) fn denied_syscalls() -> Vec<i64> {
     let mut v = vec![
         libc::SYS_mount,
         libc::SYS_umount2,
@@ -343,11 +343,6 @@ fn denied_syscalls() -> Vec<i64> {
     v
 }
 
-fn seccomp_program() -> Result<BpfProgram, seccompiler::BackendError> {
-    let arch = std::env::consts::ARCH.try_into()?;
-    let rules = denied_syscalls().into_iter().map(|nr| (nr, Vec::new())).collect();
-    SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)?.try_into()
-}
 
 fn apply_seccomp(filter: &BpfProgram) -> Result<(), Fail> {
     // Also sets PR_SET_NO_NEW_PRIVS.
@@ -438,3 +433,4 @@ fn become_reaper(program: i32, filter: &BpfProgram, status: &mut std::fs::File) 
     let _ = apply_seccomp(filter);
     sys::reap_until(program)
 }
+

@@ -65,6 +65,7 @@ mod pool;
 mod prepared;
 mod recode;
 mod sandbox;
+mod seccomp;
 mod spec;
 mod sys;
 
