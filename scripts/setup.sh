@@ -57,4 +57,5 @@ bash scripts/build-provided.sh   # Go and Rust custom-runtime samples (provided.
 
 log "building thaw (release)"
 cargo build --release --quiet
+bash scripts/build-init.sh   # the sandbox init linked statically (musl): faster to start
 log "ready: target/release/thaw"

@@ -1,10 +1,15 @@
 //! Which program a sandbox's init execs. The small `thaw-sandbox-init` binary starts
 //! in ~1.3 ms where re-exec'ing a large caller (the 165 MB `thaw`) takes ~2.2 ms of a
-//! sandbox's creation (measured, issue #15), so it is used when it sits next to the
-//! caller's executable *and* comes from the same build (it answers `--build-id` with
-//! this crate's [`BUILD_ID`]); otherwise the caller re-execs itself through
-//! `/proc/self/exe` with the `__sandbox-init` marker. Decided once per process.
-//! `THAW_SANDBOX_INIT=self` forces the re-exec (for comparisons).
+//! sandbox's creation (measured, issue #15); linked statically against musl
+//! (`thaw-sandbox-init-static`, `scripts/build-init.sh`) it starts in 0.1 ms of CPU
+//! against 1.0 (`perf stat -r 300 ... --build-id`, issue #33): glibc's start-up runs
+//! the dynamic loader and probes the CPU's caches with dozens of CPUID instructions,
+//! each a trap to the hypervisor on a VM. The first of [`INIT_BINARIES`] that sits
+//! next to the caller's executable *and* comes from the same build (it answers
+//! `--build-id` with this crate's [`BUILD_ID`]) is used; otherwise the caller re-execs
+//! itself through `/proc/self/exe` with the `__sandbox-init` marker. Decided once per
+//! process. `THAW_SANDBOX_INIT=self` forces the re-exec, `THAW_SANDBOX_INIT=glibc`
+//! skips the static binary (for comparisons).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -16,30 +21,53 @@ pub const BUILD_ID: &str = include_str!(concat!(env!("OUT_DIR"), "/build_id.txt"
 /// The argument that makes `thaw-sandbox-init` print [`BUILD_ID`] and exit.
 pub const BUILD_ID_ARG: &str = "--build-id";
 
-/// The name of the small init binary.
+/// The name of the small init binary (as cargo builds it: linked against glibc).
 pub const INIT_BINARY: &str = "thaw-sandbox-init";
+
+/// The same program linked statically against musl (`scripts/build-init.sh`).
+pub const STATIC_INIT_BINARY: &str = "thaw-sandbox-init-static";
+
+/// The init binaries looked for next to the caller, the preferred first.
+pub const INIT_BINARIES: [&str; 2] = [STATIC_INIT_BINARY, INIT_BINARY];
 
 /// `(init_exe, init_args)` for sandboxes spawned by this process.
 pub fn default_init() -> (PathBuf, Vec<String>) {
     static CHOICE: OnceLock<PathBuf> = OnceLock::new();
     let exe = CHOICE.get_or_init(|| {
-        let forced_self = std::env::var("THAW_SANDBOX_INIT").is_ok_and(|v| v == "self");
-        let sibling = std::env::current_exe().ok().and_then(|e| e.parent().map(|d| d.join(INIT_BINARY)));
-        match sibling {
-            Some(s) if !forced_self => match check_init_binary(&s) {
-                Ok(()) => {
-                    tracing::debug!(init = %s.display(), "sandboxes start the small init binary");
-                    s
+        let forced = std::env::var("THAW_SANDBOX_INIT").unwrap_or_default();
+        let dir = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf));
+        match dir {
+            Some(dir) if forced != "self" => {
+                let names: &[&str] = if forced == "glibc" { &[INIT_BINARY] } else { &INIT_BINARIES };
+                match find_init_binary(&dir, names) {
+                    Ok(s) => {
+                        tracing::debug!(init = %s.display(), "sandboxes start the small init binary");
+                        s
+                    }
+                    Err(why) => {
+                        tracing::debug!(dir = %dir.display(), why, "sandboxes re-exec this program as their init");
+                        PathBuf::from("/proc/self/exe")
+                    }
                 }
-                Err(why) => {
-                    tracing::debug!(init = %s.display(), why, "sandboxes re-exec this program as their init");
-                    PathBuf::from("/proc/self/exe")
-                }
-            },
+            }
             _ => PathBuf::from("/proc/self/exe"),
         }
     });
     (exe.clone(), vec!["__sandbox-init".into()])
+}
+
+/// The first of `names` in `dir` that [`check_init_binary`] accepts; `Err` says why
+/// each was not.
+pub fn find_init_binary(dir: &Path, names: &[&str]) -> Result<PathBuf, String> {
+    let mut why = Vec::new();
+    for name in names {
+        let path = dir.join(name);
+        match check_init_binary(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) => why.push(format!("{name}: {e}")),
+        }
+    }
+    Err(why.join("; "))
 }
 
 /// Whether `path` is a `thaw-sandbox-init` of this very build that only its owner

@@ -62,7 +62,7 @@ fn wait_prepared(id: &str, l: &mut Launched) -> Result<(), SandboxError> {
         source,
     })?);
     // An init that hangs (a mount that never returns) must not hang the pool's thread.
-    let timeout = nix::sys::time::TimeVal::from(libc::timeval { tv_sec: sandbox::INIT_TIMEOUT.as_secs() as libc::time_t, tv_usec: 0 });
+    let timeout = nix::sys::time::TimeVal::from(libc::timeval { tv_sec: sandbox::INIT_TIMEOUT.as_secs() as _, tv_usec: 0 });
     socket::setsockopt(&status, socket::sockopt::ReceiveTimeout, &timeout)
         .map_err(|e| SandboxError::Sys { id: id.into(), step: "set SO_RCVTIMEO".into(), source: e.into() })?;
     let mut mark = [0u8; 1];

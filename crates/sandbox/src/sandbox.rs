@@ -425,7 +425,7 @@ pub(crate) fn finish(id: &str, entry: &Entry, launched: Launched) -> Result<Spaw
         };
     }
     if let Err(e) = setsockopt(&status, sockopt::ReceiveTimeout, &TimeVal::from(libc::timeval {
-        tv_sec: INIT_TIMEOUT.as_secs() as libc::time_t,
+        tv_sec: INIT_TIMEOUT.as_secs() as _,
         tv_usec: 0,
     })) {
         bail!(sys_err(id, "set SO_RCVTIMEO")(e));

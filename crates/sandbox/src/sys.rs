@@ -303,13 +303,13 @@ pub(crate) fn loopback_up() -> io::Result<()> {
         *d = *s as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS reads the name and writes ifru_flags inside `ifr`.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) } < 0 {
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut ifr) } < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: the kernel just filled ifru_flags, the active union member.
     unsafe { ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
     // SAFETY: SIOCSIFFLAGS only reads `ifr`.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) } < 0 {
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &ifr) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

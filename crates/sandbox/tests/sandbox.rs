@@ -668,6 +668,50 @@ fn the_small_init_is_used_only_from_the_same_build_and_safe_to_exec() {
 }
 
 #[test]
+fn the_static_init_is_preferred_when_it_is_of_the_same_build() {
+    use std::os::unix::fs::PermissionsExt;
+    use thaw_sandbox::init_exe::{find_init_binary, INIT_BINARIES, INIT_BINARY, STATIC_INIT_BINARY};
+    let ours = Path::new(env!("CARGO_BIN_EXE_thaw-sandbox-init"));
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join(INIT_BINARY);
+    std::fs::copy(ours, &plain).unwrap();
+    assert_eq!(find_init_binary(dir.path(), &INIT_BINARIES), Ok(plain.clone()), "only the glibc one");
+    // A static one of another build is passed over.
+    let stat = dir.path().join(STATIC_INIT_BINARY);
+    std::fs::write(&stat, "#!/bin/sh\necho 0.1.0-another-build\n").unwrap();
+    std::fs::set_permissions(&stat, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(find_init_binary(dir.path(), &INIT_BINARIES), Ok(plain.clone()), "a stale static one is passed over");
+    // One of this build is preferred: the musl one scripts/build-init.sh put beside
+    // the glibc one (same sources, same id), else a copy standing in for it.
+    let real = ours.with_file_name(STATIC_INIT_BINARY);
+    std::fs::copy(if real.exists() { &real } else { ours }, &stat).unwrap();
+    assert_eq!(find_init_binary(dir.path(), &INIT_BINARIES), Ok(stat.clone()));
+    assert_eq!(find_init_binary(dir.path(), &[INIT_BINARY]), Ok(plain), "THAW_SANDBOX_INIT=glibc");
+    let empty = tempfile::tempdir().unwrap();
+    let why = find_init_binary(empty.path(), &INIT_BINARIES).unwrap_err();
+    assert!(why.contains(STATIC_INIT_BINARY) && why.contains(INIT_BINARY), "{why}");
+}
+
+/// The musl-linked init, where scripts/build-init.sh made it, runs a program as the
+/// glibc one does (the other tests here use the glibc one; the thaw CLI's tests, which
+/// restore through stubs and prepared sandboxes, use the static one).
+#[test]
+fn the_static_init_runs_a_sandbox() {
+    let real = Path::new(env!("CARGO_BIN_EXE_thaw-sandbox-init")).with_file_name(thaw_sandbox::init_exe::STATIC_INIT_BINARY);
+    if !real.exists() {
+        eprintln!("no {} (scripts/build-init.sh makes it): nothing to run", real.display());
+        return;
+    }
+    let code = code_dir();
+    let mut s = spec("static-init", code.path());
+    s.init_exe = real;
+    let mut sb = Sandbox::spawn(&s, sh("cat /var/task/hello.txt; echo pid $$")).expect("spawn");
+    let out = read_all(sb.take_log().unwrap());
+    assert_eq!(sb.wait().unwrap(), ExitStatus::Exited(0), "output:\n{out}");
+    assert_eq!(out, "hello from code\npid 2\n");
+}
+
+#[test]
 fn the_small_init_check_waits_out_a_writer_that_is_about_to_close() {
     // What a fork elsewhere in the process does between its fork and its exec: it holds
     // a descriptor open for writing on the freshly copied binary for a moment.
