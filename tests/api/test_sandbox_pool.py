@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from thaw_node_harness import NodeProcess, create, invoke_json, sample_zip
+from thaw_node_harness import THAW, NodeProcess, create, invoke_json, sample_zip
 
 
 def metric(node, name):
@@ -39,9 +39,11 @@ def test_cold_starts_take_prepared_sandboxes(tmp_path):
             time.sleep(0.1)
         st = node.status()["sandbox_pool"]
         assert st["ready"] == 2 and st["shapes"] == 1, st
-        # Their inits run the small thaw-sandbox-init of the same build, not a re-exec of
-        # the node's 165 MB binary.
-        assert sorted(init_exes(node.pid)) == ["thaw-sandbox-init", "thaw-sandbox-init"]
+        # Their inits run the small init of the same build, not a re-exec of the node's
+        # 165 MB binary: the one linked statically against musl when scripts/build-init.sh
+        # put it beside thaw (faster to start), else the glibc-linked one.
+        small = "thaw-sandbox-init-static" if (THAW.parent / "thaw-sandbox-init-static").exists() else "thaw-sandbox-init"
+        assert sorted(init_exes(node.pid)) == [small, small]
         # So the very first cold start after the deploy takes one.
         _, body = invoke_json(c, "hello", {"name": "pool"})
         assert body == {"message": "hello, pool"}

@@ -220,7 +220,9 @@ impl WorkingSet {
                     open(first, buf.as_mut())
                 })();
                 if let Err(e) = r {
-                    into.fail(e.to_string());
+                    // The pieces before this one come from the other lanes and are
+                    // still installed (a lane that got here first must not fail them).
+                    into.fail_from(k, e.to_string());
                     return Err(e);
                 }
                 into.put(k, buf, t0);
@@ -664,7 +666,12 @@ impl Arriving {
 
     /// Every piece not set yet fails with `why`.
     fn fail(&self, why: String) {
-        for slot in &self.slots {
+        self.fail_from(0, why);
+    }
+
+    /// Piece `k` and every piece after it not set yet fail with `why`.
+    fn fail_from(&self, k: usize, why: String) {
+        for slot in self.slots.iter().skip(k) {
             let _ = slot.set(Err(why.clone()));
         }
         let _ = self.read_ms.set(0.0);
@@ -935,6 +942,24 @@ mod tests {
         std::fs::write(dir.join(PAGES_FILE), &wp).unwrap();
         assert!(!compress_beside(dir, &ws, Some(&sealed), true).unwrap());
         assert!(!dir.join(LZ4_FILE).exists());
+    }
+
+    /// A lane whose piece fails does not fail the earlier pieces other lanes are still
+    /// reading: a restore installs those (it was a race: with two lanes, the lane of
+    /// the bad last piece could get there before the other had handed over the first).
+    #[test]
+    fn a_failed_piece_leaves_the_earlier_ones_to_their_lanes() {
+        let into = Arriving::with_piece(4 * 4096, 4096);
+        into.fail_from(2, "piece 2 is bad".into());
+        into.put(1, AlignedBuf::new(4096), Instant::now());
+        into.put(3, AlignedBuf::new(4096), Instant::now());
+        assert_eq!(into.wait(1).map(<[u8]>::len), Ok(4096), "an earlier piece still arrives");
+        assert_eq!(into.wait(2), Err("piece 2 is bad"));
+        assert_eq!(into.wait(3), Err("piece 2 is bad"), "a later one stays failed");
+        // The read ends with piece 0 never handed over: it fails then (Settled).
+        into.fail("the read ended".into());
+        assert_eq!(into.wait(0), Err("the read ended"));
+        assert_eq!(into.wait(1).map(<[u8]>::len), Ok(4096));
     }
 
     #[test]

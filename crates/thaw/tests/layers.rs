@@ -53,13 +53,7 @@ fn restore(snap: &Path, paging: &str, payload: &str, invocations: u32) -> String
 
 /// `thaw` with `var` set to `value` in its environment.
 fn thaw_with(var: &str, value: &str, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_thaw"))
-        .env("THAW_DATA_DIR", scratch().join("data"))
-        .env(var, value)
-        .env_remove("THAW_LOG")
-        .args(args)
-        .output()
-        .unwrap()
+    common::thaw_env(&[(var, value)], args)
 }
 
 /// `thaw` with the memory of a diff shared through its base's file

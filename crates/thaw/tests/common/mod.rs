@@ -57,6 +57,17 @@ pub fn thaw(args: &[&str]) -> Output {
         .expect("running thaw")
 }
 
+/// [`thaw`] with `vars` set in its environment.
+pub fn thaw_env(vars: &[(&str, &str)], args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_thaw"))
+        .env("THAW_DATA_DIR", scratch().join("data"))
+        .env_remove("THAW_LOG")
+        .envs(vars.iter().copied())
+        .args(args)
+        .output()
+        .expect("running thaw")
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
