@@ -11,7 +11,7 @@ restore_ms (A+B: process state and eager memory), first_invoke_ms (C+D: first
 response after restore), total_ms; for a Java function also base + diff + working
 set whose classes come from a class loader of its own (THAW_JAVA_FUNCTION_LOADER=own),
 the baseline of appending its class path to the system loader's; for a function its
-base could provide little of (under 10% of its memory), which `thaw snapshot create`
+base could provide little of (under 5% of its memory), which `thaw snapshot create`
 therefore captures as a full image, its diff made anyway (THAW_DIFF_MIN_BASE_SHARE=0,
 mode diff-kept-prefetch: the baseline); per function: bytes of base, diff, full image,
 working set, and the create time of each kind.
