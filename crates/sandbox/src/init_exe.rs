@@ -42,6 +42,14 @@ pub fn default_init() -> (PathBuf, Vec<String>) {
                 match find_init_binary(&dir, names) {
                     Ok(s) => {
                         tracing::debug!(init = %s.display(), "sandboxes start the small init binary");
+                        // A static init that is there but stale (the crate changed since
+                        // scripts/build-init.sh ran) costs every sandbox ~1 ms of CPU: say so.
+                        let stat = dir.join(STATIC_INIT_BINARY);
+                        if s != stat && forced != "glibc" && stat.exists() {
+                            if let Err(why) = check_init_binary(&stat) {
+                                tracing::warn!(init = %stat.display(), why, "not using the static sandbox init; scripts/build-init.sh rebuilds it");
+                            }
+                        }
                         s
                     }
                     Err(why) => {

@@ -2,7 +2,7 @@
 //!
 //! Each sandbox is a Linux process tree in its own pid, mount, ipc, uts and net
 //! namespaces, confined by cgroups (v1 or v2), a read-only root built from bind mounts,
-//! an unprivileged identity and a seccomp deny-list.
+//! an unprivileged identity and a seccomp deny-list (`seccomp.rs`).
 //!
 //! ```text
 //!  caller thread                      sandbox init (PID 1)                 program
@@ -31,10 +31,12 @@
 //! [`Sandbox`] for what that implies.
 //!
 //! # Usage
-//! The init is either the small `thaw-sandbox-init` binary of this crate, or the
-//! caller's own binary re-exec'd through `/proc/self/exe` (the default) with a marker
-//! argument that `main` checks before doing anything else; [`init_exe::default_init`]
-//! picks the small binary when it sits next to the caller and comes from the same build:
+//! The init is either the small `thaw-sandbox-init` binary of this crate (best linked
+//! statically against musl as `thaw-sandbox-init-static`, `scripts/build-init.sh`:
+//! glibc's start-up costs ten times its CPU), or the caller's own binary re-exec'd
+//! through `/proc/self/exe` (the default) with a marker argument that `main` checks
+//! before doing anything else; [`init_exe::default_init`] picks a small binary when it
+//! sits next to the caller and comes from the same build:
 //!
 //! ```no_run
 //! use thaw_sandbox::{Entry, Sandbox, SandboxSpec};

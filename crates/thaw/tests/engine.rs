@@ -312,3 +312,35 @@ fn only_instances_booted_for_a_snapshot_are_told_so() {
     ok(thaw(&["snapshot", "create", "--no-base", "--code", c, "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     assert_eq!(stdout(&ok(restore(&snap, "{}", &[]))).trim(), "\"1\"");
 }
+
+/// A static sandbox init beside `thaw` that is stale (the sandbox crate changed since
+/// scripts/build-init.sh made it) is passed over for the glibc one, with a warning that
+/// says how to rebuild it; the start works either way.
+#[test]
+fn a_stale_static_init_is_passed_over_with_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = Path::new(env!("CARGO_BIN_EXE_thaw"));
+    let dir = scratch().join("stale-init");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["thaw", "thaw-sandbox-init"] {
+        let from = bin.with_file_name(name);
+        if std::fs::hard_link(&from, dir.join(name)).is_err() {
+            std::fs::copy(&from, dir.join(name)).unwrap();
+        }
+    }
+    let stale = dir.join("thaw-sandbox-init-static");
+    std::fs::write(&stale, "#!/bin/sh\necho 0.1.0-another-build\n").unwrap();
+    std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let code = sample("helloworld");
+    let o = Command::new(dir.join("thaw"))
+        .env("THAW_DATA_DIR", scratch().join("data"))
+        .env("THAW_LOG", "thaw_sandbox=debug")
+        .args(["boot", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--quiet"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(stdout(&ok(o)).contains("hello, world"));
+    assert!(err.contains("not using the static sandbox init") && err.contains("another build (0.1.0-another-build)") && err.contains("scripts/build-init.sh"), "{err}");
+    assert!(err.contains(&format!("init={}", dir.join("thaw-sandbox-init").display())), "the glibc init of the same build: {err}");
+}
