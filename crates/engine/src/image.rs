@@ -422,12 +422,16 @@ impl PageIndex {
         self.runs.push(PageRun { vaddr, npages: 1, file_page });
     }
 
-    /// File page holding the contents of the page at `vaddr`, if stored.
-    pub fn lookup(&self, vaddr: u64) -> Option<u64> {
+    /// The run holding the page at `vaddr`, if it is stored.
+    pub fn run_at(&self, vaddr: u64) -> Option<&PageRun> {
         let i = self.runs.partition_point(|r| r.vaddr <= vaddr);
         let r = self.runs.get(i.checked_sub(1)?)?;
-        let idx = (vaddr - r.vaddr) / PAGE_SIZE;
-        (idx < r.npages).then_some(r.file_page + idx)
+        ((vaddr - r.vaddr) / PAGE_SIZE < r.npages).then_some(r)
+    }
+
+    /// File page holding the contents of the page at `vaddr`, if stored.
+    pub fn lookup(&self, vaddr: u64) -> Option<u64> {
+        self.run_at(vaddr).map(|r| r.file_page + (vaddr - r.vaddr) / PAGE_SIZE)
     }
 }
 

@@ -322,17 +322,11 @@ pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageI
     let mut runs: Vec<PageRun> = image.pages.runs.clone();
     // Each run of base pages the diff takes, as the pieces of the base's runs it spans
     // (one lookup per piece, not per page), joined where contiguous in both.
-    let base_runs = &base.image.pages.runs;
     for &(start, n) in &bref.runs {
         let end = n.checked_mul(PAGE_SIZE).and_then(|len| start.checked_add(len)).ok_or_else(|| mismatch(format!("a run of {n} base pages at {start:#x} is past the address space")))?;
         let mut vaddr = start;
         while vaddr < end {
-            let r = base_runs
-                .partition_point(|r| r.vaddr <= vaddr)
-                .checked_sub(1)
-                .map(|i| &base_runs[i])
-                .filter(|r| vaddr < r.vaddr + r.npages * PAGE_SIZE)
-                .ok_or_else(|| mismatch(format!("the base has no page at {vaddr:#x}")))?;
+            let r = base.image.pages.run_at(vaddr).ok_or_else(|| mismatch(format!("the base has no page at {vaddr:#x}")))?;
             let k = (vaddr - r.vaddr) / PAGE_SIZE;
             let take = (r.npages - k).min((end - vaddr) / PAGE_SIZE);
             let fp = r.file_page + k + own_pages;

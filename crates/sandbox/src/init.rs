@@ -343,7 +343,6 @@ pub(crate) fn denied_syscalls() -> Vec<i64> {
     v
 }
 
-
 fn apply_seccomp(filter: &BpfProgram) -> Result<(), Fail> {
     // Also sets PR_SET_NO_NEW_PRIVS.
     seccompiler::apply_filter(filter).map_err(|e| Fail {
@@ -433,4 +432,3 @@ fn become_reaper(program: i32, filter: &BpfProgram, status: &mut std::fs::File) 
     let _ = apply_seccomp(filter);
     sys::reap_until(program)
 }
-

@@ -40,15 +40,13 @@ pub fn default_init() -> (PathBuf, Vec<String>) {
             Some(dir) if forced != "self" => {
                 let names: &[&str] = if forced == "glibc" { &[INIT_BINARY] } else { &INIT_BINARIES };
                 match find_init_binary(&dir, names) {
-                    Ok(s) => {
+                    Ok((s, passed_over)) => {
                         tracing::debug!(init = %s.display(), "sandboxes start the small init binary");
                         // A static init that is there but stale (the crate changed since
                         // scripts/build-init.sh ran) costs every sandbox ~1 ms of CPU: say so.
                         let stat = dir.join(STATIC_INIT_BINARY);
-                        if s != stat && forced != "glibc" && stat.exists() {
-                            if let Err(why) = check_init_binary(&stat) {
-                                tracing::warn!(init = %stat.display(), why, "not using the static sandbox init; scripts/build-init.sh rebuilds it");
-                            }
+                        if let Some(why) = passed_over.first().filter(|_| s != stat && stat.exists()) {
+                            tracing::warn!(init = %stat.display(), why, "not using the static sandbox init; scripts/build-init.sh rebuilds it");
                         }
                         s
                     }
@@ -64,14 +62,14 @@ pub fn default_init() -> (PathBuf, Vec<String>) {
     (exe.clone(), vec!["__sandbox-init".into()])
 }
 
-/// The first of `names` in `dir` that [`check_init_binary`] accepts; `Err` says why
-/// each was not.
-pub fn find_init_binary(dir: &Path, names: &[&str]) -> Result<PathBuf, String> {
+/// The first of `names` in `dir` that [`check_init_binary`] accepts, with why each
+/// before it was passed over (`name: why`); `Err` says why each was not.
+pub fn find_init_binary(dir: &Path, names: &[&str]) -> Result<(PathBuf, Vec<String>), String> {
     let mut why = Vec::new();
     for name in names {
         let path = dir.join(name);
         match check_init_binary(&path) {
-            Ok(()) => return Ok(path),
+            Ok(()) => return Ok((path, why)),
             Err(e) => why.push(format!("{name}: {e}")),
         }
     }

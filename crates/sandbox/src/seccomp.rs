@@ -52,24 +52,27 @@ fn segments(denied: &[i64]) -> Vec<(u32, bool)> {
     let mut nrs: Vec<u32> = denied.iter().filter_map(|&n| u32::try_from(n).ok()).filter(|&n| n < X32_SYSCALL_BIT).collect();
     nrs.sort_unstable();
     nrs.dedup();
-    let mut segs: Vec<(u32, bool)> = vec![(0, false)];
-    let mut set = |start: u32, deny: bool| {
-        let last = segs.last_mut().expect("never empty");
-        if last.0 == start {
-            last.1 = deny;
-        } else if last.1 != deny {
-            segs.push((start, deny));
+    // Runs of consecutive denied numbers, each after the allowed gap before it.
+    let mut segs = Vec::new();
+    let (mut at, mut i) = (0u32, 0);
+    while i < nrs.len() {
+        let (lo, mut hi) = (nrs[i], nrs[i] + 1);
+        i += 1;
+        while i < nrs.len() && nrs[i] == hi {
+            hi += 1;
+            i += 1;
         }
-        // Two neighbours with the same action after an overwrite at the start: merge.
-        if segs.len() >= 2 && segs[segs.len() - 2].1 == segs[segs.len() - 1].1 {
-            segs.pop();
+        if lo > at {
+            segs.push((at, false));
         }
-    };
-    for n in nrs {
-        set(n, true);
-        set(n + 1, false);
+        segs.push((lo, true));
+        at = hi;
     }
-    set(X32_SYSCALL_BIT, true);
+    // The x32 numbers and above, after the last allowed gap (if a run does not reach them).
+    if at < X32_SYSCALL_BIT {
+        segs.push((at, false));
+        segs.push((X32_SYSCALL_BIT, true));
+    }
     segs
 }
 

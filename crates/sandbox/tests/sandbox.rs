@@ -675,18 +675,21 @@ fn the_static_init_is_preferred_when_it_is_of_the_same_build() {
     let dir = tempfile::tempdir().unwrap();
     let plain = dir.path().join(INIT_BINARY);
     std::fs::copy(ours, &plain).unwrap();
-    assert_eq!(find_init_binary(dir.path(), &INIT_BINARIES), Ok(plain.clone()), "only the glibc one");
+    let found = |names: &[&str]| find_init_binary(dir.path(), names).map(|(path, _)| path);
+    assert_eq!(found(&INIT_BINARIES), Ok(plain.clone()), "only the glibc one");
     // A static one of another build is passed over.
     let stat = dir.path().join(STATIC_INIT_BINARY);
     std::fs::write(&stat, "#!/bin/sh\necho 0.1.0-another-build\n").unwrap();
     std::fs::set_permissions(&stat, std::fs::Permissions::from_mode(0o755)).unwrap();
-    assert_eq!(find_init_binary(dir.path(), &INIT_BINARIES), Ok(plain.clone()), "a stale static one is passed over");
+    let (path, passed_over) = find_init_binary(dir.path(), &INIT_BINARIES).unwrap();
+    assert_eq!(path, plain, "a stale static one is passed over");
+    assert_eq!(passed_over, vec![format!("{STATIC_INIT_BINARY}: another build (0.1.0-another-build)")], "saying why");
     // One of this build is preferred: the musl one scripts/build-init.sh put beside
     // the glibc one (same sources, same id), else a copy standing in for it.
     let real = ours.with_file_name(STATIC_INIT_BINARY);
     std::fs::copy(if real.exists() { &real } else { ours }, &stat).unwrap();
-    assert_eq!(find_init_binary(dir.path(), &INIT_BINARIES), Ok(stat.clone()));
-    assert_eq!(find_init_binary(dir.path(), &[INIT_BINARY]), Ok(plain), "THAW_SANDBOX_INIT=glibc");
+    assert_eq!(find_init_binary(dir.path(), &INIT_BINARIES), Ok((stat.clone(), Vec::new())));
+    assert_eq!(found(&[INIT_BINARY]), Ok(plain), "THAW_SANDBOX_INIT=glibc");
     let empty = tempfile::tempdir().unwrap();
     let why = find_init_binary(empty.path(), &INIT_BINARIES).unwrap_err();
     assert!(why.contains(STATIC_INIT_BINARY) && why.contains(INIT_BINARY), "{why}");

@@ -477,13 +477,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if let Some(base) = base {
                 match thaw_engine::layered::create_diff(&cfg, &base, &out) {
                     Ok(c) => {
-                        let v = match &c.full_image {
-                            None => json!({"snapshot": c.dir, "base": base.id, "create_ms": ms(t0.elapsed()), "capture": c.stats}),
-                            Some(why) => {
-                                eprintln!("note: a full image rather than a diff on base {}: {why}", base.id);
-                                json!({"snapshot": c.dir, "base": null, "full_image_because": why, "create_ms": ms(t0.elapsed()), "capture": c.stats})
-                            }
-                        };
+                        let mut v = json!({"snapshot": c.dir, "base": base.id, "create_ms": ms(t0.elapsed()), "capture": c.stats});
+                        if let Some(why) = &c.full_image {
+                            eprintln!("note: a full image rather than a diff on base {}: {why}", base.id);
+                            v["base"] = serde_json::Value::Null;
+                            v["full_image_because"] = why.as_str().into();
+                        }
                         println!("{}", serde_json::to_string(&v)?);
                         return Ok(ExitCode::SUCCESS);
                     }

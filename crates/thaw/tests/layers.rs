@@ -30,20 +30,24 @@ fn base() -> &'static (String, PathBuf) {
     })
 }
 
-/// `thaw snapshot create` of `code` into a fresh `out`; returns the create report.
-fn create(code: &Path, handler: &str, out: &Path, extra: &[&str]) -> serde_json::Value {
+/// `thaw snapshot create` of `code` into a fresh `out`, with `vars` in its
+/// environment; returns the create report.
+fn create_env(code: &Path, handler: &str, out: &Path, extra: &[&str], vars: &[(&str, &str)]) -> serde_json::Value {
     let _ = std::fs::remove_dir_all(out);
     let mut args = vec!["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", handler, "--out", out.to_str().unwrap()];
     args.extend(extra);
-    serde_json::from_str(stdout(&ok(thaw(&args))).trim()).unwrap()
+    serde_json::from_str(stdout(&ok(common::thaw_env(vars, &args))).trim()).unwrap()
+}
+
+/// `thaw snapshot create` of `code` into a fresh `out`; returns the create report.
+fn create(code: &Path, handler: &str, out: &Path, extra: &[&str]) -> serde_json::Value {
+    create_env(code, handler, out, extra, &[])
 }
 
 /// [`create`] keeping the diff however little its base provides (bigheap's 211 MB heap
 /// would otherwise make it a full image: `layered::MIN_BASE_SHARE_PERCENT`).
 fn create_diff(code: &Path, handler: &str, out: &Path) -> serde_json::Value {
-    let _ = std::fs::remove_dir_all(out);
-    let args = ["snapshot", "create", "--code", code.to_str().unwrap(), "--handler", handler, "--out", out.to_str().unwrap()];
-    serde_json::from_str(stdout(&ok(thaw_with("THAW_DIFF_MIN_BASE_SHARE", "0", &args))).trim()).unwrap()
+    create_env(code, handler, out, &[], &[("THAW_DIFF_MIN_BASE_SHARE", "0")])
 }
 
 fn restore(snap: &Path, paging: &str, payload: &str, invocations: u32) -> String {
