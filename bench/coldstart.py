@@ -142,6 +142,31 @@ def aggregate(samples_by_mode):
 # running thaw
 # --------------------------------------------------------------------------
 
+def balanced_orders(items):
+    """Orders to run `items` in, one per round (round i takes orders[i % len(orders)]),
+    balanced for what ran just before: over all the orders every item runs first
+    equally often and follows every other item equally often (a Williams design, as
+    in crossover trials; 2n orders for an odd n). A rotation of one order, as the
+    benchmarks did before, makes each mode always follow the same one: a restore
+    measured right after an eager restore ran 5-8% slower (jsonserde, 2026-11-29),
+    which charged that slowdown to one mode every round."""
+    items = list(items)
+    n = len(items)
+    if n < 2:
+        return [items]
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(j + i) % n for j in first] for i in range(n)]
+    if n % 2:
+        rows += [r[::-1] for r in rows]
+    return [[items[j] for j in r] for r in rows]
+
+
 def evict_page_cache(path):
     """Drop every regular file under path from the page cache. Returns bytes."""
     total = 0

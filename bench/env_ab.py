@@ -12,7 +12,7 @@ the medians of sandbox_ms, restore_ms and ttfr_ms per function and restore mode.
                     [--evict-dentries] [--thaw target/release/thaw] [--out bench/results]
 
 A is the current environment, B (C, ...) the same plus each VAR=VALUE. `--pairs` rounds
-of each, in a different order each round; restores run in-process, as a node does them.
+of each, in balanced orders (each follows each other equally often); restores run in-process, as a node does them.
 Writes bench/results/NAME-<time>.json. Needs root and build/samples (scripts/build-samples.sh).
 """
 
@@ -25,6 +25,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import coldstart  # noqa: E402  (balanced_orders)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("boot", "prefetch", "prefetch-pooled", "lazy")
@@ -65,9 +68,9 @@ def main():
         for label, st in zip(labels[1:], a.settings):
             var, _, value = st.partition("=")
             envs[label] = dict(env, **{var: value})
+        orders = coldstart.balanced_orders(envs)
         for i in range(a.pairs):
-            order = list(envs)
-            for m in order[i % len(order):] + order[:i % len(order)]:
+            for m in orders[i % len(orders)]:
                 got[m] += bench(a.thaw, envs[m], a.runs, tmp, a.functions, extra, modes)
     # Medians per function and mode (several functions' runs are never pooled: their
     # times differ by more than any change measured here).

@@ -163,11 +163,11 @@ def main(argv=None):
         if own_loader:
             modes["diff-prefetch-own-loader"] = ["snapshot", "restore", own_loader, "--paging", "prefetch", "--payload", payload, *pool]
         samples = {m: [] for m in modes}
-        order = list(modes.items())
+        # Every mode follows every other equally often (a restore right after an eager
+        # one runs slower: a rotation charged that to diff-prefetch every round).
+        orders = coldstart.balanced_orders(modes.items())
         for run in range(args.runs):
-            # Each round starts at another mode, so none always follows the same one
-            # (a restore right after an eager one ran slower in every round).
-            for m, a in order[run % len(order):] + order[:run % len(order)]:
+            for m, a in orders[run % len(orders)]:
                 for d in (*snaps.values(), base["dir"], own_loader, kept_diff):
                     if d:
                         coldstart.evict_page_cache(d)

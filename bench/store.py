@@ -74,7 +74,7 @@ sys.path.insert(0, str(ROOT / "tests" / "api"))
 from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from coldstart import evict_page_cache  # noqa: E402  (the page-cache eviction the other benchmarks use)
+from coldstart import balanced_orders, evict_page_cache  # noqa: E402  (shared with the other benchmarks)
 
 MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2",
          "remote-cold-v1", "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff")
@@ -199,9 +199,9 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
     base_entry = pushes["layered"]["base"]
     cache = data / "snapshot-cache" / "entries"
     rows = []
+    orders = balanced_orders(m for m in MODES if m in modes)
     for i in range(runs):
-        order = [m for m in MODES[i % len(MODES):] + MODES[:i % len(MODES)] if m in modes]
-        for mode in order:
+        for mode in orders[i % len(orders)]:
             if mode == "boot":
                 st = run_thaw(thaw, env, ["boot", "--code", str(code), "--handler", "handler.handler"], stats)
             elif mode == "local":

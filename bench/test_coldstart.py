@@ -69,6 +69,19 @@ class StatsTest(unittest.TestCase):
         finally:
             shutil.rmtree(d)
 
+    def test_balanced_orders(self):
+        from collections import Counter
+        for n in range(1, 9):
+            orders = coldstart.balanced_orders("m%d" % i for i in range(n))
+            self.assertEqual(len(orders), n * (2 if n % 2 and n > 1 else 1))
+            for o in orders:
+                self.assertEqual(sorted(o), sorted("m%d" % i for i in range(n)))
+            # Each mode first equally often, each ordered pair of neighbours equally often.
+            self.assertEqual(len(set(Counter(o[0] for o in orders).values())), 1)
+            pairs = Counter((o[k - 1], o[k]) for o in orders for k in range(1, n))
+            self.assertEqual(len(pairs), n * (n - 1))
+            self.assertLessEqual(len(set(pairs.values())), 1)
+
 
 class EndToEndTest(unittest.TestCase):
     def setUp(self):
