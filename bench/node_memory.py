@@ -26,7 +26,10 @@ prepared (`--sandbox-pool`, the same under every policy) are reported apart. Pol
               ones the snapshot's
 
 With `--give-back` each step also waits until every idle instance gave back its
-unchanged copies (`--give-back-after 1`) and measures again.
+unchanged copies (`--give-back-after 1`) and measures again. The anonymous memory is
+also broken down by mapping (the shared memory file's copied pages, the stack, the
+heap, other anonymous memory, each library's written data; the init's apart) and
+printed per instance for the last step.
 
 Each function is deployed as its sample (build/samples/python/NAME) plus a
 one-file wrapper (thaw_hold.py) that calls the sample's handler and then sleeps
@@ -139,6 +142,43 @@ def anon_kb(pid):
     return 0
 
 
+def mapping_class(path, comm):
+    """What an area of /proc/PID/smaps is, for the breakdown: the shared memory file
+    (pages copied from it on write), the stack, the heap, other anonymous memory, or a
+    file's private mapping (a library's written data: not shareable, see the engine's
+    sharedmem.rs), by the process kind (the sandbox init or the instance)."""
+    who = "init" if comm == SANDBOX_INIT else "instance"
+    if path.startswith(str(SHARED_MEM)):
+        what = "shared-memory file, copied"
+    elif path in ("[stack]", "[heap]"):
+        what = path
+    elif not path or path.startswith("["):
+        what = "anonymous" if not path else path
+    else:
+        what = "file " + os.path.basename(path.split(" (deleted)")[0])
+    return f"{who}: {what}"
+
+
+def anon_by_mapping(pids):
+    """Anonymous bytes of `pids` by [`mapping_class`]."""
+    _, comm = process_tree()
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps") as f:
+                text = f.read()
+        except OSError:
+            continue
+        cls = None
+        for line in text.splitlines():
+            head = line.split(None, 5)
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                cls = mapping_class(head[5] if len(head) > 5 else "", comm.get(pid))
+            elif line.startswith("Anonymous:") and cls:
+                out[cls] = out.get(cls, 0) + int(head[1]) * 1024
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def measure(node):
     """Anonymous memory of the sandboxes running instances (init and instance), its
     shared files (allocated), live instances; the prepared sandboxes' apart."""
@@ -148,7 +188,7 @@ def measure(node):
     shared = sum(os.stat(f).st_blocks * 512 for f in files if f.exists())
     st = node.status()
     live = {f["name"]: f["instances"]["live"] for f in st["functions"]}
-    return {"anon_bytes": anon, "shared_bytes": shared, "shared_files": sum(1 for f in files if f.exists() and os.stat(f).st_blocks),
+    return {"anon_bytes": anon, "anon_by_mapping": anon_by_mapping(live_procs), "shared_bytes": shared, "shared_files": sum(1 for f in files if f.exists() and os.stat(f).st_blocks),
             "live": live, "instances": sum(live.values()), "node_anon_bytes": anon_kb(node.pid) * 1024,
             "prepared_sandboxes_anon_bytes": sum(anon_kb(p) for p in prepared) * 1024}
 
@@ -269,6 +309,14 @@ def main(argv=None):
         line += "".join("%9.0f%%" % (r["per_instance_vs_full"] * 100) for r in pts) + "   | " + " " * 18
         line += "".join("%9.0f%%" % (r["per_added_instance_vs_full"] * 100) if "per_added_instance_vs_full" in r else "%10s" % "-" for r in pts[1:])
         print(line)
+    print()
+    print("anonymous memory per instance at %d each, by mapping (kB; `init: ` the sandbox init's)" % steps[-1])
+    last = [series[k][-1] for k in order]
+    per = lambda r, c: r["anon_by_mapping"].get(c, 0) / 1024 / max(r["instances"], 1)  # noqa: E731
+    classes = sorted({c for r in last for c in r["anon_by_mapping"] if per(r, c) >= 1}, key=lambda c: -max(per(r, c) for r in last))[:12]
+    print("%-44s" % "" + "".join("%12s" % (r["policy"] + (" gb" if r["given_back"] else "")) for r in last))
+    for c in classes:
+        print("%-44s" % c[:44] + "".join("%12.0f" % per(r, c) for r in last))
     f = series[("full", False)][-1]
     print("full images: %.2f MB per instance; prepared sandboxes (apart, every policy): %.2f MB" % (
         f["per_instance_bytes"] / 1e6, f["prepared_sandboxes_anon_bytes"] / 1e6))
