@@ -6,9 +6,13 @@ base (`thaw base build`; Python and Node.js: `--functions nodejs/helloworld`) ar
 RUNS rounds, interleaved, each from a cold page cache (every snapshot file and the
 base evicted): cold boot, full image + REAP prefetch (today), base + diff eager
 (the whole diff and its base pages installed before resuming: SnapFaaS- on our
-engine), base + diff + working set (prefetch). Reported per mode: medians of
-restore_ms (A+B: process state and eager memory), first_invoke_ms (C+D: first
-response after restore), total_ms; for a Java function also base + diff + working
+engine), base + diff + working set (prefetch), and SnapFaaS's "base only": the runtime's
+base restored (its own working set prefetched) with the function's import at the cold
+start (base-import, `thaw base repurpose` with one call). Reported per mode: medians of
+restore_ms, first_invoke_ms, total_ms, and SnapFaaS's Table 2 breakdown: A restoring
+the process state, B memory from disk (the memory phase), C work after the restore
+(after-restore hooks; base-import: also the code and the import), D the first
+invocation's slowdown against a warm call of the full image; for a Java function also base + diff + working
 set whose classes come from a class loader of its own (THAW_JAVA_FUNCTION_LOADER=own),
 the baseline of appending its class path to the system loader's; for a function its
 base could provide little of (under 5% of its memory), which `thaw snapshot create`
@@ -18,7 +22,7 @@ working set, and the create time of each kind.
 
     python3 bench/layers.py [--thaw PATH] [--functions helloworld,pyaes] [--runs 7]
 
-Memory: for N instances (--instances, default 1,8,16) of one function alive
+Memory: for N instances (--instances, default 1,8,16,32) of one function alive
 together, each invoked once (`thaw snapshot memory`): mean per-instance USS, PSS and
 RSS, the base/diff pages mapped from the shared memory file, and MemAvailable's drop
 per instance (noisy: page cache), for the full image, the diff, and the diff whose
@@ -60,6 +64,39 @@ def dir_bytes(path, names=("pages.img",)):
     return sum(os.path.getsize(os.path.join(path, n)) for n in names if os.path.exists(os.path.join(path, n)))
 
 
+def base_import(thaw, runtime, code, handler, payload, env, work, pool):
+    """SnapFaaS's "base only": the runtime's base restored (its working set prefetched:
+    the first such start records it) and the function imported at the cold start
+    (`thaw base repurpose` with one call, which tracks no writes). A stats dict shaped
+    as `thaw snapshot restore --stats` gives, plus load_ms (code + import) and
+    invoke_ms; first_invoke_ms is load + invoke."""
+    calls = os.path.join(work, "base-import-calls.json")
+    with open(calls, "w") as f:
+        json.dump([{"code": os.path.abspath(code), "handler": handler, "payload": json.loads(payload)}], f)
+    p = subprocess.run([thaw, "base", "repurpose", "--runtime", runtime, "--calls", calls, *pool], check=True, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = json.loads(p.stdout.decode().splitlines()[0])
+    if "error" in (line.get("response") or {}):
+        raise SystemExit("base-import of %s failed: %s" % (code, line["response"]))
+    return {"restore_ms": line["base_restore_ms"], "first_invoke_ms": line["first_response_ms"],
+            "total_ms": line["base_restore_ms"] + line["first_response_ms"], "phases_ms": dict(line["base_phases"]),
+            "load_ms": line["code_ms"] + line["load_ms"], "invoke_ms": line["invoke_ms"], "memory_peak_bytes": 0}
+
+
+def breakdown(s, warm_ms):
+    """SnapFaaS's Table 2 columns for one cold start: A restoring the process state
+    (the restore but its memory phase and the runtime's after-restore hooks), B memory
+    from disk (the memory phase: the working set or the eager image read and
+    installed before the process resumes), C work after the restore (the after-restore
+    hooks; for base-import also the function's code and import), D the first
+    invocation's slowdown against a warm call (its lazy faults, cold caches)."""
+    ph = s.get("phases_ms") or {}
+    memory, after = ph.get("memory", 0.0), ph.get("after_restore", 0.0)
+    return {"A_state_ms": s["restore_ms"] - memory - after, "B_memory_ms": memory,
+            "C_after_restore_ms": after + s.get("load_ms", 0.0),
+            "D_slowdown_ms": s.get("invoke_ms", s["first_invoke_ms"]) - warm_ms}
+
+
 def chart(results, path):
     """Bytes (base, diff, full) and total ms per mode, per function, as an SVG."""
     try:
@@ -77,10 +114,10 @@ def chart(results, path):
     for j, k in enumerate(sizes):
         axes[0].bar([i + j * w for i in range(len(fns))], [results["functions"][f]["bytes"][k] / 1e6 for f in fns], w, label=k)
     axes[0].set_title("stored MB (the diff's base stored once per runtime)", fontsize=10)
-    modes = ("full-prefetch", "diff-eager", "diff-prefetch", "diff-prefetch-shared")
+    modes = ("full-prefetch", "base-import", "diff-eager", "diff-prefetch", "diff-prefetch-shared")
     w = 0.8 / len(modes)
     for j, m in enumerate(modes):
-        axes[1].bar([i + j * w for i in range(len(fns))], [results["functions"][f]["modes"][m]["total_ms"] for f in fns], w, label=m)
+        axes[1].bar([i + j * w for i in range(len(fns))], [results["functions"][f]["modes"].get(m, {}).get("total_ms", 0) for f in fns], w, label=m)
     axes[1].set_title("restore + first response, ms (median, cold page cache)", fontsize=10)
     for ax, n in zip(axes, (len(sizes), len(modes))):
         ax.set_xticks([i + 0.4 - 0.4 / n for i in range(len(fns))])
@@ -97,7 +134,7 @@ def main(argv=None):
     ap.add_argument("--samples", default="build/samples/python")
     ap.add_argument("--functions", default="helloworld,pyaes,jsonserde,lrserving")
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--instances", default="1,8,16", help="instance counts of the memory measurement")
+    ap.add_argument("--instances", default="1,8,16,32", help="instance counts of the memory measurement")
     ap.add_argument("--cross-instances", default="1,4",
                     help="instances of each function in the memory measurement across the functions of one runtime ('' to skip)")
     ap.add_argument("--prepared-sandbox", action="store_true",
@@ -158,6 +195,9 @@ def main(argv=None):
             # empty, so this is the cost of filling it (later restores of a process map it).
             "diff-prefetch-shared": ["snapshot", "restore", snaps["diff"], "--paging", "prefetch", "--share-memory", "--payload", payload, *pool],
         }
+        if bases[runtime]:
+            modes["base-import"] = None  # base_import()
+            base_import(thaw, runtime, code, handler, payload, env, work, pool)  # records the base's working set
         if kept_diff:
             modes["diff-kept-prefetch"] = ["snapshot", "restore", kept_diff, "--paging", "prefetch", "--payload", payload, *pool]
         if own_loader:
@@ -171,7 +211,13 @@ def main(argv=None):
                 for d in (*snaps.values(), base["dir"], own_loader, kept_diff):
                     if d:
                         coldstart.evict_page_cache(d)
-                samples[m].append(reset_bench.run_stats(thaw, a, env))
+                samples[m].append(base_import(thaw, runtime, code, handler, payload, env, work, pool) if m == "base-import"
+                                  else reset_bench.run_stats(thaw, a, env))
+        # A warm call of the full image (calls 2..4 of one instance), for D.
+        warm = []
+        for _ in range(3):
+            warm += reset_bench.run_stats(thaw, ["snapshot", "restore", snaps["full"], "--paging", "prefetch", "--invocations", "4", "--payload", payload], env)["invocations_ms"][1:]
+        warm_ms = statistics.median(warm)
         med = lambda m, k: statistics.median(s.get(k) or 0.0 for s in samples[m])  # noqa: E731
         res = {
             "layered": layered,
@@ -186,6 +232,9 @@ def main(argv=None):
             "create_ms": {"full": full_ms, "diff": diff_ms},
             "pages_from_base": diff["capture"].get("pages_from_base"),
             "modes": {m: {k: med(m, k) for k in ("restore_ms", "first_invoke_ms", "total_ms", "memory_peak_bytes")} for m in modes},
+            "warm_ms": warm_ms,
+            "breakdown": {m: {k: statistics.median(breakdown(s, warm_ms)[k] for s in samples[m])
+                              for k in ("A_state_ms", "B_memory_ms", "C_after_restore_ms", "D_slowdown_ms")} for m in modes if m != "boot"},
         }
         # Memory: N instances alive together, each invoked once (prefetch restores).
         res["memory"] = {}
@@ -232,6 +281,13 @@ def main(argv=None):
             res["modes"]["boot"]["total_ms"], res["modes"]["full-prefetch"]["total_ms"],
             res["modes"]["diff-eager"]["total_ms"], res["modes"]["diff-prefetch"]["total_ms"],
             res["diff_prefetch_over_full_prefetch"], res["modes"]["diff-prefetch-shared"]["total_ms"]), flush=True)
+        if "base-import" in res["modes"]:
+            print("    base only, the import at the cold start (SnapFaaS): %6.1f ms (base restore %.1f + code and import %.1f + invoke %.1f)" % (
+                res["modes"]["base-import"]["total_ms"], res["modes"]["base-import"]["restore_ms"],
+                med("base-import", "load_ms"), med("base-import", "invoke_ms")), flush=True)
+        print("    A state / B memory / C after the restore / D slowdown vs warm (%.2f ms), ms:  %s" % (warm_ms, "  ".join(
+            "%s %.1f/%.1f/%.1f/%.1f" % (m, *(res["breakdown"][m][k] for k in ("A_state_ms", "B_memory_ms", "C_after_restore_ms", "D_slowdown_ms")))
+            for m in ("full-prefetch", "base-import", "diff-eager", "diff-prefetch") if m in res["breakdown"])), flush=True)
         if own_loader:
             print("    diff+WS with a class loader of the function's own (the baseline) %6.1f ms (%.2fx full+REAP); first invocation %.1f vs %.1f ms on the system loader" % (
                 res["modes"]["diff-prefetch-own-loader"]["total_ms"], res["modes"]["diff-prefetch-own-loader"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"],

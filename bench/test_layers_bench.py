@@ -18,7 +18,14 @@ def test_layers_bench_runs_every_mode(tmp_path):
     data = json.loads(out.read_text())
     fn = data["functions"]["helloworld"]
     assert fn["layered"], "a base exists, so the snapshot is a diff"
-    assert set(fn["modes"]) == {"boot", "full-prefetch", "diff-eager", "diff-prefetch", "diff-prefetch-shared"}
+    assert set(fn["modes"]) == {"boot", "full-prefetch", "diff-eager", "diff-prefetch", "diff-prefetch-shared", "base-import"}
+    # SnapFaaS's Table 2: every cold start broken down; "base only" imports at the cold
+    # start (C holds the import) and reads its base's memory (B).
+    assert set(fn["breakdown"]) == set(fn["modes"]) - {"boot"}, fn["breakdown"]
+    bi = fn["breakdown"]["base-import"]
+    assert bi["C_after_restore_ms"] > fn["breakdown"]["diff-prefetch"]["C_after_restore_ms"], fn["breakdown"]
+    assert bi["A_state_ms"] > 0 and bi["B_memory_ms"] > 0 and fn["warm_ms"] > 0, fn
+    assert fn["breakdown"]["diff-eager"]["B_memory_ms"] > fn["breakdown"]["diff-prefetch"]["B_memory_ms"], fn["breakdown"]
     b = fn["bytes"]
     assert 0 < b["diff"] < b["full"] and b["base"] > 0 and b["ws_diff"] > 0, b
     assert fn["pages_from_base"] > 0

@@ -718,6 +718,24 @@ struct PagingState {
     recorded: Option<usize>,
 }
 
+impl PagingState {
+    /// Stop recording and hand the trace so far to a background writer, which stores
+    /// it as the snapshot's working set (the caller is not delayed).
+    fn write_recorded(&mut self, stats: &Stats) {
+        stats.recording.store(false, Ordering::Relaxed);
+        let trace = std::mem::take(&mut *stats.trace.lock().expect("trace lock"));
+        self.recorded = Some(trace.len());
+        let (dir, id, source) = (self.dir.clone(), self.image_id, self.source.clone());
+        self.writer = std::thread::Builder::new()
+            .name("thaw-ws-writer".into())
+            .spawn(move || match ws::write(&dir, id, &trace, source.file(), sealed_pages(&source).as_ref()) {
+                Ok(w) => info!(dir = %dir.display(), pages = w.layout.len(), zero = w.zeros.len(), "working set recorded"),
+                Err(e) => warn!(error = %e, "writing the working set failed"),
+            })
+            .ok();
+    }
+}
+
 impl Instance {
     /// Cold boot: new sandbox, start the runtime, import the function, wait for READY.
     pub fn boot(cfg: &FunctionConfig) -> Result<Instance, InstanceError> {
@@ -1170,10 +1188,14 @@ impl Instance {
     }
 
     /// A base instance now serving a function: what it faults in from here on is the
-    /// function's, not the base's, so the base's working set is neither recorded nor
-    /// extended from it.
+    /// function's, not the base's. A recording instance's trace so far (its restore
+    /// and the runtime's after-restore hooks) is the base's working set; nothing later
+    /// is recorded, and a prefetching instance's misses do not extend it.
     fn no_working_set_of_the_base(&mut self) {
         if let (Some(p), Some(stats)) = (self.paging.as_mut(), self.page_stats.as_ref()) {
+            if !p.first_done && p.mode == Paging::Record {
+                p.write_recorded(stats);
+            }
             p.first_done = true;
             stats.recording.store(false, Ordering::Relaxed);
             stats.trace.lock().expect("trace lock").clear();
@@ -1380,19 +1402,7 @@ impl Instance {
         }
         p.first_done = true;
         match p.mode {
-            Paging::Record => {
-                stats.recording.store(false, Ordering::Relaxed);
-                let trace = std::mem::take(&mut *stats.trace.lock().expect("trace lock"));
-                p.recorded = Some(trace.len());
-                let (dir, id, source) = (p.dir.clone(), p.image_id, p.source.clone());
-                p.writer = std::thread::Builder::new()
-                    .name("thaw-ws-writer".into())
-                    .spawn(move || match ws::write(&dir, id, &trace, source.file(), sealed_pages(&source).as_ref()) {
-                        Ok(w) => info!(dir = %dir.display(), pages = w.layout.len(), zero = w.zeros.len(), "working set recorded"),
-                        Err(e) => warn!(error = %e, "writing the working set failed"),
-                    })
-                    .ok();
-            }
+            Paging::Record => p.write_recorded(stats),
             Paging::Prefetch | Paging::WsCached | Paging::Parallel => {
                 stats.recording.store(false, Ordering::Relaxed);
                 let missed = std::mem::take(&mut *stats.trace.lock().expect("trace lock"));

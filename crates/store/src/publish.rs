@@ -246,7 +246,11 @@ fn chunk_name(data: &[u8]) -> Option<String> {
 pub fn plan_layered(dir: &Path) -> Result<(Plan, Option<Plan>)> {
     let snap = plan(dir)?;
     let Some(base_dir) = snap.base_dir.clone() else { return Ok((snap, None)) };
-    let mut base = plan(&base_dir)?;
+    // Without its working set: a base's is its node's own record of restoring it (for
+    // repurposing, recorded whenever a base instance is first used), and the base's
+    // stored id, the hash of its manifest, must not change with it, or diffs pushed
+    // before and after would name two bases.
+    let mut base = plan_inner(&base_dir, Chunking::from_env(), false)?;
     if base.base_dir.is_some() {
         return Err(StoreError::Snapshot { dir: base_dir, detail: "a base that is itself a diff".into() });
     }
@@ -261,6 +265,11 @@ pub fn plan(dir: &Path) -> Result<Plan> {
 
 /// [`plan`], with pages.img cut as `chunking` says.
 pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
+    plan_inner(dir, chunking, true)
+}
+
+/// [`plan_with`], with the snapshot's working set or without it (`with_ws`).
+fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
     let snap = Snapshot::open(dir).map_err(|e| StoreError::Snapshot { dir: dir.to_path_buf(), detail: format!("{e}") })?;
     let base_dir = snap.image.base.as_ref().map(|b| thaw_engine::layers::base_dir(dir, b));
     let io = |what: &str| StoreError::local(dir, what.to_string());
@@ -276,7 +285,7 @@ pub fn plan_with(dir: &Path, chunking: Chunking) -> Result<Plan> {
     let mut ws_trace = None;
     let mut ws_pages = None;
     let mut head_pages: Vec<u64> = Vec::new();
-    if WorkingSet::exists(dir) {
+    if with_ws && WorkingSet::exists(dir) {
         match WorkingSet::load(dir, snap.id) {
             Ok(set) => {
                 head_pages = set.trace.iter().filter_map(|t| t.file_page).collect();

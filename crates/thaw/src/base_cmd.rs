@@ -39,8 +39,10 @@ pub enum BaseCmd {
     /// diff on the base), the diff's pages and state are installed (its init does not
     /// run again). Prints one JSON line per call: the response and the time of each
     /// step (reset_ms; how, code_ms, load_ms, invoke_ms and first_response_ms, their
-    /// sum, for a repurposed call). Every function must fit the base: same runtime and
-    /// memory class, no layers.
+    /// sum, for a repurposed call; the first line also base_restore_ms, base_paging and
+    /// base_phases: the base's restore). Every function must fit the base: same runtime
+    /// and memory class, no layers. Writes are tracked (for the resets and installs)
+    /// unless the calls are all to one function given by code and handler.
     Repurpose {
         /// Language runtime (python3).
         #[arg(long, default_value = "python3")]
@@ -62,6 +64,11 @@ pub enum BaseCmd {
         /// fresh restore of the snapshot (`thaw snapshot restore --dump-state`).
         #[arg(long, value_name = "DIR")]
         dump_state: Option<PathBuf>,
+        /// Restore the base into a sandbox prepared beforehand (as `thaw snapshot
+        /// restore --prepared-sandbox`): base_restore_ms then leaves its preparation out
+        /// (reported as base_sandbox_prepare_ms).
+        #[arg(long)]
+        prepared_sandbox: bool,
     },
 }
 
@@ -99,7 +106,7 @@ pub fn run(cmd: BaseCmd, data_dir: &Path) -> Result<()> {
             layers::remove(&bases, &id)?;
             eprintln!("removed base {id}");
         }
-        BaseCmd::Repurpose { runtime, memory, calls, dump_state } => repurpose(&runtime, memory, &calls, dump_state.as_deref(), data_dir)?,
+        BaseCmd::Repurpose { runtime, memory, calls, dump_state, prepared_sandbox } => repurpose(&runtime, memory, &calls, dump_state.as_deref(), prepared_sandbox, data_dir)?,
     }
     Ok(())
 }
@@ -119,7 +126,7 @@ struct Call {
     name: Option<String>,
 }
 
-fn repurpose(runtime: &str, memory: u64, calls: &Path, dump_state: Option<&Path>, data_dir: &Path) -> Result<()> {
+fn repurpose(runtime: &str, memory: u64, calls: &Path, dump_state: Option<&Path>, prepared_sandbox: bool, data_dir: &Path) -> Result<()> {
     use anyhow::Context;
     use thaw_engine::instance::{Instance, InstanceError, LoadedSnapshot};
     use thaw_engine::repurpose::InstallError;
@@ -156,15 +163,35 @@ fn repurpose(runtime: &str, memory: u64, calls: &Path, dump_state: Option<&Path>
     let mut base_cfg = FunctionConfig::new(runtime, "", layers::placeholder(&bases)?, runtime_dir.clone());
     base_cfg.memory_mb = memory;
     let meta = layered::find_or_build(&base_cfg, &bases, |_| eprintln!("building the {} base ({memory} MB)...", runtime.name()))?;
-    let base = LoadedSnapshot::open(&meta.dir)?;
-    base.set_track_writes(true);
+    let mut base = LoadedSnapshot::open(&meta.dir)?;
+    // Writes are tracked for a reset (another function follows) or an install (it
+    // rewrites what the instance wrote); one function loaded once needs neither, and
+    // tracking would slow its load (bench/layers.py's base-import: SnapFaaS's "base only").
+    let one_load = calls.iter().all(|c| c.snapshot.is_none() && (&c.code, &c.handler) == (&calls[0].code, &calls[0].handler));
+    base.set_track_writes(!one_load);
+    let mut prepare_ms = 0.0;
+    if prepared_sandbox {
+        let t = std::time::Instant::now();
+        base.sandboxes = Some(std::sync::Arc::new(thaw_sandbox::SandboxPool::new(1).context("starting the sandbox pool thread")?));
+        anyhow::ensure!(base.prepare_sandboxes(1, std::time::Duration::from_secs(30)) == 1, "the sandbox could not be prepared (see the log)");
+        prepare_ms = t.elapsed().as_secs_f64() * 1e3;
+    }
     let t0 = std::time::Instant::now();
     let mut inst = Instance::restore_as(&base, thaw_engine::pageserver::Paging::Auto, base_cfg.record())?;
-    eprintln!("base {} restored in {:.1} ms", meta.id, t0.elapsed().as_secs_f64() * 1e3);
+    let base_restore_ms = t0.elapsed().as_secs_f64() * 1e3;
+    eprintln!("base {} restored in {base_restore_ms:.1} ms", meta.id);
     let mut serving: Option<(PathBuf, String, Option<PathBuf>)> = None;
     for (i, c) in calls.iter().enumerate() {
         let cfg = cfg_of(c)?;
         let mut line = json!({"call": i, "code": cfg.code_dir, "handler": cfg.handler});
+        if i == 0 {
+            line["base_restore_ms"] = json!(base_restore_ms);
+            line["base_paging"] = json!(inst.paging_mode().map(|m| m.name()));
+            line["base_phases"] = json!(inst.start.phases);
+            line["tracks_writes"] = json!(!one_load);
+            line["base_prepared_sandbox"] = json!(inst.start.prepared_sandbox);
+            line["base_sandbox_prepare_ms"] = json!(prepare_ms);
+        }
         let function = (cfg.code_dir.clone(), cfg.handler.clone(), c.snapshot.clone());
         if serving.as_ref() != Some(&function) {
             if serving.is_some() {

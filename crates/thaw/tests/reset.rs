@@ -1015,6 +1015,34 @@ fn one_base_instance_serves_functions_in_turn_and_each_sees_nothing_of_the_other
     }
 }
 
+/// SnapFaaS's "base only" (bench/layers.py's base-import mode): a base instance that
+/// loads one function, once, tracks no writes, and its restore up to the load is
+/// recorded as the base's working set (never what the function touched), so the next
+/// such start prefetches the base. A data directory of its own: a fresh base.
+#[test]
+fn a_base_instance_loading_one_function_records_the_bases_working_set_and_prefetches_it_next() {
+    let data = scratch().join("base-only-data");
+    let data = data.to_str().unwrap();
+    let calls = scratch().join("base-only-calls.json");
+    let call = serde_json::json!({"code": common::sample("helloworld"), "handler": "handler.handler", "payload": {"name": "base only"}});
+    std::fs::write(&calls, serde_json::json!([call]).to_string()).unwrap();
+    let first_line = || -> serde_json::Value {
+        let out = stdout(&ok(common::thaw_env(&[("THAW_DATA_DIR", data)], &["base", "repurpose", "--calls", calls.to_str().unwrap()]))).to_string();
+        serde_json::from_str(out.lines().next().unwrap()).unwrap()
+    };
+    let first = first_line();
+    assert_eq!((&first["base_paging"], &first["tracks_writes"]), (&serde_json::json!("record"), &serde_json::json!(false)), "{first}");
+    assert_eq!(first["response"], serde_json::json!({"message": "hello, base only"}), "{first}");
+    let bases: Vec<_> = std::fs::read_dir(std::path::Path::new(data).join("bases")).unwrap().flatten().filter(|e| e.path().join("base.json").is_file()).collect();
+    assert_eq!(bases.len(), 1);
+    let recorded = std::fs::metadata(bases[0].path().join("ws.trace")).expect("the base's working set").len();
+    let second = first_line();
+    assert_eq!((&second["base_paging"], &second["how"]), (&serde_json::json!("prefetch"), &serde_json::json!("repurposed")), "{second}");
+    assert_eq!(second["response"], first["response"]);
+    // A prefetching base instance does not extend the base's working set with the function's pages.
+    assert_eq!(std::fs::metadata(bases[0].path().join("ws.trace")).unwrap().len(), recorded);
+}
+
 /// Issue #30, repurposing by diff: functions snapshotted as diffs on the Python base
 /// are installed into one base instance in turn (their pages and state; their init
 /// does not run again: a value drawn at init is the one their snapshot holds), reset to

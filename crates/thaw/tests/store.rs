@@ -354,9 +354,19 @@ fn layered_snapshots_store_their_base_once_and_restore_from_the_store() {
         let o = run(&["snapshot", "push", snap.to_str().unwrap(), "s3://layers", "--create-bucket"]);
         urls.push(last_line(&o));
         pushes.push(report(&o));
+        if i == 0 {
+            // A base instance used once (repurposed) records the base's working set
+            // beside it; the base is still published as before (the same stored id).
+            let calls = scratch().join("layered-repurpose.json");
+            std::fs::write(&calls, serde_json::json!([{"code": code, "handler": "handler.handler", "payload": {"name": "base"}}]).to_string()).unwrap();
+            let out = stdout(&run(&["base", "repurpose", "--calls", calls.to_str().unwrap()])).to_string();
+            assert!(out.contains("hello, base") && out.contains(r#""tracks_writes":false"#), "{out}");
+            assert!(std::path::Path::new(data).join("bases").join(&base_id).join("ws.trace").is_file(), "the base's working set recorded");
+        }
     }
     assert_eq!(answers[0].trim(), r#"{"message": "hello, layers"}"#);
-    // The base is a stored snapshot of its own, named by both diffs and sent once.
+    // The base is a stored snapshot of its own, named by both diffs and sent once
+    // (its working set, recorded in between, is not published).
     let stored_base = pushes[0]["base"].as_str().unwrap().to_string();
     assert_eq!(pushes[1]["base"].as_str(), Some(stored_base.as_str()), "{pushes:?}");
     assert_eq!(s3::objects(&s3::store(&m, "s3://layers"), "snapshots").len(), 3, "the base and two diffs");
