@@ -97,6 +97,14 @@ def breakdown(s, warm_ms):
             "D_slowdown_ms": s.get("invoke_ms", s["first_invoke_ms"]) - warm_ms}
 
 
+def median_ci(xs, resamples=2000, seed=31):
+    """95% interval of the median of `xs` (percentile bootstrap, seeded)."""
+    import random
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    return [meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]]
+
+
 def chart(results, path):
     """Bytes (base, diff, full) and total ms per mode, per function, as an SVG."""
     try:
@@ -272,6 +280,11 @@ def main(argv=None):
             res["calls_ms"] = {k: statistics.median(v) for k, v in calls.items()}
         res["bytes"]["diff_over_full"] = res["bytes"]["diff"] / res["bytes"]["full"]
         res["diff_prefetch_over_full_prefetch"] = res["modes"]["diff-prefetch"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"]
+        # Paired: diff+WS / full+REAP of the same round (drift between rounds cancels),
+        # the median over rounds and its 95% interval (bootstrap of the median).
+        res["samples_total_ms"] = {m: [s["total_ms"] for s in samples[m]] for m in modes}
+        pairs = [d / f for d, f in zip(res["samples_total_ms"]["diff-prefetch"], res["samples_total_ms"]["full-prefetch"])]
+        res["paired_ratio"] = {"median": statistics.median(pairs), "ci95": median_ci(pairs)}
         results["functions"][fn] = res
         if layered:
             by_runtime.setdefault(runtime, []).append((fn, snaps, payload))
@@ -281,6 +294,8 @@ def main(argv=None):
             res["modes"]["boot"]["total_ms"], res["modes"]["full-prefetch"]["total_ms"],
             res["modes"]["diff-eager"]["total_ms"], res["modes"]["diff-prefetch"]["total_ms"],
             res["diff_prefetch_over_full_prefetch"], res["modes"]["diff-prefetch-shared"]["total_ms"]), flush=True)
+        print("    diff+WS / full+REAP in the same round: median %.3f (95%% interval %.3f-%.3f over %d rounds)" % (
+            res["paired_ratio"]["median"], *res["paired_ratio"]["ci95"], len(pairs)), flush=True)
         if "base-import" in res["modes"]:
             print("    base only, the import at the cold start (SnapFaaS): %6.1f ms (base restore %.1f + code and import %.1f + invoke %.1f)" % (
                 res["modes"]["base-import"]["total_ms"], res["modes"]["base-import"]["restore_ms"],

@@ -30,6 +30,8 @@ def test_layers_bench_runs_every_mode(tmp_path):
     assert 0 < b["diff"] < b["full"] and b["base"] > 0 and b["ws_diff"] > 0, b
     assert fn["pages_from_base"] > 0
     assert all(m["total_ms"] > 0 for m in fn["modes"].values())
+    lo, hi = fn["paired_ratio"]["ci95"]
+    assert lo <= fn["paired_ratio"]["median"] <= hi and len(fn["samples_total_ms"]["diff-prefetch"]) == 1, fn["paired_ratio"]
     mem = fn["memory"]
     assert mem["diff-2"]["shared"] and not mem["full-2"]["shared"], mem
     assert mem["diff-2"]["pages_shared"] > 0 and mem["full-2"]["pages_shared"] == 0, mem
