@@ -64,6 +64,7 @@ fn count_or_empty(s: &str) -> Result<u32, String> {
 pub struct BenchArgs {
     /// Comma-separated sample functions (default: helloworld,pyaes,jsonserde,htmlrender,imagerotate,lrserving,multiinput).
     /// Node.js and Java samples are named nodejs/NAME and java/NAME (e.g. nodejs/helloworld,java/matmul).
+    /// "": none (only the concurrency or the idle experiment runs).
     #[arg(long, value_delimiter = ',')]
     pub functions: Option<Vec<String>>,
     /// Runs per function and mode (default 10; --quick: 3).

@@ -651,8 +651,8 @@ fn concurrency(p: &Prepared, cfg: &Config, work: &Path) -> Result<Vec<ConcRecord
 }
 
 pub fn run(cfg: &Config, args: &BenchArgs, data_dir: &Path) -> Result<Results> {
-    if cfg.functions.is_empty() && cfg.idle.is_empty() {
-        bail!("no functions to run");
+    if cfg.functions.is_empty() && cfg.idle.is_empty() && (cfg.concurrency.is_empty() || cfg.concurrency_functions.is_empty()) {
+        bail!("no functions to run (--functions, or --concurrency with --concurrency-functions, or --idle)");
     }
     SHARE_MEMORY.store(cfg.share_memory, std::sync::atomic::Ordering::Relaxed);
     let started = std::time::SystemTime::now();
