@@ -142,8 +142,13 @@ def main(argv=None):
         print("%6d" % n + "".join("%12.1f (%5.2fx) %7.2f" % (per[c][n], m["ratio_to_single"][c][n], cpu[c][n]) for c in cores))
     for n, x in sorted(m["agreement"].items()):
         print("agreement: 2 cores at N=%d / 1 core at N=%d = %.2f (1.00: time depends on instances per core alone)" % (2 * n, n, x))
+    off = [x for x in m["agreement"].values() if abs(x - 1) > 0.1]
+    m["holds"] = not off
     if m["predicted_16_on_16"] is not None:
-        print("model: a burst of 16 on 16 cores (one instance per core) ~ %.2fx a single start" % m["predicted_16_on_16"])
+        print("model: a burst of 16 on 16 cores (one instance per core) ~ %.2fx a single start%s" % (
+            m["predicted_16_on_16"], "" if m["holds"] else
+            " -- but the model does not hold here: more cores did not help in proportion (agreement %.2f-%.2f), so "
+            "something in a burst does not scale with cores and this is a lower bound" % (min(off), max(off))))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"function": a.function, "bursts": bursts, "cores": cores, "runs": a.runs, "rounds": a.rounds,
