@@ -161,10 +161,11 @@ def mapping_class(path, comm):
 
 def anon_by_mapping(pids):
     """Anonymous bytes of `pids` by [`mapping_class`]."""
-    _, comm = process_tree()
     out = {}
     for pid in pids:
         try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().rstrip("\n")
             with open(f"/proc/{pid}/smaps") as f:
                 text = f.read()
         except OSError:
@@ -173,7 +174,7 @@ def anon_by_mapping(pids):
         for line in text.splitlines():
             head = line.split(None, 5)
             if head and "-" in head[0] and not head[0].endswith(":"):
-                cls = mapping_class(head[5] if len(head) > 5 else "", comm.get(pid))
+                cls = mapping_class(head[5] if len(head) > 5 else "", comm)
             elif line.startswith("Anonymous:") and cls:
                 out[cls] = out.get(cls, 0) + int(head[1]) * 1024
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))

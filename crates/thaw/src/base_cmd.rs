@@ -169,13 +169,7 @@ fn repurpose(runtime: &str, memory: u64, calls: &Path, dump_state: Option<&Path>
     // tracking would slow its load (bench/layers.py's base-import: SnapFaaS's "base only").
     let one_load = calls.iter().all(|c| c.snapshot.is_none() && (&c.code, &c.handler) == (&calls[0].code, &calls[0].handler));
     base.set_track_writes(!one_load);
-    let mut prepare_ms = 0.0;
-    if prepared_sandbox {
-        let t = std::time::Instant::now();
-        base.sandboxes = Some(std::sync::Arc::new(thaw_sandbox::SandboxPool::new(1).context("starting the sandbox pool thread")?));
-        anyhow::ensure!(base.prepare_sandboxes(1, std::time::Duration::from_secs(30)) == 1, "the sandbox could not be prepared (see the log)");
-        prepare_ms = t.elapsed().as_secs_f64() * 1e3;
-    }
+    let prepare_ms = if prepared_sandbox { crate::prepare_one_sandbox(&mut base)? } else { 0.0 };
     let t0 = std::time::Instant::now();
     let mut inst = Instance::restore_as(&base, thaw_engine::pageserver::Paging::Auto, base_cfg.record())?;
     let base_restore_ms = t0.elapsed().as_secs_f64() * 1e3;

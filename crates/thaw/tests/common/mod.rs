@@ -49,12 +49,7 @@ fn sweep_ended(tmp: &Path, prefix: &str) {
 
 /// Run the `thaw` binary with this binary's data directory.
 pub fn thaw(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_thaw"))
-        .env("THAW_DATA_DIR", scratch().join("data"))
-        .env_remove("THAW_LOG")
-        .args(args)
-        .output()
-        .expect("running thaw")
+    thaw_env(&[], args)
 }
 
 /// [`thaw`] with `vars` set in its environment.
