@@ -57,7 +57,7 @@ fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manif
     // decompressed past the cap on manifests.
     let bytes = if stored.starts_with(&ZSTD_MAGIC) {
         bytes::Bytes::from(
-            zstd::bulk::decompress(&stored, crate::manifest::MAX_MANIFEST_LEN)
+            unzip(&stored, crate::manifest::MAX_MANIFEST_LEN)
                 .map_err(|e| StoreError::Corrupt { object: object.to_string(), detail: format!("does not decompress: {e}") })?,
         )
     } else {
@@ -73,6 +73,15 @@ fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manif
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     tracing::debug!(json = bytes.len(), unzip_ms = ms(t_unzip), hash_ms = ms(t_hash - t_unzip), parse_ms = ms(t0.elapsed() - t_hash), "manifest checked");
     Ok(m)
+}
+
+/// zstd frame `stored` decompressed, at most `cap` bytes, into a buffer of the size
+/// its header gives (a frame that holds more than it says does not decompress):
+/// `zstd::bulk::decompress` allocates its whole capacity, `cap`, first (lrserving's
+/// manifest: 0.59 ms instead of 0.85).
+pub fn unzip(stored: &[u8], cap: usize) -> std::io::Result<Vec<u8>> {
+    let said = zstd::zstd_safe::get_frame_content_size(stored).ok().flatten();
+    zstd::bulk::decompress(stored, said.filter(|&n| n <= cap as u64).map_or(cap, |n| n as usize))
 }
 
 /// What a miss fetches first: the manifest of the snapshot (verified against its
@@ -636,6 +645,25 @@ mod tests {
         let parts = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
         let copy = rt.block_on(async { HeadCopy::from_parts("x".into(), async move { Ok(Box::pin(parts)) }) });
         (tx, copy)
+    }
+
+    #[test]
+    fn unzip_sizes_its_buffer_by_the_frame_and_keeps_the_cap() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let z = zstd::bulk::compress(&data, 3).unwrap();
+        let out = unzip(&z, 1 << 20).unwrap();
+        assert_eq!(out, data);
+        assert_eq!(out.capacity(), data.len(), "sized by the frame's header, not the cap");
+        // More than the cap: refused, whatever the header says.
+        assert!(unzip(&z, 1000).is_err());
+        // A frame without its size in the header falls back to the cap.
+        let mut enc = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+        enc.include_contentsize(false).unwrap();
+        std::io::Write::write_all(&mut enc, &data).unwrap();
+        let unsized_frame = enc.finish().unwrap();
+        assert_eq!(zstd::zstd_safe::get_frame_content_size(&unsized_frame).ok().flatten(), None);
+        assert_eq!(unzip(&unsized_frame, 1 << 20).unwrap(), data);
+        assert!(unzip(&unsized_frame, 1000).is_err());
     }
 
     #[test]
