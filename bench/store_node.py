@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Remote cold starts as a node serves them (issue #28): `thaw serve --snapshot-store`.
+
+    bench/store_node.py [--functions helloworld,pyaes,jsonserde] [--runs 15] [--link loopback]
+
+bench/store.py measures the CLI: every `thaw snapshot restore s3://...` builds its own
+I/O runtime and S3 client and opens a new connection before its first request. A node
+keeps all three, which is where users meet a miss. Here a real node on a real MinIO:
+
+  node-local        the node restarted with its cache entry in place (page cache of
+                    the entry evicted): the first call restores from the local cache
+  node-remote-cold  the node restarted with its cache emptied: the first call fetches
+                    the snapshot from the store (its head first, the rest after the
+                    first response) and restores
+
+Each run starts a node on the same data directory, waits `--settle` seconds (the node's
+start-up work: its store connection, its sandbox pool), makes one Invoke call and stops
+the node; the modes alternate in balanced orders (bench/coldstart.balanced_orders). Per
+call: the node's own time for the Invoke call (`thaw_request_seconds`, one request per
+node, so its sum), the time to a ready instance (`thaw_start_seconds`) and the client's
+wall time (boto3: signing and HTTP added to both modes alike). The remote runs also
+report what the store served before the first response. Functions are deployed as full
+images (`--no-bases`), as bench/store.py's `local` and `remote-cold` are; their working
+set is recorded and republished before the runs. `--encryption on,off`: each function on
+a node that seals its snapshots (the default; sealed pages are stored as they are, and
+ciphertext does not compress) and on one with `--no-encryption`.
+
+Prints medians, writes store-node-<stamp>.json and .svg to --out (bench/results).
+Needs root, build/samples (scripts/build-samples.sh) and MinIO (scripts/build-minio.sh).
+"""
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "api"))
+sys.path.insert(0, str(ROOT / "bench"))
+from coldstart import balanced_orders, evict_page_cache  # noqa: E402
+from store import Store  # noqa: E402  (MinIO on loopback or behind a shaped veth pair)
+from thaw_node_harness import SAMPLES, NodeProcess, create, zip_bytes  # noqa: E402
+
+MODES = ("node-local", "node-remote-cold")
+BUCKET = "thaw-bench"
+
+
+def sample_zip(fn):
+    """The whole sample directory (a function's own modules too), without bytecode caches."""
+    d = SAMPLES / fn
+    return zip_bytes({str(p.relative_to(d)): p for p in sorted(d.rglob("*"))
+                      if p.is_file() and "__pycache__" not in p.parts})
+
+
+def histogram_sum(metrics, name):
+    """Sum over labels of `name`_sum (seconds) in a Prometheus text page."""
+    return sum(float(v) for v in re.findall(rf"^{name}_sum(?:{{[^}}]*}})? (\S+)$", metrics, re.M))
+
+
+def counter(metrics, name, labels):
+    m = re.search(rf"^{name}{{{re.escape(labels)}}} (\S+)$", metrics, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+class Node:
+    """`thaw serve` on the store, on one data directory, started and stopped per run."""
+
+    def __init__(self, data, store, prefix, sealed):
+        self.data, self.store, self.prefix, self.sealed = data, store, prefix, sealed
+
+    def start(self):
+        clear = () if self.sealed else ("--no-encryption",)
+        return NodeProcess(self.data, "--snapshot-store", f"s3://{BUCKET}/{self.prefix}", "--store-endpoint-url", self.store.endpoint,
+                           "--create-bucket", "--no-bases", *clear, env=self.store.env)
+
+    @property
+    def entries(self):
+        return self.data / "node" / "snapshot-cache" / "entries"
+
+
+def wait_for(cond, what, timeout=60):
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def deploy(node, fn):
+    """Deploy `fn`, call it once (its working set is recorded) and wait for the node to
+    publish the snapshot again with it, as a node does after a first restore."""
+    n = node.start()
+    try:
+        client = n.client()
+        create(client, fn, sample_zip(fn))
+        first = n.function_status(fn)["snapshot"]["stored"]
+        r = client.invoke(FunctionName=fn, Payload=b"{}")
+        if "FunctionError" in r:
+            raise SystemExit(f"{fn} failed on the node: {r['Payload'].read()!r}")
+        wait_for(lambda: n.function_status(fn)["snapshot"]["stored"] not in (None, first), f"{fn}'s snapshot to be republished with its working set")
+        return n.function_status(fn)["snapshot"]["stored"]
+    finally:
+        if n.stop() != 0:
+            raise SystemExit(f"the node did not stop cleanly: {n.log_path}")
+
+
+def one_call(node, fn, mode, settle):
+    if mode == "node-local":
+        evict_page_cache(str(node.entries))
+    else:
+        shutil.rmtree(node.entries, ignore_errors=True)
+    n = node.start()
+    try:
+        client = n.client()
+        time.sleep(settle)
+        before = n.status()["snapshot_store"]
+        t0 = time.perf_counter()
+        r = client.invoke(FunctionName=fn, Payload=b"{}")
+        client_ms = (time.perf_counter() - t0) * 1e3
+        body = r["Payload"].read()
+        if "FunctionError" in r:
+            raise SystemExit(f"{fn} failed ({mode}): {body!r}")
+        m = n.metrics()
+        after = n.status()["snapshot_store"]
+        fetches = after["fetches"] - before["fetches"]
+        restores = sum(float(v) for v in re.findall(r'^thaw_starts_total{kind="restore-[^"]*"} (\S+)$', m, re.M))
+        if restores != 1 or counter(m, "thaw_starts_total", 'kind="boot"') != 0:
+            raise SystemExit(f"{fn} ({mode}): not one restore: {m}")
+        if fetches != (1 if mode == "node-remote-cold" else 0):
+            raise SystemExit(f"{fn} ({mode}): {fetches} fetches from the store")
+        fetch = n.function_status(fn)["snapshot"].get("fetch") or {}
+        if fetches:
+            # The rest of the image arrives after the first response; the next run's
+            # node-local needs it in the cache.
+            wait_for(lambda: n.status()["snapshot_store"]["lazy_settled"] >= 1, f"{fn}'s snapshot to settle in the cache")
+        return {"function": fn, "sealed": node.sealed, "mode": mode, "client_ms": client_ms,
+                "request_ms": histogram_sum(m, "thaw_request_seconds") * 1e3,
+                "start_ms": histogram_sum(m, "thaw_start_seconds") * 1e3,
+                "lazy": bool(fetch.get("lazy")) if fetches else None,
+                "requests_before_first_response": fetch.get("requests_before_first_response", 0) if fetches else 0,
+                "bytes_before_first_response": fetch.get("bytes_fetched_before_first_response", 0) if fetches else 0}
+    finally:
+        if n.stop() != 0:
+            raise SystemExit(f"the node did not stop cleanly: {n.log_path}")
+
+
+def label(fn, sealed):
+    return f"{fn} ({'sealed' if sealed else 'clear'})"
+
+
+def summarize(rows):
+    out = {}
+    for r in rows:
+        out.setdefault(label(r["function"], r["sealed"]), {}).setdefault(r["mode"], []).append(r)
+    med = {}
+    for fn, by in out.items():
+        med[fn] = {mode: {k: statistics.median(x[k] for x in v) for k in ("client_ms", "request_ms", "start_ms",
+                                                                        "requests_before_first_response", "bytes_before_first_response")}
+                   | {"n": len(v)} for mode, v in by.items()}
+        local = med[fn]["node-local"]
+        for mode, m in med[fn].items():
+            m["request_x_local"] = m["request_ms"] / local["request_ms"]
+            m["client_x_local"] = m["client_ms"] / local["client_ms"]
+        # Same-run pairs (run i's remote over run i's local).
+        pairs = [rc["request_ms"] / lo["request_ms"] for lo, rc in zip(by["node-local"], by["node-remote-cold"])]
+        med[fn]["paired_request_ratio"] = statistics.median(pairs) if pairs else None
+    return med
+
+
+def chart(med, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fns = sorted(med)
+    fig, ax = plt.subplots(figsize=(max(5, 1.8 * len(fns)), 4))
+    w = 0.38
+    for j, mode in enumerate(MODES):
+        ys = [med[f][mode]["request_ms"] for f in fns]
+        bars = ax.bar([i + j * w for i in range(len(fns))], ys, w, label=mode)
+        if mode == "node-remote-cold":
+            for b, f in zip(bars, fns):
+                ax.annotate(f"{med[f][mode]['request_x_local']:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
+                            ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([i + w / 2 for i in range(len(fns))])
+    ax.set_xticklabels(fns, fontsize=8)
+    ax.set_ylabel("Invoke call in the node, ms (median)")
+    ax.set_title("A node's first call: snapshot in its cache vs fetched from MinIO")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--functions", default="helloworld,pyaes,jsonserde",
+                    help="Python samples (whole directories, deployed through the Lambda API: lrserving's 274 MB is over its limit)")
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--link", default="loopback", help="loopback, or a tc rate (1gbit, 100mbit) of a veth pair to the store")
+    ap.add_argument("--settle", type=float, default=0.5, help="seconds between a node's start and its call")
+    ap.add_argument("--encryption", default="on,off",
+                    help="on: the node's default, snapshots sealed at rest with its key (stored sealed: their pages do not "
+                         "compress); off: --no-encryption")
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="thaw-store-node-bench-") as tmp:
+        tmp = Path(tmp)
+        store = Store(tmp, a.link)
+        try:
+            for fn in a.functions.split(","):
+                for enc in a.encryption.split(","):
+                    sealed = {"on": True, "off": False}[enc]
+                    node = Node(tmp / f"node-{fn}-{enc}", store, prefix=f"node-{fn}-{enc}", sealed=sealed)
+                    sid = deploy(node, fn)
+                    print(f"{label(fn, sealed)}: stored snapshot {sid[:12]}", flush=True)
+                    orders = balanced_orders(MODES)
+                    for i in range(a.runs):
+                        for mode in orders[i % len(orders)]:
+                            rows.append(dict(one_call(node, fn, mode, a.settle), run=i, link=a.link))
+        finally:
+            store.stop()
+    med = summarize(rows)
+    print(f"{'function':20s} {'mode':17s} {'Invoke in node ms':>17s} {'x local':>8s} {'start ms':>9s} {'client ms':>10s} "
+          f"{'x local':>8s} {'requests':>9s} {'KB first':>9s}")
+    for fn in sorted(med):
+        for mode in MODES:
+            m = med[fn][mode]
+            print(f"{fn:20s} {mode:17s} {m['request_ms']:17.2f} {m['request_x_local']:8.2f} {m['start_ms']:9.2f} {m['client_ms']:10.2f} "
+                  f"{m['client_x_local']:8.2f} {m['requests_before_first_response']:9.0f} {m['bytes_before_first_response'] / 1e3:9.0f}")
+        print(f"{fn:20s} remote / local in the same round (median of {med[fn]['node-local']['n']}): {med[fn]['paired_request_ratio']:.2f}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = out / f"store-node-{stamp}.json"
+    path.write_text(json.dumps({"runs": a.runs, "link": a.link, "settle_s": a.settle, "encryption": a.encryption, "medians": med, "samples": rows}, indent=1))
+    svg = chart(med, out / f"store-node-{stamp}.svg")
+    print(f"wrote {path}" + (f" and {svg}" if svg else ""))
+
+
+if __name__ == "__main__":
+    main()

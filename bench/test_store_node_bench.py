@@ -1,0 +1,44 @@
+"""bench/store_node.py: the summary from made-up rows, and one real run (a node on MinIO)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import store_node  # noqa: E402
+
+
+def row(mode, request_ms, run, sealed=False):
+    return {"function": "f", "sealed": sealed, "mode": mode, "run": run, "client_ms": request_ms + 3, "request_ms": request_ms,
+            "start_ms": request_ms - 1, "requests_before_first_response": 1 if mode == "node-remote-cold" else 0,
+            "bytes_before_first_response": 1000 if mode == "node-remote-cold" else 0}
+
+
+def test_summary_ratios_and_pairs():
+    rows = [row("node-local", 10.0, 0), row("node-remote-cold", 15.0, 0), row("node-local", 20.0, 1), row("node-remote-cold", 20.0, 1),
+            row("node-local", 12.0, 2), row("node-remote-cold", 30.0, 2)]
+    med = store_node.summarize(rows)["f (clear)"]
+    assert med["node-local"]["request_ms"] == 12.0 and med["node-remote-cold"]["request_ms"] == 20.0
+    assert med["node-remote-cold"]["request_x_local"] == 20.0 / 12.0
+    # Same-round ratios 1.5, 1.0, 2.5: their median, not the ratio of the medians.
+    assert med["paired_request_ratio"] == 1.5
+    assert med["node-remote-cold"]["requests_before_first_response"] == 1
+
+
+def test_a_node_fetches_its_snapshot_back_and_restores(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "store_node.py"), "--functions", "helloworld", "--runs", "1",
+                        "--encryption", "off", "--settle", "0.2", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(next(tmp_path.glob("store-node-*.json")).read_text())
+    med = data["medians"]["helloworld (clear)"]
+    local, remote = med["node-local"], med["node-remote-cold"]
+    assert local["request_ms"] > 0 and remote["request_ms"] > 0, med
+    # The remote call was a miss served from the store's head (one request, some bytes);
+    # the local one read nothing from it.
+    assert remote["requests_before_first_response"] >= 1 and remote["bytes_before_first_response"] > 0, med
+    assert local["requests_before_first_response"] == 0, med
+    assert {s["mode"] for s in data["samples"]} == {"node-local", "node-remote-cold"}
+    assert all(s["lazy"] for s in data["samples"] if s["mode"] == "node-remote-cold"), data["samples"]
