@@ -21,9 +21,11 @@ node, so its sum), the time to a ready instance (`thaw_start_seconds`) and the c
 wall time (boto3: signing and HTTP added to both modes alike). The remote runs also
 report what the store served before the first response. Functions are deployed as full
 images (`--no-bases`), as bench/store.py's `local` and `remote-cold` are; their working
-set is recorded and republished before the runs. `--encryption on,off`: each function on
-a node that seals its snapshots (the default; sealed pages are stored as they are, and
-ciphertext does not compress) and on one with `--no-encryption`.
+set is recorded and republished before the runs. `--encryption on,off,on-ws-pages`: each
+function on a node that seals its snapshots (the default: the store keeps a sealed
+working set as ws.lz4, compressed then sealed), on one with `--no-encryption`, and
+sealed with `THAW_STORE_SEALED_WS=pages` (the working set as ws.pages, ciphertext that
+does not compress: the baseline).
 
 Prints medians, writes store-node-<stamp>.json and .svg to --out (bench/results).
 Needs root, build/samples (scripts/build-samples.sh) and MinIO (scripts/build-minio.sh).
@@ -70,13 +72,15 @@ def counter(metrics, name, labels):
 class Node:
     """`thaw serve` on the store, on one data directory, started and stopped per run."""
 
-    def __init__(self, data, store, prefix, sealed):
-        self.data, self.store, self.prefix, self.sealed = data, store, prefix, sealed
+    def __init__(self, data, store, prefix, encryption):
+        self.data, self.store, self.prefix, self.encryption = data, store, prefix, encryption
+        self.sealed = encryption != "off"
 
     def start(self):
         clear = () if self.sealed else ("--no-encryption",)
+        env = dict(self.store.env, THAW_STORE_SEALED_WS="pages") if self.encryption == "on-ws-pages" else self.store.env
         return NodeProcess(self.data, "--snapshot-store", f"s3://{BUCKET}/{self.prefix}", "--store-endpoint-url", self.store.endpoint,
-                           "--create-bucket", "--no-bases", *clear, env=self.store.env)
+                           "--create-bucket", "--no-bases", *clear, env=env)
 
     @property
     def entries(self):
@@ -138,7 +142,7 @@ def one_call(node, fn, mode, settle):
             # The rest of the image arrives after the first response; the next run's
             # node-local needs it in the cache.
             wait_for(lambda: n.status()["snapshot_store"]["lazy_settled"] >= 1, f"{fn}'s snapshot to settle in the cache")
-        return {"function": fn, "sealed": node.sealed, "mode": mode, "client_ms": client_ms,
+        return {"function": fn, "sealed": node.sealed, "encryption": node.encryption, "mode": mode, "client_ms": client_ms,
                 "request_ms": histogram_sum(m, "thaw_request_seconds") * 1e3,
                 "start_ms": histogram_sum(m, "thaw_start_seconds") * 1e3,
                 "lazy": bool(fetch.get("lazy")) if fetches else None,
@@ -149,14 +153,14 @@ def one_call(node, fn, mode, settle):
             raise SystemExit(f"the node did not stop cleanly: {n.log_path}")
 
 
-def label(fn, sealed):
-    return f"{fn} ({'sealed' if sealed else 'clear'})"
+def label(fn, encryption):
+    return f"{fn} ({ {'on': 'sealed', 'off': 'clear', 'on-ws-pages': 'sealed, ws.pages'}[encryption]})"
 
 
 def summarize(rows):
     out = {}
     for r in rows:
-        out.setdefault(label(r["function"], r["sealed"]), {}).setdefault(r["mode"], []).append(r)
+        out.setdefault(label(r["function"], r.get("encryption", "on" if r["sealed"] else "off")), {}).setdefault(r["mode"], []).append(r)
     med = {}
     for fn, by in out.items():
         med[fn] = {mode: {k: statistics.median(x[k] for x in v) for k in ("client_ms", "request_ms", "start_ms",
@@ -206,9 +210,10 @@ def main():
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--link", default="loopback", help="loopback, or a tc rate (1gbit, 100mbit) of a veth pair to the store")
     ap.add_argument("--settle", type=float, default=0.5, help="seconds between a node's start and its call")
-    ap.add_argument("--encryption", default="on,off",
-                    help="on: the node's default, snapshots sealed at rest with its key (stored sealed: their pages do not "
-                         "compress); off: --no-encryption")
+    ap.add_argument("--encryption", default="on,off,on-ws-pages",
+                    help="on: the node's default, snapshots sealed at rest with its key (the store keeps the working set as "
+                         "ws.lz4: compressed, then sealed); off: --no-encryption; on-ws-pages: sealed, published with "
+                         "THAW_STORE_SEALED_WS=pages (ws.pages, whose ciphertext does not compress: the baseline)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     a = ap.parse_args()
     rows = []
@@ -218,10 +223,11 @@ def main():
         try:
             for fn in a.functions.split(","):
                 for enc in a.encryption.split(","):
-                    sealed = {"on": True, "off": False}[enc]
-                    node = Node(tmp / f"node-{fn}-{enc}", store, prefix=f"node-{fn}-{enc}", sealed=sealed)
+                    if enc not in ("on", "off", "on-ws-pages"):
+                        ap.error(f"--encryption: unknown {enc!r}")
+                    node = Node(tmp / f"node-{fn}-{enc}", store, prefix=f"node-{fn}-{enc}", encryption=enc)
                     sid = deploy(node, fn)
-                    print(f"{label(fn, sealed)}: stored snapshot {sid[:12]}", flush=True)
+                    print(f"{label(fn, enc)}: stored snapshot {sid[:12]}", flush=True)
                     orders = balanced_orders(MODES)
                     for i in range(a.runs):
                         for mode in orders[i % len(orders)]:

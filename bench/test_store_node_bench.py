@@ -20,6 +20,7 @@ def test_summary_ratios_and_pairs():
     rows = [row("node-local", 10.0, 0), row("node-remote-cold", 15.0, 0), row("node-local", 20.0, 1), row("node-remote-cold", 20.0, 1),
             row("node-local", 12.0, 2), row("node-remote-cold", 30.0, 2)]
     med = store_node.summarize(rows)["f (clear)"]
+    assert store_node.label("f", "on-ws-pages") == "f (sealed, ws.pages)"
     assert med["node-local"]["request_ms"] == 12.0 and med["node-remote-cold"]["request_ms"] == 20.0
     assert med["node-remote-cold"]["request_x_local"] == 20.0 / 12.0
     # Same-round ratios 1.5, 1.0, 2.5: their median, not the ratio of the medians.

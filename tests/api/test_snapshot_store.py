@@ -99,6 +99,9 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     first, sid = sid, node.function_status("hello")["snapshot"]["stored"]
     m = minio.manifest(BUCKET, f"fns/snapshots/{sid}.json")
     assert "ws.trace" in [f["name"] for f in m["files"]] and m["head"] is not None, m["files"]
+    # The node seals its snapshots: the working set is stored as its ws.lz4 (compressed,
+    # then sealed; format 5), not as ws.pages, whose ciphertext would not compress.
+    assert m["format"] == 5 and "ws.lz4" in [f["name"] for f in m["files"]] and m["derived"] == ["ws.pages"], m["files"]
     assert node.status()["snapshot_store"]["working_sets_published"] == 1
     wait_for(lambda: f"fns/snapshots/{first}.json" not in minio.keys(BUCKET, "fns/snapshots/"), "the first to be deleted")
     entry = data / "node" / "snapshot-cache" / "entries" / sid
@@ -112,7 +115,8 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     _, body = invoke_json(client, "hello", {"name": "again"})
     assert body == {"message": "hello, again"}
     st = node.status()["snapshot_store"]
-    assert st["fetches"] == 1 and st["fetch_failures"] == 0 and st["bytes_fetched"] > 1 << 20, st
+    # The head so far (the manifest, state.bin, the working set as sealed ws.lz4 frames).
+    assert st["fetches"] == 1 and st["fetch_failures"] == 0 and st["bytes_fetched"] > 0, st
     assert restores(node) == 1 and starts(node, "boot") == 0, node.metrics()
     assert starts(node, "restore-prefetch") == 1, "the fetched snapshot came with its working set"
     assert st["lazy_fetches"] == 1, "the miss started from the snapshot's head (issue #28)"
@@ -148,7 +152,7 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     _, body = invoke_json(client, "hello", {"name": "back"})
     assert body == {"message": "hello, back"}
     assert restores(node) == 1, node.metrics()
-    assert node.status()["snapshot_store"]["bytes_fetched"] > 1 << 20
+    assert node.status()["snapshot_store"]["bytes_fetched"] > 0, "fetched from the store"
 
     # Deleting the function deletes its stored snapshot (its manifest; chunks go to `thaw snapshot gc`).
     client.delete_function(FunctionName="hello")

@@ -267,6 +267,9 @@ pub struct LoadedSnapshot {
     /// fetch completes. (Reading a ws.pages written a moment before with O_DIRECT also
     /// waited for its write-back: lrserving 11-17 ms for 7.9 MB.)
     pub ws_from_image: bool,
+    /// Read the working set's files through the page cache (never O_DIRECT): they were
+    /// written a moment ago by a store's fetch (a sealed snapshot's ws.lz4, in its head).
+    ws_cached: bool,
 }
 
 impl LoadedSnapshot {
@@ -359,6 +362,10 @@ impl LoadedSnapshot {
             }
         }
         let source = Arc::new(source);
+        // A sealed snapshot's head brings ws.lz4 (its frames compressed, then sealed:
+        // its ws.pages would be ciphertext, which does not compress): the working set
+        // is read from it, not assembled out of the image.
+        let lz4_arrived = fresh && WorkingSet::load(&dir, id).is_ok_and(|ws| ws.lz4_beside(&dir).is_some());
         Ok(LoadedSnapshot {
             dir,
             image,
@@ -376,7 +383,8 @@ impl LoadedSnapshot {
             ws_held: Default::default(),
             sandboxes: None,
             code_verdict,
-            ws_from_image: fresh,
+            ws_from_image: fresh && !lz4_arrived,
+            ws_cached: fresh,
         })
     }
 
@@ -503,7 +511,7 @@ impl LoadedSnapshot {
                         return (Prefill::Ws { shared, reader: false }, paging, None);
                     }
                 }
-                let cached = paging == Paging::WsCached;
+                let cached = paging == Paging::WsCached || self.ws_cached;
                 let load = || {
                     WorkingSet::load(&self.dir, self.id).and_then(|ws| {
                         if paging == Paging::Parallel {

@@ -255,6 +255,14 @@ impl WorkingSet {
         Ok(PagesFile { file: f, lz4 })
     }
 
+    /// Whether `dir` has a ws.lz4 whose header names this working set's trace (read
+    /// through the page cache), and whether its frames are sealed: a sealed snapshot
+    /// arriving from a store brings one in its head instead of ws.pages (see
+    /// `thaw_store::publish`).
+    pub fn lz4_beside(&self, dir: &Path) -> Option<bool> {
+        (self.trace_crc != 0).then(|| lz4::open(dir, true, self.trace_crc, self.pages_bytes())).flatten().map(|f| f.sealed())
+    }
+
     /// The working set's pages read out of the image's `pages` instead of ws.pages:
     /// for a snapshot arriving from a store, whose fill hands them over from memory
     /// as they arrive (ws.pages is written once the fetch completes), whole when it
@@ -450,6 +458,10 @@ pub fn write_from(
         std::fs::rename(&tmp_pages, dir.join(PAGES_FILE)).map_err(io_err(dir, "installing ws.pages"))?;
         match compressed {
             Some(_) => std::fs::rename(&tmp_lz4, dir.join(LZ4_FILE)).map_err(io_err(dir, "installing ws.lz4"))?,
+            // A sealed one that names this very trace stays where this write could not
+            // seal (no key: a store rebuilding the ws.pages of a sealed image whose
+            // ws.lz4 it fetched; an image's pages never change under its id).
+            None if sealed.is_none() && lz4::open(dir, true, crc, ws.pages_bytes()).is_some_and(|f| f.sealed()) => {}
             None => {
                 let _ = std::fs::remove_file(dir.join(LZ4_FILE));
             }

@@ -170,6 +170,10 @@ impl HeldWs {
 /// complete in the cache, or arriving lazily too (`base`: the fill serves the base's
 /// pages from it; `bool`: this miss opened it and counts its fetches).
 ///
+/// A sealed image's head holds ws.lz4 (format 5) instead of ws.pages: written with
+/// state.bin before this returns, the restore reads the working set from it with the
+/// node key, and pages.img's copies of those pages follow with the rest.
+///
 /// A snapshot published before its working set was recorded (a node publishes what
 /// it captures at once) has a working set beside it, `ws/<id>.trace`: it is read
 /// with the head, and its pages follow in a few coalesced range reads, in parallel.
@@ -303,6 +307,11 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
             }
             if !matches!(held_ws, HeldWs::None) {
                 // The head's ws.pages brings them: nothing more to read.
+                HashSet::new()
+            } else if recorded.is_none() && set.lz4_beside(dir).is_some() {
+                // A sealed image's head brings ws.lz4 (written above), which the
+                // restore reads them from with the node key: pages.img's copies
+                // follow with the rest.
                 HashSet::new()
             } else {
                 set.layout.iter().map(|&(_, fp)| chunk_of(fp * PAGE)).filter(|&i| i < chunks.len()).collect()

@@ -344,12 +344,14 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         }
     }
     let mut m = plan.manifest.clone();
-    // Format 4 only where it stores ws.pages: readers of format 3 read the rest.
+    // Format 4 only where it stores ws.pages, 5 where ws.lz4: older readers read the rest.
     let ws_stored = m.file(thaw_engine::ws::PAGES_FILE).is_some();
-    m.format = match (compressing(), ws_stored) {
-        (true, true) => MANIFEST_FORMAT,
-        (true, false) => MANIFEST_FORMAT_COMPRESSED,
-        (false, _) => crate::manifest::MANIFEST_FORMAT_PACKS,
+    let lz4_stored = m.file(thaw_engine::ws::LZ4_FILE).is_some();
+    m.format = match (compressing(), ws_stored, lz4_stored) {
+        (true, _, true) => MANIFEST_FORMAT,
+        (true, true, false) => crate::manifest::MANIFEST_FORMAT_WS_PAGES,
+        (true, false, false) => MANIFEST_FORMAT_COMPRESSED,
+        (false, ..) => crate::manifest::MANIFEST_FORMAT_PACKS,
     };
     if has_head {
         // Pack 0, so every chunk in it is placed there.

@@ -177,6 +177,8 @@ pub struct Plan {
     pub last: Vec<usize>,
     ws_trace: Option<Bytes>,
     ws_pages: Option<Bytes>,
+    /// A sealed image's ws.lz4, stored in place of ws.pages (format 5).
+    ws_lz4: Option<Bytes>,
     /// A diff's base, where it is (to be published first, see [`Plan::set_base`]).
     pub base_dir: Option<PathBuf>,
 }
@@ -284,6 +286,7 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
     // private file mappings and each thread's rseq area (written before resume).
     let mut ws_trace = None;
     let mut ws_pages = None;
+    let mut ws_lz4 = None;
     let mut head_pages: Vec<u64> = Vec::new();
     if with_ws && WorkingSet::exists(dir) {
         match WorkingSet::load(dir, snap.id) {
@@ -292,7 +295,19 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
                 let t = std::fs::read(dir.join(TRACE_FILE)).map_err(io("reading ws.trace"))?;
                 files.push((TRACE_FILE, t.len() as u64, cut_bytes(&t)));
                 ws_trace = Some(Bytes::from(t));
-                if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
+                // A sealed image's ws.pages is ciphertext, which does not compress: its
+                // ws.lz4 (pages decrypted, compressed, each frame sealed) goes instead,
+                // and ws.pages is derived by the reader. Never a clear ws.lz4 of a
+                // sealed image (it would hold its pages in clear).
+                // (`THAW_STORE_SEALED_WS=pages`: ws.pages as before, the baseline.)
+                let sealed_lz4 = snap.image.seal.is_some()
+                    && set.lz4_beside(dir) == Some(true)
+                    && std::env::var("THAW_STORE_SEALED_WS").as_deref() != Ok("pages");
+                if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) && sealed_lz4 {
+                    let z = std::fs::read(dir.join(thaw_engine::ws::LZ4_FILE)).map_err(io("reading ws.lz4"))?;
+                    files.push((thaw_engine::ws::LZ4_FILE, z.len() as u64, cut_bytes(&z)));
+                    ws_lz4 = Some(Bytes::from(z));
+                } else if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
                     let p = std::fs::read(dir.join(thaw_engine::ws::PAGES_FILE)).map_err(io("reading ws.pages"))?;
                     if p.len() as u64 != set.pages_bytes() {
                         return Err(StoreError::Snapshot { dir: dir.to_path_buf(), detail: "ws.pages changed while it was being published".into() });
@@ -304,8 +319,8 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
             Err(e) => tracing::warn!("publishing {} without its working set: {e}", dir.display()),
         }
     }
-    // With ws.pages stored, the working set's pages in pages.img are not in the head.
-    let ws_page_set: HashSet<u64> = if ws_pages.is_some() { head_pages.drain(..).collect() } else { HashSet::new() };
+    // With ws.pages (or ws.lz4) stored, the working set's pages in pages.img are not in the head.
+    let ws_page_set: HashSet<u64> = if ws_pages.is_some() || ws_lz4.is_some() { head_pages.drain(..).collect() } else { HashSet::new() };
     head_pages.extend(thaw_engine::restore::file_cow_runs(&snap.image, &snap.image.pages).flat_map(|(_, fp, n)| fp..fp + n));
     head_pages.extend(thaw_engine::restore::rseq_pages(&snap.image).into_iter().filter_map(|vaddr| snap.image.pages.lookup(vaddr)));
     let mut seen = HashSet::new();
@@ -383,7 +398,7 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
                 add(&c.sha256, &mut head);
             }
         }
-        // Chunks of working-set pages only (ws.pages holds them): last.
+        // Chunks of working-set pages only (ws.pages or ws.lz4 holds them): last.
         let mut in_last = HashSet::new();
         for c in &pages.chunks {
             let only_ws = (c.offset / PAGE..(c.offset + c.len) / PAGE).all(|p| ws_page_set.contains(&p));
@@ -410,7 +425,7 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
     };
     let manifest_bytes = manifest.to_bytes();
     let id = sha256_hex(&manifest_bytes);
-    Ok(Plan { dir: dir.to_path_buf(), manifest, manifest_bytes, id, uploads, head, last, ws_trace, ws_pages, base_dir })
+    Ok(Plan { dir: dir.to_path_buf(), manifest, manifest_bytes, id, uploads, head, last, ws_trace, ws_pages, ws_lz4, base_dir })
 }
 
 impl Plan {
@@ -434,6 +449,7 @@ impl Plan {
         let held = match u.file {
             TRACE_FILE => self.ws_trace.as_ref(),
             thaw_engine::ws::PAGES_FILE => self.ws_pages.as_ref(),
+            thaw_engine::ws::LZ4_FILE => self.ws_lz4.as_ref(),
             _ => None,
         };
         let data = if let Some(t) = held {

@@ -174,6 +174,69 @@ fn push_pull_restore_round_trip() {
     assert!(stderr(&o).contains("not found in the store"), "{}", stderr(&o));
 }
 
+/// A sealed snapshot (a node's default) stores its working set as its ws.lz4
+/// (version 2: pages decrypted, compressed, each frame sealed) instead of ws.pages,
+/// whose ciphertext does not compress (format 5): a miss fetches a third of the bytes
+/// before its first response, restores from ws.lz4 with the key, and the cache and a
+/// pull rebuild ws.pages without it.
+#[test]
+fn a_sealed_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
+    let m = Minio::start();
+    let key = scratch().join("sealed-store.key");
+    let k = key.to_str().unwrap();
+    let snap = scratch().join("sealed-store.snap");
+    let code = sample("helloworld");
+    ok(thaw(&["--key-file", k, "snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
+    let payload = r#"{"name":"sealed"}"#;
+    let original = stdout(&ok(thaw(&["--key-file", k, "snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"])));
+    assert_eq!(original.trim(), r#"{"message": "hello, sealed"}"#);
+    let z = std::fs::read(snap.join("ws.lz4")).expect("the recording wrote ws.lz4");
+    assert_eq!(u32::from_le_bytes(z[8..12].try_into().unwrap()), 2, "sealed frames");
+    let ws_pages = std::fs::metadata(snap.join("ws.pages")).unwrap().len();
+
+    let o = ok(thaw_s3(&m, &["--key-file", k, "snapshot", "push", snap.to_str().unwrap(), "s3://sealed-bucket/fns/hello", "--create-bucket"]));
+    let url = last_line(&o);
+    let id = url.rsplit('/').next().unwrap().to_string();
+    let manifest = s3::store(&m, "s3://sealed-bucket/fns/hello").manifest(&id).unwrap();
+    assert_eq!(manifest.format, 5, "ws.lz4 stored");
+    assert_eq!(manifest.file("ws.lz4").map(|f| f.size), Some(z.len() as u64));
+    assert!(manifest.file("ws.pages").is_none() && manifest.derived == ["ws.pages"], "{:?}", manifest.derived);
+    let head = &manifest.packs[manifest.head.unwrap() as usize];
+    assert!(head.size < ws_pages / 2, "the head ({} bytes) is smaller than the sealed ws.pages ({ws_pages})", head.size);
+
+    // A miss: the head (with ws.lz4), then the restore from it with the key.
+    let stats = scratch().join("sealed-store-miss.json");
+    let restore = |stats: &std::path::Path| {
+        ok(thaw_s3(&m, &["--key-file", k, "snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]))
+    };
+    assert_eq!(stdout(&restore(&stats)), original);
+    let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    let s = &st["store"];
+    assert_eq!((s["cache_hit"].as_bool(), s["lazy"].as_bool()), (Some(false), Some(true)), "{st}");
+    assert_eq!(st["mode"], "prefetch", "the working set came in the head: {st}");
+    assert_eq!(st["prefetch"]["partial"], false, "every page of it installed: {st}");
+    assert!(st["prefetch"]["disk_bytes"].as_u64().unwrap() < ws_pages / 2, "read from ws.lz4: {st}");
+    let first = s["bytes_fetched_before_first_response"].as_u64().unwrap();
+    assert!(first < ws_pages / 2, "{first} bytes before the first response: {s}");
+
+    // The cache rebuilt ws.pages (without the key) and kept ws.lz4: a hit restores from it.
+    let entry = scratch().join("data/snapshot-cache/entries").join(&id);
+    assert_eq!(std::fs::metadata(entry.join("ws.pages")).unwrap().len(), ws_pages);
+    assert_eq!(std::fs::read(entry.join("ws.lz4")).unwrap(), z);
+    let stats = scratch().join("sealed-store-hit.json");
+    assert_eq!(stdout(&restore(&stats)), original);
+    let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+    assert_eq!((st["store"]["cache_hit"].as_bool(), st["mode"].as_str()), (Some(true), Some("prefetch")), "{st}");
+
+    // A pull derives ws.pages too; the pulled copy restores with the key.
+    let pulled = scratch().join("sealed-store-pulled");
+    ok(thaw_s3(&m, &["--key-file", k, "snapshot", "pull", &url, pulled.to_str().unwrap()]));
+    assert_eq!(std::fs::metadata(pulled.join("ws.pages")).unwrap().len(), ws_pages);
+    assert_eq!(std::fs::read(pulled.join("ws.lz4")).unwrap(), z);
+    let restored = stdout(&ok(thaw(&["--key-file", k, "snapshot", "restore", pulled.to_str().unwrap(), "--payload", payload, "--quiet"])));
+    assert_eq!(restored, original);
+}
+
 #[test]
 fn a_second_version_stores_only_what_changed() {
     let m = Minio::start();

@@ -28,9 +28,10 @@
 //! trace beside it and the length of ws.pages, and every page decompressed is checked
 //! against the image's CRCs exactly as ws.pages' pages are. A piece whose frames do not
 //! decompress or check is read from ws.pages instead (and ws.lz4 removed: the next write
-//! of the working set makes it again). Never stored in a snapshot store (the store names
-//! the files it takes). Not written where it saves less than a quarter: a sealed
-//! image's pages are ciphertext. `lz4_flex` (pure Rust, maintained) rather than
+//! of the working set makes it again). A snapshot store takes a sealed image's ws.lz4
+//! (version 2) into its head instead of ws.pages, whose ciphertext would not compress
+//! (`thaw_store::publish`); a clear one never (ws.pages compresses there). Not written
+//! where it saves less than a quarter. `lz4_flex` (pure Rust, maintained) rather than
 //! bindings to liblz4: the block format and its speed are all that is needed here.
 
 use std::fs::File;
