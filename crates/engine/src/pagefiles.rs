@@ -40,6 +40,16 @@ pub trait PageFill: Send + Sync {
     fn working_set(&self, _layout: &[(u64, u64)], _buf: &mut [u8]) -> io::Result<bool> {
         Ok(false)
     }
+    /// Whether the fill brings the snapshot's ws.lz4 for its working set's trace (a
+    /// sealed snapshot from a store, format 5): the restore reads the working set from
+    /// it once [`PageFill::wait_ws_lz4`] says it is written.
+    fn brings_ws_lz4(&self) -> bool {
+        false
+    }
+    /// Return once ws.lz4 is written whole (`true`), or will not be (its fetch failed).
+    fn wait_ws_lz4(&self) -> bool {
+        false
+    }
 }
 
 /// One image's page files, numbered one after the other.
@@ -76,6 +86,16 @@ impl PageFiles {
             Some(f) => f.working_set(layout, buf),
             None => Ok(false),
         }
+    }
+
+    /// [`PageFill::wait_ws_lz4`] of the fill, if it brings ws.lz4 (`false` otherwise).
+    pub fn fill_wait_ws_lz4(&self) -> bool {
+        self.fill.as_ref().is_some_and(|f| f.brings_ws_lz4() && f.wait_ws_lz4())
+    }
+
+    /// Whether the fill brings ws.lz4 ([`PageFill::brings_ws_lz4`]).
+    pub fn fill_brings_ws_lz4(&self) -> bool {
+        self.fill.as_ref().is_some_and(|f| f.brings_ws_lz4())
     }
 
     /// Number of the first base page (`u64::MAX` for a single file).

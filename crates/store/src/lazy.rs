@@ -90,6 +90,14 @@ pub struct RemoteFill {
     ws_file: Option<usize>,
     /// A diff's base arriving lazily too (see [`LazyBase`]).
     base: Option<BaseLink>,
+    /// ws.lz4 stored (format 5): its index in `m.files` and its file, written as the
+    /// head's pages arrive.
+    lz4: Option<(usize, File)>,
+    /// It is for the working set the restore uses (not one recorded after the publish).
+    lz4_brings: bool,
+    /// Set once ws.lz4's arrival is over: written whole (`true`) or not (its read failed).
+    lz4_written: Mutex<Option<bool>>,
+    lz4_changed: Condvar,
 }
 
 /// A base arriving from the store under the diffs that missed it: its head (state.bin,
@@ -170,9 +178,10 @@ impl HeldWs {
 /// complete in the cache, or arriving lazily too (`base`: the fill serves the base's
 /// pages from it; `bool`: this miss opened it and counts its fetches).
 ///
-/// A sealed image's head holds ws.lz4 (format 5) instead of ws.pages: written with
-/// state.bin before this returns, the restore reads the working set from it with the
-/// node key, and pages.img's copies of those pages follow with the rest.
+/// A sealed image's head holds ws.lz4 (format 5) instead of ws.pages: written to its
+/// file as the head's pages arrive, the restore's working-set read waits for it
+/// ([`PageFill::wait_ws_lz4`]) and reads it with the node key, and pages.img's copies
+/// of those pages follow with the rest.
 ///
 /// A snapshot published before its working set was recorded (a node publishes what
 /// it captures at once) has a working set beside it, `ws/<id>.trace`: it is read
@@ -190,7 +199,10 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
     // ws.pages stored (format 4): read with the head's pages, not waited for.
     let wsf = m.files.iter().position(|f| f.name == thaw_engine::ws::PAGES_FILE);
-    let later = |fi: usize| fi == file || Some(fi) == wsf;
+    // ws.lz4 stored (format 5, a sealed image's): read with the head's pages too, and
+    // written to its file as it arrives; the restore's working-set read waits for it.
+    let lz4f = m.files.iter().position(|f| f.name == thaw_engine::ws::LZ4_FILE);
+    let later = |fi: usize| fi == file || Some(fi) == wsf || Some(fi) == lz4f;
     // Every file but pages.img must be in the head: one read brings it all.
     let elsewhere = m.files.iter().enumerate().any(|(fi, f)| fi != file && f.chunks.iter().any(|c| c.sha256.is_some() && c.pack != Some(head)));
     if elsewhere {
@@ -308,10 +320,9 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
             if !matches!(held_ws, HeldWs::None) {
                 // The head's ws.pages brings them: nothing more to read.
                 HashSet::new()
-            } else if recorded.is_none() && set.lz4_beside(dir).is_some() {
-                // A sealed image's head brings ws.lz4 (written above), which the
-                // restore reads them from with the node key: pages.img's copies
-                // follow with the rest.
+            } else if recorded.is_none() && lz4f.is_some() {
+                // A sealed image's head brings ws.lz4, which the restore reads them
+                // from with the node key: pages.img's copies follow with the rest.
                 HashSet::new()
             } else {
                 set.layout.iter().map(|&(_, fp)| chunk_of(fp * PAGE)).filter(|&i| i < chunks.len()).collect()
@@ -334,6 +345,10 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     }
     let ws_read = (!ws_spans.is_empty()).then(|| store.spawn(crate::pack::read_spans_owned(remote.clone(), ws_spans.clone(), Check::Chunks)));
     let t_first = t0.elapsed();
+    let lz4 = match lz4f {
+        Some(i) => Some(files[i].try_clone().map_err(StoreError::local(dir, "opening ws.lz4"))?),
+        None => None,
+    };
     let pages = files.swap_remove(file);
     let own_bytes = m.files[file].size;
     let fill = Arc::new(RemoteFill {
@@ -354,6 +369,10 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
         ws: Mutex::new(held_ws),
         ws_file: wsf,
         base: base.map(|(base, counted)| BaseLink { base, own_bytes, counted }),
+        lz4: lz4.map(|f| (lz4f.expect("ws.lz4's index"), f)),
+        lz4_brings: lz4f.is_some() && recorded.is_none(),
+        lz4_written: Mutex::new(None),
+        lz4_changed: Condvar::new(),
     });
     let whole_check = whole.then(|| (first_stored, head_pack.name.clone(), remote.url.object_url(&crate::pack::pack_key(&head_pack.name))));
     let f = fill.clone();
@@ -569,6 +588,7 @@ impl RemoteFill {
         let wsf = self.ws_file;
         let ws_here = matches!(*self.ws.lock().unwrap_or_else(|p| p.into_inner()), HeldWs::Fetching(_))
             && spans.iter().flat_map(|s| &s.chunks).any(|c| c.places.iter().any(|(fi, _)| Some(*fi) == wsf));
+        let lz4_here = self.lz4.as_ref().is_some_and(|(li, _)| spans.iter().flat_map(|s| &s.chunks).any(|c| c.places.iter().any(|(fi, _)| fi == li)));
         match got {
             Ok(parts) => {
                 if !counted {
@@ -577,6 +597,7 @@ impl RemoteFill {
                 }
                 let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                 let mut ws_parts = Vec::new();
+                let mut lz4_ok = true;
                 for (s, parts) in spans.iter().zip(parts) {
                     for (c, part) in s.chunks.iter().zip(parts) {
                         for &(fi, off) in &c.places {
@@ -584,11 +605,16 @@ impl RemoteFill {
                                 pending.insert(off, part.clone());
                             } else if Some(fi) == wsf {
                                 ws_parts.push((off, part.clone()));
+                            } else if let Some((_, f)) = self.lz4.as_ref().filter(|(li, _)| *li == fi) {
+                                lz4_ok &= f.write_all_at(&part, off).is_ok();
                             }
                         }
                     }
                 }
                 drop(pending);
+                if lz4_here {
+                    self.lz4_arrived(lz4_ok);
+                }
                 if ws_here {
                     let mut ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
                     if let HeldWs::Fetching(layout) = std::mem::replace(&mut *ws, HeldWs::None) {
@@ -603,6 +629,9 @@ impl RemoteFill {
             }
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "fetching the head's pages failed; each is fetched again when needed");
+                if lz4_here {
+                    self.lz4_arrived(false);
+                }
                 if ws_here {
                     *self.ws.lock().unwrap_or_else(|p| p.into_inner()) = HeldWs::None;
                 }
@@ -646,6 +675,31 @@ impl RemoteFill {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         while st.contains(&State::Fetching) {
             st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(st);
+        self.wait_lz4();
+    }
+
+    /// ws.lz4's arrival is over: written whole (`ok`) or not.
+    fn lz4_arrived(&self, ok: bool) {
+        if !ok {
+            tracing::warn!(dir = %self.dir.display(), "ws.lz4 did not arrive; the restore takes the working set from the page server");
+        }
+        *self.lz4_written.lock().unwrap_or_else(|p| p.into_inner()) = Some(ok);
+        self.lz4_changed.notify_all();
+    }
+
+    /// Wait for ws.lz4's arrival to be over, if one is stored: whether it was written whole.
+    fn wait_lz4(&self) -> bool {
+        if self.lz4.is_none() {
+            return false;
+        }
+        let mut w = self.lz4_written.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match *w {
+                Some(ok) => return ok,
+                None => w = self.lz4_changed.wait(w).unwrap_or_else(|p| p.into_inner()),
+            }
         }
     }
 
@@ -785,6 +839,14 @@ impl RemoteFill {
 }
 
 impl PageFill for RemoteFill {
+    fn brings_ws_lz4(&self) -> bool {
+        self.lz4_brings
+    }
+
+    fn wait_ws_lz4(&self) -> bool {
+        self.wait_lz4()
+    }
+
     fn ensure(&self, offset: u64, len: u64) -> std::io::Result<()> {
         let (own, base) = self.split(offset, len);
         if let Some((b, at, n)) = base {

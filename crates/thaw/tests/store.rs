@@ -228,6 +228,44 @@ fn a_sealed_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     assert_eq!((st["store"]["cache_hit"].as_bool(), st["mode"].as_str()), (Some(true), Some("prefetch")), "{st}");
 
+    // The head's copy corrupt in ws.lz4's bytes: not used, the head is read from its
+    // pack. Then the pack's ws.lz4 corrupt too (and no copy): state.bin still checks,
+    // ws.lz4 never arrives, and the restore takes the working set from the page server
+    // (pages.img's chunks, fetched as faults need them): the same answer.
+    let store = s3::store(&m, "s3://sealed-bucket/fns/hello");
+    let lz4_chunk = manifest.file("ws.lz4").unwrap().chunks[0].clone();
+    assert_eq!(lz4_chunk.pack, manifest.head, "ws.lz4 is in the head");
+    let copy_key = thaw_store::Remote::head_key(&id);
+    let copy = store.block_on(store.remote.get(&copy_key)).unwrap();
+    let header = thaw_store::fetch::HEAD_MAGIC.len() + 4;
+    let in_copy = header + u32::from_le_bytes(copy[header - 4..header].try_into().unwrap()) as usize + lz4_chunk.at.unwrap() as usize + 100;
+    let mut bad = copy.to_vec();
+    bad[in_copy] ^= 1;
+    store.block_on(store.remote.put(&copy_key, bad.into())).unwrap();
+    let pack_key = format!("packs/{}", head.name);
+    let pack = store.block_on(store.remote.get(&pack_key)).unwrap();
+    for case in ["copy", "copy and pack"] {
+        if case == "copy and pack" {
+            store.block_on(store.remote.delete(&copy_key)).unwrap();
+            let mut bad = pack.to_vec();
+            bad[lz4_chunk.at.unwrap() as usize + 100] ^= 1;
+            store.block_on(store.remote.put(&pack_key, bad.into())).unwrap();
+        }
+        std::fs::remove_dir_all(&entry).unwrap();
+        let stats = scratch().join("sealed-store-bad.json");
+        let o = restore(&stats);
+        assert_eq!(stdout(&o), original, "corrupt {case}");
+        let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
+        if case == "copy" {
+            assert_eq!((st["mode"].as_str(), st["prefetch"]["partial"].as_bool()), (Some("prefetch"), Some(false)), "corrupt {case}: {st}");
+        } else {
+            assert!(stderr(&o).contains("ws.lz4 did not arrive"), "corrupt {case}: {}", stderr(&o));
+        }
+    }
+    store.block_on(store.remote.put(&pack_key, pack)).unwrap();
+    store.block_on(store.remote.put(&copy_key, copy)).unwrap();
+    std::fs::remove_dir_all(&entry).unwrap();
+
     // A pull derives ws.pages too; the pulled copy restores with the key.
     let pulled = scratch().join("sealed-store-pulled");
     ok(thaw_s3(&m, &["--key-file", k, "snapshot", "pull", &url, pulled.to_str().unwrap()]));
