@@ -28,6 +28,24 @@ def test_summary_ratios_and_pairs():
     assert med["node-remote-cold"]["requests_before_first_response"] == 1
 
 
+def test_a_large_sample_goes_as_layers_of_its_packages(tmp_path):
+    import io
+    import zipfile
+    (tmp_path / "handler.py").write_text("def handler(e, c): return 1\n")
+    for pkg, n in (("a", 600), ("b", 600), ("c", 300)):
+        (tmp_path / pkg / "sub").mkdir(parents=True)
+        (tmp_path / pkg / "sub" / "m.py").write_text("x" * n)
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "handler.pyc").write_bytes(b"pyc")
+    names = lambda z: sorted(zipfile.ZipFile(io.BytesIO(z)).namelist())  # noqa: E731
+    code, layers = store_node.sample_parts(tmp_path)
+    assert layers == [] and "handler.py" in names(code) and "a/sub/m.py" in names(code)
+    assert not any("__pycache__" in n for n in names(code))
+    code, layers = store_node.sample_parts(tmp_path, bundle_max=1000, layer_max=1000)
+    assert names(code) == ["handler.py"]
+    assert [names(z) for z in layers] == [["python/a/sub/m.py"], ["python/b/sub/m.py", "python/c/sub/m.py"]]
+
+
 def test_a_node_fetches_its_snapshot_back_and_restores(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "store_node.py"), "--functions", "helloworld", "--runs", "1",
                         "--encryption", "off", "--settle", "0.2", "--out", str(tmp_path)],
