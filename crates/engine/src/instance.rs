@@ -365,7 +365,7 @@ impl LoadedSnapshot {
         // A sealed snapshot's head brings ws.lz4 (its frames compressed, then sealed:
         // its ws.pages would be ciphertext, which does not compress): the working set
         // is read from it, not assembled out of the image.
-        let lz4_arrived = fresh && (source.file().fill_brings_ws_lz4() || WorkingSet::load(&dir, id).is_ok_and(|ws| ws.lz4_beside(&dir).is_some()));
+        let lz4_arrived = fresh && source.file().fill_brings_ws_lz4();
         Ok(LoadedSnapshot {
             dir,
             image,
@@ -525,9 +525,7 @@ impl LoadedSnapshot {
                         }
                         // A sealed snapshot's ws.lz4 arriving from a store: read once
                         // written (the restore of the process state goes on meanwhile).
-                        if self.ws_cached {
-                            self.source.file().fill_wait_ws_lz4();
-                        }
+                        self.source.file().fill_wait_ws_lz4();
                         let file = ws.open_pages(&self.dir, cached)?;
                         let pages = file.arriving(ws.pages_bytes() as usize);
                         let shared = Arc::new(SharedWs { ws, pages });

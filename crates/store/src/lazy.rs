@@ -346,7 +346,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     let ws_read = (!ws_spans.is_empty()).then(|| store.spawn(crate::pack::read_spans_owned(remote.clone(), ws_spans.clone(), Check::Chunks)));
     let t_first = t0.elapsed();
     let lz4 = match lz4f {
-        Some(i) => Some(files[i].try_clone().map_err(StoreError::local(dir, "opening ws.lz4"))?),
+        Some(i) => Some((i, files[i].try_clone().map_err(StoreError::local(dir, "opening ws.lz4"))?)),
         None => None,
     };
     let pages = files.swap_remove(file);
@@ -369,7 +369,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
         ws: Mutex::new(held_ws),
         ws_file: wsf,
         base: base.map(|(base, counted)| BaseLink { base, own_bytes, counted }),
-        lz4: lz4.map(|f| (lz4f.expect("ws.lz4's index"), f)),
+        lz4,
         lz4_brings: lz4f.is_some() && recorded.is_none(),
         lz4_written: Mutex::new(None),
         lz4_changed: Condvar::new(),

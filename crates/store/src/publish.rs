@@ -303,17 +303,19 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
                 let sealed_lz4 = snap.image.seal.is_some()
                     && set.lz4_beside(dir) == Some(true)
                     && std::env::var("THAW_STORE_SEALED_WS").as_deref() != Ok("pages");
-                if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) && sealed_lz4 {
-                    let z = std::fs::read(dir.join(thaw_engine::ws::LZ4_FILE)).map_err(io("reading ws.lz4"))?;
-                    files.push((thaw_engine::ws::LZ4_FILE, z.len() as u64, cut_bytes(&z)));
-                    ws_lz4 = Some(Bytes::from(z));
-                } else if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
-                    let p = std::fs::read(dir.join(thaw_engine::ws::PAGES_FILE)).map_err(io("reading ws.pages"))?;
-                    if p.len() as u64 != set.pages_bytes() {
-                        return Err(StoreError::Snapshot { dir: dir.to_path_buf(), detail: "ws.pages changed while it was being published".into() });
+                if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
+                    if sealed_lz4 {
+                        let z = std::fs::read(dir.join(thaw_engine::ws::LZ4_FILE)).map_err(io("reading ws.lz4"))?;
+                        files.push((thaw_engine::ws::LZ4_FILE, z.len() as u64, cut_bytes(&z)));
+                        ws_lz4 = Some(Bytes::from(z));
+                    } else {
+                        let p = std::fs::read(dir.join(thaw_engine::ws::PAGES_FILE)).map_err(io("reading ws.pages"))?;
+                        if p.len() as u64 != set.pages_bytes() {
+                            return Err(StoreError::Snapshot { dir: dir.to_path_buf(), detail: "ws.pages changed while it was being published".into() });
+                        }
+                        files.push((thaw_engine::ws::PAGES_FILE, p.len() as u64, cut_bytes(&p)));
+                        ws_pages = Some(Bytes::from(p));
                     }
-                    files.push((thaw_engine::ws::PAGES_FILE, p.len() as u64, cut_bytes(&p)));
-                    ws_pages = Some(Bytes::from(p));
                 }
             }
             Err(e) => tracing::warn!("publishing {} without its working set: {e}", dir.display()),
