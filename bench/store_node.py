@@ -108,11 +108,11 @@ class Node:
 
     def __init__(self, data, store, prefix, encryption):
         self.data, self.store, self.prefix, self.encryption = data, store, prefix, encryption
-        self.sealed = encryption != "off"
+        self.sealed, self.env = variant_env(encryption)
 
     def start(self):
         clear = () if self.sealed else ("--no-encryption",)
-        env = dict(self.store.env, THAW_STORE_SEALED_WS="pages") if self.encryption == "on-ws-pages" else self.store.env
+        env = dict(self.store.env, **self.env)
         return NodeProcess(self.data, "--snapshot-store", f"s3://{BUCKET}/{self.prefix}", "--store-endpoint-url", self.store.endpoint,
                            "--create-bucket", "--no-bases", *clear, env=env)
 
@@ -190,8 +190,29 @@ def one_call(node, fn, mode, settle):
             raise SystemExit(f"the node did not stop cleanly: {n.log_path}")
 
 
+# A variant: `on` or `off` (sealed or clear), then options each with `+`, each the
+# environment of a baseline kept to measure against.
+OPTIONS = {
+    "ws-pages": ("ws.pages", {"THAW_STORE_SEALED_WS": "pages", "THAW_STORE_CLEAR_WS": "pages"}),
+    "head-whole": ("head checked whole", {"THAW_STORE_HEAD_STREAM": "pack"}),
+}
+
+
+def variant_env(variant):
+    """(sealed, environment) of a variant such as `on`, `off+ws-pages` or `on+head-whole`
+    (`on-ws-pages`: `on+ws-pages`, as before)."""
+    base, *opts = variant.replace("on-ws-pages", "on+ws-pages").split("+")
+    if base not in ("on", "off") or any(o not in OPTIONS for o in opts):
+        raise ValueError(f"unknown variant {variant!r}: on or off, then +{' +'.join(OPTIONS)}")
+    env = {}
+    for o in opts:
+        env.update(OPTIONS[o][1])
+    return base == "on", env
+
+
 def label(fn, encryption):
-    return f"{fn} ({ {'on': 'sealed', 'off': 'clear', 'on-ws-pages': 'sealed, ws.pages'}[encryption]})"
+    base, *opts = encryption.replace("on-ws-pages", "on+ws-pages").split("+")
+    return f"{fn} ({', '.join([{'on': 'sealed', 'off': 'clear'}[base]] + [OPTIONS[o][0] for o in opts])})"
 
 
 def summarize(rows):
@@ -247,10 +268,12 @@ def main():
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--link", default="loopback", help="loopback, or a tc rate (1gbit, 100mbit) of a veth pair to the store")
     ap.add_argument("--settle", type=float, default=0.5, help="seconds between a node's start and its call")
-    ap.add_argument("--encryption", default="on,off,on-ws-pages",
-                    help="on: the node's default, snapshots sealed at rest with its key (the store keeps the working set as "
-                         "ws.lz4: compressed, then sealed); off: --no-encryption; on-ws-pages: sealed, published with "
-                         "THAW_STORE_SEALED_WS=pages (ws.pages, whose ciphertext does not compress: the baseline)")
+    ap.add_argument("--encryption", default="on,off,on+ws-pages",
+                    help="variants, each a node of its own: on: the node's default, snapshots sealed at rest with its key; "
+                         "off: --no-encryption (the store keeps the working set as ws.lz4 either way, sealed when the image "
+                         "is); then options: +ws-pages: published with ws.pages instead (THAW_STORE_SEALED_WS / "
+                         "THAW_STORE_CLEAR_WS=pages, the baseline); +head-whole: a miss checks the head whole before "
+                         "handing any of it over (THAW_STORE_HEAD_STREAM=pack, the baseline)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     a = ap.parse_args()
     rows = []
@@ -260,8 +283,10 @@ def main():
         try:
             for fn in a.functions.split(","):
                 for enc in a.encryption.split(","):
-                    if enc not in ("on", "off", "on-ws-pages"):
-                        ap.error(f"--encryption: unknown {enc!r}")
+                    try:
+                        variant_env(enc)
+                    except ValueError as e:
+                        ap.error(f"--encryption: {e}")
                     node = Node(tmp / f"node-{fn}-{enc}", store, prefix=f"node-{fn}-{enc}", encryption=enc)
                     sid = deploy(node, fn)
                     print(f"{label(fn, enc)}: stored snapshot {sid[:12]}", flush=True)

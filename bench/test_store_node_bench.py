@@ -21,6 +21,15 @@ def test_summary_ratios_and_pairs():
             row("node-local", 12.0, 2), row("node-remote-cold", 30.0, 2)]
     med = store_node.summarize(rows)["f (clear)"]
     assert store_node.label("f", "on-ws-pages") == "f (sealed, ws.pages)"
+    assert store_node.label("f", "off+ws-pages+head-whole") == "f (clear, ws.pages, head checked whole)"
+    assert store_node.variant_env("off+head-whole") == (False, {"THAW_STORE_HEAD_STREAM": "pack"})
+    assert store_node.variant_env("on")[0] and store_node.variant_env("on-ws-pages")[1]["THAW_STORE_SEALED_WS"] == "pages"
+    for bad in ("sealed", "on+fast"):
+        try:
+            store_node.variant_env(bad)
+            raise AssertionError(bad)
+        except ValueError as e:
+            assert "unknown variant" in str(e)
     assert med["node-local"]["request_ms"] == 12.0 and med["node-remote-cold"]["request_ms"] == 20.0
     assert med["node-remote-cold"]["request_x_local"] == 20.0 / 12.0
     # Same-round ratios 1.5, 1.0, 2.5: their median, not the ratio of the medians.

@@ -523,10 +523,10 @@ impl LoadedSnapshot {
                             let shared = Arc::new(SharedWs { ws, pages: ws::Arriving::whole(buf, read_ms) });
                             return Ok((Prefill::Ws { shared, reader: true }, None));
                         }
-                        // A sealed snapshot's ws.lz4 arriving from a store: read once
-                        // written (the restore of the process state goes on meanwhile).
-                        self.source.file().fill_wait_ws_lz4();
-                        let file = ws.open_pages(&self.dir, cached)?;
+                        // ws.lz4 arriving from a store: each piece read once its frames
+                        // are written (the restore goes on meanwhile, and installs the
+                        // first pieces while the last are on the wire).
+                        let file = ws.open_pages_arriving(&self.dir, cached, self.source.file().ws_lz4_arrival())?;
                         let pages = file.arriving(ws.pages_bytes() as usize);
                         let shared = Arc::new(SharedWs { ws, pages });
                         Ok((Prefill::Ws { shared: shared.clone(), reader: true }, Some(WsRead { shared, file })))

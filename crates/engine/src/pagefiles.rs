@@ -50,7 +50,16 @@ pub trait PageFill: Send + Sync {
     fn wait_ws_lz4(&self) -> bool {
         false
     }
+    /// Return once bytes `0..end` of ws.lz4 are written (`true`), or will not all be
+    /// (`false`): a fill writes ws.lz4 as it arrives, so the restore reads its first
+    /// frames while the last are on their way.
+    fn ws_lz4_upto(&self, _end: u64) -> bool {
+        self.wait_ws_lz4()
+    }
 }
+
+/// [`PageFill::ws_lz4_upto`] of a snapshot's fill, for `ws::lz4::Frames` to wait on.
+pub type Arrival = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// One image's page files, numbered one after the other.
 pub struct PageFiles {
@@ -91,6 +100,13 @@ impl PageFiles {
     /// [`PageFill::wait_ws_lz4`] of the fill, if it brings ws.lz4 (`false` otherwise).
     pub fn fill_wait_ws_lz4(&self) -> bool {
         self.fill.as_ref().is_some_and(|f| f.brings_ws_lz4() && f.wait_ws_lz4())
+    }
+
+    /// How to wait for ws.lz4's bytes as the fill writes them ([`PageFill::ws_lz4_upto`]),
+    /// if it brings ws.lz4.
+    pub fn ws_lz4_arrival(&self) -> Option<Arrival> {
+        let f = self.fill.clone().filter(|f| f.brings_ws_lz4())?;
+        Some(Arc::new(move |end| f.ws_lz4_upto(end)))
     }
 
     /// Whether the fill brings ws.lz4 ([`PageFill::brings_ws_lz4`]).

@@ -242,6 +242,13 @@ impl WorkingSet {
     /// corrupt, and the caller looks again. With it ws.lz4, if there is one for this
     /// trace (`THAW_WS_LZ4=0`: never, the baseline).
     pub fn open_pages(&self, dir: &Path, cached: bool) -> Result<PagesFile, WsError> {
+        self.open_pages_arriving(dir, cached, None)
+    }
+
+    /// [`WorkingSet::open_pages`] while ws.lz4 is still being written by a snapshot's
+    /// fill (a store's miss): its header read once here, each piece's frames once
+    /// `arrival` says they are written ([`crate::pagefiles::PageFill::ws_lz4_upto`]).
+    pub fn open_pages_arriving(&self, dir: &Path, cached: bool, arrival: Option<crate::pagefiles::Arrival>) -> Result<PagesFile, WsError> {
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true);
         if !cached {
@@ -250,7 +257,7 @@ impl WorkingSet {
         let f = opts.open(dir.join(PAGES_FILE)).map_err(io_err(dir, "opening ws.pages"))?;
         self.check_size(dir, f.metadata().map_err(io_err(dir, "reading the size of ws.pages"))?.len())?;
         let lz4 = (self.trace_crc != 0 && std::env::var("THAW_WS_LZ4").as_deref() != Ok("0"))
-            .then(|| lz4::open(dir, cached, self.trace_crc, self.pages_bytes()))
+            .then(|| lz4::open(dir, cached, self.trace_crc, self.pages_bytes(), arrival))
             .flatten();
         Ok(PagesFile { file: f, lz4 })
     }
@@ -260,7 +267,7 @@ impl WorkingSet {
     /// arriving from a store brings one in its head instead of ws.pages (see
     /// `thaw_store::publish`).
     pub fn lz4_beside(&self, dir: &Path) -> Option<bool> {
-        (self.trace_crc != 0).then(|| lz4::open(dir, true, self.trace_crc, self.pages_bytes())).flatten().map(|f| f.sealed())
+        (self.trace_crc != 0).then(|| lz4::open(dir, true, self.trace_crc, self.pages_bytes(), None)).flatten().map(|f| f.sealed())
     }
 
     /// The working set's pages read out of the image's `pages` instead of ws.pages:
@@ -461,7 +468,7 @@ pub fn write_from(
             // A sealed one that names this very trace stays where this write could not
             // seal (no key: a store rebuilding the ws.pages of a sealed image whose
             // ws.lz4 it fetched; an image's pages never change under its id).
-            None if sealed.is_none() && lz4::open(dir, true, crc, ws.pages_bytes()).is_some_and(|f| f.sealed()) => {}
+            None if sealed.is_none() && lz4::open(dir, true, crc, ws.pages_bytes(), None).is_some_and(|f| f.sealed()) => {}
             None => {
                 let _ = std::fs::remove_file(dir.join(LZ4_FILE));
             }
@@ -486,7 +493,7 @@ pub fn write_from(
 /// image's without `sealed`). Off a restore's path: it reads and compresses the whole
 /// working set.
 pub fn compress_beside(dir: &Path, ws: &WorkingSet, sealed: Option<&SealedPages<'_>>, durable: bool) -> Result<bool, WsError> {
-    if ws.trace_crc == 0 || lz4::open(dir, true, ws.trace_crc, ws.pages_bytes()).is_some() {
+    if ws.trace_crc == 0 || lz4::open(dir, true, ws.trace_crc, ws.pages_bytes(), None).is_some() {
         return Ok(false);
     }
     let mut pages = match std::fs::read(dir.join(PAGES_FILE)) {

@@ -136,6 +136,8 @@ pub struct HeadCopy {
     /// The most bytes of the head pack the read takes ([`HeadCopy::limit`]): a copy
     /// longer than the head is not read to its end, into memory.
     limit: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Hash the pack as it arrives (until [`HeadCopy::unhashed`]).
+    hashing: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What has arrived of a head's copy.
@@ -184,7 +186,7 @@ fn pack_start(first: &[u8], object: &str) -> Result<usize> {
 impl HeadCopy {
     /// No copy (a whole fetch).
     pub fn none() -> HeadCopy {
-        HeadCopy { rx: tokio::sync::watch::channel(Arrival { done: Some(None), ..Default::default() }).1, limit: Default::default() }
+        HeadCopy { rx: tokio::sync::watch::channel(Arrival { done: Some(None), ..Default::default() }).1, limit: Default::default(), hashing: Default::default() }
     }
 
     /// The copy of `key` read on the current runtime, part by part (see [`Remote::get_stream`]).
@@ -204,6 +206,8 @@ impl HeadCopy {
         let (tx, rx) = tokio::sync::watch::channel(Arrival::default());
         let limit = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
         let most = limit.clone();
+        let hashing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let hash_on = hashing.clone();
         let t0 = std::time::Instant::now();
         tokio::spawn(async move {
             let mut sha = <sha2::Sha256 as sha2::Digest>::new();
@@ -221,7 +225,7 @@ impl HeadCopy {
                 }
             };
             let hash_from = |sha: &mut sha2::Sha256, part: &[u8], at: usize, p: usize| {
-                if at + part.len() > p {
+                if at + part.len() > p && hash_on.load(std::sync::atomic::Ordering::Relaxed) {
                     sha2::Digest::update(sha, &part[p.saturating_sub(at)..]);
                 }
             };
@@ -285,7 +289,10 @@ impl HeadCopy {
                             1 => a.parts[0].slice(p..),
                             _ => gather(&a.parts, p, len),
                         },
-                        hex::encode(sha2::Digest::finalize(sha)),
+                        match hash_on.load(std::sync::atomic::Ordering::Relaxed) {
+                            true => hex::encode(sha2::Digest::finalize(sha)),
+                            false => String::new(),
+                        },
                     )),
                     Ok(()) => {
                         tracing::warn!(object = %object, len, manifest_end = p, "the head's copy ends inside its manifest; reading the manifest and the head apart");
@@ -300,7 +307,13 @@ impl HeadCopy {
                 a.parts.clear();
             });
         });
-        HeadCopy { rx, limit }
+        HeadCopy { rx, limit, hashing }
+    }
+
+    /// Stop hashing the pack as it arrives: its reader checks it chunk by chunk
+    /// instead. [`HeadCopy::get_hashed`]'s digest is then empty.
+    pub fn unhashed(&self) {
+        self.hashing.store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Take at most `n` bytes of the head pack (its size, once the manifest told it):
@@ -341,7 +354,8 @@ impl HeadCopy {
         self.get_hashed().await.map(|(b, _)| b)
     }
 
-    /// The whole head pack and the SHA-256 (hex) of its bytes, once here.
+    /// The whole head pack and the SHA-256 (hex) of its bytes, once here (empty after
+    /// [`HeadCopy::unhashed`]).
     pub async fn get_hashed(&self) -> Option<(bytes::Bytes, String)> {
         let mut rx = self.rx.clone();
         let a = rx.wait_for(|a| a.done.is_some()).await.ok()?;

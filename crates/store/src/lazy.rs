@@ -90,14 +90,109 @@ pub struct RemoteFill {
     ws_file: Option<usize>,
     /// A diff's base arriving lazily too (see [`LazyBase`]).
     base: Option<BaseLink>,
-    /// ws.lz4 stored (format 5): its index in `m.files` and its file, written as the
-    /// head's pages arrive.
-    lz4: Option<(usize, File)>,
+    /// ws.lz4 stored (format 5), written as the head's pages arrive.
+    lz4: Option<Lz4Arrival>,
     /// It is for the working set the restore uses (not one recorded after the publish).
     lz4_brings: bool,
-    /// Set once ws.lz4's arrival is over: written whole (`true`) or not (its read failed).
-    lz4_written: Mutex<Option<bool>>,
-    lz4_changed: Condvar,
+}
+
+/// ws.lz4 as it arrives with the head (format 5): each chunk written to its file as
+/// soon as it is here and checked by its hash, so the restore reads its first frames
+/// while the last are still on the wire ([`PageFill::ws_lz4_upto`]).
+struct Lz4Arrival {
+    /// Its index in `m.files`.
+    index: usize,
+    file: File,
+    size: u64,
+    written: Mutex<Lz4Written>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Lz4Written {
+    /// Byte ranges written, sorted and merged.
+    ranges: Vec<(u64, u64)>,
+    /// Set once its arrival is over: written whole (`true`) or not (a read failed).
+    ended: Option<bool>,
+}
+
+impl Lz4Written {
+    /// Bytes written from the file's start on, without a gap.
+    fn prefix(&self) -> u64 {
+        self.ranges.first().filter(|r| r.0 == 0).map_or(0, |r| r.1)
+    }
+
+    fn covers(&self, from: u64, to: u64) -> bool {
+        self.ranges.iter().any(|&(a, b)| a <= from && to <= b)
+    }
+
+    fn add(&mut self, from: u64, to: u64) {
+        self.ranges.push((from, to));
+        self.ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(self.ranges.len());
+        for &(a, b) in &self.ranges {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        self.ranges = merged;
+    }
+}
+
+impl Lz4Arrival {
+    /// Write `part` (a chunk checked by its hash) at `off`, unless written already.
+    fn write(&self, off: u64, part: &[u8]) -> bool {
+        let end = off + part.len() as u64;
+        if self.written.lock().unwrap_or_else(|p| p.into_inner()).covers(off, end) {
+            return true;
+        }
+        if self.file.write_all_at(part, off).is_err() {
+            return false;
+        }
+        self.written.lock().unwrap_or_else(|p| p.into_inner()).add(off, end);
+        self.changed.notify_all();
+        true
+    }
+
+    /// Its arrival is over: written whole (`ok`) or not.
+    fn end(&self, ok: bool, dir: &Path) {
+        if !ok {
+            tracing::warn!(dir = %dir.display(), "ws.lz4 did not arrive; the restore takes the working set from the page server");
+        }
+        let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        w.ended.get_or_insert(ok);
+        drop(w);
+        self.changed.notify_all();
+    }
+
+    /// Wait until bytes `0..end` are written (`true`) or its arrival is over without
+    /// them (`false`).
+    fn wait_upto(&self, end: u64) -> bool {
+        let end = end.min(self.size);
+        let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if w.prefix() >= end {
+                return true;
+            }
+            // Over and whole: the chunks not written are zeros (not stored).
+            if let Some(ok) = w.ended {
+                return ok;
+            }
+            w = self.changed.wait(w).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Wait until its arrival is over: whether it was written whole.
+    fn wait_end(&self) -> bool {
+        let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match w.ended {
+                Some(ok) => return ok,
+                None => w = self.changed.wait(w).unwrap_or_else(|p| p.into_inner()),
+            }
+        }
+    }
 }
 
 /// A base arriving from the store under the diffs that missed it: its head (state.bin,
@@ -243,8 +338,23 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     let head_pack = m.packs[head as usize].clone();
     // The copy is read into memory: never past the head's size.
     head_copy.limit(head_pack.size);
-    let whole = crate::pack::covers(first.iter().chain(&head_pages), head_pack.size) && std::env::var("THAW_STORE_HEAD_CHECK").as_deref() != Ok("chunks");
+    // A head without ws.pages (format 5: ws.lz4, or no working set) is checked chunk by
+    // chunk, each piece handed over as soon as it is (the copy-on-written pages the
+    // restore writes first, then ws.lz4's frames, which it installs as they come):
+    // its bytes are mostly ws.lz4's, whose chunks are as many bytes to hash as the
+    // pack. ws.pages, compressed about threefold in its pack, is held whole (HeldWs)
+    // and checked by the pack's name. `THAW_STORE_HEAD_STREAM=pack`: as before.
+    // (`THAW_STORE_HEAD_STREAM=0` waits for the whole copy: nothing early either.)
+    let early = wsf.is_none() && !matches!(std::env::var("THAW_STORE_HEAD_STREAM").as_deref(), Ok("pack" | "0"));
+    let whole = crate::pack::covers(first.iter().chain(&head_pages), head_pack.size)
+        && !early
+        && std::env::var("THAW_STORE_HEAD_CHECK").as_deref() != Ok("chunks");
     let pages_check = if whole { Check::Pack } else { Check::Chunks };
+    if pages_check == Check::Chunks {
+        // Its pages checked chunk by chunk, state.bin and ws.trace too: the pack's
+        // hash would be work for nothing.
+        head_copy.unhashed();
+    }
     let copy_object = remote.url.object_url(&crate::Remote::head_key(id));
     // state.bin and ws.trace, each chunk checked by its hash: out of the head copy's
     // first bytes as soon as those are here, while the rest is still arriving (the
@@ -272,7 +382,8 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     // The copy's bytes counted already (its first ones, or all of it when waited for).
     let pages_from = copy_start.filter(|_| from_copy.is_some()).map(|c| (head_copy, c.len() as u64));
     // Started before the first files' reads (when those go to the store, in parallel).
-    let pages_read = store.spawn(read_head_pages(remote.clone(), pages_from, head_pages.clone(), pages_check, head_pack.clone(), copy_object));
+    let (early_tx, mut early_rx) = tokio::sync::mpsc::unbounded_channel();
+    let pages_read = store.spawn(read_head_pages(remote.clone(), pages_from, head_pages.clone(), pages_check, head_pack.clone(), copy_object, early.then_some(early_tx)));
     let first_reads = if from_copy.is_some() { 0 } else { first.len() as u64 };
     let (first_read, recorded) = match from_copy {
         Some(r) => (Ok(r), store.block_on(crate::fetch::recorded_trace(remote, &m, id))),
@@ -346,7 +457,13 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     let ws_read = (!ws_spans.is_empty()).then(|| store.spawn(crate::pack::read_spans_owned(remote.clone(), ws_spans.clone(), Check::Chunks)));
     let t_first = t0.elapsed();
     let lz4 = match lz4f {
-        Some(i) => Some((i, files[i].try_clone().map_err(StoreError::local(dir, "opening ws.lz4"))?)),
+        Some(i) => Some(Lz4Arrival {
+            index: i,
+            file: files[i].try_clone().map_err(StoreError::local(dir, "opening ws.lz4"))?,
+            size: m.files[i].size,
+            written: Default::default(),
+            changed: Condvar::new(),
+        }),
         None => None,
     };
     let pages = files.swap_remove(file);
@@ -371,12 +488,15 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
         base: base.map(|(base, counted)| BaseLink { base, own_bytes, counted }),
         lz4,
         lz4_brings: lz4f.is_some() && recorded.is_none(),
-        lz4_written: Mutex::new(None),
-        lz4_changed: Condvar::new(),
     });
     let whole_check = whole.then(|| (first_stored, head_pack.name.clone(), remote.url.object_url(&crate::pack::pack_key(&head_pack.name))));
     let f = fill.clone();
     store.spawn(async move {
+        // Pieces handed over as they arrive, until the read ends (it holds the sender).
+        while let Some((piece, parts)) = early_rx.recv().await {
+            let f = f.clone();
+            let _ = tokio::task::spawn_blocking(move || f.piece_arrived(&piece, &parts)).await;
+        }
         let got = pages_read.await.unwrap_or_else(|e| HeadPages { reads: Err(StoreError::Task { detail: e.to_string() }), checked: true, requests: 0, bytes: 0 });
         // Counted before the pages are handed over (the first response may follow).
         f.counters.requests.fetch_add(got.requests, Ordering::Relaxed);
@@ -432,9 +552,9 @@ fn fits_head(copy: &bytes::Bytes, head: &crate::manifest::PackRef, object: &str)
 /// The head's pages (`spans`), from its copy (`copy`: with the bytes of it counted
 /// already) where there is one that checks, else read from its pack (those reads
 /// checked as `check` says: by chunk here, or by the caller by the whole pack's name).
-async fn read_head_pages(remote: crate::Remote, copy: Option<(crate::fetch::HeadCopy, u64)>, spans: Vec<Span>, check: Check, head: crate::manifest::PackRef, object: String) -> HeadPages {
+async fn read_head_pages(remote: crate::Remote, copy: Option<(crate::fetch::HeadCopy, u64)>, spans: Vec<Span>, check: Check, head: crate::manifest::PackRef, object: String, early: Option<Pieces>) -> HeadPages {
     if let Some((copy, counted)) = copy {
-        match pages_as_they_arrive(&copy, &spans, check, &head, &object).await {
+        match pages_as_they_arrive(&copy, &spans, check, &head, &object, early).await {
             Ok(reads) => return HeadPages { reads: Ok(reads), checked: true, requests: 0, bytes: head.size.saturating_sub(counted) },
             Err(e) => tracing::warn!(error = %e, "the head's copy does not check; reading the head from its pack"),
         }
@@ -450,27 +570,44 @@ async fn read_head_pages(remote: crate::Remote, copy: Option<(crate::fetch::Head
 /// Stored bytes of the head's copy decompressed at a time, as they arrive.
 const PIECE: u64 = 256 << 10;
 
+/// Where [`pages_as_they_arrive`] hands each piece of the head over as soon as it is
+/// checked chunk by chunk (to [`RemoteFill::piece_arrived`]).
+type Pieces = tokio::sync::mpsc::UnboundedSender<(Span, Vec<bytes::Bytes>)>;
+
 /// `spans` out of the head's copy as it arrives: each span's chunks decompressed in
 /// pieces of about [`PIECE`] bytes as soon as a piece is here (one piece at a time
 /// per span, so at most [`HEAD_READS`] threads beside the restore), so that little is
 /// left to do when the last byte arrives (a copy that is all here already, waited for
-/// with `THAW_STORE_HEAD_STREAM=0`, is taken the same way). Nothing is returned before
-/// the whole copy is here and checked: by the pack's name (`Check::Pack`; the copy is
-/// hashed as it arrives), else chunk by chunk.
-async fn pages_as_they_arrive(copy: &crate::fetch::HeadCopy, spans: &[Span], check: Check, head: &crate::manifest::PackRef, object: &str) -> Result<Vec<(bytes::Bytes, Vec<bytes::Bytes>)>> {
+/// with `THAW_STORE_HEAD_STREAM=0`, is taken the same way). Checked chunk by chunk
+/// (`Check::Chunks`), each piece goes to `early` as soon as it is; by the pack's name
+/// (`Check::Pack`; the copy is hashed as it arrives), nothing is handed over before
+/// the whole copy is here and checked.
+async fn pages_as_they_arrive(copy: &crate::fetch::HeadCopy, spans: &[Span], check: Check, head: &crate::manifest::PackRef, object: &str, early: Option<Pieces>) -> Result<Vec<(bytes::Bytes, Vec<bytes::Bytes>)>> {
     let task = |e: tokio::task::JoinError| StoreError::Task { detail: e.to_string() };
     let ended = |what: &str| StoreError::Corrupt { object: object.to_string(), detail: format!("its read ended before {what}") };
     let reads: Vec<_> = spans
         .iter()
         .map(|s| {
-            let (copy, s, o) = (copy.clone(), s.clone(), object.to_string());
+            let (copy, s, o, early) = (copy.clone(), s.clone(), object.to_string(), early.clone().filter(|_| check == Check::Chunks));
             tokio::spawn(async move {
                 let pieces = ((s.end - s.start) / PIECE).max(1) as usize;
                 let mut chunks = Vec::with_capacity(s.chunks.len());
                 for piece in s.split(pieces) {
                     let Some(data) = copy.range(piece.start as usize, piece.end as usize).await else { return Ok(None) };
                     let o = o.clone();
-                    chunks.extend(tokio::task::spawn_blocking(move || crate::pack::check_span(&o, &piece, data, check)).await.map_err(task)??);
+                    let (piece, got) = tokio::task::spawn_blocking(move || {
+                        let got = crate::pack::check_span(&o, &piece, data, check);
+                        (piece, got)
+                    })
+                    .await
+                    .map_err(task)?;
+                    let got = got?;
+                    if let Some(tx) = &early {
+                        // Checked chunk by chunk: handed over now. A receiver gone is a
+                        // fill given up; the rest is read to its end all the same.
+                        let _ = tx.send((piece, got.clone()));
+                    }
+                    chunks.extend(got);
                 }
                 Ok::<_, StoreError>(Some(chunks))
             })
@@ -581,39 +718,29 @@ impl RemoteFill {
     /// The background reads of `spans` (chunks of pages.img, marked Fetching) are
     /// done: their chunks are kept in memory (Pending), or, if the read failed, left to
     /// be fetched when needed (Absent; a store that is down fails that fetch, and the
-    /// instance that needed the page is killed).
+    /// instance that needed the page is killed). Chunks handed over before, as they
+    /// arrived ([`RemoteFill::piece_arrived`]), are left as they are. ws.lz4's arrival
+    /// ends here.
     /// `counted`: their bytes came with a request counted already (the head's copy).
     fn arrived(&self, spans: &[Span], got: Result<Vec<Vec<bytes::Bytes>>>, t0: std::time::Instant, counted: bool) {
-        let idx: Vec<usize> = span_chunks(spans, self.file).map(|(_, off)| self.chunk_index(off)).collect();
         let wsf = self.ws_file;
         let ws_here = matches!(*self.ws.lock().unwrap_or_else(|p| p.into_inner()), HeldWs::Fetching(_))
             && spans.iter().flat_map(|s| &s.chunks).any(|c| c.places.iter().any(|(fi, _)| Some(*fi) == wsf));
-        let lz4_here = self.lz4.as_ref().is_some_and(|(li, _)| spans.iter().flat_map(|s| &s.chunks).any(|c| c.places.iter().any(|(fi, _)| fi == li)));
+        let lz4_here = self.lz4.as_ref().filter(|z| spans.iter().flat_map(|s| &s.chunks).any(|c| c.places.iter().any(|(fi, _)| *fi == z.index)));
+        let idx = self.still_fetching(span_chunks(spans, self.file).map(|(_, off)| off));
         match got {
             Ok(parts) => {
                 if !counted {
                     self.counters.requests.fetch_add(spans.len() as u64, Ordering::Relaxed);
                     self.counters.bytes.fetch_add(spans.iter().map(|s| s.end - s.start).sum(), Ordering::Relaxed);
                 }
-                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
                 let mut ws_parts = Vec::new();
                 let mut lz4_ok = true;
-                for (s, parts) in spans.iter().zip(parts) {
-                    for (c, part) in s.chunks.iter().zip(parts) {
-                        for &(fi, off) in &c.places {
-                            if fi == self.file {
-                                pending.insert(off, part.clone());
-                            } else if Some(fi) == wsf {
-                                ws_parts.push((off, part.clone()));
-                            } else if let Some((_, f)) = self.lz4.as_ref().filter(|(li, _)| *li == fi) {
-                                lz4_ok &= f.write_all_at(&part, off).is_ok();
-                            }
-                        }
-                    }
+                for (s, parts) in spans.iter().zip(&parts) {
+                    lz4_ok &= self.take_parts(s, parts, &idx, Some(&mut ws_parts));
                 }
-                drop(pending);
-                if lz4_here {
-                    self.lz4_arrived(lz4_ok);
+                if let Some(z) = lz4_here {
+                    z.end(lz4_ok, &self.dir);
                 }
                 if ws_here {
                     let mut ws = self.ws.lock().unwrap_or_else(|p| p.into_inner());
@@ -621,26 +748,73 @@ impl RemoteFill {
                         *ws = HeldWs::held(layout, ws_parts);
                     }
                 }
-                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                for &i in &idx {
-                    st[i] = State::Pending;
-                }
+                self.mark(&idx, State::Pending);
                 tracing::debug!(requests = spans.len(), chunks = idx.len(), ms = t0.elapsed().as_secs_f64() * 1e3, "snapshot pages arrived");
             }
             Err(e) => {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "fetching the head's pages failed; each is fetched again when needed");
-                if lz4_here {
-                    self.lz4_arrived(false);
+                if let Some(z) = lz4_here {
+                    z.end(false, &self.dir);
                 }
                 if ws_here {
                     *self.ws.lock().unwrap_or_else(|p| p.into_inner()) = HeldWs::None;
                 }
-                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                for &i in &idx {
-                    st[i] = State::Absent;
+                self.mark(&idx, State::Absent);
+            }
+        }
+    }
+
+    /// A piece of the head's pages, here and each of its chunks checked by its hash
+    /// while the rest is still arriving ([`pages_as_they_arrive`]): its chunks of
+    /// pages.img are handed to reads (Pending) and its ws.lz4 written at once, so the
+    /// restore installs what it needs first without waiting for the head's last byte.
+    fn piece_arrived(&self, span: &Span, parts: &[bytes::Bytes]) {
+        let idx = self.still_fetching(span_chunks(std::slice::from_ref(span), self.file).map(|(_, off)| off));
+        if !self.take_parts(span, parts, &idx, None) {
+            tracing::warn!(dir = %self.dir.display(), "writing ws.lz4 as it arrives failed; the rest of the head decides");
+        }
+        self.mark(&idx, State::Pending);
+    }
+
+    /// The indices of the chunks of pages.img at `offsets` that are still Fetching.
+    fn still_fetching(&self, offsets: impl Iterator<Item = u64>) -> Vec<usize> {
+        let idx: Vec<usize> = offsets.map(|off| self.chunk_index(off)).collect();
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        idx.into_iter().filter(|&i| st[i] == State::Fetching).collect()
+    }
+
+    /// Take span `s`'s chunks (`parts`, checked): those of pages.img among chunks `idx`
+    /// into `pending`, ws.pages' into `ws_parts`, ws.lz4's written to its file (false:
+    /// one could not be).
+    fn take_parts(&self, s: &Span, parts: &[bytes::Bytes], idx: &[usize], mut ws_parts: Option<&mut Vec<(u64, bytes::Bytes)>>) -> bool {
+        let idx: HashSet<usize> = idx.iter().copied().collect();
+        let mut lz4_ok = true;
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        for (c, part) in s.chunks.iter().zip(parts) {
+            for &(fi, off) in &c.places {
+                if fi == self.file {
+                    if idx.contains(&self.chunk_index(off)) {
+                        pending.insert(off, part.clone());
+                    }
+                } else if Some(fi) == self.ws_file {
+                    if let Some(w) = ws_parts.as_deref_mut() {
+                        w.push((off, part.clone()));
+                    }
+                } else if let Some(z) = self.lz4.as_ref().filter(|z| z.index == fi) {
+                    lz4_ok &= z.write(off, part);
                 }
             }
         }
+        lz4_ok
+    }
+
+    /// Chunks `idx` become `to`; their waiters are told.
+    fn mark(&self, idx: &[usize], to: State) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for &i in idx {
+            st[i] = to;
+        }
+        drop(st);
         self.changed.notify_all();
     }
 
@@ -680,27 +854,9 @@ impl RemoteFill {
         self.wait_lz4();
     }
 
-    /// ws.lz4's arrival is over: written whole (`ok`) or not.
-    fn lz4_arrived(&self, ok: bool) {
-        if !ok {
-            tracing::warn!(dir = %self.dir.display(), "ws.lz4 did not arrive; the restore takes the working set from the page server");
-        }
-        *self.lz4_written.lock().unwrap_or_else(|p| p.into_inner()) = Some(ok);
-        self.lz4_changed.notify_all();
-    }
-
     /// Wait for ws.lz4's arrival to be over, if one is stored: whether it was written whole.
     fn wait_lz4(&self) -> bool {
-        if self.lz4.is_none() {
-            return false;
-        }
-        let mut w = self.lz4_written.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            match *w {
-                Some(ok) => return ok,
-                None => w = self.lz4_changed.wait(w).unwrap_or_else(|p| p.into_inner()),
-            }
-        }
+        self.lz4.as_ref().is_some_and(Lz4Arrival::wait_end)
     }
 
     /// The index of the chunk of pages.img at byte `offset`.
@@ -847,6 +1003,10 @@ impl PageFill for RemoteFill {
         self.wait_lz4()
     }
 
+    fn ws_lz4_upto(&self, end: u64) -> bool {
+        self.lz4.as_ref().is_some_and(|z| z.wait_upto(end))
+    }
+
     fn ensure(&self, offset: u64, len: u64) -> std::io::Result<()> {
         let (own, base) = self.split(offset, len);
         if let Some((b, at, n)) = base {
@@ -927,5 +1087,84 @@ impl RemoteFill {
             }
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two chunks of ws.lz4 in a head pack, stored raw, and the manifest naming them.
+    fn head_of_two() -> (Manifest, Vec<u8>, Vec<Vec<u8>>) {
+        let parts: Vec<Vec<u8>> = (0..2u8).map(|k| (0..PIECE as usize).map(|i| (i % 251) as u8 ^ k).collect()).collect();
+        let pack = parts.concat();
+        let chunk = |k: usize| {
+            serde_json::json!({"offset": k as u64 * PIECE, "len": PIECE, "sha256": crate::remote::sha256_hex(&parts[k]), "pack": 0, "at": k as u64 * PIECE})
+        };
+        let m = serde_json::from_value(serde_json::json!({
+            "format": 5, "image_format": 1, "image_id": 1, "head": 0, "derived": [],
+            "packs": [{"name": crate::remote::sha256_hex(&pack), "size": pack.len()}],
+            "files": [{"name": thaw_engine::ws::LZ4_FILE, "size": pack.len(), "chunks": [chunk(0), chunk(1)]}],
+        }))
+        .unwrap();
+        (m, pack, parts)
+    }
+
+    #[test]
+    fn a_piece_checked_by_its_chunks_is_handed_over_before_the_rest_arrives() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (m, pack, parts) = head_of_two();
+        let spans = spans_of(&m, |_, _| true, u64::MAX);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<crate::error::Result<bytes::Bytes>>();
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
+        let copy = rt.block_on(async { crate::fetch::HeadCopy::from_parts("head".into(), async move { Ok(Box::pin(stream)) }) });
+        let (early_tx, mut early_rx) = tokio::sync::mpsc::unbounded_channel();
+        let object = "s3://b/head".to_string();
+        let read = {
+            let (copy, spans, head) = (copy.clone(), spans.clone(), m.packs[0].clone());
+            rt.spawn(async move { pages_as_they_arrive(&copy, &spans, Check::Chunks, &head, &object, Some(early_tx)).await })
+        };
+        // The first chunk here, the second not yet: the first is handed over.
+        tx.send(Ok(bytes::Bytes::from(pack[..PIECE as usize].to_vec()))).unwrap();
+        let (piece, got) = rt.block_on(early_rx.recv()).expect("the first piece, before the rest");
+        assert_eq!((piece.start, piece.end, got.len()), (0, PIECE, 1));
+        assert_eq!(got[0], parts[0]);
+        assert!(!read.is_finished(), "the read goes on");
+        // The second chunk arrives corrupt: never handed over, and the read fails.
+        let mut bad = pack[PIECE as usize..].to_vec();
+        bad[7] ^= 1;
+        tx.send(Ok(bytes::Bytes::from(bad))).unwrap();
+        drop(tx);
+        let e = rt.block_on(read).unwrap().unwrap_err().to_string();
+        assert!(e.contains("hashes to"), "{e}");
+        assert!(rt.block_on(early_rx.recv()).is_none(), "nothing more handed over");
+    }
+
+    #[test]
+    fn ws_lz4_waiters_see_its_written_prefix_and_its_end() {
+        let d = tempfile::tempdir().unwrap();
+        let file = File::create(d.path().join("ws.lz4")).unwrap();
+        let z = Arc::new(Lz4Arrival { index: 0, file, size: 300, written: Default::default(), changed: Condvar::new() });
+        assert!(z.write(100, &[1; 100]));
+        {
+            let w = z.written.lock().unwrap();
+            assert_eq!((w.prefix(), w.covers(100, 200), w.covers(0, 10)), (0, true, false), "a gap at the start");
+        }
+        let waiter = {
+            let z = z.clone();
+            std::thread::spawn(move || z.wait_upto(200))
+        };
+        assert!(z.write(0, &[2; 100]));
+        assert!(waiter.join().unwrap(), "0..200 written");
+        assert_eq!(z.written.lock().unwrap().prefix(), 200);
+        // The rest never comes: a waiter for it is told so once the arrival ends.
+        let waiter = {
+            let z = z.clone();
+            std::thread::spawn(move || z.wait_upto(300))
+        };
+        z.end(false, d.path());
+        assert!(!waiter.join().unwrap());
+        assert!(!z.wait_end());
+        assert!(z.wait_upto(150), "what was written stays readable");
     }
 }

@@ -236,7 +236,17 @@ fn cut_fixed(f: &File, size: u64) -> std::io::Result<Vec<(u64, u64, Option<Strin
 
 /// `data` (a file held in memory) in [`FILE_CHUNK`] pieces: (offset, length, name).
 fn cut_bytes(data: &[u8]) -> Vec<(u64, u64, Option<String>)> {
-    data.chunks(FILE_CHUNK as usize).enumerate().map(|(i, c)| (i as u64 * FILE_CHUNK, c.len() as u64, chunk_name(c))).collect()
+    cut_bytes_by(data, FILE_CHUNK)
+}
+
+/// ws.lz4's pieces: a miss writes each as soon as it is here and checked, and the
+/// restore installs the frames in it, so smaller than other files' (the first
+/// frames wait for one piece, not for a MiB).
+const WS_LZ4_CHUNK: u64 = 256 << 10;
+
+/// `data` in pieces of `size` bytes: (offset, length, name).
+fn cut_bytes_by(data: &[u8], size: u64) -> Vec<(u64, u64, Option<String>)> {
+    data.chunks(size as usize).enumerate().map(|(i, c)| (i as u64 * size, c.len() as u64, chunk_name(c))).collect()
 }
 
 fn chunk_name(data: &[u8]) -> Option<String> {
@@ -295,18 +305,22 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
                 let t = std::fs::read(dir.join(TRACE_FILE)).map_err(io("reading ws.trace"))?;
                 files.push((TRACE_FILE, t.len() as u64, cut_bytes(&t)));
                 ws_trace = Some(Bytes::from(t));
-                // A sealed image's ws.pages is ciphertext, which does not compress: its
-                // ws.lz4 (pages decrypted, compressed, each frame sealed) goes instead,
-                // and ws.pages is derived by the reader. Never a clear ws.lz4 of a
+                // ws.lz4 goes instead of ws.pages where there is one for this trace,
+                // and ws.pages is derived by the reader: a miss writes ws.lz4's frames
+                // as they arrive and the restore installs them as they do (fast to
+                // decompress), where ws.pages is held whole. A sealed image's ws.pages
+                // is ciphertext, which does not compress: its ws.lz4 holds the pages
+                // decrypted, compressed, each frame sealed. Never a clear ws.lz4 of a
                 // sealed image (it would hold its pages in clear).
-                // (`THAW_STORE_SEALED_WS=pages`: ws.pages as before, the baseline.)
-                let sealed_lz4 = snap.image.seal.is_some()
-                    && set.lz4_beside(dir) == Some(true)
-                    && std::env::var("THAW_STORE_SEALED_WS").as_deref() != Ok("pages");
+                // (`THAW_STORE_SEALED_WS=pages`, `THAW_STORE_CLEAR_WS=pages`: ws.pages
+                // as before, the baselines.)
+                let not = |var: &str| std::env::var(var).as_deref() != Ok("pages");
+                let sealed = snap.image.seal.is_some();
+                let lz4 = set.lz4_beside(dir) == Some(sealed) && not(if sealed { "THAW_STORE_SEALED_WS" } else { "THAW_STORE_CLEAR_WS" });
                 if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
-                    if sealed_lz4 {
+                    if lz4 {
                         let z = std::fs::read(dir.join(thaw_engine::ws::LZ4_FILE)).map_err(io("reading ws.lz4"))?;
-                        files.push((thaw_engine::ws::LZ4_FILE, z.len() as u64, cut_bytes(&z)));
+                        files.push((thaw_engine::ws::LZ4_FILE, z.len() as u64, cut_bytes_by(&z, WS_LZ4_CHUNK)));
                         ws_lz4 = Some(Bytes::from(z));
                     } else {
                         let p = std::fs::read(dir.join(thaw_engine::ws::PAGES_FILE)).map_err(io("reading ws.pages"))?;
@@ -369,10 +383,12 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
         }
         entries.push(FileEntry { name: name.to_string(), size, chunks: list });
     }
-    // The head: chunks of state.bin and ws.trace, of the working set's pages (trace
-    // order), of the copy-on-written pages of private file mappings and of the rseq
-    // areas (both written before resume). pages.img chunks tile the file in offset
-    // order.
+    // The head: chunks of state.bin and ws.trace; of the copy-on-written pages of
+    // private file mappings and of the rseq areas (both written before resume, so
+    // first: a miss hands over each piece of the head as it arrives, and the restore
+    // writes these before it installs the working set); then of the working set's
+    // pages (ws.lz4 or ws.pages; else pages.img's, in trace order, before those).
+    // pages.img chunks tile the file in offset order.
     let upload_of: std::collections::HashMap<&str, usize> = uploads.iter().enumerate().map(|(i, u)| (u.sha256.as_str(), i)).collect();
     let mut head = Vec::new();
     let mut in_head = HashSet::new();
@@ -383,7 +399,8 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
             }
         }
     };
-    for e in entries.iter().filter(|e| e.name != PAGES_FILE) {
+    let ws_file = |name: &str| name == thaw_engine::ws::PAGES_FILE || name == thaw_engine::ws::LZ4_FILE;
+    for e in entries.iter().filter(|e| e.name != PAGES_FILE && !ws_file(&e.name)) {
         for c in &e.chunks {
             add(&c.sha256, &mut head);
         }
@@ -397,6 +414,11 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
         };
         for &fp in &head_pages {
             if let Some(c) = chunk_at(fp) {
+                add(&c.sha256, &mut head);
+            }
+        }
+        for e in entries.iter().filter(|e| ws_file(&e.name)) {
+            for c in &e.chunks {
                 add(&c.sha256, &mut head);
             }
         }

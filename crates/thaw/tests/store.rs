@@ -31,7 +31,10 @@ fn push_pull_restore_round_trip() {
     let original = stdout(&ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"])));
     assert!(snap.join("ws.trace").is_file());
 
-    let o = ok(thaw_s3(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://rt-bucket/fns/hello", "--create-bucket"]));
+    // Published with ws.pages (format 4; THAW_STORE_CLEAR_WS=pages), the format before
+    // ws.lz4 went into the head for every image (see ws_lz4_in_the_store).
+    let push = ["snapshot", "push", snap.to_str().unwrap(), "s3://rt-bucket/fns/hello", "--create-bucket"];
+    let o = ok(s3::thaw_s3_env(&m, &push, &[("THAW_STORE_CLEAR_WS", "pages")]));
     let url = last_line(&o);
     assert!(url.starts_with("s3://rt-bucket/fns/hello/") && url.len() == "s3://rt-bucket/fns/hello/".len() + 64, "{url}");
     let r = report(&o);
@@ -57,7 +60,7 @@ fn push_pull_restore_round_trip() {
     // third and fourth do the same fetching everything first (THAW_STORE_FETCH=whole).
     let snapshot_bytes = r["snapshot_bytes"].as_u64().unwrap();
     let id = url.rsplit('/').next().unwrap();
-    // Format 4: ws.pages is stored (in the head), not derived.
+    // Format 4: ws.pages is stored (in the head), not derived (as asked).
     let manifest = s3::store(&m, "s3://rt-bucket/fns/hello").manifest(id).unwrap();
     assert_eq!((manifest.format, manifest.derived.len()), (4, 0), "{:?}", manifest.derived);
     assert!(manifest.file("ws.pages").is_some_and(|f| f.size == std::fs::metadata(snap.join("ws.pages")).unwrap().len()));
@@ -174,41 +177,56 @@ fn push_pull_restore_round_trip() {
     assert!(stderr(&o).contains("not found in the store"), "{}", stderr(&o));
 }
 
-/// A sealed snapshot (a node's default) stores its working set as its ws.lz4
-/// (version 2: pages decrypted, compressed, each frame sealed) instead of ws.pages,
-/// whose ciphertext does not compress (format 5): a miss fetches a third of the bytes
-/// before its first response, restores from ws.lz4 with the key, and the cache and a
-/// pull rebuild ws.pages without it.
+/// Every snapshot with a ws.lz4 stores it as its working set instead of ws.pages
+/// (format 5): a miss writes its frames as they arrive, each piece checked by its
+/// hash, and the restore installs them as they come. A sealed snapshot's (a node's
+/// default; version 2: pages decrypted, compressed, each frame sealed) replaces a
+/// ws.pages whose ciphertext does not compress. A miss fetches a third of the bytes
+/// before its first response, restores from ws.lz4 (with the key, sealed), and the
+/// cache and a pull rebuild ws.pages (without it).
 #[test]
 fn a_sealed_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
+    ws_lz4_in_the_store(true);
+}
+
+#[test]
+fn a_clear_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
+    ws_lz4_in_the_store(false);
+}
+
+fn ws_lz4_in_the_store(sealed: bool) {
     let m = Minio::start();
-    let key = scratch().join("sealed-store.key");
-    let k = key.to_str().unwrap();
-    let snap = scratch().join("sealed-store.snap");
+    let name = if sealed { "sealed" } else { "clear" };
+    let key = scratch().join(format!("{name}-store.key"));
+    // `thaw` with the key when sealed (without, a CLI seals nothing).
+    let with: Vec<String> = if sealed { vec!["--key-file".into(), key.to_str().unwrap().into()] } else { vec![] };
+    let args = |rest: &[&str]| -> Vec<String> { with.iter().cloned().chain(rest.iter().map(|a| a.to_string())).collect() };
+    let run = |rest: &[&str]| ok(thaw(&args(rest).iter().map(String::as_str).collect::<Vec<_>>()));
+    let run_s3 = |rest: &[&str]| ok(thaw_s3(&m, &args(rest).iter().map(String::as_str).collect::<Vec<_>>()));
+    let snap = scratch().join(format!("{name}-store.snap"));
     let code = sample("helloworld");
-    ok(thaw(&["--key-file", k, "snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
-    let payload = r#"{"name":"sealed"}"#;
-    let original = stdout(&ok(thaw(&["--key-file", k, "snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"])));
-    assert_eq!(original.trim(), r#"{"message": "hello, sealed"}"#);
+    run(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]);
+    let payload = &format!(r#"{{"name":"{name}"}}"#);
+    let original = stdout(&run(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"]));
+    assert_eq!(original.trim(), format!(r#"{{"message": "hello, {name}"}}"#));
     let z = std::fs::read(snap.join("ws.lz4")).expect("the recording wrote ws.lz4");
-    assert_eq!(u32::from_le_bytes(z[8..12].try_into().unwrap()), 2, "sealed frames");
+    assert_eq!(u32::from_le_bytes(z[8..12].try_into().unwrap()), if sealed { 2 } else { 1 }, "sealed frames, or clear");
     let ws_pages = std::fs::metadata(snap.join("ws.pages")).unwrap().len();
 
-    let o = ok(thaw_s3(&m, &["--key-file", k, "snapshot", "push", snap.to_str().unwrap(), "s3://sealed-bucket/fns/hello", "--create-bucket"]));
+    let bucket = format!("s3://{name}-bucket/fns/hello");
+    let o = run_s3(&["snapshot", "push", snap.to_str().unwrap(), &bucket, "--create-bucket"]);
     let url = last_line(&o);
     let id = url.rsplit('/').next().unwrap().to_string();
-    let manifest = s3::store(&m, "s3://sealed-bucket/fns/hello").manifest(&id).unwrap();
+    let manifest = s3::store(&m, &bucket).manifest(&id).unwrap();
     assert_eq!(manifest.format, 5, "ws.lz4 stored");
     assert_eq!(manifest.file("ws.lz4").map(|f| f.size), Some(z.len() as u64));
     assert!(manifest.file("ws.pages").is_none() && manifest.derived == ["ws.pages"], "{:?}", manifest.derived);
     let head = &manifest.packs[manifest.head.unwrap() as usize];
     assert!(head.size < ws_pages / 2, "the head ({} bytes) is smaller than the sealed ws.pages ({ws_pages})", head.size);
 
-    // A miss: the head (with ws.lz4), then the restore from it with the key.
-    let stats = scratch().join("sealed-store-miss.json");
-    let restore = |stats: &std::path::Path| {
-        ok(thaw_s3(&m, &["--key-file", k, "snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]))
-    };
+    // A miss: the head (with ws.lz4), then the restore from it (with the key).
+    let stats = scratch().join(format!("{name}-store-miss.json"));
+    let restore = |stats: &std::path::Path| run_s3(&["snapshot", "restore", &url, "--payload", payload, "--quiet", "--stats", stats.to_str().unwrap()]);
     assert_eq!(stdout(&restore(&stats)), original);
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     let s = &st["store"];
@@ -223,7 +241,7 @@ fn a_sealed_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
     let entry = scratch().join("data/snapshot-cache/entries").join(&id);
     assert_eq!(std::fs::metadata(entry.join("ws.pages")).unwrap().len(), ws_pages);
     assert_eq!(std::fs::read(entry.join("ws.lz4")).unwrap(), z);
-    let stats = scratch().join("sealed-store-hit.json");
+    let stats = scratch().join(format!("{name}-store-hit.json"));
     assert_eq!(stdout(&restore(&stats)), original);
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     assert_eq!((st["store"]["cache_hit"].as_bool(), st["mode"].as_str()), (Some(true), Some("prefetch")), "{st}");
@@ -232,7 +250,7 @@ fn a_sealed_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
     // pack. Then the pack's ws.lz4 corrupt too (and no copy): state.bin still checks,
     // ws.lz4 never arrives, and the restore takes the working set from the page server
     // (pages.img's chunks, fetched as faults need them): the same answer.
-    let store = s3::store(&m, "s3://sealed-bucket/fns/hello");
+    let store = s3::store(&m, &bucket);
     let lz4_chunk = manifest.file("ws.lz4").unwrap().chunks[0].clone();
     assert_eq!(lz4_chunk.pack, manifest.head, "ws.lz4 is in the head");
     let copy_key = thaw_store::Remote::head_key(&id);
@@ -252,7 +270,7 @@ fn a_sealed_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
             store.block_on(store.remote.put(&pack_key, bad.into())).unwrap();
         }
         std::fs::remove_dir_all(&entry).unwrap();
-        let stats = scratch().join("sealed-store-bad.json");
+        let stats = scratch().join(format!("{name}-store-bad.json"));
         let o = restore(&stats);
         assert_eq!(stdout(&o), original, "corrupt {case}");
         let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
@@ -267,11 +285,11 @@ fn a_sealed_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
     std::fs::remove_dir_all(&entry).unwrap();
 
     // A pull derives ws.pages too; the pulled copy restores with the key.
-    let pulled = scratch().join("sealed-store-pulled");
-    ok(thaw_s3(&m, &["--key-file", k, "snapshot", "pull", &url, pulled.to_str().unwrap()]));
+    let pulled = scratch().join(format!("{name}-store-pulled"));
+    run_s3(&["snapshot", "pull", &url, pulled.to_str().unwrap()]);
     assert_eq!(std::fs::metadata(pulled.join("ws.pages")).unwrap().len(), ws_pages);
     assert_eq!(std::fs::read(pulled.join("ws.lz4")).unwrap(), z);
-    let restored = stdout(&ok(thaw(&["--key-file", k, "snapshot", "restore", pulled.to_str().unwrap(), "--payload", payload, "--quiet"])));
+    let restored = stdout(&run(&["snapshot", "restore", pulled.to_str().unwrap(), "--payload", payload, "--quiet"]));
     assert_eq!(restored, original);
 }
 
@@ -382,7 +400,9 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
     ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     // The working set is recorded by a call that leaves the blocks alone.
     ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", r#"{"touch":false}"#, "--quiet"]));
-    let o = ok(thaw_s3(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://late-fail", "--create-bucket"]));
+    // With ws.pages (format 4), whose noise chunk is stored raw in the head (below).
+    let push = ["snapshot", "push", snap.to_str().unwrap(), "s3://late-fail", "--create-bucket"];
+    let o = ok(s3::thaw_s3_env(&m, &push, &[("THAW_STORE_CLEAR_WS", "pages")]));
     let url = last_line(&o);
     let id = url.rsplit('/').next().unwrap().to_string();
     let store = thaw_store::Store::open(&thaw_store::StoreUrl::parse("s3://late-fail").unwrap(), &s3::store_config(&m)).unwrap();

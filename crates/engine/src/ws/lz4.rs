@@ -28,10 +28,12 @@
 //! trace beside it and the length of ws.pages, and every page decompressed is checked
 //! against the image's CRCs exactly as ws.pages' pages are. A piece whose frames do not
 //! decompress or check is read from ws.pages instead (and ws.lz4 removed: the next write
-//! of the working set makes it again). A snapshot store takes a sealed image's ws.lz4
-//! (version 2) into its head instead of ws.pages, whose ciphertext would not compress
-//! (`thaw_store::publish`); a clear one never (ws.pages compresses there). Not written
-//! where it saves less than a quarter. `lz4_flex` (pure Rust, maintained) rather than
+//! of the working set makes it again). A snapshot store takes ws.lz4 into its head
+//! instead of ws.pages (`thaw_store::publish`; a sealed image's ws.pages is ciphertext,
+//! which would not compress), and a miss writes it as it arrives: opened with an
+//! arrival ([`crate::pagefiles::PageFill::ws_lz4_upto`]), a read waits for its frames'
+//! bytes and never reads the zeros not written yet. Not written where it saves less
+//! than a quarter. `lz4_flex` (pure Rust, maintained) rather than
 //! bindings to liblz4: the block format and its speed are all that is needed here.
 
 use std::fs::File;
@@ -40,6 +42,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::AlignedBuf;
+use crate::pagefiles::Arrival;
 use crate::seal::{Sealer, TAG_LEN};
 use crate::sys::PAGE_SIZE;
 
@@ -56,7 +59,6 @@ pub const FRAME: usize = 256 << 10;
 const WORTH: (usize, usize) = (3, 4);
 
 /// An opened ws.lz4 whose header checked against the working set beside it.
-#[derive(Debug)]
 pub struct Frames {
     file: File,
     /// Where the frames' data starts in the file.
@@ -69,13 +71,23 @@ pub struct Frames {
     trace_crc: u32,
     /// Sealed frames' nonces and tags.
     seals: Option<Vec<Seal>>,
+    /// Still being written (a store's fill): wait for a read's bytes first.
+    arrival: Option<Arrival>,
+}
+
+impl std::fmt::Debug for Frames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frames").field("frames", &self.ends.len()).field("frame", &self.frame).field("len", &self.len).field("sealed", &self.seals.is_some()).field("arriving", &self.arrival.is_some()).finish()
+    }
 }
 
 /// Open ws.lz4 in `dir` for a working set whose trace has the crc `trace_crc` and
 /// whose ws.pages is `len` bytes long (O_DIRECT unless `cached`). `None` when there is
 /// none, or it is for another trace, or its header does not check (then it is ignored;
-/// ws.pages is read).
-pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64) -> Option<Frames> {
+/// ws.pages is read). `arrival`: the file is still being written (see
+/// [`crate::pagefiles::PageFill::ws_lz4_upto`]): its header and table are waited for
+/// here, each read's frames by [`Frames::read`].
+pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64, arrival: Option<Arrival>) -> Option<Frames> {
     let mut opts = std::fs::OpenOptions::new();
     opts.read(true);
     if !cached {
@@ -86,6 +98,10 @@ pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64) -> Option<Frames
     let page = PAGE_SIZE as usize;
     // The header and the table of a working set of up to 510 frames (127 MiB) are in
     // the first page; a larger one's are read whole after it.
+    let here = |end: u64| arrival.as_ref().is_none_or(|a| a(end.min(size)));
+    if !here(page as u64) {
+        return None;
+    }
     let mut first = AlignedBuf::new(page);
     let got = read_upto(&file, first.as_mut(), 0).ok()?;
     let b = &first.as_ref()[..got];
@@ -96,6 +112,9 @@ pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64) -> Option<Frames
             let whole = if data_at <= got {
                 b[..data_at].to_vec()
             } else {
+                if !here(data_at as u64) {
+                    return None;
+                }
                 let mut all = AlignedBuf::new(data_at);
                 if read_upto(&file, all.as_mut(), 0).ok()? < data_at {
                     return None;
@@ -103,7 +122,7 @@ pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64) -> Option<Frames
                 all.as_ref().to_vec()
             };
             match parse_table(&whole, frames, frame, sealed, size - data_at.min(size as usize) as u64) {
-                Ok((ends, seals)) => return Some(Frames { file, data_at: data_at as u64, ends, frame, len, trace_crc, seals }),
+                Ok((ends, seals)) => return Some(Frames { file, data_at: data_at as u64, ends, frame, len, trace_crc, seals, arrival }),
                 Err(why) => why,
             }
         }
@@ -226,6 +245,9 @@ impl Frames {
         let start = if f0 == 0 { 0 } else { self.ends[f0 - 1] };
         let stop = self.ends[f1 - 1];
         let page = PAGE_SIZE;
+        if self.arrival.as_ref().is_some_and(|a| !a(self.data_at + stop)) {
+            return Err("ws.lz4 did not arrive".into());
+        }
         // O_DIRECT: whole pages, from a page boundary.
         let (a0, a1) = ((self.data_at + start) / page * page, (self.data_at + stop).div_ceil(page) * page);
         let mut buf = AlignedBuf::new((a1 - a0) as usize);
@@ -374,7 +396,7 @@ pub(super) mod tests {
         let raw = pages(160);
         written(d.path(), &raw, 7);
         for cached in [true, false] {
-            let z = open(d.path(), cached, 7, raw.len() as u64).expect("opens");
+            let z = open(d.path(), cached, 7, raw.len() as u64, None).expect("opens");
             for (at, end) in [(0, raw.len()), (0, FRAME), (FRAME, 2 * FRAME), (2 * FRAME, raw.len()), (FRAME, raw.len())] {
                 let mut out = AlignedBuf::new(end - at);
                 z.read(at, out.as_mut(), None).unwrap();
@@ -386,18 +408,55 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn frames_still_arriving_are_read_once_written_and_never_before() {
+        let d = tempfile::tempdir().unwrap();
+        let raw = pages(160);
+        written(d.path(), &raw, 7);
+        let file = std::fs::read(d.path().join(FILE)).unwrap();
+        // Written up to `upto` (as a store's fill would), the rest zeros.
+        let upto = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (u, a) = (upto.clone(), asked.clone());
+        let arrival: Arrival = std::sync::Arc::new(move |end| {
+            a.lock().unwrap().push(end);
+            end <= u.load(std::sync::atomic::Ordering::SeqCst)
+        });
+        let show = |n: usize| {
+            let mut partial = file[..n].to_vec();
+            partial.resize(file.len(), 0);
+            std::fs::write(d.path().join(FILE), &partial).unwrap();
+            upto.store(n as u64, std::sync::atomic::Ordering::SeqCst);
+        };
+        show(0);
+        assert!(open(d.path(), true, 7, raw.len() as u64, Some(arrival.clone())).is_none(), "no header yet: not opened");
+        show(PAGE_SIZE as usize);
+        let z = open(d.path(), true, 7, raw.len() as u64, Some(arrival)).expect("the header is here");
+        // The first frame's bytes written, the second's not: the first reads, the
+        // second is refused (never read as the zeros the file holds there).
+        show(z.data_at as usize + z.ends[0] as usize);
+        let mut out = AlignedBuf::new(FRAME);
+        z.read(0, out.as_mut(), None).unwrap();
+        assert_eq!(out.as_ref(), &raw[..FRAME]);
+        assert_eq!(z.read(FRAME, out.as_mut(), None).unwrap_err(), "ws.lz4 did not arrive");
+        assert_eq!(*asked.lock().unwrap().last().unwrap(), z.data_at + z.ends[1], "asked for exactly the frame's end");
+        show(file.len());
+        z.read(FRAME, out.as_mut(), None).unwrap();
+        assert_eq!(out.as_ref(), &raw[FRAME..2 * FRAME]);
+    }
+
+    #[test]
     fn another_trace_or_length_or_a_bad_header_is_not_used() {
         let d = tempfile::tempdir().unwrap();
         let raw = pages(70);
         written(d.path(), &raw, 7);
-        assert!(open(d.path(), true, 8, raw.len() as u64).is_none(), "another trace");
-        assert!(open(d.path(), true, 7, raw.len() as u64 - 4096).is_none(), "another length");
+        assert!(open(d.path(), true, 8, raw.len() as u64, None).is_none(), "another trace");
+        assert!(open(d.path(), true, 7, raw.len() as u64 - 4096, None).is_none(), "another length");
         let mut b = std::fs::read(d.path().join(FILE)).unwrap();
         b[HEADER] ^= 1;
         std::fs::write(d.path().join(FILE), &b).unwrap();
-        assert!(open(d.path(), true, 7, raw.len() as u64).is_none(), "its checksum");
+        assert!(open(d.path(), true, 7, raw.len() as u64, None).is_none(), "its checksum");
         std::fs::write(d.path().join(FILE), &b[..100]).unwrap();
-        assert!(open(d.path(), true, 7, raw.len() as u64).is_none(), "cut short");
+        assert!(open(d.path(), true, 7, raw.len() as u64, None).is_none(), "cut short");
     }
 
     #[test]
@@ -409,7 +468,7 @@ pub(super) mod tests {
         let at = PAGE_SIZE as usize + 40;
         b[at] ^= 0xff;
         std::fs::write(d.path().join(FILE), &b).unwrap();
-        let z = open(d.path(), true, 1, raw.len() as u64).expect("the header is intact");
+        let z = open(d.path(), true, 1, raw.len() as u64, None).expect("the header is intact");
         let mut out = vec![0u8; raw.len()];
         match z.read(0, &mut out, None) {
             Ok(_) => assert!(out != raw, "a changed byte changes the output"),
@@ -452,7 +511,7 @@ pub(super) mod tests {
         }
         let file = w.finish(9, Some(&sealer)).expect("compressible");
         std::fs::write(d.path().join(FILE), &file).unwrap();
-        let z = open(d.path(), true, 9, raw.len() as u64).expect("opens");
+        let z = open(d.path(), true, 9, raw.len() as u64, None).expect("opens");
         assert!(z.sealed());
         let mut out = AlignedBuf::new(raw.len());
         z.read(0, out.as_mut(), Some(&sealer)).unwrap();
@@ -469,7 +528,7 @@ pub(super) mod tests {
         let crc = crc32fast::hash(&moved[..crc_at]);
         moved[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
         std::fs::write(d.path().join(FILE), &moved).unwrap();
-        let z2 = open(d.path(), true, 10, raw.len() as u64).expect("the header checks");
+        let z2 = open(d.path(), true, 10, raw.len() as u64, None).expect("the header checks");
         assert!(z2.read(0, out.as_mut(), Some(&sealer)).unwrap_err().contains("does not authenticate"));
         // A frame given another frame's seal does not authenticate either.
         let mut swapped = file.clone();
@@ -480,7 +539,7 @@ pub(super) mod tests {
         let crc = crc32fast::hash(&swapped[..crc_at]);
         swapped[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
         std::fs::write(d.path().join(FILE), &swapped).unwrap();
-        let z3 = open(d.path(), true, 9, raw.len() as u64).expect("the header checks");
+        let z3 = open(d.path(), true, 9, raw.len() as u64, None).expect("the header checks");
         let mut one = AlignedBuf::new(FRAME);
         assert!(z3.read(0, one.as_mut(), Some(&sealer)).is_err());
     }
