@@ -526,7 +526,12 @@ impl LoadedSnapshot {
                         // ws.lz4 arriving from a store: each piece read once its frames
                         // are written (the restore goes on meanwhile, and installs the
                         // first pieces while the last are on the wire).
-                        let file = ws.open_pages_arriving(&self.dir, cached, self.source.file().ws_lz4_arrival())?;
+                        let arriving = self.source.file().ws_lz4_arrival().map(|a| {
+                            let source = self.source.clone();
+                            let image: Arc<ws::ImageReader> = Arc::new(move |buf, at| source.file().read_exact_at(buf, at));
+                            (a, image)
+                        });
+                        let file = ws.open_pages_arriving(&self.dir, cached, arriving)?;
                         let pages = file.arriving(ws.pages_bytes() as usize);
                         let shared = Arc::new(SharedWs { ws, pages });
                         Ok((Prefill::Ws { shared: shared.clone(), reader: true }, Some(WsRead { shared, file })))

@@ -200,13 +200,21 @@ impl WorkingSet {
                             false => self.verify(dir, index, first, buf.as_ref()).map(|()| (n, false)).map_err(|e| e.to_string()),
                         });
                         r.inspect_err(|e| {
-                            tracing::warn!(dir = %dir.display(), error = %e, "a piece of ws.lz4 does not check; reading it from ws.pages and removing ws.lz4");
+                            let instead = if f.image.is_some() { "the image" } else { "ws.pages" };
+                            tracing::warn!(dir = %dir.display(), error = %e, instead, "a piece of ws.lz4 did not arrive or does not check; reading it instead from the image or ws.pages, and removing ws.lz4");
                             let _ = std::fs::remove_file(dir.join(LZ4_FILE));
                         })
                         .ok()
                     });
                     let (n, clear) = match compressed {
                         Some(got) => got,
+                        None if f.image.is_some() => {
+                            let read = f.image.as_deref().expect("checked");
+                            let what = "reading the working set's pages out of the image (ws.lz4 did not bring them)";
+                            self.gather(first, buf.as_mut(), read).map_err(io_err(dir, what))?;
+                            self.verify(dir, index, first, buf.as_ref())?;
+                            (0, false)
+                        }
                         None => {
                             read_full(dir, &f.file, buf.as_mut(), at)?;
                             self.verify(dir, index, first, buf.as_ref())?;
@@ -246,9 +254,13 @@ impl WorkingSet {
     }
 
     /// [`WorkingSet::open_pages`] while ws.lz4 is still being written by a snapshot's
-    /// fill (a store's miss): its header read once here, each piece's frames once
-    /// `arrival` says they are written ([`crate::pagefiles::PageFill::ws_lz4_upto`]).
-    pub fn open_pages_arriving(&self, dir: &Path, cached: bool, arrival: Option<crate::pagefiles::Arrival>) -> Result<PagesFile, WsError> {
+    /// fill (a store's miss), with ws.pages a placeholder: ws.lz4's header read once
+    /// here, each piece's frames once `arrival`'s first part says they are written
+    /// ([`crate::pagefiles::PageFill::ws_lz4_upto`]); a piece whose frames do not
+    /// arrive (or check) is read out of the image with its second part (the fill
+    /// fetches those pages as any read of them), never from the placeholder.
+    pub fn open_pages_arriving(&self, dir: &Path, cached: bool, arrival: Option<(crate::pagefiles::Arrival, std::sync::Arc<ImageReader>)>) -> Result<PagesFile, WsError> {
+        let (arrival, image) = arrival.unzip();
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true);
         if !cached {
@@ -259,7 +271,7 @@ impl WorkingSet {
         let lz4 = (self.trace_crc != 0 && std::env::var("THAW_WS_LZ4").as_deref() != Ok("0"))
             .then(|| lz4::open(dir, cached, self.trace_crc, self.pages_bytes(), arrival))
             .flatten();
-        Ok(PagesFile { file: f, lz4 })
+        Ok(PagesFile { file: f, lz4, image })
     }
 
     /// Whether `dir` has a ws.lz4 whose header names this working set's trace (read
@@ -280,18 +292,28 @@ impl WorkingSet {
         let mut buf = AlignedBuf::new(self.pages_bytes() as usize);
         let ioe = |source| WsError::Io { dir: dir.to_path_buf(), what: "reading the working set's pages out of the image".into(), source };
         let whole = pages.fill_working_set(&self.layout, buf.as_mut()).map_err(ioe)?;
-        // Runs of consecutive file pages in one read each.
-        let mut i = if whole { self.layout.len() } else { 0 };
-        while i < self.layout.len() {
-            let fp = self.layout[i].1;
-            let n = self.layout[i..].iter().enumerate().take_while(|&(k, &(_, f))| f == fp + k as u64).count();
-            let at = i * PAGE_SIZE as usize;
-            pages.read_exact_at(&mut buf.as_mut()[at..at + n * PAGE_SIZE as usize], fp * PAGE_SIZE).map_err(ioe)?;
-            i += n;
+        if !whole {
+            self.gather(0, buf.as_mut(), &|buf, at| pages.read_exact_at(buf, at)).map_err(ioe)?;
         }
         let read_ms = t0.elapsed().as_secs_f64() * 1e3;
         self.verify(dir, index, 0, buf.as_ref())?;
         Ok((buf, read_ms))
+    }
+
+    /// ws.pages' contents from its page `first` on into `buf`, read out of the image's
+    /// page files with `read` (buffer, byte offset): runs of consecutive file pages
+    /// in one read each.
+    fn gather(&self, first: usize, buf: &mut [u8], read: &dyn Fn(&mut [u8], u64) -> io::Result<()>) -> io::Result<()> {
+        let end = first + buf.len() / PAGE_SIZE as usize;
+        let mut i = first;
+        while i < end {
+            let fp = self.layout[i].1;
+            let n = self.layout[i..end].iter().enumerate().take_while(|&(k, &(_, f))| f == fp + k as u64).count();
+            let at = (i - first) * PAGE_SIZE as usize;
+            read(&mut buf[at..at + n * PAGE_SIZE as usize], fp * PAGE_SIZE)?;
+            i += n;
+        }
+        Ok(())
     }
 
     /// Every page of `pages` (ws.pages' contents from its page `first` on) against
@@ -563,10 +585,22 @@ fn read_full(dir: &Path, f: &File, buf: &mut [u8], at: usize) -> Result<(), WsEr
 
 /// ws.pages opened for [`WorkingSet::read_into`] ([`WorkingSet::open_pages`]), and
 /// ws.lz4 beside it when there is one for the same trace.
-#[derive(Debug)]
 pub struct PagesFile {
     file: File,
     lz4: Option<lz4::Frames>,
+    /// ws.pages is a placeholder still (a store's fill writes it once complete): a
+    /// piece that ws.lz4 does not bring is read out of the image with this instead.
+    image: Option<std::sync::Arc<ImageReader>>,
+}
+
+/// Reads the image's page files: into a buffer, from a byte offset (of
+/// [`crate::pagefiles::PageFiles`]' numbering).
+pub type ImageReader = dyn Fn(&mut [u8], u64) -> io::Result<()> + Send + Sync;
+
+impl std::fmt::Debug for PagesFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PagesFile").field("file", &self.file).field("lz4", &self.lz4).field("image", &self.image.is_some()).finish()
+    }
 }
 
 impl PagesFile {

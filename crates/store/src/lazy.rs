@@ -158,7 +158,10 @@ impl Lz4Arrival {
     /// Its arrival is over: written whole (`ok`) or not.
     fn end(&self, ok: bool, dir: &Path) {
         if !ok {
-            tracing::warn!(dir = %dir.display(), "ws.lz4 did not arrive; the restore takes the working set from the page server");
+            tracing::warn!(dir = %dir.display(), "ws.lz4 did not arrive; the restore reads what it lacks out of the image");
+            // Never cached half written (a reader that has it open reads on; what it
+            // lacks, it reads out of the image).
+            let _ = std::fs::remove_file(dir.join(thaw_engine::ws::LZ4_FILE));
         }
         let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
         w.ended.get_or_insert(ok);
