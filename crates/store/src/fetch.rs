@@ -311,7 +311,8 @@ impl HeadCopy {
     }
 
     /// Stop hashing the pack as it arrives: its reader checks it chunk by chunk
-    /// instead. [`HeadCopy::get_hashed`]'s digest is then empty.
+    /// instead. [`HeadCopy::get_hashed`]'s digest is then empty (or the whole pack's
+    /// hash, if the copy had ended already): never that of a part.
     pub fn unhashed(&self) {
         self.hashing.store(false, std::sync::atomic::Ordering::Relaxed);
     }
@@ -354,8 +355,8 @@ impl HeadCopy {
         self.get_hashed().await.map(|(b, _)| b)
     }
 
-    /// The whole head pack and the SHA-256 (hex) of its bytes, once here (empty after
-    /// [`HeadCopy::unhashed`]).
+    /// The whole head pack and the SHA-256 (hex) of its bytes, once here (empty when
+    /// [`HeadCopy::unhashed`] came before the copy's end).
     pub async fn get_hashed(&self) -> Option<(bytes::Bytes, String)> {
         let mut rx = self.rx.clone();
         let a = rx.wait_for(|a| a.done.is_some()).await.ok()?;
