@@ -41,8 +41,8 @@ pub trait PageFill: Send + Sync {
         Ok(false)
     }
     /// Whether the fill brings the snapshot's ws.lz4 for its working set's trace (a
-    /// sealed snapshot from a store, format 5): the restore reads the working set from
-    /// it once [`PageFill::wait_ws_lz4`] says it is written.
+    /// snapshot from a store, format 5): the restore reads each piece of the working
+    /// set from it once [`PageFill::ws_lz4_upto`] says its frames are written.
     fn brings_ws_lz4(&self) -> bool {
         false
     }
@@ -95,11 +95,6 @@ impl PageFiles {
             Some(f) => f.working_set(layout, buf),
             None => Ok(false),
         }
-    }
-
-    /// [`PageFill::wait_ws_lz4`] of the fill, if it brings ws.lz4 (`false` otherwise).
-    pub fn fill_wait_ws_lz4(&self) -> bool {
-        self.fill.as_ref().is_some_and(|f| f.brings_ws_lz4() && f.wait_ws_lz4())
     }
 
     /// How to wait for ws.lz4's bytes as the fill writes them ([`PageFill::ws_lz4_upto`]),

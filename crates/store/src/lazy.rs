@@ -155,8 +155,10 @@ impl Lz4Arrival {
         true
     }
 
-    /// Its arrival is over: written whole (`ok`) or not.
+    /// Its arrival is over: written whole (`ok`, or every byte of it was already, each
+    /// chunk checked, before a later read failed) or not.
     fn end(&self, ok: bool, dir: &Path) {
+        let ok = ok || self.written.lock().unwrap_or_else(|p| p.into_inner()).prefix() >= self.size;
         if !ok {
             tracing::warn!(dir = %dir.display(), "ws.lz4 did not arrive; the restore reads what it lacks out of the image");
             // Never cached half written (a reader that has it open reads on; what it
@@ -276,10 +278,11 @@ impl HeldWs {
 /// complete in the cache, or arriving lazily too (`base`: the fill serves the base's
 /// pages from it; `bool`: this miss opened it and counts its fetches).
 ///
-/// A sealed image's head holds ws.lz4 (format 5) instead of ws.pages: written to its
-/// file as the head's pages arrive, the restore's working-set read waits for it
-/// ([`PageFill::wait_ws_lz4`]) and reads it with the node key, and pages.img's copies
-/// of those pages follow with the rest.
+/// A head with ws.lz4 (format 5) instead of ws.pages is checked chunk by chunk and
+/// handed over piece by piece as it arrives: ws.lz4 written to its file, the restore
+/// reading each piece of the working set once its frames are there
+/// ([`PageFill::ws_lz4_upto`]; with the node key, sealed), and pages.img's copies of
+/// those pages follow with the rest.
 ///
 /// A snapshot published before its working set was recorded (a node publishes what
 /// it captures at once) has a working set beside it, `ws/<id>.trace`: it is read
@@ -1169,5 +1172,11 @@ mod tests {
         assert!(!waiter.join().unwrap());
         assert!(!z.wait_end());
         assert!(z.wait_upto(150), "what was written stays readable");
+        // All of it written before a later read failed: whole all the same.
+        let file = File::create(d.path().join("ws.lz4")).unwrap();
+        let z = Lz4Arrival { index: 0, file, size: 100, written: Default::default(), changed: Condvar::new() };
+        assert!(z.write(0, &[3; 100]));
+        z.end(false, d.path());
+        assert!(z.wait_end() && d.path().join("ws.lz4").exists(), "kept");
     }
 }
