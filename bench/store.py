@@ -21,8 +21,9 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   remote-cold-head-whole  remote-cold checking the head whole by its pack's name before handing
                 any of it over (THAW_STORE_HEAD_STREAM=pack), the baseline of handing each
                 piece over as it arrives, checked chunk by chunk
-  remote-cold-ws-pages  remote-cold of the same snapshot pushed with ws.pages in the head instead
-                of ws.lz4 (format 4, THAW_STORE_CLEAR_WS=pages), the baseline of format 5
+  remote-cold-ws-lz4  remote-cold of the same snapshot pushed with ws.lz4 in the head instead
+                of ws.pages (format 5, THAW_STORE_CLEAR_WS=lz4, as a sealed image's), its
+                frames installed as they arrive
   remote-cold-ws-derived  remote-cold of the same snapshot pushed without ws.pages (format 3,
                 THAW_STORE_WS=derived: the miss assembles the working set out of pages.img's
                 chunks), the baseline of storing ws.pages in the head (format 4)
@@ -81,7 +82,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import balanced_orders, evict_page_cache  # noqa: E402  (shared with the other benchmarks)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-pages", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2",
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2",
          "remote-cold-v1", "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
@@ -189,9 +190,9 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
     push_wd = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-ws-derived"],
                              env=dict(env, THAW_STORE_WS="derived"), check=True, capture_output=True, text=True)
     url_wd = push_wd.stdout.strip().splitlines()[-1]
-    # ws.pages in the head instead of ws.lz4 (format 4, the baseline of 20a75cf).
-    push_wp = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-ws-pages"],
-                             env=dict(env, THAW_STORE_CLEAR_WS="pages"), check=True, capture_output=True, text=True)
+    # ws.lz4 in the head instead of ws.pages (format 5, as a sealed image's is).
+    push_wp = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-ws-lz4"],
+                             env=dict(env, THAW_STORE_CLEAR_WS="lz4"), check=True, capture_output=True, text=True)
     url_wp = push_wp.stdout.strip().splitlines()[-1]
     push_nc = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-no-head-copy"],
                              env=dict(env, THAW_STORE_HEAD_COPY="0"), check=True, capture_output=True, text=True)
@@ -201,11 +202,11 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
     url_ma = push_ma.stdout.strip().splitlines()[-1]
     pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2]),
               "ws-derived": json.loads(push_wd.stdout.strip().splitlines()[-2]),
-              "ws-pages": json.loads(push_wp.stdout.strip().splitlines()[-2]),
+              "ws-lz4": json.loads(push_wp.stdout.strip().splitlines()[-2]),
               "no-head-copy": json.loads(push_nc.stdout.strip().splitlines()[-2]),
               "v2": json.loads(push_v2.stdout.strip().splitlines()[-2]), "layered": json.loads(push_d.stdout.strip().splitlines()[-2]),
               "window": json.loads(push_w.stdout.strip().splitlines()[-2])}
-    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd, "remote-cold-ws-pages": url_wp, "remote-cold-no-head-copy": url_nc, "remote-cold-manifest-apart": url_ma}
+    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd, "remote-cold-ws-lz4": url_wp, "remote-cold-no-head-copy": url_nc, "remote-cold-manifest-apart": url_ma}
     base_entry = pushes["layered"]["base"]
     cache = data / "snapshot-cache" / "entries"
     rows = []
@@ -217,7 +218,7 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-pages", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
                 menv = {"remote-cold-whole": dict(env, THAW_STORE_FETCH="whole"),
                         "remote-cold-head-wait": dict(env, THAW_STORE_HEAD="wait"),
@@ -260,7 +261,7 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
                          "phases_ms": dict(st.get("phases_ms") or {}, sandbox=st.get("sandbox_ms", 0.0), open=st.get("open_ms", 0.0),
                                            first_invoke=st.get("first_invoke_ms", 0.0)),
                          "push": pushes[{"remote-cold-v1": "v1", "remote-cold-v2": "v2", "layered-remote-cold": "layered",
-                                         "remote-cold-window": "window", "remote-cold-ws-derived": "ws-derived", "remote-cold-ws-pages": "ws-pages",
+                                         "remote-cold-window": "window", "remote-cold-ws-derived": "ws-derived", "remote-cold-ws-lz4": "ws-lz4",
                                          "remote-cold-no-head-copy": "no-head-copy"}.get(mode, "packs")]
                          if "remote" in mode else None})
     return rows
@@ -348,7 +349,7 @@ def main():
         diffs = {p: m["phases_ms"].get(p, 0.0) - base.get(p, 0.0) for p in sorted(set(base) | set(m["phases_ms"]))}
         print(f"phases {link} {fn} {mode} vs local: " + ", ".join(f"{p} {d:+.2f}" for p, d in diffs.items() if abs(d) >= 0.05))
     for (link, fn, mode), m in sorted(med.items()):
-        label = {"remote-cold": "format 5, compressed packs, ws.lz4 in the head, head copy", "remote-cold-ws-pages": "format 4, ws.pages in the head", "remote-cold-ws-derived": "format 3, ws.pages derived",
+        label = {"remote-cold": "format 4, compressed packs, ws.pages in the head, head copy", "remote-cold-ws-lz4": "format 5, ws.lz4 in the head, streamed", "remote-cold-ws-derived": "format 3, ws.pages derived",
                  "remote-cold-no-head-copy": "format 4, no head copy",
                  "remote-cold-window": "format 3, 8 KiB address windows",
                  "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",

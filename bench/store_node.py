@@ -193,7 +193,8 @@ def one_call(node, fn, mode, settle):
 # A variant: `on` or `off` (sealed or clear), then options each with `+`, each the
 # environment of a baseline kept to measure against.
 OPTIONS = {
-    "ws-pages": ("ws.pages", {"THAW_STORE_SEALED_WS": "pages", "THAW_STORE_CLEAR_WS": "pages"}),
+    "ws-pages": ("ws.pages", {"THAW_STORE_SEALED_WS": "pages"}),
+    "ws-lz4": ("ws.lz4", {"THAW_STORE_CLEAR_WS": "lz4"}),
     "head-whole": ("head checked whole", {"THAW_STORE_HEAD_STREAM": "pack"}),
 }
 
@@ -270,9 +271,9 @@ def main():
     ap.add_argument("--settle", type=float, default=0.5, help="seconds between a node's start and its call")
     ap.add_argument("--encryption", default="on,off,on+ws-pages",
                     help="variants, each a node of its own: on: the node's default, snapshots sealed at rest with its key; "
-                         "off: --no-encryption (the store keeps the working set as ws.lz4 either way, sealed when the image "
-                         "is); then options: +ws-pages: published with ws.pages instead (THAW_STORE_SEALED_WS / "
-                         "THAW_STORE_CLEAR_WS=pages, the baseline); +head-whole: a miss checks the head whole before "
+                         "off: --no-encryption; then options: +ws-pages: a sealed image published with ws.pages instead of its "
+                         "ws.lz4 (THAW_STORE_SEALED_WS=pages, the baseline); +ws-lz4: a clear image published with its "
+                         "ws.lz4 instead of ws.pages (THAW_STORE_CLEAR_WS=lz4); +head-whole: a miss checks the head whole before "
                          "handing any of it over (THAW_STORE_HEAD_STREAM=pack, the baseline)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     a = ap.parse_args()

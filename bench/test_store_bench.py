@@ -15,7 +15,7 @@ def test_store_bench_runs_every_mode(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(next(tmp_path.glob("store-*.json")).read_text())
     rows = {s["mode"]: s for s in data["samples"]}
-    assert set(rows) == {"boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-pages", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
+    assert set(rows) == {"boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
                          "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff"}
     # Compressed packs: less over the wire than the raw ones, still more than a MiB for helloworld.
     assert rows["remote-cold"]["bytes_fetched"] > 1 << 20, rows["remote-cold"]
@@ -51,10 +51,10 @@ def test_store_bench_runs_every_mode(tmp_path):
     # ws.pages in the head (format 4): pages.img's chunks of the working set are built
     # from it, not fetched, so the whole miss reads less than when ws.pages is derived.
     assert rows["remote-cold-ws-derived"]["requests"] <= 4, rows["remote-cold-ws-derived"]
-    assert rows["remote-cold-ws-pages"]["bytes_fetched"] < rows["remote-cold-ws-derived"]["bytes_fetched"] * 1.05, rows
-    # ws.lz4 in the head (format 5, the default) or ws.pages, streamed or checked whole:
-    # one request before the first response each; checked whole, the same bytes.
-    assert rows["remote-cold-ws-pages"]["requests"] == 1 and rows["remote-cold-head-whole"]["requests"] == 1, rows
+    assert rows["remote-cold"]["bytes_fetched"] < rows["remote-cold-ws-derived"]["bytes_fetched"] * 1.05, rows
+    # ws.lz4 in the head (format 5) or ws.pages, streamed or checked whole: one request
+    # before the first response each; checked whole, the same bytes.
+    assert rows["remote-cold-ws-lz4"]["requests"] == 1 and rows["remote-cold-head-whole"]["requests"] == 1, rows
     assert rows["remote-cold-head-whole"]["bytes_before_first_response"] == rows["remote-cold"]["bytes_before_first_response"], rows
     assert rows["remote-warm"]["bytes_fetched"] == 0, "a warm cache fetches nothing"
     assert all(r["cpu_ms"] > 0 for r in rows.values() if r["mode"] != "boot"), rows

@@ -21,7 +21,7 @@ def test_summary_ratios_and_pairs():
             row("node-local", 12.0, 2), row("node-remote-cold", 30.0, 2)]
     med = store_node.summarize(rows)["f (clear)"]
     assert store_node.label("f", "on-ws-pages") == "f (sealed, ws.pages)"
-    assert store_node.label("f", "off+ws-pages+head-whole") == "f (clear, ws.pages, head checked whole)"
+    assert store_node.label("f", "off+ws-lz4+head-whole") == "f (clear, ws.lz4, head checked whole)"
     assert store_node.variant_env("off+head-whole") == (False, {"THAW_STORE_HEAD_STREAM": "pack"})
     assert store_node.variant_env("on")[0] and store_node.variant_env("on-ws-pages")[1]["THAW_STORE_SEALED_WS"] == "pages"
     for bad in ("sealed", "on+fast"):

@@ -30,12 +30,13 @@
 //! installs as they are, instead of assembling it page by page out of pages.img's
 //! small chunks (pages.img's chunks that hold only working-set pages are packed
 //! last, and a miss builds them from ws.pages instead of fetching them).
-//! Format 5 stores the working set's ws.lz4 instead (LZ4 frames of 256 KiB: a miss
-//! writes them as they arrive and the restore installs them as they do), and lists
-//! ws.pages as derived, rebuilt once the image is here. A sealed image's ws.pages is
-//! ciphertext, which does not compress (a node seals its snapshots by default): its
-//! ws.lz4 holds the pages decrypted, compressed, each frame sealed with the node key
-//! (helloworld's 1.36 MB working set travels as 0.45 MB), read with the key.
+//! A sealed image's ws.pages is ciphertext, which does not compress (a node seals its
+//! snapshots by default): format 5 stores its ws.lz4 instead (the pages decrypted,
+//! compressed in 256 KiB frames, each frame sealed with the node key: helloworld's
+//! 1.36 MB working set travels as 0.45 MB; a miss writes the frames as they arrive and
+//! the restore installs them as they do, with the key), and lists ws.pages as derived,
+//! rebuilt once the image is here. A clear image's ws.lz4 is stored so only when asked
+//! (`THAW_STORE_CLEAR_WS=lz4`: zstd makes its ws.pages smaller).
 //! The snapshot's id is the SHA-256 of the manifest's bytes, so a
 //! manifest is verified like any other object, and the id names exactly one set
 //! of chunks, each verified by its own hash wherever it is read from (a Merkle
@@ -48,8 +49,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, StoreError};
 use crate::remote::is_sha256_hex;
 
-/// The newest format this build writes: 5 stores an image's ws.lz4 in place of
-/// ws.pages (see the module's doc); one without ws.lz4 is still format 4.
+/// The newest format this build writes: 5 stores a sealed image's ws.lz4 in place of
+/// ws.pages (see the module's doc); a clear image's manifest is still format 4.
 pub const MANIFEST_FORMAT: u32 = 5;
 /// ws.pages stored (format 4 on).
 pub const MANIFEST_FORMAT_WS_PAGES: u32 = 4;

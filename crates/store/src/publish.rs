@@ -305,18 +305,22 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
                 let t = std::fs::read(dir.join(TRACE_FILE)).map_err(io("reading ws.trace"))?;
                 files.push((TRACE_FILE, t.len() as u64, cut_bytes(&t)));
                 ws_trace = Some(Bytes::from(t));
-                // ws.lz4 goes instead of ws.pages where there is one for this trace,
-                // and ws.pages is derived by the reader: a miss writes ws.lz4's frames
-                // as they arrive and the restore installs them as they do (fast to
-                // decompress), where ws.pages is held whole. A sealed image's ws.pages
-                // is ciphertext, which does not compress: its ws.lz4 holds the pages
-                // decrypted, compressed, each frame sealed. Never a clear ws.lz4 of a
-                // sealed image (it would hold its pages in clear).
-                // (`THAW_STORE_SEALED_WS=pages`, `THAW_STORE_CLEAR_WS=pages`: ws.pages
-                // as before, the baselines.)
-                let not = |var: &str| std::env::var(var).as_deref() != Ok("pages");
+                // A sealed image's ws.pages is ciphertext, which does not compress: its
+                // ws.lz4 (the pages decrypted, compressed, each frame sealed) goes
+                // instead, ws.pages derived by the reader; a miss writes its frames as
+                // they arrive and the restore installs them as they do. Never a clear
+                // ws.lz4 of a sealed image (it would hold its pages in clear). A clear
+                // image keeps ws.pages, which zstd makes smaller than LZ4 does (at 100
+                // Mbit/s its misses were faster; at 1 Gbit/s lrserving's was slower,
+                // bench/results/store-node-clear-100mbit-20261129.txt):
+                // `THAW_STORE_CLEAR_WS=lz4` stores its ws.lz4 too.
+                // (`THAW_STORE_SEALED_WS=pages`: ws.pages, the baseline.)
                 let sealed = snap.image.seal.is_some();
-                let lz4 = set.lz4_beside(dir) == Some(sealed) && not(if sealed { "THAW_STORE_SEALED_WS" } else { "THAW_STORE_CLEAR_WS" });
+                let lz4 = set.lz4_beside(dir) == Some(sealed)
+                    && match sealed {
+                        true => std::env::var("THAW_STORE_SEALED_WS").as_deref() != Ok("pages"),
+                        false => std::env::var("THAW_STORE_CLEAR_WS").as_deref() == Ok("lz4"),
+                    };
                 if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
                     if lz4 {
                         let z = std::fs::read(dir.join(thaw_engine::ws::LZ4_FILE)).map_err(io("reading ws.lz4"))?;

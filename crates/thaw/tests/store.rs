@@ -31,10 +31,7 @@ fn push_pull_restore_round_trip() {
     let original = stdout(&ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", payload, "--quiet"])));
     assert!(snap.join("ws.trace").is_file());
 
-    // Published with ws.pages (format 4; THAW_STORE_CLEAR_WS=pages), the format before
-    // ws.lz4 went into the head for every image (see ws_lz4_in_the_store).
-    let push = ["snapshot", "push", snap.to_str().unwrap(), "s3://rt-bucket/fns/hello", "--create-bucket"];
-    let o = ok(s3::thaw_s3_env(&m, &push, &[("THAW_STORE_CLEAR_WS", "pages")]));
+    let o = ok(thaw_s3(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://rt-bucket/fns/hello", "--create-bucket"]));
     let url = last_line(&o);
     assert!(url.starts_with("s3://rt-bucket/fns/hello/") && url.len() == "s3://rt-bucket/fns/hello/".len() + 64, "{url}");
     let r = report(&o);
@@ -60,7 +57,7 @@ fn push_pull_restore_round_trip() {
     // third and fourth do the same fetching everything first (THAW_STORE_FETCH=whole).
     let snapshot_bytes = r["snapshot_bytes"].as_u64().unwrap();
     let id = url.rsplit('/').next().unwrap();
-    // Format 4: ws.pages is stored (in the head), not derived (as asked).
+    // Format 4: ws.pages is stored (in the head), not derived (a clear image's default).
     let manifest = s3::store(&m, "s3://rt-bucket/fns/hello").manifest(id).unwrap();
     assert_eq!((manifest.format, manifest.derived.len()), (4, 0), "{:?}", manifest.derived);
     assert!(manifest.file("ws.pages").is_some_and(|f| f.size == std::fs::metadata(snap.join("ws.pages")).unwrap().len()));
@@ -177,13 +174,13 @@ fn push_pull_restore_round_trip() {
     assert!(stderr(&o).contains("not found in the store"), "{}", stderr(&o));
 }
 
-/// Every snapshot with a ws.lz4 stores it as its working set instead of ws.pages
-/// (format 5): a miss writes its frames as they arrive, each piece checked by its
-/// hash, and the restore installs them as they come. A sealed snapshot's (a node's
-/// default; version 2: pages decrypted, compressed, each frame sealed) replaces a
-/// ws.pages whose ciphertext does not compress. A miss fetches a third of the bytes
-/// before its first response, restores from ws.lz4 (with the key, sealed), and the
-/// cache and a pull rebuild ws.pages (without it).
+/// A sealed snapshot (a node's default) stores its working set as its ws.lz4 (version
+/// 2: pages decrypted, compressed, each frame sealed) instead of ws.pages, whose
+/// ciphertext does not compress (format 5); a clear one does so when asked
+/// (`THAW_STORE_CLEAR_WS=lz4`). A miss writes its frames as they arrive, each piece
+/// checked by its hash, and the restore installs them as they come: it fetches a
+/// third of the bytes before its first response, restores from ws.lz4 (with the key,
+/// sealed), and the cache and a pull rebuild ws.pages (without it).
 #[test]
 fn a_sealed_snapshot_stores_its_working_set_compressed_and_restores_from_it() {
     ws_lz4_in_the_store(true);
@@ -202,7 +199,8 @@ fn ws_lz4_in_the_store(sealed: bool) {
     let with: Vec<String> = if sealed { vec!["--key-file".into(), key.to_str().unwrap().into()] } else { vec![] };
     let args = |rest: &[&str]| -> Vec<String> { with.iter().cloned().chain(rest.iter().map(|a| a.to_string())).collect() };
     let run = |rest: &[&str]| ok(thaw(&args(rest).iter().map(String::as_str).collect::<Vec<_>>()));
-    let run_s3 = |rest: &[&str]| ok(thaw_s3(&m, &args(rest).iter().map(String::as_str).collect::<Vec<_>>()));
+    let env: &[(&str, &str)] = if sealed { &[] } else { &[("THAW_STORE_CLEAR_WS", "lz4")] };
+    let run_s3 = |rest: &[&str]| ok(s3::thaw_s3_env(&m, &args(rest).iter().map(String::as_str).collect::<Vec<_>>(), env));
     let snap = scratch().join(format!("{name}-store.snap"));
     let code = sample("helloworld");
     run(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]);
@@ -402,9 +400,7 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
     ok(thaw(&["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--out", snap.to_str().unwrap()]));
     // The working set is recorded by a call that leaves the blocks alone.
     ok(thaw(&["snapshot", "restore", snap.to_str().unwrap(), "--payload", r#"{"touch":false}"#, "--quiet"]));
-    // With ws.pages (format 4), whose noise chunk is stored raw in the head (below).
-    let push = ["snapshot", "push", snap.to_str().unwrap(), "s3://late-fail", "--create-bucket"];
-    let o = ok(s3::thaw_s3_env(&m, &push, &[("THAW_STORE_CLEAR_WS", "pages")]));
+    let o = ok(thaw_s3(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://late-fail", "--create-bucket"]));
     let url = last_line(&o);
     let id = url.rsplit('/').next().unwrap().to_string();
     let store = thaw_store::Store::open(&thaw_store::StoreUrl::parse("s3://late-fail").unwrap(), &s3::store_config(&m)).unwrap();

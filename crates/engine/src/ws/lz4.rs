@@ -28,9 +28,9 @@
 //! trace beside it and the length of ws.pages, and every page decompressed is checked
 //! against the image's CRCs exactly as ws.pages' pages are. A piece whose frames do not
 //! decompress or check is read from ws.pages instead (and ws.lz4 removed: the next write
-//! of the working set makes it again). A snapshot store takes ws.lz4 into its head
-//! instead of ws.pages (`thaw_store::publish`; a sealed image's ws.pages is ciphertext,
-//! which would not compress), and a miss writes it as it arrives: opened with an
+//! of the working set makes it again). A snapshot store takes a sealed image's ws.lz4
+//! into its head instead of ws.pages, whose ciphertext would not compress
+//! (`thaw_store::publish`; a clear one's when asked), and a miss writes it as it arrives: opened with an
 //! arrival ([`crate::pagefiles::PageFill::ws_lz4_upto`]), a read waits for its frames'
 //! bytes and never reads the zeros not written yet. Not written where it saves less
 //! than a quarter. `lz4_flex` (pure Rust, maintained) rather than
