@@ -362,10 +362,10 @@ impl LoadedSnapshot {
             }
         }
         let source = Arc::new(source);
-        // A sealed snapshot's head brings ws.lz4 (its frames compressed, then sealed:
-        // its ws.pages would be ciphertext, which does not compress): the working set
-        // is read from it, not assembled out of the image.
-        let lz4_arrived = fresh && source.file().fill_brings_ws_lz4();
+        // A head that brings ws.lz4 (a sealed snapshot's: its ws.pages would be
+        // ciphertext, which does not compress): the working set is read from it as it
+        // arrives, not assembled out of the image.
+        let brings_lz4 = fresh && source.file().fill_brings_ws_lz4();
         Ok(LoadedSnapshot {
             dir,
             image,
@@ -383,7 +383,7 @@ impl LoadedSnapshot {
             ws_held: Default::default(),
             sandboxes: None,
             code_verdict,
-            ws_from_image: fresh && !lz4_arrived,
+            ws_from_image: fresh && !brings_lz4,
             ws_cached: fresh,
         })
     }

@@ -201,21 +201,20 @@ impl WorkingSet {
                         });
                         r.inspect_err(|e| {
                             let instead = if f.image.is_some() { "the image" } else { "ws.pages" };
-                            tracing::warn!(dir = %dir.display(), error = %e, instead, "a piece of ws.lz4 did not arrive or does not check; reading it instead from the image or ws.pages, and removing ws.lz4");
+                            tracing::warn!(dir = %dir.display(), error = %e, instead, "a piece of ws.lz4 did not arrive or does not check; reading it instead, and removing ws.lz4");
                             let _ = std::fs::remove_file(dir.join(LZ4_FILE));
                         })
                         .ok()
                     });
-                    let (n, clear) = match compressed {
-                        Some(got) => got,
-                        None if f.image.is_some() => {
-                            let read = f.image.as_deref().expect("checked");
+                    let (n, clear) = match (compressed, f.image.as_deref()) {
+                        (Some(got), _) => got,
+                        (None, Some(read)) => {
                             let what = "reading the working set's pages out of the image (ws.lz4 did not bring them)";
                             self.gather(first, buf.as_mut(), read).map_err(io_err(dir, what))?;
                             self.verify(dir, index, first, buf.as_ref())?;
                             (0, false)
                         }
-                        None => {
+                        (None, None) => {
                             read_full(dir, &f.file, buf.as_mut(), at)?;
                             self.verify(dir, index, first, buf.as_ref())?;
                             (buf.as_ref().len() as u64, false)

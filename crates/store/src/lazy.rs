@@ -1005,10 +1005,6 @@ impl PageFill for RemoteFill {
         self.lz4_brings
     }
 
-    fn wait_ws_lz4(&self) -> bool {
-        self.wait_lz4()
-    }
-
     fn ws_lz4_upto(&self, end: u64) -> bool {
         self.lz4.as_ref().is_some_and(|z| z.wait_upto(end))
     }

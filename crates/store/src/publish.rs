@@ -177,7 +177,8 @@ pub struct Plan {
     pub last: Vec<usize>,
     ws_trace: Option<Bytes>,
     ws_pages: Option<Bytes>,
-    /// A sealed image's ws.lz4, stored in place of ws.pages (format 5).
+    /// ws.lz4 stored in place of ws.pages (format 5): a sealed image's, or a clear
+    /// one's with `THAW_STORE_CLEAR_WS=lz4`.
     ws_lz4: Option<Bytes>,
     /// A diff's base, where it is (to be published first, see [`Plan::set_base`]).
     pub base_dir: Option<PathBuf>,

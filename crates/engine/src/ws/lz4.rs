@@ -30,10 +30,10 @@
 //! decompress or check is read from ws.pages instead (and ws.lz4 removed: the next write
 //! of the working set makes it again). A snapshot store takes a sealed image's ws.lz4
 //! into its head instead of ws.pages, whose ciphertext would not compress
-//! (`thaw_store::publish`; a clear one's when asked), and a miss writes it as it arrives: opened with an
-//! arrival ([`crate::pagefiles::PageFill::ws_lz4_upto`]), a read waits for its frames'
-//! bytes and never reads the zeros not written yet. Not written where it saves less
-//! than a quarter. `lz4_flex` (pure Rust, maintained) rather than
+//! (`thaw_store::publish`; a clear one's when asked), and a miss writes it as it
+//! arrives: opened with an arrival ([`crate::pagefiles::PageFill::ws_lz4_upto`]), a
+//! read waits for its frames' bytes and never reads the zeros not written yet. Not
+//! written where it saves less than a quarter. `lz4_flex` (pure Rust, maintained) rather than
 //! bindings to liblz4: the block format and its speed are all that is needed here.
 
 use std::fs::File;
