@@ -196,6 +196,7 @@ OPTIONS = {
     "ws-pages": ("ws.pages", {"THAW_STORE_SEALED_WS": "pages"}),
     "ws-lz4": ("ws.lz4", {"THAW_STORE_CLEAR_WS": "lz4"}),
     "head-whole": ("head checked whole", {"THAW_STORE_HEAD_STREAM": "pack"}),
+    "lz4-frames": ("LZ4 frames", {"THAW_STORE_WS_CODEC": "lz4"}),
 }
 
 
