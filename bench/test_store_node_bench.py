@@ -57,16 +57,30 @@ def test_a_large_sample_goes_as_layers_of_its_packages(tmp_path):
 
 def test_a_node_fetches_its_snapshot_back_and_restores(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "store_node.py"), "--functions", "helloworld", "--runs", "1",
-                        "--encryption", "off", "--settle", "0.2", "--out", str(tmp_path)],
+                        "--encryption", "off,on", "--settle", "0.2", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(next(tmp_path.glob("store-node-*.json")).read_text())
-    med = data["medians"]["helloworld (clear)"]
-    local, remote = med["node-local"], med["node-remote-cold"]
-    assert local["request_ms"] > 0 and remote["request_ms"] > 0, med
-    # The remote call was a miss served from the store's head (one request, some bytes);
-    # the local one read nothing from it.
-    assert remote["requests_before_first_response"] >= 1 and remote["bytes_before_first_response"] > 0, med
-    assert local["requests_before_first_response"] == 0, med
+    for variant in ("helloworld (clear)", "helloworld (sealed)"):
+        med = data["medians"][variant]
+        local, remote = med["node-local"], med["node-remote-cold"]
+        assert local["request_ms"] > 0 and remote["request_ms"] > 0, med
+        # The remote call was a miss served from the store's head (one request, some
+        # bytes); the local one read nothing from it.
+        assert remote["requests_before_first_response"] >= 1 and remote["bytes_before_first_response"] > 0, med
+        assert local["requests_before_first_response"] == 0, med
     assert {s["mode"] for s in data["samples"]} == {"node-local", "node-remote-cold"}
     assert all(s["lazy"] for s in data["samples"] if s["mode"] == "node-remote-cold"), data["samples"]
+
+
+def test_lz4_frames_here_waits_for_a_stores_zstd_frames_to_be_rewritten(tmp_path):
+    entry = tmp_path / "e1"
+    entry.mkdir()
+    header = lambda version: b"THAWWSZ\0" + version.to_bytes(4, "little") + bytes(20)  # noqa: E731
+    assert store_node.lz4_frames_here(tmp_path), "no ws.lz4: nothing to wait for"
+    (entry / "ws.lz4").write_bytes(header(4))
+    assert not store_node.lz4_frames_here(tmp_path), "a store's sealed zstd frames"
+    (entry / "ws.lz4").write_bytes(header(2))
+    assert store_node.lz4_frames_here(tmp_path)
+    (entry / "ws.lz4.tmp-1-ThreadId(2)").write_bytes(b"")
+    assert not store_node.lz4_frames_here(tmp_path), "being written"

@@ -506,15 +506,18 @@ pub fn write_from(
 }
 
 /// Write ws.lz4 beside the working set `ws` of `dir` from its ws.pages, where it has
-/// none for its trace yet (a working set that arrived as files: pulled from a store,
-/// filled in by a lazy fetch, or written before ws.lz4 existed). A sealed image's
+/// no LZ4 frames for its trace yet (a working set that arrived as files: pulled from a
+/// store, filled in by a lazy fetch, or written before ws.lz4 existed; or one that
+/// arrived with a store's zstd frames, which decode at half LZ4's speed: a sealed one's
+/// are kept unless `sealed` can seal others). A sealed image's
 /// (`sealed`) has its pages decrypted, each checked by its tag (a diff's clear base
 /// pages by their CRC), and its frames sealed; a page that does not check writes none.
 /// Returns whether one was written (not where the pages do not compress: a sealed
 /// image's without `sealed`). Off a restore's path: it reads and compresses the whole
 /// working set.
 pub fn compress_beside(dir: &Path, ws: &WorkingSet, sealed: Option<&SealedPages<'_>>, durable: bool) -> Result<bool, WsError> {
-    if ws.trace_crc == 0 || lz4::open(dir, true, ws.trace_crc, ws.pages_bytes(), None).is_some() {
+    let have = (ws.trace_crc != 0).then(|| lz4::open(dir, true, ws.trace_crc, ws.pages_bytes(), None)).flatten();
+    if ws.trace_crc == 0 || have.is_some_and(|f| f.codec() == lz4::Codec::Lz4 || (f.sealed() && sealed.is_none())) {
         return Ok(false);
     }
     let mut pages = match std::fs::read(dir.join(PAGES_FILE)) {

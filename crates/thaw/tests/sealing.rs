@@ -195,6 +195,18 @@ fn a_sealed_working_set_that_arrived_without_ws_lz4_gets_sealed_frames_from_the_
     assert!(!loaded.compress_working_set().unwrap(), "there already");
     let z = std::fs::read(snap.join("ws.lz4")).unwrap();
     assert_eq!(u32::from_le_bytes(z[8..12].try_into().unwrap()), 2, "sealed frames");
+    // A store's sealed zstd frames (version 4, as a publish makes them) are rewritten
+    // as LZ4 frames by the key holder (they decode faster from a local disk), and kept
+    // by a writer without the key.
+    let sealer = thaw_engine::seal::Sealer::open(loaded.image.seal.as_ref().unwrap(), thaw_engine::seal::node_key().as_deref()).unwrap();
+    let zstd = thaw_engine::ws::lz4::recompress_zstd(&z, Some(&sealer)).unwrap().expect("smaller");
+    std::fs::write(snap.join("ws.lz4"), &zstd).unwrap();
+    let set = thaw_engine::ws::WorkingSet::load(&snap, loaded.id).unwrap();
+    assert!(!thaw_engine::ws::compress_beside(&snap, &set, None, false).unwrap(), "no key: kept");
+    assert_eq!(std::fs::read(snap.join("ws.lz4")).unwrap(), zstd);
+    assert!(loaded.compress_working_set().unwrap(), "rewritten");
+    let z = std::fs::read(snap.join("ws.lz4")).unwrap();
+    assert_eq!(u32::from_le_bytes(z[8..12].try_into().unwrap()), 2, "sealed LZ4 frames again");
     let stats = scratch().join("sealed-arrived.json");
     let o = thaw(&["--key-file", key.to_str().unwrap(), "snapshot", "restore", snap.to_str().unwrap(), "--paging", "prefetch", "--payload", "{}", "--quiet", "--stats", stats.to_str().unwrap()]);
     assert_eq!(stdout(&ok(o)).trim(), format!(r#"{{"env": "{SECRET}", "tmp": "tmp:{SECRET}"}}"#));
