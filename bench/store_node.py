@@ -213,6 +213,7 @@ OPTIONS = {
     "ws-lz4": ("ws.lz4", {"THAW_STORE_CLEAR_WS": "lz4"}),
     "head-whole": ("head checked whole", {"THAW_STORE_HEAD_STREAM": "pack"}),
     "lz4-frames": ("LZ4 frames", {"THAW_STORE_WS_CODEC": "lz4"}),
+    "json-manifest": ("JSON manifest", {"THAW_STORE_MANIFEST": "json"}),
 }
 
 
@@ -292,7 +293,9 @@ def main():
                          "ws.lz4 (THAW_STORE_SEALED_WS=pages, the baseline); +ws-lz4: a clear image published with its "
                          "ws.lz4 instead of ws.pages (THAW_STORE_CLEAR_WS=lz4); +head-whole: a miss checks the head whole before "
                          "handing any of it over (THAW_STORE_HEAD_STREAM=pack, the baseline); +lz4-frames: the stored "
-                         "ws.lz4 keeps the node's LZ4 frames instead of zstd ones (THAW_STORE_WS_CODEC=lz4, the baseline)")
+                         "ws.lz4 keeps the node's LZ4 frames instead of zstd ones (THAW_STORE_WS_CODEC=lz4, the baseline); "
+                         "+json-manifest: the manifest stored as JSON (format 5 or earlier) instead of binary (format 6; "
+                         "THAW_STORE_MANIFEST=json, the baseline)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     a = ap.parse_args()
     rows = []

@@ -75,12 +75,22 @@ class Minio:
                             config=Config(retries={"max_attempts": 1}))
 
     def manifest(self, bucket, key):
-        """A stored snapshot's manifest, as JSON (format 3 stores it zstd-compressed)."""
+        """A stored snapshot's manifest (`PREFIX/snapshots/ID.json`), as JSON: format 3 on
+        stores it zstd-compressed, format 6 in a binary encoding, which `thaw snapshot
+        inspect s3://BUCKET/PREFIX/ID` shows as JSON."""
         data = self.s3().get_object(Bucket=bucket, Key=key)["Body"].read()
         if data[:4] == b"\x28\xb5\x2f\xfd":
             import zstandard
             data = zstandard.ZstdDecompressor().decompress(data, max_output_size=64 << 20)
-        return json.loads(data)
+        if data[:1] == b"{":
+            return json.loads(data)
+        prefix, sid = key.rsplit("/snapshots/", 1)
+        url = f"s3://{bucket}/{prefix}/{sid.removesuffix('.json')}"
+        thaw = ROOT / "target" / "release" / "thaw"
+        r = subprocess.run([str(thaw), "snapshot", "inspect", url, "--endpoint-url", self.endpoint],
+                           env=dict(os.environ, **self.env()), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"thaw snapshot inspect {url}: {r.stderr}"
+        return json.loads(r.stdout)
 
     def keys(self, bucket, prefix=""):
         out, token = [], None

@@ -48,12 +48,12 @@ pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
     Ok((m, len))
 }
 
-/// Manifest `stored` (as stored: JSON, or zstd-compressed JSON from format 3 on),
-/// checked against `id`, the hash of its JSON, and parsed. `object` names where it
+/// Manifest `stored` (as stored: JSON, or zstd-compressed from format 3 on, binary from
+/// format 6 on), checked against `id`, the hash of its bytes, and parsed. `object` names where it
 /// came from in errors.
 fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manifest> {
     let t0 = std::time::Instant::now();
-    // Format 3 is stored compressed (zstd's magic; JSON starts with '{'), never
+    // Format 3 on is stored compressed (zstd's magic; JSON starts with '{'), never
     // decompressed past the cap on manifests.
     let bytes = if stored.starts_with(&ZSTD_MAGIC) {
         bytes::Bytes::from(
@@ -71,7 +71,7 @@ fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manif
     let t_hash = t0.elapsed();
     let m = Manifest::parse(object, &bytes)?;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    tracing::debug!(json = bytes.len(), unzip_ms = ms(t_unzip), hash_ms = ms(t_hash - t_unzip), parse_ms = ms(t0.elapsed() - t_hash), "manifest checked");
+    tracing::debug!(bytes = bytes.len(), unzip_ms = ms(t_unzip), hash_ms = ms(t_hash - t_unzip), parse_ms = ms(t0.elapsed() - t_hash), "manifest checked");
     Ok(m)
 }
 

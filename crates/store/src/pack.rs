@@ -56,9 +56,10 @@ type Layout = Vec<(u64, Option<u64>)>;
 /// saves little time for 3% more bytes (measured on 8 KiB chunks of pages.img).
 const ZSTD_LEVEL: i32 = 3;
 
-/// A manifest's bytes as stored: format 3 compressed with zstd (its id stays the
-/// hash of the JSON; lrserving's 1.2 MB manifest is stored in ~0.4 MB, and it is
-/// read before anything else on every miss), earlier formats as JSON.
+/// A manifest's bytes as stored: from format 3 on compressed with zstd (its id stays
+/// the hash of its bytes, JSON or binary; lrserving's 1.2 MB JSON manifest is stored
+/// in ~0.4 MB, and it is read before anything else on every miss), earlier formats as
+/// they are.
 fn stored_manifest(m: &Manifest, json: Vec<u8>) -> Bytes {
     if m.format >= MANIFEST_FORMAT_COMPRESSED {
         if let Ok(z) = zstd::bulk::compress(&json, ZSTD_LEVEL) {
@@ -344,13 +345,17 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         }
     }
     let mut m = plan.manifest.clone();
-    // Format 4 only where it stores ws.pages, 5 where ws.lz4: older readers read the rest.
+    // Format 6 (binary, see manifest.rs). As JSON (`THAW_STORE_MANIFEST=json`, the
+    // baseline): format 4 only where it stores ws.pages, 5 where ws.lz4, so older readers
+    // read the rest.
     let ws_stored = m.file(thaw_engine::ws::PAGES_FILE).is_some();
     let lz4_stored = m.file(thaw_engine::ws::LZ4_FILE).is_some();
-    m.format = match (compressing(), ws_stored, lz4_stored) {
-        (true, _, true) => MANIFEST_FORMAT,
-        (true, true, false) => crate::manifest::MANIFEST_FORMAT_WS_PAGES,
-        (true, false, false) => MANIFEST_FORMAT_COMPRESSED,
+    let json = std::env::var("THAW_STORE_MANIFEST").as_deref() == Ok("json");
+    m.format = match (compressing(), json, ws_stored, lz4_stored) {
+        (true, false, ..) => crate::manifest::MANIFEST_FORMAT_BINARY,
+        (true, true, _, true) => MANIFEST_FORMAT,
+        (true, true, true, false) => crate::manifest::MANIFEST_FORMAT_WS_PAGES,
+        (true, true, false, false) => MANIFEST_FORMAT_COMPRESSED,
         (false, ..) => crate::manifest::MANIFEST_FORMAT_PACKS,
     };
     if has_head {

@@ -205,12 +205,16 @@ enum SnapshotCmd {
         #[arg(long, value_name = "DIR")]
         code: Option<PathBuf>,
     },
-    /// Print a summary of a snapshot as JSON.
+    /// Print a summary of a snapshot as JSON; of a stored one (s3://BUCKET/PREFIX/ID),
+    /// its manifest, verified against its id, as JSON (whatever format it is stored in).
     Inspect {
+        /// A snapshot directory, or s3://BUCKET/PREFIX/ID.
         snapdir: PathBuf,
         /// Also list every memory area and stored page run.
         #[arg(long)]
         verbose: bool,
+        #[command(flatten)]
+        store: store_cmd::StoreArgs,
     },
     /// Drop a snapshot's files from the page cache (for cold-start measurements).
     Evict { snapdir: PathBuf },
@@ -643,7 +647,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             )?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Cmd::Snapshot(SnapshotCmd::Inspect { snapdir, verbose }) => {
+        Cmd::Snapshot(SnapshotCmd::Inspect { snapdir, store, .. }) if snapdir.to_str().is_some_and(|s| s.starts_with("s3://")) => {
+            store_cmd::inspect(snapdir.to_str().expect("checked"), &store)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Snapshot(SnapshotCmd::Inspect { snapdir, verbose, .. }) => {
             let s = thaw_engine::image::Snapshot::open(&snapdir)?;
             let img = &s.image;
             let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();

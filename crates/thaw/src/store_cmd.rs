@@ -179,6 +179,15 @@ pub fn pull(a: PullArgs) -> Result<()> {
     Ok(())
 }
 
+/// `thaw snapshot inspect s3://BUCKET/PREFIX/ID`: the manifest, verified, as JSON.
+pub fn inspect(url: &str, a: &StoreArgs) -> Result<()> {
+    let url = SnapshotUrl::parse(url)?;
+    let store = open(&url.store, a)?;
+    let m = store.manifest(&url.id).with_context(|| format!("reading {url}"))?;
+    println!("{}", serde_json::to_string_pretty(&m)?);
+    Ok(())
+}
+
 pub fn rm(a: RmArgs) -> Result<()> {
     let url = SnapshotUrl::parse(&a.url)?;
     let store = open(&url.store, &a.store)?;

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use thaw_engine::fingerprint::{self, CodeCheck};
 use thaw_engine::instance::LoadedSnapshot;
@@ -75,8 +75,8 @@ pub(super) struct SnapshotSlot {
     /// Where the snapshot is captured, and kept when there is no store.
     local_dir: PathBuf,
     open: OpenSettings,
-    /// Modification time of the recorded working set last published (or being published).
-    ws_published: Mutex<Option<SystemTime>>,
+    /// The crc of the recorded working set's trace last published (or being published).
+    ws_published: Mutex<Option<u32>>,
     /// What the snapshot's bundle must be.
     pub(super) bundle: BundlePrint,
     /// The stored snapshot was published by another node (a cluster's builder): never
@@ -340,19 +340,18 @@ impl SnapshotSlot {
         let dir = h.dir().to_path_buf();
         drop(st);
         let id = self.stored_id()?;
-        let mtime = std::fs::metadata(dir.join(thaw_engine::ws::TRACE_FILE)).and_then(|m| m.modified()).ok()?;
+        let crc = trace_crc(&dir)?;
         let mut published = self.ws_published.lock().unwrap_or_else(|p| p.into_inner());
-        if *published == Some(mtime) {
+        if *published == Some(crc) {
             return None;
         }
-        *published = Some(mtime);
+        *published = Some(crc);
         Some((store.clone(), id, dir))
     }
 
     /// The working set in `dir` (just opened) is the one its stored snapshot has.
     fn note_working_set(&self, dir: &Path) {
-        let mtime = std::fs::metadata(dir.join(thaw_engine::ws::TRACE_FILE)).and_then(|m| m.modified()).ok();
-        *self.ws_published.lock().unwrap_or_else(|p| p.into_inner()) = mtime;
+        *self.ws_published.lock().unwrap_or_else(|p| p.into_inner()) = trace_crc(dir);
     }
 
     /// Stored snapshot `id` replaces the one this revision had.
@@ -458,6 +457,19 @@ impl super::Node {
             }
         }
     }
+}
+
+/// The crc of the working set's trace in `dir` (ws.trace's last 4 bytes): what tells a
+/// working set recorded or extended since the last publish from the same one written
+/// again (a store's fill rewrites ws.trace with the ws.pages it rebuilds; publishing
+/// that again would only make a new id: a sealed working set's frames get new nonces).
+fn trace_crc(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(dir.join(thaw_engine::ws::TRACE_FILE)).ok()?;
+    let len = f.metadata().ok()?.len();
+    let mut b = [0u8; 4];
+    f.read_exact_at(&mut b, len.checked_sub(4)?).ok()?;
+    Some(u32::from_le_bytes(b))
 }
 
 /// ws.lz4 beside the working set of a snapshot that came from the store (the store
