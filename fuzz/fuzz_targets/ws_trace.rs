@@ -6,7 +6,8 @@
 //! exactly when every stored page of the trace is one of the image's; and the same
 //! again beside a ws.lz4 for that trace with bytes the input chooses damaged (header,
 //! table or frames): it never changes the outcome (a frame that does not decompress
-//! or check is read from ws.pages).
+//! or check is read from ws.pages). Its frames are LZ4 or, when the input's first byte
+//! is odd, zstd (a snapshot store's, `lz4::recompress_zstd`).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use thaw_engine::image::PageIndex;
@@ -54,7 +55,9 @@ fuzz_target!(|data: &[u8]| {
                 // input says: whatever its frames hold, the outcome is the same.
                 for damaged in [false, true] {
                     if damaged {
-                        if let Some(mut z) = lz4_of_zero_pages(pages_len, ws.trace_crc) {
+                        let frames = lz4_of_zero_pages(pages_len, ws.trace_crc)
+                            .map(|z| if data[0] & 1 == 1 { lz4::recompress_zstd(&z, None).expect("frames just made").unwrap_or(z) } else { z });
+                        if let Some(mut z) = frames {
                             for p in data.chunks_exact(3).take(8) {
                                 let at = u16::from_le_bytes([p[0], p[1]]) as usize % z.len();
                                 z[at] ^= p[2] | 1;
