@@ -190,7 +190,7 @@ def one_call(node, fn, mode, settle):
         if fetches:
             # The rest of the image arrives after the first response; the next run's
             # node-local needs it in the cache.
-            wait_for(lambda: n.status()["snapshot_store"]["lazy_settled"] >= 1, f"{fn}'s snapshot to settle in the cache")
+            wait_for(lambda: n.status()["snapshot_store"]["lazy_settled"] >= 1, f"{fn}'s snapshot to settle in the cache", timeout=300)
             # Once settled, the node rewrites a store's zstd frames as LZ4 frames (they
             # decode faster from its own disk): let it finish, so the next node-local run
             # measures the entry, not that rewrite.

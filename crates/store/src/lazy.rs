@@ -923,8 +923,17 @@ impl RemoteFill {
     }
 
     /// Fetch every chunk still missing; afterwards pages.img is complete (and a lazily
-    /// arriving base's, first: this diff's ws.pages is built from both).
+    /// arriving base's, first: this diff's ws.pages is built from both). A failure
+    /// marks the fill failed ([`RemoteFill::failed`]): it will not complete.
     pub fn complete(&self) -> std::io::Result<()> {
+        let r = self.complete_inner();
+        if r.is_err() {
+            self.failed.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    fn complete_inner(&self) -> std::io::Result<()> {
         if let Some(l) = &self.base {
             l.base.fill.complete()?;
         }

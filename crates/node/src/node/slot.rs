@@ -320,7 +320,12 @@ impl SnapshotSlot {
         let Ok(mut st) = self.state.try_lock() else { return false };
         let unused = match &*st {
             Slot::Open { snap, _pin, lazy, last_use } if _pin.is_some() || lazy.is_some() => {
-                Arc::strong_count(snap) == 1 && Arc::strong_count(&snap.source) == 1 && last_use.elapsed() >= idle
+                // A snapshot still arriving from the store stays open until it has
+                // settled into the cache (or its fetch failed): closed, what it fetched
+                // would be thrown away, and the next start would miss again (on a slow
+                // link a fill outlasts the keep-alive: lrserving's 80 MB at 100 Mbit/s).
+                let arriving = lazy.as_ref().is_some_and(|l| !l.fill.failed());
+                !arriving && Arc::strong_count(snap) == 1 && Arc::strong_count(&snap.source) == 1 && last_use.elapsed() >= idle
             }
             _ => false,
         };
