@@ -349,7 +349,7 @@ def main():
         diffs = {p: m["phases_ms"].get(p, 0.0) - base.get(p, 0.0) for p in sorted(set(base) | set(m["phases_ms"]))}
         print(f"phases {link} {fn} {mode} vs local: " + ", ".join(f"{p} {d:+.2f}" for p, d in diffs.items() if abs(d) >= 0.05))
     for (link, fn, mode), m in sorted(med.items()):
-        label = {"remote-cold": "format 4, compressed packs, ws.pages in the head, head copy", "remote-cold-ws-lz4": "format 5, ws.lz4 in the head, streamed", "remote-cold-ws-derived": "format 3, ws.pages derived",
+        label = {"remote-cold": "format 6 (binary manifest), compressed packs, ws.pages in the head, head copy", "remote-cold-ws-lz4": "format 6, ws.lz4 (zstd frames) in the head, streamed", "remote-cold-ws-derived": "format 3, ws.pages derived",
                  "remote-cold-no-head-copy": "format 4, no head copy",
                  "remote-cold-window": "format 3, 8 KiB address windows",
                  "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",
