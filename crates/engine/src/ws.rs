@@ -91,6 +91,19 @@ impl WorkingSet {
         dir.join(TRACE_FILE).is_file() && dir.join(PAGES_FILE).is_file()
     }
 
+    /// The crc of the trace in `dir` (ws.trace's last 4 bytes), unchecked and without
+    /// loading it: what tells a working set recorded or extended since some point from
+    /// the same one written again (a store's fill rewrites ws.trace unchanged with the
+    /// ws.pages it rebuilds).
+    pub fn stored_crc(dir: &Path) -> Option<u32> {
+        use std::os::unix::fs::FileExt;
+        let f = File::open(dir.join(TRACE_FILE)).ok()?;
+        let len = f.metadata().ok()?.len();
+        let mut b = [0u8; 4];
+        f.read_exact_at(&mut b, len.checked_sub(4)?).ok()?;
+        Some(u32::from_le_bytes(b))
+    }
+
     /// Load and check the trace of `dir` against the image `image_id`.
     pub fn load(dir: &Path, image_id: u32) -> Result<WorkingSet, WsError> {
         let bytes = match std::fs::read(dir.join(TRACE_FILE)) {
@@ -516,8 +529,11 @@ pub fn write_from(
 /// image's without `sealed`). Off a restore's path: it reads and compresses the whole
 /// working set.
 pub fn compress_beside(dir: &Path, ws: &WorkingSet, sealed: Option<&SealedPages<'_>>, durable: bool) -> Result<bool, WsError> {
-    let have = (ws.trace_crc != 0).then(|| lz4::open(dir, true, ws.trace_crc, ws.pages_bytes(), None)).flatten();
-    if ws.trace_crc == 0 || have.is_some_and(|f| f.codec() == lz4::Codec::Lz4 || (f.sealed() && sealed.is_none())) {
+    if ws.trace_crc == 0 {
+        return Ok(false);
+    }
+    let have = lz4::open(dir, true, ws.trace_crc, ws.pages_bytes(), None);
+    if have.is_some_and(|f| f.codec() == lz4::Codec::Lz4 || (f.sealed() && sealed.is_none())) {
         return Ok(false);
     }
     let mut pages = match std::fs::read(dir.join(PAGES_FILE)) {

@@ -60,13 +60,13 @@ const ZSTD_LEVEL: i32 = 3;
 /// the hash of its bytes, JSON or binary; lrserving's 1.2 MB JSON manifest is stored
 /// in ~0.4 MB, and it is read before anything else on every miss), earlier formats as
 /// they are.
-fn stored_manifest(m: &Manifest, json: Vec<u8>) -> Bytes {
+fn stored_manifest(m: &Manifest, bytes: Vec<u8>) -> Bytes {
     if m.format >= MANIFEST_FORMAT_COMPRESSED {
-        if let Ok(z) = zstd::bulk::compress(&json, ZSTD_LEVEL) {
+        if let Ok(z) = zstd::bulk::compress(&bytes, ZSTD_LEVEL) {
             return Bytes::from(z);
         }
     }
-    Bytes::from(json)
+    Bytes::from(bytes)
 }
 
 /// Whether publishes compress chunks (format 3). `THAW_STORE_FORMAT=2` stores them

@@ -242,23 +242,15 @@ fn cut_bytes(data: &[u8]) -> Vec<(u64, u64, Option<String>)> {
 
 /// The ws.lz4 a store keeps: the node's LZ4 frames `lz4` recompressed with zstd
 /// (`thaw_engine::ws::lz4::recompress_zstd`; a sealed image's opened and sealed again
-/// with the node key, `seal`), ~30% fewer bytes for a miss to fetch. Where that cannot
-/// be done (a sealed image and no key here, a frame that does not check) the LZ4 frames
+/// with its `sealer`, which opening the snapshot needed anyway), ~30% fewer bytes for a
+/// miss to fetch. Where that cannot be done (a frame that does not check) the LZ4 frames
 /// are stored as they are, and a miss reads those. `THAW_STORE_WS_CODEC=lz4`: always
 /// as they are (the baseline).
-fn stored_frames(dir: &Path, lz4: Vec<u8>, seal: Option<&thaw_engine::seal::SealInfo>) -> Vec<u8> {
+fn stored_frames(dir: &Path, lz4: Vec<u8>, sealer: Option<&thaw_engine::seal::Sealer>) -> Vec<u8> {
     if std::env::var("THAW_STORE_WS_CODEC").as_deref() == Ok("lz4") {
         return lz4;
     }
-    let sealer = match seal.map(|info| thaw_engine::seal::Sealer::open(info, thaw_engine::seal::node_key().as_deref())) {
-        None => None,
-        Some(Ok(s)) => Some(s),
-        Some(Err(e)) => {
-            tracing::info!(dir = %dir.display(), "the working set is stored as LZ4 frames, not zstd: {e}");
-            return lz4;
-        }
-    };
-    match thaw_engine::ws::lz4::recompress_zstd(&lz4, sealer.as_ref()) {
+    match thaw_engine::ws::lz4::recompress_zstd(&lz4, sealer) {
         Ok(Some(z)) => {
             tracing::debug!(dir = %dir.display(), lz4 = lz4.len(), zstd = z.len(), "the working set's frames recompressed for the store");
             z
@@ -356,7 +348,7 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
                 if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
                     if lz4 {
                         let z = std::fs::read(dir.join(thaw_engine::ws::LZ4_FILE)).map_err(io("reading ws.lz4"))?;
-                        let z = stored_frames(dir, z, snap.image.seal.as_ref());
+                        let z = stored_frames(dir, z, snap.sealer.as_deref());
                         files.push((thaw_engine::ws::LZ4_FILE, z.len() as u64, cut_bytes_by(&z, WS_LZ4_CHUNK)));
                         ws_lz4 = Some(Bytes::from(z));
                     } else {

@@ -62,6 +62,8 @@ const VERSION_ZSTD_SEALED: u32 = 4;
 /// working set: 2.9 MB against LZ4's 4.1 MB).
 const ZSTD_LEVEL: i32 = 3;
 const HEADER: usize = 32;
+/// A sealed file's frames read or recompressed without the key.
+const NO_KEY: &str = "ws.lz4 is sealed and no key opens it";
 /// A sealed frame's nonce and tag.
 type Seal = ([u8; 12], [u8; TAG_LEN]);
 /// ws.pages' bytes per frame: 64 pages. A piece of a read is a whole number of frames.
@@ -128,8 +130,7 @@ pub fn open(dir: &Path, cached: bool, trace_crc: u32, len: u64, arrival: Option<
     let b = &first.as_ref()[..got];
     let why = match parse_header(b, trace_crc, len) {
         Ok(Header { frames, frame, sealed, codec }) => {
-            let table_end = HEADER + frames * entry_len(sealed);
-            let data_at = (table_end + 4).div_ceil(page) * page;
+            let data_at = data_start(frames, sealed);
             let whole = if data_at <= got {
                 b[..data_at].to_vec()
             } else {
@@ -158,6 +159,51 @@ struct Header {
     frame: usize,
     sealed: bool,
     codec: Codec,
+}
+
+/// Where the frames' data starts: after the header, the table of `frames` entries and
+/// its crc, at the next page boundary.
+fn data_start(frames: usize, sealed: bool) -> usize {
+    (HEADER + frames * entry_len(sealed) + 4).div_ceil(PAGE_SIZE as usize) * PAGE_SIZE as usize
+}
+
+/// Decompresses frames: one decoder for a read's frames.
+enum Decoder {
+    Lz4,
+    Zstd(zstd::bulk::Decompressor<'static>),
+}
+
+impl Decoder {
+    fn new(codec: Codec) -> Result<Decoder, String> {
+        Ok(match codec {
+            Codec::Lz4 => Decoder::Lz4,
+            Codec::Zstd => Decoder::Zstd(zstd::bulk::Decompressor::new().map_err(|e| format!("a zstd decoder: {e}"))?),
+        })
+    }
+
+    /// Frame `f`'s stored bytes `stored` decompressed into `out`, which they must fill
+    /// exactly.
+    fn frame(&mut self, f: usize, stored: &[u8], out: &mut [u8]) -> Result<(), String> {
+        let n = match self {
+            Decoder::Lz4 => lz4_flex::block::decompress_into(stored, out).map_err(|e| e.to_string()),
+            Decoder::Zstd(z) => z.decompress_to_buffer(stored, out).map_err(|e| e.to_string()),
+        }
+        .map_err(|e| format!("frame {f} of ws.lz4 does not decompress: {e}"))?;
+        if n != out.len() {
+            return Err(format!("frame {f} of ws.lz4 holds {n} bytes, not {}", out.len()));
+        }
+        Ok(())
+    }
+}
+
+/// Sealed frame `f` (`stored`, with its nonce and tag `seal`, of the trace `trace_crc`
+/// and the ws.pages of `len` bytes) opened in place with `sealer`.
+fn open_sealed(sealer: &Sealer, seal: &Seal, trace_crc: u32, len: u64, f: usize, stored: &mut [u8]) -> Result<(), String> {
+    let (nonce, tag) = seal;
+    match sealer.open_frame(nonce, &aad(trace_crc, len, f), stored, tag) {
+        true => Ok(()),
+        false => Err(format!("frame {f} of ws.lz4 does not authenticate under the node key")),
+    }
 }
 
 /// Bytes of a table entry.
@@ -289,29 +335,16 @@ impl Frames {
             return Err("ws.lz4 ends early".into());
         }
         let data = &mut buf.as_mut()[(self.data_at + start - a0) as usize..];
-        let mut unzip = match self.codec {
-            Codec::Lz4 => None,
-            Codec::Zstd => Some(zstd::bulk::Decompressor::new().map_err(|e| format!("a zstd decoder: {e}"))?),
-        };
+        let mut decoder = Decoder::new(self.codec)?;
         let mut from = 0usize;
         for (i, chunk) in out.chunks_mut(self.frame).enumerate() {
             let f = f0 + i;
             let to = (self.ends[f] - start) as usize;
             if let Some(seals) = &self.seals {
-                let sealer = sealer.ok_or("ws.lz4 is sealed and no key opens it")?;
-                let (nonce, tag) = &seals[f];
-                if !sealer.open_frame(nonce, &aad(self.trace_crc, self.len, f), &mut data[from..to], tag) {
-                    return Err(format!("frame {f} of ws.lz4 does not authenticate under the node key"));
-                }
+                let sealer = sealer.ok_or(NO_KEY)?;
+                open_sealed(sealer, &seals[f], self.trace_crc, self.len, f, &mut data[from..to])?;
             }
-            let n = match &mut unzip {
-                None => lz4_flex::block::decompress_into(&data[from..to], chunk).map_err(|e| e.to_string()),
-                Some(z) => z.decompress_to_buffer(&data[from..to], chunk).map_err(|e| e.to_string()),
-            }
-            .map_err(|e| format!("frame {f} of ws.lz4 does not decompress: {e}"))?;
-            if n != chunk.len() {
-                return Err(format!("frame {f} of ws.lz4 holds {n} bytes, not {}", chunk.len()));
-            }
+            decoder.frame(f, &data[from..to], chunk)?;
             from = to;
         }
         Ok(got as u64)
@@ -433,8 +466,7 @@ pub fn recompress_zstd(file: &[u8], sealer: Option<&Sealer>) -> Result<Option<Ve
     if codec == Codec::Zstd {
         return Ok(None);
     }
-    let page = PAGE_SIZE as usize;
-    let data_at = (HEADER + frames * entry_len(sealed) + 4).div_ceil(page) * page;
+    let data_at = data_start(frames, sealed);
     if file.len() < data_at {
         return Err("ws.lz4 is shorter than its table".into());
     }
@@ -442,25 +474,20 @@ pub fn recompress_zstd(file: &[u8], sealer: Option<&Sealer>) -> Result<Option<Ve
     let sealer = match (sealed, sealer) {
         (false, _) => None,
         (true, Some(s)) => Some(s),
-        (true, None) => return Err("ws.lz4 is sealed and no key opens it".into()),
+        (true, None) => return Err(NO_KEY.into()),
     };
     let mut zip = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| format!("a zstd encoder: {e}"))?;
+    let mut decoder = Decoder::new(codec)?;
     let (mut out, mut out_ends) = (Vec::new(), Vec::with_capacity(frames));
     let mut raw = vec![0u8; frame];
     let mut from = 0usize;
     for (f, &end) in ends.iter().enumerate() {
         let mut stored = file[data_at + from..data_at + end as usize].to_vec();
         if let (Some(s), Some(seals)) = (sealer, &seals) {
-            let (nonce, tag) = &seals[f];
-            if !s.open_frame(nonce, &aad(trace_crc, len, f), &mut stored, tag) {
-                return Err(format!("frame {f} of ws.lz4 does not authenticate under the node key"));
-            }
+            open_sealed(s, &seals[f], trace_crc, len, f, &mut stored)?;
         }
         let want = frame.min((len - (f * frame) as u64) as usize);
-        let n = lz4_flex::block::decompress_into(&stored, &mut raw[..want]).map_err(|e| format!("frame {f} of ws.lz4 does not decompress: {e}"))?;
-        if n != want {
-            return Err(format!("frame {f} of ws.lz4 holds {n} bytes, not {want}"));
-        }
+        decoder.frame(f, &stored, &mut raw[..want])?;
         out.extend_from_slice(&zip.compress(&raw[..want]).map_err(|e| format!("compressing frame {f}: {e}"))?);
         out_ends.push(out.len() as u64);
         from = end as usize;
@@ -491,11 +518,16 @@ pub(super) mod tests {
     }
 
     fn written(dir: &Path, raw: &[u8], crc: u32) {
+        std::fs::write(dir.join(FILE), frames(raw, crc, None).expect("compressible")).unwrap();
+    }
+
+    /// ws.lz4 for the pages `raw` (LZ4 frames, as a node writes them).
+    fn frames(raw: &[u8], crc: u32, sealer: Option<&Sealer>) -> Option<Vec<u8>> {
         let mut w = Writer::default();
         for p in raw.chunks(PAGE_SIZE as usize) {
             w.page(p);
         }
-        std::fs::write(dir.join(FILE), w.finish(crc, None).expect("compressible")).unwrap();
+        w.finish(crc, sealer)
     }
 
     #[test]
@@ -546,11 +578,7 @@ pub(super) mod tests {
         // Sealed: recompressed only with the key, and then sealed again.
         let key = crate::seal::NodeKey::from_bytes([3; 32]);
         let sealer = Sealer::new(&key).unwrap();
-        let mut w = Writer::default();
-        for p in raw.chunks(PAGE_SIZE as usize) {
-            w.page(p);
-        }
-        let sealed = w.finish(7, Some(&sealer)).unwrap();
+        let sealed = frames(&raw, 7, Some(&sealer)).unwrap();
         assert!(recompress_zstd(&sealed, None).unwrap_err().contains("no key"));
         let other = Sealer::new(&key).unwrap();
         assert!(recompress_zstd(&sealed, Some(&other)).unwrap_err().contains("does not authenticate"));
@@ -652,11 +680,7 @@ pub(super) mod tests {
 
     #[test]
     fn incompressible_pages_are_not_written() {
-        let mut w = Writer::default();
-        for p in noise(8 * 4096).chunks(4096) {
-            w.page(p);
-        }
-        assert!(w.finish(0, None).is_none());
+        assert!(frames(&noise(8 * 4096), 0, None).is_none());
         assert!(Writer::default().finish(0, None).is_none(), "nothing to write");
     }
 
@@ -666,11 +690,7 @@ pub(super) mod tests {
         let raw = pages(130);
         let key = crate::seal::NodeKey::from_bytes([7; 32]);
         let sealer = Sealer::new(&key).unwrap();
-        let mut w = Writer::default();
-        for p in raw.chunks(PAGE_SIZE as usize) {
-            w.page(p);
-        }
-        let file = w.finish(9, Some(&sealer)).expect("compressible");
+        let file = frames(&raw, 9, Some(&sealer)).expect("compressible");
         std::fs::write(d.path().join(FILE), &file).unwrap();
         let z = open(d.path(), true, 9, raw.len() as u64, None).expect("opens");
         assert!(z.sealed());

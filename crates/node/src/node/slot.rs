@@ -75,7 +75,10 @@ pub(super) struct SnapshotSlot {
     /// Where the snapshot is captured, and kept when there is no store.
     local_dir: PathBuf,
     open: OpenSettings,
-    /// The crc of the recorded working set's trace last published (or being published).
+    /// The crc of the recorded working set's trace last published (or being published):
+    /// compared by content, not time, as a store's fill writes ws.trace again unchanged
+    /// (publishing it again would only make a new id: a sealed working set's frames get
+    /// new nonces).
     ws_published: Mutex<Option<u32>>,
     /// What the snapshot's bundle must be.
     pub(super) bundle: BundlePrint,
@@ -345,7 +348,7 @@ impl SnapshotSlot {
         let dir = h.dir().to_path_buf();
         drop(st);
         let id = self.stored_id()?;
-        let crc = trace_crc(&dir)?;
+        let crc = thaw_engine::ws::WorkingSet::stored_crc(&dir)?;
         let mut published = self.ws_published.lock().unwrap_or_else(|p| p.into_inner());
         if *published == Some(crc) {
             return None;
@@ -356,7 +359,7 @@ impl SnapshotSlot {
 
     /// The working set in `dir` (just opened) is the one its stored snapshot has.
     fn note_working_set(&self, dir: &Path) {
-        *self.ws_published.lock().unwrap_or_else(|p| p.into_inner()) = trace_crc(dir);
+        *self.ws_published.lock().unwrap_or_else(|p| p.into_inner()) = thaw_engine::ws::WorkingSet::stored_crc(dir);
     }
 
     /// Stored snapshot `id` replaces the one this revision had.
@@ -462,19 +465,6 @@ impl super::Node {
             }
         }
     }
-}
-
-/// The crc of the working set's trace in `dir` (ws.trace's last 4 bytes): what tells a
-/// working set recorded or extended since the last publish from the same one written
-/// again (a store's fill rewrites ws.trace with the ws.pages it rebuilds; publishing
-/// that again would only make a new id: a sealed working set's frames get new nonces).
-fn trace_crc(dir: &Path) -> Option<u32> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(dir.join(thaw_engine::ws::TRACE_FILE)).ok()?;
-    let len = f.metadata().ok()?.len();
-    let mut b = [0u8; 4];
-    f.read_exact_at(&mut b, len.checked_sub(4)?).ok()?;
-    Some(u32::from_le_bytes(b))
 }
 
 /// ws.lz4 beside the working set of a snapshot that came from the store (the store
