@@ -25,7 +25,8 @@ set is recorded and republished before the runs. `--encryption on,off,on-ws-page
 function on a node that seals its snapshots (the default: the store keeps a sealed
 working set as ws.lz4, compressed then sealed), on one with `--no-encryption`, and
 sealed with `THAW_STORE_SEALED_WS=pages` (the working set as ws.pages, ciphertext that
-does not compress: the baseline).
+does not compress: the baseline). A clear image's working set of 4 MiB or more is stored
+as ws.lz4 too (`off+ws-pages`: as ws.pages, the baseline).
 
 A sample over 40 MB (lrserving: 214 MB of numpy, scipy and scikit-learn, whose zip is
 past the API's 80 MB request) is deployed as its top-level files plus layers of its
@@ -209,7 +210,7 @@ def one_call(node, fn, mode, settle):
 # A variant: `on` or `off` (sealed or clear), then options each with `+`, each the
 # environment of a baseline kept to measure against.
 OPTIONS = {
-    "ws-pages": ("ws.pages", {"THAW_STORE_SEALED_WS": "pages"}),
+    "ws-pages": ("ws.pages", {"THAW_STORE_SEALED_WS": "pages", "THAW_STORE_CLEAR_WS": "pages"}),
     "ws-lz4": ("ws.lz4", {"THAW_STORE_CLEAR_WS": "lz4"}),
     "head-whole": ("head checked whole", {"THAW_STORE_HEAD_STREAM": "pack"}),
     "lz4-frames": ("LZ4 frames", {"THAW_STORE_WS_CODEC": "lz4"}),
@@ -289,14 +290,17 @@ def main():
     ap.add_argument("--settle", type=float, default=0.5, help="seconds between a node's start and its call")
     ap.add_argument("--encryption", default="on,off,on+ws-pages",
                     help="variants, each a node of its own: on: the node's default, snapshots sealed at rest with its key; "
-                         "off: --no-encryption; then options: +ws-pages: a sealed image published with ws.pages instead of its "
-                         "ws.lz4 (THAW_STORE_SEALED_WS=pages, the baseline); +ws-lz4: a clear image published with its "
-                         "ws.lz4 instead of ws.pages (THAW_STORE_CLEAR_WS=lz4); +head-whole: a miss checks the head whole before "
+                         "off: --no-encryption; then options: +ws-pages: the working set published as ws.pages instead of "
+                         "ws.lz4 (a sealed image's, a clear one's of 4 MiB or more; THAW_STORE_SEALED_WS=pages, "
+                         "THAW_STORE_CLEAR_WS=pages, the baseline); +ws-lz4: a clear image published with its "
+                         "ws.lz4 whatever its size (THAW_STORE_CLEAR_WS=lz4); +head-whole: a miss checks the head whole before "
                          "handing any of it over (THAW_STORE_HEAD_STREAM=pack, the baseline); +lz4-frames: the stored "
                          "ws.lz4 keeps the node's LZ4 frames instead of zstd ones (THAW_STORE_WS_CODEC=lz4, the baseline); "
                          "+json-manifest: the manifest stored as JSON (format 5 or earlier) instead of binary (format 6; "
                          "THAW_STORE_MANIFEST=json, the baseline)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--logs", help="copy every node's log into this directory before the scratch directory goes "
+                         "(their detail: THAW_TEST_LOG, e.g. info,thaw_store=debug)")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="thaw-store-node-bench-") as tmp:
@@ -318,6 +322,10 @@ def main():
                             rows.append(dict(one_call(node, fn, mode, a.settle), run=i, link=a.link))
         finally:
             store.stop()
+            if a.logs:
+                Path(a.logs).mkdir(parents=True, exist_ok=True)
+                for log in tmp.glob("node-*/node-*.log"):
+                    shutil.copy(log, Path(a.logs) / f"{log.parent.name}-{log.name}")
     med = summarize(rows)
     print(f"{'function':20s} {'mode':17s} {'Invoke in node ms':>17s} {'x local':>8s} {'start ms':>9s} {'client ms':>10s} "
           f"{'x local':>8s} {'requests':>9s} {'KB first':>9s}")

@@ -24,6 +24,7 @@ def test_summary_ratios_and_pairs():
     assert store_node.label("f", "off+ws-lz4+head-whole") == "f (clear, ws.lz4, head checked whole)"
     assert store_node.variant_env("off+head-whole") == (False, {"THAW_STORE_HEAD_STREAM": "pack"})
     assert store_node.variant_env("on")[0] and store_node.variant_env("on-ws-pages")[1]["THAW_STORE_SEALED_WS"] == "pages"
+    assert store_node.variant_env("off+ws-pages")[1]["THAW_STORE_CLEAR_WS"] == "pages"
     for bad in ("sealed", "on+fast"):
         try:
             store_node.variant_env(bad)

@@ -35,8 +35,9 @@
 //! compressed in 256 KiB frames, each frame sealed with the node key: helloworld's
 //! 1.36 MB working set travels as 0.45 MB; a miss writes the frames as they arrive and
 //! the restore installs them as they do, with the key), and lists ws.pages as derived,
-//! rebuilt once the image is here. A clear image's ws.lz4 is stored so only when asked
-//! (`THAW_STORE_CLEAR_WS=lz4`: zstd makes its ws.pages smaller).
+//! rebuilt once the image is here. A clear image's ws.lz4 is stored so when its
+//! working set is large (`publish::CLEAR_WS_LZ4_FROM`: its frames are installed as they
+//! arrive, where ws.pages is decompressed once it is all here).
 //! Format 6 is the same manifest in a binary encoding (`MAGIC`, then bincode with
 //! varint integers, hashes as 32 bytes: [`Wire`]): a miss reads and checks the
 //! manifest before anything of the head can be used, and lrserving's 743 KB of JSON

@@ -178,7 +178,7 @@ pub struct Plan {
     ws_trace: Option<Bytes>,
     ws_pages: Option<Bytes>,
     /// ws.lz4 stored in place of ws.pages (format 5): a sealed image's, or a clear
-    /// one's with `THAW_STORE_CLEAR_WS=lz4`.
+    /// one's with a large working set ([`CLEAR_WS_LZ4_FROM`]).
     ws_lz4: Option<Bytes>,
     /// A diff's base, where it is (to be published first, see [`Plan::set_base`]).
     pub base_dir: Option<PathBuf>,
@@ -263,6 +263,28 @@ fn stored_frames(dir: &Path, lz4: Vec<u8>, sealer: Option<&thaw_engine::seal::Se
     }
 }
 
+/// A clear image's working set of at least this many bytes is stored as ws.lz4 (zstd
+/// frames), a smaller one as ws.pages. A miss holds ws.pages whole, checked by the
+/// head pack's hash, and decompresses it once all of it is here; it installs ws.lz4's
+/// frames as they arrive, beside the transfer. For a small working set the first costs
+/// less (no file written and read back); for a large one the second overlaps most of
+/// the decompression with the transfer. Node, loopback, 5 runs, remote cold ms
+/// (bench/results/store-node-clear-ws-20261129.txt): helloworld (1.3 MB of working set)
+/// 10.3 as ws.pages vs 11.5 as ws.lz4, pyaes (1.9 MB) 19.8 vs 20.7, lrserving (10.4 MB)
+/// 41.1 vs 34.7.
+pub const CLEAR_WS_LZ4_FROM: u64 = 4 << 20;
+
+/// Whether a clear image's working set of `bytes` is stored as ws.lz4 rather than
+/// ws.pages: [`CLEAR_WS_LZ4_FROM`], or `THAW_STORE_CLEAR_WS=lz4|pages` (the second the
+/// baseline: ws.pages whatever its size, as before).
+fn clear_ws_lz4(bytes: u64) -> bool {
+    match std::env::var("THAW_STORE_CLEAR_WS").as_deref() {
+        Ok("lz4") => true,
+        Ok("pages") => false,
+        _ => bytes >= CLEAR_WS_LZ4_FROM,
+    }
+}
+
 /// ws.lz4's pieces: a miss writes each as soon as it is here and checked, and the
 /// restore installs the frames in it, so smaller than other files' (the first
 /// frames wait for one piece, not for a MiB).
@@ -334,16 +356,13 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
                 // instead, ws.pages derived by the reader; a miss writes its frames as
                 // they arrive and the restore installs them as they do. Never a clear
                 // ws.lz4 of a sealed image (it would hold its pages in clear). A clear
-                // image keeps ws.pages, which zstd makes smaller than LZ4 does (at 100
-                // Mbit/s its misses were faster; at 1 Gbit/s lrserving's was slower,
-                // bench/results/store-node-clear-100mbit-20261129.txt):
-                // `THAW_STORE_CLEAR_WS=lz4` stores its ws.lz4 too.
+                // image stores whichever a miss starts from sooner ([`clear_ws_lz4`]).
                 // (`THAW_STORE_SEALED_WS=pages`: ws.pages, the baseline.)
                 let sealed = snap.image.seal.is_some();
                 let lz4 = set.lz4_beside(dir) == Some(sealed)
                     && match sealed {
                         true => std::env::var("THAW_STORE_SEALED_WS").as_deref() != Ok("pages"),
-                        false => std::env::var("THAW_STORE_CLEAR_WS").as_deref() == Ok("lz4"),
+                        false => clear_ws_lz4(set.pages_bytes()),
                     };
                 if stores_ws_pages() && matches!(chunking, Chunking::Cdc { .. }) {
                     if lz4 {
@@ -593,6 +612,17 @@ mod tests {
             at += n;
         }
         assert_eq!(at, pages);
+    }
+
+    #[test]
+    fn a_clear_working_set_is_stored_as_frames_from_the_threshold_on() {
+        if std::env::var_os("THAW_STORE_CLEAR_WS").is_some() {
+            return; // the environment decides instead
+        }
+        assert!(!clear_ws_lz4(332 * PAGE), "helloworld's working set stays ws.pages");
+        assert!(!clear_ws_lz4(CLEAR_WS_LZ4_FROM - PAGE));
+        assert!(clear_ws_lz4(CLEAR_WS_LZ4_FROM));
+        assert!(clear_ws_lz4(2540 * PAGE), "lrserving's is stored as ws.lz4");
     }
 
     #[test]
