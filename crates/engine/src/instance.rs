@@ -944,7 +944,7 @@ impl Instance {
             Paging::Eager => "restore-eager",
             _ => "restore-lazy",
         };
-        info!(id = sandbox.id(), total_ms, mode = mode.name(), "restored");
+        info!(id = sandbox.id(), total_ms, sandbox_ms, phases = ?restored.phases, mode = mode.name(), "restored");
         Ok(Instance {
             frozen: false,
             log_stream: LogStream::new(),
