@@ -83,6 +83,14 @@ def base_import(thaw, runtime, code, handler, payload, env, work, pool):
             "load_ms": line["code_ms"] + line["load_ms"], "invoke_ms": line["invoke_ms"], "memory_peak_bytes": 0}
 
 
+def phase_medians(samples):
+    """The median of each restore phase over `samples` (thaw --stats: the engine's phases,
+    the sandbox's and the snapshot's open), ms."""
+    names = sorted({p for s in samples for p in (s.get("phases_ms") or {})} | {"sandbox", "open"})
+    get = {"sandbox": lambda s: s.get("sandbox_ms") or 0.0, "open": lambda s: s.get("open_ms") or 0.0}
+    return {p: statistics.median(get[p](s) if p in get else (s.get("phases_ms") or {}).get(p, 0.0) for s in samples) for p in names}
+
+
 def breakdown(s, warm_ms):
     """SnapFaaS's Table 2 columns for one cold start: A restoring the process state
     (the restore but its memory phase and the runtime's after-restore hooks), B memory
@@ -243,6 +251,8 @@ def main(argv=None):
             "warm_ms": warm_ms,
             "breakdown": {m: {k: statistics.median(breakdown(s, warm_ms)[k] for s in samples[m])
                               for k in ("A_state_ms", "B_memory_ms", "C_after_restore_ms", "D_slowdown_ms")} for m in modes if m != "boot"},
+            # Each restore phase's median (the sandbox's, the open's, the engine's own).
+            "phases_ms": {m: phase_medians(samples[m]) for m in modes if m not in ("boot", "base-import")},
         }
         # Memory: N instances alive together, each invoked once (prefetch restores).
         res["memory"] = {}
@@ -303,6 +313,10 @@ def main(argv=None):
         print("    A state / B memory / C after the restore / D slowdown vs warm (%.2f ms), ms:  %s" % (warm_ms, "  ".join(
             "%s %.1f/%.1f/%.1f/%.1f" % (m, *(res["breakdown"][m][k] for k in ("A_state_ms", "B_memory_ms", "C_after_restore_ms", "D_slowdown_ms")))
             for m in ("full-prefetch", "base-import", "diff-eager", "diff-prefetch") if m in res["breakdown"])), flush=True)
+        full_p, diff_p = res["phases_ms"]["full-prefetch"], res["phases_ms"]["diff-prefetch"]
+        print("    phases, diff+WS against full+REAP (ms, + is slower): %s" % ", ".join(
+            "%s %+.2f" % (p, diff_p.get(p, 0.0) - full_p.get(p, 0.0)) for p in sorted(set(full_p) | set(diff_p))
+            if abs(diff_p.get(p, 0.0) - full_p.get(p, 0.0)) >= 0.05), flush=True)
         if own_loader:
             print("    diff+WS with a class loader of the function's own (the baseline) %6.1f ms (%.2fx full+REAP); first invocation %.1f vs %.1f ms on the system loader" % (
                 res["modes"]["diff-prefetch-own-loader"]["total_ms"], res["modes"]["diff-prefetch-own-loader"]["total_ms"] / res["modes"]["full-prefetch"]["total_ms"],

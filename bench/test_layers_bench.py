@@ -26,6 +26,10 @@ def test_layers_bench_runs_every_mode(tmp_path):
     assert bi["C_after_restore_ms"] > fn["breakdown"]["diff-prefetch"]["C_after_restore_ms"], fn["breakdown"]
     assert bi["A_state_ms"] > 0 and bi["B_memory_ms"] > 0 and fn["warm_ms"] > 0, fn
     assert fn["breakdown"]["diff-eager"]["B_memory_ms"] > fn["breakdown"]["diff-prefetch"]["B_memory_ms"], fn["breakdown"]
+    # Each restore's phases, per mode: the engine's, the sandbox's and the open's.
+    ph = fn["phases_ms"]["diff-prefetch"]
+    assert {"open", "sandbox", "stub", "memory", "resume"} <= set(ph) and ph["open"] > 0 and ph["memory"] > 0, ph
+    assert "boot" not in fn["phases_ms"] and "phases, diff+WS against full+REAP" in r.stdout, r.stdout
     b = fn["bytes"]
     assert 0 < b["diff"] < b["full"] and b["base"] > 0 and b["ws_diff"] > 0, b
     assert fn["pages_from_base"] > 0
