@@ -531,7 +531,8 @@ impl LoadedSnapshot {
                             let image: Arc<ws::ImageReader> = Arc::new(move |buf, at| source.file().read_exact_at(buf, at));
                             (a, image)
                         });
-                        let file = ws.open_pages_arriving(&self.dir, cached, arriving)?;
+                        let lz4 = arriving.is_some() || ws.reads_lz4();
+                        let file = ws.open_pages_with(&self.dir, cached, arriving, lz4)?;
                         let pages = file.arriving(ws.pages_bytes() as usize);
                         let shared = Arc::new(SharedWs { ws, pages });
                         Ok((Prefill::Ws { shared: shared.clone(), reader: true }, Some(WsRead { shared, file })))

@@ -31,6 +31,17 @@ pub mod lz4;
 pub use lz4::FILE as LZ4_FILE;
 
 pub const TRACE_FILE: &str = "ws.trace";
+/// A restore from the local disk reads a working set of at least this many bytes from
+/// ws.lz4, a smaller one from ws.pages ([`WorkingSet::reads_lz4`]). Decompressing
+/// costs CPU on the restore's path that reading the larger file from a fast disk does
+/// not: same run, 14 restores each, page cache evicted (bench/results/ws-lz4-cpu-20261129.*),
+/// time to first response as ws.lz4 / as ws.pages: helloworld (1.3 MB) pooled 2.72 /
+/// 2.42 ms, sealed 4.60 / 4.32; pyaes (1.9 MB) 4.37 / 4.02, sealed 6.67 / 6.05;
+/// lrserving (10.4 MB) 14.31 / 14.92, sealed 17.28 / 16.77; and a pooled helloworld
+/// start's node CPU 2.6-2.7 against 1.75 ms (bench/results/issue33-cpu-20261129.txt).
+/// On a disk much slower than this host's (1.5 GB/s), `THAW_WS_LZ4=1` reads ws.lz4
+/// whatever the size.
+pub const LZ4_READ_FROM: u64 = 4 << 20;
 pub const PAGES_FILE: &str = "ws.pages";
 const MAGIC: &[u8; 8] = b"THAWWST\0";
 const VERSION: u32 = 1;
@@ -260,18 +271,31 @@ impl WorkingSet {
     /// check it has the size the trace needs: opened right after the trace was read,
     /// a pages file that another instance replaced in between (a merge) shows here as
     /// corrupt, and the caller looks again. With it ws.lz4, if there is one for this
-    /// trace (`THAW_WS_LZ4=0`: never, the baseline).
+    /// trace, whatever the working set's size (`THAW_WS_LZ4=0`: never).
     pub fn open_pages(&self, dir: &Path, cached: bool) -> Result<PagesFile, WsError> {
-        self.open_pages_arriving(dir, cached, None)
+        self.open_pages_with(dir, cached, None, true)
     }
 
-    /// [`WorkingSet::open_pages`] while ws.lz4 is still being written by a snapshot's
-    /// fill (a store's miss), with ws.pages a placeholder: ws.lz4's header read once
+    /// Whether a restore from this disk reads ws.lz4 (when one names this trace) rather
+    /// than ws.pages: for a working set of [`LZ4_READ_FROM`] bytes or more
+    /// (`THAW_WS_LZ4=1`: always, `=0`: never, the baselines). A working set arriving
+    /// from a store is read from ws.lz4 whatever its size (its ws.pages is a placeholder).
+    pub fn reads_lz4(&self) -> bool {
+        match std::env::var("THAW_WS_LZ4").as_deref() {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => self.pages_bytes() >= LZ4_READ_FROM,
+        }
+    }
+
+    /// [`WorkingSet::open_pages`]; with `arrival`, while ws.lz4 is still being written by
+    /// a snapshot's fill (a store's miss), with ws.pages a placeholder: ws.lz4's header read once
     /// here, each piece's frames once `arrival`'s first part says they are written
     /// ([`crate::pagefiles::PageFill::ws_lz4_upto`]); a piece whose frames do not
     /// arrive (or check) is read out of the image with its second part (the fill
     /// fetches those pages as any read of them), never from the placeholder.
-    pub fn open_pages_arriving(&self, dir: &Path, cached: bool, arrival: Option<(crate::pagefiles::Arrival, std::sync::Arc<ImageReader>)>) -> Result<PagesFile, WsError> {
+    /// ws.lz4 is not even looked for unless `lz4` (see [`WorkingSet::reads_lz4`]).
+    pub fn open_pages_with(&self, dir: &Path, cached: bool, arrival: Option<(crate::pagefiles::Arrival, std::sync::Arc<ImageReader>)>, lz4: bool) -> Result<PagesFile, WsError> {
         let (arrival, image) = arrival.unzip();
         let mut opts = std::fs::OpenOptions::new();
         opts.read(true);
@@ -280,7 +304,7 @@ impl WorkingSet {
         }
         let f = opts.open(dir.join(PAGES_FILE)).map_err(io_err(dir, "opening ws.pages"))?;
         self.check_size(dir, f.metadata().map_err(io_err(dir, "reading the size of ws.pages"))?.len())?;
-        let lz4 = (self.trace_crc != 0 && std::env::var("THAW_WS_LZ4").as_deref() != Ok("0"))
+        let lz4 = (lz4 && self.trace_crc != 0 && std::env::var("THAW_WS_LZ4").as_deref() != Ok("0"))
             .then(|| lz4::open(dir, cached, self.trace_crc, self.pages_bytes(), arrival))
             .flatten();
         Ok(PagesFile { file: f, lz4, image })

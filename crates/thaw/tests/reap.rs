@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{ok, sample, scratch, thaw};
+use common::{ok, sample, scratch, thaw, thaw_env};
 use thaw_engine::image::Snapshot;
 use thaw_engine::ws::{WorkingSet, LZ4_FILE, PAGES_FILE, TRACE_FILE};
 
@@ -21,10 +21,15 @@ fn fresh_snapshot(name: &str, tag: &str) -> PathBuf {
 
 /// Restore once; returns (stdout, stats).
 fn restore(dir: &Path, payload: &str, paging: &str, extra: &[&str]) -> (String, serde_json::Value) {
+    restore_env(dir, payload, paging, extra, &[])
+}
+
+/// [`restore`] with `vars` in thaw's environment.
+fn restore_env(dir: &Path, payload: &str, paging: &str, extra: &[&str], vars: &[(&str, &str)]) -> (String, serde_json::Value) {
     let stats = dir.with_extension(format!("stats-{paging}-{}.json", std::process::id()));
     let mut args = vec!["snapshot", "restore", dir.to_str().unwrap(), "--payload", payload, "--paging", paging, "--quiet", "--stats", stats.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let o = ok(thaw(&args));
+    let o = ok(thaw_env(vars, &args));
     let v = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     (String::from_utf8(o.stdout).unwrap(), v)
 }
@@ -75,18 +80,22 @@ fn corrupt_or_stale_working_sets_are_ignored_then_re_recorded() {
     // pieces before the bad one are installed and the rest is served lazily; the
     // restore answers as ever, the set is removed, and the next restore records one.
     let snap = Snapshot::open(&dir).unwrap();
-    // Read from ws.lz4 (written beside ws.pages: helloworld's pages compress): a frame
-    // that does not decompress to the image's pages is read from ws.pages instead, and
-    // ws.lz4 removed; the working set stays.
+    // ws.lz4 is written beside ws.pages (helloworld's pages compress), but a working set
+    // this small is read from ws.pages (ws::LZ4_READ_FROM)...
     assert!(dir.join(LZ4_FILE).is_file(), "ws.lz4 written with the working set");
     let (_, st) = restore(&dir, "{}", "prefetch", &[]);
+    assert_eq!(st["prefetch"]["disk_bytes"], st["prefetch"]["ws_bytes"], "small: read from ws.pages: {st}");
+    // ...unless asked (THAW_WS_LZ4=1). A frame that does not decompress to the image's
+    // pages is read from ws.pages instead, and ws.lz4 removed; the working set stays.
+    let lz4 = [("THAW_WS_LZ4", "1")];
+    let (_, st) = restore_env(&dir, "{}", "prefetch", &[], &lz4);
     let (ws_bytes, disk) = (st["prefetch"]["ws_bytes"].as_u64().unwrap(), st["prefetch"]["disk_bytes"].as_u64().unwrap());
     assert!(disk > 0 && disk < ws_bytes / 2, "{disk} bytes read for {ws_bytes}: {st}");
     let mut z = std::fs::read(dir.join(LZ4_FILE)).unwrap();
     let at = z.len() - 200;
     z[at] ^= 0xff;
     std::fs::write(dir.join(LZ4_FILE), &z).unwrap();
-    let (out, st) = restore(&dir, "{}", "prefetch", &[]);
+    let (out, st) = restore_env(&dir, "{}", "prefetch", &[], &lz4);
     assert_eq!(out, want);
     assert_eq!(st["prefetch"]["partial"], false, "{st}");
     assert!(!dir.join(LZ4_FILE).exists(), "the damaged ws.lz4 is removed");

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{bundle, ok, scratch, stderr, stdout, thaw};
+use common::{bundle, ok, scratch, stderr, stdout, thaw, thaw_env};
 
 const SECRET: &str = "S3cr3t-Value-4711";
 
@@ -85,11 +85,13 @@ fn a_sealed_snapshot_holds_no_secret_and_restores_only_with_its_key() {
     }
     assert!(snap.join("ws.pages").is_file(), "a working set was recorded");
     // Its compressed copy holds the pages decrypted, compressed, each frame sealed
-    // (version 2): a prefetch reads fewer bytes than the working set holds.
+    // (version 2): a prefetch that reads it (THAW_WS_LZ4=1: a working set this small is
+    // read from ws.pages by default, ws::LZ4_READ_FROM) reads fewer bytes than the
+    // working set holds.
     let z = std::fs::read(snap.join("ws.lz4")).expect("ws.lz4 written for a sealed working set");
     assert_eq!((&z[..8], u32::from_le_bytes(z[8..12].try_into().unwrap())), (&b"THAWWSZ\0"[..], 2), "sealed frames");
     let stats = scratch().join("sealed-prefetch.json");
-    let o = thaw(&["--key-file", key.to_str().unwrap(), "snapshot", "restore", snap.to_str().unwrap(), "--paging", "prefetch", "--payload", "{}", "--quiet", "--stats", stats.to_str().unwrap()]);
+    let o = thaw_env(&[("THAW_WS_LZ4", "1")], &["--key-file", key.to_str().unwrap(), "snapshot", "restore", snap.to_str().unwrap(), "--paging", "prefetch", "--payload", "{}", "--quiet", "--stats", stats.to_str().unwrap()]);
     assert_eq!(stdout(&ok(o)).trim(), want);
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     let (ws_bytes, disk) = (st["prefetch"]["ws_bytes"].as_u64().unwrap(), st["prefetch"]["disk_bytes"].as_u64().unwrap());
@@ -208,7 +210,7 @@ fn a_sealed_working_set_that_arrived_without_ws_lz4_gets_sealed_frames_from_the_
     let z = std::fs::read(snap.join("ws.lz4")).unwrap();
     assert_eq!(u32::from_le_bytes(z[8..12].try_into().unwrap()), 2, "sealed LZ4 frames again");
     let stats = scratch().join("sealed-arrived.json");
-    let o = thaw(&["--key-file", key.to_str().unwrap(), "snapshot", "restore", snap.to_str().unwrap(), "--paging", "prefetch", "--payload", "{}", "--quiet", "--stats", stats.to_str().unwrap()]);
+    let o = thaw_env(&[("THAW_WS_LZ4", "1")], &["--key-file", key.to_str().unwrap(), "snapshot", "restore", snap.to_str().unwrap(), "--paging", "prefetch", "--payload", "{}", "--quiet", "--stats", stats.to_str().unwrap()]);
     assert_eq!(stdout(&ok(o)).trim(), format!(r#"{{"env": "{SECRET}", "tmp": "tmp:{SECRET}"}}"#));
     let st: serde_json::Value = serde_json::from_slice(&std::fs::read(&stats).unwrap()).unwrap();
     assert!(st["prefetch"]["disk_bytes"].as_u64().unwrap() < st["prefetch"]["ws_bytes"].as_u64().unwrap() / 2, "{st}");
