@@ -153,9 +153,11 @@ fn assemble(plan: &Plan, members: &[usize]) -> Result<(Bytes, Layout)> {
     let mut layout = Vec::with_capacity(members.len());
     let mut zip = compressing().then(|| zstd::bulk::Compressor::new(ZSTD_LEVEL).ok()).flatten();
     for &i in members {
-        let raw = plan.read(&plan.uploads[i])?;
+        let u = &plan.uploads[i];
+        let raw = plan.read(u)?;
         let at = b.len() as u64;
-        match zip.as_mut().and_then(|z| compress(z, &raw)) {
+        let tried = !(plan.ws_lz4_packed_raw && u.file == thaw_engine::ws::LZ4_FILE);
+        match zip.as_mut().filter(|_| tried).and_then(|z| compress(z, &raw)) {
             Some(z) => {
                 layout.push((at, Some(z.len() as u64)));
                 b.extend_from_slice(&z);
