@@ -847,6 +847,18 @@ mod tests {
         assert_eq!(ws.pages_bytes(), 3 * 4096);
     }
 
+    #[test]
+    fn a_local_restore_reads_frames_only_for_a_large_working_set() {
+        if std::env::var_os("THAW_WS_LZ4").is_some() {
+            return; // the environment decides instead
+        }
+        let of = |pages: u64| WorkingSet::from_trace((0..pages).map(|p| Touch { vaddr: p * PAGE_SIZE, file_page: Some(p) }).collect());
+        assert!(!of(332).reads_lz4(), "helloworld's 1.3 MB: ws.pages");
+        assert!(!of(LZ4_READ_FROM / PAGE_SIZE - 1).reads_lz4());
+        assert!(of(LZ4_READ_FROM / PAGE_SIZE).reads_lz4());
+        assert!(of(2540).reads_lz4(), "lrserving's 10.4 MB: ws.lz4");
+    }
+
     /// A fake image of 4 pages in `dir` (page i filled with byte i+1): its bytes and the open file.
     fn fake_image(dir: &Path) -> (Vec<u8>, crate::pagefiles::PageFiles) {
         let img: Vec<u8> = (0..4u8).flat_map(|i| vec![i + 1; 4096]).collect();
