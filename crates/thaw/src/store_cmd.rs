@@ -175,7 +175,9 @@ pub fn pull(a: PullArgs) -> Result<()> {
     let report = store.pull(&url.id, &a.dir, &|n| pb.inc(n));
     pb.finish_and_clear();
     let report = report.with_context(|| format!("pulling {url}"))?;
-    sealed_lz4_frames(&a.dir);
+    if thaw_engine::image::Snapshot::open(&a.dir).is_ok_and(|s| s.sealer.is_some()) {
+        sealed_lz4_frames(&a.dir);
+    }
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }
@@ -185,11 +187,8 @@ pub fn pull(a: PullArgs) -> Result<()> {
 /// here, and so does the CLI with the key it was given (LZ4 decodes at twice zstd's
 /// speed, which is what a later restore from this disk waits for). A clear one got
 /// LZ4 frames with its rebuilt ws.pages. Failing only costs that speed: logged.
+/// For a sealed snapshot only (the caller has opened it once already).
 fn sealed_lz4_frames(dir: &std::path::Path) {
-    let sealed = thaw_engine::image::Snapshot::open(dir).is_ok_and(|s| s.sealer.is_some());
-    if !sealed {
-        return;
-    }
     let written = thaw_engine::instance::LoadedSnapshot::open_checked(dir, false, thaw_engine::fingerprint::CodeCheck::Unchecked)
         .map_err(anyhow::Error::from)
         .and_then(|s| s.compress_working_set().map_err(anyhow::Error::from));
@@ -286,11 +285,11 @@ impl Resolved {
         // the diff is there), and the diff links it there.
         let installed = completed
             .map_err(anyhow::Error::from)
-            .and_then(|()| thaw_engine::image::Snapshot::open(&self.dir).map(drop).map_err(anyhow::Error::from))
-            .and_then(|()| thaw_store::settle_base(&l.cache, &l.fill, &self.dir).map_err(anyhow::Error::from))
+            .and_then(|()| thaw_engine::image::Snapshot::open(&self.dir).map(|s| s.sealer.is_some()).map_err(anyhow::Error::from))
+            .and_then(|sealed| thaw_store::settle_base(&l.cache, &l.fill, &self.dir).map(|base| (sealed, base)).map_err(anyhow::Error::from))
             // With a diff's base settled: its pages are in the working set too.
-            .inspect(|_base| sealed_lz4_frames(&self.dir))
-            .and_then(|_base| l.cache.get(&l.id, &thaw_store::cache::Adopt { dir: self.dir.clone() }).map(drop).map_err(anyhow::Error::from));
+            .inspect(|(sealed, _base)| if *sealed { sealed_lz4_frames(&self.dir) })
+            .and_then(|(_, _base)| l.cache.get(&l.id, &thaw_store::cache::Adopt { dir: self.dir.clone() }).map(drop).map_err(anyhow::Error::from));
         if let Err(e) = &installed {
             tracing::warn!(error = %format!("{e:#}"), "the fetched snapshot was not cached; the next restore fetches it again");
         }
