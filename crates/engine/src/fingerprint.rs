@@ -91,16 +91,21 @@ impl Verdict {
 
     /// [`check`] on a thread of its own; [`Verdict::wait`] for the outcome.
     pub fn beside(code: PathBuf, opt: Option<PathBuf>, expected: String) -> Arc<Verdict> {
+        Verdict::spawn("thaw-code-check", move || check(&code, opt.as_deref(), &expected))
+    }
+
+    /// `check` on a thread of its own named `name`; [`Verdict::wait`] for the outcome.
+    pub fn spawn(name: &str, check: impl FnOnce() -> Result<(), String> + Send + 'static) -> Arc<Verdict> {
         let v = Arc::new(Verdict { state: Mutex::new(None), done: Condvar::new() });
         let out = v.clone();
-        let spawned = std::thread::Builder::new().name("thaw-code-check".into()).spawn(move || {
-            let r = check(&code, opt.as_deref(), &expected);
+        let spawned = std::thread::Builder::new().name(name.into()).spawn(move || {
+            let r = check();
             *out.state.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
             out.done.notify_all();
         });
         match spawned {
             Ok(_) => v,
-            Err(e) => Verdict::given(Err(format!("cannot start the bundle check: {e}"))),
+            Err(e) => Verdict::given(Err(format!("cannot start the {name} thread: {e}"))),
         }
     }
 

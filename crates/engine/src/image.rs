@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 21;
+pub const FORMAT_VERSION: u32 = 22;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -538,6 +538,15 @@ pub struct BaseRef {
     pub state_crc: u32,
     /// Address ranges (start, pages) whose contents are the base's, sorted, disjoint.
     pub runs: Vec<(u64, u64)>,
+    /// The same pages as pieces of the base's pages.img (address, pages, the base's
+    /// file page of the first), in address order, and the base's CRC of each of their
+    /// pages in that order (format 22): a restore builds its page index from these and
+    /// the base's pages.img alone, and reads the base's state.bin (to check `state_crc`)
+    /// beside the restore instead of before it.
+    pub pieces: Vec<PageRun>,
+    pub crcs: Vec<u32>,
+    /// Pages the base's pages.img holds (its size is checked against it at open).
+    pub stored_pages: u64,
 }
 
 impl BaseRef {

@@ -260,6 +260,9 @@ pub struct LoadedSnapshot {
     pub sandboxes: Option<Arc<SandboxPool>>,
     /// Whether the function's files are those captured (perhaps still being checked).
     code_verdict: Arc<Verdict>,
+    /// A diff's: that its base is the one it was captured against (see
+    /// [`crate::layers::BaseCheck`]), checked beside the first restore.
+    base_check: crate::layers::BaseCheck,
     /// Take the working set's pages out of the image (through its fill) instead of
     /// reading ws.pages: set for a snapshot arriving from a store (`open_filled` with
     /// a fill). The fill hands them over from memory as they arrive, so the restore
@@ -346,7 +349,7 @@ impl LoadedSnapshot {
             return Err(RestoreError::Incompatible(e).into());
         }
         let region = restore::choose_region(&image)?;
-        let (index, files) = crate::layers::page_source(&dir, &image, pages)?;
+        let (index, files, base_check) = crate::layers::page_source(&dir, &image, pages)?;
         let fresh = fill.is_some();
         let files = files.with_fill(fill);
         let mut source = PageSource::new(index, files).sealed(sealer);
@@ -383,6 +386,7 @@ impl LoadedSnapshot {
             ws_held: Default::default(),
             sandboxes: None,
             code_verdict,
+            base_check,
             ws_from_image: fresh && !brings_lz4,
             ws_cached: fresh,
         })
@@ -401,9 +405,11 @@ impl LoadedSnapshot {
         ws::compress_beside(&self.dir, &ws, sealed_pages(&self.source).as_ref(), true)
     }
 
-    /// Wait until the bundle is known to be the one captured (see [`CodeCheck`]).
-    pub fn code_checked(&self) -> Result<(), RestoreError> {
-        self.code_verdict.wait().map_err(RestoreError::Incompatible)
+    /// Wait until the bundle is known to be the one captured (see [`CodeCheck`]), and a
+    /// diff's base the one it was captured against (see [`crate::layers::BaseCheck`]).
+    pub fn code_checked(&self) -> Result<(), InstanceError> {
+        self.code_verdict.wait().map_err(RestoreError::Incompatible)?;
+        Ok(self.base_check.wait()?)
     }
 
     /// Have `n` sandboxes for this snapshot's restores prepared in its pool
@@ -915,11 +921,11 @@ impl Instance {
             restored.phases.insert(0, ("gate", gate_ms));
         }
         // Nothing of the function runs before its files are known to be the captured
-        // ones (the walk went on beside the restore).
+        // ones, and a diff's base its own (both checks went on beside the restore).
         let tc = Instant::now();
         if let Err(e) = snap.code_checked() {
             let _ = sandbox.kill();
-            return Err(e.into());
+            return Err(e);
         }
         restored.phases.push(("code_check_wait", tc.elapsed().as_secs_f64() * 1e3));
         let control = sandbox.take_control().ok_or(InstanceError::MissingFd("control channel"))?;

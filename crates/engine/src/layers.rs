@@ -20,8 +20,11 @@
 //! Restore merges the two indexes into one numbering of stored pages ([`PageFiles`]:
 //! the diff's pages, then the base's), so the page server, working sets, eager
 //! installs and resets work on a diff exactly as on a full image. Each base page is
-//! checked against the base's CRC as it is read, and the base's state.bin CRC must be
-//! the one the diff recorded: a diff is never restored over another base.
+//! checked against the base's CRC as it is read (the diff carries the CRCs of the base
+//! pages it takes, and where they lie in the base's pages.img: [`BaseRef::pieces`]), and
+//! the base's state.bin CRC must be the one the diff recorded, checked beside the
+//! restore and before the function runs ([`BaseCheck`]): a diff is never restored over
+//! another base.
 //!
 //! A base still named by a diff is never removed: each diff leaves a reference in
 //! `BASES/<id>/refs/`, checked (the diff still exists and names this base) by
@@ -280,9 +283,41 @@ impl Comparer {
         self.index.lookup(vaddr).is_some_and(|fp| self.map.pages(fp, 1) == page)
     }
 
-    /// The reference a diff stores, for the addresses `pages` (sorted) taken from the base.
+    /// The reference a diff stores, for the addresses `pages` (sorted) taken from the
+    /// base ([`Comparer::same`] said each is one of its pages): the runs they form, and
+    /// where each lies in the base's pages.img with its CRC, so that a restore needs
+    /// nothing of the base's state.bin to place them.
     pub fn base_ref(&self, pages: &[u64]) -> BaseRef {
-        BaseRef { id: self.meta.id.clone(), dir: self.meta.dir.clone(), state_crc: self.state_crc, runs: crate::image::page_runs(pages) }
+        let runs = crate::image::page_runs(pages);
+        let mut pieces: Vec<PageRun> = Vec::new();
+        let mut crcs = Vec::with_capacity(pages.len());
+        // Each run as the pieces of the base's runs it spans (one lookup per piece, not
+        // per page), joined where contiguous in both.
+        for &(start, n) in &runs {
+            let end = start + n * PAGE_SIZE;
+            let mut vaddr = start;
+            while vaddr < end {
+                let r = self.index.run_at(vaddr).expect("a page taken from the base is one of its pages (Comparer::same)");
+                let k = (vaddr - r.vaddr) / PAGE_SIZE;
+                let take = (r.npages - k).min((end - vaddr) / PAGE_SIZE);
+                let fp = r.file_page + k;
+                crcs.extend_from_slice(&self.index.crcs[fp as usize..(fp + take) as usize]);
+                match pieces.last_mut() {
+                    Some(l) if l.vaddr + l.npages * PAGE_SIZE == vaddr && l.file_page + l.npages == fp => l.npages += take,
+                    _ => pieces.push(PageRun { vaddr, npages: take, file_page: fp }),
+                }
+                vaddr += take * PAGE_SIZE;
+            }
+        }
+        BaseRef {
+            id: self.meta.id.clone(),
+            dir: self.meta.dir.clone(),
+            state_crc: self.state_crc,
+            runs,
+            pieces,
+            crcs,
+            stored_pages: self.index.stored_pages(),
+        }
     }
 
     pub fn meta(&self) -> &BaseMeta {
@@ -290,10 +325,6 @@ impl Comparer {
     }
 }
 
-/// Where a restore reads the pages of `image` (opened from `dir`, its pages.img
-/// `own`): for a full image that file alone; for a diff, the merged index over the
-/// diff's pages and its base's (see the module docs). Fails closed if the base is
-/// missing, is another base, or lacks a page the diff takes from it.
 /// Where the base of the diff in `dir` is: beside it ([`BASE_LINK`]) when there is one
 /// there, else where it was when the diff was captured. Either way the base found must
 /// be the one the diff names (checked by [`page_source`]).
@@ -306,52 +337,98 @@ pub fn base_dir(dir: &Path, bref: &BaseRef) -> PathBuf {
     }
 }
 
-pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageIndex, PageFiles), LayerError> {
-    let Some(bref) = &image.base else { return Ok((image.pages.clone(), own.into())) };
+/// Where a restore reads the pages of `image` (opened from `dir`, its pages.img
+/// `own`): for a full image that file alone; for a diff, the merged index over the
+/// diff's pages and its base's (see the module docs), built from the diff's state
+/// alone ([`BaseRef::pieces`]). Fails closed if the base is missing or its pages.img
+/// has another size; whether it is the diff's base by its state.bin is checked beside
+/// the restore: the [`BaseCheck`] returned, which must pass before the function runs.
+pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageIndex, PageFiles, BaseCheck), LayerError> {
+    let Some(bref) = &image.base else { return Ok((image.pages.clone(), own.into(), BaseCheck::none())) };
     let mismatch = |why: String| LayerError::Mismatch { diff: dir.to_path_buf(), base: bref.id.clone(), why };
+    let corrupt = |detail: String| LayerError::Image(ImageError::Corrupt { dir: dir.to_path_buf(), file: STATE_FILE, detail });
     let at = base_dir(dir, bref);
-    let base = match Snapshot::open_with(&at, None) {
-        Ok(b) => b,
-        Err(ImageError::Io { .. }) => return Err(mismatch(format!("the base is not at {} (rebuild it with `thaw base build`, or re-create the snapshot)", at.display()))),
+    let base_pages = match File::open(at.join(PAGES_FILE)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(mismatch(format!("the base is not at {} (rebuild it with `thaw base build`, or re-create the snapshot)", at.display())))
+        }
         Err(e) => return Err(mismatch(format!("the base at {} cannot be opened: {e}", at.display()))),
     };
-    if base.id != bref.state_crc || base.image.base.is_some() || base.image.seal.is_some() {
-        return Err(mismatch(format!("the image at {} is another base (it changed since the diff was captured)", at.display())));
+    let size = base_pages.metadata().map_err(|e| mismatch(format!("the base at {} cannot be opened: {e}", at.display())))?.len();
+    if size != bref.stored_pages * PAGE_SIZE {
+        return Err(mismatch(format!("the image at {} is another base (its pages.img has {size} bytes, the diff's base {})", at.display(), bref.stored_pages * PAGE_SIZE)));
+    }
+    // The pieces must cover exactly the runs, lie in the base's file and carry a CRC
+    // for each page (a state.bin that passed its own CRC can still be hostile).
+    let piece_pages: u64 = bref.pieces.iter().map(|p| p.npages).sum();
+    if piece_pages != bref.pages() || bref.crcs.len() as u64 != piece_pages {
+        return Err(corrupt(format!("the base pieces hold {piece_pages} pages and {} CRCs for {} base pages", bref.crcs.len(), bref.pages())));
+    }
+    if let Some(p) = bref.pieces.iter().find(|p| p.npages == 0 || p.file_page.checked_add(p.npages).is_none_or(|end| end > bref.stored_pages)) {
+        return Err(corrupt(format!("a base piece of {} pages at file page {} is not in the base's {} pages", p.npages, p.file_page, bref.stored_pages)));
     }
     let own_pages = image.pages.stored_pages();
     let mut runs: Vec<PageRun> = image.pages.runs.clone();
-    // Each run of base pages the diff takes, as the pieces of the base's runs it spans
-    // (one lookup per piece, not per page), joined where contiguous in both.
-    for &(start, n) in &bref.runs {
-        let end = n.checked_mul(PAGE_SIZE).and_then(|len| start.checked_add(len)).ok_or_else(|| mismatch(format!("a run of {n} base pages at {start:#x} is past the address space")))?;
-        let mut vaddr = start;
-        while vaddr < end {
-            let r = base.image.pages.run_at(vaddr).ok_or_else(|| mismatch(format!("the base has no page at {vaddr:#x}")))?;
-            let k = (vaddr - r.vaddr) / PAGE_SIZE;
-            let take = (r.npages - k).min((end - vaddr) / PAGE_SIZE);
-            let fp = r.file_page + k + own_pages;
-            match runs.last_mut() {
-                Some(l) if l.file_page >= own_pages && l.vaddr + l.npages * PAGE_SIZE == vaddr && l.file_page + l.npages == fp => l.npages += take,
-                _ => runs.push(PageRun { vaddr, npages: take, file_page: fp }),
-            }
-            vaddr += take * PAGE_SIZE;
+    let mut crcs = Vec::with_capacity((own_pages + bref.stored_pages) as usize);
+    crcs.extend_from_slice(&image.pages.crcs);
+    // The base's pages are numbered after the diff's; those the diff does not take
+    // are never looked up (no run names them), so their CRCs stay unset.
+    crcs.resize((own_pages + bref.stored_pages) as usize, 0);
+    let mut taken = bref.crcs.iter();
+    for p in &bref.pieces {
+        p.vaddr.checked_add(p.npages * PAGE_SIZE).ok_or_else(|| corrupt(format!("a run of {} base pages at {:#x} is past the address space", p.npages, p.vaddr)))?;
+        let fp = p.file_page + own_pages;
+        for (slot, crc) in crcs[fp as usize..(fp + p.npages) as usize].iter_mut().zip(&mut taken) {
+            *slot = *crc;
+        }
+        match runs.last_mut() {
+            Some(l) if l.file_page >= own_pages && l.vaddr + l.npages * PAGE_SIZE == p.vaddr && l.file_page + l.npages == fp => l.npages += p.npages,
+            _ => runs.push(PageRun { vaddr: p.vaddr, npages: p.npages, file_page: fp }),
         }
     }
     runs.sort_by_key(|r| r.vaddr);
     if runs.windows(2).any(|w| w[0].vaddr + w[0].npages * PAGE_SIZE > w[1].vaddr) {
-        return Err(LayerError::Image(ImageError::Corrupt {
-            dir: dir.to_path_buf(),
-            file: STATE_FILE,
-            detail: "a page is both stored and taken from the base".into(),
-        }));
+        return Err(corrupt("a page is both stored and taken from the base".into()));
     }
-    let mut crcs = Vec::with_capacity(image.pages.crcs.len() + base.image.pages.crcs.len());
-    crcs.extend_from_slice(&image.pages.crcs);
-    crcs.extend_from_slice(&base.image.pages.crcs);
     // A sealed diff's own pages carry their tags; the base's pages are clear (a base
     // holds nothing of any function, and is never sealed).
     let index = PageIndex { runs, crcs, tags: image.pages.tags.clone() };
-    Ok((index, PageFiles::layered(own, own_pages, base.pages)))
+    Ok((index, PageFiles::layered(own, own_pages, base_pages), BaseCheck::beside(dir, bref, at)))
+}
+
+/// Whether the base a diff is restored over is the one it was captured against: its
+/// state.bin's CRC, read on a thread of its own beside the restore (its pages were
+/// placed without it, each checked against its CRC as it is read). Nothing of the
+/// function runs before it says so ([`BaseCheck::wait`]).
+pub struct BaseCheck {
+    /// The check, the diff's directory and the base's id (for the error).
+    running: Option<(std::sync::Arc<crate::fingerprint::Verdict>, PathBuf, String)>,
+}
+
+impl BaseCheck {
+    /// A full image's: nothing to check.
+    pub fn none() -> BaseCheck {
+        BaseCheck { running: None }
+    }
+
+    fn beside(dir: &Path, bref: &BaseRef, at: PathBuf) -> BaseCheck {
+        let (want, shown) = (bref.state_crc, at.display().to_string());
+        let verdict = crate::fingerprint::Verdict::spawn("thaw-base-check", move || match Snapshot::open_with(&at, None) {
+            Ok(b) if b.id == want && b.image.base.is_none() && b.image.seal.is_none() => Ok(()),
+            Ok(_) => Err(format!("the image at {shown} is another base (it changed since the diff was captured)")),
+            Err(e) => Err(format!("the base at {shown} cannot be opened: {e}")),
+        });
+        BaseCheck { running: Some((verdict, dir.to_path_buf(), bref.id.clone())) }
+    }
+
+    /// Block until the base is known to be the diff's (at once for a full image).
+    pub fn wait(&self) -> Result<(), LayerError> {
+        match &self.running {
+            Some((v, diff, base)) => v.wait().map_err(|why| LayerError::Mismatch { diff: diff.clone(), base: base.clone(), why }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Sizes of a diff, for `thaw snapshot inspect`.

@@ -229,10 +229,17 @@ impl HeadCopy {
                     sha2::Digest::update(sha, &part[p.saturating_sub(at)..]);
                 }
             };
+            // When the response's headers, its first bytes and the manifest's last came
+            // (ms after the request), and how many parts brought them: for the debug log.
+            let (mut headers_ms, mut first_ms, mut manifest_ms, mut nparts) = (None, None, None, 0usize);
+            let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
             let read = async {
                 let mut parts = parts.await?;
+                headers_ms = Some(ms(t0));
                 while let Some(part) = parts.next().await {
                     let part = part?;
+                    first_ms.get_or_insert_with(|| ms(t0));
+                    nparts += 1;
                     let at = len;
                     len += part.len();
                     held.push(part.clone());
@@ -250,6 +257,9 @@ impl HeadCopy {
                         None => {}
                     }
                     let manifest = pack_at.filter(|&p| !manifest_here && p > HEAD_HEADER && len >= p).map(|p| gather(&held, HEAD_HEADER, p));
+                    if manifest.is_some() {
+                        manifest_ms = Some(ms(t0));
+                    }
                     manifest_here |= manifest.is_some();
                     tx.send_modify(|a| {
                         a.len = len;
@@ -277,7 +287,7 @@ impl HeadCopy {
                 }
             };
             let ended = ended.and_then(|()| within_limit(len, p));
-            tracing::debug!(get_ms = t0.elapsed().as_secs_f64() * 1e3, ok = ended.is_ok(), "head copy read");
+            tracing::debug!(get_ms = ms(t0), ?headers_ms, ?first_ms, ?manifest_ms, parts = nparts, bytes = len, ok = ended.is_ok(), "head copy read");
             if let Err(e @ StoreError::Corrupt { .. }) = &ended {
                 tracing::warn!(error = %e, "the head's copy is not used; reading the head from its pack");
             }
@@ -486,8 +496,9 @@ pub(crate) type PageRead<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> std::io::Res
 /// then, for a diff, its base's (found beside it, see `thaw_engine::layers::base_dir`).
 pub(crate) fn page_files(dir: &Path) -> Result<thaw_engine::pagefiles::PageFiles> {
     let snap = Snapshot::open(dir).map_err(|source| StoreError::Image { dir: dir.to_path_buf(), source })?;
-    let (_, files) = thaw_engine::layers::page_source(dir, &snap.image, snap.pages)
-        .map_err(|e| StoreError::Snapshot { dir: dir.to_path_buf(), detail: e.to_string() })?;
+    let refused = |e: thaw_engine::layers::LayerError| StoreError::Snapshot { dir: dir.to_path_buf(), detail: e.to_string() };
+    let (_, files, base) = thaw_engine::layers::page_source(dir, &snap.image, snap.pages).map_err(refused)?;
+    base.wait().map_err(refused)?;
     Ok(files)
 }
 

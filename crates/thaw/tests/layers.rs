@@ -344,6 +344,14 @@ fn a_diff_is_refused_over_another_base_and_a_named_base_is_kept() {
     }
     assert!(!o.status.success());
     assert!(stderr(&o).contains("cannot be restored over base") && stderr(&o).contains("another base"), "{}", stderr(&o));
+    // Only its state.bin another (its pages.img of the size the diff expects): the diff
+    // places its base pages without the base's state, whose check beside the restore
+    // still refuses it before the function runs.
+    std::fs::copy(full.join("state.bin"), dir.join("state.bin")).unwrap();
+    let o = thaw(&["snapshot", "restore", diff.to_str().unwrap(), "--paging", "prefetch", "--quiet"]);
+    std::fs::write(dir.join("state.bin"), &saved[0].1).unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("cannot be restored over base") && stderr(&o).contains("changed since the diff was captured"), "{}", stderr(&o));
     assert!(restore(&diff, "lazy", "{}", 1).contains("hello"), "with its base back, the diff restores");
 
     // A base no diff names is removed.
