@@ -40,7 +40,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 22;
+pub const FORMAT_VERSION: u32 = 23;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -400,8 +400,43 @@ pub struct PageIndex {
     pub runs: Vec<PageRun>,
     /// CRC32 of each stored page (the bytes in pages.img), indexed by file page.
     pub crcs: Vec<u32>,
-    /// GCM tag of each stored page of a sealed image (empty otherwise).
+    /// GCM tag of each stored page of a sealed image (empty otherwise). Stored as one
+    /// byte string (format 23, [`flat_tags`]).
+    #[serde(with = "flat_tags")]
     pub tags: Vec<[u8; crate::seal::TAG_LEN]>,
+}
+
+/// [`PageIndex::tags`] as one byte string of 16 bytes a tag, where bincode's own
+/// encoding of a `Vec<[u8; 16]>` decodes every byte of every tag as a tuple element:
+/// that took 0.59 ms of a sealed lrserving's open (16,814 tags, 0.67 ms against 0.08
+/// for its clear state.bin), on every restore's path; a byte string is one copy.
+mod flat_tags {
+    use crate::seal::TAG_LEN;
+    use serde::{de, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(tags: &[[u8; TAG_LEN]], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(tags.as_flattened())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<[u8; TAG_LEN]>, D::Error> {
+        struct Tags;
+        impl de::Visitor<'_> for Tags {
+            type Value = Vec<[u8; TAG_LEN]>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "page tags of {TAG_LEN} bytes each, as one byte string")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Self::Value, E> {
+                if !v.len().is_multiple_of(TAG_LEN) {
+                    return Err(E::invalid_length(v.len(), &self));
+                }
+                Ok(v.chunks_exact(TAG_LEN).map(|t| t.try_into().expect("TAG_LEN bytes")).collect())
+            }
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Self::Value, E> {
+                self.visit_bytes(&v)
+            }
+        }
+        d.deserialize_byte_buf(Tags)
+    }
 }
 
 impl PageIndex {
@@ -924,6 +959,25 @@ mod tests {
         img.handed_down = vec![205];
         let bytes = encode_state(&img);
         assert_eq!(decode_state(Path::new("/s"), &bytes).unwrap(), img);
+    }
+
+    #[test]
+    fn page_tags_are_one_byte_string_and_a_ragged_one_is_refused() {
+        let mut img = sample();
+        img.pages.tags = (0..img.pages.crcs.len() as u8).map(|i| [i; crate::seal::TAG_LEN]).collect();
+        let bytes = encode_state(&img);
+        assert_eq!(decode_state(Path::new("/s"), &bytes).unwrap(), img);
+        // The tags end the index: a u64 length of 16 bytes a tag, then the bytes.
+        let index = bincode::serialize(&img.pages).unwrap();
+        let n = img.pages.tags.len() * crate::seal::TAG_LEN;
+        assert_eq!(&index[index.len() - n - 8..index.len() - n], &(n as u64).to_le_bytes());
+        assert_eq!(&index[index.len() - n..], img.pages.tags.as_flattened());
+        // One byte short of whole tags.
+        let mut ragged = index[..index.len() - n - 8].to_vec();
+        ragged.extend_from_slice(&(n as u64 - 1).to_le_bytes());
+        ragged.extend_from_slice(&img.pages.tags.as_flattened()[..n - 1]);
+        let e = bincode::deserialize::<PageIndex>(&ragged).unwrap_err().to_string();
+        assert!(e.contains("page tags of 16 bytes each"), "{e}");
     }
 
     #[test]

@@ -912,6 +912,9 @@ impl Instance {
                 Ok(r) => Ok((sandbox, r, mode)),
                 Err(e) => {
                     let _ = sandbox.kill();
+                    // A diff's base pages that fail their CRCs because the base is another
+                    // one: say that (its check, beside the restore, knows), not "corrupt".
+                    snap.base_check.wait()?;
                     Err(e.into())
                 }
             }

@@ -417,7 +417,8 @@ impl BaseCheck {
         let verdict = crate::fingerprint::Verdict::spawn("thaw-base-check", move || match Snapshot::open_with(&at, None) {
             Ok(b) if b.id == want && b.image.base.is_none() && b.image.seal.is_none() => Ok(()),
             Ok(_) => Err(format!("the image at {shown} is another base (it changed since the diff was captured)")),
-            Err(e) => Err(format!("the base at {shown} cannot be opened: {e}")),
+            Err(e @ ImageError::Io { .. }) => Err(format!("the base at {shown} cannot be opened: {e}")),
+            Err(e) => Err(format!("the image at {shown} is another base, or damaged (it changed since the diff was captured): {e}")),
         });
         BaseCheck { running: Some((verdict, dir.to_path_buf(), bref.id.clone())) }
     }
