@@ -426,7 +426,8 @@ impl Manifest {
             }
             let mut at = 0;
             for c in &f.chunks {
-                if c.offset != at || c.len == 0 || c.sha256.as_deref().is_some_and(|s| !is_sha256_hex(s)) {
+                // A binary manifest's names are hex of 32 bytes by construction (sha_hex).
+                if c.offset != at || c.len == 0 || (!binary && c.sha256.as_deref().is_some_and(|s| !is_sha256_hex(s))) {
                     return Err(bad(format!("{}: bad chunk at offset {}", f.name, c.offset)));
                 }
                 // Only format 3 compresses, and a compressed chunk is smaller.
