@@ -397,11 +397,27 @@ impl LoadedSnapshot {
     /// sealed image's with its frames sealed. Off a restore's path (it reads and
     /// compresses the whole working set): a node calls it from a thread of its own.
     pub fn compress_working_set(&self) -> Result<bool, WsError> {
+        self.compress_ws(false)
+    }
+
+    /// [`LoadedSnapshot::compress_working_set`] only where this snapshot's restores read
+    /// ws.lz4 ([`WorkingSet::reads_lz4`]: a working set of `ws::LZ4_READ_FROM` bytes or
+    /// more); a smaller one is read from ws.pages, and its frames (a store's zstd ones
+    /// rewritten as LZ4, say) would be made for nobody. What a node and `thaw snapshot
+    /// pull` call once a snapshot arrived.
+    pub fn compress_working_set_if_read(&self) -> Result<bool, WsError> {
+        self.compress_ws(true)
+    }
+
+    fn compress_ws(&self, only_if_read: bool) -> Result<bool, WsError> {
         let ws = match WorkingSet::load(&self.dir, self.id) {
             Ok(ws) => ws,
             Err(WsError::Missing { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
+        if only_if_read && !ws.reads_lz4() {
+            return Ok(false);
+        }
         ws::compress_beside(&self.dir, &ws, sealed_pages(&self.source).as_ref(), true)
     }
 

@@ -191,7 +191,7 @@ pub fn pull(a: PullArgs) -> Result<()> {
 fn sealed_lz4_frames(dir: &std::path::Path) {
     let written = thaw_engine::instance::LoadedSnapshot::open_checked(dir, false, thaw_engine::fingerprint::CodeCheck::Unchecked)
         .map_err(anyhow::Error::from)
-        .and_then(|s| s.compress_working_set().map_err(anyhow::Error::from));
+        .and_then(|s| s.compress_working_set_if_read().map_err(anyhow::Error::from));
     match written {
         Ok(true) => tracing::debug!(dir = %dir.display(), "LZ4 frames written for the store's zstd ones"),
         Ok(false) => {}

@@ -206,6 +206,11 @@ fn a_sealed_working_set_that_arrived_without_ws_lz4_gets_sealed_frames_from_the_
     let set = thaw_engine::ws::WorkingSet::load(&snap, loaded.id).unwrap();
     assert!(!thaw_engine::ws::compress_beside(&snap, &set, None, false).unwrap(), "no key: kept");
     assert_eq!(std::fs::read(snap.join("ws.lz4")).unwrap(), zstd);
+    // What a node and a pull call once it arrived: kept too, as this small working set
+    // is read from ws.pages (below ws::LZ4_READ_FROM), not from ws.lz4.
+    assert!(!set.reads_lz4() && set.pages_bytes() < thaw_engine::ws::LZ4_READ_FROM);
+    assert!(!loaded.compress_working_set_if_read().unwrap(), "not read here: kept");
+    assert_eq!(std::fs::read(snap.join("ws.lz4")).unwrap(), zstd);
     assert!(loaded.compress_working_set().unwrap(), "rewritten");
     let z = std::fs::read(snap.join("ws.lz4")).unwrap();
     assert_eq!(u32::from_le_bytes(z[8..12].try_into().unwrap()), 2, "sealed LZ4 frames again");

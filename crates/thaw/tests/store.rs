@@ -203,7 +203,10 @@ fn ws_lz4_in_the_store(sealed: bool) {
     let with: Vec<String> = if sealed { vec!["--key-file".into(), key.to_str().unwrap().into()] } else { vec![] };
     let args = |rest: &[&str]| -> Vec<String> { with.iter().cloned().chain(rest.iter().map(|a| a.to_string())).collect() };
     let run = |rest: &[&str]| ok(thaw(&args(rest).iter().map(String::as_str).collect::<Vec<_>>()));
-    let env: &[(&str, &str)] = if sealed { &[] } else { &[("THAW_STORE_CLEAR_WS", "lz4")] };
+    // Sealed: restores that read ws.lz4 whatever its size (as for a working set of
+    // ws::LZ4_READ_FROM or more), so the CLI rewrites the store's frames once it arrived;
+    // a smaller one keeps them (sealing.rs).
+    let env: &[(&str, &str)] = if sealed { &[("THAW_WS_LZ4", "1")] } else { &[("THAW_STORE_CLEAR_WS", "lz4")] };
     let run_s3 = |rest: &[&str]| ok(s3::thaw_s3_env(&m, &args(rest).iter().map(String::as_str).collect::<Vec<_>>(), env));
     let snap = scratch().join(format!("{name}-store.snap"));
     let code = sample("helloworld");

@@ -473,7 +473,7 @@ impl super::Node {
 /// returns at once.
 fn compress_later(snap: &Arc<LoadedSnapshot>) {
     let s = snap.clone();
-    let spawned = std::thread::Builder::new().name("thaw-ws-lz4".into()).spawn(move || match s.compress_working_set() {
+    let spawned = std::thread::Builder::new().name("thaw-ws-lz4".into()).spawn(move || match s.compress_working_set_if_read() {
         Ok(true) => tracing::info!(dir = %s.dir.display(), "ws.lz4 written beside the working set"),
         Ok(false) => {}
         Err(e) => warn!(dir = %s.dir.display(), error = %e, "ws.lz4 not written; restores read ws.pages"),
