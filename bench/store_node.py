@@ -38,6 +38,7 @@ Needs root, build/samples (scripts/build-samples.sh) and MinIO (scripts/build-mi
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -151,14 +152,29 @@ def deploy(node, fn):
             raise SystemExit(f"the node did not stop cleanly: {n.log_path}")
 
 
+# thaw_engine::ws::LZ4_READ_FROM: a smaller working set is read from ws.pages, and the
+# node leaves a store's frames of it as they are (LoadedSnapshot::compress_working_set_if_read).
+LZ4_READ_FROM = 4 << 20
+
+
+def rewritten_by_the_node(entry):
+    """Whether the node rewrites cache entry `entry`'s stored ws.lz4 frames as LZ4 ones:
+    only where its restores read ws.lz4 (THAW_WS_LZ4=1: always, =0: never)."""
+    forced = os.environ.get("THAW_WS_LZ4")
+    if forced in ("0", "1"):
+        return forced == "1"
+    pages = entry / "ws.pages"
+    return pages.exists() and pages.stat().st_size >= LZ4_READ_FROM
+
+
 def lz4_frames_here(entries):
-    """Whether every cache entry's ws.lz4 holds LZ4 frames (header version 1 or 2, not a
-    store's zstd frames, 3 or 4) and none is being written."""
+    """Whether every cache entry's ws.lz4 the node rewrites holds LZ4 frames (header
+    version 1 or 2, not a store's zstd frames, 3 or 4) and none is being written."""
     for e in Path(entries).glob("*"):
         if any(f.name.startswith("ws.lz4.tmp") for f in e.iterdir()):
             return False
         z = e / "ws.lz4"
-        if z.exists() and int.from_bytes(z.read_bytes()[8:12], "little") not in (1, 2):
+        if z.exists() and rewritten_by_the_node(e) and int.from_bytes(z.read_bytes()[8:12], "little") not in (1, 2):
             return False
     return True
 
@@ -192,9 +208,10 @@ def one_call(node, fn, mode, settle):
             # The rest of the image arrives after the first response; the next run's
             # node-local needs it in the cache.
             wait_for(lambda: n.status()["snapshot_store"]["lazy_settled"] >= 1, f"{fn}'s snapshot to settle in the cache", timeout=300)
-            # Once settled, the node rewrites a store's zstd frames as LZ4 frames (they
-            # decode faster from its own disk): let it finish, so the next node-local run
-            # measures the entry, not that rewrite.
+            # Once settled, the node rewrites a store's zstd frames as LZ4 frames where it
+            # reads them (a working set of 4 MiB or more; they decode faster from its own
+            # disk): let it finish, so the next node-local run measures the entry, not
+            # that rewrite.
             wait_for(lambda: lz4_frames_here(node.entries), f"{fn}'s cache entry to get LZ4 frames", timeout=20)
         return {"function": fn, "sealed": node.sealed, "encryption": node.encryption, "mode": mode, "client_ms": client_ms,
                 "request_ms": histogram_sum(m, "thaw_request_seconds") * 1e3,

@@ -74,12 +74,17 @@ def test_a_node_fetches_its_snapshot_back_and_restores(tmp_path):
     assert all(s["lazy"] for s in data["samples"] if s["mode"] == "node-remote-cold"), data["samples"]
 
 
-def test_lz4_frames_here_waits_for_a_stores_zstd_frames_to_be_rewritten(tmp_path):
+def test_lz4_frames_here_waits_for_a_stores_zstd_frames_to_be_rewritten(tmp_path, monkeypatch):
+    monkeypatch.delenv("THAW_WS_LZ4", raising=False)
     entry = tmp_path / "e1"
     entry.mkdir()
     header = lambda version: b"THAWWSZ\0" + version.to_bytes(4, "little") + bytes(20)  # noqa: E731
     assert store_node.lz4_frames_here(tmp_path), "no ws.lz4: nothing to wait for"
     (entry / "ws.lz4").write_bytes(header(4))
+    (entry / "ws.pages").write_bytes(bytes(4096))
+    assert store_node.lz4_frames_here(tmp_path), "a small working set's frames are not rewritten (read from ws.pages)"
+    with open(entry / "ws.pages", "wb") as f:
+        f.truncate(store_node.LZ4_READ_FROM)
     assert not store_node.lz4_frames_here(tmp_path), "a store's sealed zstd frames"
     (entry / "ws.lz4").write_bytes(header(2))
     assert store_node.lz4_frames_here(tmp_path)
