@@ -872,10 +872,10 @@ impl SnapshotWriter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn sample() -> ProcessImage {
+    pub(crate) fn sample() -> ProcessImage {
         let mut pages = PageIndex::default();
         pages.push(0x1000, 1);
         pages.push(0x2000, 2);

@@ -359,14 +359,26 @@ pub fn page_source(dir: &Path, image: &ProcessImage, own: File) -> Result<(PageI
     if size != bref.stored_pages * PAGE_SIZE {
         return Err(mismatch(format!("the image at {} is another base (its pages.img has {size} bytes, the diff's base {})", at.display(), bref.stored_pages * PAGE_SIZE)));
     }
-    // The pieces must cover exactly the runs, lie in the base's file and carry a CRC
-    // for each page (a state.bin that passed its own CRC can still be hostile).
-    let piece_pages: u64 = bref.pieces.iter().map(|p| p.npages).sum();
-    if piece_pages != bref.pages() || bref.crcs.len() as u64 != piece_pages {
-        return Err(corrupt(format!("the base pieces hold {piece_pages} pages and {} CRCs for {} base pages", bref.crcs.len(), bref.pages())));
-    }
+    // The pieces must lie in the base's file, be the runs (the addresses the diff takes
+    // from the base) split where the base's file is not contiguous, and carry a CRC for
+    // each page (a state.bin that passed its own CRC can still be hostile).
     if let Some(p) = bref.pieces.iter().find(|p| p.npages == 0 || p.file_page.checked_add(p.npages).is_none_or(|end| end > bref.stored_pages)) {
         return Err(corrupt(format!("a base piece of {} pages at file page {} is not in the base's {} pages", p.npages, p.file_page, bref.stored_pages)));
+    }
+    let mut joined: Vec<(u64, u64)> = Vec::with_capacity(bref.runs.len());
+    for p in &bref.pieces {
+        match joined.last_mut() {
+            Some((a, n)) if a.checked_add(n.saturating_mul(PAGE_SIZE)) == Some(p.vaddr) => *n += p.npages,
+            _ => joined.push((p.vaddr, p.npages)),
+        }
+    }
+    let piece_pages: u64 = bref.pieces.iter().map(|p| p.npages).sum();
+    if joined != bref.runs || bref.crcs.len() as u64 != piece_pages {
+        return Err(corrupt(format!(
+            "the base pieces ({piece_pages} pages, {} CRCs) are not the {} base pages the diff takes",
+            bref.crcs.len(),
+            bref.pages()
+        )));
     }
     let own_pages = image.pages.stored_pages();
     let mut runs: Vec<PageRun> = image.pages.runs.clone();
@@ -493,5 +505,82 @@ pub fn supported(runtime: thaw_runtime::Runtime) -> Result<(), LayerError> {
             runtime: other.name().into(),
             why: "its instances are not snapshotted (they cold-boot)",
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A diff (the image sample's 3 own pages) over a base of 4 pages: base pages at
+    /// 0x3000 (the base's file page 2) and 0x7000-0x9000 (file pages 0-1).
+    fn diff(root: &Path) -> (PathBuf, ProcessImage) {
+        let (d, b) = (root.join("d"), root.join("b"));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(d.join(PAGES_FILE), vec![1u8; 3 * PAGE_SIZE as usize]).unwrap();
+        std::fs::write(b.join(PAGES_FILE), vec![2u8; 4 * PAGE_SIZE as usize]).unwrap();
+        let mut img = crate::image::tests::sample();
+        img.base = Some(BaseRef {
+            id: "b".into(),
+            dir: b,
+            state_crc: 7,
+            runs: vec![(0x3000, 1), (0x7000, 2)],
+            pieces: vec![PageRun { vaddr: 0x3000, npages: 1, file_page: 2 }, PageRun { vaddr: 0x7000, npages: 2, file_page: 0 }],
+            crcs: vec![11, 12, 13],
+            stored_pages: 4,
+        });
+        (d, img)
+    }
+
+    fn source(d: &Path, img: &ProcessImage) -> Result<(PageIndex, PageFiles, BaseCheck), LayerError> {
+        page_source(d, img, File::open(d.join(PAGES_FILE)).unwrap())
+    }
+
+    #[test]
+    fn a_diff_places_its_base_pages_from_its_own_state_and_checks_the_base_beside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (d, img) = diff(tmp.path());
+        let (index, _, check) = source(&d, &img).unwrap();
+        // The base's pages are numbered after the diff's 3, each with the CRC the diff carries.
+        assert_eq!(index.stored_pages(), 3 + 4);
+        assert_eq!((index.lookup(0x3000), index.lookup(0x7000), index.lookup(0x8000)), (Some(5), Some(3), Some(4)));
+        assert_eq!((index.crcs[5], index.crcs[3], index.crcs[4]), (11, 12, 13));
+        assert_eq!((index.lookup(0x1000), index.lookup(0x4000)), (Some(0), None));
+        // The base has no state.bin here: the check beside the restore refuses it.
+        let e = check.wait().unwrap_err().to_string();
+        assert!(e.contains("cannot be restored over base b") && e.contains("cannot be opened"), "{e}");
+    }
+
+    #[test]
+    fn pieces_that_are_not_the_runs_or_leave_the_base_and_a_base_of_another_size_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (d, img) = diff(tmp.path());
+        let refused = |change: &dyn Fn(&mut BaseRef), want: &str| {
+            let mut img = img.clone();
+            change(img.base.as_mut().unwrap());
+            let e = source(&d, &img).err().expect("refused").to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        };
+        refused(&|b| b.pieces[1].vaddr = 0x8000, "are not the 3 base pages the diff takes");
+        refused(
+            &|b| {
+                b.crcs.pop();
+            },
+            "are not the 3 base pages",
+        );
+        refused(&|b| b.pieces[1].file_page = 3, "is not in the base's 4 pages");
+        refused(&|b| b.pieces[0].npages = 0, "is not in the base's 4 pages");
+        refused(&|b| b.stored_pages = 5, "another base (its pages.img has 16384 bytes");
+        refused(&|b| b.runs[0].0 = 0x5000, "are not the 3 base pages");
+        refused(&|b| b.dir = tmp.path().join("gone"), "the base is not at");
+        // A base page at an address the diff stores itself.
+        refused(
+            &|b| {
+                b.runs[0].0 = 0x2000;
+                b.pieces[0].vaddr = 0x2000;
+            },
+            "a page is both stored and taken from the base",
+        );
     }
 }
