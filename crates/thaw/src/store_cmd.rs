@@ -185,9 +185,11 @@ pub fn pull(a: PullArgs) -> Result<()> {
 /// A sealed snapshot's working set arrives as the store's zstd frames, which only a
 /// holder of the node key can replace: a node rewrites them once the snapshot is
 /// here, and so does the CLI with the key it was given (LZ4 decodes at twice zstd's
-/// speed, which is what a later restore from this disk waits for). A clear one got
-/// LZ4 frames with its rebuilt ws.pages. Failing only costs that speed: logged.
-/// For a sealed snapshot only (the caller has opened it once already).
+/// speed, which is what a later restore from this disk waits for), both only for a
+/// working set its restores read from ws.lz4 (`ws::LZ4_READ_FROM` or more; a smaller
+/// one is read from ws.pages). A clear one got LZ4 frames with its rebuilt ws.pages.
+/// Failing only costs that speed: logged. For a sealed snapshot only (the caller has
+/// opened it once already).
 fn sealed_lz4_frames(dir: &std::path::Path) {
     let written = thaw_engine::instance::LoadedSnapshot::open_checked(dir, false, thaw_engine::fingerprint::CodeCheck::Unchecked)
         .map_err(anyhow::Error::from)
