@@ -25,7 +25,8 @@
 //!
 //! A *sealed* image (captured by a process holding a node key, see `seal.rs`) has
 //! every stored page encrypted in place with AES-256-GCM, its tag in
-//! `PageIndex::tags`, and its captured /tmp file contents encrypted in `state.bin`;
+//! `PageIndex::tags`, and its captured /tmp file contents and its descriptors'
+//! payloads ([`ProcessImage::fd_payloads_mut`], format 24) encrypted in `state.bin`;
 //! `ProcessImage::seal` names the key. The CRCs cover the stored (sealed) bytes.
 
 use std::fs::File;
@@ -40,7 +41,7 @@ use crate::sys::PAGE_SIZE;
 
 pub const MAGIC: &[u8; 8] = b"THAWIMG\0";
 /// Bump on any change to [`ProcessImage`] or the file layout.
-pub const FORMAT_VERSION: u32 = 23;
+pub const FORMAT_VERSION: u32 = 24;
 pub const MAX_STATE_LEN: u64 = 256 << 20;
 pub const STATE_FILE: &str = "state.bin";
 pub const PAGES_FILE: &str = "pages.img";
@@ -557,6 +558,45 @@ impl ProcessImage {
     pub fn sigaction_words(&self, sig: u32) -> [u64; 4] {
         self.sigactions.iter().find(|a| a.sig == sig).map_or([0; 4], SigAction::words)
     }
+
+    /// Each byte string the descriptors of the process and of its children carry of
+    /// their data ([`FdKind::payloads_mut`]), in a fixed order: the process's
+    /// descriptors in order, then each child's, depth first. A sealed image encrypts
+    /// each (format 24), numbered in this order, so none is in clear in state.bin.
+    pub fn fd_payloads_mut(&mut self, f: &mut dyn FnMut(&mut Vec<u8>)) {
+        for r in &mut self.fds {
+            r.kind.payloads_mut(f);
+        }
+        for c in &mut self.children {
+            c.image.fd_payloads_mut(f);
+        }
+    }
+}
+
+impl FdKind {
+    /// The process's data this descriptor carries, in order: a pipe's buffered bytes,
+    /// each message queued on a socketpair end, a memfd's or deleted file's contents
+    /// (also of an object made only for its mappings or in flight).
+    pub fn payloads_mut(&mut self, f: &mut dyn FnMut(&mut Vec<u8>)) {
+        match self {
+            FdKind::Pipe { buffered, .. } => f(buffered),
+            FdKind::SocketPair { queued, .. } => queued.iter_mut().for_each(&mut *f),
+            FdKind::MemFd { content, .. } | FdKind::DeletedTmp { content, .. } => f(content),
+            FdKind::MapOnly { object } | FdKind::InFlight { object, .. } => object.payloads_mut(f),
+            FdKind::Null
+            | FdKind::Log
+            | FdKind::Control
+            | FdKind::Path { .. }
+            | FdKind::EventFd { .. }
+            | FdKind::TimerFd { .. }
+            | FdKind::Epoll { .. }
+            | FdKind::SignalFd { .. }
+            | FdKind::Dup { .. }
+            | FdKind::PidFdSelf { .. }
+            | FdKind::PathLocked { .. }
+            | FdKind::Inotify { .. } => {}
+        }
+    }
 }
 
 /// The base a diff image was captured against. A page of the diff comes from, in this
@@ -739,6 +779,15 @@ impl Snapshot {
                         }
                     }
                 }
+                let mut n = 0;
+                let mut forged = false;
+                image.fd_payloads_mut(&mut |data| {
+                    forged |= !s.open_fd_data(n, data);
+                    n += 1;
+                });
+                if forged {
+                    return Err(ImageError::Forged { dir: dir.to_path_buf(), what: "the descriptors' captured contents".into() });
+                }
                 Some(std::sync::Arc::new(s))
             }
         };
@@ -851,6 +900,11 @@ impl SnapshotWriter {
                         s.seal_data(n as u64, data);
                     }
                 }
+                let mut n = 0;
+                img.fd_payloads_mut(&mut |data| {
+                    s.seal_fd_data(n, data);
+                    n += 1;
+                });
                 encode_state(&img)
             }
         };
@@ -1069,5 +1123,54 @@ pub(crate) mod tests {
             assert!(sealer.open_page(fp, &mut page, &s.image.pages.tags[fp as usize]));
             assert_eq!(page, secret(fp as u8));
         }
+    }
+
+    #[test]
+    fn a_sealed_image_hides_what_its_descriptors_carry_and_refuses_a_changed_payload() {
+        use crate::seal::{NodeKey, Sealer};
+        let key = NodeKey::generate().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("snap");
+        let w = SnapshotWriter::create_with(&dir, Some(Sealer::new(&key).unwrap())).unwrap();
+        let mut img = sample();
+        img.pages = PageIndex::default();
+        let memfd = |tag: &str| FdKind::MemFd { name: "m".into(), content: format!("FD-SECRET-{tag}").into_bytes(), seals: 0, flags: 2, pos: 0 };
+        img.fds.extend([
+            FdRecord { fd: 10, kind: FdKind::Pipe { pipe: 1, write: false, flags: 0, buffered: b"FD-SECRET-pipe".to_vec(), size: 65536 } },
+            FdRecord { fd: 11, kind: FdKind::Pipe { pipe: 1, write: true, flags: 1, buffered: vec![], size: 65536 } },
+            FdRecord {
+                fd: 12,
+                kind: FdKind::SocketPair { pair: 2, first: true, sock_type: 1, flags: 2, shutdown: 0, queued: vec![b"FD-SECRET-one".to_vec(), b"FD-SECRET-two".to_vec()], options: vec![] },
+            },
+            FdRecord { fd: 13, kind: memfd("held") },
+            FdRecord { fd: 14, kind: FdKind::DeletedTmp { path: "/tmp/x".into(), content: b"FD-SECRET-deleted".to_vec(), mode: 0o600, flags: 2, pos: 3 } },
+            FdRecord { fd: 15, kind: FdKind::MapOnly { object: Box::new(memfd("mapped")) } },
+            FdRecord { fd: 16, kind: FdKind::InFlight { sends: vec![(12, 0, 0)], object: Box::new(memfd("in-flight")) } },
+        ]);
+        let mut child = sample();
+        child.fds = vec![FdRecord { fd: 3, kind: memfd("child") }];
+        img.children.push(ChildImage { pid: 3, pgid: 3, sid: 2, key: child_key(0), fds: vec![], from_leader: vec![], inherited: vec![], image: Box::new(child) });
+        let mut clear = 0;
+        img.fd_payloads_mut(&mut |d| clear += usize::from(d.starts_with(b"FD-SECRET")));
+        assert_eq!(clear, 8, "every payload is visited");
+        w.finish(&img).unwrap();
+        let raw = std::fs::read(dir.join(STATE_FILE)).unwrap();
+        assert!(!raw.windows(9).any(|w| w == b"FD-SECRET"), "state.bin holds a descriptor's payload in clear");
+        let mut opened = Snapshot::open_with(&dir, Some(&key)).unwrap().image;
+        assert!(opened.seal.take().is_some());
+        assert_eq!(opened, img, "opened, every payload is back in clear");
+        // One payload changed (its CRC made right): refused as forged, never used.
+        let mut stored = decode_state(&dir, &raw).unwrap();
+        let mut n = 0;
+        stored.fd_payloads_mut(&mut |d| {
+            if n == 3 {
+                d[0] ^= 1;
+            }
+            n += 1;
+        });
+        std::fs::write(dir.join(STATE_FILE), encode_state(&stored)).unwrap();
+        let e = Snapshot::open_with(&dir, Some(&key)).err().unwrap();
+        assert!(matches!(e, ImageError::Forged { .. }), "{e}");
+        assert!(e.to_string().contains("descriptors' captured contents"), "{e}");
     }
 }

@@ -3,8 +3,10 @@
 //! A process that holds a node key ([`install`]) seals every image it captures:
 //! each stored page of `pages.img` is encrypted in place (same size, still page
 //! aligned, so O_DIRECT reads and the page index are unchanged) with its GCM tag
-//! kept in the page index, and the contents of the captured `/tmp` files are
-//! encrypted inside `state.bin`. `ws.pages` holds copies of sealed image pages, so
+//! kept in the page index, and the contents of the captured `/tmp` files and what
+//! descriptors carry of the process's data (pipe buffers, queued socket messages,
+//! memfd and deleted-file contents; image format 24) are encrypted inside `state.bin`.
+//! `ws.pages` holds copies of sealed image pages, so
 //! a working set is sealed too. The per-page CRCs cover the *stored* (sealed)
 //! bytes: corruption is still reported as such before any decryption is tried.
 //!
@@ -210,12 +212,30 @@ impl Gcm {
         let tag = Tag::try_from(&tag[..]).expect("16-byte tag");
         self.0.open_in_place_separate_tag(Gcm::nonce(n), Aad::empty(), tag, data, 0..).is_ok()
     }
+
+    /// Encrypt `data` in place and append its tag.
+    fn seal_tagged(&self, n: u64, data: &mut Vec<u8>) {
+        let tag = self.seal(n, data);
+        data.extend_from_slice(&tag);
+    }
+
+    /// Reverse of [`Gcm::seal_tagged`]; false if it does not authenticate (then
+    /// `data` holds garbage and must not be used).
+    fn open_tagged(&self, n: u64, data: &mut Vec<u8>) -> bool {
+        let Some(at) = data.len().checked_sub(TAG_LEN) else { return false };
+        let tag: [u8; TAG_LEN] = data[at..].try_into().expect("16 bytes");
+        data.truncate(at);
+        self.open(n, data, &tag)
+    }
 }
 
 /// The ciphers of one sealed image.
 pub struct Sealer {
     pages: Gcm,
     tmp: Gcm,
+    /// What descriptors carry of the process's data (image format 24; see
+    /// `ProcessImage::fd_payloads_mut`), numbered in that order.
+    fds: Gcm,
     /// The frames of the compressed working set (`ws/lz4.rs`), with random nonces: a
     /// working set is written again and again (merges) under the same image salt.
     ws: Gcm,
@@ -232,6 +252,7 @@ impl Sealer {
         Sealer {
             pages: key.derive(b"thaw pages v1", &info.salt),
             tmp: key.derive(b"thaw tmp v1", &info.salt),
+            fds: key.derive(b"thaw fds v1", &info.salt),
             ws: key.derive(b"thaw ws v1", &info.salt),
             info,
         }
@@ -264,8 +285,19 @@ impl Sealer {
 
     /// Encrypt the contents of /tmp entry `n`: ciphertext followed by the tag.
     pub fn seal_data(&self, n: u64, data: &mut Vec<u8>) {
-        let tag = self.tmp.seal(n, data);
-        data.extend_from_slice(&tag);
+        self.tmp.seal_tagged(n, data);
+    }
+
+    /// Encrypt descriptor payload `n` (a pipe's buffered bytes, a queued message, a
+    /// memfd's contents...): ciphertext followed by the tag.
+    pub fn seal_fd_data(&self, n: u64, data: &mut Vec<u8>) {
+        self.fds.seal_tagged(n, data);
+    }
+
+    /// Reverse of [`Sealer::seal_fd_data`]; false if it does not authenticate.
+    #[must_use]
+    pub fn open_fd_data(&self, n: u64, data: &mut Vec<u8>) -> bool {
+        self.fds.open_tagged(n, data)
     }
 
     /// Encrypt a frame of the compressed working set in place, bound to `aad` (where it
@@ -287,10 +319,7 @@ impl Sealer {
     /// Reverse of [`Sealer::seal_data`]; false if it does not authenticate.
     #[must_use]
     pub fn open_data(&self, n: u64, data: &mut Vec<u8>) -> bool {
-        let Some(at) = data.len().checked_sub(TAG_LEN) else { return false };
-        let tag: [u8; TAG_LEN] = data[at..].try_into().expect("16 bytes");
-        data.truncate(at);
-        self.tmp.open(n, data, &tag)
+        self.tmp.open_tagged(n, data)
     }
 }
 
@@ -359,6 +388,16 @@ mod tests {
         assert!(!d.windows(6).any(|w| w == b"secret"));
         assert!(s.open_data(3, &mut d));
         assert_eq!(d, b"secret /tmp contents");
+        // A descriptor's payload has a key of its own: the same index under the /tmp
+        // key does not open it, nor does another index.
+        let mut f = b"queued secret".to_vec();
+        s.seal_fd_data(3, &mut f);
+        assert!(!f.windows(6).any(|w| w == b"secret"));
+        assert!(!s.open_data(3, &mut f.clone()));
+        assert!(!s.open_fd_data(4, &mut f.clone()));
+        assert!(!s.open_fd_data(0, &mut vec![0; 5]), "shorter than a tag");
+        assert!(s.open_fd_data(3, &mut f));
+        assert_eq!(f, b"queued secret");
         let v = seal_value(&key, b"hunter2").unwrap();
         assert!(v.starts_with("v1:") && !v.contains("hunter2"));
         assert_eq!(open_value(&key, &v).unwrap(), b"hunter2");

@@ -221,3 +221,59 @@ fn a_sealed_working_set_that_arrived_without_ws_lz4_gets_sealed_frames_from_the_
     assert!(st["prefetch"]["disk_bytes"].as_u64().unwrap() < st["prefetch"]["ws_bytes"].as_u64().unwrap() / 2, "{st}");
     assert_eq!(files_holding(&snap, SECRET.as_bytes()), Vec::<String>::new());
 }
+
+/// What descriptors carry of a function's data (image format 24): a pipe's buffered
+/// bytes, a message queued on a socketpair, a memfd's and a deleted /tmp file's
+/// contents travel in state.bin. Without a key they are there in clear (so this test
+/// can fail); sealed they are in no file of the snapshot, and the restored function
+/// reads them back.
+#[test]
+fn what_descriptors_carry_is_sealed_too() {
+    const HELD: &str = r#"
+import os, socket
+SECRET = os.environ['FD_SECRET']
+r, w = os.pipe()
+os.write(w, ('pipe:' + SECRET).encode())
+a, b = socket.socketpair()
+a.send(('sock:' + SECRET).encode())
+m = os.memfd_create('held')
+os.write(m, ('memfd:' + SECRET).encode())
+d = open('/tmp/deleted.txt', 'w+')
+d.write('deleted:' + SECRET)
+d.flush()
+os.unlink('/tmp/deleted.txt')
+
+def handler(event, context):
+    return {'pipe': os.read(r, 100).decode(), 'sock': b.recv(100).decode(),
+            'memfd': os.pread(m, 100, 0).decode(), 'deleted': os.pread(d.fileno(), 100, 0).decode()}
+"#;
+    const FD_SECRET: &str = "Fd-S3cr3t-0815";
+    let make = |name: &str, key: Option<&Path>| {
+        let code = bundle(&format!("code-{name}"), &[("handler.py", HELD)]);
+        let out = scratch().join(name);
+        let mut args = vec![];
+        if let Some(k) = key {
+            args.extend(["--key-file", k.to_str().unwrap()]);
+        }
+        let env = format!("FD_SECRET={FD_SECRET}");
+        args.extend(["snapshot", "create", "--no-base", "--code", code.to_str().unwrap(), "--handler", "handler.handler", "--env", &env, "--out", out.to_str().unwrap()]);
+        ok(thaw(&args));
+        out
+    };
+    let want = format!(r#"{{"pipe": "pipe:{FD_SECRET}", "sock": "sock:{FD_SECRET}", "memfd": "memfd:{FD_SECRET}", "deleted": "deleted:{FD_SECRET}"}}"#);
+    let clear = make("snap-fds-clear", None);
+    let state = std::fs::read(clear.join("state.bin")).unwrap();
+    for what in ["pipe", "sock", "memfd", "deleted"] {
+        let needle = format!("{what}:{FD_SECRET}");
+        assert!(state.windows(needle.len()).any(|w| w == needle.as_bytes()), "a clear state.bin carries {needle}");
+    }
+    assert_eq!(stdout(&ok(restore(&clear, None, "lazy"))).trim(), want);
+
+    let key = key_file("fds.key");
+    let snap = make("snap-fds-sealed", Some(&key));
+    assert_eq!(files_holding(&snap, FD_SECRET.as_bytes()), Vec::<String>::new(), "no file of a sealed snapshot holds a descriptor's payload");
+    for paging in ["record", "prefetch", "lazy"] {
+        assert_eq!(stdout(&ok(restore(&snap, Some(&key), paging))).trim(), want, "paging {paging}");
+    }
+    assert_eq!(files_holding(&snap, FD_SECRET.as_bytes()), Vec::<String>::new(), "nor once its working set is recorded");
+}
