@@ -12,25 +12,25 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
-use thaw_store::manifest::Manifest;
+use thaw_store::manifest::{ChunkHash, Manifest};
 use thaw_store::publish::{plan_with, Chunking, Plan};
 
 const ZSTD_LEVEL: i32 = 3;
 
 /// Compressed size of every distinct chunk of `plan` (by hash), at most its raw size.
-fn stored(plan: &Plan, sizes: &mut HashMap<String, u64>) {
+fn stored(plan: &Plan, sizes: &mut HashMap<ChunkHash, u64>) {
     for u in &plan.uploads {
         if sizes.contains_key(&u.sha256) {
             continue;
         }
         let buf = plan.read(u).expect("reading a chunk");
         let z = zstd::bulk::compress(&buf, ZSTD_LEVEL).map_or(u.len, |z| (z.len() as u64).min(u.len));
-        sizes.insert(u.sha256.clone(), z);
+        sizes.insert(u.sha256, z);
     }
 }
 
 /// The manifest as a publish writes it: every stored chunk placed in a pack.
-fn packed(plan: &Plan, sizes: &HashMap<String, u64>) -> Manifest {
+fn packed(plan: &Plan, sizes: &HashMap<ChunkHash, u64>) -> Manifest {
     let mut m = plan.manifest.clone();
     m.format = thaw_store::manifest::MANIFEST_FORMAT;
     m.packs = vec![thaw_store::manifest::PackRef { name: "0".repeat(64), size: 0 }];
@@ -81,10 +81,10 @@ fn main() {
         let pages = pa.manifest.file(thaw_engine::image::PAGES_FILE).expect("pages.img");
         let page_chunks = pages.chunks.iter().filter(|c| c.sha256.is_some()).count();
         // The head's pages.img chunks against the pages they are there for.
-        let head_shas: HashSet<&str> = pa.head.iter().map(|&i| pa.uploads[i].sha256.as_str()).collect();
-        let head_chunks: Vec<_> = pages.chunks.iter().filter(|c| c.sha256.as_deref().is_some_and(|s| head_shas.contains(s))).collect();
+        let head_shas: HashSet<ChunkHash> = pa.head.iter().map(|&i| pa.uploads[i].sha256).collect();
+        let head_chunks: Vec<_> = pages.chunks.iter().filter(|c| c.sha256.is_some_and(|s| head_shas.contains(&s))).collect();
         let head_raw: u64 = head_chunks.iter().map(|c| c.len).sum();
-        let head_stored: u64 = head_chunks.iter().map(|c| sizes[c.sha256.as_deref().unwrap()]).sum();
+        let head_stored: u64 = head_chunks.iter().map(|c| sizes[&c.sha256.unwrap()]).sum();
         let m = packed(&pa, &sizes);
         let json = m.to_bytes();
         let zjson = zstd::bulk::compress(&json, ZSTD_LEVEL).expect("compress");

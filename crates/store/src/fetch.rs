@@ -420,17 +420,17 @@ pub async fn download(remote: &Remote, m: &Manifest, dir: &Path, progress: &(dyn
     let (requests, bytes) = if m.packed() {
         crate::pack::download(remote, m, dir, files, progress).await?
     } else {
-        let mut wanted: HashMap<String, (u64, Vec<(usize, u64)>)> = HashMap::new();
+        let mut wanted: HashMap<crate::manifest::ChunkHash, (u64, Vec<(usize, u64)>)> = HashMap::new();
         for (fi, f) in m.files.iter().enumerate() {
             for c in &f.chunks {
-                if let Some(sha) = &c.sha256 {
-                    wanted.entry(sha.clone()).or_insert_with(|| (c.len, Vec::new())).1.push((fi, c.offset));
+                if let Some(sha) = c.sha256 {
+                    wanted.entry(sha).or_insert_with(|| (c.len, Vec::new())).1.push((fi, c.offset));
                 }
             }
         }
         let fetched: Vec<u64> = futures::stream::iter(wanted)
             .map(|(sha, (len, places))| async move {
-                let data = remote.get_chunk(&sha, len).await?;
+                let data = remote.get_chunk(&sha.hex(), len).await?;
                 for (fi, off) in places {
                     let name = &m.files[fi].name;
                     files[&fi].write_all_at(&data, off).map_err(StoreError::local(dir, format!("writing {name}")))?;

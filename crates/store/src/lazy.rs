@@ -839,7 +839,7 @@ impl RemoteFill {
                 for (k, wp) in pages.iter().enumerate() {
                     HeldWs::read(parts, *wp as u64 * PAGE, &mut buf[k * PAGE as usize..(k + 1) * PAGE as usize]);
                 }
-                c.sha256.as_deref() == Some(crate::remote::sha256_hex(&buf).as_str()) && self.pages.write_all_at(&buf, c.offset).is_ok()
+                c.sha256 == Some(crate::manifest::ChunkHash::of(&buf)) && self.pages.write_all_at(&buf, c.offset).is_ok()
             });
             if ok { built.push(i) } else { rest.push(i) }
         }

@@ -85,12 +85,63 @@ pub const STORED_FILES: [&str; 5] = [
     thaw_engine::ws::LZ4_FILE,
 ];
 
+/// A chunk's SHA-256 (of its bytes as the snapshot holds them): 32 bytes, shown, and
+/// written in JSON manifests and object names, as 64 lowercase hex digits. Bytes
+/// rather than a String: a miss parses thousands of them before its restore starts
+/// (lrserving's 5,246), and a String each was most of that parse.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChunkHash(pub [u8; 32]);
+
+impl ChunkHash {
+    /// The hash of `data`.
+    pub fn of(data: &[u8]) -> ChunkHash {
+        use sha2::Digest;
+        ChunkHash(sha2::Sha256::digest(data).into())
+    }
+
+    /// `hex` (64 lowercase hex digits) as a hash; None if it is not one.
+    pub fn from_hex(hex: &str) -> Option<ChunkHash> {
+        let mut b = [0u8; 32];
+        (is_sha256_hex(hex) && hex::decode_to_slice(hex, &mut b).is_ok()).then_some(ChunkHash(b))
+    }
+
+    /// As 64 lowercase hex digits.
+    pub fn hex(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl std::fmt::Display for ChunkHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(std::str::from_utf8(&hex_digits(&self.0)).expect("hex digits are ASCII"))
+    }
+}
+
+impl std::fmt::Debug for ChunkHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl Serialize for ChunkHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(std::str::from_utf8(&hex_digits(&self.0)).expect("hex digits are ASCII"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ChunkHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<ChunkHash, D::Error> {
+        let hex = std::borrow::Cow::<str>::deserialize(d)?;
+        ChunkHash::from_hex(&hex).ok_or_else(|| serde::de::Error::custom(format!("a chunk's sha256 '{hex}' is not 64 lowercase hex digits")))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
     pub offset: u64,
     pub len: u64,
     /// None: all zeros, not stored.
-    pub sha256: Option<String>,
+    pub sha256: Option<ChunkHash>,
     /// Format 2: the index in [`Manifest::packs`] of the pack holding the chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<u32>,
@@ -104,7 +155,7 @@ pub struct Chunk {
 
 impl Chunk {
     /// A chunk not (yet) placed in a pack.
-    pub fn new(offset: u64, len: u64, sha256: Option<String>) -> Chunk {
+    pub fn new(offset: u64, len: u64, sha256: Option<ChunkHash>) -> Chunk {
         Chunk { offset, len, sha256, pack: None, at: None, zlen: None }
     }
 
@@ -229,7 +280,7 @@ impl Table {
             t.push(flags);
             t.extend_from_slice(&c.offset.to_le_bytes());
             t.extend_from_slice(&c.len.to_le_bytes());
-            t.extend_from_slice(&c.sha256.as_deref().map(sha_bytes).unwrap_or_default());
+            t.extend_from_slice(&c.sha256.map(|h| h.0).unwrap_or_default());
             t.extend_from_slice(&c.pack.unwrap_or(0).to_le_bytes());
             t.extend_from_slice(&c.at.unwrap_or(0).to_le_bytes());
             t.extend_from_slice(&c.zlen.unwrap_or(0).to_le_bytes());
@@ -260,7 +311,7 @@ impl Table {
                 Ok(Chunk {
                     offset: u64_at(1),
                     len: u64_at(9),
-                    sha256: some(1, sha.iter().all(|&b| b == 0))?.then(|| sha_hex(sha.try_into().expect("32 bytes"))),
+                    sha256: some(1, sha.iter().all(|&b| b == 0))?.then(|| ChunkHash(sha.try_into().expect("32 bytes"))),
                     pack: some(2, pack == 0)?.then_some(pack),
                     at: some(4, at == 0)?.then_some(at),
                     zlen: some(8, zlen == 0)?.then_some(zlen),
@@ -277,16 +328,21 @@ fn wire_options(limit: usize) -> impl bincode::Options {
     bincode::DefaultOptions::new().with_limit(limit as u64)
 }
 
-/// `sha` as lowercase hex: by hand, as `hex::encode` (an iterator collected into a
-/// String) took 1.1 ms for lrserving's 5,246 chunks on a miss's path, this 0.2.
-fn sha_hex(sha: &Sha) -> String {
+/// `sha` as lowercase hex digits: by hand, as `hex::encode` (an iterator collected
+/// into a String) took 1.1 ms for lrserving's 5,246 chunks on a miss's path, this 0.2.
+fn hex_digits(sha: &Sha) -> [u8; 64] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 64];
     for (i, b) in sha.iter().enumerate() {
         out[2 * i] = DIGITS[(b >> 4) as usize];
         out[2 * i + 1] = DIGITS[(b & 15) as usize];
     }
-    String::from_utf8(out.to_vec()).expect("hex digits are ASCII")
+    out
+}
+
+/// `sha` as a String of lowercase hex (pack and base names).
+fn sha_hex(sha: &Sha) -> String {
+    ChunkHash(*sha).hex()
 }
 
 fn sha_bytes(hex_name: &str) -> Sha {
@@ -426,8 +482,7 @@ impl Manifest {
             }
             let mut at = 0;
             for c in &f.chunks {
-                // A binary manifest's names are hex of 32 bytes by construction (sha_hex).
-                if c.offset != at || c.len == 0 || (!binary && c.sha256.as_deref().is_some_and(|s| !is_sha256_hex(s))) {
+                if c.offset != at || c.len == 0 {
                     return Err(bad(format!("{}: bad chunk at offset {}", f.name, c.offset)));
                 }
                 // Only format 3 compresses, and a compressed chunk is smaller.
@@ -463,14 +518,9 @@ impl Manifest {
     }
 
     /// The stored chunks (sha, len), each once.
-    pub fn unique_chunks(&self) -> Vec<(String, u64)> {
+    pub fn unique_chunks(&self) -> Vec<(ChunkHash, u64)> {
         let mut seen = std::collections::HashSet::new();
-        self.files
-            .iter()
-            .flat_map(|f| &f.chunks)
-            .filter_map(|c| c.sha256.as_ref().map(|s| (s.clone(), c.len)))
-            .filter(|(s, _)| seen.insert(s.clone()))
-            .collect()
+        self.files.iter().flat_map(|f| &f.chunks).filter_map(|c| c.sha256.map(|s| (s, c.len))).filter(|(s, _)| seen.insert(*s)).collect()
     }
 
     /// Whether the chunks are in packs (format 2 and later) rather than objects of their own.
@@ -503,7 +553,7 @@ mod tests {
     use crate::remote::sha256_hex;
 
     fn sample() -> Manifest {
-        let h = sha256_hex(b"a");
+        let h = ChunkHash::of(b"a");
         Manifest {
             format: MANIFEST_FORMAT,
             image_format: thaw_engine::image::FORMAT_VERSION,
@@ -514,7 +564,7 @@ mod tests {
                 FileEntry {
                     name: "state.bin".into(),
                     size: 10,
-                    chunks: vec![Chunk { pack: Some(0), at: Some(0), ..Chunk::new(0, 10, Some(h.clone())) }],
+                    chunks: vec![Chunk { pack: Some(0), at: Some(0), ..Chunk::new(0, 10, Some(h)) }],
                 },
                 FileEntry {
                     name: "pages.img".into(),
@@ -530,6 +580,25 @@ mod tests {
             is_base: false,
             sandbox: None,
         }
+    }
+
+    #[test]
+    fn a_chunk_hash_is_hex_in_json_and_names_and_anything_else_is_refused() {
+        let h = ChunkHash::of(b"a");
+        assert_eq!(h.hex(), sha256_hex(b"a"));
+        assert_eq!(format!("{h}"), h.hex());
+        assert_eq!(crate::Remote::chunk_key(&h), format!("chunks/{}", sha256_hex(b"a")));
+        assert_eq!(serde_json::to_string(&h).unwrap(), format!("\"{}\"", h.hex()));
+        assert_eq!(serde_json::from_str::<ChunkHash>(&format!("\"{}\"", h.hex())).unwrap(), h);
+        assert_eq!(ChunkHash::from_hex(&h.hex()), Some(h));
+        for bad in [h.hex().to_uppercase(), h.hex()[1..].to_string(), format!("{}g", &h.hex()[1..])] {
+            assert_eq!(ChunkHash::from_hex(&bad), None, "{bad}");
+        }
+        // A JSON manifest whose chunk names are not hashes is refused by name.
+        let mut json = serde_json::to_value(sample()).unwrap();
+        json["files"][1]["chunks"][1]["sha256"] = "../../etc/passwd".into();
+        let e = Manifest::parse("m", &serde_json::to_vec(&json).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("a chunk's sha256 '../../etc/passwd' is not 64 lowercase hex digits"), "{e}");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Result, StoreError};
 use crate::fetch::manifest;
-use crate::manifest::{Manifest, PackRef, MANIFEST_FORMAT, MANIFEST_FORMAT_COMPRESSED};
+use crate::manifest::{ChunkHash, Manifest, PackRef, MANIFEST_FORMAT, MANIFEST_FORMAT_COMPRESSED};
 use crate::publish::Plan;
 use crate::remote::{is_sha256_hex, sha256_hex, Remote};
 
@@ -101,7 +101,7 @@ pub struct Published {
 
 /// The chunks the newest manifests of the store hold, and the stored snapshot with
 /// the same contents as `digest`, if any.
-async fn index(remote: &Remote, digest: &str, condemned: &HashSet<String>, requests: &AtomicU64) -> Result<(HashMap<String, Place>, Option<(String, Manifest)>)> {
+async fn index(remote: &Remote, digest: &str, condemned: &HashSet<String>, requests: &AtomicU64) -> Result<(HashMap<ChunkHash, Place>, Option<(String, Manifest)>)> {
     let mut list = remote.list("snapshots").await?;
     requests.fetch_add(1, Relaxed);
     list.sort_by_key(|o| std::cmp::Reverse(o.1.last_modified));
@@ -135,10 +135,10 @@ async fn index(remote: &Remote, digest: &str, condemned: &HashSet<String>, reque
             continue;
         }
         for c in m.files.iter().flat_map(|f| &f.chunks) {
-            if let (Some(sha), Some(p), Some(at)) = (&c.sha256, c.pack, c.at) {
+            if let (Some(sha), Some(p), Some(at)) = (c.sha256, c.pack, c.at) {
                 let pack = &m.packs[p as usize];
                 if !condemned.contains(&pack_key(&pack.name)) {
-                    places.entry(sha.clone()).or_insert_with(|| (pack.clone(), at, c.zlen));
+                    places.entry(sha).or_insert_with(|| (pack.clone(), at, c.zlen));
                 }
             }
         }
@@ -185,7 +185,7 @@ async fn stored_whole(remote: &Remote, pack: &PackRef, condemned: &HashSet<Strin
 /// The chunks of `plan` the store lacks (`stored` says which it has), in plan
 /// order (file order), cut into packs of about `target` bytes: indexes into
 /// `plan.uploads`.
-pub fn new_packs(plan: &Plan, stored: impl Fn(&str) -> bool, target: u64) -> Vec<Vec<usize>> {
+pub fn new_packs(plan: &Plan, stored: impl Fn(&ChunkHash) -> bool, target: u64) -> Vec<Vec<usize>> {
     let mut packs: Vec<Vec<usize>> = Vec::new();
     let mut fill = target;
     // `plan.last` after the others: on-demand reads of the others coalesce, and a miss
@@ -210,8 +210,8 @@ pub fn new_packs(plan: &Plan, stored: impl Fn(&str) -> bool, target: u64) -> Vec
 /// The packs a publish of `plan` stores when the store has the chunks `stored` says:
 /// the head first (a pack of its own, whatever of it the store has elsewhere: one
 /// read starts a restore), then the other chunks the store lacks.
-pub fn packs_to_store(plan: &Plan, stored: impl Fn(&str) -> bool) -> Vec<Vec<usize>> {
-    let head_set: HashSet<&str> = plan.head.iter().map(|&i| plan.uploads[i].sha256.as_str()).collect();
+pub fn packs_to_store(plan: &Plan, stored: impl Fn(&ChunkHash) -> bool) -> Vec<Vec<usize>> {
+    let head_set: HashSet<ChunkHash> = plan.head.iter().map(|&i| plan.uploads[i].sha256).collect();
     let mut packs = new_packs(plan, |sha| stored(sha) || head_set.contains(sha), PACK_TARGET);
     if !plan.head.is_empty() {
         packs.insert(0, plan.head.clone());
@@ -339,11 +339,11 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         new_refs[n] = Some((pack, layout));
     }
     // Where every stored chunk is.
-    let mut at_of: HashMap<&str, Place> = HashMap::new();
+    let mut at_of: HashMap<ChunkHash, Place> = HashMap::new();
     for (members, stored) in new_packs.iter().zip(&new_refs) {
         let (pack, layout) = stored.as_ref().expect("every pack was stored");
         for (&i, &(at, zlen)) in members.iter().zip(layout) {
-            at_of.entry(&plan.uploads[i].sha256).or_insert((pack.clone(), at, zlen));
+            at_of.entry(plan.uploads[i].sha256).or_insert((pack.clone(), at, zlen));
         }
     }
     let mut m = plan.manifest.clone();
@@ -369,7 +369,7 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     let mut pack_index: BTreeMap<String, u32> = m.packs.iter().enumerate().map(|(n, p)| (p.name.clone(), n as u32)).collect();
     for c in m.files.iter_mut().flat_map(|f| &mut f.chunks) {
         let Some(sha) = &c.sha256 else { continue };
-        let (pack, at, zlen) = at_of.get(sha.as_str()).cloned().or_else(|| places.get(sha).cloned()).expect("every chunk is placed");
+        let (pack, at, zlen) = at_of.get(sha).cloned().or_else(|| places.get(sha).cloned()).expect("every chunk is placed");
         let n = match pack_index.get(&pack.name) {
             Some(&n) => n,
             None => {
@@ -430,7 +430,7 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
 /// snapshot holds all of it. Returns the bytes of each pack sent.
 async fn repair(remote: &Remote, plan: &Plan, m: &Manifest, condemned: &HashSet<String>, requests: &AtomicU64) -> Result<Vec<u64>> {
     let mut sent = Vec::new();
-    let local: HashMap<&str, usize> = plan.uploads.iter().enumerate().map(|(i, u)| (u.sha256.as_str(), i)).collect();
+    let local: HashMap<ChunkHash, usize> = plan.uploads.iter().enumerate().map(|(i, u)| (u.sha256, i)).collect();
     for (n, pack) in m.packs.iter().enumerate() {
         if stored_whole(remote, pack, condemned, requests).await? {
             continue;
@@ -442,7 +442,7 @@ async fn repair(remote: &Remote, plan: &Plan, m: &Manifest, condemned: &HashSet<
             .iter()
             .flat_map(|f| &f.chunks)
             .filter(|c| c.pack == Some(n as u32))
-            .filter_map(|c| Some((c.at?, *local.get(c.sha256.as_deref()?)?, c.stored_len())))
+            .filter_map(|c| Some((c.at?, *local.get(c.sha256.as_ref()?)?, c.stored_len())))
             .collect();
         parts.sort_unstable();
         parts.dedup();
@@ -480,7 +480,7 @@ pub(crate) struct SpanChunk {
     pub(crate) stored: u64,
     /// Its length once decompressed, if stored compressed.
     pub(crate) unzipped: Option<u64>,
-    pub(crate) sha: String,
+    pub(crate) sha: ChunkHash,
     /// Where its bytes go.
     pub(crate) places: Places,
 }
@@ -607,7 +607,7 @@ pub(crate) fn check_span(object: &str, s: &Span, data: Bytes, check: Check) -> R
             if check == Check::Pack {
                 return Ok(part);
             }
-            let got = sha256_hex(&part);
+            let got = ChunkHash::of(&part);
             if got != *sha {
                 return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("the chunk at {at} hashes to {got}, not {sha}") });
             }
@@ -664,12 +664,12 @@ pub(crate) fn spans_of(m: &Manifest, wanted: impl Fn(usize, &crate::manifest::Ch
     let mut by_pack: BTreeMap<u32, BTreeMap<u64, SpanChunk>> = BTreeMap::new();
     for (fi, f) in m.files.iter().enumerate() {
         for c in f.chunks.iter().filter(|c| wanted(fi, c)) {
-            if let (Some(sha), Some(p), Some(at)) = (&c.sha256, c.pack, c.at) {
+            if let (Some(sha), Some(p), Some(at)) = (c.sha256, c.pack, c.at) {
                 by_pack
                     .entry(p)
                     .or_default()
                     .entry(at)
-                    .or_insert_with(|| SpanChunk { at, stored: c.stored_len(), unzipped: c.zlen.map(|_| c.len), sha: sha.clone(), places: Vec::new() })
+                    .or_insert_with(|| SpanChunk { at, stored: c.stored_len(), unzipped: c.zlen.map(|_| c.len), sha, places: Vec::new() })
                     .places
                     .push((fi, c.offset));
             }
@@ -755,7 +755,7 @@ mod tests {
 
     #[test]
     fn a_span_splits_at_chunk_boundaries_into_parts_of_about_equal_size() {
-        let chunk = |at: u64| SpanChunk { at, stored: 100, unzipped: None, sha: format!("{at}"), places: vec![(0, at)] };
+        let chunk = |at: u64| SpanChunk { at, stored: 100, unzipped: None, sha: ChunkHash::of(&at.to_le_bytes()), places: vec![(0, at)] };
         let s = Span { pack: "p".into(), start: 0, end: 1000, chunks: (0..10).map(|i| chunk(i * 100)).collect() };
         let parts = s.split(3);
         assert_eq!(parts.iter().map(|p| (p.start, p.end, p.chunks.len())).collect::<Vec<_>>(), [(0, 400, 4), (400, 800, 4), (800, 1000, 2)]);
@@ -767,7 +767,7 @@ mod tests {
     fn spans_coalesce_near_ranges_of_one_pack_and_split_far_ones() {
         let h = |s: &str| sha256_hex(s.as_bytes());
         let packs = vec![PackRef { name: h("p0"), size: 4 << 20 }, PackRef { name: h("p1"), size: 4096 }];
-        let placed = |off, len, sha: &str, p, at| Chunk { pack: Some(p), at: Some(at), ..Chunk::new(off, len, Some(h(sha))) };
+        let placed = |off, len, sha: &str, p, at| Chunk { pack: Some(p), at: Some(at), ..Chunk::new(off, len, Some(ChunkHash::of(sha.as_bytes()))) };
         let m = Manifest {
             format: MANIFEST_FORMAT,
             image_format: thaw_engine::image::FORMAT_VERSION,

@@ -50,7 +50,7 @@ use thaw_engine::ws::lz4::Codec;
 use thaw_engine::ws::{WorkingSet, TRACE_FILE};
 
 use crate::error::{Result, StoreError};
-use crate::manifest::{Chunk, FileEntry, Manifest, MANIFEST_FORMAT_CHUNKS};
+use crate::manifest::{Chunk, ChunkHash, FileEntry, Manifest, MANIFEST_FORMAT_CHUNKS};
 use crate::remote::{sha256_hex, Remote, CONCURRENCY};
 
 /// Chunk size of the files other than pages.img.
@@ -192,7 +192,7 @@ pub struct Upload {
     pub file: &'static str,
     pub offset: u64,
     pub len: u64,
-    pub sha256: String,
+    pub sha256: ChunkHash,
 }
 
 /// What a push did.
@@ -225,7 +225,7 @@ pub struct PushReport {
     pub base: Option<String>,
 }
 
-fn cut_fixed(f: &File, size: u64) -> std::io::Result<Vec<(u64, u64, Option<String>)>> {
+fn cut_fixed(f: &File, size: u64) -> std::io::Result<Vec<(u64, u64, Option<ChunkHash>)>> {
     let mut out = Vec::new();
     let mut off = 0;
     while off < size {
@@ -239,7 +239,7 @@ fn cut_fixed(f: &File, size: u64) -> std::io::Result<Vec<(u64, u64, Option<Strin
 }
 
 /// `data` (a file held in memory) in [`FILE_CHUNK`] pieces: (offset, length, name).
-fn cut_bytes(data: &[u8]) -> Vec<(u64, u64, Option<String>)> {
+fn cut_bytes(data: &[u8]) -> Vec<(u64, u64, Option<ChunkHash>)> {
     cut_bytes_by(data, FILE_CHUNK)
 }
 
@@ -294,12 +294,12 @@ fn clear_ws_lz4(bytes: u64) -> bool {
 const WS_LZ4_CHUNK: u64 = 256 << 10;
 
 /// `data` in pieces of `size` bytes: (offset, length, name).
-fn cut_bytes_by(data: &[u8], size: u64) -> Vec<(u64, u64, Option<String>)> {
+fn cut_bytes_by(data: &[u8], size: u64) -> Vec<(u64, u64, Option<ChunkHash>)> {
     data.chunks(size as usize).enumerate().map(|(i, c)| (i as u64 * size, c.len() as u64, chunk_name(c))).collect()
 }
 
-fn chunk_name(data: &[u8]) -> Option<String> {
-    (!data.iter().all(|&b| b == 0)).then(|| sha256_hex(data))
+fn chunk_name(data: &[u8]) -> Option<ChunkHash> {
+    (!data.iter().all(|&b| b == 0)).then(|| ChunkHash::of(data))
 }
 
 /// [`plan`] of the snapshot in `dir` and, for a diff, of its base (marked as one:
@@ -429,9 +429,9 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
     for (name, size, chunks) in files {
         let mut list = Vec::with_capacity(chunks.len());
         for (offset, len, sha) in chunks {
-            if let Some(s) = &sha {
-                if seen.insert(s.clone()) {
-                    uploads.push(Upload { file: name, offset, len, sha256: s.clone() });
+            if let Some(s) = sha {
+                if seen.insert(s) {
+                    uploads.push(Upload { file: name, offset, len, sha256: s });
                 }
             }
             list.push(Chunk::new(offset, len, sha));
@@ -444,11 +444,11 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
     // writes these before it installs the working set); then of the working set's
     // pages (ws.lz4 or ws.pages; else pages.img's, in trace order, before those).
     // pages.img chunks tile the file in offset order.
-    let upload_of: std::collections::HashMap<&str, usize> = uploads.iter().enumerate().map(|(i, u)| (u.sha256.as_str(), i)).collect();
+    let upload_of: std::collections::HashMap<ChunkHash, usize> = uploads.iter().enumerate().map(|(i, u)| (u.sha256, i)).collect();
     let mut head = Vec::new();
     let mut in_head = HashSet::new();
-    let mut add = |sha: &Option<String>, head: &mut Vec<usize>| {
-        if let Some(&i) = sha.as_deref().and_then(|s| upload_of.get(s)) {
+    let mut add = |sha: &Option<ChunkHash>, head: &mut Vec<usize>| {
+        if let Some(&i) = sha.as_ref().and_then(|s| upload_of.get(s)) {
             if in_head.insert(i) {
                 head.push(i);
             }
@@ -481,7 +481,7 @@ fn plan_inner(dir: &Path, chunking: Chunking, with_ws: bool) -> Result<Plan> {
         let mut in_last = HashSet::new();
         for c in &pages.chunks {
             let only_ws = (c.offset / PAGE..(c.offset + c.len) / PAGE).all(|p| ws_page_set.contains(&p));
-            if let Some(&i) = c.sha256.as_deref().and_then(|s| upload_of.get(s)) {
+            if let Some(&i) = c.sha256.as_ref().and_then(|s| upload_of.get(s)) {
                 if only_ws && !in_head.contains(&i) && in_last.insert(i) {
                     last.push(i);
                 }
@@ -539,7 +539,7 @@ impl Plan {
             f.read_exact_at(&mut buf, u.offset).map_err(StoreError::local(&self.dir, format!("reading {}", u.file)))?;
             Bytes::from(buf)
         };
-        if sha256_hex(&data) != u.sha256 {
+        if ChunkHash::of(&data) != u.sha256 {
             return Err(StoreError::Snapshot {
                 dir: self.dir.clone(),
                 detail: format!("{} changed while it was being published (offset {})", u.file, u.offset),
@@ -652,7 +652,7 @@ mod tests {
     #[test]
     fn pages_inserted_early_change_only_the_chunks_around_them() {
         let data = noise(1000, 3);
-        let name = |d: &[u8], cuts: Vec<(u64, u64)>| -> HashSet<Option<String>> {
+        let name = |d: &[u8], cuts: Vec<(u64, u64)>| -> HashSet<Option<ChunkHash>> {
             cuts.into_iter().map(|(fp, n)| chunk_name(&d[(fp * PAGE) as usize..((fp + n) * PAGE) as usize])).collect()
         };
         let before = name(&data, cut_content(&data, 32 << 10, |_| 0));

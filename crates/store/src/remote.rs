@@ -183,7 +183,7 @@ impl Remote {
         ObjPath::from(self.url.key(key))
     }
 
-    pub fn chunk_key(sha: &str) -> String {
+    pub fn chunk_key<S: std::fmt::Display + ?Sized>(sha: &S) -> String {
         format!("chunks/{sha}")
     }
 
