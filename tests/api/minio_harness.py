@@ -76,8 +76,9 @@ class Minio:
 
     def manifest(self, bucket, key):
         """A stored snapshot's manifest (`PREFIX/snapshots/ID.json`), as JSON: format 3 on
-        stores it zstd-compressed, format 6 in a binary encoding, which `thaw snapshot
-        inspect s3://BUCKET/PREFIX/ID` shows as JSON."""
+        stores it zstd-compressed (format 7 only where that saves an eighth), format 6
+        on in a binary encoding, which `thaw snapshot inspect s3://BUCKET/PREFIX/ID` shows
+        as JSON."""
         data = self.s3().get_object(Bucket=bucket, Key=key)["Body"].read()
         if data[:4] == b"\x28\xb5\x2f\xfd":
             import zstandard

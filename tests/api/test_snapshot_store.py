@@ -100,8 +100,8 @@ def test_snapshots_live_in_the_store_and_come_back(minio, tmp_path):
     m = minio.manifest(BUCKET, f"fns/snapshots/{sid}.json")
     assert "ws.trace" in [f["name"] for f in m["files"]] and m["head"] is not None, m["files"]
     # The node seals its snapshots: the working set is stored as its ws.lz4 (compressed,
-    # then sealed; format 6, binary), not as ws.pages, whose ciphertext would not compress.
-    assert m["format"] == 6 and "ws.lz4" in [f["name"] for f in m["files"]] and m["derived"] == ["ws.pages"], m["files"]
+    # then sealed; format 7, binary), not as ws.pages, whose ciphertext would not compress.
+    assert m["format"] == 7 and "ws.lz4" in [f["name"] for f in m["files"]] and m["derived"] == ["ws.pages"], m["files"]
     assert node.status()["snapshot_store"]["working_sets_published"] == 1
     wait_for(lambda: f"fns/snapshots/{first}.json" not in minio.keys(BUCKET, "fns/snapshots/"), "the first to be deleted")
     entry = data / "node" / "snapshot-cache" / "entries" / sid

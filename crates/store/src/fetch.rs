@@ -51,7 +51,7 @@ pub async fn manifest(remote: &Remote, id: &str) -> Result<(Manifest, u64)> {
 /// Manifest `stored` (as stored: JSON, or zstd-compressed from format 3 on, binary from
 /// format 6 on), checked against `id`, the hash of its bytes, and parsed. `object` names where it
 /// came from in errors.
-fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manifest> {
+pub fn verify_manifest(object: &str, stored: bytes::Bytes, id: &str) -> Result<Manifest> {
     let t0 = std::time::Instant::now();
     // Format 3 on is stored compressed (zstd's magic; JSON starts with '{'), never
     // decompressed past the cap on manifests.

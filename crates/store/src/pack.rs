@@ -28,7 +28,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Result, StoreError};
 use crate::fetch::manifest;
-use crate::manifest::{ChunkHash, Manifest, PackRef, MANIFEST_FORMAT, MANIFEST_FORMAT_COMPRESSED};
+use crate::manifest::{ChunkHash, Manifest, PackRef, MANIFEST_FORMAT, MANIFEST_FORMAT_COMPACT, MANIFEST_FORMAT_COMPRESSED};
 use crate::publish::Plan;
 use crate::remote::{is_sha256_hex, sha256_hex, Remote};
 
@@ -59,11 +59,14 @@ const ZSTD_LEVEL: i32 = 3;
 /// A manifest's bytes as stored: from format 3 on compressed with zstd (its id stays
 /// the hash of its bytes, JSON or binary; lrserving's 1.2 MB JSON manifest is stored
 /// in ~0.4 MB, and it is read before anything else on every miss), earlier formats as
-/// they are.
-fn stored_manifest(m: &Manifest, bytes: Vec<u8>) -> Bytes {
+/// they are. Format 7's compact tables are mostly hashes: compressed only where that
+/// saves an eighth, else a miss would decompress it for little.
+pub fn stored_manifest(m: &Manifest, bytes: Vec<u8>) -> Bytes {
     if m.format >= MANIFEST_FORMAT_COMPRESSED {
         if let Ok(z) = zstd::bulk::compress(&bytes, ZSTD_LEVEL) {
-            return Bytes::from(z);
+            if m.format < MANIFEST_FORMAT_COMPACT || z.len() <= bytes.len() - bytes.len() / 8 {
+                return Bytes::from(z);
+            }
         }
     }
     Bytes::from(bytes)
@@ -347,14 +350,17 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         }
     }
     let mut m = plan.manifest.clone();
-    // Format 6 (binary, see manifest.rs). As JSON (`THAW_STORE_MANIFEST=json`, the
-    // baseline): format 4 only where it stores ws.pages, 5 where ws.lz4, so older readers
-    // read the rest.
+    // Format 7 (binary, compact tables, see manifest.rs); format 6
+    // (`THAW_STORE_MANIFEST=6`, the baseline: fixed records). As JSON
+    // (`THAW_STORE_MANIFEST=json`, the older baseline): format 4 only where it stores
+    // ws.pages, 5 where ws.lz4, so older readers read the rest.
     let ws_stored = m.file(thaw_engine::ws::PAGES_FILE).is_some();
     let lz4_stored = m.file(thaw_engine::ws::LZ4_FILE).is_some();
-    let json = std::env::var("THAW_STORE_MANIFEST").as_deref() == Ok("json");
+    let asked = std::env::var("THAW_STORE_MANIFEST").unwrap_or_default();
+    let json = asked == "json";
     m.format = match (compressing(), json, ws_stored, lz4_stored) {
-        (true, false, ..) => crate::manifest::MANIFEST_FORMAT_BINARY,
+        (true, false, ..) if asked == "6" => crate::manifest::MANIFEST_FORMAT_BINARY,
+        (true, false, ..) => MANIFEST_FORMAT_COMPACT,
         (true, true, _, true) => MANIFEST_FORMAT,
         (true, true, true, false) => crate::manifest::MANIFEST_FORMAT_WS_PAGES,
         (true, true, false, false) => MANIFEST_FORMAT_COMPRESSED,

@@ -57,13 +57,21 @@ fn push_pull_restore_round_trip() {
     // third and fourth do the same fetching everything first (THAW_STORE_FETCH=whole).
     let snapshot_bytes = r["snapshot_bytes"].as_u64().unwrap();
     let id = url.rsplit('/').next().unwrap();
-    // Format 6 (binary): ws.pages is stored (in the head), not derived (a clear image's
-    // default). `thaw snapshot inspect` shows the manifest as JSON.
+    // Format 7 (binary, compact tables): ws.pages is stored (in the head), not derived
+    // (a clear image's default). `thaw snapshot inspect` shows the manifest as JSON.
     let manifest = s3::store(&m, "s3://rt-bucket/fns/hello").manifest(id).unwrap();
-    assert_eq!((manifest.format, manifest.derived.len()), (6, 0), "{:?}", manifest.derived);
+    assert_eq!((manifest.format, manifest.derived.len()), (7, 0), "{:?}", manifest.derived);
     let shown = stdout(&ok(s3::thaw_s3(&m, &["snapshot", "inspect", &url])));
     let shown: thaw_store::Manifest = serde_json::from_str(&shown).expect("inspect prints the manifest as JSON");
     assert_eq!(shown, manifest);
+    // What an earlier build stored (format 6, THAW_STORE_MANIFEST=6) is read too: the
+    // same snapshot under another id, restored from the store with the same answer.
+    let o6 = ok(s3::thaw_s3_env(&m, &["snapshot", "push", snap.to_str().unwrap(), "s3://rt-bucket/fns/hello6"], &[("THAW_STORE_MANIFEST", "6")]));
+    let url6 = last_line(&o6);
+    let m6 = s3::store(&m, "s3://rt-bucket/fns/hello6").manifest(url6.rsplit('/').next().unwrap()).unwrap();
+    assert_eq!(m6.format, 6);
+    assert_eq!((&m6.files, &m6.derived), (&manifest.files, &manifest.derived), "the same snapshot, the same chunks");
+    assert_eq!(stdout(&ok(thaw_s3(&m, &["snapshot", "restore", &url6, "--payload", payload, "--quiet"]))), original);
     assert!(manifest.file("ws.pages").is_some_and(|f| f.size == std::fs::metadata(snap.join("ws.pages")).unwrap().len()));
     let mut fetched_by = [0u64; 5];
     for (i, hit, whole) in [(1, false, false), (2, true, false), (3, false, true), (4, true, true)] {
@@ -223,7 +231,7 @@ fn ws_lz4_in_the_store(sealed: bool) {
     let url = last_line(&o);
     let id = url.rsplit('/').next().unwrap().to_string();
     let manifest = s3::store(&m, &bucket).manifest(&id).unwrap();
-    assert_eq!(manifest.format, 6, "binary, ws.lz4 stored");
+    assert_eq!(manifest.format, 7, "binary, ws.lz4 stored");
     // The node's LZ4 frames recompressed with zstd for the store (version 3 clear, 4
     // sealed: sealed again with the key the CLI holds): fewer bytes.
     let stored_lz4 = manifest.file("ws.lz4").map(|f| f.size).unwrap();
