@@ -111,7 +111,13 @@ def test_invoke_dry_run_and_event(node, client, hello):
 
 def test_event_retried_when_function_fails(node, client):
     create(client, "failing", sample_zip("error"))
-    client.invoke(FunctionName="failing", InvocationType="Event", Payload=b'{"fail": "async"}')
+    client.invoke(FunctionName="failing", InvocationType="Event", Payload=b'{"fail": "SECRET-4711-async"}')
+    # Queued (and between its attempts) the payload is sealed with the node key: no file of
+    # the node's registry (the database, its WAL) holds it in clear.
+    registry = [p for p in node.data_dir.rglob("*") if p.is_file() and ".sqlite" in p.name]
+    assert registry, sorted(p.name for p in node.data_dir.iterdir())
+    for p in registry:
+        assert b"SECRET-4711" not in p.read_bytes(), f"{p} holds the event's payload in clear"
     deadline = time.time() + 15
     while node.function_status("failing")["counters"]["events_dropped"] == 0:
         assert time.time() < deadline, "the event was not retried and dropped"

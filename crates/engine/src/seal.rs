@@ -324,31 +324,50 @@ impl Sealer {
 }
 
 /// Encrypt a short secret (an environment value in the node's registry) with the
-/// node key: `v1:` + hex(nonce || ciphertext || tag). Random 96-bit nonces, far
-/// below the birthday bound for the number of values a node stores.
+/// node key: `v1:` + hex(nonce || ciphertext || tag) of [`seal_bytes`] for
+/// "thaw values v1".
 pub fn seal_value(key: &NodeKey, plain: &[u8]) -> Result<String, SealError> {
-    let gcm = key.derive(b"thaw values v1", &[0; 16]);
-    let n: [u8; 12] = random()?;
-    let mut data = plain.to_vec();
-    let tag = gcm.0.seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::empty(), &mut data).expect("below GCM's limit");
-    Ok(format!("v1:{}{}{}", hex::encode(n), hex::encode(&data), hex::encode(tag.as_ref())))
+    Ok(format!("v1:{}", hex::encode(seal_bytes(key, VALUES, b"", plain)?)))
 }
 
 /// Reverse of [`seal_value`]; `None` if it is not such a value or does not
 /// authenticate under `key`.
 pub fn open_value(key: &NodeKey, sealed: &str) -> Option<Vec<u8>> {
     let h = sealed.strip_prefix("v1:")?;
-    if h.len() % 2 != 0 || h.len() < 2 * (12 + TAG_LEN) || !h.is_ascii() {
+    if h.len() % 2 != 0 || !h.is_ascii() {
         return None;
     }
-    let bytes = hex::decode(h).ok()?;
-    let (n, rest) = bytes.split_at(12);
+    open_bytes(key, VALUES, b"", &hex::decode(h).ok()?)
+}
+
+const VALUES: &[u8] = b"thaw values v1";
+
+/// Encrypt `plain` with the node key's AES-256-GCM key for `purpose`, bound to `aad`
+/// (what it must be opened as, e.g. the record it belongs to): nonce (12 bytes, random:
+/// far below the birthday bound for the records a node stores) || ciphertext || tag.
+pub fn seal_bytes(key: &NodeKey, purpose: &[u8], aad: &[u8], plain: &[u8]) -> Result<Vec<u8>, SealError> {
+    let gcm = key.derive(purpose, &[0; 16]);
+    let n: [u8; 12] = random()?;
+    let mut out = n.to_vec();
+    out.extend_from_slice(plain);
+    let tag = gcm.0.seal_in_place_separate_tag(Nonce::assume_unique_for_key(n), Aad::from(aad), &mut out[12..]).expect("below GCM's limit");
+    out.extend_from_slice(tag.as_ref());
+    Ok(out)
+}
+
+/// Reverse of [`seal_bytes`] for the same `purpose` and `aad`; `None` if `sealed` is
+/// too short or does not authenticate under `key`.
+pub fn open_bytes(key: &NodeKey, purpose: &[u8], aad: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+    if sealed.len() < 12 + TAG_LEN {
+        return None;
+    }
+    let (n, rest) = sealed.split_at(12);
     let (ct, tag) = rest.split_at(rest.len() - TAG_LEN);
     let mut data = ct.to_vec();
-    let gcm = key.derive(b"thaw values v1", &[0; 16]);
+    let gcm = key.derive(purpose, &[0; 16]);
     let nonce = Nonce::try_assume_unique_for_key(n).ok()?;
     let tag = Tag::try_from(tag).ok()?;
-    let len = gcm.0.open_in_place_separate_tag(nonce, Aad::empty(), tag, &mut data, 0..).ok()?.len();
+    let len = gcm.0.open_in_place_separate_tag(nonce, Aad::from(aad), tag, &mut data, 0..).ok()?.len();
     data.truncate(len);
     Some(data)
 }
@@ -404,6 +423,15 @@ mod tests {
         assert!(open_value(&NodeKey::generate().unwrap(), &v).is_none(), "another key cannot open it");
         assert!(open_value(&key, "v1:zz").is_none());
         assert_ne!(seal_value(&key, b"hunter2").unwrap(), v, "fresh nonce per value");
+        // Bytes sealed for a purpose and a record open only as that purpose and record.
+        let b = seal_bytes(&key, b"thaw events v1", b"event-1", b"payload").unwrap();
+        assert_eq!(b.len(), 12 + 7 + TAG_LEN);
+        assert_eq!(open_bytes(&key, b"thaw events v1", b"event-1", &b).unwrap(), b"payload");
+        assert!(open_bytes(&key, b"thaw events v1", b"event-2", &b).is_none(), "another record's");
+        assert!(open_bytes(&key, VALUES, b"event-1", &b).is_none(), "another purpose's");
+        assert!(open_bytes(&key, b"thaw events v1", b"event-1", &b[..b.len() - 1]).is_none());
+        assert!(open_bytes(&key, b"thaw events v1", b"event-1", &b[..12 + TAG_LEN - 1]).is_none(), "shorter than a nonce and a tag");
+        assert_eq!(open_bytes(&key, b"p", b"", &seal_bytes(&key, b"p", b"", b"").unwrap()).unwrap(), b"", "empty");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! concurrency, retried with exponential back-off when the function fails
 //! (Lambda: two retries), dropped with a warning after the last attempt.
 //! Delivery is at-least-once: an event in flight when the node dies runs again.
+//! With a node key, a queued event's payload is stored sealed (registry.rs).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -13,7 +14,7 @@ use tokio::sync::{watch, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::node::{clock_ms, error_chain, InvokeError, InvokeTarget, Node, Outcome};
-use crate::registry::{EventRecord, Registry, RegistryError};
+use crate::registry::{EventRecord, Opened, Registry, RegistryError};
 
 /// Lambda's limit for an asynchronous invocation's payload.
 pub const MAX_EVENT_PAYLOAD: usize = 256 * 1024;
@@ -62,7 +63,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
                 Vec::new()
             }
         };
-        for ev in due {
+        for (ev, opened) in due {
             if !claim(&node.registry, &inflight, &ev, clock_ms()) {
                 continue;
             }
@@ -73,7 +74,7 @@ pub async fn run(node: Arc<Node>, mut shutdown: watch::Receiver<bool>) {
             let (node, inflight) = (node.clone(), inflight.clone());
             tokio::spawn(async move {
                 let id = ev.id.clone();
-                process(&node, ev).await;
+                process(&node, ev, opened).await;
                 release(&inflight, &id);
                 drop(permit);
                 node.events_wake.notify_one();
@@ -121,34 +122,40 @@ fn release(inflight: &Mutex<HashSet<String>>, id: &str) {
     }
 }
 
-async fn process(node: &Arc<Node>, ev: EventRecord) {
+/// One attempt of `ev`; `opened`: whether its stored payload could be read (if not, the
+/// attempt fails with why, and the event is dropped after its last, as a failing
+/// function's is).
+async fn process(node: &Arc<Node>, ev: EventRecord, opened: Opened) {
     let payload = String::from_utf8_lossy(&ev.payload).into_owned();
     let attempt = ev.attempts + 1;
     let target = InvokeTarget { version: ev.version, qualifier: ev.qualifier.clone() };
-    let failure = match node.invoke_version(&ev.function, target, &ev.id, payload).await {
-        Ok(inv) => match inv.outcome {
-            Outcome::Ok(_) => {
-                debug!(request_id = %ev.id, function = %ev.function, attempt, "event done");
-                node.note_event(&ev.function, true);
+    let failure = match opened {
+        Err(why) => format!("the queued event cannot be read: {why}"),
+        Ok(()) => match node.invoke_version(&ev.function, target, &ev.id, payload).await {
+            Ok(inv) => match inv.outcome {
+                Outcome::Ok(_) => {
+                    debug!(request_id = %ev.id, function = %ev.function, attempt, "event done");
+                    node.note_event(&ev.function, true);
+                    finish(node, &ev.id);
+                    return;
+                }
+                Outcome::Error(e, _) => format!("{}: {}", e.error_type, e.error_message),
+            },
+            Err(InvokeError::NotFound(_)) => {
                 finish(node, &ev.id);
                 return;
             }
-            Outcome::Error(e, _) => format!("{}: {}", e.error_type, e.error_message),
+            Err(InvokeError::Throttled { .. }) | Err(InvokeError::MemoryBudget { .. }) | Err(InvokeError::ShuttingDown) => {
+                // Not an attempt: try again shortly.
+                let _ = node.registry.reschedule_event(&ev.id, ev.attempts, clock_ms() + 500);
+                return;
+            }
+            Err(InvokeError::NotReady { state }) if state == "Pending" => {
+                let _ = node.registry.reschedule_event(&ev.id, ev.attempts, clock_ms() + 500);
+                return;
+            }
+            Err(e) => error_chain(&e),
         },
-        Err(InvokeError::NotFound(_)) => {
-            finish(node, &ev.id);
-            return;
-        }
-        Err(InvokeError::Throttled { .. }) | Err(InvokeError::MemoryBudget { .. }) | Err(InvokeError::ShuttingDown) => {
-            // Not an attempt: try again shortly.
-            let _ = node.registry.reschedule_event(&ev.id, ev.attempts, clock_ms() + 500);
-            return;
-        }
-        Err(InvokeError::NotReady { state }) if state == "Pending" => {
-            let _ = node.registry.reschedule_event(&ev.id, ev.attempts, clock_ms() + 500);
-            return;
-        }
-        Err(e) => error_chain(&e),
     };
     if attempt > node.cfg.event_max_retries {
         warn!(request_id = %ev.id, function = %ev.function, attempts = attempt, error = %failure, "event dropped after its last attempt");
@@ -180,7 +187,7 @@ mod tests {
         let inflight = Mutex::new(HashSet::new());
         let ev = EventRecord { id: "e".into(), function: "f".into(), version: Some(1), qualifier: None, payload: b"{}".to_vec(), attempts: 2, next_attempt_ms: 10 };
         reg.enqueue_event(&ev).unwrap();
-        let listed = reg.due_events(20, 10).unwrap().remove(0);
+        let listed = reg.due_events(20, 10).unwrap().remove(0).0;
         assert!(claim(&reg, &inflight, &listed, 20), "a due event is claimed");
         assert!(!claim(&reg, &inflight, &listed, 20), "not twice while in flight");
         // The attempt fails and is retried later: the listing read before is stale.
@@ -188,7 +195,7 @@ mod tests {
         release(&inflight, "e");
         assert!(!claim(&reg, &inflight, &listed, 20), "a rescheduled event is not run from a stale listing");
         assert!(inflight.lock().unwrap().is_empty(), "a refused claim leaves nothing in flight");
-        let relisted = reg.due_events(1000, 10).unwrap().remove(0);
+        let relisted = reg.due_events(1000, 10).unwrap().remove(0).0;
         assert!(claim(&reg, &inflight, &relisted, 1000), "it runs when due again");
         // The attempt ends the event: the listing is stale again.
         reg.delete_event("e").unwrap();

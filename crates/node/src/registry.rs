@@ -281,7 +281,8 @@ CREATE TABLE IF NOT EXISTS events (
     attempts INTEGER NOT NULL,
     next_attempt_ms INTEGER NOT NULL,
     version INTEGER,
-    qualifier TEXT
+    qualifier TEXT,
+    sealed INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS events_due ON events(next_attempt_ms);
 ";
@@ -300,6 +301,12 @@ fn layers_from(json: String) -> Vec<String> {
 fn layers_json(layers: &[String]) -> String {
     serde_json::to_string(layers).expect("strings serialize")
 }
+
+/// The purpose an event's payload is sealed for (`seal::seal_bytes`, bound to its id).
+const EVENTS: &[u8] = b"thaw events v1";
+
+/// Whether a queued event's stored payload could be read, or why not.
+pub type Opened = Result<(), String>;
 
 /// Environment values are secrets: with a node key they are stored sealed
 /// (`seal::seal_value`, AES-256-GCM), never in clear in the database or its WAL.
@@ -379,7 +386,7 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<(RevisionRecord, String)> {
 
 pub struct Registry {
     conn: Mutex<Connection>,
-    /// Seals stored environment values (the process's node key at open).
+    /// Seals stored environment values and event payloads (the process's node key at open).
     key: Option<Arc<NodeKey>>,
 }
 
@@ -414,6 +421,7 @@ impl Registry {
             ("functions", "layers_json", "ALTER TABLE functions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
             ("revisions", "layers_json", "ALTER TABLE revisions ADD COLUMN layers_json TEXT NOT NULL DEFAULT '[]';"),
             ("revisions", "snapshot_adopted", "ALTER TABLE revisions ADD COLUMN snapshot_adopted INTEGER NOT NULL DEFAULT 0;"),
+            ("events", "sealed", "ALTER TABLE events ADD COLUMN sealed INTEGER NOT NULL DEFAULT 0;"),
         ] {
             let present: i64 = conn
                 .query_row("SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name=?2", [table, column], |r| r.get(0))
@@ -746,39 +754,69 @@ impl Registry {
         Ok(())
     }
 
+    /// Queue `e`. Its payload is the caller's data: with a node key it is stored sealed
+    /// (bound to the event's id), never in clear in the database or its WAL.
     pub fn enqueue_event(&self, e: &EventRecord) -> Result<(), RegistryError> {
+        let payload = match &self.key {
+            Some(k) => seal::seal_bytes(k, EVENTS, e.id.as_bytes(), &e.payload).map_err(|e| RegistryError::Seal(e.to_string()))?,
+            None => e.payload.clone(),
+        };
         self.conn()
             .execute(
-                "INSERT INTO events (id, function, payload, attempts, next_attempt_ms, version, qualifier) VALUES (?1,?2,?3,?4,?5,?6,?7)",
-                params![e.id, e.function, e.payload, e.attempts, e.next_attempt_ms, e.version, e.qualifier],
+                "INSERT INTO events (id, function, payload, attempts, next_attempt_ms, version, qualifier, sealed) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)",
+                params![e.id, e.function, payload, e.attempts, e.next_attempt_ms, e.version, e.qualifier, self.key.is_some()],
             )
             .map_err(q("enqueue event"))?;
         Ok(())
     }
 
-    /// Events whose next attempt is due at `now_ms`, oldest first.
-    pub fn due_events(&self, now_ms: i64, limit: usize) -> Result<Vec<EventRecord>, RegistryError> {
+    /// Events whose next attempt is due at `now_ms`, oldest first, each with its payload
+    /// opened, or why it cannot be (a sealed payload without the node key that sealed
+    /// it, or damaged): such an event fails its attempts (see events.rs) instead of
+    /// holding up the queue.
+    pub fn due_events(&self, now_ms: i64, limit: usize) -> Result<Vec<(EventRecord, Opened)>, RegistryError> {
         let c = self.conn();
         let mut st = c
             .prepare(
-                "SELECT id, function, payload, attempts, next_attempt_ms, version, qualifier FROM events WHERE next_attempt_ms <= ?1 \
+                "SELECT id, function, payload, attempts, next_attempt_ms, version, qualifier, sealed FROM events WHERE next_attempt_ms <= ?1 \
                  ORDER BY next_attempt_ms LIMIT ?2",
             )
             .map_err(q("due events"))?;
         let rows = st
             .query_map(params![now_ms, limit as i64], |r| {
-                Ok(EventRecord {
-                    id: r.get(0)?,
-                    function: r.get(1)?,
-                    payload: r.get(2)?,
-                    attempts: r.get(3)?,
-                    next_attempt_ms: r.get(4)?,
-                    version: r.get(5)?,
-                    qualifier: r.get(6)?,
-                })
+                Ok((
+                    EventRecord {
+                        id: r.get(0)?,
+                        function: r.get(1)?,
+                        payload: r.get(2)?,
+                        attempts: r.get(3)?,
+                        next_attempt_ms: r.get(4)?,
+                        version: r.get(5)?,
+                        qualifier: r.get(6)?,
+                    },
+                    r.get::<_, bool>(7)?,
+                ))
             })
             .map_err(q("due events"))?;
-        rows.collect::<Result<Vec<_>, _>>().map_err(q("due events"))
+        let rows = rows.collect::<Result<Vec<_>, _>>().map_err(q("due events"))?;
+        Ok(rows.into_iter().map(|(e, sealed)| if sealed { self.open_event(e) } else { (e, Ok(())) }).collect())
+    }
+
+    fn open_event(&self, mut e: EventRecord) -> (EventRecord, Opened) {
+        let opened = match &self.key {
+            None => Err("its payload is sealed and the node has no node key (started with --no-encryption?)".to_string()),
+            Some(k) => match seal::open_bytes(k, EVENTS, e.id.as_bytes(), &e.payload) {
+                Some(plain) => {
+                    e.payload = plain;
+                    Ok(())
+                }
+                None => Err(format!("its payload does not open with node key {} (another key, or damaged)", k.id())),
+            },
+        };
+        if opened.is_err() {
+            e.payload.clear();
+        }
+        (e, opened)
     }
 
     /// Time of the earliest queued event, if any.
@@ -935,10 +973,10 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(reg.next_event_ms().unwrap(), Some(10));
-        let due: Vec<_> = reg.due_events(50, 10).unwrap().into_iter().map(|e| e.id).collect();
+        let due: Vec<_> = reg.due_events(50, 10).unwrap().into_iter().map(|(e, _)| e.id).collect();
         assert_eq!(due, ["early"]);
         reg.reschedule_event("early", 1, 200).unwrap();
-        let due: Vec<_> = reg.due_events(1000, 10).unwrap().into_iter().map(|e| (e.id, e.attempts, e.version, e.qualifier)).collect();
+        let due: Vec<_> = reg.due_events(1000, 10).unwrap().into_iter().map(|(e, _)| (e.id, e.attempts, e.version, e.qualifier)).collect();
         assert_eq!(
             due,
             [("late".to_string(), 0, None, None), ("early".to_string(), 1, Some(2), Some("live".to_string()))],
@@ -981,6 +1019,45 @@ mod tests {
         let plain = Registry::open(&path).unwrap().with_key(None);
         plain.insert_function(&func("old")).unwrap();
         assert_eq!(Registry::open(&path).unwrap().with_key(Some(key)).get_function("old").unwrap(), Some(func("old")));
+    }
+
+    #[test]
+    fn event_payloads_are_sealed_on_disk_and_open_only_with_the_key_as_their_own_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sqlite");
+        let key = Arc::new(NodeKey::generate().unwrap());
+        let event = |id: &str, payload: &[u8]| EventRecord {
+            id: id.into(),
+            function: "f".into(),
+            version: None,
+            qualifier: None,
+            payload: payload.to_vec(),
+            attempts: 0,
+            next_attempt_ms: 5,
+        };
+        let ev = event("e1", br#"{"card": "TOPSECRET-4711"}"#);
+        let reg = Registry::open(&path).unwrap().with_key(Some(key.clone()));
+        reg.enqueue_event(&ev).unwrap();
+        assert_eq!(reg.due_events(10, 10).unwrap(), vec![(ev.clone(), Ok(()))]);
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            assert!(!bytes.windows(14).any(|w| w == b"TOPSECRET-4711"), "the payload is in clear on disk");
+        }
+        // Without the key, or with another: listed with why, its payload empty.
+        let (e, why) = Registry::open(&path).unwrap().with_key(None).due_events(10, 10).unwrap().remove(0);
+        assert!(e.payload.is_empty() && why.unwrap_err().contains("sealed and the node has no node key"));
+        let other = Arc::new(NodeKey::generate().unwrap());
+        let (_, why) = Registry::open(&path).unwrap().with_key(Some(other)).due_events(10, 10).unwrap().remove(0);
+        assert!(why.unwrap_err().contains("does not open with node key"));
+        // A payload moved to another event does not open there.
+        reg.enqueue_event(&event("e2", b"{}")).unwrap();
+        reg.conn().execute("UPDATE events SET payload=(SELECT payload FROM events WHERE id='e1') WHERE id='e2'", []).unwrap();
+        let due = reg.due_events(10, 10).unwrap();
+        assert_eq!(due.iter().map(|(e, why)| (e.id.as_str(), why.is_ok())).collect::<Vec<_>>(), [("e1", true), ("e2", false)]);
+        // Events queued in clear (before the node had a key) still read.
+        Registry::open(&path).unwrap().with_key(None).enqueue_event(&event("old", b"plain")).unwrap();
+        let due = reg.due_events(10, 10).unwrap();
+        assert_eq!(due[2], (event("old", b"plain"), Ok(())));
     }
 
     #[test]
