@@ -216,19 +216,25 @@ fn a_corrupt_or_truncated_object_is_named_and_nothing_is_installed() {
     assert_eq!((again.id.as_str(), again.packs_uploaded, again.chunks_uploaded), (r.id.as_str(), 1, 0));
     s.pull(&r.id, &dest, &no_progress).unwrap();
     // A manifest that does not hash to its id is refused too.
-    // (Stored compressed; a reader takes plain JSON too.)
+    // (Format 7, mostly hashes, is stored as it is, not zstd-compressed; a reader takes
+    // compressed and plain JSON ones too.)
     let mkey = Remote::manifest_key(&r.id);
     let stored = s.block_on(s.remote.get(&mkey)).unwrap();
-    assert_eq!(&stored[..4], [0x28, 0xB5, 0x2F, 0xFD], "a format 3 manifest is stored compressed");
+    assert!(stored.starts_with(thaw_store::manifest::MAGIC), "a format 7 manifest of random hashes is stored raw");
     let mut mb = s.manifest(&r.id).unwrap().to_bytes();
     mb[10] = b' ';
     s.block_on(s.remote.put(&mkey, Bytes::from(mb))).unwrap();
     let e = s.pull(&r.id, &scratch().join("pulled-corrupt2"), &no_progress).unwrap_err().to_string();
     assert!(e.starts_with(&format!("s3://snaps/corrupt/{mkey} is corrupt or truncated (contents hash to ")), "{e}");
-    let mut garbage = stored.to_vec();
-    garbage.truncate(40);
-    s.block_on(s.remote.put(&mkey, Bytes::from(garbage))).unwrap();
+    let mut cut = stored.to_vec();
+    cut.truncate(40);
+    s.block_on(s.remote.put(&mkey, Bytes::from(cut))).unwrap();
     let e = s.pull(&r.id, &scratch().join("pulled-corrupt3"), &no_progress).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("s3://snaps/corrupt/{mkey} is corrupt or truncated (contents hash to ")), "{e}");
+    // What says it is zstd and is not.
+    let garbage = [&[0x28, 0xB5, 0x2F, 0xFD][..], &stored[..40]].concat();
+    s.block_on(s.remote.put(&mkey, Bytes::from(garbage))).unwrap();
+    let e = s.pull(&r.id, &scratch().join("pulled-corrupt4"), &no_progress).unwrap_err().to_string();
     assert!(e.starts_with(&format!("s3://snaps/corrupt/{mkey} is corrupt or truncated (does not decompress")), "{e}");
 }
 
