@@ -136,9 +136,19 @@ pub struct HeadCopy {
     /// The most bytes of the head pack the read takes ([`HeadCopy::limit`]): a copy
     /// longer than the head is not read to its end, into memory.
     limit: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    /// Hash the pack as it arrives (until [`HeadCopy::unhashed`]).
-    hashing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Whether to hash the pack as it arrives: [`UNDECIDED`] until its reader says
+    /// ([`HeadCopy::hashed`], [`HeadCopy::unhashed`]).
+    hashing: std::sync::Arc<std::sync::atomic::AtomicU8>,
 }
+
+/// [`HeadCopy::hashing`]: not yet told (nothing hashed: a head checked chunk by chunk,
+/// most of them, needs no hash of the pack, and hashing what arrives before the
+/// manifest is checked would compete with that check on a miss's critical path).
+const UNDECIDED: u8 = 0;
+/// Hash the pack: what arrived so far at once, the rest as it arrives.
+const HASH: u8 = 1;
+/// Never hash it.
+const NEVER: u8 = 2;
 
 /// What has arrived of a head's copy.
 #[derive(Default)]
@@ -152,7 +162,8 @@ pub struct Arrival {
     /// The manifest as stored, once all of it is here.
     manifest: Option<bytes::Bytes>,
     /// Set once the read ended: the head pack's bytes and their SHA-256 (hex;
-    /// hashed as they arrived), or None (none, or the read failed).
+    /// hashed as they arrived; empty unless [`HeadCopy::hashed`] came before the
+    /// end), or None (none, or the read failed).
     done: Option<Option<(bytes::Bytes, String)>>,
 }
 
@@ -206,7 +217,7 @@ impl HeadCopy {
         let (tx, rx) = tokio::sync::watch::channel(Arrival::default());
         let limit = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
         let most = limit.clone();
-        let hashing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let hashing = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(UNDECIDED));
         let hash_on = hashing.clone();
         let t0 = std::time::Instant::now();
         tokio::spawn(async move {
@@ -215,6 +226,8 @@ impl HeadCopy {
             // channel's lock), and where the pack starts once known.
             let mut held: Vec<bytes::Bytes> = Vec::new();
             let (mut len, mut pack_at, mut manifest_here) = (0usize, None, false);
+            // The copy's bytes hashed so far (from the pack's start on), once told to.
+            let mut hashed_to: Option<usize> = None;
             // The limit once set, on the pack's bytes (those of the copy from the pack's
             // start `p` on: the manifest is handed over whatever follows it).
             let within_limit = |len: usize, p: usize| {
@@ -224,10 +237,22 @@ impl HeadCopy {
                     false => Ok(()),
                 }
             };
-            let hash_from = |sha: &mut sha2::Sha256, part: &[u8], at: usize, p: usize| {
-                if at + part.len() > p && hash_on.load(std::sync::atomic::Ordering::Relaxed) {
-                    sha2::Digest::update(sha, &part[p.saturating_sub(at)..]);
+            // Hash the copy's bytes from where hashing stopped (the pack's start `p` at
+            // first) to `len`, if told to.
+            let catch_up = |sha: &mut sha2::Sha256, hashed_to: &mut Option<usize>, held: &[bytes::Bytes], p: usize, len: usize| {
+                if hash_on.load(std::sync::atomic::Ordering::Relaxed) != HASH {
+                    return;
                 }
+                let from = hashed_to.unwrap_or(p);
+                let mut at = 0;
+                for h in held {
+                    let (a, b) = (from.max(at), len.min(at + h.len()));
+                    if a < b {
+                        sha2::Digest::update(sha, &h[a - at..b - at]);
+                    }
+                    at += h.len();
+                }
+                *hashed_to = Some(len.max(from));
             };
             // When the response's headers, its first bytes and the manifest's last came
             // (ms after the request), and how many parts brought them: for the debug log.
@@ -240,21 +265,13 @@ impl HeadCopy {
                     let part = part?;
                     first_ms.get_or_insert_with(|| ms(t0));
                     nparts += 1;
-                    let at = len;
                     len += part.len();
                     held.push(part.clone());
-                    match pack_at {
-                        Some(p) => hash_from(&mut sha, &part, at, p),
-                        None if len >= HEAD_HEADER => {
-                            let p = pack_start(&gather(&held, 0, HEAD_HEADER), &object)?;
-                            let mut at = 0;
-                            for h in &held {
-                                hash_from(&mut sha, h, at, p);
-                                at += h.len();
-                            }
-                            pack_at = Some(p);
-                        }
-                        None => {}
+                    if pack_at.is_none() && len >= HEAD_HEADER {
+                        pack_at = Some(pack_start(&gather(&held, 0, HEAD_HEADER), &object)?);
+                    }
+                    if let Some(p) = pack_at {
+                        catch_up(&mut sha, &mut hashed_to, &held, p, len);
                     }
                     let manifest = pack_at.filter(|&p| !manifest_here && p > HEAD_HEADER && len >= p).map(|p| gather(&held, HEAD_HEADER, p));
                     if manifest.is_some() {
@@ -277,15 +294,8 @@ impl HeadCopy {
             };
             let ended = read.await;
             // A copy shorter than a manifest's header has none.
-            let p = match pack_at {
-                Some(p) => p,
-                None => {
-                    for h in &held {
-                        sha2::Digest::update(&mut sha, h);
-                    }
-                    0
-                }
-            };
+            let p = pack_at.unwrap_or(0);
+            catch_up(&mut sha, &mut hashed_to, &held, p, len);
             let ended = ended.and_then(|()| within_limit(len, p));
             tracing::debug!(get_ms = ms(t0), ?headers_ms, ?first_ms, ?manifest_ms, parts = nparts, bytes = len, ok = ended.is_ok(), "head copy read");
             if let Err(e @ StoreError::Corrupt { .. }) = &ended {
@@ -299,9 +309,9 @@ impl HeadCopy {
                             1 => a.parts[0].slice(p..),
                             _ => gather(&a.parts, p, len),
                         },
-                        match hash_on.load(std::sync::atomic::Ordering::Relaxed) {
-                            true => hex::encode(sha2::Digest::finalize(sha)),
-                            false => String::new(),
+                        match hashed_to {
+                            Some(_) => hex::encode(sha2::Digest::finalize(sha)),
+                            None => String::new(),
                         },
                     )),
                     Ok(()) => {
@@ -320,11 +330,17 @@ impl HeadCopy {
         HeadCopy { rx, limit, hashing }
     }
 
-    /// Stop hashing the pack as it arrives: its reader checks it chunk by chunk
-    /// instead. [`HeadCopy::get_hashed`]'s digest is then empty (or the whole pack's
-    /// hash, if the copy had ended already): never that of a part.
+    /// Never hash the pack: its reader checks it chunk by chunk instead.
+    /// [`HeadCopy::get_hashed`]'s digest is then empty.
     pub fn unhashed(&self) {
-        self.hashing.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.hashing.store(NEVER, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Hash the pack: what has arrived with the next part (or at the end), the rest as
+    /// it arrives. [`HeadCopy::get_hashed`]'s digest is the whole pack's, or empty if
+    /// the copy had ended before (the caller hashes it then): never that of a part.
+    pub fn hashed(&self) {
+        let _ = self.hashing.compare_exchange(UNDECIDED, HASH, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Take at most `n` bytes of the head pack (its size, once the manifest told it):
@@ -365,8 +381,8 @@ impl HeadCopy {
         self.get_hashed().await.map(|(b, _)| b)
     }
 
-    /// The whole head pack and the SHA-256 (hex) of its bytes, once here (empty when
-    /// [`HeadCopy::unhashed`] came before the copy's end).
+    /// The whole head pack and the SHA-256 (hex) of its bytes, once here (empty unless
+    /// [`HeadCopy::hashed`] came before the copy's end).
     pub async fn get_hashed(&self) -> Option<(bytes::Bytes, String)> {
         let mut rx = self.rx.clone();
         let a = rx.wait_for(|a| a.done.is_some()).await.ok()?;
@@ -698,6 +714,9 @@ mod tests {
         let (tx, copy) = arriving(&rt);
         tx.send(Ok(bytes::Bytes::from_static(b"state"))).unwrap();
         tx.send(Ok(bytes::Bytes::from_static(b".trace+"))).unwrap();
+        // Told to hash after two parts came: those are hashed too.
+        rt.block_on(copy.prefix(12)).unwrap();
+        copy.hashed();
         // The first 8 bytes span two parts; the read has not ended (a copy without
         // a manifest, stored before: its first 12 bytes tell).
         assert_eq!(rt.block_on(copy.prefix(8)).unwrap(), &b"state.tr"[..]);
@@ -716,6 +735,43 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_is_hashed_only_when_its_reader_asks_before_its_end() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let digest = |tell: &dyn Fn(&HeadCopy), before_end: bool| {
+            let (tx, copy) = arriving(&rt);
+            tx.send(Ok(bytes::Bytes::from_static(b"state.trace+"))).unwrap();
+            rt.block_on(copy.prefix(12)).unwrap();
+            if before_end {
+                tell(&copy);
+            }
+            tx.send(Ok(bytes::Bytes::from_static(b"pages"))).unwrap();
+            drop(tx);
+            let (pack, digest) = rt.block_on(copy.get_hashed()).unwrap();
+            assert_eq!(pack, &b"state.trace+pages"[..]);
+            if !before_end {
+                tell(&copy);
+                assert_eq!(rt.block_on(copy.get_hashed()).unwrap().1, digest, "told after the end: nothing more");
+            }
+            digest
+        };
+        assert_eq!(digest(&|_| {}, true), "", "never told: not hashed");
+        assert_eq!(digest(&HeadCopy::unhashed, true), "");
+        assert_eq!(digest(&HeadCopy::hashed, true), crate::remote::sha256_hex(b"state.trace+pages"));
+        assert_eq!(digest(&HeadCopy::hashed, false), "", "told after the end: the caller hashes it");
+        // Once told never, a later ask does not start it (a part would be missing).
+        assert_eq!(
+            digest(
+                &|c| {
+                    c.unhashed();
+                    c.hashed();
+                },
+                true
+            ),
+            ""
+        );
+    }
+
+    #[test]
     fn a_copy_that_starts_with_the_manifest_hands_it_over_first_and_counts_from_the_pack() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let (tx, copy) = arriving(&rt);
@@ -724,6 +780,7 @@ mod tests {
         tx.send(Ok(stored.slice(..5))).unwrap();
         tx.send(Ok(stored.slice(5..HEAD_HEADER + 12))).unwrap();
         assert_eq!(rt.block_on(copy.manifest()).unwrap(), &b"{manifest}"[..]);
+        copy.hashed();
         assert_eq!(rt.block_on(copy.prefix(2)).unwrap(), &b"st"[..], "offsets are the pack's");
         tx.send(Ok(stored.slice(HEAD_HEADER + 12..))).unwrap();
         assert_eq!(rt.block_on(copy.range(5, 11)).unwrap(), &b".trace"[..]);
@@ -739,6 +796,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         // Stored before manifests went into copies.
         let (tx, copy) = arriving(&rt);
+        copy.hashed();
         tx.send(Ok(bytes::Bytes::from_static(b"state.trace+pages"))).unwrap();
         assert!(rt.block_on(copy.manifest()).is_none());
         assert_eq!(rt.block_on(copy.prefix(5)).unwrap(), &b"state"[..]);

@@ -356,10 +356,12 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
         && !early
         && std::env::var("THAW_STORE_HEAD_CHECK").as_deref() != Ok("chunks");
     let pages_check = if whole { Check::Pack } else { Check::Chunks };
-    if pages_check == Check::Chunks {
+    match pages_check {
         // Its pages checked chunk by chunk, state.bin and ws.trace too: the pack's
         // hash would be work for nothing.
-        head_copy.unhashed();
+        Check::Chunks => head_copy.unhashed(),
+        // Checked by the pack's name: hashed as it arrives from now on.
+        Check::Pack => head_copy.hashed(),
     }
     let copy_object = remote.url.object_url(&crate::Remote::head_key(id));
     // state.bin and ws.trace, each chunk checked by its hash: out of the head copy's
@@ -623,9 +625,13 @@ async fn pages_as_they_arrive(copy: &crate::fetch::HeadCopy, spans: &[Span], che
     for r in reads {
         parts.push(r.await.map_err(task)??.ok_or_else(|| ended("the head's end"))?);
     }
-    let (whole, digest) = copy.get_hashed().await.ok_or_else(|| ended("its end"))?;
+    let (whole, mut digest) = copy.get_hashed().await.ok_or_else(|| ended("its end"))?;
     if whole.len() as u64 != head.size {
         return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("holds {} bytes, the head {}", whole.len(), head.size) });
+    }
+    if check == Check::Pack && digest.is_empty() {
+        // The copy had ended before it was told to hash.
+        digest = crate::remote::sha256_hex(&whole);
     }
     if check == Check::Pack && digest != head.name {
         return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("its bytes hash to {digest}, not the head's {}", head.name) });
