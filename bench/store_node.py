@@ -233,6 +233,7 @@ OPTIONS = {
     "lz4-frames": ("LZ4 frames", {"THAW_STORE_WS_CODEC": "lz4"}),
     "json-manifest": ("JSON manifest", {"THAW_STORE_MANIFEST": "json"}),
     "manifest-6": ("format 6 manifest", {"THAW_STORE_MANIFEST": "6"}),
+    "hash-early": ("head hashed early", {"THAW_STORE_HEAD_HASH": "early"}),
 }
 
 
@@ -316,7 +317,9 @@ def main():
                          "ws.lz4 keeps the node's LZ4 frames instead of zstd ones (THAW_STORE_WS_CODEC=lz4, the baseline); "
                          "+json-manifest: the manifest stored as JSON (format 5 or earlier) instead of binary (format 7; "
                          "THAW_STORE_MANIFEST=json, the baseline); +manifest-6: the binary manifest with fixed chunk "
-                         "records (format 6, THAW_STORE_MANIFEST=6, the baseline) instead of compact tables (format 7)")
+                         "records (format 6, THAW_STORE_MANIFEST=6, the baseline) instead of compact tables (format 7); "
+                         "+hash-early: a miss hashes the head's copy from its first byte until it knows the head is "
+                         "checked chunk by chunk (THAW_STORE_HEAD_HASH=early, the baseline)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--logs", help="copy every node's log into this directory before the scratch directory goes "
                          "(their detail: THAW_TEST_LOG, e.g. info,thaw_store=debug)")

@@ -217,7 +217,10 @@ impl HeadCopy {
         let (tx, rx) = tokio::sync::watch::channel(Arrival::default());
         let limit = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
         let most = limit.clone();
-        let hashing = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(UNDECIDED));
+        // THAW_STORE_HEAD_HASH=early: hashed from the first byte until told never (as
+        // before; the baseline of bench/store_node.py +hash-early).
+        let early = std::env::var("THAW_STORE_HEAD_HASH").as_deref() == Ok("early");
+        let hashing = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(if early { HASH } else { UNDECIDED }));
         let hash_on = hashing.clone();
         let t0 = std::time::Instant::now();
         tokio::spawn(async move {
