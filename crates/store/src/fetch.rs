@@ -312,9 +312,10 @@ impl HeadCopy {
                             1 => a.parts[0].slice(p..),
                             _ => gather(&a.parts, p, len),
                         },
-                        match hashed_to {
-                            Some(_) => hex::encode(sha2::Digest::finalize(sha)),
-                            None => String::new(),
+                        // Whole only if hashing was on from where it started to the end.
+                        match hashed_to.is_some() && hash_on.load(std::sync::atomic::Ordering::Relaxed) == HASH {
+                            true => hex::encode(sha2::Digest::finalize(sha)),
+                            false => String::new(),
                         },
                     )),
                     Ok(()) => {
