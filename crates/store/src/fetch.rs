@@ -170,15 +170,20 @@ pub struct Arrival {
 /// Bytes `start..end` of `parts` laid end to end (`end` within them).
 fn gather(parts: &[bytes::Bytes], start: usize, end: usize) -> bytes::Bytes {
     let mut out = bytes::BytesMut::with_capacity(end.saturating_sub(start));
-    let mut at = 0;
-    for p in parts {
-        let (from, to) = (start.max(at), end.min(at + p.len()));
-        if from < to {
-            out.extend_from_slice(&p[from - at..to - at]);
-        }
-        at += p.len();
+    for piece in pieces(parts, start, end) {
+        out.extend_from_slice(piece);
     }
     out.freeze()
+}
+
+/// The slices of `parts` that hold bytes `start..end` of them laid end to end, in order.
+fn pieces(parts: &[bytes::Bytes], start: usize, end: usize) -> impl Iterator<Item = &[u8]> {
+    let mut at = 0;
+    parts.iter().filter_map(move |p| {
+        let (here, from, to) = (at, start.max(at), end.min(at + p.len()));
+        at += p.len();
+        (from < to).then(|| &p[from - here..to - here])
+    })
 }
 
 /// Where the pack starts in a copy whose first [`HEAD_HEADER`] bytes are `first`
@@ -247,13 +252,8 @@ impl HeadCopy {
                     return;
                 }
                 let from = hashed_to.unwrap_or(p);
-                let mut at = 0;
-                for h in held {
-                    let (a, b) = (from.max(at), len.min(at + h.len()));
-                    if a < b {
-                        sha2::Digest::update(sha, &h[a - at..b - at]);
-                    }
-                    at += h.len();
+                for piece in pieces(held, from, len) {
+                    sha2::Digest::update(sha, piece);
                 }
                 *hashed_to = Some(len.max(from));
             };

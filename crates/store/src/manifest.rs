@@ -136,7 +136,7 @@ impl std::fmt::Debug for ChunkHash {
 
 impl Serialize for ChunkHash {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(std::str::from_utf8(&hex_digits(&self.0)).expect("hex digits are ASCII"))
+        s.collect_str(self)
     }
 }
 
