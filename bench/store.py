@@ -34,6 +34,10 @@ For each function, in one sitting and interleaved run by run (the order rotates)
   remote-cold-manifest-apart  remote-cold of the same snapshot pushed with a head copy that
                 does not start with the manifest (THAW_STORE_HEAD_MANIFEST=0: the miss reads
                 the manifest and the copy in two parallel requests), the baseline of one request
+  remote-cold-copy-whole  remote-cold of the same snapshot pushed with its head copy in one
+                object (THAW_STORE_HEAD_SPLIT=0, and the miss asks for no second part), the
+                baseline of a split copy (state.bin and ws.trace in a small first object, the
+                head's pages in a second, both requested at once)
   remote-cold-window  remote-cold of the same snapshot pushed with pages.img cut by 8 KiB
                 address windows (THAW_STORE_CHUNKS=window), the baseline of content-defined chunks
   remote-cold-v2  remote-cold of the same snapshot pushed with its chunks raw (format 2,
@@ -82,7 +86,7 @@ from minio_harness import ACCESS_KEY, SECRET_KEY, minio_bin  # noqa: E402
 sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import balanced_orders, evict_page_cache  # noqa: E402  (shared with the other benchmarks)
 
-MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2",
+MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-copy-whole", "remote-cold-window", "remote-cold-v2",
          "remote-cold-v1", "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
@@ -200,13 +204,16 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
     push_ma = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-manifest-apart"],
                              env=dict(env, THAW_STORE_HEAD_MANIFEST="0"), check=True, capture_output=True, text=True)
     url_ma = push_ma.stdout.strip().splitlines()[-1]
+    push_cw = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}-copy-whole"],
+                             env=dict(env, THAW_STORE_HEAD_SPLIT="0"), check=True, capture_output=True, text=True)
+    url_cw = push_cw.stdout.strip().splitlines()[-1]
     pushes = {"packs": json.loads(push.stdout.strip().splitlines()[-2]), "v1": json.loads(push_v1.stdout.strip().splitlines()[-2]),
               "ws-derived": json.loads(push_wd.stdout.strip().splitlines()[-2]),
               "ws-lz4": json.loads(push_wp.stdout.strip().splitlines()[-2]),
               "no-head-copy": json.loads(push_nc.stdout.strip().splitlines()[-2]),
               "v2": json.loads(push_v2.stdout.strip().splitlines()[-2]), "layered": json.loads(push_d.stdout.strip().splitlines()[-2]),
               "window": json.loads(push_w.stdout.strip().splitlines()[-2])}
-    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd, "remote-cold-ws-lz4": url_wp, "remote-cold-no-head-copy": url_nc, "remote-cold-manifest-apart": url_ma}
+    urls = {"remote-cold-v1": url_v1, "remote-cold-v2": url_v2, "remote-cold-window": url_w, "remote-cold-ws-derived": url_wd, "remote-cold-ws-lz4": url_wp, "remote-cold-no-head-copy": url_nc, "remote-cold-manifest-apart": url_ma, "remote-cold-copy-whole": url_cw}
     base_entry = pushes["layered"]["base"]
     cache = data / "snapshot-cache" / "entries"
     rows = []
@@ -218,14 +225,15 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
             elif mode == "local":
                 evict_page_cache(str(snap))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap)], stats)
-            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
+            elif mode in ("remote-cold", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-copy-whole", "remote-cold-window", "remote-cold-v2", "remote-cold-v1"):
                 shutil.rmtree(cache, ignore_errors=True)
                 menv = {"remote-cold-whole": dict(env, THAW_STORE_FETCH="whole"),
                         "remote-cold-head-wait": dict(env, THAW_STORE_HEAD="wait"),
                         "remote-cold-copy-wait": dict(env, THAW_STORE_HEAD_STREAM="0"),
                         "remote-cold-chunk-check": dict(env, THAW_STORE_HEAD_CHECK="chunks"),
                         "remote-cold-early-sandbox": dict(env, THAW_STORE_EARLY_SANDBOX="1"),
-                        "remote-cold-head-whole": dict(env, THAW_STORE_HEAD_STREAM="pack")}.get(mode, env)
+                        "remote-cold-head-whole": dict(env, THAW_STORE_HEAD_STREAM="pack"),
+                        "remote-cold-copy-whole": dict(env, THAW_STORE_HEAD_SPLIT="0")}.get(mode, env)
                 st = run_thaw(thaw, menv, ["snapshot", "restore", urls.get(mode, url)], stats)
                 assert st["store"]["cache_hit"] is False, st["store"]
             elif mode == "layered-local":
@@ -349,7 +357,7 @@ def main():
         diffs = {p: m["phases_ms"].get(p, 0.0) - base.get(p, 0.0) for p in sorted(set(base) | set(m["phases_ms"]))}
         print(f"phases {link} {fn} {mode} vs local: " + ", ".join(f"{p} {d:+.2f}" for p, d in diffs.items() if abs(d) >= 0.05))
     for (link, fn, mode), m in sorted(med.items()):
-        label = {"remote-cold": "format 6 (binary manifest), compressed packs, ws.pages in the head, head copy", "remote-cold-ws-lz4": "format 6, ws.lz4 (zstd frames) in the head, streamed", "remote-cold-ws-derived": "format 3, ws.pages derived",
+        label = {"remote-cold": "format 7 (compact binary manifest), compressed packs, ws.pages in the head, head copy split", "remote-cold-ws-lz4": "format 7, ws.lz4 (zstd frames) in the head, streamed", "remote-cold-ws-derived": "format 3, ws.pages derived",
                  "remote-cold-no-head-copy": "format 4, no head copy",
                  "remote-cold-window": "format 3, 8 KiB address windows",
                  "remote-cold-v2": "format 2, raw packs", "remote-cold-v1": "format 1",

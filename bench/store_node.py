@@ -234,6 +234,7 @@ OPTIONS = {
     "json-manifest": ("JSON manifest", {"THAW_STORE_MANIFEST": "json"}),
     "manifest-6": ("format 6 manifest", {"THAW_STORE_MANIFEST": "6"}),
     "hash-early": ("head hashed early", {"THAW_STORE_HEAD_HASH": "early"}),
+    "copy-whole": ("head copy in one object", {"THAW_STORE_HEAD_SPLIT": "0"}),
 }
 
 
@@ -319,7 +320,9 @@ def main():
                          "THAW_STORE_MANIFEST=json, the baseline); +manifest-6: the binary manifest with fixed chunk "
                          "records (format 6, THAW_STORE_MANIFEST=6, the baseline) instead of compact tables (format 7); "
                          "+hash-early: a miss hashes the head's copy from its first byte until it knows the head is "
-                         "checked chunk by chunk (THAW_STORE_HEAD_HASH=early, the baseline)")
+                         "checked chunk by chunk (THAW_STORE_HEAD_HASH=early, the baseline); +copy-whole: the head's copy "
+                         "published and read as one object (THAW_STORE_HEAD_SPLIT=0, the baseline) instead of split "
+                         "(state.bin and ws.trace first, the head's pages in a second object requested at once)")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--logs", help="copy every node's log into this directory before the scratch directory goes "
                          "(their detail: THAW_TEST_LOG, e.g. info,thaw_store=debug)")

@@ -52,3 +52,11 @@ put('store_head_copy', 'manifest-and-pack', bytes([7, 0]) + head_copy(b'{"format
 put('store_head_copy', 'pack-only', bytes([255, 0]) + b'state.bin+ws.trace+pages')
 put('store_head_copy', 'over-the-limit', bytes([3, 5]) + head_copy(b'{}', b'p' * 64))
 put('store_head_copy', 'cut-in-the-manifest', bytes([1, 0]) + head_copy(b'{"format":4}', b'')[:16])
+# Split copies: the first object (magic thawhd02, the manifest, the pack's first bytes),
+# then the second object's bytes, then their count + 2 (0: not requested, 1: missing).
+def split_copy(manifest, first, rest, r=None):
+    return b'thawhd02' + len(manifest).to_bytes(4, 'little') + manifest + first + rest + bytes([len(rest) + 2 if r is None else r])
+put('store_head_copy', 'split', bytes([5, 0]) + split_copy(b'{"format":7}', b'state.bin+ws.trace+', b'pages' * 8))
+put('store_head_copy', 'split-second-missing', bytes([0x83, 0]) + split_copy(b'{"format":7}', b'state.bin+ws.trace+', b'', 1))
+put('store_head_copy', 'split-second-not-asked', bytes([9, 0]) + split_copy(b'{"format":7}', b'state.bin+ws.trace+', b'', 0))
+put('store_head_copy', 'split-over-the-limit', bytes([3, 8]) + split_copy(b'{}', b'p' * 16, b'q' * 40))

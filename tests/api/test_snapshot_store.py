@@ -223,11 +223,11 @@ def test_a_corrupt_object_is_never_restored_from(minio, tmp_path):
     data = tmp_path / "node"
     sid = deployed_then_evicted(data, minio, "corrupt")
     # Flip the bytes of one pack the manifest names (same length, same name): the head,
-    # and its copy under the snapshot's id (which a miss reads first; it fails its
-    # check, and the head is read from its pack).
+    # and its copy under the snapshot's id, both parts (which a miss reads first; it
+    # fails its check, and the head is read from its pack).
     manifest = minio.manifest(BUCKET, f"corrupt/snapshots/{sid}.json")
     pack = manifest["packs"][0]["name"]
-    for key in (f"corrupt/packs/{pack}", f"corrupt/heads/{sid}"):
+    for key in (f"corrupt/packs/{pack}", f"corrupt/heads/{sid}", f"corrupt/heads/{sid}.rest"):
         good = minio.s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
         minio.s3().put_object(Bucket=BUCKET, Key=key, Body=bytes(b ^ 0xFF for b in good))
 

@@ -106,13 +106,33 @@ pub struct MissStart {
 /// before) is the head pack's bytes alone. An older reader finds that such a copy
 /// does not hash to the head pack's name and reads the head from its pack.
 pub const HEAD_MAGIC: &[u8; 8] = b"thawhd01";
+/// A split copy: as [`HEAD_MAGIC`]'s, but with the head pack's first bytes only (what
+/// the restore reads before it starts: state.bin, ws.trace); the rest of the pack is
+/// a second object, [`Remote::head_rest_key`], which a miss requests at once beside
+/// it. A small first object is answered sooner (MinIO: 0.5-0.7 ms,
+/// bench/results/minio-first-byte-20261207.txt), and the restore waits only for it.
+/// A reader before it finds no manifest in such a copy, and a pack that does not
+/// check: it reads the manifest, then the head from its pack.
+pub const HEAD_SPLIT_MAGIC: &[u8; 8] = b"thawhd02";
 const HEAD_HEADER: usize = HEAD_MAGIC.len() + 4;
 
 /// The head's copy as stored: [`HEAD_MAGIC`], then manifest `stored` (as stored) and
 /// the head pack's bytes `pack`.
 pub fn head_copy(stored: &[u8], pack: &[u8]) -> bytes::Bytes {
+    copy_with(HEAD_MAGIC, stored, pack)
+}
+
+/// The head's copy split at byte `at` of the pack: the first object
+/// ([`HEAD_SPLIT_MAGIC`], the manifest `stored`, the pack's first `at` bytes) and the
+/// second (the rest of the pack).
+pub fn head_copy_split(stored: &[u8], pack: &bytes::Bytes, at: usize) -> (bytes::Bytes, bytes::Bytes) {
+    let at = at.min(pack.len());
+    (copy_with(HEAD_SPLIT_MAGIC, stored, &pack[..at]), pack.slice(at..))
+}
+
+fn copy_with(magic: &[u8; 8], stored: &[u8], pack: &[u8]) -> bytes::Bytes {
     let mut out = Vec::with_capacity(HEAD_HEADER + stored.len() + pack.len());
-    out.extend_from_slice(HEAD_MAGIC);
+    out.extend_from_slice(magic);
     out.extend_from_slice(&(stored.len() as u32).to_le_bytes());
     out.extend_from_slice(stored);
     out.extend_from_slice(pack);
@@ -139,6 +159,9 @@ pub struct HeadCopy {
     /// Whether to hash the pack as it arrives: [`UNDECIDED`] until its reader says
     /// ([`HeadCopy::hashed`], [`HeadCopy::unhashed`]).
     hashing: std::sync::Arc<std::sync::atomic::AtomicU8>,
+    /// The requests made for it: 1, or 2 with the second part of a split copy
+    /// (requested at once, whether or not the copy turns out split).
+    requests: u64,
 }
 
 /// [`HeadCopy::hashing`]: not yet told (nothing hashed: a head checked chunk by chunk,
@@ -187,29 +210,42 @@ fn pieces(parts: &[bytes::Bytes], start: usize, end: usize) -> impl Iterator<Ite
 }
 
 /// Where the pack starts in a copy whose first [`HEAD_HEADER`] bytes are `first`
-/// (all of it when shorter): after the manifest it announces, else at 0.
-fn pack_start(first: &[u8], object: &str) -> Result<usize> {
-    if first.len() < HEAD_HEADER || first[..HEAD_MAGIC.len()] != HEAD_MAGIC[..] {
-        return Ok(0);
+/// (all of it when shorter): after the manifest it announces, else at 0; and whether
+/// the copy is split (the rest of the pack in a second object).
+fn pack_start(first: &[u8], object: &str) -> Result<(usize, bool)> {
+    let split = first.starts_with(HEAD_SPLIT_MAGIC);
+    if first.len() < HEAD_HEADER || !(split || first.starts_with(HEAD_MAGIC)) {
+        return Ok((0, false));
     }
     let n = u32::from_le_bytes(first[HEAD_MAGIC.len()..HEAD_HEADER].try_into().expect("4 bytes")) as usize;
     if n > crate::manifest::MAX_MANIFEST_LEN {
         return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("announces a manifest of {n} bytes, over the cap") });
     }
-    Ok(HEAD_HEADER + n)
+    Ok((HEAD_HEADER + n, split))
 }
+
+/// Parts of an object as they arrive, once its response begins.
+type Parts = futures::stream::BoxStream<'static, Result<bytes::Bytes>>;
+/// A read of an object's parts: its response awaited, then its parts.
+pub type PartsRead = futures::future::BoxFuture<'static, Result<Parts>>;
 
 impl HeadCopy {
     /// No copy (a whole fetch).
     pub fn none() -> HeadCopy {
-        HeadCopy { rx: tokio::sync::watch::channel(Arrival { done: Some(None), ..Default::default() }).1, limit: Default::default(), hashing: Default::default() }
+        HeadCopy { rx: tokio::sync::watch::channel(Arrival { done: Some(None), ..Default::default() }).1, limit: Default::default(), hashing: Default::default(), requests: 0 }
     }
 
-    /// The copy of `key` read on the current runtime, part by part (see [`Remote::get_stream`]).
-    pub fn read(remote: &Remote, key: String) -> HeadCopy {
-        let r = remote.clone();
-        let object = remote.url.object_url(&key);
-        HeadCopy::from_parts(object, async move { r.get_stream(&key).await })
+    /// Snapshot `id`'s copy read on the current runtime, part by part (see
+    /// [`Remote::get_stream`]): [`Remote::head_key`] and, at once beside it, the second
+    /// part of a split copy ([`Remote::head_rest_key`]; THAW_STORE_HEAD_SPLIT=0: not
+    /// requested, the baseline of a store without split copies).
+    pub fn read(remote: &Remote, id: &str) -> HeadCopy {
+        let get = |key: String| -> PartsRead {
+            let r = remote.clone();
+            Box::pin(async move { r.get_stream(&key).await })
+        };
+        let rest = (std::env::var("THAW_STORE_HEAD_SPLIT").as_deref() != Ok("0")).then(|| get(Remote::head_rest_key(id)));
+        HeadCopy::from_split(remote.url.object_url(&Remote::head_key(id)), get(Remote::head_key(id)), rest)
     }
 
     /// The copy whose parts `parts` brings (a task of the current runtime gathers
@@ -219,6 +255,36 @@ impl HeadCopy {
         F: std::future::Future<Output = Result<S>> + Send + 'static,
         S: futures::Stream<Item = Result<bytes::Bytes>> + Send + Unpin + 'static,
     {
+        HeadCopy::from_split(object, Box::pin(async move { Ok(parts.await?.boxed()) }), None)
+    }
+
+    /// The copy whose first object's parts `parts` brings, and `rest` those of the
+    /// second where the copy is split ([`HEAD_SPLIT_MAGIC`]): read at once beside the
+    /// first, its parts held until the first ends, then taken as the pack's next
+    /// bytes. A split copy whose second part is missing or fails gives no copy; a
+    /// copy that is not split leaves `rest` unread.
+    pub fn from_split(object: String, parts: PartsRead, rest: Option<PartsRead>) -> HeadCopy {
+        let requests = 1 + u64::from(rest.is_some());
+        // The second part's parts as they arrive, read by a task of its own so its
+        // response is taken off the wire while the first part's still arrives.
+        let rest = rest.map(|read| {
+            let (tx, rx) = futures::channel::mpsc::unbounded::<Result<bytes::Bytes>>();
+            tokio::spawn(async move {
+                match read.await {
+                    Ok(mut parts) => {
+                        while let Some(part) = parts.next().await {
+                            if tx.unbounded_send(part).is_err() {
+                                return; // not split, or failed: the read is dropped
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.unbounded_send(Err(e));
+                    }
+                }
+            });
+            rx
+        });
         let (tx, rx) = tokio::sync::watch::channel(Arrival::default());
         let limit = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
         let most = limit.clone();
@@ -259,13 +325,36 @@ impl HeadCopy {
             };
             // When the response's headers, its first bytes and the manifest's last came
             // (ms after the request), and how many parts brought them: for the debug log.
-            let (mut headers_ms, mut first_ms, mut manifest_ms, mut nparts) = (None, None, None, 0usize);
+            // (`rest_ms`: when a split copy went on with its second part.)
+            let (mut headers_ms, mut first_ms, mut manifest_ms, mut rest_ms, mut nparts) = (None, None, None, None, 0usize);
             let ms = |t: std::time::Instant| t.elapsed().as_secs_f64() * 1e3;
             let read = async {
                 let mut parts = parts.await?;
                 headers_ms = Some(ms(t0));
-                while let Some(part) = parts.next().await {
-                    let part = part?;
+                let mut rest = rest;
+                loop {
+                    let part = match parts.next().await {
+                        Some(part) => part,
+                        // The first object ended: a split copy goes on with the second
+                        // (the pack's next bytes), if the first held the whole manifest.
+                        None => match pack_at {
+                            Some((p, true)) if len >= p && rest_ms.is_none() => {
+                                rest_ms = Some(ms(t0));
+                                match rest.take() {
+                                    Some(rx) => {
+                                        parts = rx.boxed();
+                                        continue;
+                                    }
+                                    None => return Err(StoreError::Corrupt { object: object.clone(), detail: "is split, and its second part was not read".into() }),
+                                }
+                            }
+                            _ => break,
+                        },
+                    };
+                    let part = part.map_err(|e| match e {
+                        StoreError::NotFound { object } if rest_ms.is_some() => StoreError::Corrupt { object, detail: "is missing: its head copy is split".into() },
+                        e => e,
+                    })?;
                     first_ms.get_or_insert_with(|| ms(t0));
                     nparts += 1;
                     len += part.len();
@@ -273,10 +362,10 @@ impl HeadCopy {
                     if pack_at.is_none() && len >= HEAD_HEADER {
                         pack_at = Some(pack_start(&gather(&held, 0, HEAD_HEADER), &object)?);
                     }
-                    if let Some(p) = pack_at {
+                    if let Some((p, _)) = pack_at {
                         catch_up(&mut sha, &mut hashed_to, &held, p, len);
                     }
-                    let manifest = pack_at.filter(|&p| !manifest_here && p > HEAD_HEADER && len >= p).map(|p| gather(&held, HEAD_HEADER, p));
+                    let manifest = pack_at.map(|(p, _)| p).filter(|&p| !manifest_here && p > HEAD_HEADER && len >= p).map(|p| gather(&held, HEAD_HEADER, p));
                     if manifest.is_some() {
                         manifest_ms = Some(ms(t0));
                     }
@@ -284,12 +373,12 @@ impl HeadCopy {
                     tx.send_modify(|a| {
                         a.len = len;
                         a.parts.push(part);
-                        a.pack_at = pack_at;
+                        a.pack_at = pack_at.map(|(p, _)| p);
                         if manifest.is_some() {
                             a.manifest = manifest;
                         }
                     });
-                    if let Some(p) = pack_at {
+                    if let Some((p, _)) = pack_at {
                         within_limit(len, p)?;
                     }
                 }
@@ -297,10 +386,10 @@ impl HeadCopy {
             };
             let ended = read.await;
             // A copy shorter than a manifest's header has none.
-            let p = pack_at.unwrap_or(0);
+            let p = pack_at.map_or(0, |(p, _)| p);
             catch_up(&mut sha, &mut hashed_to, &held, p, len);
             let ended = ended.and_then(|()| within_limit(len, p));
-            tracing::debug!(get_ms = ms(t0), ?headers_ms, ?first_ms, ?manifest_ms, parts = nparts, bytes = len, ok = ended.is_ok(), "head copy read");
+            tracing::debug!(get_ms = ms(t0), ?headers_ms, ?first_ms, ?manifest_ms, ?rest_ms, parts = nparts, bytes = len, ok = ended.is_ok(), "head copy read");
             if let Err(e @ StoreError::Corrupt { .. }) = &ended {
                 tracing::warn!(error = %e, "the head's copy is not used; reading the head from its pack");
             }
@@ -331,7 +420,12 @@ impl HeadCopy {
                 a.parts.clear();
             });
         });
-        HeadCopy { rx, limit, hashing }
+        HeadCopy { rx, limit, hashing, requests }
+    }
+
+    /// The requests made for the copy (see [`HeadCopy::read`]).
+    pub fn requests(&self) -> u64 {
+        self.requests
     }
 
     /// Never hash the pack: its reader checks it chunk by chunk instead.
@@ -402,9 +496,9 @@ impl HeadCopy {
 /// is the rest of that copy: the manifest is read, the head from its pack.
 pub async fn manifest_and_head(remote: &Remote, id: &str) -> Result<MissStart> {
     let key = Remote::head_key(id);
-    let mut head = HeadCopy::read(remote, key.clone());
+    let mut head = HeadCopy::read(remote, id);
     let t0 = std::time::Instant::now();
-    // A copy whose manifest did not check: its request and those bytes.
+    // A copy whose manifest did not check: its requests and those bytes.
     let mut spent = (0, 0);
     if let Some(stored) = head.manifest().await {
         let len = stored.len() as u64;
@@ -416,8 +510,8 @@ pub async fn manifest_and_head(remote: &Remote, id: &str) -> Result<MissStart> {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the manifest in the head's copy does not check; reading the manifest, and the head from its pack");
+                spent = (head.requests(), len);
                 head = HeadCopy::none();
-                spent = (1, len);
             }
         }
     }
@@ -691,6 +785,74 @@ mod tests {
         let parts = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) });
         let copy = rt.block_on(async { HeadCopy::from_parts("x".into(), async move { Ok(Box::pin(parts)) }) });
         (tx, copy)
+    }
+
+    /// A split copy whose two objects' parts arrive when the test sends them: the
+    /// first's sender, the second's, and the copy.
+    type Sender = tokio::sync::mpsc::UnboundedSender<Result<bytes::Bytes>>;
+    fn arriving_split(rt: &tokio::runtime::Runtime) -> (Sender, Sender, HeadCopy) {
+        let read = |rx: tokio::sync::mpsc::UnboundedReceiver<Result<bytes::Bytes>>| -> PartsRead {
+            Box::pin(async move { Ok(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|p| (p, rx)) }).boxed()) })
+        };
+        let ((tx1, rx1), (tx2, rx2)) = (tokio::sync::mpsc::unbounded_channel(), tokio::sync::mpsc::unbounded_channel());
+        let copy = rt.block_on(async { HeadCopy::from_split("x".into(), read(rx1), Some(read(rx2))) });
+        (tx1, tx2, copy)
+    }
+
+    #[test]
+    fn a_split_copy_hands_over_its_first_part_at_once_and_the_pack_with_its_second() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let pack = bytes::Bytes::from_static(b"state.trace+pages");
+        let (first, rest) = head_copy_split(b"{manifest}", &pack, 12);
+        assert_eq!(&first[..HEAD_MAGIC.len()], HEAD_SPLIT_MAGIC);
+        assert_eq!(rest, &b"pages"[..]);
+        let (tx1, tx2, copy) = arriving_split(&rt);
+        assert_eq!(copy.requests(), 2);
+        // The second part arrives first: held until the first part ends.
+        tx2.send(Ok(rest.slice(..2))).unwrap();
+        tx1.send(Ok(first.clone())).unwrap();
+        assert_eq!(rt.block_on(copy.manifest()).unwrap(), &b"{manifest}"[..]);
+        copy.hashed();
+        assert_eq!(rt.block_on(copy.prefix(12)).unwrap(), &b"state.trace+"[..], "the first part, before the second's end");
+        drop(tx1);
+        assert_eq!(rt.block_on(copy.prefix(14)).unwrap(), &b"state.trace+pa"[..], "then the second's parts, as the pack's next bytes");
+        tx2.send(Ok(rest.slice(2..))).unwrap();
+        drop(tx2);
+        let (got, digest) = rt.block_on(copy.get_hashed()).unwrap();
+        assert_eq!(got, pack);
+        assert_eq!(digest, crate::remote::sha256_hex(&pack), "both parts hashed");
+    }
+
+    #[test]
+    fn a_split_copy_without_its_second_part_is_no_copy_and_a_whole_one_leaves_it_unread() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let pack = bytes::Bytes::from_static(b"state.trace+pages");
+        let (first, _) = head_copy_split(b"{manifest}", &pack, 12);
+        for second in [Some(StoreError::NotFound { object: "x.rest".into() }), None] {
+            let (tx1, tx2, copy) = arriving_split(&rt);
+            tx1.send(Ok(first.clone())).unwrap();
+            drop(tx1);
+            match second {
+                Some(e) => tx2.send(Err(e)).unwrap(),
+                None => drop(tx2), // an empty second part: the copy is short
+            }
+            assert_eq!(rt.block_on(copy.manifest()).unwrap(), &b"{manifest}"[..], "the manifest is handed over");
+            let got = rt.block_on(copy.get());
+            assert!(got.as_ref().is_none_or(|g| g.len() == 12), "{got:?}");
+            assert!(rt.block_on(copy.range(0, 13)).is_none(), "never bytes the store did not give");
+        }
+        // Read without its second part (HeadCopy::from_parts): no copy.
+        let (tx, copy) = arriving(&rt);
+        tx.send(Ok(first.clone())).unwrap();
+        drop(tx);
+        assert!(rt.block_on(copy.get()).is_none());
+        // A whole copy (thawhd01) beside a second part left from a split one: its
+        // pack is the first object's alone.
+        let (tx1, tx2, copy) = arriving_split(&rt);
+        tx2.send(Ok(bytes::Bytes::from_static(b"stale"))).unwrap();
+        tx1.send(Ok(head_copy(b"{manifest}", &pack))).unwrap();
+        drop(tx1);
+        assert_eq!(rt.block_on(copy.get()).unwrap(), pack);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Garbage collection of packs (and format 1 chunks) no manifest references.
 //! "Object" below is either: `packs/<sha>` or `chunks/<sha>` (and, collected the same
 //! way, a base's manifest no diff names, and a recorded working set, `ws/<id>.trace`,
-//! or a head's copy, `heads/<id>`, whose snapshot is gone).
+//! or a head's copy, `heads/<id>` and `heads/<id>.rest`, whose snapshot is gone).
 //!
 //! Two phases, so that a publish in flight never loses an object:
 //! 1. A run *condemns* the unreferenced chunks older than the grace period and
@@ -91,7 +91,7 @@ pub async fn condemned(remote: &Remote) -> Result<HashSet<String>> {
 
 /// Every object (key) referenced by a manifest, and how many manifests there are;
 /// and, collected like objects, the manifests of bases no manifest names any more and
-/// the recorded working sets (`ws/<id>.trace`) and head copies (`heads/<id>`) of snapshots whose manifest is gone
+/// the recorded working sets (`ws/<id>.trace`) and head copies (`heads/<id>`, `heads/<id>.rest`) of snapshots whose manifest is gone
 /// (with their metadata). A manifest that cannot be read or verified stops the
 /// collection: what it references is unknown.
 pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize, Vec<(String, object_store::ObjectMeta)>)> {
@@ -123,7 +123,7 @@ pub async fn referenced(remote: &Remote) -> Result<(HashSet<String>, usize, Vec<
     unnamed.extend(remote.list("ws").await?.into_iter().filter(|(key, _)| {
         key.strip_prefix("ws/").and_then(|k| k.strip_suffix(".trace")).is_none_or(|id| !ids.contains(id))
     }));
-    unnamed.extend(remote.list("heads").await?.into_iter().filter(|(key, _)| key.strip_prefix("heads/").is_none_or(|id| !ids.contains(id))));
+    unnamed.extend(remote.list("heads").await?.into_iter().filter(|(key, _)| key.strip_prefix("heads/").is_none_or(|k| !ids.contains(k.strip_suffix(".rest").unwrap_or(k)))));
     Ok((refs, list.len(), unnamed))
 }
 

@@ -303,7 +303,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
     // ws.lz4 stored (format 5, a sealed image's): read with the head's pages too, and
     // written to its file as it arrives; the restore's working-set read waits for it.
     let lz4f = m.files.iter().position(|f| f.name == thaw_engine::ws::LZ4_FILE);
-    let later = |fi: usize| fi == file || Some(fi) == wsf || Some(fi) == lz4f;
+    let later = |fi: usize| Manifest::read_after_start(&m.files[fi].name);
     // Every file but pages.img must be in the head: one read brings it all.
     let elsewhere = m.files.iter().enumerate().any(|(fi, f)| fi != file && f.chunks.iter().any(|c| c.sha256.is_some() && c.pack != Some(head)));
     if elsewhere {
@@ -376,9 +376,10 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
             false => head_copy.get().await,
         }
     });
-    // The copy's read counts once some of it is here, whether or not it is used (a
-    // read that found none is not counted); its bytes as they are taken from it.
-    let copy_read = copy_start.as_ref().map_or((0, 0), |c| (1, c.len() as u64));
+    // The copy's reads (two where the second part of a split copy was asked for) count
+    // once some of it is here, whether or not it is used (a read that found none is not
+    // counted); its bytes as they are taken from it.
+    let copy_read = copy_start.as_ref().map_or((0, 0), |c| (head_copy.requests(), c.len() as u64));
     let copy_start = copy_start.filter(|c| streamed || fits_head(c, &head_pack, &copy_object));
     let from_copy = copy_start.as_ref().and_then(|c| match crate::pack::slice_spans(&copy_object, c, &first, Check::Chunks) {
         Ok(r) => Some(r),

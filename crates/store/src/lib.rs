@@ -194,14 +194,15 @@ impl Store {
         self.rt.block_on(fetch::manifest(&self.remote, id))
     }
 
-    /// Delete snapshot `id` (its manifest, recorded working set and head copy; its
+    /// Delete snapshot `id` (its manifest, recorded working set and head copy, the
+    /// copy's first part before its second; its
     /// packs become orphans for [`Store::gc`] unless other snapshots use them).
     pub fn remove(&self, id: &str) -> Result<()> {
         let key = Remote::manifest_key(id);
         if self.rt.block_on(self.remote.head(&key))?.is_none() {
             return Err(StoreError::NotFound { object: self.remote.url.object_url(&key) });
         }
-        for extra in [Remote::ws_key(id), Remote::head_key(id)] {
+        for extra in [Remote::ws_key(id), Remote::head_key(id), Remote::head_rest_key(id)] {
             match self.rt.block_on(self.remote.delete(&extra)) {
                 Ok(()) | Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(e),

@@ -687,6 +687,31 @@ impl Manifest {
         crate::remote::sha256_hex(&c.to_bytes())
     }
 
+    /// Whether file `name` is read after the restore starts: pages.img and the working
+    /// set's pages (ws.pages, ws.lz4), which a miss installs as they arrive. The others
+    /// (state.bin, ws.trace) are what a restore waits for before it starts.
+    pub fn read_after_start(name: &str) -> bool {
+        [thaw_engine::image::PAGES_FILE, thaw_engine::ws::PAGES_FILE, thaw_engine::ws::LZ4_FILE].contains(&name)
+    }
+
+    /// Where, in the head pack, the chunks of the files a restore waits for before it
+    /// starts ([`Manifest::read_after_start`]) end: the head starts with them
+    /// (`publish::plan`), and a split head copy's first object holds the pack up to
+    /// here (`fetch::head_copy_split`). None without a head, without such chunks in it,
+    /// or where they end with the pack (nothing to split off).
+    pub fn head_first_end(&self) -> Option<u64> {
+        let head = self.head?;
+        let end = self
+            .files
+            .iter()
+            .filter(|f| !Manifest::read_after_start(&f.name))
+            .flat_map(|f| &f.chunks)
+            .filter(|c| c.sha256.is_some() && c.pack == Some(head))
+            .filter_map(|c| Some(c.at? + c.stored_len()))
+            .max()?;
+        (end < self.packs.get(head as usize)?.size).then_some(end)
+    }
+
     /// Total bytes of the snapshot's files (derived files excluded).
     pub fn total_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()

@@ -255,16 +255,60 @@ fn copy_holds_manifest() -> bool {
     std::env::var("THAW_STORE_HEAD_MANIFEST").as_deref() != Ok("0")
 }
 
+/// Whether a head's copy is split where the files a restore waits for end (the
+/// default; `THAW_STORE_HEAD_SPLIT=0`: one object, as before, the baseline of
+/// bench/store_node.py `+head-whole`).
+fn splitting_head() -> bool {
+    std::env::var("THAW_STORE_HEAD_SPLIT").as_deref() != Ok("0")
+}
+
+/// The head's copy of manifest `m` (`stored` as stored) and its head pack `pack`, as
+/// this version writes it: the first object, and the second of a split copy.
+fn head_copy_objects(m: &Manifest, stored: &[u8], pack: &Bytes) -> (Bytes, Option<Bytes>) {
+    match m.head_first_end().filter(|_| splitting_head()) {
+        Some(at) => {
+            let (first, rest) = crate::fetch::head_copy_split(stored, pack, at as usize);
+            (first, Some(rest))
+        }
+        None => (crate::fetch::head_copy(stored, pack), None),
+    }
+}
+
+/// Store snapshot `id`'s head copy: a split one's second part first, so that a first
+/// part in the store has its second. Returns the bytes written.
+async fn put_head_copy(remote: &Remote, id: &str, (first, rest): (Bytes, Option<Bytes>), requests: &AtomicU64) -> Result<u64> {
+    let mut bytes = first.len() as u64;
+    if let Some(rest) = rest {
+        bytes += rest.len() as u64;
+        requests.fetch_add(1, Relaxed);
+        remote.put(&Remote::head_rest_key(id), rest).await?;
+    }
+    requests.fetch_add(1, Relaxed);
+    remote.put(&Remote::head_key(id), first).await?;
+    Ok(bytes)
+}
+
 /// Stored snapshot `id`'s head copy written as this version writes it (starting with
-/// the manifest: a miss then reads one object) where it is missing or was written
-/// before copies held the manifest. Returns the bytes written (0: already so).
+/// the manifest: a miss then reads it with the copy; split, or whole with
+/// THAW_STORE_HEAD_SPLIT=0) where it is missing, lacks its second part, or was written
+/// otherwise. Returns the bytes written (0: already so).
 async fn refresh_head_copy(remote: &Remote, id: &str, m: &Manifest, requests: &AtomicU64) -> Result<u64> {
     let Some(head) = m.head.filter(|_| copying_head() && copy_holds_manifest()) else { return Ok(0) };
     let key = Remote::head_key(id);
-    let magic = crate::fetch::HEAD_MAGIC;
+    let split = m.head_first_end().is_some() && splitting_head();
+    let magic = if split { crate::fetch::HEAD_SPLIT_MAGIC } else { crate::fetch::HEAD_MAGIC };
     requests.fetch_add(1, Relaxed);
     match remote.get_range(&key, 0..magic.len() as u64).await {
-        Ok(first) if first[..] == magic[..] => return Ok(0),
+        // Written so (a split copy with its second part).
+        Ok(first) if first[..] == magic[..] => {
+            if !split {
+                return Ok(0);
+            }
+            requests.fetch_add(1, Relaxed);
+            if remote.head(&Remote::head_rest_key(id)).await?.is_some() {
+                return Ok(0);
+            }
+        }
         Ok(_) | Err(StoreError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
@@ -276,11 +320,9 @@ async fn refresh_head_copy(remote: &Remote, id: &str, m: &Manifest, requests: &A
     if got != pack.name {
         return Err(StoreError::Corrupt { object: remote.url.object_url(&pk), detail: format!("its bytes hash to {got}") });
     }
-    let copy = crate::fetch::head_copy(&stored, &data);
-    requests.fetch_add(1, Relaxed);
-    remote.put(&key, copy.clone()).await?;
-    tracing::info!(snapshot = id, bytes = copy.len(), "the head's copy rewritten to start with the manifest");
-    Ok(copy.len() as u64)
+    let bytes = put_head_copy(remote, id, head_copy_objects(m, &stored, &data), requests).await?;
+    tracing::info!(snapshot = id, bytes, "the head's copy rewritten as this version writes it");
+    Ok(bytes)
 }
 
 /// Publish `plan` in packs: the chunks the store lacks go into new packs, then the
@@ -397,24 +439,24 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     // the head from its pack, as one without copies does. THAW_STORE_HEAD_MANIFEST=0:
     // the copy holds the pack alone, written beside the manifest (as before; the
     // baseline of bench/store.py).
+    // Split where the files the restore waits for end (see `fetch::HEAD_SPLIT_MAGIC`).
     let with_manifest = copy_holds_manifest();
-    let head_copy = head_data.filter(|_| copying_head()).map(|d| match with_manifest {
-        true => crate::fetch::head_copy(&stored, &d),
-        false => d,
-    });
-    let copied = head_copy.as_ref().map_or(0, |d| d.len() as u64);
+    let head_data = head_data.filter(|_| copying_head());
     let manifest_key = Remote::manifest_key(&id);
-    match (head_copy, with_manifest) {
+    let copied = match (head_data, with_manifest) {
         (Some(d), true) => {
+            let objects = head_copy_objects(&m, &stored, &d);
             remote.put(&manifest_key, stored).await?;
-            remote.put(&Remote::head_key(&id), d).await?;
+            put_head_copy(remote, &id, objects, &requests).await?
         }
         (Some(d), false) => {
             let head_key = Remote::head_key(&id);
-            futures::try_join!(remote.put(&manifest_key, stored), remote.put(&head_key, d))?;
+            requests.fetch_add(1, Relaxed);
+            futures::try_join!(remote.put(&manifest_key, stored), remote.put(&head_key, d.clone()))?;
+            d.len() as u64
         }
-        (None, _) => remote.put(&manifest_key, stored).await?,
-    }
+        (None, _) => remote.put(&manifest_key, stored).await.map(|()| 0)?,
+    };
     // Chunks the store did not have (the head may repeat some it had elsewhere).
     let new_chunks: Vec<u64> =
         new_packs.iter().flatten().map(|&i| &plan.uploads[i]).filter(|u| !places.contains_key(&u.sha256)).map(|u| u.len).collect();
@@ -427,7 +469,7 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         packs_uploaded: uploaded.0,
         bytes_uploaded: uploaded.1 + manifest_len + copied,
         head_copy_bytes: copied,
-        requests: requests.into_inner() + 1 + u64::from(copied > 0),
+        requests: requests.into_inner() + 1,
     })
 }
 

@@ -197,6 +197,12 @@ impl Remote {
         format!("heads/{id}")
     }
 
+    /// The second part of a split head copy ([`Remote::head_key`]): the head pack from
+    /// where the restore's first files end (its pages), read beside the first part.
+    pub fn head_rest_key(id: &str) -> String {
+        format!("heads/{id}.rest")
+    }
+
     /// The working set recorded for snapshot `id` after it was published (advisory: see fetch::working_set).
     pub fn ws_key(id: &str) -> String {
         format!("ws/{id}.trace")

@@ -96,8 +96,9 @@ fn push_pull_restore_round_trip() {
             let (reqs, first) = (s["requests_before_first_response"].as_u64().unwrap(), s["bytes_fetched_before_first_response"].as_u64().unwrap());
             assert!(reqs <= 4, "{reqs} requests before the first response: {s}");
             if !whole {
-                // One: the head's copy under the snapshot's id, which starts with the manifest.
-                assert_eq!(reqs, 1, "{s}");
+                // Two, at once: the head's copy under the snapshot's id, which starts
+                // with the manifest, and its second part (the head's pages).
+                assert_eq!(reqs, 2, "{s}");
             }
             assert_eq!(s["lazy"], !whole, "{s}");
             // By default the sandbox is made after the fetch (see THAW_STORE_EARLY_SANDBOX).
@@ -119,11 +120,14 @@ fn push_pull_restore_round_trip() {
     // state.bin flipped): the manifest it starts with checks and is used, the head is
     // read from its pack (two requests more). Its manifest corrupt: the manifest is
     // read apart, the head from its pack (three more). Missing: the manifest, then the
-    // head from its pack (the copy's 404 is not counted). Each answers the same; a
-    // corrupt part of a copy is never used.
+    // head from its pack (the copy's 404 is not counted). Its second part missing:
+    // state.bin and ws.trace from the first, the pages from the pack. Each answers the
+    // same; a corrupt part of a copy is never used.
     let store = s3::store(&m, "s3://rt-bucket/fns/hello");
     let head_key = thaw_store::Remote::head_key(id);
+    let rest_key = thaw_store::Remote::head_rest_key(id);
     let copy = store.block_on(store.remote.get(&head_key)).unwrap();
+    let rest = store.block_on(store.remote.get(&rest_key)).unwrap();
     let header = thaw_store::fetch::HEAD_MAGIC.len() + 4;
     let manifest_len = u32::from_le_bytes(copy[header - 4..header].try_into().unwrap()) as usize;
     let flipped = |at: usize| {
@@ -135,9 +139,10 @@ fn push_pull_restore_round_trip() {
     // size into memory (requests vary with where the read stops).
     let longer = Some([&copy[..], &vec![0u8; 4 << 20]].concat());
     let cases = [
-        ("corrupt pack", flipped(header + manifest_len), Some(3), "the head's copy does not check"),
-        ("corrupt manifest", flipped(header + manifest_len / 2), Some(4), "the manifest in the head's copy does not check"),
+        ("corrupt pack", flipped(header + manifest_len), Some(4), "the head's copy does not check"),
+        ("corrupt manifest", flipped(header + manifest_len / 2), Some(5), "the manifest in the head's copy does not check"),
         ("missing", None, Some(3), ""),
+        ("second part missing", Some(copy.to_vec()), None, "is missing: its head copy is split"),
         // Refused while it streams (over the head's size once the manifest set the
         // limit) or, when it all arrived before that, by its size once here.
         ("longer", longer, None, "holds more than the head's|the head's copy does not check"),
@@ -146,6 +151,9 @@ fn push_pull_restore_round_trip() {
         match put {
             Some(b) => store.block_on(store.remote.put(&head_key, b.into())).unwrap(),
             None => store.block_on(store.remote.delete(&head_key)).unwrap(),
+        }
+        if what == "second part missing" {
+            store.block_on(store.remote.delete(&rest_key)).unwrap();
         }
         std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id)).unwrap();
         let stats = scratch().join(format!("rt-s3-stats-{}-copy.json", what.replace(' ', "-")));
@@ -159,6 +167,7 @@ fn push_pull_restore_round_trip() {
         assert!(warning.split('|').any(|w| stderr(&o).contains(w)), "head copy {what}: {}", stderr(&o));
     }
     store.block_on(store.remote.put(&head_key, copy)).unwrap();
+    store.block_on(store.remote.put(&rest_key, rest)).unwrap();
     // THAW_STORE_EARLY_SANDBOX=1: the manifest names the sandbox; it is prepared while
     // the rest arrives, and used.
     std::fs::remove_dir_all(scratch().join("data/snapshot-cache/entries").join(id)).unwrap();
@@ -278,13 +287,15 @@ fn ws_lz4_in_the_store(sealed: bool) {
     let store = s3::store(&m, &bucket);
     let lz4_chunk = manifest.file("ws.lz4").unwrap().chunks[0].clone();
     assert_eq!(lz4_chunk.pack, manifest.head, "ws.lz4 is in the head");
-    let copy_key = thaw_store::Remote::head_key(&id);
+    // ws.lz4 is in the split copy's second part (the pack from where state.bin and
+    // ws.trace end).
+    let (copy_key, rest_key) = (thaw_store::Remote::head_key(&id), thaw_store::Remote::head_rest_key(&id));
     let copy = store.block_on(store.remote.get(&copy_key)).unwrap();
-    let header = thaw_store::fetch::HEAD_MAGIC.len() + 4;
-    let in_copy = header + u32::from_le_bytes(copy[header - 4..header].try_into().unwrap()) as usize + lz4_chunk.at.unwrap() as usize + 100;
-    let mut bad = copy.to_vec();
-    bad[in_copy] ^= 1;
-    store.block_on(store.remote.put(&copy_key, bad.into())).unwrap();
+    let rest = store.block_on(store.remote.get(&rest_key)).unwrap();
+    let in_rest = (lz4_chunk.at.unwrap() - manifest.head_first_end().expect("a split copy")) as usize + 100;
+    let mut bad = rest.to_vec();
+    bad[in_rest] ^= 1;
+    store.block_on(store.remote.put(&rest_key, bad.into())).unwrap();
     let pack_key = format!("packs/{}", head.name);
     let pack = store.block_on(store.remote.get(&pack_key)).unwrap();
     for case in ["copy", "copy and pack"] {
@@ -309,6 +320,7 @@ fn ws_lz4_in_the_store(sealed: bool) {
     }
     store.block_on(store.remote.put(&pack_key, pack)).unwrap();
     store.block_on(store.remote.put(&copy_key, copy)).unwrap();
+    store.block_on(store.remote.put(&rest_key, rest)).unwrap();
     std::fs::remove_dir_all(&entry).unwrap();
 
     // A pull derives ws.pages too; the pulled copy restores with the key.
@@ -467,9 +479,12 @@ fn a_fetch_that_fails_after_the_start_kills_the_instance() {
     // it fails its check, and the pages are read from the head's pack.
     let key = format!("packs/{}", manifest.packs[head].name);
     let raw = manifest.file("ws.pages").unwrap().chunks.iter().find(|c| c.pack == Some(head as u32) && c.zlen.is_none()).expect("the noise is in the head, raw");
-    for k in [key.clone(), thaw_store::Remote::head_key(&id)] {
+    // In the copy, ws.pages is in its second part (the pack from where state.bin and
+    // ws.trace end).
+    let split = manifest.head_first_end().expect("a split copy");
+    for (k, from) in [(key.clone(), 0), (thaw_store::Remote::head_rest_key(&id), split)] {
         let mut data = store.block_on(store.remote.get(&k)).unwrap().to_vec();
-        data[(raw.at.unwrap() + raw.len / 2) as usize] ^= 0xff;
+        data[(raw.at.unwrap() + raw.len / 2 - from) as usize] ^= 0xff;
         store.block_on(store.remote.put(&k, data.into())).unwrap();
     }
     let o = thaw_s3(&m, &["snapshot", "restore", &url, "--payload", r#"{"touch":false}"#, "--quiet"]);
@@ -639,8 +654,9 @@ fn layered_snapshots_store_their_base_once_and_restore_from_the_store() {
 }
 
 /// A snapshot pushed before heads' copies held the manifest (THAW_STORE_HEAD_MANIFEST=0
-/// writes one so) misses in two requests; the next push of it rewrites the copy, and a
-/// miss then makes one. A push of a snapshot whose copy is up to date writes nothing.
+/// writes one so) misses in three requests (the copy and the second part of a split
+/// one, then the manifest); the next push of it rewrites the copy, split, and a miss
+/// then makes two at once. A push of a snapshot whose copy is up to date writes nothing.
 #[test]
 fn a_push_brings_a_head_copy_without_the_manifest_up_to_date() {
     let m = Minio::start();
@@ -664,12 +680,12 @@ fn a_push_brings_a_head_copy_without_the_manifest_up_to_date() {
     };
     let (url, r) = push(&[("THAW_STORE_HEAD_MANIFEST", "0")]);
     assert!(r["head_copy_bytes"].as_u64() > Some(0), "{r}");
-    assert_eq!(miss(&url, 0), 2, "the copy without the manifest, then the manifest");
+    assert_eq!(miss(&url, 0), 3, "the copy without the manifest and the second part a split one would have, then the manifest");
     let (again, r) = push(&[]);
     assert_eq!(again, url, "the same snapshot");
     let copied = r["head_copy_bytes"].as_u64().unwrap();
     assert!(copied > 0, "the copy was not rewritten: {r}");
-    assert_eq!(miss(&url, 1), 1, "one request: the copy brings the manifest");
+    assert_eq!(miss(&url, 1), 2, "two requests at once: the copy, which brings the manifest, and its second part");
     let (_, r) = push(&[]);
     assert_eq!(r["head_copy_bytes"], 0, "an up-to-date copy is left alone: {r}");
 }

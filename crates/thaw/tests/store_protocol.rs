@@ -36,20 +36,26 @@ fn round_trip_is_byte_identical_and_a_second_push_uploads_nothing() {
     assert!(objects(&s, "chunks").is_empty());
     assert_eq!((packs.len(), r.packs, r.packs_uploaded), (r.packs, r.packs, r.packs));
     assert!(r.packs as u64 <= r.snapshot_bytes / publish_pack_target() + 2, "the head, then packs of the target size: {r:?}");
-    assert!(r.requests <= 2 * r.packs as u64 + 4, "LIST, HEAD+PUT per pack, the head's copy, the manifest, the GC list: {r:?}");
+    assert!(r.requests <= 2 * r.packs as u64 + 5, "LIST, HEAD+PUT per pack, the head's copy (two objects), the manifest, the GC list: {r:?}");
     let stored: u64 = packs.iter().map(|(_, n)| n).sum();
-    // The head's copy under the snapshot's id: the manifest as stored, then the head
-    // pack's bytes again (one request brings both to a miss).
+    // The head's copy under the snapshot's id, split in two: the manifest as stored,
+    // then the head pack's bytes up to where state.bin's and ws.trace's end (what the
+    // restore waits for), and the rest of them in a second object (requested at once).
     let heads = objects(&s, "heads");
-    assert_eq!(heads, vec![(format!("heads/{}", r.id), r.head_copy_bytes)], "{r:?}");
-    let copy = s.block_on(s.remote.get(&heads[0].0)).unwrap();
+    let (first_key, rest_key) = (format!("heads/{}", r.id), format!("heads/{}.rest", r.id));
+    assert_eq!(heads.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(), vec![first_key.clone(), rest_key.clone()], "{r:?}");
+    assert_eq!(heads[0].1 + heads[1].1, r.head_copy_bytes, "{r:?}");
+    let copy = s.block_on(s.remote.get(&first_key)).unwrap();
+    let rest = s.block_on(s.remote.get(&rest_key)).unwrap();
     let manifest = s.block_on(s.remote.get(&format!("snapshots/{}.json", r.id))).unwrap();
-    let magic = thaw_store::fetch::HEAD_MAGIC.len();
-    assert_eq!(&copy[..magic], thaw_store::fetch::HEAD_MAGIC);
+    let magic = thaw_store::fetch::HEAD_SPLIT_MAGIC.len();
+    assert_eq!(&copy[..magic], thaw_store::fetch::HEAD_SPLIT_MAGIC);
     assert_eq!(u32::from_le_bytes(copy[magic..magic + 4].try_into().unwrap()) as usize, manifest.len());
     assert_eq!(copy[magic + 4..magic + 4 + manifest.len()], manifest[..], "the manifest as stored");
-    let pack = &copy[magic + 4 + manifest.len()..];
-    let head = packs.iter().find(|(key, _)| key.ends_with(&thaw_store::remote::sha256_hex(pack))).expect("the rest is a stored pack's bytes");
+    let m = s.manifest(&r.id).unwrap();
+    assert_eq!(Some((copy.len() - magic - 4 - manifest.len()) as u64), m.head_first_end(), "split where the restore's first files end");
+    let pack = [&copy[magic + 4 + manifest.len()..], &rest[..]].concat();
+    let head = packs.iter().find(|(key, _)| key.ends_with(&thaw_store::remote::sha256_hex(&pack))).expect("the two parts are a stored pack's bytes");
     assert_eq!(head.1, pack.len() as u64);
     assert_eq!(r.bytes_uploaded, stored + objects(&s, "snapshots")[0].1 + r.head_copy_bytes, "bytes reported = packs + manifest + the head's copy in the store");
     let raw: u64 = publish::plan(snap).unwrap().uploads.iter().map(|u| u.len).sum();
@@ -155,17 +161,21 @@ fn gc_keeps_what_manifests_reference_and_a_publisher_revives_condemned_chunks() 
     let dest = scratch().join("pulled-gc");
     s.pull(&second.id, &dest, &no_progress).unwrap();
     assert_eq!(files(&dest), files(snap));
-    // Recorded working sets (ws/<id>.trace, written by nodes beside a snapshot): the
-    // one of a snapshot that is gone is collected in two runs, the live one's kept.
-    let (live, gone) = (Remote::ws_key(&second.id), Remote::ws_key(&first.id.chars().rev().collect::<String>()));
-    for key in [&live, &gone] {
+    // Recorded working sets (ws/<id>.trace, written by nodes beside a snapshot) and
+    // head copies (both parts of a split one): those of a snapshot that is gone are
+    // collected in two runs, the live one's kept.
+    let gone_id = first.id.chars().rev().collect::<String>();
+    let (live, gone) = (Remote::ws_key(&second.id), Remote::ws_key(&gone_id));
+    for key in [&live, &gone, &Remote::head_key(&gone_id), &Remote::head_rest_key(&gone_id)] {
         s.block_on(s.remote.put(key, thaw_store::bytes::Bytes::from_static(b"a trace"))).unwrap();
     }
     std::thread::sleep(Duration::from_millis(2100));
-    assert_eq!(s.gc(Duration::ZERO).unwrap().condemned, 1, "the orphan trace");
+    assert_eq!(s.gc(Duration::ZERO).unwrap().condemned, 3, "the orphan trace and head copy");
     let r = s.gc(Duration::ZERO).unwrap();
-    assert_eq!(r.deleted, 1);
+    assert_eq!(r.deleted, 3);
     assert_eq!(objects(&s, "ws").into_iter().map(|(k, _)| k).collect::<Vec<_>>(), vec![live]);
+    let heads: Vec<String> = objects(&s, "heads").into_iter().map(|(k, _)| k).collect();
+    assert_eq!(heads, vec![Remote::head_key(&second.id), Remote::head_rest_key(&second.id)], "the live copy's two parts are kept");
 }
 
 #[test]
