@@ -296,6 +296,7 @@ impl HeldWs {
 /// as it arrives). A copy that is missing or fails a check is not used:
 /// the head is read from its pack.
 pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: crate::fetch::HeadCopy, base: Option<(Arc<LazyBase>, bool)>) -> Result<Option<Arc<RemoteFill>>> {
+    let t_called = std::time::Instant::now();
     let Some(head) = m.head else { return Ok(None) };
     let Some(file) = m.files.iter().position(|f| f.name == PAGES_FILE) else { return Ok(None) };
     // ws.pages stored (format 4): read with the head's pages, not waited for.
@@ -530,7 +531,7 @@ pub fn open(store: Arc<Store>, m: Manifest, id: &str, dir: &Path, head_copy: cra
             f.arrived(&ws_spans, got.map(|reads| reads.into_iter().map(|r| r.1).collect()), t0, false);
         });
     }
-    tracing::debug!(requests = fill.counters.requests.load(Ordering::Relaxed), ms = t_first.as_secs_f64() * 1e3, "snapshot state fetched; its pages follow");
+    tracing::debug!(requests = fill.counters.requests.load(Ordering::Relaxed), ms = t_first.as_secs_f64() * 1e3, files_ms = (t0 - t_called).as_secs_f64() * 1e3, "snapshot state fetched; its pages follow");
     if std::env::var("THAW_STORE_HEAD").as_deref() == Ok("wait") {
         // The baseline of bench/store.py: the restore starts once the whole head is here.
         fill.wait_arrivals();
