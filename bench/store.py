@@ -48,6 +48,10 @@ For each function, in one sitting and interleaved run by run (the order rotates)
                 from its directory (page cache of the diff and the base evicted)
   layered-remote-cold  the diff from the store with an empty cache: the base arrives lazily
                 beside the diff (its head first, the pages the diff's working set lacks on demand)
+  layered-remote-cold-base-apart  the same with a diff pushed whose copy does not carry its
+                base's start (THAW_STORE_HEAD_BASE=0, push and restore): the base's copy is read
+                once the diff's manifest has named it (a second round trip before the start),
+                the baseline of the diff's copy carrying it
   layered-remote-cold-whole-base  the same with the base fetched whole into the cache
                 before the diff's head (THAW_STORE_BASE=whole), the baseline of the lazy base
   layered-remote-diff  the diff from the store with its base already cached (what a node
@@ -87,7 +91,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from coldstart import balanced_orders, evict_page_cache  # noqa: E402  (shared with the other benchmarks)
 
 MODES = ("boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-copy-whole", "remote-cold-window", "remote-cold-v2",
-         "remote-cold-v1", "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff")
+         "remote-cold-v1", "layered-local", "layered-remote-cold", "layered-remote-cold-base-apart", "layered-remote-cold-whole-base", "layered-remote-diff")
 NS = "thaw-bench-s3"
 HOST_IP, NS_IP = "10.213.0.1", "10.213.0.2"
 
@@ -179,6 +183,9 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
     push_d = subprocess.run([thaw, "snapshot", "push", str(snap_d), f"s3://thaw-bench/{fn}-layered", "--create-bucket"],
                             env=env, check=True, capture_output=True, text=True)
     url_d = push_d.stdout.strip().splitlines()[-1]
+    push_da = subprocess.run([thaw, "snapshot", "push", str(snap_d), f"s3://thaw-bench/{fn}-layered-base-apart", "--create-bucket"],
+                             env=dict(env, THAW_STORE_HEAD_BASE="0"), check=True, capture_output=True, text=True)
+    url_da = push_da.stdout.strip().splitlines()[-1]
     push = subprocess.run([thaw, "snapshot", "push", str(snap), f"s3://thaw-bench/{fn}", "--create-bucket"],
                           env=env, check=True, capture_output=True, text=True)
     url = push.stdout.strip().splitlines()[-1]
@@ -240,10 +247,11 @@ def bench_function(thaw, fn, store, runs, tmp, modes=MODES):
                 evict_page_cache(str(snap_d))
                 evict_page_cache(str(data / "bases"))
                 st = run_thaw(thaw, env, ["snapshot", "restore", str(snap_d)], stats)
-            elif mode in ("layered-remote-cold", "layered-remote-cold-whole-base"):
+            elif mode in ("layered-remote-cold", "layered-remote-cold-base-apart", "layered-remote-cold-whole-base"):
                 shutil.rmtree(cache, ignore_errors=True)
-                menv = dict(env, THAW_STORE_BASE="whole") if mode.endswith("whole-base") else env
-                st = run_thaw(thaw, menv, ["snapshot", "restore", url_d], stats)
+                menv = {"layered-remote-cold-whole-base": dict(env, THAW_STORE_BASE="whole"),
+                        "layered-remote-cold-base-apart": dict(env, THAW_STORE_HEAD_BASE="0")}.get(mode, env)
+                st = run_thaw(thaw, menv, ["snapshot", "restore", url_da if mode.endswith("base-apart") else url_d], stats)
                 assert st["store"]["cache_hit"] is False, st["store"]
             elif mode == "layered-remote-diff":
                 if not (cache / base_entry).is_dir():

@@ -16,7 +16,7 @@ def test_store_bench_runs_every_mode(tmp_path):
     data = json.loads(next(tmp_path.glob("store-*.json")).read_text())
     rows = {s["mode"]: s for s in data["samples"]}
     assert set(rows) == {"boot", "local", "remote-cold", "remote-warm", "remote-cold-whole", "remote-cold-head-wait", "remote-cold-copy-wait", "remote-cold-chunk-check", "remote-cold-early-sandbox", "remote-cold-head-whole", "remote-cold-ws-lz4", "remote-cold-ws-derived", "remote-cold-no-head-copy", "remote-cold-manifest-apart", "remote-cold-copy-whole", "remote-cold-window", "remote-cold-v2", "remote-cold-v1",
-                         "layered-local", "layered-remote-cold", "layered-remote-cold-whole-base", "layered-remote-diff"}
+                         "layered-local", "layered-remote-cold", "layered-remote-cold-base-apart", "layered-remote-cold-whole-base", "layered-remote-diff"}
     # Compressed packs: less over the wire than the raw ones, still more than a MiB for helloworld.
     assert rows["remote-cold"]["bytes_fetched"] > 1 << 20, rows["remote-cold"]
     assert rows["remote-cold"]["bytes_fetched"] < rows["remote-cold-v2"]["bytes_fetched"], rows
@@ -28,6 +28,10 @@ def test_store_bench_runs_every_mode(tmp_path):
     # (The base's manifest and head come in one read of its copy, as the diff's do: two
     # in all; fetching the base whole reads its manifest and every pack after.)
     assert lazy["requests"] <= 4 and lazy["requests"] < whole["requests"], (lazy, whole)
+    # The diff's copy carries the base's start: three requests at once (the diff's copy
+    # in two objects, the rest of the base's); read apart, the base's copy follows the
+    # diff's manifest (four).
+    assert (lazy["requests"], rows["layered-remote-cold-base-apart"]["requests"]) == (3, 4), rows
     assert lazy["bytes_before_first_response"] * 2 < whole["bytes_before_first_response"], (lazy, whole)
     # Packs and a head: a handful of requests before the first response where the
     # format before them made hundreds, and less than the image.

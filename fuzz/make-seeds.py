@@ -60,3 +60,8 @@ put('store_head_copy', 'split', bytes([5, 0]) + split_copy(b'{"format":7}', b'st
 put('store_head_copy', 'split-second-missing', bytes([0x83, 0]) + split_copy(b'{"format":7}', b'state.bin+ws.trace+', b'', 1))
 put('store_head_copy', 'split-second-not-asked', bytes([9, 0]) + split_copy(b'{"format":7}', b'state.bin+ws.trace+', b'', 0))
 put('store_head_copy', 'split-over-the-limit', bytes([3, 8]) + split_copy(b'{}', b'p' * 16, b'q' * 40))
+# A diff's split copy carrying its base's start (thawhd03: the base's length and first object after the manifest).
+def carrying_copy(manifest, base, first, rest):
+    return b'thawhd03' + len(manifest).to_bytes(4, 'little') + manifest + len(base).to_bytes(4, 'little') + base + first + rest + bytes([len(rest) + 2])
+base_first = b'thawhd02' + (6).to_bytes(4, 'little') + b'{base}' + b'base-state+'
+put('store_head_copy', 'diff-carrying-base', bytes([6, 0]) + carrying_copy(b'{"format":7}', base_first, b'state.bin+ws.trace+', b'pages' * 8))

@@ -114,7 +114,19 @@ pub const HEAD_MAGIC: &[u8; 8] = b"thawhd01";
 /// A reader before it finds no manifest in such a copy, and a pack that does not
 /// check: it reads the manifest, then the head from its pack.
 pub const HEAD_SPLIT_MAGIC: &[u8; 8] = b"thawhd02";
+/// A diff's split copy that carries its base's start: as [`HEAD_SPLIT_MAGIC`]'s, with
+/// the first object of the base's own split copy (`heads/<base-id>`, as stored: the
+/// base's manifest, state.bin and ws.trace), after its length (u32, little-endian),
+/// between the diff's manifest and the pack's bytes. A miss of the diff whose cache
+/// lacks the base opens the base from it at once ([`carried_start`]), instead of
+/// reading the base's copy once the diff's manifest has named the base (a second round
+/// trip to the store before the restore starts), and reads only the rest of the base's
+/// head, beside the restore. A reader before it finds no manifest in such a copy.
+pub const HEAD_BASE_MAGIC: &[u8; 8] = b"thawhd03";
 const HEAD_HEADER: usize = HEAD_MAGIC.len() + 4;
+/// The most bytes of a base's first object a diff's copy carries (a publisher leaves
+/// out a larger one; a reader refuses a copy that announces one).
+pub const MAX_CARRIED_BASE: usize = 1 << 20;
 
 /// The head's copy as stored: [`HEAD_MAGIC`], then manifest `stored` (as stored) and
 /// the head pack's bytes `pack`.
@@ -128,6 +140,14 @@ pub fn head_copy(stored: &[u8], pack: &[u8]) -> bytes::Bytes {
 pub fn head_copy_split(stored: &[u8], pack: &bytes::Bytes, at: usize) -> (bytes::Bytes, bytes::Bytes) {
     let at = at.min(pack.len());
     (copy_with(HEAD_SPLIT_MAGIC, stored, &pack[..at]), pack.slice(at..))
+}
+
+/// [`head_copy_split`] of a diff, its first object carrying `base`, the first object
+/// of its base's split copy ([`HEAD_BASE_MAGIC`]).
+pub fn head_copy_split_carrying(stored: &[u8], base: &[u8], pack: &bytes::Bytes, at: usize) -> (bytes::Bytes, bytes::Bytes) {
+    let at = at.min(pack.len());
+    let carried = [&(base.len() as u32).to_le_bytes()[..], base, &pack[..at]].concat();
+    (copy_with(HEAD_BASE_MAGIC, stored, &carried), pack.slice(at..))
 }
 
 fn copy_with(magic: &[u8; 8], stored: &[u8], pack: &[u8]) -> bytes::Bytes {
@@ -184,6 +204,10 @@ pub struct Arrival {
     pack_at: Option<usize>,
     /// The manifest as stored, once all of it is here.
     manifest: Option<bytes::Bytes>,
+    /// Whether the copy carries its base's start, once its first bytes told, and that
+    /// start once all of it is here ([`HEAD_BASE_MAGIC`]).
+    carries_base: Option<bool>,
+    base: Option<bytes::Bytes>,
     /// Set once the read ended: the head pack's bytes and their SHA-256 (hex;
     /// hashed as they arrived; empty unless [`HeadCopy::hashed`] came before the
     /// end), or None (none, or the read failed).
@@ -209,19 +233,50 @@ fn pieces(parts: &[bytes::Bytes], start: usize, end: usize) -> impl Iterator<Ite
     })
 }
 
-/// Where the pack starts in a copy whose first [`HEAD_HEADER`] bytes are `first`
-/// (all of it when shorter): after the manifest it announces, else at 0; and whether
-/// the copy is split (the rest of the pack in a second object).
-fn pack_start(first: &[u8], object: &str) -> Result<(usize, bool)> {
-    let split = first.starts_with(HEAD_SPLIT_MAGIC);
-    if first.len() < HEAD_HEADER || !(split || first.starts_with(HEAD_MAGIC)) {
-        return Ok((0, false));
+/// Where a copy's parts are, as its first bytes tell.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    /// The manifest's bytes (start, end; empty: none).
+    manifest: (usize, usize),
+    /// Those of the base's start a diff's copy carries ([`HEAD_BASE_MAGIC`]).
+    base: Option<(usize, usize)>,
+    /// Where the head pack starts.
+    pack_at: usize,
+    /// Whether the rest of the pack is in a second object.
+    split: bool,
+}
+
+/// The layout of a copy of which `parts` (`len` bytes) have arrived; None while its
+/// header needs more. A copy that does not start with one of the magics is the head
+/// pack alone (stored before manifests went into copies).
+fn layout(parts: &[bytes::Bytes], len: usize, object: &str) -> Result<Option<Layout>> {
+    if len < HEAD_HEADER {
+        return Ok(None);
     }
+    let first = gather(parts, 0, HEAD_HEADER);
+    let (split, carries) = match &first[..HEAD_MAGIC.len()] {
+        m if m == HEAD_MAGIC => (false, false),
+        m if m == HEAD_SPLIT_MAGIC => (true, false),
+        m if m == HEAD_BASE_MAGIC => (true, true),
+        _ => return Ok(Some(Layout { manifest: (0, 0), base: None, pack_at: 0, split: false })),
+    };
+    let corrupt = |detail: String| StoreError::Corrupt { object: object.to_string(), detail };
     let n = u32::from_le_bytes(first[HEAD_MAGIC.len()..HEAD_HEADER].try_into().expect("4 bytes")) as usize;
     if n > crate::manifest::MAX_MANIFEST_LEN {
-        return Err(StoreError::Corrupt { object: object.to_string(), detail: format!("announces a manifest of {n} bytes, over the cap") });
+        return Err(corrupt(format!("announces a manifest of {n} bytes, over the cap")));
     }
-    Ok((HEAD_HEADER + n, split))
+    let end = HEAD_HEADER + n;
+    if !carries {
+        return Ok(Some(Layout { manifest: (HEAD_HEADER, end), base: None, pack_at: end, split }));
+    }
+    if len < end + 4 {
+        return Ok(None);
+    }
+    let b = u32::from_le_bytes(gather(parts, end, end + 4)[..].try_into().expect("4 bytes")) as usize;
+    if b > MAX_CARRIED_BASE {
+        return Err(corrupt(format!("announces its base's start of {b} bytes, over the cap")));
+    }
+    Ok(Some(Layout { manifest: (HEAD_HEADER, end), base: Some((end + 4, end + 4 + b)), pack_at: end + 4 + b, split }))
 }
 
 /// Parts of an object as they arrive, once its response begins.
@@ -299,7 +354,7 @@ impl HeadCopy {
             // Every part so far (the task's own list, so hashing runs outside the
             // channel's lock), and where the pack starts once known.
             let mut held: Vec<bytes::Bytes> = Vec::new();
-            let (mut len, mut pack_at, mut manifest_here) = (0usize, None, false);
+            let (mut len, mut shape, mut manifest_here, mut base_here) = (0usize, None::<Layout>, false, false);
             // The copy's bytes hashed so far (from the pack's start on), once told to.
             let mut hashed_to: Option<usize> = None;
             // The limit once set, on the pack's bytes (those of the copy from the pack's
@@ -337,8 +392,8 @@ impl HeadCopy {
                         Some(part) => part,
                         // The first object ended: a split copy goes on with the second
                         // (the pack's next bytes), if the first held the whole manifest.
-                        None => match pack_at {
-                            Some((p, true)) if len >= p && rest_ms.is_none() => {
+                        None => match shape {
+                            Some(l) if l.split && len >= l.pack_at && rest_ms.is_none() => {
                                 rest_ms = Some(ms(t0));
                                 match rest.take() {
                                     Some(rx) => {
@@ -359,34 +414,46 @@ impl HeadCopy {
                     nparts += 1;
                     len += part.len();
                     held.push(part.clone());
-                    if pack_at.is_none() && len >= HEAD_HEADER {
-                        pack_at = Some(pack_start(&gather(&held, 0, HEAD_HEADER), &object)?);
+                    if shape.is_none() {
+                        shape = layout(&held, len, &object)?;
                     }
-                    if let Some((p, _)) = pack_at {
-                        catch_up(&mut sha, &mut hashed_to, &held, p, len);
+                    if let Some(l) = shape {
+                        catch_up(&mut sha, &mut hashed_to, &held, l.pack_at, len);
                     }
-                    let manifest = pack_at.map(|(p, _)| p).filter(|&p| !manifest_here && p > HEAD_HEADER && len >= p).map(|p| gather(&held, HEAD_HEADER, p));
+                    let (m0, m1) = shape.map_or((0, 0), |l| l.manifest);
+                    let manifest = (shape.is_some() && !manifest_here && m1 > m0 && len >= m1).then(|| gather(&held, m0, m1));
                     if manifest.is_some() {
                         manifest_ms = Some(ms(t0));
                     }
                     manifest_here |= manifest.is_some();
+                    let base = shape.and_then(|l| l.base).filter(|&(_, e)| !base_here && len >= e).map(|(b0, b1)| gather(&held, b0, b1));
+                    base_here |= base.is_some();
                     tx.send_modify(|a| {
                         a.len = len;
                         a.parts.push(part);
-                        a.pack_at = pack_at.map(|(p, _)| p);
+                        a.pack_at = shape.map(|l| l.pack_at);
+                        a.carries_base = shape.map(|l| l.base.is_some());
                         if manifest.is_some() {
                             a.manifest = manifest;
                         }
+                        if base.is_some() {
+                            a.base = base;
+                        }
                     });
-                    if let Some((p, _)) = pack_at {
-                        within_limit(len, p)?;
+                    if let Some(l) = shape {
+                        within_limit(len, l.pack_at)?;
                     }
                 }
                 Ok::<(), StoreError>(())
             };
             let ended = read.await;
-            // A copy shorter than a manifest's header has none.
-            let p = pack_at.map_or(0, |(p, _)| p);
+            // A copy shorter than a manifest's header has none; one that ends inside
+            // its header (a base's start announced, not its length) is no copy.
+            let p = match shape {
+                Some(l) => l.pack_at,
+                None if len < HEAD_HEADER => 0,
+                None => len + 1,
+            };
             catch_up(&mut sha, &mut hashed_to, &held, p, len);
             let ended = ended.and_then(|()| within_limit(len, p));
             tracing::debug!(get_ms = ms(t0), ?headers_ms, ?first_ms, ?manifest_ms, ?rest_ms, parts = nparts, bytes = len, ok = ended.is_ok(), "head copy read");
@@ -395,6 +462,7 @@ impl HeadCopy {
             }
             tx.send_modify(|a| {
                 a.pack_at = Some(p);
+                a.carries_base = Some(a.base.is_some());
                 a.done = Some(match ended {
                     Ok(()) if len >= p => Some((
                         match a.parts.len() {
@@ -454,6 +522,15 @@ impl HeadCopy {
         let mut rx = self.rx.clone();
         let a = rx.wait_for(|a| a.manifest.is_some() || a.pack_at.is_some_and(|p| p <= HEAD_HEADER) || a.done.is_some()).await.ok()?;
         a.manifest.clone()
+    }
+
+    /// The base's start a diff's copy carries ([`HEAD_BASE_MAGIC`]: the first object of
+    /// the base's split copy, as stored, unverified), as soon as it is here; None for a
+    /// copy that carries none, none, or a read that failed first.
+    pub async fn base(&self) -> Option<bytes::Bytes> {
+        let mut rx = self.rx.clone();
+        let a = rx.wait_for(|a| a.base.is_some() || a.carries_base == Some(false) || a.done.is_some()).await.ok()?;
+        a.base.clone()
     }
 
     /// The head pack's first `n` bytes, as soon as they are here; None if the copy
@@ -517,6 +594,35 @@ pub async fn manifest_and_head(remote: &Remote, id: &str) -> Result<MissStart> {
     }
     let (manifest, manifest_len) = manifest(remote, id).await?;
     Ok(MissStart { manifest, manifest_len: manifest_len + spent.1, manifest_requests: 1 + spent.0, head })
+}
+
+/// Base `id`'s start as a diff's copy carried it (`first`: the first object of the
+/// base's split copy, [`HeadCopy::base`]): its manifest, checked against the id as one
+/// read apart is, and its copy, whose second part ([`Remote::head_rest_key`]) is
+/// requested now (the one request this start makes). None (with a warning) where it
+/// does not check: the base's copy is then read from the store as for any miss. Call
+/// it on the store's runtime.
+pub async fn carried_start(remote: &Remote, id: &str, first: bytes::Bytes) -> Option<MissStart> {
+    let object = remote.url.object_url(&Remote::head_key(id));
+    if !first.starts_with(HEAD_SPLIT_MAGIC) {
+        tracing::warn!(object = %object, "the base's start a diff's copy carries is not a split copy; reading the base's copy");
+        return None;
+    }
+    let r = remote.clone();
+    let key = Remote::head_rest_key(id);
+    let rest: PartsRead = Box::pin(async move { r.get_stream(&key).await });
+    let held: PartsRead = Box::pin(async move { Ok(futures::stream::iter([Ok(first)]).boxed()) });
+    let mut head = HeadCopy::from_split(object.clone(), held, Some(rest));
+    head.requests = 1;
+    let stored = head.manifest().await?;
+    let len = stored.len() as u64;
+    match verify_manifest(&object, stored, id) {
+        Ok(manifest) => Some(MissStart { manifest, manifest_len: len, manifest_requests: 0, head }),
+        Err(e) => {
+            tracing::warn!(error = %e, "the base's start a diff's copy carries does not check; reading the base's copy");
+            None
+        }
+    }
 }
 
 /// Fetch every file of `m` into the existing empty directory `dir` and rebuild
@@ -853,6 +959,48 @@ mod tests {
         tx1.send(Ok(head_copy(b"{manifest}", &pack))).unwrap();
         drop(tx1);
         assert_eq!(rt.block_on(copy.get()).unwrap(), pack);
+    }
+
+    #[test]
+    fn a_diffs_copy_hands_over_its_manifest_then_its_bases_start_and_counts_from_the_pack() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let pack = bytes::Bytes::from_static(b"state.trace+pages");
+        let base_pack = bytes::Bytes::from_static(b"base-state+base-pages");
+        let (base_first, _) = head_copy_split(b"{base}", &base_pack, 10);
+        let (first, rest) = head_copy_split_carrying(b"{diff}", &base_first, &pack, 12);
+        assert_eq!(&first[..HEAD_MAGIC.len()], HEAD_BASE_MAGIC);
+        let (tx1, tx2, copy) = arriving_split(&rt);
+        // The header, the manifest, the base's length and some of it: the manifest (not
+        // before the base's length is here), then the base once all of it is.
+        let m_end = HEAD_HEADER + 6;
+        tx1.send(Ok(first.slice(..m_end + 6))).unwrap();
+        assert_eq!(rt.block_on(copy.manifest()).unwrap(), &b"{diff}"[..]);
+        tx1.send(Ok(first.slice(m_end + 6..m_end + 4 + base_first.len() - 1))).unwrap();
+        let base = {
+            let c = copy.clone();
+            rt.spawn(async move { c.base().await })
+        };
+        tx1.send(Ok(first.slice(m_end + 4 + base_first.len() - 1..))).unwrap();
+        assert_eq!(rt.block_on(base).unwrap().unwrap(), base_first, "the base's first object, as stored");
+        copy.hashed();
+        assert_eq!(rt.block_on(copy.prefix(12)).unwrap(), &b"state.trace+"[..], "offsets are the pack's");
+        drop(tx1);
+        tx2.send(Ok(rest)).unwrap();
+        drop(tx2);
+        let (got, digest) = rt.block_on(copy.get_hashed()).unwrap();
+        assert_eq!((got, digest), (pack.clone(), crate::remote::sha256_hex(&pack)));
+        // A copy that carries none: base() says so at once.
+        let (tx1, _tx2, copy) = arriving_split(&rt);
+        tx1.send(Ok(head_copy_split(b"{diff}", &pack, 12).0)).unwrap();
+        assert!(rt.block_on(copy.base()).is_none());
+        // A base's start over the cap, and a copy cut before the base's length: no copy.
+        let over = [&HEAD_BASE_MAGIC[..], &6u32.to_le_bytes(), b"{diff}", &(MAX_CARRIED_BASE as u32 + 1).to_le_bytes(), b"x"].concat();
+        for stored in [over, first[..m_end + 2].to_vec()] {
+            let (tx1, tx2, copy) = arriving_split(&rt);
+            tx1.send(Ok(bytes::Bytes::from(stored))).unwrap();
+            drop((tx1, tx2));
+            assert!(rt.block_on(copy.base()).is_none() && rt.block_on(copy.get()).is_none());
+        }
     }
 
     #[test]

@@ -259,7 +259,15 @@ pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start:
     let t0 = Instant::now();
     let source = StoreSource::new(store).with_manifest(id, m.clone());
     let lazy_base = match &m.base {
-        Some(b) if !cache.contains(b) && std::env::var("THAW_STORE_BASE").as_deref() != Ok("whole") => lazy_base(store, cache, b)?,
+        Some(b) if !cache.contains(b) && std::env::var("THAW_STORE_BASE").as_deref() != Ok("whole") => {
+            // The base's start, where the diff's copy carries it (THAW_STORE_HEAD_BASE=0:
+            // read apart, the baseline).
+            let carried = match std::env::var("THAW_STORE_HEAD_BASE").as_deref() {
+                Ok("0") => None,
+                _ => store.block_on(head.base()),
+            };
+            lazy_base(store, cache, b, carried)?
+        }
         _ => None,
     };
     let base = match (&m.base, &lazy_base) {
@@ -284,9 +292,10 @@ pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start:
 }
 
 /// Base `id` arriving lazily: the one a miss of another of its diffs opened, still
-/// arriving (and not failed), or opened now from its manifest and head copy (read in
-/// parallel; `true`: opened by this miss). None: it has no head (fetch it whole).
-fn lazy_base(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str) -> Result<Option<(Arc<lazy::LazyBase>, bool)>> {
+/// arriving (and not failed), or opened now from the start the diff's copy `carried`
+/// ([`fetch::carried_start`]), else from its manifest and head copy (read in parallel;
+/// `true`: opened by this miss). None: it has no head (fetch it whole).
+fn lazy_base(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, carried: Option<bytes::Bytes>) -> Result<Option<(Arc<lazy::LazyBase>, bool)>> {
     let entry = {
         let mut bases = store.lazy_bases.lock().unwrap_or_else(|p| p.into_inner());
         // Entries of bases gone (not one a miss holds, about to open it or opening it).
@@ -298,7 +307,12 @@ fn lazy_base(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str) -> Result<
     if let Some(b) = slot.upgrade().filter(|b| !b.fill.failed()) {
         return Ok(Some((b, false)));
     }
-    let start = store.block_on(fetch::manifest_and_head(&store.remote, id))?;
+    // From the start the diff's copy carried (no round trip before the restore), else
+    // read: its manifest and copy.
+    let start = match carried.and_then(|first| store.block_on(fetch::carried_start(&store.remote, id, first))) {
+        Some(start) => start,
+        None => store.block_on(fetch::manifest_and_head(&store.remote, id))?,
+    };
     if start.manifest.base.is_some() {
         return Err(StoreError::BadManifest { object: store.remote.url.object_url(&Remote::manifest_key(id)), detail: "a base that is itself a diff".into() });
     }

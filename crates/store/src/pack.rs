@@ -263,14 +263,39 @@ fn splitting_head() -> bool {
 }
 
 /// The head's copy of manifest `m` (`stored` as stored) and its head pack `pack`, as
-/// this version writes it: the first object, and the second of a split copy.
-fn head_copy_objects(m: &Manifest, stored: &[u8], pack: &Bytes) -> (Bytes, Option<Bytes>) {
-    match m.head_first_end().filter(|_| splitting_head()) {
-        Some(at) => {
+/// this version writes it: the first object, and the second of a split copy; a diff's
+/// first object carries `base`, its base's start ([`carried_base`]).
+fn head_copy_objects(m: &Manifest, stored: &[u8], pack: &Bytes, base: Option<&Bytes>) -> (Bytes, Option<Bytes>) {
+    match (m.head_first_end().filter(|_| splitting_head()), base) {
+        (Some(at), Some(b)) => {
+            let (first, rest) = crate::fetch::head_copy_split_carrying(stored, b, pack, at as usize);
+            (first, Some(rest))
+        }
+        (Some(at), None) => {
             let (first, rest) = crate::fetch::head_copy_split(stored, pack, at as usize);
             (first, Some(rest))
         }
-        None => (crate::fetch::head_copy(stored, pack), None),
+        (None, _) => (crate::fetch::head_copy(stored, pack), None),
+    }
+}
+
+/// What a diff's split copy carries of its base (see `fetch::HEAD_BASE_MAGIC`): the
+/// first object of the base's split copy in the store, read now (one request), when
+/// it is one of at most `fetch::MAX_CARRIED_BASE` bytes; else (no diff, copies not
+/// split, `THAW_STORE_HEAD_BASE=0`, the base's copy missing, whole or larger) None.
+async fn carried_base(remote: &Remote, m: &Manifest, requests: &AtomicU64) -> Option<Bytes> {
+    let base = m.base.as_ref().filter(|_| splitting_head() && std::env::var("THAW_STORE_HEAD_BASE").as_deref() != Ok("0"))?;
+    requests.fetch_add(1, Relaxed);
+    match remote.get(&Remote::head_key(base)).await {
+        Ok(b) if b.starts_with(crate::fetch::HEAD_SPLIT_MAGIC) && b.len() <= crate::fetch::MAX_CARRIED_BASE => Some(b),
+        Ok(b) => {
+            tracing::debug!(base = %base, bytes = b.len(), "the base's copy is not split or too large to carry; its diffs' misses read it apart");
+            None
+        }
+        Err(e) => {
+            tracing::debug!(base = %base, error = %e, "the base's copy was not read; its diffs' misses read it apart");
+            None
+        }
     }
 }
 
@@ -289,14 +314,22 @@ async fn put_head_copy(remote: &Remote, id: &str, (first, rest): (Bytes, Option<
 }
 
 /// Stored snapshot `id`'s head copy written as this version writes it (starting with
-/// the manifest: a miss then reads it with the copy; split, or whole with
-/// THAW_STORE_HEAD_SPLIT=0) where it is missing, lacks its second part, or was written
-/// otherwise. Returns the bytes written (0: already so).
+/// the manifest: a miss then reads it with the copy; split, a diff's carrying its
+/// base's start; whole with THAW_STORE_HEAD_SPLIT=0) where it is missing, lacks its
+/// second part, or was written otherwise. Returns the bytes written (0: already so).
 async fn refresh_head_copy(remote: &Remote, id: &str, m: &Manifest, requests: &AtomicU64) -> Result<u64> {
     let Some(head) = m.head.filter(|_| copying_head() && copy_holds_manifest()) else { return Ok(0) };
     let key = Remote::head_key(id);
     let split = m.head_first_end().is_some() && splitting_head();
-    let magic = if split { crate::fetch::HEAD_SPLIT_MAGIC } else { crate::fetch::HEAD_MAGIC };
+    let base = match split {
+        true => carried_base(remote, m, requests).await,
+        false => None,
+    };
+    let magic = match (split, &base) {
+        (true, Some(_)) => crate::fetch::HEAD_BASE_MAGIC,
+        (true, None) => crate::fetch::HEAD_SPLIT_MAGIC,
+        (false, _) => crate::fetch::HEAD_MAGIC,
+    };
     requests.fetch_add(1, Relaxed);
     match remote.get_range(&key, 0..magic.len() as u64).await {
         // Written so (a split copy with its second part).
@@ -320,7 +353,7 @@ async fn refresh_head_copy(remote: &Remote, id: &str, m: &Manifest, requests: &A
     if got != pack.name {
         return Err(StoreError::Corrupt { object: remote.url.object_url(&pk), detail: format!("its bytes hash to {got}") });
     }
-    let bytes = put_head_copy(remote, id, head_copy_objects(m, &stored, &data), requests).await?;
+    let bytes = put_head_copy(remote, id, head_copy_objects(m, &stored, &data, base.as_ref()), requests).await?;
     tracing::info!(snapshot = id, bytes, "the head's copy rewritten as this version writes it");
     Ok(bytes)
 }
@@ -445,7 +478,8 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
     let manifest_key = Remote::manifest_key(&id);
     let copied = match (head_data, with_manifest) {
         (Some(d), true) => {
-            let objects = head_copy_objects(&m, &stored, &d);
+            let base = carried_base(remote, &m, &requests).await;
+            let objects = head_copy_objects(&m, &stored, &d, base.as_ref());
             remote.put(&manifest_key, stored).await?;
             put_head_copy(remote, &id, objects, &requests).await?
         }
