@@ -284,6 +284,12 @@ type Parts = futures::stream::BoxStream<'static, Result<bytes::Bytes>>;
 /// A read of an object's parts: its response awaited, then its parts.
 pub type PartsRead = futures::future::BoxFuture<'static, Result<Parts>>;
 
+/// The read of `key` part by part (see [`Remote::get_stream`]), started when polled.
+fn parts_read(remote: &Remote, key: String) -> PartsRead {
+    let r = remote.clone();
+    Box::pin(async move { r.get_stream(&key).await })
+}
+
 impl HeadCopy {
     /// No copy (a whole fetch).
     pub fn none() -> HeadCopy {
@@ -295,12 +301,8 @@ impl HeadCopy {
     /// part of a split copy ([`Remote::head_rest_key`]; THAW_STORE_HEAD_SPLIT=0: not
     /// requested, the baseline of a store without split copies).
     pub fn read(remote: &Remote, id: &str) -> HeadCopy {
-        let get = |key: String| -> PartsRead {
-            let r = remote.clone();
-            Box::pin(async move { r.get_stream(&key).await })
-        };
-        let rest = (std::env::var("THAW_STORE_HEAD_SPLIT").as_deref() != Ok("0")).then(|| get(Remote::head_rest_key(id)));
-        HeadCopy::from_split(remote.url.object_url(&Remote::head_key(id)), get(Remote::head_key(id)), rest)
+        let rest = (std::env::var("THAW_STORE_HEAD_SPLIT").as_deref() != Ok("0")).then(|| parts_read(remote, Remote::head_rest_key(id)));
+        HeadCopy::from_split(remote.url.object_url(&Remote::head_key(id)), parts_read(remote, Remote::head_key(id)), rest)
     }
 
     /// The copy whose parts `parts` brings (a task of the current runtime gathers
@@ -608,11 +610,9 @@ pub async fn carried_start(remote: &Remote, id: &str, first: bytes::Bytes) -> Op
         tracing::warn!(object = %object, "the base's start a diff's copy carries is not a split copy; reading the base's copy");
         return None;
     }
-    let r = remote.clone();
-    let key = Remote::head_rest_key(id);
-    let rest: PartsRead = Box::pin(async move { r.get_stream(&key).await });
     let held: PartsRead = Box::pin(async move { Ok(futures::stream::iter([Ok(first)]).boxed()) });
-    let mut head = HeadCopy::from_split(object.clone(), held, Some(rest));
+    let mut head = HeadCopy::from_split(object.clone(), held, Some(parts_read(remote, Remote::head_rest_key(id))));
+    // The first object came in the diff's copy: only the second is requested.
     head.requests = 1;
     let stored = head.manifest().await?;
     let len = stored.len() as u64;

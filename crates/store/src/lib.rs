@@ -276,9 +276,11 @@ pub fn open_miss(store: &Arc<Store>, cache: &Arc<cache::Cache>, id: &str, start:
     };
     let dir = cache.scratch_dir(id).map_err(Box::new)?;
     let base_dir = base.as_ref().map(|b| b.dir()).or(lazy_base.as_ref().map(|(b, _)| b.fill.dir()));
-    let t_dir = t0.elapsed();
+    // Before the lazy open: a diff's base (opened lazily or taken from the cache) and
+    // the scratch directory.
+    let t_before = t0.elapsed();
     let opened = base_dir.map_or(Ok(()), |b| fetch::link_base(&dir, b)).and_then(|()| lazy::open(store.clone(), m, id, &dir, head, lazy_base));
-    tracing::debug!(dir_ms = t_dir.as_secs_f64() * 1e3, ms = t0.elapsed().as_secs_f64() * 1e3, "miss opened");
+    tracing::debug!(base_and_dir_ms = t_before.as_secs_f64() * 1e3, ms = t0.elapsed().as_secs_f64() * 1e3, "miss opened");
     match opened {
         Ok(Some(fill)) => {
             fill.count_before_head(manifest_requests + source.requests.load(std::sync::atomic::Ordering::Relaxed), manifest_len + source.bytes_fetched.load(std::sync::atomic::Ordering::Relaxed));

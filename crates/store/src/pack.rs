@@ -257,7 +257,7 @@ fn copy_holds_manifest() -> bool {
 
 /// Whether a head's copy is split where the files a restore waits for end (the
 /// default; `THAW_STORE_HEAD_SPLIT=0`: one object, as before, the baseline of
-/// bench/store_node.py `+head-whole`).
+/// bench/store_node.py `+copy-whole`).
 fn splitting_head() -> bool {
     std::env::var("THAW_STORE_HEAD_SPLIT").as_deref() != Ok("0")
 }
@@ -266,17 +266,12 @@ fn splitting_head() -> bool {
 /// this version writes it: the first object, and the second of a split copy; a diff's
 /// first object carries `base`, its base's start ([`carried_base`]).
 fn head_copy_objects(m: &Manifest, stored: &[u8], pack: &Bytes, base: Option<&Bytes>) -> (Bytes, Option<Bytes>) {
-    match (m.head_first_end().filter(|_| splitting_head()), base) {
-        (Some(at), Some(b)) => {
-            let (first, rest) = crate::fetch::head_copy_split_carrying(stored, b, pack, at as usize);
-            (first, Some(rest))
-        }
-        (Some(at), None) => {
-            let (first, rest) = crate::fetch::head_copy_split(stored, pack, at as usize);
-            (first, Some(rest))
-        }
-        (None, _) => (crate::fetch::head_copy(stored, pack), None),
-    }
+    let Some(at) = m.head_first_end().filter(|_| splitting_head()) else { return (crate::fetch::head_copy(stored, pack), None) };
+    let (first, rest) = match base {
+        Some(b) => crate::fetch::head_copy_split_carrying(stored, b, pack, at as usize),
+        None => crate::fetch::head_copy_split(stored, pack, at as usize),
+    };
+    (first, Some(rest))
 }
 
 /// What a diff's split copy carries of its base (see `fetch::HEAD_BASE_MAGIC`): the
@@ -485,9 +480,10 @@ pub async fn publish(remote: &Remote, plan: &Plan, condemned: &HashSet<String>, 
         }
         (Some(d), false) => {
             let head_key = Remote::head_key(&id);
+            let bytes = d.len() as u64;
             requests.fetch_add(1, Relaxed);
-            futures::try_join!(remote.put(&manifest_key, stored), remote.put(&head_key, d.clone()))?;
-            d.len() as u64
+            futures::try_join!(remote.put(&manifest_key, stored), remote.put(&head_key, d))?;
+            bytes
         }
         (None, _) => remote.put(&manifest_key, stored).await.map(|()| 0)?,
     };
