@@ -11,6 +11,9 @@ the medians of sandbox_ms, restore_ms and ttfr_ms per function and restore mode.
     bench/env_ab.py NAME VAR=VALUE [VAR=VALUE ...] [--pairs 4] [--runs 5] [--functions helloworld] [--modes boot,prefetch,...]
                     [--evict-dentries] [--thaw target/release/thaw] [--out bench/results]
 
+    # network namespaces used again vs one made per sandbox (issue #33)
+    bench/env_ab.py netns-reuse THAW_NETNS_REUSE=0
+
 A is the current environment, B (C, ...) the same plus each VAR=VALUE. `--pairs` rounds
 of each, in balanced orders (each follows each other equally often); restores run in-process, as a node does them.
 Writes bench/results/NAME-<time>.json. Needs root and build/samples (scripts/build-samples.sh).
@@ -31,16 +34,31 @@ import coldstart  # noqa: E402  (balanced_orders)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("boot", "prefetch", "prefetch-pooled", "lazy")
-FIELDS = ("sandbox_ms", "restore_ms", "ttfr_ms")
+FIELDS = ("sandbox_ms", "restore_ms", "ttfr_ms", "node_cpu_ms", "sandbox_init_cpu_ms")
+
+
+def busy_ms():
+    """The machine's CPU time outside idle and iowait so far (/proc/stat, all cores),
+    ms: what a start costs the host, kernel workers included (a network namespace is
+    torn down by one), which no per-process account sees."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in f.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
 def bench(thaw, env, runs, out, functions, extra, modes):
+    """thaw bench's runs of `modes`, each with `machine_cpu_ms`: the machine's CPU over
+    the whole bench process divided by the runs it made (every mode's; setup included,
+    which is the same in every environment)."""
+    b0 = busy_ms()
     subprocess.run([thaw, "bench", "--functions", functions, "--runs", str(runs), "--concurrency", "",
                     "--out", str(out), *extra], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    busy = busy_ms() - b0
     newest = max(out.glob("reap-*.json"), key=lambda p: p.stat().st_mtime)
     data = json.loads(newest.read_text())
     newest.unlink()
-    return [r for r in data["runs"] if r["mode"] in modes]
+    per_run = busy / max(1, len(data["runs"]))
+    return [dict(r, machine_cpu_ms=per_run) for r in data["runs"] if r["mode"] in modes]
 
 
 def main():
@@ -75,11 +93,17 @@ def main():
     # Medians per function and mode (several functions' runs are never pooled: their
     # times differ by more than any change measured here).
     functions = list(dict.fromkeys(r["function"] for rs in got.values() for r in rs))
-    med = {m: {f"{fn}/{mode}_{k}": statistics.median(r[k] for r in rs if r["mode"] == mode and r["function"] == fn)
+    def median(xs):
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else float("nan")
+
+    med = {m: {f"{fn}/{mode}_{k}": median(r.get(k) for r in rs if r["mode"] == mode and r["function"] == fn)
                for fn in functions for mode in modes if any(r["mode"] == mode and r["function"] == fn for r in rs) for k in FIELDS}
+           | {"machine_cpu_ms_per_run": median(r["machine_cpu_ms"] for r in rs)}
            for m, rs in got.items()}
     for m, d in med.items():
-        print(f"{m}:  ({a.pairs * a.runs} runs per function and mode)")
+        print(f"{m}:  ({a.pairs * a.runs} runs per function and mode; the machine's CPU per run of thaw bench, "
+              f"setup included: {d['machine_cpu_ms_per_run']:.2f} ms)")
         for fn in functions:
             for mode in modes:
                 if f"{fn}/{mode}_ttfr_ms" in d:

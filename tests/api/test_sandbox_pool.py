@@ -80,3 +80,77 @@ def test_pool_off(tmp_path):
     finally:
         assert node.stop() == 0, node.log_path.read_text()
     assert node.leftover_sandboxes() == []
+
+
+# Reads what a new tenant can see of its network namespace, then (when asked) makes a
+# loopback connection: that use must keep the namespace from being handed out again.
+NETNS_PROBE = '''import os, socket
+
+def counters():
+    lo = [l.split() for l in open("/proc/net/dev") if l.strip().startswith("lo:")][0]
+    used = [l for l in open("/proc/net/sockstat") if l.startswith("sockets:")][0].split()[2]
+    return {"lo_rx_packets": int(lo[2]), "lo_tx_packets": int(lo[10]), "sockets_used": int(used),
+            "netns": os.readlink("/proc/self/ns/net")}
+
+def handler(event, context):
+    seen = counters()
+    if event.get("talk"):
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+        c = socket.create_connection(s.getsockname()); a, _ = s.accept(); c.sendall(b"x"); a.recv(1)
+        for x in (a, c, s):
+            x.close()
+    return seen
+'''
+
+
+def hold_netns(name):
+    """A descriptor of the network namespace `name` (net:[inode]), from a process in it."""
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.readlink(d / "ns/net") == name:
+                return os.open(d / "ns/net", os.O_RDONLY)
+        except OSError:
+            continue
+    raise AssertionError(f"no process in {name}")
+
+
+def test_network_namespaces_are_used_again_only_unused(tmp_path):
+    """Issue #33: an ended instance's network namespace serves a later sandbox when
+    nothing shows it was used; one with loopback traffic is dropped, so no instance
+    ever sees another's sockets or counters."""
+    from thaw_node_harness import zip_bytes
+
+    node = NodeProcess(tmp_path, "--sandbox-pool", "1", keep_alive="1")
+    try:
+        c = node.client()
+        create(c, "probe", zip_bytes({"handler.py": NETNS_PROBE}))
+        talked, own_sockets, held = set(), None, []
+        for i in range(6):
+            talk = i % 2 == 1
+            _, seen = invoke_json(c, "probe", {"talk": talk})
+            # Whatever namespace it got, nothing of an earlier tenant shows: loopback
+            # never carried a packet, and the namespace holds only the instance's own
+            # sockets, as many as the first instance's (the talking instances'
+            # namespaces were dropped).
+            assert seen["lo_rx_packets"] == 0 and seen["lo_tx_packets"] == 0, (i, seen)
+            own_sockets = seen["sockets_used"] if own_sockets is None else own_sockets
+            assert seen["sockets_used"] == own_sockets, (i, seen)
+            assert seen["netns"] not in talked, (i, seen)
+            if talk:
+                talked.add(seen["netns"])
+                # Hold the namespace, so its number is not given to a new one once
+                # the node drops it (the kernel reuses the numbers of freed ones).
+                held.append(hold_netns(seen["netns"]))
+            time.sleep(1.6)  # keep-alive over: the instance ends, the next call is cold
+        m = dict(metric(node, "thaw_network_namespaces_checked_total"))
+        assert m.get('thaw_network_namespaces_checked_total{outcome="dropped"}', 0) >= 3, m
+        assert m.get('thaw_network_namespaces_checked_total{outcome="kept"}', 0) >= 2, m
+        m = dict(metric(node, "thaw_network_namespaces_total"))
+        assert m.get('thaw_network_namespaces_total{outcome="reused"}', 0) >= 1, m
+        st = node.status()["network_namespaces"]
+        assert st["kept"] >= 2 and st["dropped"] >= 3, st
+        for fd in held:
+            os.close(fd)
+    finally:
+        assert node.stop() == 0, node.log_path.read_text()
+    assert node.leftover_sandboxes() == []

@@ -871,6 +871,7 @@ pub async fn handle(State(app): State<Arc<App>>, ConnectInfo(peer): ConnectInfo<
             if let Some(p) = &app.node.cfg.sandbox_pool {
                 app.node.metrics.sandbox_pool_ready.set(p.stats().ready as i64);
             }
+            app.node.metrics.set_network_namespaces(&thaw_sandbox::netns_stats());
             app.node.metrics.pageserver_threads.set(thaw_engine::pageserver::shared::threads() as i64);
             let mut r = app.node.metrics.render().into_response();
             r.headers_mut().insert("content-type", HeaderValue::from_static("text/plain; version=0.0.4"));

@@ -21,6 +21,8 @@
 //! | `thaw_shared_memory_bytes` | gauge | — (memory of the shared copies instances map, tmpfs) |
 //! | `thaw_restore_sandboxes_total` | counter | outcome (prepared: taken from the sandbox pool; created: none was ready) |
 //! | `thaw_sandbox_pool_ready` | gauge | — (prepared sandboxes waiting, all shapes) |
+//! | `thaw_network_namespaces_total` | counter | outcome (reused: a sandbox joined one an ended sandbox left unused; created: it made its own) |
+//! | `thaw_network_namespaces_checked_total` | counter | outcome (kept: an ended sandbox's showed no use; dropped: it did, or enough are kept) |
 //! | `thaw_base_pool_idle` | gauge | — (clean base instances waiting to be repurposed, `--base-pool`) |
 //! | `thaw_pageserver_threads` | gauge | — (the node's shared page-server threads; 0 with `THAW_PAGESERVER=thread`) |
 
@@ -52,6 +54,8 @@ pub struct Metrics {
     pub shared_memory_bytes: IntGauge,
     pub restore_sandboxes: IntCounterVec,
     pub sandbox_pool_ready: IntGauge,
+    pub network_namespaces: IntCounterVec,
+    pub network_namespaces_checked: IntCounterVec,
     pub base_pool_idle: IntGauge,
     pub pageserver_threads: IntGauge,
 }
@@ -111,10 +115,30 @@ impl Metrics {
                 &["outcome"],
             ),
             sandbox_pool_ready: gauge("thaw_sandbox_pool_ready", "Prepared sandboxes waiting in the pool"),
+            network_namespaces: counter(
+                "thaw_network_namespaces_total",
+                "Network namespaces of new sandboxes: reused (one an ended sandbox left showing no use) or created",
+                &["outcome"],
+            ),
+            network_namespaces_checked: counter(
+                "thaw_network_namespaces_checked_total",
+                "Network namespaces of ended sandboxes: kept (no use shows) or dropped",
+                &["outcome"],
+            ),
             base_pool_idle: gauge("thaw_base_pool_idle", "Clean base instances waiting to be repurposed (--base-pool)"),
             pageserver_threads: gauge("thaw_pageserver_threads", "Shared page-server threads serving every restored instance's faults"),
             registry,
         }
+    }
+
+    /// Bring the network-namespace counters up to the sandbox crate's (process-wide,
+    /// cumulative) counts.
+    pub fn set_network_namespaces(&self, s: &thaw_sandbox::NetnsStats) {
+        let up_to = |c: IntCounter, n: u64| c.inc_by(n.saturating_sub(c.get()));
+        up_to(self.network_namespaces.with_label_values(&["reused"]), s.reused);
+        up_to(self.network_namespaces.with_label_values(&["created"]), s.created);
+        up_to(self.network_namespaces_checked.with_label_values(&["kept"]), s.kept);
+        up_to(self.network_namespaces_checked.with_label_values(&["dropped"]), s.dropped);
     }
 
     /// The text exposition format.

@@ -2,7 +2,8 @@
 //!
 //! Each sandbox is a Linux process tree in its own pid, mount, ipc, uts and net
 //! namespaces, confined by cgroups (v1 or v2), a read-only root built from bind mounts,
-//! an unprivileged identity and a seccomp deny-list (`seccomp.rs`).
+//! an unprivileged identity and a seccomp deny-list (`seccomp.rs`). Its network
+//! namespace is new, or one an ended sandbox left showing no use (`netns.rs`).
 //!
 //! ```text
 //!  caller thread                      sandbox init (PID 1)                 program
@@ -11,7 +12,8 @@
 //!  mkdir /run/thaw/sandboxes/<id>
 //!  create cgroup(s), write limits
 //!  clone(NEW{PID,NS,IPC,UTS,NET},VM,VFORK)
-//!     └─ child: dup2 fds 0-4, execve(init_exe) ──▶ sandbox_init_main()
+//!     └─ child: [setns(net) instead of NEWNET]
+//!               dup2 fds 0-4, execve(init_exe) ──▶ sandbox_init_main()
 //!  add pid to cgroup(s)
 //!  send config (fd 4) ───────────────────────────▶ read config, build root,
 //!                                                   pivot_root, hostname, lo up,
@@ -62,6 +64,7 @@ mod config;
 mod error;
 mod etc;
 mod init;
+mod netns;
 pub mod init_exe;
 mod pool;
 mod prepared;
@@ -74,6 +77,7 @@ mod sys;
 pub use cgroup::{for_sandbox as cgroup_for_sandbox, is_v2 as cgroup_is_v2, Cgroup, CgroupV1, CgroupV2};
 pub use error::{CgroupError, EtcStageError, SandboxError};
 pub use init::sandbox_init_main;
+pub use netns::{stats as netns_stats, NetnsStats};
 pub use pool::{PoolStats, SandboxPool};
 pub use prepared::Prepared;
 pub use sandbox::{sweep_stale, ExitStatus, Sandbox};

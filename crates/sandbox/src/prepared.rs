@@ -156,8 +156,11 @@ impl Drop for Prepared {
     fn drop(&mut self) {
         let Some(l) = self.launched.take() else { return };
         let _ = sys::pidfd_send_signal(l.pidfd.as_fd(), libc::SIGKILL);
-        sandbox::reap(l.pid);
+        let reaped = sandbox::reap(l.pid).is_some();
         if let Some(mut res) = self.res.take() {
+            if reaped {
+                res.init_reaped(l.pidfd.as_fd());
+            }
             if let Err(e) = res.cleanup() {
                 tracing::warn!(sandbox = %self.id, error = %e, "prepared sandbox cleanup failed");
             }

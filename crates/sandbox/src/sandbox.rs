@@ -67,6 +67,9 @@ pub(crate) struct Resources {
     cgroup_created: bool,
     root_dir: PathBuf,
     root_created: bool,
+    /// The sandbox's network namespace, to be used again once its init is reaped
+    /// (`netns.rs`); `None` when recycling is off.
+    netns: Option<OwnedFd>,
 }
 
 impl Resources {
@@ -77,6 +80,19 @@ impl Resources {
             cgroup_created: false,
             root_dir: spec.run_dir.join(&spec.id),
             root_created: false,
+            netns: None,
+        }
+    }
+
+    /// The sandbox's init (`pidfd`) has been reaped: its network namespace goes to the
+    /// checker (`netns.rs`) if the init has indeed ended — the end of its pid
+    /// namespace, every process of which the kernel has waited for by then.
+    pub(crate) fn init_reaped(&mut self, pidfd: BorrowedFd<'_>) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let Some(ns) = self.netns.take() else { return };
+        // A pidfd reads as ready once its process has exited.
+        if matches!(poll(&mut [PollFd::new(pidfd, PollFlags::POLLIN)], PollTimeout::ZERO), Ok(1)) {
+            crate::netns::give_back(ns);
         }
     }
 
@@ -170,7 +186,9 @@ impl Sandbox {
             Err((e, pid)) => {
                 if let Some((pid, pidfd)) = pid {
                     let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-                    reap(pid);
+                    if reap(pid).is_some() {
+                        res.init_reaped(pidfd.as_fd());
+                    }
                 }
                 if let Err(ce) = res.cleanup() {
                     tracing::warn!(sandbox = id, error = %ce, "cleanup after failed spawn");
@@ -288,6 +306,7 @@ impl Sandbox {
                 self.wait_inner(true)?;
             }
         }
+        self.res.init_reaped(self.pidfd.as_fd());
         self.res.cleanup()
     }
 }
@@ -367,6 +386,7 @@ pub(crate) fn launch(
     };
     let (control_parent, control_child) = sockpair()?;
     let (status_parent, status_child) = sockpair()?;
+    let joined = crate::netns::take();
     let ce = sys::ChildExec::new(
         path,
         argv,
@@ -374,6 +394,7 @@ pub(crate) fn launch(
         [devnull.as_fd(), log_w.as_fd(), log_w.as_fd(), control_child.as_fd(), status_child.as_fd()],
         config::error_prefix("dup2 sandbox descriptors"),
         config::error_prefix(&format!("execve {}", spec.init_exe.display())),
+        joined.as_ref().map(|ns| (ns.as_fd(), config::error_prefix("join a network namespace used before"))),
     );
 
     // cgroup v2: born in its cgroup, so no attach (an RCU grace period there) follows.
@@ -388,6 +409,8 @@ pub(crate) fn launch(
         None => sys::clone_sandbox(&ce).map_err(|source| fail(SandboxError::Sys { id: id.into(), step: "clone".into(), source }))?,
     };
     drop((ce, devnull, log_w, control_child, status_child));
+    // Kept to be used again once the init is reaped (a new one is named by its init).
+    res.netns = joined.or_else(|| crate::netns::enabled().then(|| std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().map(OwnedFd::from)).flatten());
     let launched = Launched { pid, pidfd, status: status_parent, control: control_parent, log: log_r };
 
     // Into the cgroup(s) before the init sees its config.

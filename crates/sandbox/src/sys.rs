@@ -25,6 +25,9 @@ pub(crate) struct ChildExec {
     fds: [RawFd; CHILD_FDS],
     err_dup: Vec<u8>,
     err_exec: Vec<u8>,
+    /// A network namespace to join (`setns`) instead of making one, or -1.
+    netns: RawFd,
+    err_netns: Vec<u8>,
 }
 
 impl ChildExec {
@@ -35,6 +38,7 @@ impl ChildExec {
         fds: [BorrowedFd<'_>; CHILD_FDS],
         err_dup: Vec<u8>,
         err_exec: Vec<u8>,
+        netns: Option<(BorrowedFd<'_>, Vec<u8>)>,
     ) -> Self {
         let argv_ptrs = argv.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
         let envp_ptrs = envp.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
@@ -47,6 +51,8 @@ impl ChildExec {
             fds: fds.map(|f| f.as_raw_fd()),
             err_dup,
             err_exec,
+            netns: netns.as_ref().map_or(-1, |(fd, _)| fd.as_raw_fd()),
+            err_netns: netns.map(|(_, e)| e).unwrap_or_default(),
         }
     }
 }
@@ -58,6 +64,10 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the `&ChildExec` passed by `clone_sandbox`, which stays borrowed and
     // unmodified until the child has exec'd or exited (CLONE_VFORK).
     let a = unsafe { &*(arg as *const ChildExec) };
+    // SAFETY: setns takes a descriptor number and a constant; no memory is passed.
+    if a.netns >= 0 && unsafe { libc::setns(a.netns, libc::CLONE_NEWNET) } < 0 {
+        child_fail(a.fds[4], &a.err_netns);
+    }
     let mut tmp = [-1; CHILD_FDS];
     for (t, &src) in tmp.iter_mut().zip(&a.fds) {
         // SAFETY: plain fcntl on a descriptor number; no memory is passed.
@@ -107,22 +117,26 @@ fn child_fail(fd: RawFd, prefix: &[u8]) -> ! {
     }
 }
 
+/// The namespaces a sandbox's first process is cloned into: pid, mount, ipc, uts,
+/// and net unless it joins one used before (see `netns.rs`).
+fn namespace_flags(ce: &ChildExec) -> c_int {
+    let ns = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+    if ce.netns >= 0 {
+        ns
+    } else {
+        ns | libc::CLONE_NEWNET
+    }
+}
+
 /// clone(2)s the sandbox's first process into new pid, mount, ipc, uts and net
-/// namespaces and execs `ce.path` there. Returns its pid and a pidfd once the child has
+/// namespaces (see [`namespace_flags`]) and execs `ce.path` there. Returns its pid and
+/// a pidfd once the child has
 /// exec'd or failed (CLONE_VFORK). The child is a child of the calling thread.
 pub(crate) fn clone_sandbox(ce: &ChildExec) -> io::Result<(i32, OwnedFd)> {
     let mut stack = vec![0u8; CHILD_STACK_SIZE];
     // Stack grows down: pass its 16-byte aligned top.
     let top = (stack.as_mut_ptr() as usize + CHILD_STACK_SIZE) & !15;
-    let flags = libc::CLONE_NEWPID
-        | libc::CLONE_NEWNS
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWNET
-        | libc::CLONE_VM
-        | libc::CLONE_VFORK
-        | libc::CLONE_PIDFD
-        | libc::SIGCHLD;
+    let flags = namespace_flags(ce) | libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
     let mut pidfd: c_int = -1;
     // No signal handler of the parent may run on the child's stack in shared memory: block
     // everything around the clone. The child execs with this mask; the init clears it.
@@ -178,7 +192,7 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// (CLONE_VFORK). Errors (e.g. ENOSYS, EINVAL on an old kernel) leave no child.
 pub(crate) fn clone_sandbox_into(ce: &ChildExec, cgroup: BorrowedFd<'_>) -> io::Result<(i32, OwnedFd)> {
     let mut pidfd: c_int = -1;
-    let ns = libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET;
+    let ns = namespace_flags(ce);
     let args = CloneArgs {
         flags: (ns | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64 | CLONE_INTO_CGROUP,
         pidfd: &mut pidfd as *mut c_int as u64,
@@ -448,7 +462,7 @@ mod tests {
         let path = CString::new("/bin/sleep").unwrap();
         let argv = vec![path.clone(), CString::new("30").unwrap()];
         let n = null.as_fd();
-        let ce = ChildExec::new(path, argv, vec![], [n, n, n, n, n], b"dup".to_vec(), b"exec".to_vec());
+        let ce = ChildExec::new(path, argv, vec![], [n, n, n, n, n], b"dup".to_vec(), b"exec".to_vec(), None);
         let (pid, pidfd) = clone_sandbox_into(&ce, cg.as_fd()).unwrap();
         let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
         let name = dir.file_name().unwrap().to_str().unwrap();

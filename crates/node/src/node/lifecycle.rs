@@ -330,6 +330,7 @@ impl Node {
             "snapshot_store": self.cfg.snapshot_store.as_ref().map(|s| s.status()),
             "bases": self.cfg.bases.as_ref().map(layered::describe),
             "sandbox_pool": self.cfg.sandbox_pool.as_ref().map(|p| p.stats()),
+            "network_namespaces": thaw_sandbox::netns_stats(),
             "base_pool": self.base_pool.as_ref().map(|p| p.status()),
             "functions": funcs,
         })
