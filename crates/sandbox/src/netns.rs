@@ -23,12 +23,15 @@
 //! process reads at /proc/self/ns/net), so an instance can tell that its namespace
 //! served a quiet sandbox before, not whose.
 //!
+//! The checker runs under SCHED_IDLE, on cores nothing else wants, so a check never
+//! slows a start; at most [`MAX_WAITING`] namespaces wait for it (more are dropped).
+//!
 //! `THAW_NETNS_REUSE=0` turns it off (every sandbox a new namespace: the baseline).
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Mutex, OnceLock};
 
 use nix::sched::{setns, unshare, CloneFlags};
@@ -36,6 +39,10 @@ use nix::sched::{setns, unshare, CloneFlags};
 /// Namespaces kept ready at most (each holds some kernel memory: its loopback device,
 /// tables, sysctls).
 pub(crate) const MAX_KEPT: usize = 32;
+/// Ended sandboxes' namespaces waiting for the checker at most; more are dropped. The
+/// checker runs only on idle cores (SCHED_IDLE: a check never slows a start), so
+/// under a long full load they would otherwise pile up, each held alive.
+const MAX_WAITING: usize = 64;
 
 /// What `/proc/thread-self/net` shows that a tenant's use would change: the
 /// interfaces and their counters, the protocols' counters (IPv4, IPv6, TCP's and IP's
@@ -62,7 +69,7 @@ pub struct NetnsStats {
 struct Recycler {
     ready: Mutex<Vec<OwnedFd>>,
     /// To the checker thread; `None` once it failed to start (no reuse then).
-    to_checker: Mutex<Option<Sender<OwnedFd>>>,
+    to_checker: Mutex<Option<SyncSender<OwnedFd>>>,
     reused: AtomicU64,
     created: AtomicU64,
     kept: AtomicU64,
@@ -77,7 +84,7 @@ pub(crate) fn enabled() -> bool {
 fn recycler() -> &'static Recycler {
     static R: OnceLock<Recycler> = OnceLock::new();
     R.get_or_init(|| {
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = mpsc::sync_channel(MAX_WAITING);
         let started = std::thread::Builder::new().name("thaw-netns".into()).spawn(move || checker(rx));
         if let Err(e) = &started {
             tracing::warn!(error = %e, "network namespaces will not be used again: the checker thread did not start");
@@ -100,7 +107,13 @@ pub(crate) fn take() -> Option<OwnedFd> {
         return None;
     }
     let r = recycler();
-    let got = r.ready.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    // Never wait for the lock: the checker (SCHED_IDLE) may be preempted holding it
+    // under load; a start then makes its own namespace.
+    let got = match r.ready.try_lock() {
+        Ok(mut ready) => ready.pop(),
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().pop(),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
     match got {
         Some(_) => r.reused.fetch_add(1, Ordering::Relaxed),
         None => r.created.fetch_add(1, Ordering::Relaxed),
@@ -117,8 +130,9 @@ pub(crate) fn give_back(ns: OwnedFd) {
     }
     let r = recycler();
     let tx = r.to_checker.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    if let Some(tx) = tx {
-        let _ = tx.send(ns);
+    // Full (or no checker): the namespace is dropped here, as before recycling.
+    if tx.is_none_or(|tx| tx.try_send(ns).is_err()) {
+        r.dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -147,6 +161,9 @@ fn own_namespace() -> io::Result<OwnedFd> {
 /// namespace after each, so it holds none alive itself.
 fn checker(rx: Receiver<OwnedFd>) {
     let r = recycler();
+    if let Err(e) = crate::sys::idle_priority() {
+        tracing::debug!(error = %e, "the network namespace checker runs at normal priority");
+    }
     let reference = match make_reference() {
         Ok((fresh, fp)) => {
             r.ready.lock().unwrap_or_else(|e| e.into_inner()).push(fresh);

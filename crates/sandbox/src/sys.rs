@@ -302,6 +302,16 @@ pub(crate) fn reset_signals() {
     let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
 }
 
+/// Runs the calling thread under SCHED_IDLE: only when a core has nothing else to run.
+pub(crate) fn idle_priority() -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param for the call; pid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Sets IFF_UP on the loopback interface of the current network namespace.
 pub(crate) fn loopback_up() -> io::Result<()> {
     // SAFETY: socket() with constant arguments; the result is checked and owned below.
