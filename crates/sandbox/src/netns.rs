@@ -213,7 +213,12 @@ fn make_reference() -> io::Result<(OwnedFd, String)> {
             std::thread::sleep(std::time::Duration::from_millis(2));
             fp = fingerprint()?;
         }
-        Ok((fresh, fp))
+        // Fail closed: what is compared must be this namespace's, and show what a
+        // check relies on (else every namespace would compare equal, used or not).
+        match fresh_as_expected(&fp) {
+            Ok(()) => Ok((fresh, fp)),
+            Err(why) => Err(io::Error::other(format!("a fresh namespace reads unexpectedly under /proc/thread-self/net: {why}"))),
+        }
     })();
     setns(host.as_fd(), CloneFlags::CLONE_NEWNET)?;
     made
@@ -238,12 +243,29 @@ fn fingerprint() -> io::Result<String> {
         match std::fs::read_to_string(format!("/proc/thread-self/net/{f}")) {
             Ok(s) if f.starts_with("sockstat") => out.push_str(&per_namespace(&s)),
             Ok(s) => out.push_str(&s),
-            // A file this kernel does not have reads as missing in both.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => out.push_str("(none)\n"),
+            // Without IPv6 its files are missing, in the reference as in every other.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && f.ends_with('6') => out.push_str("(none)\n"),
             Err(e) => return Err(e),
         }
     }
     Ok(out)
+}
+
+/// What a fresh namespace's fingerprint must show: loopback as its only interface
+/// (so the files are this thread's namespace, not the process's), no packet on it, no
+/// socket.
+fn fresh_as_expected(fp: &str) -> Result<(), String> {
+    let dev = fp.split("== dev\n").nth(1).and_then(|r| r.split("== ").next()).unwrap_or("");
+    // Two header lines, then one line per interface.
+    let ifaces: Vec<Vec<&str>> = dev.lines().skip(2).map(|l| l.split_whitespace().collect()).collect();
+    match ifaces.as_slice() {
+        [lo] if lo.first() == Some(&"lo:") && lo[1..].iter().all(|c| *c == "0") => {}
+        _ => return Err(format!("interfaces {dev:?}")),
+    }
+    if !fp.contains("\nsockets: used 0\n") {
+        return Err("sockets in use".into());
+    }
+    Ok(())
 }
 
 /// `sockstat` without the fields that count the whole host (orphans, allocated
@@ -294,6 +316,18 @@ mod tests {
     fn sockstat_keeps_only_the_namespace_s_fields() {
         let s = "sockets: used 3\nTCP: inuse 1 orphan 7 tw 2 alloc 9 mem 4\nUDP: inuse 0 mem 12\nFRAG: inuse 0 memory 0\n";
         assert_eq!(per_namespace(s), "sockets: used 3\nTCP: inuse 1 tw 2\nUDP: inuse 0\nFRAG: inuse 0 memory 0\n");
+    }
+
+    #[test]
+    fn a_reference_must_be_a_fresh_namespace_s() {
+        let head = "Inter-|   Receive\n face |bytes    packets\n";
+        let fp = |dev: &str, used: u32| format!("== dev\n{head}{dev}== sockstat\nsockets: used {used}\n");
+        assert_eq!(fresh_as_expected(&fp("    lo: 0 0 0 0\n", 0)), Ok(()));
+        // The host's namespace (another interface), traffic, a socket, nothing read.
+        assert!(fresh_as_expected(&fp("    lo: 0 0 0 0\n  eth0: 5 1 0 0\n", 0)).is_err());
+        assert!(fresh_as_expected(&fp("    lo: 433 8 0 0\n", 0)).is_err());
+        assert!(fresh_as_expected(&fp("    lo: 0 0 0 0\n", 1)).is_err());
+        assert!(fresh_as_expected(&fp("", 0)).is_err());
     }
 
     #[test]
