@@ -4,6 +4,8 @@ one (only the function's code is attached), answer correctly from a fresh
 state, and show up in /metrics and /thaw/status. Stopping the node removes them."""
 
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -149,6 +151,13 @@ def test_network_namespaces_are_used_again_only_unused(tmp_path):
         assert m.get('thaw_network_namespaces_total{outcome="reused"}', 0) >= 1, m
         st = node.status()["network_namespaces"]
         assert st["kept"] >= 2 and st["dropped"] >= 3, st
+        # And `thaw status` says so in words.
+        out = subprocess.run([str(THAW), "status", "--endpoint", f"127.0.0.1:{node.port}"],
+                             capture_output=True, text=True, check=True).stdout
+        line = next(l for l in out.splitlines() if l.startswith("network namespaces:"))
+        kept, dropped = map(int, re.search(r"(\d+) kept, (\d+) dropped", line).groups())
+        assert kept >= st["kept"] and dropped >= st["dropped"], line
+        assert any(l.startswith("sandbox pool:") for l in out.splitlines()), out
         for fd in held:
             os.close(fd)
     finally:

@@ -478,6 +478,19 @@ pub fn status(args: StatusArgs, _data_dir: &Path) -> Result<()> {
             p["idle"], p["max_per_base"], p["restored"], p["returned"], p["resets_refused"]
         );
     }
+    if let Some(p) = v["sandbox_pool"].as_object() {
+        println!(
+            "sandbox pool: {} ready ({} shapes); {} starts took one, {} made their own; {} prepared, {} failed",
+            p["ready"], p["shapes"], p["hits"], p["misses"], p["prepared"], p["failures"]
+        );
+    }
+    let ns = &v["network_namespaces"];
+    if ns.is_object() {
+        println!(
+            "network namespaces: {} sandboxes joined one used before, {} made their own; of ended sandboxes' {} kept, {} dropped (used); {} ready",
+            ns["reused"], ns["created"], ns["kept"], ns["dropped"], ns["ready"]
+        );
+    }
     let funcs = v["functions"].as_array().cloned().unwrap_or_default();
     if funcs.is_empty() {
         println!("no functions");
