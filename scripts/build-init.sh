@@ -18,7 +18,14 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
     echo "build-init: adding the Rust target $target (once)"
     timeout 300 rustup target add "$target" >/dev/null 2>&1 || warn "could not add the Rust target $target"
 fi
-cargo build --release --quiet --target "$target" -p thaw-sandbox --bin thaw-sandbox-init || warn "the musl build failed"
+# With the target installed, a failed build is the sandbox crate not compiling for musl
+# (e.g. a libc struct with other fields there): an error, so the suite's set-up fails
+# instead of every sandbox quietly starting the slower init.
+if ! cargo build --release --quiet --target "$target" -p thaw-sandbox --bin thaw-sandbox-init; then
+    rm -f "$out/release/thaw-sandbox-init-static"
+    echo "build-init: the sandbox init does not build for $target (see the errors above)" >&2
+    exit 1
+fi
 mkdir -p "$out/release"
 # Copied under a temporary name and renamed: a sandbox starting now execs either the old
 # file or the new one, never a half-written one.

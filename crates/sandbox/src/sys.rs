@@ -304,7 +304,11 @@ pub(crate) fn reset_signals() {
 
 /// Runs the calling thread under SCHED_IDLE: only when a core has nothing else to run.
 pub(crate) fn idle_priority() -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
+    // Zeroed rather than a struct literal: musl's sched_param has more fields than
+    // glibc's (the sandbox init is built for both).
+    // SAFETY: sched_param is plain old data; all-zero is a valid value (priority 0,
+    // which SCHED_IDLE requires).
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
     // SAFETY: `param` is a valid sched_param for the call; pid 0 is the calling thread.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } < 0 {
         return Err(io::Error::last_os_error());
