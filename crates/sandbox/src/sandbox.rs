@@ -410,7 +410,11 @@ pub(crate) fn launch(
     };
     drop((ce, devnull, log_w, control_child, status_child));
     // Kept to be used again once the init is reaped (a new one is named by its init).
-    res.netns = joined.or_else(|| crate::netns::enabled().then(|| std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().map(OwnedFd::from)).flatten());
+    res.netns = match joined {
+        Some(ns) => Some(ns),
+        None if crate::netns::enabled() => std::fs::File::open(format!("/proc/{pid}/ns/net")).ok().map(OwnedFd::from),
+        None => None,
+    };
     let launched = Launched { pid, pidfd, status: status_parent, control: control_parent, log: log_r };
 
     // Into the cgroup(s) before the init sees its config.
