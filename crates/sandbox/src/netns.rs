@@ -160,16 +160,17 @@ fn own_namespace() -> io::Result<OwnedFd> {
 
 /// The checker: makes the reference (a fresh namespace, loopback up; it is the first
 /// one kept), then checks each namespace handed back. It returns to the host's
-/// namespace after each, so it holds none alive itself.
+/// namespace (opened once) after each, so it holds none alive itself.
 fn checker(rx: Receiver<OwnedFd>) {
     let r = recycler();
     if let Err(e) = crate::sys::idle_priority() {
         tracing::debug!(error = %e, "the network namespace checker runs at normal priority");
     }
-    let reference = match make_reference() {
-        Ok((fresh, fp)) => {
+    let made = own_namespace().and_then(|host| make_reference(&host).map(|(fresh, fp)| (host, fresh, fp)));
+    let (host, reference) = match made {
+        Ok((host, fresh, fp)) => {
             r.ready.lock().unwrap_or_else(|e| e.into_inner()).push(fresh);
-            fp
+            (host, fp)
         }
         Err(e) => {
             tracing::warn!(error = %e, "network namespaces will not be used again: no fresh one to compare with");
@@ -178,30 +179,25 @@ fn checker(rx: Receiver<OwnedFd>) {
         }
     };
     for ns in rx {
-        let verdict = inspect(&ns).map(|fp| first_difference(&reference, &fp));
-        let mut ready = r.ready.lock().unwrap_or_else(|e| e.into_inner());
-        match verdict {
-            Ok(None) if ready.len() < MAX_KEPT => {
-                ready.push(ns);
-                r.kept.fetch_add(1, Ordering::Relaxed);
-            }
-            other => {
-                drop(ready);
-                match other {
-                    Ok(Some(line)) => tracing::debug!(differs = %line, "a sandbox's network namespace shows use: not used again"),
-                    Err(e) => tracing::debug!(error = %e, "a sandbox's network namespace could not be read: not used again"),
-                    Ok(None) => {}
+        match inspect(&host, &ns).map(|fp| first_difference(&reference, &fp)) {
+            Ok(None) => {
+                let mut ready = r.ready.lock().unwrap_or_else(|e| e.into_inner());
+                if ready.len() < MAX_KEPT {
+                    ready.push(ns);
+                    r.kept.fetch_add(1, Ordering::Relaxed);
+                    continue;
                 }
-                r.dropped.fetch_add(1, Ordering::Relaxed);
             }
+            Ok(Some(line)) => tracing::debug!(differs = %line, "a sandbox's network namespace shows use: not used again"),
+            Err(e) => tracing::debug!(error = %e, "a sandbox's network namespace could not be read: not used again"),
         }
+        r.dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 /// A new namespace (on this thread), loopback up as a sandbox's init leaves it, and
-/// what it shows; the thread goes back to the host's namespace.
-fn make_reference() -> io::Result<(OwnedFd, String)> {
-    let host = own_namespace()?;
+/// what it shows; the thread goes back to `host`.
+fn make_reference(host: &OwnedFd) -> io::Result<(OwnedFd, String)> {
     unshare(CloneFlags::CLONE_NEWNET)?;
     let made = (|| {
         crate::sys::loopback_up()?;
@@ -226,9 +222,8 @@ fn make_reference() -> io::Result<(OwnedFd, String)> {
     made
 }
 
-/// What namespace `ns` shows, read from inside it; the thread goes back after.
-fn inspect(ns: &OwnedFd) -> io::Result<String> {
-    let host = own_namespace()?;
+/// What namespace `ns` shows, read from inside it; the thread goes back to `host`.
+fn inspect(host: &OwnedFd, ns: &OwnedFd) -> io::Result<String> {
     setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)?;
     let fp = fingerprint();
     setns(host.as_fd(), CloneFlags::CLONE_NEWNET)?;
