@@ -86,7 +86,7 @@ fn only_namespaces_that_show_no_use_are_used_again() {
     // Traffic, or a connect the kernel counted without any, and the namespace is
     // never handed out again: every later sandbox is in another one.
     let (out, unroutable, _keep_unroutable) = run("unroutable", code.path(), python(UNROUTABLE));
-    assert_eq!(out.trim(), libc_enetunreach(), "{out}");
+    assert_eq!(out.trim(), libc::ENETUNREACH.to_string(), "{out}");
     assert_ne!(unroutable, talked);
     let s = wait_for("the unroutable sandbox's namespace dropped", |s| s.dropped == 2);
     assert_eq!(s.kept, 1, "{s:?}");
@@ -98,9 +98,4 @@ fn only_namespaces_that_show_no_use_are_used_again() {
     // (`ready` reads 0 while the checker holds the list: stats never wait for it.)
     let s = wait_for("the quiet ones kept", |s| s.kept == 5 && s.ready >= 1);
     assert!(s.ready <= 32, "{s:?}");
-}
-
-fn libc_enetunreach() -> String {
-    // ENETUNREACH on Linux.
-    "101".into()
 }
